@@ -1,0 +1,77 @@
+"""The ``testbed`` command. Thin: each sub-command lives in the module that owns its work.
+
+Exit codes: 0 success, 1 failure while running, 2 bad input (nothing was started).
+A part registers its sub-commands with ``add_parser(subparsers)``; the function it sets as
+``func`` takes the parsed arguments and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from testbed.topology import TopologyError, load_topology
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+# Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
+# `testbed validate` does not pay for torch.
+COMMAND_MODULES = (
+    "testbed.up",
+    "testbed.perf_model.cli",
+    "testbed.churn.cli",
+    "testbed.adb_bridge.cli",
+    "testbed.emulator.network.cli",
+)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        topology = load_topology(args.topology)
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"{args.topology}: ok ({len(topology.devices)} devices in {len(topology.groups)} "
+          f"groups, {topology.job.steps} steps, backend {topology.network.backend})")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="testbed",
+        description="Emulate phones and laptops that train a transformer together: a real "
+                    "parameter server cuts every GEMM into tiles that devices compute over gRPC.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    p = sub.add_parser("validate", help="check a topology file; print every problem with its path",
+                       description="Check a topology file. Prints every problem with its YAML "
+                                   "path and exits 2 if there is any.")
+    p.add_argument("topology", help="the topology YAML file")
+    p.set_defaults(func=_validate)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue  # that part is not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the testbed command line; return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
+        return int(exc.code or 0)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

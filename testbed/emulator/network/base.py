@@ -1,0 +1,97 @@
+"""What a network backend is: the object that realizes a topology's network.
+
+``testbed up`` talks to a backend only through :class:`Network`. A backend places the PS and
+every device on a node (the loopback backend: this machine's 127.0.0.1; the Mininet backend: one
+network namespace per host), starts processes there, and reports which parts of each link it
+cannot enforce in the kernel: those come back as :class:`AppShaping` and the agent applies them
+in the application (token bucket per direction, one-way delay, loss), as DESIGN.md §6 says.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from testbed.topology import DeviceSpec, Topology
+
+
+@dataclass(frozen=True)
+class AppShaping:
+    """Link behaviour the application must emulate for one device (None/0 = the kernel does it)."""
+
+    down_bps: float | None = None  # PS -> device
+    up_bps: float | None = None  # device -> PS
+    delay_s: float = 0.0  # one-way, each direction
+    loss_fraction: float = 0.0
+
+    def argv(self) -> list[str]:
+        """The agent's command-line flags that apply this shaping."""
+        out: list[str] = []
+        if self.down_bps:
+            out += ["--down-bps", repr(self.down_bps)]
+        if self.up_bps:
+            out += ["--up-bps", repr(self.up_bps)]
+        if self.delay_s:
+            out += ["--delay-s", repr(self.delay_s)]
+        if self.loss_fraction:
+            out += ["--loss", repr(self.loss_fraction)]
+        return out
+
+
+class Network(Protocol):
+    kind: str  # "loopback" or "mininet"
+
+    def start(self) -> None:
+        """Bring the network up (idempotent). Raise RuntimeError with a clear message on failure."""
+        ...
+
+    def stop(self) -> None:
+        """Remove exactly what start() created. Safe to call twice and after a failed start."""
+        ...
+
+    def ps_listen_host(self) -> str:
+        """Address the PS binds to."""
+        ...
+
+    def ps_address_for(self, device: DeviceSpec) -> str:
+        """Address a device dials to reach the PS."""
+        ...
+
+    def popen(self, node: str | None, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+        """Start a process on a node: None for the PS's node, else a device name."""
+        ...
+
+    def app_shaping(self, device: DeviceSpec) -> AppShaping:
+        """What of this device's path the application must still emulate."""
+        ...
+
+    def set_partitioned(self, device: DeviceSpec, partitioned: bool) -> bool:
+        """Take a device's link down (True) or up; False if the backend cannot (then the app does)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for the run log and summary.json: backend, delay mechanism, ..."""
+        ...
+
+
+def path_delay_s(topology: Topology, device: DeviceSpec) -> float:
+    """One-way delay from the PS to a device: its own link, the switch links, the PS's link."""
+    delay = device.link.delay_s + topology.network.ps.link.delay_s
+    parents = {link.lower: link for link in topology.network.links}
+    switch = device.group.switch
+    while switch in parents:
+        delay += parents[switch].link.delay_s
+        switch = parents[switch].upper
+    return delay
+
+
+def path_loss(topology: Topology, device: DeviceSpec) -> float:
+    """Loss probability on the whole PS-device path (independent losses per hop)."""
+    keep = (1 - device.link.loss_fraction) * (1 - topology.network.ps.link.loss_fraction)
+    parents = {link.lower: link for link in topology.network.links}
+    switch = device.group.switch
+    while switch in parents:
+        keep *= 1 - parents[switch].link.loss_fraction
+        switch = parents[switch].upper
+    return 1 - keep

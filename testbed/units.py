@@ -1,0 +1,105 @@
+"""Units written out in topology files, and their conversion to SI numbers.
+
+Every quantity in a topology file carries its unit, and every quantity in code carries its unit in
+its name (``rate_bps``, ``delay_s``, ``loss_fraction``, ``size_bytes``). This module is the one
+place that turns one into the other.
+
+=============  =======================================  ==========================================
+kind           accepted spellings                       result
+=============  =======================================  ==========================================
+rate           ``bit kbit Kbit Mbit Gbit`` (per second), bits per second (float)
+               ``bps Kbps Mbps Gbps``, ``B/s KB/s MB/s
+               GB/s KiB/s MiB/s GiB/s`` (bytes per s)
+duration       ``us ms s min h``                        seconds (float)
+fraction       ``0.5%``                                 fraction in [0, 1] (float)
+size           ``B KB MB GB KiB MiB GiB``               bytes (int)
+=============  =======================================  ==========================================
+
+Decimal prefixes are powers of 1000 (``1Mbit`` = 1,000,000 bit/s; ``1MB`` = 1,000,000 bytes), binary
+ones powers of 1024 (``1MiB`` = 1,048,576 bytes), as in tc(8) and iperf3. A bare number is refused:
+a forgotten unit is the commonest topology mistake, and guessing it hides the mistake.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
+_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z/%]+)\s*$")
+
+_RATE_BPS = {
+    "bit": 1.0, "kbit": 1e3, "Kbit": 1e3, "Mbit": 1e6, "Gbit": 1e9,
+    "bps": 1.0, "kbps": 1e3, "Kbps": 1e3, "Mbps": 1e6, "Gbps": 1e9,
+    "B/s": 8.0, "KB/s": 8e3, "kB/s": 8e3, "MB/s": 8e6, "GB/s": 8e9,
+    "KiB/s": 8.0 * 1024, "MiB/s": 8.0 * 1024**2, "GiB/s": 8.0 * 1024**3,
+}
+_DURATION_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+_SIZE_BYTES = {
+    "B": 1, "KB": 1000, "kB": 1000, "MB": 1000**2, "GB": 1000**3,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3,
+}
+
+
+class UnitError(ValueError):
+    """A quantity that is not a number followed by one of the expected units."""
+
+
+def _split(text: object, kind: str, example: str, units: dict[str, float] | dict[str, int]
+           ) -> tuple[float, str]:
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise UnitError(f"expected a {kind} such as {example!r}, got {type(text).__name__}")
+    match = _PATTERN.match(str(text))
+    if not match:
+        if isinstance(text, (int, float)) or re.fullmatch(rf"\s*{_NUMBER}\s*", str(text)):
+            raise UnitError(f"expected a {kind} with its unit such as {example!r}, got {text!r} "
+                            f"(no unit)")
+        raise UnitError(f"expected a {kind} such as {example!r}, got {text!r}")
+    value, unit = float(match.group(1)), match.group(2)
+    if unit not in units:
+        raise UnitError(f"unknown {kind} unit {unit!r} in {text!r}; "
+                        f"expected one of {', '.join(units)}")
+    return value, unit
+
+
+def parse_rate_bps(text: object) -> float:
+    """Parse a link rate like ``'20Mbit'`` or ``'10MB/s'`` into bits per second (> 0)."""
+    value, unit = _split(text, "rate", "20Mbit", _RATE_BPS)
+    if value <= 0:
+        raise UnitError(f"a rate must be positive, got {text!r}")
+    return value * _RATE_BPS[unit]
+
+
+def parse_duration_s(text: object) -> float:
+    """Parse a duration like ``'10ms'`` into seconds (>= 0)."""
+    value, unit = _split(text, "duration", "10ms", _DURATION_S)
+    return value * _DURATION_S[unit]
+
+
+def parse_fraction(text: object) -> float:
+    """Parse a percentage like ``'0.5%'`` into a fraction in [0, 1]."""
+    value, _ = _split(text, "percentage", "0.5%", {"%": 1.0})
+    if value > 100:
+        raise UnitError(f"a percentage must be at most 100%, got {text!r}")
+    return value / 100.0
+
+
+def parse_size_bytes(text: object) -> int:
+    """Parse a size like ``'2GiB'`` into bytes."""
+    value, unit = _split(text, "size", "2GiB", _SIZE_BYTES)
+    return int(round(value * _SIZE_BYTES[unit]))
+
+
+def format_rate(rate_bps: float) -> str:
+    """Format bits per second the way a topology file would write it (``'20Mbit'``)."""
+    for unit, scale in (("Gbit", 1e9), ("Mbit", 1e6), ("Kbit", 1e3)):
+        if rate_bps >= scale:
+            return f"{rate_bps / scale:g}{unit}"
+    return f"{rate_bps:g}bit"
+
+
+def format_bytes(size_bytes: float) -> str:
+    """Format a byte count for people (``'12.3 MB'``), decimal prefixes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(size_bytes) >= scale:
+            return f"{size_bytes / scale:.1f} {unit}"
+    return f"{size_bytes:.0f} B"
