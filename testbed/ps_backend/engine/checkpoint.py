@@ -1,0 +1,103 @@
+"""Checkpoints: model, optimizer, step, weight version and RNG state in one file, atomically.
+
+A checkpoint is one ``torch.save`` file (``step-000012.pt`` names a checkpoint taken after step 11,
+when the next step to run is 12). It is written to a temporary file in the same directory, flushed
+and fsync'ed, then moved over the target with ``os.replace`` (atomic on POSIX) and the directory is
+fsync'ed. A process killed at any moment leaves either the old file or the new one, never a torn
+one; a leftover ``.tmp`` file is ignored by :func:`latest_checkpoint`.
+
+Loading uses ``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from testbed.ps_backend.engine.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+FORMAT = "testbed-engine-checkpoint/1"
+_NAME_RE = re.compile(r"^step-(\d{6,})\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read or does not fit the trainer."""
+
+
+def checkpoint_name(next_step: int) -> str:
+    """File name of the checkpoint whose next step is ``next_step``."""
+    return f"step-{next_step:06d}.pt"
+
+
+def save_atomic(obj: Any, path: str | Path) -> Path:
+    """``torch.save`` obj to path so that path is always either the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def save_checkpoint(trainer: Trainer, path: str | Path) -> Path:
+    """Write the trainer's full state to ``path`` atomically; return the path."""
+    state = {"format": FORMAT, **trainer.state_dict()}
+    out = save_atomic(state, path)
+    log.info("checkpoint at step %d written to %s", trainer.next_step, out)
+    return out
+
+
+def load_checkpoint(trainer: Trainer, path: str | Path) -> int:
+    """Restore the trainer from ``path``; return the next step to run."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: no such checkpoint") from exc
+    except Exception as exc:  # torch raises several types for a torn or foreign file
+        raise CheckpointError(f"{path}: not a readable checkpoint ({exc})") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{path}: expected format {FORMAT!r}, found {found!r}")
+    try:
+        trainer.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    log.info("resumed from %s at step %d", path, trainer.next_step)
+    return trainer.next_step
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The checkpoint with the highest step in ``directory`` (None when there is none)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for entry in directory.iterdir():
+        m = _NAME_RE.match(entry.name)
+        if m and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), entry)
+    return None if best is None else best[1]

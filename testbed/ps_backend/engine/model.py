@@ -1,0 +1,141 @@
+"""An OPT-style decoder-only transformer whose every linear layer is an :class:`OffloadedLinear`.
+
+Shape (Zhang et al. 2022, "OPT: Open Pre-trained Transformer Language Models", arXiv 2205.01068;
+the pre-LayerNorm variant used by OPT-125m)::
+
+    h = embed_tokens(tokens) + embed_positions(0..T-1)                 # [B, T, hidden]
+    for each layer:  h = h + out_proj(attention(q_proj, k_proj, v_proj of LN(h)))   # causal
+                     h = h + fc2(relu(fc1(LN(h))))
+    logits = lm_head(final_layer_norm(h))       # lm_head.weight is embed_tokens.weight (tied)
+
+Layer names (they appear in every :class:`GemmSpec`): ``layers.<i>.self_attn.{q,k,v,out}_proj``,
+``layers.<i>.fc1``, ``layers.<i>.fc2``, ``lm_head``. The LM head's b_keys name the tied parameter,
+``embed_tokens.weight``. Parameter names in ``state_dict`` match the layer names.
+
+What stays on the PS (not GEMMs of a weight): embeddings, layer norms, the attention scores
+``Q·Kᵀ`` and ``P·V`` (batched, activation × activation), the causal mask and softmax, ReLU.
+
+Departures from OPT, on purpose: no dropout (runs must be deterministic); positions start at 0
+(OPT offsets them by 2); the vocabulary is the model spec's (256 byte tokens by default).
+Initialization follows OPT: weights and embeddings N(0, 0.02), biases 0, layer norms (1, 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from testbed.ps_backend.engine.offload import GemmContext, OffloadedLinear
+from testbed.topology import ModelSpec
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention; the four projections are offloaded."""
+
+    def __init__(self, spec: ModelSpec, prefix: str, context: GemmContext) -> None:
+        super().__init__()
+        if spec.hidden % spec.heads:
+            raise ValueError(f"hidden ({spec.hidden}) must be divisible by heads ({spec.heads})")
+        self.heads = spec.heads
+        self.head_dim = spec.hidden // spec.heads
+        h = spec.hidden
+        self.q_proj = OffloadedLinear(h, h, name=f"{prefix}.q_proj", context=context)
+        self.k_proj = OffloadedLinear(h, h, name=f"{prefix}.k_proj", context=context)
+        self.v_proj = OffloadedLinear(h, h, name=f"{prefix}.v_proj", context=context)
+        self.out_proj = OffloadedLinear(h, h, name=f"{prefix}.out_proj", context=context)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attend over ``x`` of shape [B, T, hidden]; position t sees positions <= t."""
+        b, t, hidden = x.shape
+        q = self._split(self.q_proj(x) * (self.head_dim ** -0.5))
+        k = self._split(self.k_proj(x))
+        v = self._split(self.v_proj(x))
+        scores = torch.matmul(q, k.transpose(-1, -2))  # [B, heads, T, T], on the PS
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+        probs = F.softmax(scores, dim=-1)
+        ctx = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, hidden)
+        return self.out_proj(ctx)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-LayerNorm decoder layer: attention block and ReLU feed-forward block."""
+
+    def __init__(self, spec: ModelSpec, index: int, context: GemmContext) -> None:
+        super().__init__()
+        prefix = f"layers.{index}"
+        self.self_attn_layer_norm = nn.LayerNorm(spec.hidden)
+        self.self_attn = SelfAttention(spec, f"{prefix}.self_attn", context)
+        self.final_layer_norm = nn.LayerNorm(spec.hidden)
+        self.fc1 = OffloadedLinear(spec.hidden, spec.ffn, name=f"{prefix}.fc1", context=context)
+        self.fc2 = OffloadedLinear(spec.ffn, spec.hidden, name=f"{prefix}.fc2", context=context)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Apply the layer to hidden states [B, T, hidden]."""
+        h = h + self.self_attn(self.self_attn_layer_norm(h))
+        return h + self.fc2(F.relu(self.fc1(self.final_layer_norm(h))))
+
+
+class OptDecoder(nn.Module):
+    """The whole language model: tokens [B, T] int64 -> logits [B, T, vocab]."""
+
+    def __init__(self, spec: ModelSpec, context: GemmContext | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.context = context if context is not None else GemmContext()
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.embed_positions = nn.Embedding(spec.seq_len, spec.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, self.context)
+                                    for i in range(spec.layers))
+        self.final_layer_norm = nn.LayerNorm(spec.hidden)
+        self.lm_head = OffloadedLinear(spec.hidden, spec.vocab, bias=False, name="lm_head",
+                                       context=self.context, weight_key="embed_tokens.weight")
+        self.lm_head.weight = self.embed_tokens.weight  # tied, as in OPT
+        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=0.02)
+        nn.init.normal_(self.embed_positions.weight, mean=0.0, std=0.02)
+
+    def offloaded_linears(self) -> list[OffloadedLinear]:
+        """Every offloaded linear layer, in forward order."""
+        return [m for m in self.modules() if isinstance(m, OffloadedLinear)]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] for tokens [B, T] (T <= seq_len)."""
+        t = tokens.shape[1]
+        if t > self.spec.seq_len:
+            raise ValueError(f"sequence of {t} tokens is longer than seq_len {self.spec.seq_len}")
+        positions = torch.arange(t, device=tokens.device)
+        h = self.embed_tokens(tokens) + self.embed_positions(positions)
+        for layer in self.layers:
+            h = layer(h)
+        return self.lm_head(self.final_layer_norm(h))
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """Parameters of :class:`OptDecoder` for ``spec``, from its shape (the tied head counts once).
+
+    Per layer: 4 attention projections ``4·(h² + h)``, two layer norms ``4·h``, the feed-forward
+    ``2·h·f + f + h``; plus embeddings ``(vocab + seq_len)·h`` and the final layer norm ``2·h``.
+    """
+    h, f = spec.hidden, spec.ffn
+    per_layer = 4 * (h * h + h) + 4 * h + 2 * h * f + f + h
+    return spec.layers * per_layer + (spec.vocab + spec.seq_len) * h + 2 * h
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters of a built model (a tied weight counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def gemm_flops_per_token(spec: ModelSpec) -> float:
+    """Forward FLOPs of the offloaded GEMMs per token (2·in·out per linear); backward is 2×."""
+    h, f = spec.hidden, spec.ffn
+    return 2.0 * (spec.layers * (4 * h * h + 2 * h * f) + h * spec.vocab)
+
+
+__all__ = ["OptDecoder", "DecoderLayer", "SelfAttention", "parameter_count", "count_parameters",
+           "gemm_flops_per_token"]

@@ -1,0 +1,148 @@
+"""Offloaded linear layers: every GEMM of an ``nn.Linear`` goes through a :class:`GemmExecutor`.
+
+Naming and shapes, written down once (``X``: input flattened to 2-D, ``W``: weight, ``dY``: the
+gradient of the output)::
+
+    op            C        =  A       @  B       A shape     B shape     b_key
+    forward       Y        =  X       @  Wᵀ      [M, in]     [in, out]   "<param>@<version>:T"
+    input_grad    dX       =  dY      @  W       [M, out]    [out, in]   "<param>@<version>:N"
+    weight_grad   dW       =  dYᵀ     @  X       [out, M]    [M, in]     None (B is an activation)
+
+``M`` is the product of the input's leading dimensions (batch × sequence). ``<param>`` is the
+dotted name of the weight parameter (``layers.0.fc1.weight``; the tied LM head names the token
+embedding, ``embed_tokens.weight``). ``<version>`` is the number of optimizer steps applied to the
+weights so far, so a device's cached block of ``W`` is valid exactly while the version is.
+A and B may be non-contiguous views (``Wᵀ``, ``dYᵀ``); executors must not assume contiguity.
+
+The bias add and the bias gradient (a column sum of ``dY``) run on the PS: they are not GEMMs.
+
+Which executor, step and version a GEMM belongs to comes from a :class:`GemmContext` that the
+model's layers share and the trainer sets before each step. With no executor set, the layer is a
+plain ``F.linear`` under torch's own autograd (the single-process reference).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from testbed.ps_backend.executor import GemmExecutor, GemmHandle, GemmSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GemmContext:
+    """What the offloaded layers of one model need to know about the current step.
+
+    The trainer owns it: it sets ``executor`` once and ``step``/``version`` before each step.
+    ``gemms`` and ``gemm_flops`` count what was submitted since the last :meth:`reset_counters`.
+    """
+
+    executor: GemmExecutor | None = None
+    step: int = 0  # training step, 0-based
+    version: int = 0  # optimizer steps applied to the weights so far
+    gemms: int = 0
+    gemm_flops: float = 0.0  # 2·M·K·N summed over submitted GEMMs
+
+    def reset_counters(self) -> None:
+        """Zero the per-step GEMM counters."""
+        self.gemms = 0
+        self.gemm_flops = 0.0
+
+
+class ExecutorResultError(RuntimeError):
+    """An executor returned a product of the wrong shape or dtype."""
+
+
+def _submit(ctx: GemmContext, executor: GemmExecutor, a: torch.Tensor, b: torch.Tensor,
+            spec: GemmSpec) -> GemmHandle:
+    ctx.gemms += 1
+    ctx.gemm_flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    return executor.submit(a, b, spec)
+
+
+def _result(handle: GemmHandle, shape: tuple[int, int], dtype: torch.dtype,
+            spec: GemmSpec) -> torch.Tensor:
+    c = handle.result()
+    if tuple(c.shape) != shape or c.dtype != dtype:
+        raise ExecutorResultError(
+            f"{spec.layer} {spec.op} (step {spec.step}): executor returned "
+            f"{tuple(c.shape)} {c.dtype}, expected {shape} {dtype}")
+    return c
+
+
+class OffloadedLinearFunction(torch.autograd.Function):
+    """``Y = X·Wᵀ + b`` whose three GEMMs an executor computes (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, x2d: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
+                bias: torch.Tensor | None, gemm_ctx: GemmContext, layer: str,
+                weight_key: str) -> torch.Tensor:
+        executor = gemm_ctx.executor
+        assert executor is not None  # OffloadedLinear takes the plain path otherwise
+        step, version = gemm_ctx.step, gemm_ctx.version
+        spec = GemmSpec(layer, "forward", step, f"{weight_key}@{version}:T")
+        y = _result(_submit(gemm_ctx, executor, x2d, weight.t(), spec),
+                    (x2d.shape[0], weight.shape[0]), x2d.dtype, spec)
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(x2d, weight)
+        ctx.gemm = (gemm_ctx, executor, layer, weight_key, step, version, bias is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        x2d, weight = ctx.saved_tensors
+        gemm_ctx, executor, layer, weight_key, step, version, has_bias = ctx.gemm
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx_spec = GemmSpec(layer, "input_grad", step, f"{weight_key}@{version}:N")
+        dw_spec = GemmSpec(layer, "weight_grad", step, None)
+        # Submit both GEMMs before waiting on either, so that they are in flight together.
+        dx_handle = _submit(gemm_ctx, executor, dy, weight, dx_spec) if need_x else None
+        dw_handle = _submit(gemm_ctx, executor, dy.t(), x2d, dw_spec) if need_w else None
+        db = dy.sum(0) if (need_b and has_bias) else None
+        dx = None if dx_handle is None else _result(dx_handle, tuple(x2d.shape), dy.dtype, dx_spec)
+        dw = None if dw_handle is None else _result(dw_handle, tuple(weight.shape), dy.dtype,
+                                                    dw_spec)
+        return dx, dw, db, None, None, None
+
+
+class OffloadedLinear(nn.Module):
+    """A drop-in ``nn.Linear`` whose GEMMs go to the executor of its :class:`GemmContext`.
+
+    ``name`` is the layer's dotted name (``layers.0.fc1``); ``weight_key`` names the weight in
+    b_keys and defaults to ``<name>.weight`` (a tied layer points it at the shared parameter).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, name: str = "",
+                 context: GemmContext | None = None, weight_key: str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.name = name
+        self.weight_key = weight_key or f"{name}.weight"
+        self.context = context if context is not None else GemmContext()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the layer to ``x`` of shape ``[..., in_features]``."""
+        if self.context.executor is None:
+            return F.linear(x, self.weight, self.bias)
+        lead = x.shape[:-1]
+        x2d = x.reshape(-1, self.in_features)
+        y = OffloadedLinearFunction.apply(x2d, self.weight, self.bias, self.context, self.name,
+                                          self.weight_key)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"name={self.name!r}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
