@@ -1,0 +1,206 @@
+"""Import FedScale's client availability trace (``client_behave_trace``) as churn events.
+
+The file is a pickle of a dict: client key -> ``{'active': [t...], 'inactive': [t...],
+'finish_time': T, 'duration': ..., 'model': ...}`` with times in seconds. FedScale reads client
+j's state at time t as: ``u = t mod finish_time``; present when ``active[i] <= u <= inactive[i]``
+for some i (the windows repeat with period ``finish_time``). Other keys are ignored.
+
+Mapping onto a run: device i (0-based position in the topology) takes the trace of the key at
+position ``i mod n`` of the dict's keys in file order, as FedScale's client manager does with its
+client ids. The import covers trace time [start_s, start_s + duration_s) and divides times by
+``time_scale`` (so a 24 h trace with ``time_scale=60`` replays in 24 min); a device present at
+start_s starts present, each window start is a ``join`` and each window end a ``leave``.
+
+Pickles are untrusted input: :class:`RestrictedUnpickler` accepts only plain containers and
+numbers (dict, list, tuple, set, frozenset, str, int, float, bool, None; bytes only from
+protocol 3 on, where they need no global) and refuses any other global,
+so a pickle whose ``__reduce__`` names ``os.system`` (or anything else) is refused before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from testbed.churn.trace import ChurnEvent, TraceEvent
+
+# The only globals a plain-data pickle may need: protocol-2 pickles build sets this way.
+_ALLOWED_GLOBALS = {("builtins", "set"), ("builtins", "frozenset"),
+                    ("__builtin__", "set"), ("__builtin__", "frozenset")}
+MAX_PICKLE_BYTES = 512 * 1024**2
+
+
+class FedScaleError(ValueError):
+    """A FedScale trace that is refused (unsafe pickle) or not in the expected shape."""
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that builds plain containers and numbers only; any global is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        """Allow set/frozenset; refuse every other global (functions, classes, modules)."""
+        if (module, name) in _ALLOWED_GLOBALS:
+            return set if name == "set" else frozenset
+        raise FedScaleError(f"refused: the pickle asks for the global {module}.{name}; only "
+                            f"plain containers and numbers are accepted (a pickle that carries "
+                            f"code is never loaded)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        """Refuse persistent ids (they would call back into code)."""
+        raise FedScaleError("refused: the pickle uses persistent ids; only plain containers "
+                            "and numbers are accepted")
+
+
+def restricted_loads(data: bytes) -> Any:
+    """Unpickle plain data only; raise FedScaleError for anything that would run code."""
+    try:
+        return RestrictedUnpickler(io.BytesIO(data), encoding="latin1").load()
+    except FedScaleError:
+        raise
+    except Exception as exc:  # a corrupt pickle raises many kinds
+        raise FedScaleError(f"not a readable pickle: {type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ClientWindows:
+    """One FedScale client: active windows [active[i], inactive[i]] repeating every period."""
+
+    key: str
+    active_s: tuple[float, ...]
+    inactive_s: tuple[float, ...]
+    finish_time_s: float
+
+    def is_active(self, time_s: float) -> bool:
+        """FedScale's rule: present when some window holds ``time_s mod finish_time``."""
+        u = time_s % self.finish_time_s
+        return any(a <= u <= b for a, b in zip(self.active_s, self.inactive_s))
+
+    def present_intervals(self, start_s: float, end_s: float) -> list[tuple[float, float]]:
+        """Merged [begin, end] intervals of presence that overlap [start_s, end_s]."""
+        period = self.finish_time_s
+        raw: list[tuple[float, float]] = []
+        for k in range(math.floor(start_s / period) - 1, math.ceil(end_s / period) + 1):
+            for a, b in zip(self.active_s, self.inactive_s):
+                # FedScale never looks past finish_time within a period
+                lo, hi = max(k * period + a, start_s), min(k * period + min(b, period), end_s)
+                if lo <= hi and lo < end_s:  # the span is [start_s, end_s)
+                    raw.append((lo, hi))
+        raw.sort()
+        merged: list[tuple[float, float]] = []
+        for lo, hi in raw:
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        return merged
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+def _client(key: Any, raw: Any) -> tuple[ClientWindows | None, list[str]]:
+    where = f"client {key!r}"
+    if not isinstance(raw, dict):
+        return None, [f"{where}: expected a dict with 'active', 'inactive', 'finish_time', "
+                      f"got {type(raw).__name__}"]
+    problems = [f"{where}: missing key {k!r}" for k in ("active", "inactive", "finish_time")
+                if k not in raw]
+    if problems:
+        return None, problems
+    active, inactive, finish = raw["active"], raw["inactive"], raw["finish_time"]
+    for name, seq in (("active", active), ("inactive", inactive)):
+        if not isinstance(seq, (list, tuple)) or not all(_number(v) and v >= 0 for v in seq):
+            problems.append(f"{where}.{name}: expected a list of times in seconds >= 0")
+    if not (_number(finish) and finish > 0):
+        problems.append(f"{where}.finish_time: expected a number of seconds > 0, got {finish!r}")
+    if problems:
+        return None, problems
+    if len(active) != len(inactive) or not active:
+        return None, [f"{where}: 'active' and 'inactive' must be non-empty and of equal length "
+                      f"(got {len(active)} and {len(inactive)})"]
+    for i, (a, b) in enumerate(zip(active, inactive)):
+        if a > b:
+            problems.append(f"{where}: window {i} ends ({b}) before it starts ({a})")
+    if problems:
+        return None, problems
+    return ClientWindows(str(key), tuple(map(float, active)), tuple(map(float, inactive)),
+                         float(finish)), []
+
+
+def parse_behave_trace(data: Any, source: str = "<pickle>") -> list[ClientWindows]:
+    """Check unpickled data has FedScale's shape; return the clients in key order."""
+    if not isinstance(data, dict) or not data:
+        raise FedScaleError(f"{source}: expected a non-empty dict of client -> availability, "
+                            f"got {type(data).__name__}")
+    clients: list[ClientWindows] = []
+    problems: list[str] = []
+    for key, raw in data.items():
+        client, found = _client(key, raw)
+        problems.extend(found)
+        if client is not None:
+            clients.append(client)
+    if problems:
+        shown = problems[:20] + ([f"... and {len(problems) - 20} more"]
+                                 if len(problems) > 20 else [])
+        raise FedScaleError(f"{source}: {len(problems)} problem(s):\n" +
+                            "\n".join(f"  - {p}" for p in shown))
+    return clients
+
+
+def load_behave_trace(path: str | Path) -> list[ClientWindows]:
+    """Load a client_behave_trace pickle safely; return its clients in key order."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_PICKLE_BYTES:
+            raise FedScaleError(f"{path}: {size} bytes is more than the {MAX_PICKLE_BYTES} "
+                                f"accepted")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FedScaleError(f"{path}: cannot read the file: {exc.strerror}") from exc
+    try:
+        loaded = restricted_loads(data)
+    except FedScaleError as exc:
+        raise FedScaleError(f"{path}: {exc}") from exc
+    return parse_behave_trace(loaded, str(path))
+
+
+def import_events(clients: Sequence[ClientWindows], devices: Sequence[str],
+                  start_s: float = 0.0, duration_s: float | None = None,
+                  time_scale: float = 1.0) -> list[TraceEvent]:
+    """Churn events for ``devices`` (device i takes client i mod n), time 0 = start_s."""
+    if not clients:
+        raise FedScaleError("the trace has no clients")
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise FedScaleError(f"--time-scale must be > 0, got {time_scale:g}")
+    if duration_s is None:
+        duration_s = max(clients[i % len(clients)].finish_time_s
+                         for i in range(len(devices))) - start_s
+    if not (start_s >= 0 and duration_s > 0):
+        raise FedScaleError(f"the imported span must be non-empty: start {start_s:g} s, "
+                            f"duration {duration_s:g} s")
+    end_s = start_s + duration_s
+    rows: list[tuple[float, int, int, TraceEvent]] = []
+    for index, device in enumerate(devices):
+        client = clients[index % len(clients)]
+        intervals = client.present_intervals(start_s, end_s)
+        events: list[TraceEvent] = []
+        for lo, hi in intervals:
+            if lo > start_s:
+                events.append(TraceEvent(round((lo - start_s) / time_scale, 3), device,
+                                         ChurnEvent.JOIN))
+            if hi < end_s:
+                events.append(TraceEvent(round((hi - start_s) / time_scale, 3), device,
+                                         ChurnEvent.LEAVE))
+        if not intervals:
+            events.append(TraceEvent(0.0, device, ChurnEvent.LEAVE))  # never present
+        rows.extend((e.time_s, index, order, e) for order, e in enumerate(events))
+    rows.sort(key=lambda r: r[:3])
+    return [r[3] for r in rows]

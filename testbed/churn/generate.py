@@ -1,0 +1,140 @@
+"""Synthetic churn: alternating sessions and absences per device, seeded.
+
+Each device alternates between a *session* (present) and an *absence*. Lengths are drawn
+independently per device from
+
+* ``exponential`` with mean ``session_mean_s`` / ``absence_mean_s`` (memoryless, the classic
+  availability model), or
+* ``weibull`` with shape ``k`` and the scale chosen so that the mean is the given one:
+  ``scale = mean / Γ(1 + 1/k)`` (mean of Weibull(k, λ) is ``λ Γ(1 + 1/k)``). ``k < 1`` gives the
+  heavy-tailed sessions measured on real mobile devices (many short, a few very long).
+
+**Diurnal availability.** Without it, the long-run fraction of time a device is present is
+``a0 = S / (S + A)`` (S, A: session and absence means). With amplitude ``α`` and period ``P``
+(24 h by default), the target availability at time t is
+``a(t) = clip(a0 · (1 + α cos(2π (t - t_peak) / P)), 0.01, 0.99)`` and an absence that starts at
+t has mean ``A(t) = S (1 - a(t)) / a(t)``, so that S / (S + A(t)) = a(t). Sessions keep mean S.
+A device starts present with probability a(0).
+
+**Departures.** A session ends with ``crash`` with probability ``crash_fraction``, else
+``leave``. Times are rounded to milliseconds (the precision a trace file keeps).
+
+**Seeding.** Device i uses ``numpy.random.default_rng([seed, i])``: the same seed and device
+list give the same trace, and one device's stream does not depend on the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from testbed.churn.trace import ChurnEvent, TraceEvent
+
+DISTRIBUTIONS = ("exponential", "weibull")
+MIN_AVAILABILITY, MAX_AVAILABILITY = 0.01, 0.99
+
+
+@dataclass(frozen=True)
+class SessionModel:
+    """How long devices stay and stay away; see the module docstring for the formulas."""
+
+    session_mean_s: float
+    absence_mean_s: float
+    distribution: str = "exponential"  # exponential | weibull
+    weibull_shape: float = 1.0  # k; used by weibull only
+    diurnal_amplitude: float = 0.0  # α in [0, 1]; 0 = no daily cycle
+    diurnal_period_s: float = 86400.0  # P
+    diurnal_peak_s: float = 0.0  # t_peak: when availability is highest
+    crash_fraction: float = 0.0  # share of departures that are crashes
+
+    def problems(self) -> list[str]:
+        """Every parameter out of range, named as the CLI option that sets it."""
+        out = []
+        if self.distribution not in DISTRIBUTIONS:
+            out.append(f"--dist: expected one of {DISTRIBUTIONS}, got {self.distribution!r}")
+        for name, value in (("--session-mean", self.session_mean_s),
+                            ("--absence-mean", self.absence_mean_s),
+                            ("--shape", self.weibull_shape),
+                            ("--diurnal-period", self.diurnal_period_s)):
+            if not (math.isfinite(value) and value > 0):
+                out.append(f"{name}: must be > 0, got {value:g}")
+        if not 0 <= self.diurnal_amplitude <= 1:
+            out.append(f"--diurnal-amplitude: must be in [0, 1], got {self.diurnal_amplitude:g}")
+        if not 0 <= self.crash_fraction <= 1:
+            out.append(f"--crash-fraction: must be in [0, 1], got {self.crash_fraction:g}")
+        return out
+
+    @property
+    def base_availability(self) -> float:
+        """a0 = S / (S + A)."""
+        return self.session_mean_s / (self.session_mean_s + self.absence_mean_s)
+
+    def availability_at(self, time_s: float) -> float:
+        """Target availability a(t)."""
+        phase = 2 * math.pi * (time_s - self.diurnal_peak_s) / self.diurnal_period_s
+        a = self.base_availability * (1 + self.diurnal_amplitude * math.cos(phase))
+        return min(MAX_AVAILABILITY, max(MIN_AVAILABILITY, a))
+
+    def absence_mean_at(self, time_s: float) -> float:
+        """A(t) = S (1 - a(t)) / a(t); equals absence_mean_s when there is no daily cycle."""
+        if self.diurnal_amplitude == 0:
+            return self.absence_mean_s
+        a = self.availability_at(time_s)
+        return self.session_mean_s * (1 - a) / a
+
+
+def sample_lengths_s(rng: np.random.Generator, distribution: str, mean_s: float,
+                     shape: float = 1.0, size: int | None = None) -> np.ndarray:
+    """Draw lengths in seconds with the given mean from the named distribution."""
+    if distribution == "exponential":
+        return np.asarray(rng.exponential(mean_s, size))
+    if distribution == "weibull":
+        scale_s = mean_s / math.gamma(1 + 1 / shape)
+        return np.asarray(rng.weibull(shape, size) * scale_s)
+    raise ValueError(f"unknown distribution {distribution!r}; expected one of {DISTRIBUTIONS}")
+
+
+def _device_events(model: SessionModel, device: str, duration_s: float,
+                   rng: np.random.Generator) -> list[TraceEvent]:
+    present = initially_present = bool(rng.random() < model.availability_at(0.0))
+    events: list[TraceEvent] = []
+    t = 0.0
+    while True:
+        mean = model.session_mean_s if present else model.absence_mean_at(t)
+        t += float(sample_lengths_s(rng, model.distribution, mean, model.weibull_shape))
+        crash = bool(rng.random() < model.crash_fraction) if present else False
+        if t >= duration_s:
+            break
+        time_s = round(t, 3)
+        present = not present
+        if events and time_s <= events[-1].time_s:
+            events.pop()  # a blip shorter than the file's millisecond precision: drop both ends
+            continue
+        if not present:
+            event = ChurnEvent.CRASH if crash else ChurnEvent.LEAVE
+        else:
+            event = ChurnEvent.JOIN
+        events.append(TraceEvent(time_s, device, event))
+    if not events and not initially_present:
+        events.append(TraceEvent(0.0, device, ChurnEvent.LEAVE))  # absent for the whole trace
+    return events
+
+
+def generate_events(devices: Sequence[str], model: SessionModel, duration_s: float,
+                    seed: int) -> list[TraceEvent]:
+    """A trace's events for ``devices`` over [0, duration_s), ordered by time then device."""
+    problems = model.problems()
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        problems.append(f"--duration: must be > 0, got {duration_s:g}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    events: list[tuple[float, int, int, TraceEvent]] = []
+    for index, device in enumerate(devices):
+        rng = np.random.default_rng([seed, index])
+        for order, e in enumerate(_device_events(model, device, duration_s, rng)):
+            events.append((e.time_s, index, order, e))
+    events.sort(key=lambda item: item[:3])
+    return [item[3] for item in events]

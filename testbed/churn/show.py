@@ -1,0 +1,103 @@
+"""What ``testbed trace show`` prints and draws: pure text from a trace or schedule, one PNG.
+
+The text summary needs no topology (rows by event, names used, time span); with a schedule (a
+topology was given) it adds the starting state, device actions by event and device, and the
+availability over time: at ``bins + 1`` evenly spaced times, the devices present and the devices
+present and reachable (not partitioned). The plot is a timeline, one row per device (present:
+bar, partitioned: hatched red, crash: x, slow: its factor), over the availability curve.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from testbed.churn.schedule import ChurnSchedule
+from testbed.churn.trace import EVENT_NAMES, ChurnEvent, Trace
+
+
+def _time_grid(end_s: float, bins: int) -> list[float]:
+    end_s = max(end_s, 1.0)
+    return [end_s * i / bins for i in range(bins + 1)]
+
+
+def trace_summary(trace: Trace) -> list[str]:
+    """Lines describing a trace on its own (no topology needed)."""
+    counts = Counter(e.event.value for e in trace.events)
+    return [
+        f"trace {trace.source}: {len(trace.events)} events, 0 .. {trace.duration_s:g} s",
+        "rows by event: " + ", ".join(f"{name} {counts.get(name, 0)}" for name in EVENT_NAMES),
+        "names used: " + (", ".join(trace.targets()) or "none"),
+    ]
+
+
+def schedule_summary(schedule: ChurnSchedule, bins: int = 10) -> list[str]:
+    """Lines describing the expanded schedule: starting state, actions, availability."""
+    n = len(schedule.devices)
+    absent = [d for d in schedule.devices if d not in schedule.initially_present]
+    lines = [
+        f"devices: {n} ({', '.join(f'{g} {len(m)}' for g, m in schedule.groups.items())}), "
+        f"seed {schedule.seed}",
+        f"starts present: {n - len(absent)} of {n}" +
+        (f" (absent: {', '.join(absent)})" if absent else ""),
+        "device actions by event: " + ", ".join(f"{k} {v}" for k, v in
+                                                 schedule.counts_by_event().items()),
+    ]
+    per_device = Counter((a.device, a.event.value) for a in schedule.actions)
+    touched = [d for d in schedule.devices if any(per_device[(d, e)] for e in EVENT_NAMES)]
+    for d in touched:
+        lines.append(f"  {d:<14} " + " ".join(f"{e} {per_device[(d, e)]}" for e in EVENT_NAMES
+                                              if per_device[(d, e)]))
+    lines.append(f"availability over time (present / reachable of {n}):")
+    times = _time_grid(schedule.duration_s, bins)
+    for t, (present, reachable) in zip(times, schedule.availability(times)):
+        bar = "#" * reachable + "+" * (present - reachable) + "." * (n - present)
+        lines.append(f"  t={t:>9.1f} s  {present:>3} {reachable:>3}  {bar}")
+    return lines
+
+
+def plot_timeline(schedule: ChurnSchedule, path: str | Path, title: str = "") -> None:
+    """Draw the per-device timeline and the availability curve into a PNG file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end_s = max(schedule.duration_s * 1.05, 1.0)
+    intervals = schedule.intervals(end_s)
+    devices = list(schedule.devices)
+    height = 1.5 + 0.3 * len(devices)
+    fig, (ax, ax_avail) = plt.subplots(2, 1, figsize=(10, height + 2.5), sharex=True,
+                                       gridspec_kw={"height_ratios": [height, 2.5]})
+    for row, d in enumerate(devices):
+        y = len(devices) - 1 - row
+        spans = [(lo, hi - lo) for lo, hi in intervals[d]["present"]]
+        ax.broken_barh(spans, (y - 0.35, 0.7), facecolors="tab:green", alpha=0.8)
+        cut = [(lo, hi - lo) for lo, hi in intervals[d]["partitioned"]]
+        ax.broken_barh(cut, (y - 0.35, 0.7), facecolors="none", edgecolors="tab:red",
+                       hatch="///")
+    ys = {d: len(devices) - 1 - i for i, d in enumerate(devices)}
+    crashes = [(a.time_s, ys[a.device]) for a in schedule.actions if a.event is ChurnEvent.CRASH]
+    if crashes:
+        ax.scatter(*zip(*crashes), marker="x", color="black", zorder=3, label="crash")
+        ax.legend(loc="upper right", fontsize="small")
+    for a in schedule.actions:
+        if a.event is ChurnEvent.SLOW:
+            ax.plot([a.time_s, a.time_s], [ys[a.device] - 0.35, ys[a.device] + 0.35],
+                    color="tab:orange", linewidth=2)
+            ax.annotate(f" slow ×{a.factor:g}", (a.time_s, ys[a.device]), fontsize=8,
+                        va="center", color="black")
+    ax.set_yticks(range(len(devices)), list(reversed(devices)), fontsize=8)
+    ax.set_title(title or f"churn: {Path(schedule.source).name} (seed {schedule.seed})")
+    times = sorted({0.0, end_s, *(a.time_s for a in schedule.actions)})
+    avail = schedule.availability(times)
+    ax_avail.step(times, [p for p, _ in avail], where="post", label="present")
+    ax_avail.step(times, [r for _, r in avail], where="post", label="reachable",
+                  linestyle="--")
+    ax_avail.set_ylim(0, len(devices) + 0.5)
+    ax_avail.set_ylabel("devices")
+    ax_avail.set_xlabel("time (s)")
+    ax_avail.legend(loc="lower left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
