@@ -2,8 +2,21 @@
 
 The agent asks its device model once per tile, when the tile's compute starts; an emulated
 device then holds the (really computed) result until ``seconds * time_dilation`` have passed.
-:class:`RateDeviceModel` is the simplest model: the profile's sustained GFLOPS plus a fixed
-per-tile overhead. The performance-model work replaces it through :func:`device_model_for`.
+
+``now_s`` is **device time**: seconds since the device started, on the device's own clock (the
+agent's wall-clock time divided by the run's time dilation D). The thermal state and the idle
+energy advance on that clock.
+
+:class:`EmulatedDevice` (what :func:`device_model_for` returns for a profile with a model)::
+
+    seconds = model(m, k, n) * noise / s(T)
+    joules  = P_busy(s(T)) * seconds
+
+``model`` is the profile's exported regression (numpy only, see
+:mod:`testbed.perf_model.features`), ``noise`` a factor drawn from the profile's quantiles of
+measured/predicted, ``s(T)`` the thermal speed factor (:mod:`testbed.emulator.thermal`),
+``P_busy`` the power model (:mod:`testbed.emulator.energy`). Between tiles the device idles
+at ``idle_w`` and cools. :class:`RateDeviceModel` remains for profiles without a model.
 """
 
 from __future__ import annotations
@@ -11,6 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
+from testbed.emulator.energy import EnergyAccount, PowerParams
+from testbed.emulator.thermal import ThermalParams, ThermalState
+from testbed.perf_model.features import ExportedTimeModel
 from testbed.perf_model.profiles import DeviceProfile
 
 
@@ -44,6 +62,73 @@ class RateDeviceModel:
         return {}
 
 
-def device_model_for(profile: DeviceProfile, seed: int = 0) -> DeviceModel:
-    """The device model a profile asks for (for now: its sustained rate)."""
-    return RateDeviceModel(profile.sustained_gflops, profile.tile_overhead_s)
+class EmulatedDevice:
+    """Regression time model x sampled noise / thermal speed, with energy accounting."""
+
+    def __init__(self, model: ExportedTimeModel, thermal: ThermalParams | None,
+                 power: PowerParams | None, seed: int = 0, noise: bool = True,
+                 start_s: float = 0.0) -> None:
+        self.model = model
+        self.thermal = ThermalState(thermal) if thermal is not None else None
+        self.power = power
+        self.noise = noise
+        self.energy = EnergyAccount()
+        self._rng = np.random.default_rng(seed)
+        self._clock_s = start_s  # device time up to which state has been advanced
+
+    @property
+    def speed(self) -> float:
+        """Current thermal speed factor (1 when the profile has no thermal model)."""
+        return self.thermal.speed if self.thermal is not None else 1.0
+
+    def _idle_until(self, now_s: float) -> None:
+        idle_s = now_s - self._clock_s
+        if idle_s <= 0:
+            return
+        idle_w = self.power.idle_w if self.power is not None else 0.0
+        if self.thermal is not None:
+            self.thermal.advance(idle_s, idle_w)
+        self.energy.idle_j += idle_w * idle_s
+        self.energy.idle_s += idle_s
+        self._clock_s = now_s
+
+    def predict_seconds(self, m: int, k: int, n: int) -> float:
+        """The model's mean time for the tile, without noise or throttling."""
+        return self.model.predict_one(m, k, n)
+
+    def tile_cost(self, m: int, k: int, n: int, op: str, now_s: float) -> TileCost:
+        """Cost of one tile starting at device time now_s; advances thermal state and energy."""
+        self._idle_until(now_s)
+        speed = self.speed
+        factor = self.model.sample_factor(self._rng) if self.noise else 1.0
+        seconds = self.predict_seconds(m, k, n) * factor / speed
+        busy_w = self.power.busy_w(speed) if self.power is not None else 0.0
+        joules = busy_w * seconds
+        if self.thermal is not None:
+            self.thermal.advance(seconds, busy_w)
+        self.energy.compute_j += joules
+        self.energy.busy_s += seconds
+        self.energy.tiles += 1
+        # a tile asked for while the previous one is still "running" starts after it
+        self._clock_s = max(self._clock_s, now_s) + seconds
+        return TileCost(seconds, joules)
+
+    def telemetry(self, now_s: float) -> dict[str, float]:
+        """Temperature, throttle factor and energy so far, at device time now_s."""
+        self._idle_until(now_s)
+        out = {"throttle_factor": self.speed, "slowdown": 1.0 - self.speed,
+               "energy_j": self.energy.compute_j + self.energy.idle_j,
+               "compute_energy_j": self.energy.compute_j, "idle_energy_j": self.energy.idle_j,
+               "busy_s": self.energy.busy_s, "idle_s": self.energy.idle_s,
+               "tiles": float(self.energy.tiles)}
+        if self.thermal is not None:
+            out["temperature_c"] = self.thermal.temperature_c
+        return out
+
+
+def device_model_for(profile: DeviceProfile, seed: int = 0, noise: bool = True) -> DeviceModel:
+    """The device model a profile asks for: its regression model with thermal and power
+    when it has one, else its sustained rate."""
+    if profile.model is None:
+        return RateDeviceModel(profile.sustained_gflops, profile.tile_overhead_s)
+    return EmulatedDevice(profile.model, profile.thermal, profile.power, seed=seed, noise=noise)

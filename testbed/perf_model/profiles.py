@@ -10,8 +10,30 @@ A profile is a YAML file in ``testbed/perf_model/profiles/`` (or any path a topo
     provenance:                  # one line per figure, with its source
       sustained_gflops: "15-30 GFLOPS sustained training on Snapdragon 8-series CPUs (Das et al., arXiv 2202.10100)"
 
-The spine reads only the fields above; the performance-model work adds its own (fitted model,
-thermal and power models) and documents them here.
+The performance model adds optional sections (all checked on load; errors name file and field)::
+
+    model:        # the exported time model, see testbed.perf_model.features.ExportedTimeModel
+      features: [log2_m, ...]
+      coef: [...]
+      intercept: -20.1
+      overhead_s: 2.0e-6
+      peak_flops: 1.2e11
+      bandwidth_bytes_s: 2.0e10
+      noise: {levels: [0.01, ...], log_quantiles: [-0.1, ...]}
+    thermal:      # testbed.emulator.thermal.ThermalParams (degrees C, J/K, W/K)
+      ambient_c: 25
+      capacity_j_per_k: 20
+      conductance_w_per_k: 0.135
+      throttle_start_c: 45
+      throttle_full_c: 70
+      min_speed: 0.5
+      expected_sustained_slowdown: 0.2   # what the parameters were calibrated to (documentation)
+    power: {active_w: 5.0, idle_w: 0.3, radio_w: 0.5}   # testbed.emulator.energy.PowerParams
+    evaluation:   # figures `testbed perf eval` printed when the profile was built
+    provenance:   # one entry per figure, with its source
+
+Without ``model`` a device runs at ``sustained_gflops`` plus ``tile_overhead_s`` per tile; without
+``thermal`` it never throttles; without ``power`` it reports no energy.
 """
 
 from __future__ import annotations
@@ -21,6 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from testbed.emulator.energy import PowerParams
+from testbed.emulator.thermal import ThermalParams
+from testbed.perf_model.features import ExportedTimeModel
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -38,6 +64,11 @@ class DeviceProfile:
     description: str = ""
     path: Path | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # every field, for the parts that add more
+    model: ExportedTimeModel | None = None  # per-shape time model (None: sustained rate only)
+    thermal: ThermalParams | None = None  # None: never throttles
+    power: PowerParams | None = None  # None: no energy figures
+    provenance: dict[str, Any] = field(default_factory=dict)
+    evaluation: dict[str, Any] = field(default_factory=dict)
 
 
 def list_profiles() -> list[str]:
@@ -75,6 +106,24 @@ def load_profile(name_or_path: str | Path, base_dir: Path | None = None) -> Devi
     gflops = number("sustained_gflops")
     if gflops <= 0:
         raise ProfileError(f"{path}: sustained_gflops: must be positive")
+    sections: dict[str, Any] = {}
+    for key, parse in (("model", ExportedTimeModel.from_dict), ("thermal", ThermalParams.from_dict),
+                       ("power", PowerParams.from_dict)):
+        if raw.get(key) is None:
+            sections[key] = None
+            continue
+        if not isinstance(raw[key], dict):
+            raise ProfileError(f"{path}: {key}: expected a mapping")
+        try:
+            sections[key] = parse(raw[key], key)
+        except ValueError as exc:
+            raise ProfileError(f"{path}: {exc}") from exc
+    for key in ("provenance", "evaluation"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise ProfileError(f"{path}: {key}: expected a mapping")
     return DeviceProfile(name=str(raw.get("name", path.stem)), kind=str(raw.get("kind", "")),
                          sustained_gflops=gflops, tile_overhead_s=number("tile_overhead_s", 0.0),
-                         description=str(raw.get("description", "")), path=path, raw=raw)
+                         description=str(raw.get("description", "")), path=path, raw=raw,
+                         model=sections["model"], thermal=sections["thermal"],
+                         power=sections["power"], provenance=dict(raw.get("provenance", {})),
+                         evaluation=dict(raw.get("evaluation", {})))

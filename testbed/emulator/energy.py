@@ -1,0 +1,126 @@
+"""Energy of an emulated device: compute, idle and radio power, and the carbon it implies.
+
+Power model (watts), per device profile::
+
+    P_busy(s) = idle_w + (active_w - idle_w) * s     while computing a tile at speed factor s
+    P_idle    = idle_w                               while waiting for work
+    P_radio   = radio_w                              while the radio sends or receives
+
+* Compute energy of a tile: ``P_busy(s) * seconds`` (device seconds).
+* Idle energy: ``idle_w * idle_seconds``.
+* Radio energy: the radio is on while bytes move, so ``radio_w * 8 * size_bytes / rate_bps``;
+  per byte that is ``radio_w * 8 / rate_bps`` J/B. With the HotCarbon'25 setting (Wi-Fi radio
+  0.5 W, 10 MB/s links, arXiv 2507.01803) that is 0.5 / 10e6 = 50 nJ per byte. The run passes the
+  device's own link rate for each direction.
+* Carbon: ``grams = joules / 3.6e6 * grid_g_per_kwh``. The default grid intensity is a stated
+  assumption (:data:`DEFAULT_GRID_G_PER_KWH`); a run should pass the one of its region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+WIFI_RADIO_W = 0.5  # HotCarbon'25 (arXiv 2507.01803): Wi-Fi radio power
+DEFAULT_GRID_G_PER_KWH = 475.0  # world-average electricity, gCO2e/kWh (IEA, 2019 figure)
+J_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True)
+class PowerParams:
+    """A device's power model in watts."""
+
+    active_w: float
+    idle_w: float
+    radio_w: float = WIFI_RADIO_W
+
+    def busy_w(self, speed: float) -> float:
+        """Power while computing at speed factor s."""
+        return self.idle_w + (self.active_w - self.idle_w) * speed
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "power") -> "PowerParams":
+        """Read a profile's power section; ValueError naming the field on a problem."""
+        values = {}
+        for key in ("active_w", "idle_w", "radio_w"):
+            value = data.get(key, WIFI_RADIO_W if key == "radio_w" else None)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{where}.{key}: expected a number of watts >= 0, got {value!r}")
+            values[key] = float(value)
+        unknown = [k for k in data if k not in values and k != "provenance"]
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        if values["active_w"] < values["idle_w"]:
+            raise ValueError(f"{where}.active_w: must be at least idle_w")
+        return cls(**values)
+
+
+def compute_joules(seconds: float, speed: float, power: PowerParams) -> float:
+    """Energy of computing for `seconds` at speed factor s."""
+    return power.busy_w(speed) * seconds
+
+
+def idle_joules(idle_s: float, power: PowerParams) -> float:
+    """Energy of waiting idle_s seconds."""
+    return power.idle_w * max(0.0, idle_s)
+
+
+def radio_joules_per_byte(rate_bps: float, radio_w: float = WIFI_RADIO_W) -> float:
+    """J per byte moved over a link of rate_bps with the radio drawing radio_w."""
+    if rate_bps <= 0:
+        raise ValueError(f"rate_bps must be positive, got {rate_bps}")
+    return radio_w * 8.0 / rate_bps
+
+
+def radio_joules(size_bytes: float, rate_bps: float, radio_w: float = WIFI_RADIO_W) -> float:
+    """Energy of moving size_bytes over a link of rate_bps."""
+    return size_bytes * radio_joules_per_byte(rate_bps, radio_w)
+
+
+def carbon_g(joules: float, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH) -> float:
+    """Grams of CO2e for `joules` of electricity at the given grid intensity."""
+    return joules / J_PER_KWH * grid_g_per_kwh
+
+
+@dataclass
+class EnergyAccount:
+    """Running sums of one device's energy, by cause (joules)."""
+
+    compute_j: float = 0.0
+    idle_j: float = 0.0
+    radio_j: float = 0.0
+    tiles: int = 0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    bytes_moved: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_j(self) -> float:
+        """All energy so far."""
+        return self.compute_j + self.idle_j + self.radio_j
+
+    def add_radio(self, size_bytes: float, rate_bps: float, radio_w: float = WIFI_RADIO_W) -> float:
+        """Count radio energy for size_bytes over rate_bps; return the joules added."""
+        joules = radio_joules(size_bytes, rate_bps, radio_w)
+        self.radio_j += joules
+        self.bytes_moved += size_bytes
+        return joules
+
+    def summary(self, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH) -> dict[str, float]:
+        """Figures for devices.jsonl / summary.json, with the carbon they imply."""
+        return {"compute_j": self.compute_j, "idle_j": self.idle_j, "radio_j": self.radio_j,
+                "total_j": self.total_j, "tiles": float(self.tiles), "busy_s": self.busy_s,
+                "idle_s": self.idle_s, "bytes_moved": self.bytes_moved,
+                "grid_g_per_kwh": grid_g_per_kwh,
+                "carbon_g": carbon_g(self.total_j, grid_g_per_kwh)}
+
+
+def run_summary(devices: dict[str, EnergyAccount],
+                grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH) -> dict[str, Any]:
+    """Per-device and whole-run energy and carbon, for summary.json."""
+    per_device = {name: acc.summary(grid_g_per_kwh) for name, acc in devices.items()}
+    total = {key: sum(d[key] for d in per_device.values())
+             for key in ("compute_j", "idle_j", "radio_j", "total_j")}
+    total["carbon_g"] = carbon_g(total["total_j"], grid_g_per_kwh)
+    return {"grid_g_per_kwh": grid_g_per_kwh, "devices": per_device, "total": total}

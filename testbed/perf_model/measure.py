@@ -1,0 +1,203 @@
+"""Measuring GEMM tile times: shape sweeps, and runners that time one shape somewhere.
+
+What is timed is exactly what a device agent does with a tile: ``C = A @ B`` with numpy, A an
+m x k and B a k x n C-contiguous array of the given dtype, C freshly allocated. A runner times one
+shape (warm-up calls, then ``repeats`` samples; a sample loops the call until it lasts at least
+``min_sample_s`` so that microsecond tiles are not lost in timer noise) and returns the seconds
+of one call per sample. The sweep records the median.
+
+The seam for other machines is :class:`GemmRunner`: :class:`LocalNumpyRunner` times on this
+host; a runner that pushes a script to a phone over ADB and reads its timings back implements
+the same two methods, and :func:`measure` works unchanged.
+
+Shapes follow a training step's GEMMs cut into tiles (rows of C, columns of C, shared dimension):
+``forward`` Y = X W^T (k = input features), ``input_grad`` dX = dY W (k = output features),
+``weight_grad`` dW = dY^T X (k = tokens of the batch, larger). For a tile the op kind is only its
+shape; it is recorded so that the data says where each shape came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol
+
+import numpy as np
+
+from testbed.perf_model.measurements import Measurement
+
+log = logging.getLogger(__name__)
+
+SWEEPS = {"quick": 150, "full": 600}  # number of shapes; quick takes well under a minute here
+K_RANGE = {"forward": (64, 2048), "input_grad": (64, 4096), "weight_grad": (256, 4096)}
+MN_RANGE = (16, 512)
+STATISTICS = {"min": np.min, "median": np.median}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One tile shape to time: C[m x n] = A[m x k] @ B[k x n], from a GEMM of kind op."""
+
+    op: str
+    m: int
+    k: int
+    n: int
+
+
+class GemmRunner(Protocol):
+    """Times GEMMs on some device (this host, a phone over ADB, ...)."""
+
+    def describe(self) -> dict[str, str | int]:
+        """device, backend, threads and cpu_model of what this runner measures."""
+        ...
+
+    def time_gemm(self, m: int, k: int, n: int, dtype: str, warmup: int,
+                  repeats: int) -> list[float]:
+        """Seconds of one ``A @ B`` call, one figure per repeat (after ``warmup`` calls)."""
+        ...
+
+
+def cpu_model() -> str:
+    """The CPU model name of this host (from /proc/cpuinfo, else platform)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_name() -> str:
+    """The BLAS numpy uses here ("openblas", "mkl", ...)."""
+    try:
+        from threadpoolctl import threadpool_info
+        for pool in threadpool_info():
+            if pool.get("user_api") == "blas":
+                return str(pool.get("internal_api", "blas"))
+    except ImportError:  # threadpoolctl comes with scikit-learn; absent on a phone
+        pass
+    return "blas"
+
+
+class LocalNumpyRunner:
+    """Times numpy ``A @ B`` in this process with ``threads`` BLAS threads."""
+
+    def __init__(self, device: str = "host", threads: int = 1, min_sample_s: float = 1e-3,
+                 seed: int = 0) -> None:
+        self.device = device
+        self.threads = threads
+        self.min_sample_s = min_sample_s
+        self._rng = np.random.default_rng(seed)
+
+    def describe(self) -> dict[str, str | int]:
+        """device, backend, threads and cpu_model of this host."""
+        return {"device": self.device, "backend": f"numpy-{blas_name()}",
+                "threads": self.threads, "cpu_model": cpu_model()}
+
+    def time_gemm(self, m: int, k: int, n: int, dtype: str, warmup: int,
+                  repeats: int) -> list[float]:
+        """Seconds of one ``A @ B`` call, one figure per repeat."""
+        a = self._rng.standard_normal((m, k)).astype(dtype)
+        b = self._rng.standard_normal((k, n)).astype(dtype)
+        with _blas_threads(self.threads):
+            for _ in range(max(warmup, 1)):
+                start = time.perf_counter()
+                a @ b
+                one_s = time.perf_counter() - start
+            inner = max(1, int(self.min_sample_s / max(one_s, 1e-7)))
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for _ in range(inner):
+                    a @ b
+                samples.append((time.perf_counter() - start) / inner)
+        return samples
+
+
+class _blas_threads:
+    """Context manager limiting BLAS threads (threadpoolctl when present)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._ctx = None
+
+    def __enter__(self) -> None:
+        try:
+            from threadpoolctl import threadpool_limits
+            self._ctx = threadpool_limits(limits=self.threads, user_api="blas")
+        except ImportError:
+            self._ctx = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.unregister()  # type: ignore[attr-defined]
+
+
+def _log_uniform_int(rng: np.random.Generator, low: int, high: int, align: int) -> int:
+    value = float(np.exp(rng.uniform(np.log(low), np.log(high))))
+    if align > 1:
+        value = max(align, round(value / align) * align)
+    return int(min(max(value, low), high))
+
+
+def sweep_shapes(size: str = "quick", seed: int = 0) -> list[Shape]:
+    """Training-GEMM tile shapes: m, n in 16..512, k in 64..4096, for the three op kinds.
+
+    Log-uniform draws; two in three shapes are aligned to 16 (the tilers' usual sizes), the rest
+    are arbitrary integers so that the data sees tile-edge effects.
+    """
+    if size not in SWEEPS:
+        raise ValueError(f"unknown sweep size {size!r}; expected one of {', '.join(SWEEPS)}")
+    rng = np.random.default_rng(seed)
+    shapes = []
+    ops = list(K_RANGE)
+    for i in range(SWEEPS[size]):
+        op = ops[i % len(ops)]
+        align = 16 if rng.uniform() < 2 / 3 else 1
+        m = _log_uniform_int(rng, *MN_RANGE, align)
+        n = _log_uniform_int(rng, *MN_RANGE, align)
+        k = _log_uniform_int(rng, *K_RANGE[op], 16 if align > 1 else 1)
+        shapes.append(Shape(op, m, k, n))
+    return shapes
+
+
+def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
+            warmup: int = 2, repeats: int = 5, passes: int = 1, statistic: str = "median",
+            progress: Callable[[int, Shape, float], None] | None = None) -> list[Measurement]:
+    """Time every shape with the runner; one Measurement per shape (``statistic`` of samples).
+
+    With ``passes`` > 1 the whole sweep is timed that many times, round-robin, and a shape's
+    figure is the median over every pass: a burst of load from other processes then hits one
+    pass of a shape, not all its samples. ``statistic`` is ``median`` (default; on this shared host it
+    was the more repeatable of the two: 4% median, 9-17% p90 run-to-run) or ``min`` (the
+    fastest sample: interference only adds time, but one lucky sample moves it).
+    """
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic: expected one of {', '.join(STATISTICS)}, got {statistic!r}")
+    shapes = list(shapes)
+    info = runner.describe()
+    provenance = (f"testbed perf measure on {info['cpu_model']}, {info['threads']} thread(s), "
+                  f"{statistic} of {passes}x{repeats} samples after {warmup} warm-up calls")
+    samples: list[list[float]] = [[] for _ in shapes]
+    for _ in range(passes):
+        for i, shape in enumerate(shapes):
+            got = runner.time_gemm(shape.m, shape.k, shape.n, dtype, warmup, repeats)
+            if not got or min(got) < 0:
+                raise RuntimeError(f"runner {info['device']} returned bad timings {got!r} for "
+                                   f"{shape}")
+            samples[i].extend(got)
+    rows = []
+    for i, shape in enumerate(shapes):
+        seconds = float(STATISTICS[statistic](samples[i]))
+        rows.append(Measurement(device=str(info["device"]), backend=str(info["backend"]),
+                                dtype=dtype, threads=int(info["threads"]), op=shape.op,
+                                m=shape.m, k=shape.k, n=shape.n, seconds=seconds,
+                                provenance=provenance, repeats=len(samples[i])))
+        if progress is not None:
+            progress(i, shape, seconds)
+    log.info("measured %d shapes on %s", len(rows), info["device"])
+    return rows

@@ -1,0 +1,98 @@
+"""The measurement CSV format: round trip, and bad files named by line and column; importers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.perf_model import importers
+from testbed.perf_model.cli import add_parser  # noqa: F401  (the CLI module imports cleanly)
+from testbed.perf_model.measurements import (Measurement, MeasurementError, read_measurements,
+                                             write_measurements)
+from testbed.cli import main
+
+HEADER = "device,backend,dtype,threads,op,m,k,n,time,time_unit,provenance\n"
+GOOD = "host,numpy,float32,1,forward,128,1024,128,0.5,ms,test\n"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "m.csv"
+    path.write_text(text)
+    return path
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    rows = [Measurement("host", "numpy", "float32", 1, "weight_grad", 16, 4096, 512, 1.5e-3,
+                        "test", batch=2, repeats=5, joules=0.01)]
+    path = tmp_path / "r.csv"
+    write_measurements(path, rows, comments=["a comment"])
+    assert read_measurements(path) == rows
+
+
+def test_units_are_converted_to_seconds(tmp_path: Path) -> None:
+    text = HEADER + GOOD + "host,numpy,float32,1,gemm,1,2,3,250,us,test\n"
+    rows = read_measurements(write(tmp_path, "# comment\n" + text))
+    assert [r.seconds for r in rows] == pytest.approx([5e-4, 2.5e-4])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("device,backend,dtype,threads,op,m,k,n,time_unit,provenance\n" + GOOD,
+     "line 1 (header): missing column(s) time"),
+    (HEADER + GOOD + "host,numpy,float32,1,forward,128,1024,128,-0.5,ms,test\n",
+     "line 3: column 'time': expected a finite number >= 0"),
+    (HEADER + "# note\n" + GOOD + "host,numpy,float32,1,forward,128,1024,128,0.5,min,test\n",
+     "line 4: column 'time_unit': expected a time unit, one of s, ms, us, ns"),
+    (HEADER + "host,numpy,float32,1,backward,128,1024,128,0.5,ms,test\n",
+     "line 2: column 'op': expected an op kind, one of forward, input_grad, weight_grad, gemm"),
+    (HEADER + "host,numpy,float32,1,forward,128,0,128,0.5,ms,test\n",
+     "line 2: column 'k': expected an integer >= 1"),
+    (HEADER + "host,numpy,float32,1,forward,128,1024,0.5,ms,test\n",
+     "line 2: expected 11 fields as in the header, got 10"),
+])
+def test_bad_files_name_line_and_column(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(MeasurementError) as info:
+        read_measurements(path)
+    assert str(path) in str(info.value) and expected in str(info.value)
+
+
+def test_every_bad_row_is_reported_at_once(tmp_path: Path) -> None:
+    bad = "host,numpy,float32,1,forward,128,1024,128,-1,ms,test\n"
+    with pytest.raises(MeasurementError) as info:
+        read_measurements(write(tmp_path, HEADER + bad + GOOD + bad))
+    assert "line 2" in str(info.value) and "line 4" in str(info.value)
+
+
+def test_cli_eval_exits_2_on_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, HEADER + "host,numpy,float32,1,forward,128,1024,128,1,parsec,test\n")
+    assert main(["perf", "eval", str(path)]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_cli_show_and_list(capsys: pytest.CaptureFixture) -> None:
+    assert main(["perf", "show", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "snapdragon888" in listed and "m2pro" in listed and "host" in listed
+    assert main(["perf", "show", "snapdragon888"]) == 0
+    out = capsys.readouterr().out
+    assert "provenance:" in out and "Das et al." in out and "20.0% slowdown" in out
+    assert main(["perf", "show", "no-such-phone"]) == 2
+
+
+def test_mlx_shapes_become_gemms() -> None:
+    assert importers.mlx_gemm("100x1024x32 32x1024 1024") == (1, 102400, 32, 1024)
+    assert importers.mlx_gemm("1000x1024x64 1000x64x256") == (1000, 1024, 64, 256)
+    assert importers.mlx_gemm("1000x64x256 256x32") == (1, 64000, 256, 32)
+    assert importers.mlx_gemm("32x1x1000 32x1000x128") == (32, 1, 1000, 128)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not next to the repository")
+def test_importers_keep_attribution() -> None:
+    mlx = importers.import_mlx(SHARED / "mlx-benchmark" / "linear_matmul_ms.csv")
+    assert mlx and all("Tristan Bilot" in r.provenance and r.dtype == "float32" for r in mlx)
+    deep = importers.import_deepbench(SHARED / "deepbench" / "device_gemm.csv")
+    assert len(deep) == 39 and all(r.dtype == "int8" for r in deep)
+    peak = importers.vfpbench_peak(SHARED / "vfpbench" / "log" / "Google Tensor G2 Pixel 7a.txt")
+    assert peak == pytest.approx(227.49)
