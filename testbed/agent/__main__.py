@@ -1,0 +1,75 @@
+"""``python -m testbed.agent``: run one device agent (emulated or real)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from testbed.agent.agent import Agent, AgentOptions
+from testbed.agent.link import LinkDirection
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m testbed.agent",
+        description="A testbed device: joins the parameter server, computes GEMM tiles, returns "
+                    "them. Emulated devices (--kind emulated --profile P) hold each result for "
+                    "the time their device profile predicts; real devices just compute.")
+    p.add_argument("--ps", required=True, help="PS address HOST:PORT")
+    p.add_argument("--token", default=os.environ.get("TESTBED_TOKEN", ""),
+                   help="join token (default: $TESTBED_TOKEN)")
+    p.add_argument("--name", required=True, help="device name, e.g. phones-3")
+    p.add_argument("--group", default="", help="topology group")
+    p.add_argument("--kind", choices=("emulated", "real"), default="real")
+    p.add_argument("--profile", default="", help="device profile name or path (emulated)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the device model's noise")
+    p.add_argument("--max-in-flight", type=int, default=2, help="tiles outstanding at most")
+    p.add_argument("--cache-mib", type=float, default=64, help="operand cache budget, MiB")
+    p.add_argument("--gflops", type=float, default=0.0,
+                   help="predicted GFLOPS (default: the profile's, or 1)")
+    p.add_argument("--down-bps", type=float, default=None, help="emulated downlink, bit/s")
+    p.add_argument("--up-bps", type=float, default=None, help="emulated uplink, bit/s")
+    p.add_argument("--delay-s", type=float, default=0.0, help="emulated one-way delay, s")
+    p.add_argument("--loss", type=float, default=0.0, help="emulated loss probability [0, 1]")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format=f"%(asctime)s {args.name} %(levelname)s: %(message)s")
+    model = None
+    gflops = args.gflops
+    if args.kind == "emulated":
+        if not args.profile:
+            print("error: --kind emulated needs --profile", file=sys.stderr)
+            return 2
+        from testbed.emulator.device_model import device_model_for
+        from testbed.perf_model.profiles import ProfileError, load_profile
+        try:
+            profile = load_profile(args.profile)
+        except ProfileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        model = device_model_for(profile, seed=args.seed)
+        gflops = gflops or profile.sustained_gflops
+    options = AgentOptions(
+        ps_address=args.ps, token=args.token, name=args.name, group=args.group, kind=args.kind,
+        profile=args.profile, predicted_gflops=gflops or 1.0, max_in_flight=args.max_in_flight,
+        cache_bytes=int(args.cache_mib * 1024 * 1024),
+        down=LinkDirection(args.down_bps, args.delay_s, args.loss),
+        up=LinkDirection(args.up_bps, args.delay_s, args.loss))
+    agent = Agent(options, model)
+    signal.signal(signal.SIGTERM, lambda *_: agent.request_stop("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda *_: agent.request_stop("SIGINT"))
+    signal.signal(signal.SIGUSR1, lambda *_: agent.set_partitioned(True))
+    signal.signal(signal.SIGUSR2, lambda *_: agent.set_partitioned(False))
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""The device side of the protocol: join, pull tiles, compute, return.
+
+Needs only grpcio and numpy (it runs on phones). Three threads:
+
+* the main thread reads the PS's messages: it resolves each tile's operands against the local
+  block cache at once (so the cache sees operations in the PS's order, see
+  :mod:`testbed.ps_backend.cache`), books the bytes on the emulated downlink, and queues the tile;
+* a compute thread takes tiles in order, waits until their operands have "arrived", computes
+  ``A @ B`` for real, and - on an emulated device - holds the result until the device model's time
+  (x time dilation) has passed;
+* gRPC's request thread sends what the outbox releases: results after the emulated uplink has
+  carried them, heartbeats when nothing else went out for a while.
+
+The PS decides everything about work; the agent only says how many tiles it wants outstanding.
+On a broken stream it joins again with exponential backoff; on SIGTERM it leaves gracefully.
+SIGUSR1 partitions it (nothing in or out, as a pulled cable on loopback), SIGUSR2 heals it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import grpc
+import numpy as np
+
+from testbed.agent.link import LinkDirection
+from testbed.ps_backend.cache import BlockCache
+from testbed.ps_backend.proto import testbed_pb2 as pb
+from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
+from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
+
+if TYPE_CHECKING:  # the agent runs on phones: import nothing beyond grpcio and numpy at run time
+    from testbed.emulator.device_model import DeviceModel
+
+log = logging.getLogger("testbed.agent")
+
+EXIT_OK, EXIT_FAILURE, EXIT_REFUSED = 0, 1, 3
+
+
+class JoinRefused(Exception):
+    """The PS refused the join (wrong token): retrying will not help."""
+
+
+@dataclass
+class AgentOptions:
+    ps_address: str
+    token: str
+    name: str
+    group: str = ""
+    kind: str = "emulated"  # emulated | real
+    profile: str = ""
+    predicted_gflops: float = 1.0
+    max_in_flight: int = 2
+    cache_bytes: int = 64 * 1024 * 1024
+    down: LinkDirection = field(default_factory=LinkDirection)
+    up: LinkDirection = field(default_factory=LinkDirection)
+    backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait between re-joins
+    telemetry_s: float = 2.0
+
+
+class Outbox:
+    """Messages released at given times (the uplink's arrival times), in time order."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, pb.DeviceMessage | None]] = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+
+    def put(self, message: pb.DeviceMessage | None, at_s: float = 0.0) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (at_s, next(self._seq), message))
+            self._cv.notify()
+
+    def get(self, timeout_s: float) -> tuple[bool, pb.DeviceMessage | None]:
+        """(True, message) when one is due within timeout_s, else (False, None)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                now = time.monotonic()
+                if self._heap and self._heap[0][0] <= now:
+                    return True, heapq.heappop(self._heap)[2]
+                wait = deadline - now
+                if self._heap:
+                    wait = min(wait, self._heap[0][0] - now)
+                if wait <= 0:
+                    return False, None
+                self._cv.wait(wait)
+
+
+@dataclass
+class PendingTile:
+    tile: pb.Tile
+    a: np.ndarray
+    b: np.ndarray
+    arrived_s: float  # when the operands are all on the device (emulated downlink)
+
+
+class Agent:
+    """One device's protocol loop."""
+
+    def __init__(self, options: AgentOptions, model: "DeviceModel | None" = None):
+        self.options = options
+        self.model = model  # None: a real device, no emulated timing
+        self.stopping = threading.Event()
+        self.partitioned = threading.Event()
+        self.tiles_done = 0
+        self._session: _Session | None = None
+        self._started_s = time.monotonic()
+
+    # -- control from signal handlers ---------------------------------------------------------
+    def request_stop(self, reason: str = "SIGTERM") -> None:
+        """Leave gracefully and end run()."""
+        self.stopping.set()
+        session = self._session
+        if session is not None:
+            session.leave(reason)
+
+    def set_partitioned(self, partitioned: bool) -> None:
+        """Cut (True) or restore all traffic, as a pulled cable would."""
+        if partitioned:
+            self.partitioned.set()
+        else:
+            self.partitioned.clear()
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Join and work until the PS says stop or we are asked to; re-join on failures."""
+        first, largest = self.options.backoff_s
+        backoff = first
+        while not self.stopping.is_set():
+            while self.partitioned.is_set() and not self.stopping.is_set():
+                time.sleep(0.05)
+            try:
+                session = _Session(self)
+                self._session = session
+                reason = session.run()
+                if reason == "stop":
+                    return EXIT_OK
+                backoff = first  # the session worked; the next failure starts small again
+            except JoinRefused as exc:
+                log.error("%s: join refused: %s", self.options.name, exc)
+                return EXIT_REFUSED
+            except grpc.RpcError as exc:
+                log.warning("%s: %s: %s; joining again in %.1f s", self.options.name,
+                            exc.code().name if hasattr(exc, "code") else "error",
+                            exc.details() if hasattr(exc, "details") else exc, backoff)
+            except Exception:  # a protocol bug must not kill the device: start a fresh session
+                log.exception("%s: session failed; joining again in %.1f s", self.options.name,
+                              backoff)
+            finally:
+                self._session = None
+            if self.stopping.wait(backoff * random.uniform(0.8, 1.2)):
+                break
+            backoff = min(backoff * 2, largest)
+        return EXIT_OK
+
+
+class _Session:
+    """One join and one Work stream."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.options = agent.options
+        self.channel = grpc.insecure_channel(self.options.ps_address, options=[
+            ("grpc.max_receive_message_length", 1 << 30),
+            ("grpc.max_send_message_length", 1 << 30)])
+        self.stub = pb_grpc.ParameterServerStub(self.channel)
+        self.outbox = Outbox()
+        self.compute_q: queue.Queue[PendingTile | None] = queue.Queue()
+        self.cache: BlockCache[np.ndarray] = BlockCache(self.options.cache_bytes)
+        self.reply: pb.JoinReply | None = None
+        self.closed = threading.Event()
+        self.dilation = 1.0
+
+    def _descriptor(self) -> pb.DeviceDescriptor:
+        o = self.options
+        import platform
+        return pb.DeviceDescriptor(name=o.name, group=o.group, kind=o.kind, profile=o.profile,
+                                   predicted_gflops=o.predicted_gflops,
+                                   max_in_flight=o.max_in_flight, cache_bytes=o.cache_bytes,
+                                   platform=f"{platform.system()} {platform.machine()} "
+                                            f"Python {platform.python_version()}")
+
+    def run(self) -> str:
+        """Returns "stop" when the PS ended the run, "ended" when the stream closed."""
+        try:
+            self.reply = self.stub.Join(pb.JoinRequest(token=self.options.token,
+                                                       device=self._descriptor()), timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise JoinRefused(exc.details()) from exc
+            raise
+        self.dilation = self.reply.time_dilation or 1.0
+        self.options.down.dilation = self.options.up.dilation = self.dilation
+        log.info("%s joined as %s (dilation %.2f)", self.options.name, self.reply.device_id,
+                 self.dilation)
+        worker = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
+        worker.start()
+        try:
+            return self._receive(self.stub.Work(self._requests()))
+        finally:
+            self.closed.set()
+            self.compute_q.put(None)
+            self.outbox.put(None)
+            self.channel.close()
+
+    def leave(self, reason: str) -> None:
+        """Tell the PS we are going (best effort), then close the stream."""
+        if self.reply is not None and not self.agent.partitioned.is_set():
+            try:
+                self.stub.Leave(pb.LeaveRequest(device_id=self.reply.device_id,
+                                                session_key=self.reply.session_key,
+                                                reason=reason), timeout=2)
+            except grpc.RpcError as exc:
+                log.info("leave not acknowledged: %s", exc.details())
+        self.outbox.put(None)
+
+    # -- down: the PS's messages ----------------------------------------------------------------
+    def _receive(self, responses: Iterator[pb.ServerMessage]) -> str:
+        for message in responses:
+            if self.agent.partitioned.is_set():
+                continue  # the cable is out: nothing arrives
+            if message.HasField("invalidate"):
+                self.cache.invalidate(message.invalidate.before_version)
+            if message.HasField("reject"):
+                log.warning("%s: PS rejected task %d: %s", self.options.name,
+                            message.reject.task_id, message.reject.reason)
+            now = time.monotonic()
+            for tile in message.tiles:
+                a, b = self._operand(tile.a), self._operand(tile.b)
+                size = len(tile.a.tensor.data) + len(tile.b.tensor.data) + 64
+                self.compute_q.put(PendingTile(tile, a, b, self.options.down.deliver_at(size,
+                                                                                         now)))
+            if message.HasField("stop"):
+                log.info("%s: PS says stop: %s", self.options.name, message.stop.reason)
+                self.agent.stopping.set()
+                return "stop"
+        return "ended"
+
+    def _operand(self, operand: pb.Operand) -> np.ndarray:
+        if operand.HasField("tensor"):
+            array = from_tensor(operand.tensor)
+            if operand.key:
+                self.cache.put(operand.key, operand.version, array.nbytes, array)
+            return array
+        array = self.cache.get(operand.key)
+        if array is None:  # the PS's mirror and this cache disagree: a bug, start afresh
+            raise RuntimeError(f"block {operand.key!r} is not in the cache")
+        return array
+
+    # -- compute ----------------------------------------------------------------------------------
+    def _compute_loop(self) -> None:
+        while True:
+            item = self.compute_q.get()
+            if item is None or self.closed.is_set():
+                return
+            wait = item.arrived_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            self._compute(item)
+
+    def _compute(self, item: PendingTile) -> None:
+        tile = item.tile
+        start = time.monotonic()
+        c = item.a @ item.b
+        real_s = time.monotonic() - start
+        lag_s, energy_j, compute_s = 0.0, 0.0, real_s
+        if self.agent.model is not None:
+            cost = self.agent.model.tile_cost(int(tile.m), int(tile.k), int(tile.n), tile.op,
+                                              start - self.agent._started_s)
+            hold_s = cost.seconds * self.dilation
+            lag_s = max(0.0, real_s - hold_s)
+            remaining = start + hold_s - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
+            compute_s, energy_j = cost.seconds, cost.joules
+        result = pb.DeviceMessage(result=pb.TileResult(
+            task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(c), compute_s=compute_s,
+            energy_j=energy_j, lag_s=lag_s, received_s=item.arrived_s))
+        self.agent.tiles_done += 1
+        done = time.monotonic()
+        self.outbox.put(result, self.options.up.deliver_at(c.nbytes + 64, done))
+
+    # -- up: what we send -----------------------------------------------------------------------
+    def _requests(self) -> Iterator[pb.DeviceMessage]:
+        assert self.reply is not None
+        yield pb.DeviceMessage(attach=pb.Attach(device_id=self.reply.device_id,
+                                                session_key=self.reply.session_key))
+        heartbeat_s = max(0.05, self.reply.heartbeat_s)
+        last_sent = last_telemetry = time.monotonic()
+        while not self.closed.is_set():
+            due, message = self.outbox.get(timeout_s=heartbeat_s / 2)
+            if due and message is None:
+                return
+            if self.agent.partitioned.is_set():
+                continue  # nothing leaves a partitioned device
+            now = time.monotonic()
+            if message is not None:
+                last_sent = now
+                yield message
+            if now - last_sent >= heartbeat_s:
+                last_sent = now
+                yield pb.DeviceMessage(heartbeat=pb.Heartbeat(device_time_s=now))
+            if self.agent.model is not None and now - last_telemetry >= self.options.telemetry_s:
+                last_telemetry = now
+                values = self.agent.model.telemetry(now - self.agent._started_s)
+                if values:
+                    yield pb.DeviceMessage(telemetry=pb.Telemetry(values=values))

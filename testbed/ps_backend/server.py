@@ -1,0 +1,505 @@
+"""The PS's gRPC side: device registry with leases, the Work streams, and the tile executor.
+
+Threads: the gRPC server and all scheduling state live on one asyncio event loop (the "loop
+thread"); the training engine runs in another thread and reaches the loop only through
+:class:`TileExecutor` (``call_soon_threadsafe``) and ``concurrent.futures`` results. So the
+:class:`~testbed.ps_backend.scheduler.Scheduler` needs no locks.
+
+:class:`PsCore` holds the logic and is testable without a socket; :class:`ParameterServerServicer`
+is the thin adapter that turns gRPC calls into PsCore calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+import numpy as np
+import torch
+
+from testbed.ps_backend.executor import DoneHandle, GemmHandle, GemmSpec
+from testbed.ps_backend.proto import testbed_pb2 as pb
+from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
+from testbed.ps_backend.proto.tensors import TensorError, from_tensor, to_tensor
+from testbed.ps_backend.scheduler import Assignment, DeviceSlot, GemmJob, Scheduler, Verdict
+from testbed.ps_backend.tiler import gemm_flops
+from testbed.runlog import RunLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PsConfig:
+    token: str
+    run_name: str
+    dtype: np.dtype
+    tile_m: int
+    tile_n: int
+    min_offload_flops: float
+    lease_s: float = 5.0
+    heartbeat_s: float = 1.0
+    max_message_bytes: int = 64 * 1024 * 1024
+    time_dilation: float = 1.0
+    check_values: bool = True
+
+
+@dataclass(eq=False)
+class DeviceConn:
+    """A joined device: its registry entry and, while attached, its outbound queue."""
+
+    slot: DeviceSlot
+    session_key: str
+    descriptor: dict[str, Any]
+    joined_s: float
+    last_seen_s: float
+    outbox: asyncio.Queue | None = None
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    end_reason: str = "stream broken"  # why its Work stream ended, for the departure event
+
+    @property
+    def device_id(self) -> str:
+        return self.slot.device_id
+
+
+@dataclass
+class StepStats:
+    """What one training step cost, as the PS saw it."""
+
+    tiles: int = 0
+    recomputed: int = 0
+    requeued: int = 0
+    rejected: int = 0
+    late: int = 0
+    gemms_offloaded: int = 0
+    gemms_local: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    lag_s_max: float = 0.0
+    device_compute_s: float = 0.0
+    energy_j: float = 0.0
+
+
+class PsCore:
+    """Registry, leases and the scheduler, driven from the event loop thread only."""
+
+    def __init__(self, config: PsConfig, runlog: RunLog | None = None):
+        self.config = config
+        self.runlog = runlog
+        self.scheduler = Scheduler(check_values=config.check_values)
+        self.conns: dict[str, DeviceConn] = {}
+        self.departed: list[dict[str, Any]] = []  # final records of devices that left
+        self.stats = StepStats()
+        self.totals = StepStats()
+        self._ids = itertools.count()
+        self.stopping = False
+        self.version = 0  # newest weight version seen; older cached blocks are invalid
+        self.joined = asyncio.Event()  # set whenever a device joins
+
+    def _event(self, kind: str, /, **fields: Any) -> None:
+        if self.runlog is not None:
+            self.runlog.event(kind, **fields)
+
+    # -- membership ----------------------------------------------------------------------------
+    def check_token(self, token: str) -> bool:
+        return hmac.compare_digest(token.encode(), self.config.token.encode())
+
+    def join(self, device: pb.DeviceDescriptor) -> DeviceConn:
+        """Register a device (token already checked)."""
+        device_id = f"d{next(self._ids)}"
+        slot = DeviceSlot(device_id=device_id, name=device.name or device_id,
+                          predicted_gflops=device.predicted_gflops or 1.0,
+                          max_in_flight=max(1, device.max_in_flight or 2),
+                          cache_bytes=max(0, device.cache_bytes), group=device.group,
+                          kind=device.kind or "real", profile=device.profile)
+        now = time.monotonic()
+        conn = DeviceConn(slot, secrets.token_hex(16),
+                          {"name": slot.name, "group": device.group, "kind": slot.kind,
+                           "profile": device.profile, "platform": device.platform,
+                           "predicted_gflops": slot.predicted_gflops}, now, now)
+        self.conns[device_id] = conn
+        self.scheduler.add_device(slot)
+        self._event("join", device=slot.name, device_id=device_id, **conn.descriptor)
+        self.joined.set()
+        return conn
+
+    def attach(self, device_id: str, session_key: str) -> DeviceConn | None:
+        conn = self.conns.get(device_id)
+        if conn is None or not hmac.compare_digest(conn.session_key, session_key):
+            return None
+        if conn.outbox is not None:
+            return None  # one stream per device
+        conn.outbox = asyncio.Queue()
+        conn.last_seen_s = time.monotonic()
+        self.pump()
+        return conn
+
+    def drop(self, device_id: str, kind: str, reason: str) -> int:
+        """A device is gone (leave, broken stream, lease expiry): re-queue its tiles at once."""
+        conn = self.conns.pop(device_id, None)
+        if conn is None:
+            return 0
+        requeued = self.scheduler.remove_device(device_id)
+        self.stats.requeued += len(requeued)
+        self.totals.requeued += len(requeued)
+        if conn.outbox is not None:
+            conn.outbox.put_nowait(None)
+        self.departed.append(self._device_record(conn, state="left"))
+        self._event(kind, device=conn.slot.name, device_id=device_id, reason=reason,
+                    requeued_tiles=len(requeued),
+                    requeued=[{"task": t.task_id, "gemm": t.job.uid, "attempt": t.attempt}
+                              for t in requeued])
+        self.pump()
+        return len(requeued)
+
+    def expire_leases(self, now_s: float | None = None) -> list[str]:
+        """Drop every device not heard from within its lease."""
+        now_s = time.monotonic() if now_s is None else now_s
+        expired = [d for d, c in self.conns.items()
+                   if now_s - c.last_seen_s > self.config.lease_s]
+        for device_id in expired:
+            self.drop(device_id, "lease_expired",
+                      f"no message for more than {self.config.lease_s:g} s")
+        return expired
+
+    # -- work ----------------------------------------------------------------------------------
+    def submit(self, job: GemmJob) -> None:
+        """Queue a GEMM's tiles (called on the loop thread by the executor)."""
+        if job.version > self.version:
+            self.invalidate(job.version)
+        self.scheduler.submit(job, self.config.tile_m, self.config.tile_n)
+        self.pump()
+
+    def invalidate(self, before_version: int) -> None:
+        """Weights advanced: drop older cached blocks on every device and in the mirrors."""
+        self.version = before_version
+        self.scheduler.invalidate(before_version)
+        message = pb.ServerMessage(invalidate=pb.Invalidate(before_version=before_version))
+        for conn in self.conns.values():
+            if conn.outbox is not None:
+                conn.outbox.put_nowait(message)
+
+    def pump(self) -> None:
+        """Hand tiles to every attached device with room in its window, fastest first."""
+        if not self.scheduler.pending or self.stopping:
+            return
+        ready = [c for c in self.conns.values() if c.outbox is not None and c.slot.free > 0]
+        ready.sort(key=lambda c: -c.slot.rate_flops)
+        for conn in ready:
+            if not self.scheduler.pending:
+                break
+            assignments = self.scheduler.assign(conn.device_id)
+            if assignments:
+                conn.outbox.put_nowait(self._tiles_message(conn, assignments))
+
+    def _tiles_message(self, conn: DeviceConn, assignments: list[Assignment]) -> pb.ServerMessage:
+        message = pb.ServerMessage()
+        sent = 0
+        for a in assignments:
+            task, job = a.task, a.task.job
+            m, n = task.box.shape
+            k = job.a.shape[1]
+            tile = message.tiles.add(task_id=task.task_id, attempt=task.attempt,
+                                     step=job.spec.step, gemm=job.uid, op=job.spec.op,
+                                     row=task.box.row, col=task.box.col, m=m, k=k, n=n,
+                                     deadline_s=self.config.lease_s)
+            for operand, key, block, send, keep in (
+                    (tile.a, task.a_block_key, task.a_block, a.send_a, a.cache_a),
+                    (tile.b, task.b_block_key, task.b_block, a.send_b, a.cache_b)):
+                operand.key = key if keep else ""
+                operand.version = job.version
+                if send:
+                    to_tensor(block(), operand.tensor)
+                    sent += len(operand.tensor.data)
+        self.stats.bytes_down += sent
+        self.totals.bytes_down += sent
+        return message
+
+    def on_message(self, conn: DeviceConn, msg: pb.DeviceMessage) -> None:
+        """Handle one message from an attached device."""
+        conn.last_seen_s = time.monotonic()
+        body = msg.WhichOneof("body")
+        if body == "result":
+            self._on_result(conn, msg.result)
+        elif body == "credit":
+            self.scheduler.set_max_in_flight(conn.device_id, msg.credit.tiles)
+            self.pump()
+        elif body == "telemetry":
+            conn.telemetry.update(dict(msg.telemetry.values))
+            conn.telemetry.update(dict(msg.telemetry.labels))
+        elif body == "attach":
+            self._reject(conn, -1, "already attached: Attach is only the first message")
+
+    def _reject(self, conn: DeviceConn, task_id: int, reason: str) -> None:
+        self.stats.rejected += 1
+        self.totals.rejected += 1
+        self._event("reject", device=conn.slot.name, device_id=conn.device_id, task=task_id,
+                    reason=reason)
+        if conn.outbox is not None:
+            conn.outbox.put_nowait(pb.ServerMessage(reject=pb.Reject(task_id=task_id,
+                                                                     reason=reason)))
+
+    def _on_result(self, conn: DeviceConn, result: pb.TileResult) -> None:
+        size = len(result.c.data)
+        self.stats.bytes_up += size
+        self.totals.bytes_up += size
+        try:
+            c = from_tensor(result.c)
+        except TensorError as exc:
+            outcome = self.scheduler.refuse(conn.device_id, result.task_id, result.attempt,
+                                            f"bad tensor: {exc}")
+        else:
+            outcome = self.scheduler.accept(conn.device_id, result.task_id, result.attempt, c,
+                                            result.compute_s, result.energy_j)
+        if outcome.verdict is Verdict.REJECTED:
+            self._reject(conn, result.task_id, outcome.reason)
+            if outcome.requeued:
+                self.stats.requeued += 1
+                self.totals.requeued += 1
+        elif outcome.verdict is Verdict.LATE:
+            self.stats.late += 1
+            self.totals.late += 1
+        else:
+            for s in (self.stats, self.totals):
+                s.tiles += 1
+                s.recomputed += result.attempt > 0
+                s.lag_s_max = max(s.lag_s_max, result.lag_s)
+                s.device_compute_s += result.compute_s
+                s.energy_j += result.energy_j
+            if outcome.completed_job is not None:
+                outcome.completed_job.done.set_result(outcome.completed_job.c)
+        self.pump()
+
+    # -- views ---------------------------------------------------------------------------------
+    def _device_record(self, conn: DeviceConn, state: str) -> dict[str, Any]:
+        s = conn.slot
+        return {"device": s.name, "device_id": s.device_id, "group": s.group, "kind": s.kind,
+                "profile": s.profile, "state": state, "tiles_done": s.tiles_done,
+                "tiles_rejected": s.tiles_rejected, "in_flight": len(s.in_flight),
+                "window": s.window, "bytes_down": s.bytes_down, "bytes_up": s.bytes_up,
+                "compute_s": round(s.compute_s, 6), "energy_j": round(s.energy_j, 6),
+                "observed_gflops": round(s.rate_flops / 1e9, 3), "telemetry": dict(conn.telemetry)}
+
+    def device_records(self) -> list[dict[str, Any]]:
+        """Current state of every joined device."""
+        return [self._device_record(c, "busy" if c.slot.in_flight else "idle")
+                for c in self.conns.values()]
+
+    def take_step_stats(self) -> StepStats:
+        stats, self.stats = self.stats, StepStats()
+        return stats
+
+    def stop_all(self, reason: str) -> None:
+        """Tell every device to stop and close the streams."""
+        self.stopping = True
+        for conn in self.conns.values():
+            if conn.outbox is not None:
+                conn.outbox.put_nowait(pb.ServerMessage(stop=pb.Stop(reason=reason)))
+                conn.outbox.put_nowait(None)
+
+
+class ParameterServerServicer(pb_grpc.ParameterServerServicer):
+    """Thin adapter: gRPC in, PsCore calls, gRPC out."""
+
+    def __init__(self, core: PsCore):
+        self.core = core
+
+    async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext
+                   ) -> pb.JoinReply:
+        if not self.core.check_token(request.token):
+            self.core._event("join_refused", device=request.device.name, reason="wrong token")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "wrong join token for this run")
+        if self.core.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the run is ending")
+        conn = self.core.join(request.device)
+        cfg = self.core.config
+        return pb.JoinReply(device_id=conn.device_id, session_key=conn.session_key,
+                            lease_s=cfg.lease_s, heartbeat_s=cfg.heartbeat_s,
+                            max_message_bytes=cfg.max_message_bytes,
+                            time_dilation=cfg.time_dilation, run_name=cfg.run_name,
+                            dtype=pb.FLOAT64 if cfg.dtype == np.float64 else pb.FLOAT32)
+
+    async def Work(self, request_iterator: AsyncIterator[pb.DeviceMessage],
+                   context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ServerMessage]:
+        try:
+            first = await request_iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("body") != "attach":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "the first message on Work must be Attach")
+        conn = self.core.attach(first.attach.device_id, first.attach.session_key)
+        if conn is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "unknown device id, wrong session key, or already attached; "
+                                "join again")
+        assert conn is not None and conn.outbox is not None
+        reader = asyncio.ensure_future(self._read(conn, request_iterator))
+        try:
+            while True:
+                message = await conn.outbox.get()
+                if message is None:
+                    break
+                yield message
+        finally:
+            reader.cancel()
+            if conn.device_id in self.core.conns and not self.core.stopping:
+                self.core.drop(conn.device_id, "disconnect", conn.end_reason)
+
+    async def _read(self, conn: DeviceConn, requests: AsyncIterator[pb.DeviceMessage]) -> None:
+        try:
+            async for message in requests:
+                self.core.on_message(conn, message)
+            conn.end_reason = "stream closed by the device"
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # a broken or oversized stream ends here
+            conn.end_reason = f"stream broken: {exc}"
+            log.info("stream of %s ended: %s", conn.slot.name, exc)
+        finally:
+            if conn.outbox is not None:
+                conn.outbox.put_nowait(None)
+
+    async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext
+                    ) -> pb.LeaveReply:
+        conn = self.core.conns.get(request.device_id)
+        if conn is None or not hmac.compare_digest(conn.session_key, request.session_key):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown device or key")
+        n = self.core.drop(request.device_id, "leave", request.reason or "graceful leave")
+        return pb.LeaveReply(requeued_tiles=n)
+
+
+class PsServer:
+    """The gRPC server on its own event-loop thread; start() returns once it listens."""
+
+    def __init__(self, config: PsConfig, runlog: RunLog | None = None,
+                 listen: str = "127.0.0.1:0"):
+        self.config = config
+        self.runlog = runlog
+        self.listen = listen
+        self.loop = asyncio.new_event_loop()
+        self.core: PsCore | None = None
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._thread = threading.Thread(target=self._run, name="ps-loop", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._periodic: list[Callable[[], None]] = []
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self._ready.set()
+        if self._error is None:
+            self.loop.run_forever()
+
+    async def _start(self) -> None:
+        try:
+            self.core = PsCore(self.config, self.runlog)
+            limit = self.config.max_message_bytes
+            self._server = grpc.aio.server(options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", 1 << 30),
+                ("grpc.so_reuseport", 0)])
+            pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(self.core),
+                                                          self._server)
+            self.port = self._server.add_insecure_port(self.listen)
+            if self.port == 0:
+                raise RuntimeError(f"cannot listen on {self.listen}")
+            await self._server.start()
+            self.loop.create_task(self._watch_leases())
+        except BaseException as exc:
+            self._error = exc
+
+    async def _watch_leases(self) -> None:
+        assert self.core is not None
+        while True:
+            await asyncio.sleep(min(0.25, self.config.lease_s / 4))
+            self.core.expire_leases()
+            for fn in self._periodic:
+                fn()
+
+    def every_tick(self, fn: Callable[[], None]) -> None:
+        """Run fn on the loop thread about every 0.25 s (status snapshots)."""
+        self.loop.call_soon_threadsafe(self._periodic.append, fn)
+
+    def start(self) -> PsServer:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the loop thread and return its result (from any other thread)."""
+        async def wrapper() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result()
+
+    def stop(self, reason: str = "run finished", grace_s: float = 2.0) -> None:
+        """Tell devices to stop, then shut the server down with a grace period."""
+        if not self._thread.is_alive():
+            return
+        if self.core is not None:
+            self.call(lambda: self.core.stop_all(reason))
+        if self._server is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(grace_s), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=grace_s + 5)
+
+
+class TileHandle:
+    """A GEMM in flight on devices; result() blocks until every tile is placed."""
+
+    def __init__(self, job: GemmJob, interrupted: threading.Event):
+        self.job = job
+        self.interrupted = interrupted
+
+    def result(self) -> torch.Tensor:
+        while True:
+            if self.interrupted.is_set():
+                raise InterruptedError("the run was stopped")
+            try:
+                c = self.job.done.result(timeout=0.2)
+                return torch.from_numpy(c)
+            except TimeoutError:
+                continue
+
+
+class TileExecutor:
+    """The executor the engine uses in a real run: big GEMMs become tiles, small ones stay here."""
+
+    def __init__(self, server: PsServer, interrupted: threading.Event | None = None):
+        self.server = server
+        self.config = server.config
+        self._uids = itertools.count()
+        self.interrupted = interrupted or threading.Event()
+        self.local_gemms = 0
+        self.offloaded_gemms = 0
+
+    def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
+        m, k = a.shape
+        n = b.shape[1]
+        if gemm_flops(m, k, n) < self.config.min_offload_flops:
+            self.local_gemms += 1
+            return DoneHandle(a @ b)
+        self.offloaded_gemms += 1
+        a_np = np.ascontiguousarray(a.detach().numpy())
+        b_np = np.ascontiguousarray(b.detach().numpy())
+        uid = f"s{spec.step}/{spec.layer}/{spec.op}#{next(self._uids)}"
+        job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
+                      c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
+                      a_key=f"{uid}:A", b_key=spec.b_key or f"{uid}:B", done=Future())
+        core = self.server.core
+        assert core is not None
+        self.server.loop.call_soon_threadsafe(core.submit, job)
+        return TileHandle(job, self.interrupted)

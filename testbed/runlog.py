@@ -1,0 +1,80 @@
+"""The run directory: what a run leaves behind (DESIGN.md §9).
+
+``runs/<YYYYmmdd-HHMMSS>-<name>/``::
+
+    topology.yaml    the resolved topology (defaults filled in, paths absolute)
+    events.jsonl     one JSON object per line: every join, leave, crash, partition, requeue...
+    steps.jsonl      one line per training step: loss, wall and device time, tiles, bytes
+    devices.jsonl    per-device samples: tiles done, bytes, telemetry (one line per device per
+                     sample period, and a final one)
+    status.json      the latest snapshot for the live view (replaced atomically)
+    summary.json     written at the end: totals, network mechanism, dilation, energy
+    ps.json          the PS's address and pid, written once it listens
+    ps.log           the PS process's log; agents/<device>.log for each agent
+
+Every JSON line has ``t`` (Unix time, s) and ``elapsed_s`` (since the run started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON so that a reader never sees a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a JSON-lines file (a torn last line is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+class RunLog:
+    """Appends events, steps and device samples to a run directory; safe across threads."""
+
+    def __init__(self, run_dir: Path, started_s: float | None = None):
+        self.run_dir = run_dir
+        self.started_s = started_s if started_s is not None else time.time()
+        self._lock = threading.Lock()
+        self._files = {name: open(run_dir / f"{name}.jsonl", "a", buffering=1)
+                       for name in ("events", "steps", "devices")}
+
+    def _write(self, name: str, record: dict[str, Any]) -> None:
+        now = time.time()
+        line = json.dumps({"t": round(now, 6), "elapsed_s": round(now - self.started_s, 6),
+                           **record}, default=str)
+        with self._lock:
+            self._files[name].write(line + "\n")
+
+    def event(self, kind: str, /, **fields: Any) -> None:
+        """Record one event (join, leave, crash, requeue, reject, ...)."""
+        self._write("events", {"event": kind, **fields})
+
+    def step(self, **fields: Any) -> None:
+        """Record one finished training step."""
+        self._write("steps", fields)
+
+    def device(self, **fields: Any) -> None:
+        """Record one device sample."""
+        self._write("devices", fields)
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._files.values():
+                f.close()
