@@ -519,7 +519,14 @@ def parse_topology(raw: Any, source: str = "<topology>", base_dir: Path | None =
             dilation = float(raw_d)
         else:
             c.error("time_dilation", f"expected 'auto' or a number >= 1, got {raw_d!r}")
-    extra = {"adb": top["adb"]} if "adb" in top else {}
+    extra: dict[str, Any] = {}
+    if "adb" in top:
+        from testbed.adb_bridge.config import validate_adb_section
+
+        adb_spec, adb_problems = validate_adb_section(top["adb"], "adb")
+        for path, message in adb_problems:
+            c.error(path, message)
+        extra["adb"] = adb_spec
     if c.problems:
         raise TopologyError(source, c.problems)
     return Topology(name, Path(source).resolve() if base_dir else None, seed, network,

@@ -1,0 +1,392 @@
+"""The ADB bridge: phones that appear on an adb server join the run as real devices.
+
+Names and numbers, written down once:
+
+* a phone is known by its adb **serial**; its device name in the run is ``adb-<serial>``
+  (lower-cased, characters outside ``[a-z0-9-]`` become ``-``, at most 24 characters);
+* on the phone the agent dials ``127.0.0.1:<phone_port>`` (default 7700); ``adb reverse
+  tcp:<phone_port> tcp:<relay_port>`` carries that to this host, where the phone's own
+  :class:`~.relay.PhoneRelay` on ``127.0.0.1:<relay_port>`` forwards to the PS;
+* the agent and its start script live in ``/data/local/tmp/testbed/`` on the phone;
+* telemetry is polled every ``telemetry_interval_s`` seconds; each poll also checks that the
+  reverse rule is still there (re-applied if not) and that the agent process is still alive.
+
+Life of a phone (each step is a :class:`BridgeEvent` of that ``kind``)::
+
+    plugged -> [state: unauthorized -> device] -> ready (properties, profile, relay, reverse)
+      -> agent-started | agent-failed (the reason says why the phone cannot run the agent)
+      -> telemetry ... [reverse-reapplied] [agent-exited -> agent-started]
+      -> unplugged | offline (the relay closes its PS connections: the PS re-queues the
+         phone's in-flight tiles) | stopped (the bridge stopped: agent gets SIGTERM, leaves)
+
+Use::
+
+    with AdbBridge("127.0.0.1", 5037, ps_address="127.0.0.1:50051", token=token) as bridge:
+        for event in bridge.poll(timeout_s=1.0): ...
+
+or pass ``on_event=callback`` (called from the bridge's threads).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import re
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from adbutils.errors import AdbError
+
+from testbed.adb_bridge import agent_package, parsers, telemetry
+from testbed.adb_bridge.client import AdbServer, DeviceTracker, diff_states
+from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
+from testbed.adb_bridge.relay import PhoneRelay, RelayShaping
+
+log = logging.getLogger(__name__)
+
+START_EXIT_REASONS = {
+    3: "no Python that the adb shell can run on this phone",
+    4: "Python on the phone lacks numpy or grpcio",
+}
+MAX_AGENT_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class BridgeEvent:
+    """Something that happened to a phone (or to the adb server: serial '')."""
+
+    kind: str
+    serial: str
+    time_s: float  # time.time() when it happened
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def device_name(serial: str) -> str:
+    """The run's device name for a phone serial (``adb-<serial>``, see module docstring)."""
+    return ("adb-" + re.sub(r"[^a-z0-9-]", "-", serial.lower()))[:24]
+
+
+@dataclass
+class PhoneStatus:
+    """What the bridge knows about one phone now (for ``testbed adb devices`` and the view)."""
+
+    serial: str
+    state: str
+    name: str
+    model: str = ""
+    soc: str = ""
+    android: str = ""
+    profile: str | None = None
+    profile_reason: str = ""
+    relay_port: int | None = None
+    reverse_ok: bool = False
+    agent_pid: int | None = None
+    problem: str = ""  # why the agent does not run, when it does not
+    last_telemetry: dict[str, Any] = field(default_factory=dict)
+
+
+class _PhoneSession:
+    """One phone in state ``device``: set up, start the agent, poll, clean up."""
+
+    def __init__(self, bridge: AdbBridge, serial: str):
+        self.bridge = bridge
+        self.serial = serial
+        self.status = PhoneStatus(serial, "device", device_name(serial))
+        self.relay: PhoneRelay | None = None
+        self.stop_event = threading.Event()
+        self.restarts = 0
+        self.thread = threading.Thread(target=self._run, name=f"adb-{serial}", daemon=True)
+        self.device = bridge.server.device(serial)
+
+    # -- shell ----------------------------------------------------------------------------------
+
+    def shell(self, command: str) -> tuple[int, str]:
+        """Run a shell command on the phone (shell protocol v2); return (exit code, stdout)."""
+        result = self.device.shell2(command, timeout=self.bridge.shell_timeout_s, v2=True)
+        if result.returncode != 0 and result.stderr:
+            log.debug("%s: %r exited %d: %s", self.serial, command, result.returncode,
+                      result.stderr.strip())
+        self._last_stderr = result.stderr
+        return result.returncode, result.stdout
+
+    # -- life -----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            if self._setup():
+                self._start_agent()
+            while not self.stop_event.wait(self.bridge.telemetry_interval_s):
+                self._tick()
+        except (AdbError, OSError, EOFError) as exc:
+            # The phone went away mid-command; the tracker reports why (unplugged/offline).
+            log.info("%s: adb connection ended: %s", self.serial, exc)
+
+    def _setup(self) -> bool:
+        b = self.bridge
+        code, out = self.shell("getprop")
+        props = parsers.parse_getprop(out)
+        info = PhoneInfo.from_props(self.serial, props)
+        choice = choose_profile(info, props, b.profile)
+        s = self.status
+        s.model, s.soc, s.android = info.model, info.soc, info.android_release
+        s.profile, s.profile_reason = choice.profile, choice.reason
+        self.relay = PhoneRelay(self.serial, b.ps_host, b.ps_port, b.shaping)
+        s.relay_port = self.relay.start()
+        self._apply_reverse()
+        b._emit("ready", self.serial, model=info.model, soc=info.soc, android=info.android_release,
+                abi=info.abi, profile=choice.profile, profile_reason=choice.reason,
+                relay_port=s.relay_port, phone_port=b.phone_port)
+        problem = support_problem(info)
+        if problem:
+            self._cannot_run(problem)
+            return False
+        return True
+
+    def _apply_reverse(self) -> None:
+        assert self.relay is not None
+        self.device.reverse(f"tcp:{self.bridge.phone_port}", f"tcp:{self.relay.port}")
+        self.status.reverse_ok = True
+
+    def _reverse_present(self) -> bool:
+        want = (f"tcp:{self.bridge.phone_port}", f"tcp:{self.status.relay_port}")
+        return any((r.remote, r.local) == want for r in self.device.reverse_list())
+
+    def _cannot_run(self, reason: str) -> None:
+        self.status.problem = reason
+        log.warning("phone %s (%s) cannot run the agent: %s", self.serial, self.status.model,
+                    reason)
+        self.bridge._emit("agent-failed", self.serial, reason=reason)
+
+    def _start_agent(self) -> None:
+        b = self.bridge
+        phone_dir = agent_package.PHONE_DIR
+        self.device.sync.push(b.agent_zip(), f"{phone_dir}/agent.zip", mode=0o644)
+        self.device.sync.push(agent_package.START_SCRIPT.read_bytes(),
+                              f"{phone_dir}/start-agent.sh", mode=0o755)
+        argv = ["--ps", f"127.0.0.1:{b.phone_port}", "--token", b.token,
+                "--name", self.status.name, "--kind", "real"]
+        if self.status.profile:
+            argv += ["--profile", self.status.profile]
+        argv += b.extra_agent_args
+        code, out = self.shell(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
+        pid_text = out.strip().splitlines()[-1] if out.strip() else ""
+        if code != 0 or not pid_text.isdigit():
+            detail = (getattr(self, "_last_stderr", "") or out).strip()
+            reason = START_EXIT_REASONS.get(code, f"the start script exited {code}")
+            self._cannot_run(f"{reason}: {detail}" if detail else reason)
+            return
+        self.status.agent_pid = int(pid_text)
+        self.status.problem = ""
+        b._emit("agent-started", self.serial, pid=self.status.agent_pid, name=self.status.name,
+                profile=self.status.profile)
+
+    def _tick(self) -> None:
+        b = self.bridge
+        if self.relay is not None and not self._reverse_present():
+            log.warning("%s: the reverse rule tcp:%d is gone; applying it again", self.serial,
+                        b.phone_port)
+            self._apply_reverse()
+            b._emit("reverse-reapplied", self.serial, phone_port=b.phone_port,
+                    relay_port=self.status.relay_port)
+        pid = self.status.agent_pid
+        if pid is not None and self.shell(f"kill -0 {pid}")[0] != 0:
+            self.status.agent_pid = None
+            b._emit("agent-exited", self.serial, pid=pid, restarts=self.restarts)
+            if self.restarts < MAX_AGENT_RESTARTS:
+                self.restarts += 1
+                self._start_agent()
+            else:
+                self._cannot_run(f"the agent exited {self.restarts + 1} times; not restarting")
+        sample = telemetry.sample(self.shell)
+        self.status.last_telemetry = sample
+        b._record_telemetry(self.serial, self.status.name, sample)
+        b._emit("telemetry", self.serial, **sample)
+
+    def _stop_agent(self, pid: int) -> None:
+        """SIGTERM (the agent leaves gracefully), then wait for it so its Leave gets through."""
+        self.shell(f"kill -TERM {pid}")
+        deadline = time.monotonic() + self.bridge.agent_grace_s
+        while time.monotonic() < deadline:
+            if self.shell(f"kill -0 {pid}")[0] != 0:
+                return
+            time.sleep(0.1)
+        log.warning("%s: the agent (pid %d) did not leave within %.1f s; killing it",
+                    self.serial, pid, self.bridge.agent_grace_s)
+        self.shell(f"kill -KILL {pid}")
+
+    def close(self, reachable: bool) -> None:
+        """End the session; stop the agent and remove the reverse rule when the phone is there."""
+        self.stop_event.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=self.bridge.shell_timeout_s + 2)
+        if reachable:
+            try:
+                if self.status.agent_pid is not None:
+                    self._stop_agent(self.status.agent_pid)
+                self.device.reverse_remove(f"tcp:{self.bridge.phone_port}")
+            except (AdbError, OSError, EOFError) as exc:
+                log.info("%s: cleanup on the phone failed: %s", self.serial, exc)
+        if self.relay is not None:
+            self.relay.stop()
+
+
+class AdbBridge:
+    """Follows an adb server and brings every phone in state ``device`` into the run."""
+
+    def __init__(self, adb_host: str, adb_port: int, ps_address: str, token: str, *,
+                 serials: tuple[str, ...] | None = None, profile: str = "auto",
+                 shaping: RelayShaping = RelayShaping(), phone_port: int = 7700,
+                 telemetry_interval_s: float = 2.0, shell_timeout_s: float = 10.0,
+                 devices_jsonl: Path | None = None, extra_agent_args: tuple[str, ...] = (),
+                 on_event: Callable[[BridgeEvent], None] | None = None,
+                 backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0,
+                 crosscheck_s: float = 5.0, agent_zip: bytes | None = None,
+                 agent_grace_s: float = 10.0):
+        host, _, port = ps_address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"ps_address must be HOST:PORT, got {ps_address!r}")
+        self.server = AdbServer(adb_host, adb_port, timeout_s=shell_timeout_s)
+        self.ps_host, self.ps_port = host, int(port)
+        self.token = token
+        self.serials = set(serials) if serials else None
+        self.profile = profile
+        self.shaping = shaping
+        self.phone_port = phone_port
+        self.telemetry_interval_s = telemetry_interval_s
+        self.shell_timeout_s = shell_timeout_s
+        self.agent_grace_s = agent_grace_s
+        self.devices_jsonl = devices_jsonl
+        self.extra_agent_args = list(extra_agent_args)
+        self.on_event = on_event
+        self.events: queue.Queue[BridgeEvent] = queue.Queue()
+        self.tracker = DeviceTracker(self.server, self._on_states, backoff_initial_s,
+                                     backoff_max_s, crosscheck_s)
+        self._lock = threading.RLock()
+        self._states: dict[str, str] = {}
+        self._sessions: dict[str, _PhoneSession] = {}
+        self._zip = agent_zip  # None: built from this checkout on first use
+        self._jsonl_lock = threading.Lock()
+        self._stopping = False
+
+    # -- public -------------------------------------------------------------------------------
+
+    def start(self) -> AdbBridge:
+        """Start following the adb server."""
+        self.tracker.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop every phone's agent (SIGTERM: a graceful leave), remove reverse rules, relays."""
+        self._stopping = True  # phones vanishing from here on are the bridge's own doing
+        self.tracker.stop()
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close(reachable=True)
+            self._emit("stopped", session.serial)
+
+    def __enter__(self) -> AdbBridge:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def poll(self, timeout_s: float = 0.0) -> list[BridgeEvent]:
+        """Events since the last poll; waits up to timeout_s for the first one."""
+        out: list[BridgeEvent] = []
+        try:
+            out.append(self.events.get(timeout=timeout_s) if timeout_s > 0 else
+                       self.events.get_nowait())
+            while True:
+                out.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def phones(self) -> list[PhoneStatus]:
+        """A snapshot of every known phone (sessions and phones not in state ``device``)."""
+        with self._lock:
+            out = []
+            for serial, state in sorted(self._states.items()):
+                session = self._sessions.get(serial)
+                out.append(session.status if session else
+                           PhoneStatus(serial, state, device_name(serial)))
+            return out
+
+    def relay_for(self, peer: tuple[str, int]) -> str | None:
+        """The serial whose relay opened the PS connection with this peer address."""
+        with self._lock:
+            for session in self._sessions.values():
+                if session.relay and tuple(peer[:2]) in session.relay.upstream_addresses():
+                    return session.serial
+        return None
+
+    def agent_zip(self) -> bytes:
+        """The agent zip pushed to phones (built once)."""
+        if self._zip is None:
+            self._zip = agent_package.build_agent_zip()
+        return self._zip
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _emit(self, kind: str, serial: str, **data: Any) -> None:
+        event = BridgeEvent(kind, serial, time.time(), data)
+        log.debug("adb event %s %s %s", kind, serial, data if kind != "telemetry" else "")
+        self.events.put(event)
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:  # a broken callback must not stop the bridge
+                log.exception("adb bridge event callback failed")
+
+    def _record_telemetry(self, serial: str, name: str, sample: dict[str, Any]) -> None:
+        if self.devices_jsonl is None:
+            return
+        line = json.dumps({"time_s": time.time(), "device": name, "serial": serial,
+                           "kind": "adb-telemetry", **sample}, sort_keys=True)
+        with self._jsonl_lock, open(self.devices_jsonl, "a") as f:
+            f.write(line + "\n")
+
+    def _on_states(self, states: dict[str, str], cause: str) -> None:
+        if self._stopping:
+            return
+        if self.serials is not None:
+            states = {s: st for s, st in states.items() if s in self.serials}
+        with self._lock:
+            old, self._states = self._states, dict(states)
+        if cause == "lost":
+            self._emit("tracker-lost", "")
+        for serial, before, after in diff_states(old, states):
+            if before is None:
+                self._emit("plugged", serial, state=after)
+            elif after is None:
+                self._leave(serial, "unplugged" if cause != "lost" else "adb-server-lost")
+                continue
+            else:
+                self._emit("state", serial, old=before, new=after)
+            if after == "device":
+                self._join(serial)
+            elif before == "device" and after == "offline":
+                self._leave(serial, "offline")
+
+    def _join(self, serial: str) -> None:
+        with self._lock:
+            if serial in self._sessions:
+                return
+            session = _PhoneSession(self, serial)
+            self._sessions[serial] = session
+        session.thread.start()
+
+    def _leave(self, serial: str, cause: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(serial, None)
+        if session is not None:
+            threading.Thread(target=session.close, args=(False,), daemon=True).start()
+        kind = cause if cause in ("unplugged", "offline") else "unplugged"
+        self._emit(kind, serial, cause=cause,
+                   name=device_name(serial), had_agent=bool(session and session.status.agent_pid))

@@ -1,0 +1,142 @@
+"""``testbed adb devices`` and ``testbed adb measure SERIAL``.
+
+``devices`` lists every phone the adb server knows: state, model, SoC, chosen profile and whether
+the reverse rule to the PS (``tcp:<phone_port>``) is in place. ``measure`` runs the GEMM sweep of
+``testbed perf measure`` on the phone and writes the same CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from adbutils.errors import AdbError
+
+from testbed.adb_bridge import parsers
+from testbed.adb_bridge.client import AdbServer
+from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+log = logging.getLogger(__name__)
+
+
+def _server(args: argparse.Namespace) -> AdbServer:
+    host, _, port = args.adb.rpartition(":")
+    return AdbServer(host, int(port))
+
+
+def _check_address(args: argparse.Namespace) -> str | None:
+    host, _, port = args.adb.rpartition(":")
+    if not host or not port.isdigit():
+        return f"--adb: expected HOST:PORT such as 127.0.0.1:5037, got {args.adb!r}"
+    return None
+
+
+def describe_phone(server: AdbServer, serial: str, state: str, phone_port: int
+                   ) -> dict[str, Any]:
+    """One row of ``testbed adb devices`` (only state for phones not in state ``device``)."""
+    row: dict[str, Any] = {"serial": serial, "state": state}
+    if state != "device":
+        return row
+    device = server.device(serial)
+    props = parsers.parse_getprop(device.shell2("getprop", v2=True).stdout)
+    info = PhoneInfo.from_props(serial, props)
+    choice = choose_profile(info, props)
+    reverses = [(r.remote, r.local) for r in device.reverse_list()]
+    reverse = next((local for remote, local in reverses if remote == f"tcp:{phone_port}"), None)
+    row.update(model=info.model, soc=info.soc, android=info.android_release,
+               profile=choice.profile or "measured live", profile_reason=choice.reason,
+               reverse=f"tcp:{phone_port} -> {reverse}" if reverse else "none",
+               problem=support_problem(info) or "")
+    return row
+
+
+def _devices(args: argparse.Namespace) -> int:
+    problem = _check_address(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    server = _server(args)
+    try:
+        rows = [describe_phone(server, s, st, args.phone_port)
+                for s, st in server.states().items()]
+    except (AdbError, OSError) as exc:
+        print(f"error: adb server at {args.adb}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    if not rows:
+        print(f"no phones on the adb server at {args.adb}")
+        return EXIT_OK
+    columns = ("serial", "state", "model", "soc", "android", "profile", "reverse", "problem")
+    table = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)).rstrip())
+    return EXIT_OK
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from testbed.adb_bridge.measure import AdbGemmRunner, PhoneCannotMeasure
+    from testbed.perf_model.measure import measure, sweep_shapes
+    from testbed.perf_model.measurements import write_measurements
+
+    problem = _check_address(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    server = _server(args)
+    try:
+        states = server.states()
+        if states.get(args.serial) != "device":
+            print(f"error: phone {args.serial!r} is {states.get(args.serial, 'not connected')} "
+                  f"on the adb server at {args.adb}", file=sys.stderr)
+            return EXIT_FAILURE
+        runner = AdbGemmRunner(server.device(args.serial))
+        shapes = sweep_shapes(args.size, seed=args.seed)[: args.limit or None]
+        rows = measure(shapes, runner, dtype=args.dtype, repeats=args.repeats)
+    except PhoneCannotMeasure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except (AdbError, OSError) as exc:
+        print(f"error: adb server at {args.adb}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    info = runner.describe()
+    write_measurements(args.out, rows, comments=[
+        f"testbed adb measure {args.serial} --size {args.size}: {info['cpu_model']}, "
+        f"{info['backend']}"])
+    print(f"{args.out}: {len(rows)} shapes measured on {args.serial} ({info['cpu_model']})")
+    return EXIT_OK
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``testbed adb devices|measure``."""
+    adb = subparsers.add_parser("adb", help="real phones over adb: list them, measure GEMMs")
+    sub = adb.add_subparsers(dest="adb_command", metavar="ADB_COMMAND", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--adb", default="127.0.0.1:5037",
+                       help="adb server HOST:PORT (default 127.0.0.1:5037)")
+
+    p = sub.add_parser("devices", help="phones on the adb server: state, model, profile, reverse")
+    common(p)
+    p.add_argument("--phone-port", type=int, default=7700,
+                   help="the phone port the agent dials (reverse source), default 7700")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_devices)
+
+    p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")
+    common(p)
+    p.add_argument("serial", help="the phone's adb serial")
+    p.add_argument("--size", choices=("quick", "full"), default="quick", help="sweep size")
+    p.add_argument("--limit", type=int, default=0, help="time only the first N shapes")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--repeats", type=int, default=5, help="samples per shape")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shape sweep")
+    p.add_argument("--out", default="adb_measurements.csv", help="output CSV")
+    p.set_defaults(func=_measure)

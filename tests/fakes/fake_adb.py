@@ -1,0 +1,763 @@
+"""A fake adb server that speaks the real ADB host protocol over TCP, with scripted phones.
+
+It stands where ``adb start-server`` would listen (default 127.0.0.1:<ephemeral>), so adbutils and
+the real ``adb`` client (``adb -H 127.0.0.1 -P PORT ...``) both talk to it. The wire format is the
+one AOSP documents in ``adb/OVERVIEW.TXT``, ``SERVICES.TXT`` and ``SYNC.TXT``:
+
+* a request is 4 hex digits of length, then the service name (``000chost:version``);
+* a reply starts with ``OKAY`` or ``FAIL`` + a length-prefixed message;
+* ``host:version`` answers 41 (``0029``): the protocol version of adb 1.0.41, so the real client
+  accepts the server instead of killing and restarting it;
+* ``host:transport:SERIAL``, ``host:tport:serial:SERIAL`` (+ 8-byte transport id),
+  ``host:transport-any``, ``host:tport:any`` switch the socket to a phone; after that the socket
+  carries one device service: ``shell:``, ``shell,v2[,...]:`` (packets: 1 id byte, 4 bytes length,
+  ids 1 stdout, 2 stderr, 3 exit), ``sync:`` (``SEND``/``DATA``/``DONE``, ``STAT``, ``RECV``,
+  ``QUIT``), ``reverse:forward``, ``reverse:list-forward``, ``reverse:killforward``,
+  ``reverse:killforward-all``.
+
+Phones are :class:`FakePhone` objects scripted by the test: :meth:`FakeAdbServer.plug`,
+``set_state`` (``unauthorized`` -> ``device``, ``offline``), ``unplug``, ``drop_reverse`` and
+``restart`` (the adb server goes away and comes back on the same port). Shell commands answer from
+recorded outputs (``phone.commands``), from a few built-ins (``getprop``, ``echo``, ``kill``,
+``true``), or from ``phone.exec_hook``, which may really start a local process: that is how a
+test runs the real device agent as the "phone" (see :class:`LocalProcessCommand`).
+
+A reverse rule ``tcp:D -> tcp:H`` is real: the fake opens a listener on 127.0.0.1:<L> standing for
+the phone's port D and relays every connection to 127.0.0.1:H on the host, as adbd and the adb
+server do together. ``phone.reverse_ports[D] == L``.
+
+Simplifications (documented, deliberate): one process plays both adb server and adbd; unplug,
+offline and restart end the phone's local processes (a real phone's agent would only lose its
+connection); ``host:kill`` is acknowledged but does not stop the fake.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+ADB_SERVER_VERSION = 41
+DEVICE_FEATURES = "shell_v2,cmd,fixed_push_mkdir,apex,abb,abb_exec"
+_STATES = ("device", "unauthorized", "offline")
+
+
+@dataclass
+class ShellResult:
+    """What a shell command printed and its exit code."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    exit_code: int = 0
+
+
+ExecHook = Callable[["FakePhone", str], "ShellResult | None"]
+
+
+@dataclass
+class FakePhone:
+    """A scripted phone: identity, state, recorded shell outputs, files, reverse rules."""
+
+    serial: str
+    state: str = "device"
+    props: dict[str, str] = field(default_factory=dict)
+    commands: dict[str, ShellResult | str] = field(default_factory=dict)
+    product: str = "fakeproduct"
+    model: str = "Fake_Phone"
+    device: str = "fakedevice"
+    exec_hook: ExecHook | None = None
+    root_dir: Path | None = None  # when set, pushed files are also written under it
+    files: dict[str, tuple[int, bytes, int]] = field(default_factory=dict)  # mode, data, mtime
+    reverses: dict[str, str] = field(default_factory=dict)  # phone side -> host side
+    reverse_ports: dict[int, int] = field(default_factory=dict)  # phone tcp port -> local port
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    shell_log: list[str] = field(default_factory=list)
+    transport_id: int = 0
+    _listeners: dict[str, socket.socket] = field(default_factory=dict, repr=False)
+    _relays: list[socket.socket] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def from_getprop(cls, serial: str, getprop_text: str, **kwargs: object) -> FakePhone:
+        """A phone whose properties come from a recorded ``getprop`` output."""
+        props = {m.group(1): m.group(2) for m in
+                 re.finditer(r"^\[([^\]]+)\]: \[([^\]]*)\]$", getprop_text, re.MULTILINE)}
+        phone = cls(serial=serial, props=props, **kwargs)  # type: ignore[arg-type]
+        phone.commands.setdefault("getprop", getprop_text)
+        return phone
+
+    def local_path(self, phone_path: str) -> Path | None:
+        """Where a phone path lives on this machine (None without a root_dir)."""
+        if self.root_dir is None:
+            return None
+        return self.root_dir / phone_path.lstrip("/")
+
+
+class LocalProcessCommand:
+    """An exec hook that runs a real local process for shell commands matching a pattern.
+
+    ``argv_for(phone, match)`` builds the local argv; ``{reverse:D}`` in any argument becomes
+    ``127.0.0.1:L`` where L is the local port standing for the phone's reverse port D. The shell
+    answer is the process id (like ``cmd & echo $!``), or with ``wait=True`` the process's own
+    output and exit code. ``kill [-SIG] PID`` and ``kill -0 PID``
+    reach only processes this hook started.
+    """
+
+    def __init__(self, pattern: str, argv_for: Callable[[FakePhone, re.Match[str]], list[str]],
+                 env: dict[str, str] | None = None, log_dir: Path | None = None,
+                 wait: bool = False):
+        self.wait = wait  # True: run to the end and answer its output and exit code
+        self.pattern = re.compile(pattern)
+        self.argv_for = argv_for
+        self.env = env
+        self.log_dir = log_dir
+
+    def __call__(self, phone: FakePhone, command: str) -> ShellResult | None:
+        match = self.pattern.search(command)
+        if not match:
+            return None
+        argv = [self._resolve(phone, a) for a in self.argv_for(phone, match)]
+        if self.wait:
+            done = subprocess.run(argv, capture_output=True, timeout=300,
+                                  env=dict(os.environ, **(self.env or {})))
+            return ShellResult(done.stdout, done.stderr, done.returncode)
+        out = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{phone.serial}-{len(phone.processes)}.log", "wb")
+        env = dict(os.environ, **(self.env or {}))
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        if out is not subprocess.DEVNULL:
+            out.close()
+        phone.processes.append(proc)
+        log.info("fake phone %s: started local process %d: %s", phone.serial, proc.pid, argv)
+        return ShellResult(stdout=f"{proc.pid}\n".encode())
+
+    @staticmethod
+    def _resolve(phone: FakePhone, arg: str) -> str:
+        def port(m: re.Match[str]) -> str:
+            local = phone.reverse_ports.get(int(m.group(1)))
+            if local is None:
+                raise RuntimeError(f"phone {phone.serial}: no reverse rule for tcp:{m.group(1)}")
+            return f"127.0.0.1:{local}"
+        return re.sub(r"\{reverse:(\d+)\}", port, arg)
+
+
+def _block(text: str | bytes) -> bytes:
+    data = text.encode() if isinstance(text, str) else text
+    return f"{len(data):04x}".encode() + data
+
+
+class _Closed(Exception):
+    pass
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise _Closed()
+        buf += chunk
+    return buf
+
+
+class FakeAdbServer:
+    """The fake server: ``start()``/``stop()`` or a context manager; ``port`` once started."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        self.host = host
+        self.port = port
+        self.phones: dict[str, FakePhone] = {}
+        self.requests: list[str] = []  # every service name received, in order
+        self.track_blocks_sent = 0  # device lists written to track-devices clients
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._generation = 0  # bumps on every device-list change
+        self._listener: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._running = False
+        self._next_transport = 1
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> FakeAdbServer:
+        """Listen and serve in background threads."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(64)
+        self.port = sock.getsockname()[1]
+        self._listener = sock
+        self._running = True
+        self._spawn(self._accept_loop, sock)
+        return self
+
+    def stop(self) -> None:
+        """Close every socket, end the phones' processes, join threads."""
+        self._shutdown_sockets()
+        with self._lock:
+            phones = list(self.phones.values())
+        for phone in phones:
+            self._reset_transport(phone, kill=True)
+        for t in self._threads:
+            t.join(timeout=2)
+
+    def __enter__(self) -> FakeAdbServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def restart(self, down_s: float = 0.3) -> None:
+        """The adb server dies (every connection drops, reverse rules go) and comes back."""
+        self._shutdown_sockets()
+        with self._lock:
+            for phone in self.phones.values():
+                self._reset_transport(phone, kill=True)
+        time.sleep(down_s)
+        self.start()
+
+    def _shutdown_sockets(self) -> None:
+        with self._lock:
+            self._running = False
+            listener, self._listener = self._listener, None
+            conns = list(self._conns)
+            self._conns.clear()
+            self._changed.notify_all()
+        if listener is not None:
+            _close_listener(listener)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    # -- scripting phones ------------------------------------------------------------------------
+
+    def plug(self, phone: FakePhone) -> FakePhone:
+        """A phone appears (in ``phone.state``)."""
+        with self._lock:
+            phone.transport_id = self._next_transport
+            self._next_transport += 1
+            self.phones[phone.serial] = phone
+            self._bump()
+        return phone
+
+    def set_state(self, serial: str, state: str) -> None:
+        """Change a phone's state: ``unauthorized`` -> ``device``, or ``offline``."""
+        if state not in _STATES:
+            raise ValueError(f"state must be one of {_STATES}")
+        with self._lock:
+            phone = self.phones[serial]
+            phone.state = state
+            if state != "device":
+                self._reset_transport(phone, kill=True)
+            self._bump()
+
+    def unplug(self, serial: str) -> None:
+        """The phone's cable is pulled."""
+        with self._lock:
+            phone = self.phones.pop(serial)
+            self._bump()
+        self._reset_transport(phone, kill=True)
+
+    def drop_reverse(self, serial: str) -> None:
+        """The phone forgets its reverse rules; open connections stay (like ``--remove``)."""
+        with self._lock:
+            phone = self.phones[serial]
+            for remote in list(phone.reverses):
+                self._remove_reverse(phone, remote)
+
+    def _bump(self) -> None:
+        self._generation += 1
+        self._changed.notify_all()
+
+    def _reset_transport(self, phone: FakePhone, kill: bool) -> None:
+        for listener in phone._listeners.values():
+            _close_listener(listener)
+        phone._listeners.clear()
+        phone.reverses.clear()
+        phone.reverse_ports.clear()
+        for s in phone._relays:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        phone._relays.clear()
+        if kill:
+            for proc in phone.processes:
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+
+    def device_list(self, long: bool = False) -> str:
+        """The text ``host:devices`` (or ``-l``) answers."""
+        lines = []
+        with self._lock:
+            for p in self.phones.values():
+                if long:
+                    extra = (f" usb:1-{p.transport_id} product:{p.product} model:{p.model} "
+                             f"device:{p.device}" if p.state == "device" else
+                             f" usb:1-{p.transport_id}")
+                    lines.append(f"{p.serial:<22} {p.state}{extra} transport_id:{p.transport_id}")
+                else:
+                    lines.append(f"{p.serial}\t{p.state}")
+        return "".join(line + "\n" for line in lines)
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _accept_loop(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if not self._running or listener is not self._listener:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            self._spawn(self._serve, conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                length = int(_recv_exact(conn, 4), 16)
+                service = _recv_exact(conn, length).decode()
+                with self._lock:
+                    self.requests.append(service)
+                if not self._host_service(conn, service):
+                    return
+        except (_Closed, OSError, ValueError):
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    @staticmethod
+    def _okay(conn: socket.socket, payload: bytes = b"") -> None:
+        conn.sendall(b"OKAY" + payload)
+
+    @staticmethod
+    def _fail(conn: socket.socket, message: str) -> None:
+        conn.sendall(b"FAIL" + _block(message))
+
+    def _find(self, conn: socket.socket, selector: str) -> FakePhone | None:
+        """Resolve a transport selector; answer FAIL (and return None) like the real server."""
+        with self._lock:
+            if selector == "any":
+                candidates = list(self.phones.values())
+                if not candidates:
+                    self._fail(conn, "no devices/emulators found")
+                    return None
+                if len(candidates) > 1:
+                    self._fail(conn, "more than one device/emulator")
+                    return None
+                phone = candidates[0]
+            elif selector.startswith("id:"):
+                phone = next((p for p in self.phones.values()
+                              if str(p.transport_id) == selector[3:]), None)
+            else:
+                phone = self.phones.get(selector)
+        if phone is None:
+            self._fail(conn, f"device '{selector}' not found")
+            return None
+        if phone.state == "unauthorized":
+            self._fail(conn, "device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not "
+                             "set\nTry 'adb kill-server' if that seems wrong.\nOtherwise check "
+                             "for a confirmation dialog on your device.")
+            return None
+        if phone.state == "offline":
+            self._fail(conn, "device offline")
+            return None
+        return phone
+
+    def _host_service(self, conn: socket.socket, service: str) -> bool:
+        """Answer one host request; False when the connection is done."""
+        prefix, selector, command = "host", "any", service
+        m = re.match(r"^host-serial:(.+):([a-z-]+(?::.*)?)$", service)
+        if service.startswith("host-serial:") and m:
+            prefix, selector, command = "host-serial", m.group(1), m.group(2)
+        elif service.startswith("host-transport-id:"):
+            tid, _, command = service[len("host-transport-id:"):].partition(":")
+            prefix, selector = "host-serial", f"id:{tid}"
+        elif service.startswith(("host-usb:", "host-local:", "host:")):
+            command = service.split(":", 1)[1]
+        else:
+            self._fail(conn, f"unknown host service {service!r}")
+            return False
+        if prefix == "host":
+            if command == "version":
+                self._okay(conn, _block(f"{ADB_SERVER_VERSION:04x}"))
+                return False
+            if command in ("devices", "devices-l"):
+                self._okay(conn, _block(self.device_list(command == "devices-l")))
+                return False
+            if command == "track-devices":
+                self._track(conn)
+                return False
+            if command == "host-features":
+                self._okay(conn, _block("shell_v2,cmd"))
+                return False
+            if command == "kill":
+                self._okay(conn)
+                return False
+            if command == "list-forward":
+                self._okay(conn, _block(""))
+                return False
+            transport = self._transport_selector(command)
+            if transport is not None:
+                kind, sel = transport
+                phone = self._find(conn, sel)
+                if phone is None:
+                    return False
+                if kind == "tport":
+                    self._okay(conn, struct.pack("<Q", phone.transport_id))
+                else:
+                    self._okay(conn)
+                return self._device_service(conn, phone)
+        # host-serial:SERIAL:cmd, or host:cmd that needs one device.
+        phone = self._find(conn, selector)
+        if phone is None:
+            return False
+        if command == "features":
+            self._okay(conn, _block(DEVICE_FEATURES))
+        elif command == "get-state":
+            self._okay(conn, _block(phone.state))
+        elif command == "get-serialno":
+            self._okay(conn, _block(phone.serial))
+        elif command == "get-devpath":
+            self._okay(conn, _block(f"usb:1-{phone.transport_id}"))
+        elif command == "list-forward":
+            self._okay(conn, _block(""))
+        else:
+            self._fail(conn, f"unknown host service {service!r}")
+        return False
+
+    @staticmethod
+    def _transport_selector(command: str) -> tuple[str, str] | None:
+        for prefix, kind, sel in (("transport:", "transport", None),
+                                  ("tport:serial:", "tport", None),
+                                  ("transport-id:", "transport", "id:"),
+                                  ("tport:id:", "tport", "id:")):
+            if command.startswith(prefix):
+                return kind, (sel or "") + command[len(prefix):]
+        if command in ("transport-any", "transport-usb", "transport-local"):
+            return "transport", "any"
+        if command in ("tport:any", "tport:usb", "tport:local"):
+            return "tport", "any"
+        return None
+
+    def _track(self, conn: socket.socket) -> None:
+        self._okay(conn)
+        last_sent = None
+        while True:
+            with self._lock:
+                while self._running and self._generation == last_sent:
+                    self._changed.wait(timeout=0.2)
+                    readable, _, _ = select.select([conn], [], [], 0)
+                    if readable and not conn.recv(1, socket.MSG_PEEK):
+                        return  # the client went away
+                if not self._running:
+                    return
+                last_sent = self._generation
+                text = self.device_list()
+            conn.sendall(_block(text))
+            with self._lock:
+                self.track_blocks_sent += 1
+
+    # -- device services ------------------------------------------------------------------------
+
+    def _device_service(self, conn: socket.socket, phone: FakePhone) -> bool:
+        length = int(_recv_exact(conn, 4), 16)
+        service = _recv_exact(conn, length).decode()
+        with self._lock:
+            self.requests.append(service)
+        if service.startswith("shell"):
+            head, sep, cmd = service.partition(":")
+            options = head.split(",")[1:]
+            if not sep or not all(o in ("v2", "raw", "pty") or o.startswith("TERM=")
+                                  for o in options):
+                self._fail(conn, f"unsupported shell service {service!r}")
+                return False
+            if not cmd:
+                self._fail(conn, "the fake adb server has no interactive shell")
+                return False
+            self._shell(conn, phone, cmd, v2="v2" in options)
+        elif service == "sync:":
+            self._okay(conn)
+            self._sync(conn, phone)
+        elif service.startswith("reverse:"):
+            self._reverse(conn, phone, service[len("reverse:"):])
+        else:
+            self._fail(conn, f"unknown device service {service!r}")
+        return False
+
+    def run_shell(self, phone: FakePhone, command: str) -> ShellResult:
+        """What the phone's shell answers for a command line."""
+        phone.shell_log.append(command)
+        if phone.exec_hook is not None:
+            result = phone.exec_hook(phone, command)
+            if result is not None:
+                return result
+        recorded = phone.commands.get(command)
+        if recorded is not None:
+            return ShellResult(stdout=recorded.encode()) if isinstance(recorded, str) else recorded
+        return self._builtin(phone, command)
+
+    def _builtin(self, phone: FakePhone, command: str) -> ShellResult:
+        try:
+            argv = shlex.split(command)
+        except ValueError:
+            return ShellResult(stderr=b"/system/bin/sh: syntax error\n", exit_code=2)
+        if not argv:
+            return ShellResult()
+        name = argv[0]
+        if name == "getprop" and len(argv) == 2:
+            return ShellResult(stdout=(phone.props.get(argv[1], "") + "\n").encode())
+        if name == "echo":
+            return ShellResult(stdout=(" ".join(argv[1:]) + "\n").encode())
+        if name == "true":
+            return ShellResult()
+        if name == "false":
+            return ShellResult(exit_code=1)
+        if name == "kill" and len(argv) >= 2:
+            return self._kill(phone, argv[1:])
+        return ShellResult(stderr=f"/system/bin/sh: {name}: inaccessible or not found\n".encode(),
+                           exit_code=127)
+
+    @staticmethod
+    def _kill(phone: FakePhone, args: list[str]) -> ShellResult:
+        sig = signal.SIGTERM
+        if args[0].startswith("-"):
+            spec = args.pop(0)[1:]
+            sig = signal.Signals(int(spec)) if spec.isdigit() and spec != "0" else (
+                0 if spec == "0" else getattr(signal, "SIG" + spec.upper().removeprefix("SIG")))
+        code = 0
+        for pid_text in args:
+            proc = next((p for p in phone.processes if str(p.pid) == pid_text), None)
+            if proc is None or proc.poll() is not None:
+                code = 1
+                continue
+            if sig != 0:
+                proc.send_signal(sig)
+        err = b"" if code == 0 else b"kill: No such process\n"
+        return ShellResult(stderr=err, exit_code=code)
+
+    def _shell(self, conn: socket.socket, phone: FakePhone, cmd: str, v2: bool) -> None:
+        marker = "; echo X4EXIT:$?"  # adbutils' shell-v1 exit-code trick
+        with_marker = cmd.endswith(marker)
+        result = self.run_shell(phone, cmd[: -len(marker)] if with_marker else cmd)
+        self._okay(conn)
+        if v2:
+            for kind, data in ((1, result.stdout), (2, result.stderr)):
+                if data:
+                    conn.sendall(struct.pack("<BI", kind, len(data)) + data)
+            conn.sendall(struct.pack("<BI", 3, 1) + bytes([result.exit_code & 0xFF]))
+        else:
+            out = result.stdout + result.stderr
+            if with_marker:
+                out += f"X4EXIT:{result.exit_code}\n".encode()
+            conn.sendall(out)
+        conn.shutdown(socket.SHUT_WR)
+        # Let the client read to the end before the socket closes.
+        conn.settimeout(5)
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    # -- sync --------------------------------------------------------------------------------------
+
+    def _sync(self, conn: socket.socket, phone: FakePhone) -> None:
+        while True:
+            head = _recv_exact(conn, 8)
+            cmd, length = head[:4], struct.unpack("<I", head[4:])[0]
+            if cmd == b"QUIT":
+                return
+            arg = _recv_exact(conn, length).decode()
+            if cmd == b"SEND":
+                path, _, mode_text = arg.rpartition(",")
+                self._recv_file(conn, phone, path, int(mode_text or "420"))
+            elif cmd == b"STAT":
+                mode, data, mtime = phone.files.get(arg, (0, b"", 0))
+                conn.sendall(b"STAT" + struct.pack("<III", mode, len(data), mtime))
+            elif cmd == b"RECV":
+                if arg not in phone.files:
+                    conn.sendall(b"FAIL" + struct.pack("<I", 25) + b"No such file or directory")
+                    continue
+                data = phone.files[arg][1]
+                for i in range(0, len(data), 65536):
+                    chunk = data[i:i + 65536]
+                    conn.sendall(b"DATA" + struct.pack("<I", len(chunk)) + chunk)
+                conn.sendall(b"DONE" + struct.pack("<I", 0))
+            elif cmd == b"LIST":
+                conn.sendall(b"DONE" + struct.pack("<IIII", 0, 0, 0, 0))
+            else:
+                msg = f"unknown sync command {cmd!r}".encode()
+                conn.sendall(b"FAIL" + struct.pack("<I", len(msg)) + msg)
+                return
+
+    def _recv_file(self, conn: socket.socket, phone: FakePhone, path: str, mode: int) -> None:
+        chunks: list[bytes] = []
+        while True:
+            head = _recv_exact(conn, 8)
+            cmd, value = head[:4], struct.unpack("<I", head[4:])[0]
+            if cmd == b"DATA":
+                if value > 65536:
+                    msg = b"DATA chunk larger than 64 KiB"
+                    conn.sendall(b"FAIL" + struct.pack("<I", len(msg)) + msg)
+                    raise _Closed()
+                chunks.append(_recv_exact(conn, value))
+            elif cmd == b"DONE":
+                data = b"".join(chunks)
+                phone.files[path] = (0o100000 | (mode & 0o7777), data, value)
+                local = phone.local_path(path)
+                if local is not None:
+                    local.parent.mkdir(parents=True, exist_ok=True)
+                    local.write_bytes(data)
+                    local.chmod(mode & 0o777)
+                conn.sendall(b"OKAY" + struct.pack("<I", 0))
+                return
+            else:
+                msg = f"expected DATA or DONE, got {cmd!r}".encode()
+                conn.sendall(b"FAIL" + struct.pack("<I", len(msg)) + msg)
+                raise _Closed()
+
+    # -- reverse -----------------------------------------------------------------------------------
+
+    def _reverse(self, conn: socket.socket, phone: FakePhone, request: str) -> None:
+        if request == "list-forward":
+            with self._lock:
+                text = "".join(f"{phone.serial} {r} {h}\n" for r, h in phone.reverses.items())
+            self._okay(conn, _block(text))
+            return
+        self._okay(conn)  # the stream to adbd is open; the second reply is the result
+        if request == "killforward-all":
+            with self._lock:
+                for remote in list(phone.reverses):
+                    self._remove_reverse(phone, remote)
+            self._okay(conn)
+        elif request.startswith("killforward:"):
+            remote = request[len("killforward:"):]
+            with self._lock:
+                if remote not in phone.reverses:
+                    self._fail(conn, f"listener '{remote}' not found")
+                    return
+                self._remove_reverse(phone, remote)
+            self._okay(conn)
+        elif request.startswith("forward:"):
+            spec = request[len("forward:"):]
+            norebind = spec.startswith("norebind:")
+            if norebind:
+                spec = spec[len("norebind:"):]
+            remote, sep, local = spec.partition(";")
+            if not sep or not remote or not local:
+                self._fail(conn, f"bad forward: {spec!r}")
+                return
+            with self._lock:
+                if norebind and remote in phone.reverses:
+                    self._fail(conn, f"cannot rebind existing socket: {remote}")
+                    return
+                error = self._add_reverse(phone, remote, local)
+            if error:
+                self._fail(conn, error)
+            else:
+                self._okay(conn)
+        else:
+            self._fail(conn, f"unknown reverse request {request!r}")
+
+    def _add_reverse(self, phone: FakePhone, remote: str, local: str) -> str | None:
+        if not re.fullmatch(r"(tcp:\d+|local[a-z]*:.+)", remote):
+            return f"cannot bind listener: bad address {remote!r}"
+        if not re.fullmatch(r"(tcp:\d+|local[a-z]*:.+)", local):
+            return f"bad local address {local!r}"
+        if remote in phone.reverses:
+            self._remove_reverse(phone, remote)
+        phone.reverses[remote] = local
+        if remote.startswith("tcp:") and local.startswith("tcp:"):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(16)
+            phone._listeners[remote] = listener
+            phone.reverse_ports[int(remote[4:])] = listener.getsockname()[1]
+            self._spawn(self._reverse_accept, phone, listener, int(local[4:]))
+        return None
+
+    def _remove_reverse(self, phone: FakePhone, remote: str) -> None:
+        phone.reverses.pop(remote, None)
+        listener = phone._listeners.pop(remote, None)
+        if listener is not None:
+            _close_listener(listener)
+        if remote.startswith("tcp:"):
+            phone.reverse_ports.pop(int(remote[4:]), None)
+
+    def _reverse_accept(self, phone: FakePhone, listener: socket.socket, host_port: int) -> None:
+        while True:
+            try:
+                inner, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                outer = socket.create_connection(("127.0.0.1", host_port), timeout=5)
+                outer.settimeout(None)
+            except OSError:
+                inner.close()  # nothing listens on the host side: the phone's connect fails
+                continue
+            with self._lock:
+                phone._relays += [inner, outer]
+            self._spawn(_pump, inner, outer)
+            self._spawn(_pump, outer, inner)
+
+
+def _close_listener(listener: socket.socket) -> None:
+    """Close a listening socket so that a thread blocked in accept() wakes up (Linux)."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
