@@ -1,0 +1,84 @@
+"""Sub-commands of the network part: ``testbed net check TOPOLOGY``.
+
+``net check`` exits 0 when every measured link is within the tolerance, 1 when one is not or the
+network cannot start, 2 on bad input. (``testbed clean``, which also removes a run's network
+leftovers, lives in :mod:`testbed.up`.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from testbed.emulator.network import cleanup
+from testbed.topology import TopologyError, load_topology
+
+log = logging.getLogger(__name__)
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `net check` on the testbed command."""
+    net = subparsers.add_parser("net", help="network tools (check a topology's links)")
+    net_sub = net.add_subparsers(dest="net_command", metavar="NET_COMMAND", required=True)
+    p = net_sub.add_parser(
+        "check", help="bring a topology's network up and measure every device link",
+        description="Bring the topology's network up on the Mininet backend, measure each "
+                    "device's throughput both ways (iperf3) and RTT, print them against the "
+                    "configured values; exit 1 when one is off by more than the tolerance.")
+    p.add_argument("topology", help="the topology YAML file")
+    p.add_argument("--tolerance", type=float, default=0.10,
+                   help="relative tolerance (default 0.10; RTT gets 1 ms more)")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="iperf3 seconds per direction after 1 s omitted (default 3)")
+    p.add_argument("--samples", type=int, default=10, help="RTT samples per device (default 10)")
+    p.add_argument("--devices", nargs="*", metavar="NAME",
+                   help="only these devices (default: all, one after another)")
+    p.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """`testbed net check`: exit 0 all within tolerance, 1 otherwise, 2 on bad input."""
+    from testbed.emulator.network.check import check_devices, format_table
+    from testbed.emulator.network.mininet import MininetNetwork
+    from testbed.emulator.network.probe import probe
+
+    try:
+        topology = load_topology(args.topology)
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not (0 < args.tolerance < 1) or args.seconds <= 0 or args.samples < 1:
+        print("error: --tolerance must be in (0, 1), --seconds > 0, --samples >= 1",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    devices = list(topology.devices)
+    if args.devices:
+        known = {d.name: d for d in devices}
+        unknown = [n for n in args.devices if n not in known]
+        if unknown:
+            print(f"error: --devices: no such device(s) {unknown} in {args.topology} "
+                  f"(devices are named <group>-<index>, e.g. {devices[0].name})",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        devices = [known[n] for n in args.devices]
+    caps = probe()
+    missing = caps.missing() + ([] if caps.iperf3 else ["iperf3 (Debian package iperf3)"])
+    if missing:
+        print(f"error: net check needs the Mininet backend; missing: {'; '.join(missing)}",
+              file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        with MininetNetwork(topology, capabilities=caps) as net:
+            print(f"network {net.prefix}: {len(net.hosts)} hosts up in {net.bringup_s:.1f} s; "
+                  f"rate: HTB, delay and loss: {caps.delay_mechanism}")
+            rows = check_devices(net, devices, args.tolerance, args.seconds, args.samples)
+    except (RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(format_table(rows))
+    bad = [r for r in rows if not r.ok]
+    print(f"{len(rows) - len(bad)}/{len(rows)} within tolerance")
+    return EXIT_FAILURE if bad else EXIT_OK

@@ -1,0 +1,104 @@
+"""Link fidelity on the Mininet backend: shaped rates each way and RTT against their configuration.
+
+Needs root, mnexec, brctl, HTB and iperf3 (skips naming what is missing). The delay is checked
+through whichever mechanism the probe found: netem in the kernel, or (without netem) the
+application-level delay that ``app_shaping()`` hands out.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from testbed.emulator.network.base import AppShaping
+from testbed.emulator.network.check import check_devices, format_table, path_rate_bps
+from testbed.emulator.network.mininet import MininetNetwork
+from testbed.emulator.network.probe import probe
+from testbed.topology import parse_topology
+
+pytestmark = pytest.mark.integration
+
+_missing = probe().missing() + ([] if probe().iperf3 else ["iperf3"])
+needs_mininet = pytest.mark.skipif(bool(_missing), reason="Mininet backend unavailable, missing: "
+                                                          + "; ".join(_missing))
+
+JOB = {"model": {"hidden": 64, "layers": 1, "heads": 1, "ffn": 64, "seq_len": 16}}
+
+
+def fidelity_topology():
+    """1, 10 and 100 Mbit each way, behind a switch link and the PS link (both faster)."""
+    link = {"switches": ["core", "ap0"], "down": "1Gbit", "up": "1Gbit", "delay": "1ms"}
+    groups = [("a", "10Mbit", "1Mbit", "10ms"), ("b", "100Mbit", "10Mbit", "5ms"),
+              ("c", "1Mbit", "100Mbit", "20ms")]
+    return parse_topology({
+        "name": "fidelity",
+        "network": {"backend": "mininet", "switches": ["core", "ap0"], "links": [link],
+                    "ps": {"switch": "core", "link": {"down": "1Gbit", "up": "1Gbit",
+                                                      "delay": "1ms"}}},
+        "devices": [{"group": g, "profile": "snapdragon888", "count": 1, "switch": "ap0",
+                     "link": {"down": d, "up": u, "delay": t, "queue": 100}}
+                    for g, d, u, t in groups],
+        "job": JOB})
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_rates_each_way_and_rtt_within_tolerance():
+    topo = fidelity_topology()
+    with MininetNetwork(topo) as net:
+        rows = check_devices(net, list(topo.devices), tolerance=0.10, seconds=3, samples=10)
+    table = format_table(rows)
+    assert len(rows) == 9, table
+    configured = {(r.device, r.quantity): r.configured for r in rows}
+    # the configuration under test is what we think it is: path rates and RTTs
+    assert configured[("a-0", "down")] == 10e6 and configured[("a-0", "up")] == 1e6
+    assert configured[("c-0", "down")] == 1e6 and configured[("c-0", "up")] == 100e6
+    assert configured[("b-0", "rtt")] == pytest.approx(2 * (5e-3 + 1e-3 + 1e-3))
+    bad = [r for r in rows if not r.ok]
+    assert not bad, "links off by more than the tolerance:\n" + table
+
+
+@needs_mininet
+def test_app_shaping_reports_the_active_delay_mechanism():
+    topo = fidelity_topology()
+    net = MininetNetwork(topo)
+    c0 = topo.devices[2]
+    shaping = net.app_shaping(c0)
+    if probe().netem:
+        assert shaping == AppShaping()
+        assert net.describe()["delay"] == "netem"
+    else:
+        assert shaping == AppShaping(delay_s=pytest.approx(0.022), loss_fraction=0.0)
+        assert shaping.down_bps is None and shaping.up_bps is None  # HTB shapes rates
+        assert net.describe()["delay"] == "application"
+    assert path_rate_bps(topo, c0, "down") == 1e6
+
+
+CONNECT = [sys.executable, "-c",
+           "import socket, sys; s = socket.socket(); s.settimeout(1.0); "
+           "sys.exit(s.connect_ex((sys.argv[1], int(sys.argv[2]))))"]
+LISTEN = [sys.executable, "-c",
+          "import socket, time; s = socket.create_server(('10.0.0.1', 7001)); time.sleep(600)"]
+
+
+@needs_mininet
+def test_partition_cuts_a_device_off_and_heal_restores_it():
+    topo = fidelity_topology()
+    with MininetNetwork(topo) as net:
+        server = net.popen(None, LISTEN)
+        device, other = topo.devices[0], topo.devices[1]
+
+        def reachable(d) -> bool:
+            return net.popen(d.name, [*CONNECT, net.ps_address_for(d), "7001"]).wait(10) == 0
+
+        def becomes_reachable(d, tries: int = 10) -> bool:
+            return any(reachable(d) for _ in range(tries))
+
+        assert becomes_reachable(device)  # the server needs a moment to listen
+        assert net.set_partitioned(device, True)
+        assert not reachable(device)
+        assert reachable(other)  # only that device is cut off
+        assert net.set_partitioned(device, False)
+        assert becomes_reachable(device, tries=5)
+        assert server.poll() is None
