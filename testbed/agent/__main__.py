@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--up-bps", type=float, default=None, help="emulated uplink, bit/s")
     p.add_argument("--delay-s", type=float, default=0.0, help="emulated one-way delay, s")
     p.add_argument("--loss", type=float, default=0.0, help="emulated loss probability [0, 1]")
+    p.add_argument("--control-file", default="",
+                   help='JSON file {"slow": factor} polled for a compute slow-down (churn)')
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     options = AgentOptions(
         ps_address=args.ps, token=args.token, name=args.name, group=args.group, kind=args.kind,
         profile=args.profile, predicted_gflops=gflops or 1.0, max_in_flight=args.max_in_flight,
-        cache_bytes=int(args.cache_mib * 1024 * 1024),
+        cache_bytes=int(args.cache_mib * 1024 * 1024), control_file=args.control_file,
         down=LinkDirection(args.down_bps, args.delay_s, args.loss),
         up=LinkDirection(args.up_bps, args.delay_s, args.loss))
     agent = Agent(options, model)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
+import os
 import queue
 import random
 import threading
@@ -37,7 +39,7 @@ from testbed.ps_backend.proto import testbed_pb2 as pb
 from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
 from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
 
-if TYPE_CHECKING:  # the agent runs on phones: import nothing beyond grpcio and numpy at run time
+if TYPE_CHECKING:  # the agent runs on phones: nothing beyond grpcio and numpy at run time
     from testbed.emulator.device_model import DeviceModel
 
 log = logging.getLogger("testbed.agent")
@@ -64,6 +66,7 @@ class AgentOptions:
     up: LinkDirection = field(default_factory=LinkDirection)
     backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait between re-joins
     telemetry_s: float = 2.0
+    control_file: str = ""  # JSON {"slow": factor} written by the churn replay; polled
 
 
 class Outbox:
@@ -114,6 +117,30 @@ class Agent:
         self.tiles_done = 0
         self._session: _Session | None = None
         self._started_s = time.monotonic()
+        self.slow_factor = 1.0  # compute time multiplier (churn `slow`)
+        self._control_mtime = 0.0
+
+    def device_time_s(self, wall_s: float, dilation: float) -> float:
+        """Device seconds since the agent started, for a monotonic wall time."""
+        return (wall_s - self._started_s) / dilation
+
+    def poll_control(self) -> None:
+        """Pick up a new slow factor from the control file, if it changed."""
+        path = self.options.control_file
+        if not path:
+            return
+        try:
+            mtime = os.stat(path).st_mtime
+            if mtime == self._control_mtime:
+                return
+            self._control_mtime = mtime
+            with open(path) as f:
+                factor = float(json.load(f).get("slow", 1.0))
+        except (OSError, ValueError, AttributeError):
+            return
+        if factor > 0:
+            log.info("%s: compute slowed x%g", self.options.name, factor)
+            self.slow_factor = factor
 
     # -- control from signal handlers ---------------------------------------------------------
     def request_stop(self, reason: str = "SIGTERM") -> None:
@@ -269,19 +296,21 @@ class _Session:
 
     def _compute(self, item: PendingTile) -> None:
         tile = item.tile
+        self.agent.poll_control()
         start = time.monotonic()
         c = item.a @ item.b
         real_s = time.monotonic() - start
         lag_s, energy_j, compute_s = 0.0, 0.0, real_s
         if self.agent.model is not None:
             cost = self.agent.model.tile_cost(int(tile.m), int(tile.k), int(tile.n), tile.op,
-                                              start - self.agent._started_s)
-            hold_s = cost.seconds * self.dilation
+                                              self.agent.device_time_s(start, self.dilation))
+            device_s = cost.seconds * self.agent.slow_factor
+            hold_s = device_s * self.dilation
             lag_s = max(0.0, real_s - hold_s)
             remaining = start + hold_s - time.monotonic()
             if remaining > 0:
                 time.sleep(remaining)
-            compute_s, energy_j = cost.seconds, cost.joules
+            compute_s, energy_j = device_s, cost.joules * self.agent.slow_factor
         result = pb.DeviceMessage(result=pb.TileResult(
             task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(c), compute_s=compute_s,
             energy_j=energy_j, lag_s=lag_s, received_s=item.arrived_s))
@@ -311,6 +340,6 @@ class _Session:
                 yield pb.DeviceMessage(heartbeat=pb.Heartbeat(device_time_s=now))
             if self.agent.model is not None and now - last_telemetry >= self.options.telemetry_s:
                 last_telemetry = now
-                values = self.agent.model.telemetry(now - self.agent._started_s)
+                values = self.agent.model.telemetry(self.agent.device_time_s(now, self.dilation))
                 if values:
                     yield pb.DeviceMessage(telemetry=pb.Telemetry(values=values))

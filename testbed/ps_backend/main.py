@@ -143,6 +143,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                      stats.tiles)
             if stop.is_set():
                 raise InterruptedError
+        from testbed.ps_backend.engine.checkpoint import checkpoint_name, save_checkpoint
+        save_checkpoint(trainer, run_dir / "checkpoints" / checkpoint_name(trainer.next_step))
     except InterruptedError:
         state, code = "interrupted", 1
         log.warning("interrupted; stopping devices")

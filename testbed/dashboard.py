@@ -1,0 +1,85 @@
+"""The live view of a run: pure render functions over a status snapshot, plus a thin Live loop.
+
+The PS writes ``status.json`` (see :mod:`testbed.runlog`) about twice a second; ``testbed up``
+reads it and renders it here. Rendering never touches the run, so it is tested by rendering a
+snapshot into a console that writes to a string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from testbed.units import format_bytes
+
+STATE_STYLE = {"busy": "green", "idle": "yellow", "left": "red", "partitioned": "magenta"}
+MAX_DEVICE_ROWS = 40
+
+
+def render_header(snapshot: dict[str, Any], title: str = "") -> RenderableType:
+    """One line: state, step, loss, tile rate, bytes each way, queue."""
+    loss = snapshot.get("loss")
+    loss_text = f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"
+    parts = [
+        f"[bold]{title}[/bold]" if title else "",
+        f"state [cyan]{snapshot.get('state', '?')}[/cyan]",
+        f"step {snapshot.get('step', 0)}/{snapshot.get('steps', '?')}",
+        f"loss [bold]{loss_text}[/bold]",
+        f"tiles {snapshot.get('tiles', 0)} ({snapshot.get('tiles_per_s', 0):.0f}/s)",
+        f"down {format_bytes(snapshot.get('bytes_down', 0))}",
+        f"up {format_bytes(snapshot.get('bytes_up', 0))}",
+        f"queued {snapshot.get('pending', 0)}",
+        f"requeued {snapshot.get('requeued', 0)}",
+        f"rejected {snapshot.get('rejected', 0)}",
+    ]
+    return Text.from_markup("  ".join(p for p in parts if p))
+
+
+def render_devices(devices: list[dict[str, Any]]) -> RenderableType:
+    """A table of devices: state, tiles done, in flight, bytes, speed, telemetry."""
+    table = Table(expand=False, box=None, header_style="bold")
+    for column in ("device", "group", "state", "tiles", "in flight", "down", "up", "GFLOPS",
+                   "temp °C", "energy J"):
+        table.add_column(column, justify="left" if column in ("device", "group", "state")
+                         else "right")
+    for d in devices[:MAX_DEVICE_ROWS]:
+        state = d.get("state", "?")
+        telemetry = d.get("telemetry") or {}
+        temp = telemetry.get("temperature_c")
+        table.add_row(str(d.get("device", "?")), str(d.get("group", "")),
+                      f"[{STATE_STYLE.get(state, 'white')}]{state}[/]",
+                      str(d.get("tiles_done", 0)), str(d.get("in_flight", 0)),
+                      format_bytes(d.get("bytes_down", 0)), format_bytes(d.get("bytes_up", 0)),
+                      f"{d.get('observed_gflops', 0):.1f}",
+                      f"{temp:.1f}" if isinstance(temp, (int, float)) else "-",
+                      f"{d.get('energy_j', 0):.1f}")
+    if len(devices) > MAX_DEVICE_ROWS:
+        table.add_row(f"... {len(devices) - MAX_DEVICE_ROWS} more", *[""] * 9)
+    return table
+
+
+def render_losses(losses: list[float], width: int = 60) -> RenderableType:
+    """A one-line sparkline of the recent losses."""
+    if not losses:
+        return Text("loss: no step finished yet", style="dim")
+    recent = losses[-width:]
+    lo, hi = min(recent), max(recent)
+    bars = "▁▂▃▄▅▆▇█"
+    span = (hi - lo) or 1.0
+    line = "".join(bars[min(7, int((v - lo) / span * 7.999))] for v in recent)
+    return Text(f"loss {recent[0]:.3f} {line} {recent[-1]:.3f}")
+
+
+def render(snapshot: dict[str, Any], title: str = "", notes: list[str] | None = None
+           ) -> RenderableType:
+    """The whole live view for one snapshot."""
+    parts: list[RenderableType] = [render_header(snapshot, title),
+                                   render_losses(snapshot.get("losses") or [])]
+    parts.append(render_devices(snapshot.get("devices") or []))
+    for note in (notes or [])[-5:]:
+        parts.append(Text(note, style="dim"))
+    return Panel(Group(*parts), title="testbed", border_style="blue")

@@ -1,0 +1,34 @@
+"""Freivalds' check: honest tiles pass in both dtypes, corrupted ones fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from testbed.ps_backend.validation import check_result, freivalds_ok
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [8, 256, 3072])
+def test_honest_tiles_pass(dtype: type, k: int) -> None:
+    rng = np.random.default_rng(k)
+    for _ in range(20):
+        a = (rng.standard_normal((64, k)) * rng.uniform(0.01, 100)).astype(dtype)
+        b = rng.standard_normal((k, 48)).astype(dtype)
+        if rng.random() < 0.3:
+            a = np.abs(a)  # same-sign operands: no cancellation to hide behind
+        assert check_result(a, b, a @ b) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_corruptions_fail(dtype: type) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 256)).astype(dtype)
+    b = rng.standard_normal((256, 64)).astype(dtype)
+    c = a @ b
+    flipped = c.copy()
+    flipped.view(np.uint32 if dtype == np.float32 else np.uint64)[3, 5] ^= 1 << (
+        27 if dtype == np.float32 else 59)  # an exponent bit
+    for bad in (c * 1.001, c + 1e-3 * np.abs(c).mean() * rng.standard_normal(c.shape).astype(dtype), flipped,
+                np.zeros_like(c), np.roll(c, 1, axis=0)):
+        assert not freivalds_ok(a, b, bad)
