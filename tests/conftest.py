@@ -1,0 +1,98 @@
+"""Shared fixtures: topologies written into tmp dirs, `testbed up` as a subprocess, and a
+session-wide reaper so that no test leaves a child process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "tests" / "data" / "tiny.yaml"
+
+
+def tiny_topology(tmp_path: Path, name: str = "tiny", **changes: Any) -> Path:
+    """tests/data/tiny.yaml with top-level or job-level keys changed, written into tmp_path."""
+    raw = yaml.safe_load(TINY.read_text())
+    for key, value in changes.items():
+        if key in raw["job"]:
+            raw["job"][key] = value
+        else:
+            raw[key] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "testbed.cli", *args]
+
+
+def start_up(topology: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """Start `testbed up TOPOLOGY --no-live --out OUT` as a user would."""
+    return subprocess.Popen(cli_argv("up", str(topology), "--no-live", "--out", str(out),
+                                        *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+
+
+def run_dir_of(out: Path, timeout_s: float = 60) -> Path:
+    """The (single) run directory `testbed up` made under out, once it exists."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dirs = [d for d in out.glob("*") if d.is_dir()] if out.exists() else []
+        if dirs:
+            return dirs[0]
+        time.sleep(0.05)
+    raise TimeoutError(f"no run directory under {out}")
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def reference_losses(topology: Path, steps: int) -> tuple[list[float], dict[str, Any]]:
+    """Losses and final weights of the same job trained in one process, no devices."""
+    from testbed.ps_backend.engine.trainer import Trainer
+    from testbed.topology import load_topology
+
+    topo = load_topology(topology)
+    trainer = Trainer(topo.job, topo.seed, executor=None)
+    losses = [r.loss for r in trainer.run(steps)]
+    return losses, {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reap_children() -> Iterator[None]:
+    """After the session: kill any child process a test left behind (and fail loudly)."""
+    yield
+    leftovers = psutil.Process(os.getpid()).children(recursive=True)
+    for child in leftovers:
+        try:
+            child.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    if leftovers:
+        print(f"reaped {len(leftovers)} stray child process(es): "
+              f"{[c.pid for c in leftovers]}", file=sys.stderr)
