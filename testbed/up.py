@@ -366,6 +366,9 @@ def run_up(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
     summary = write_summary(run, code, {"time_dilation_mode": dilation_info,
                                         "interrupted_by": interrupted or None})
+    from testbed.report import make_report
+
+    make_report(run_dir)
     loss = summary.get("final_loss")
     console.print(f"{summary.get('state', 'failed')}: {summary.get('steps_done', 0)} steps, "
                   f"final loss {loss if loss is None else f'{loss:.4f}'}, "

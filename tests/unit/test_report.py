@@ -1,0 +1,35 @@
+"""The run report is made from a run directory's files alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.cli import main
+from testbed.runlog import RunLog, write_json_atomic
+
+
+def test_report_from_run_files(tmp_path: Path) -> None:
+    log = RunLog(tmp_path)
+    for step, loss in enumerate([5.5, 5.0, 4.6]):
+        log.step(step=step, loss=loss, wall_s=1.0, device_time_s=0.5, bytes_down=2e6,
+                 bytes_up=1e6, tiles=10)
+    log.event("join", device="phones-0")
+    log.event("disconnect", device="phones-0", requeued_tiles=2)
+    log.close()
+    write_json_atomic(tmp_path / "summary.json", {
+        "state": "done", "exit_code": 0, "steps_done": 3, "steps": 3, "final_loss": 4.6,
+        "tiles": 30, "recomputed_tiles": 2, "requeued_tiles": 2, "bytes_down": 6e6,
+        "bytes_up": 3e6, "wall_s": 3.0, "time_dilation": 2.0,
+        "network": {"backend": "loopback", "rate": "application"},
+        "devices": [{"device": "phones-0", "tiles_done": 12}, {"device": "phones-1",
+                                                                "tiles_done": 18}]})
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+    text = (tmp_path / "report.md").read_text()
+    for needle in ("final loss 4.6000", "recomputed 2", "disconnect: 1", "down 6.0 MB",
+                   "loopback", "dilation 2.00"):
+        assert needle in text, needle
+
+
+def test_report_refuses_a_non_run_directory(tmp_path: Path) -> None:
+    assert main(["report", str(tmp_path)]) == 2
