@@ -3,8 +3,8 @@
 Deterministic: it reads only files in the repository and ../shared/data, so rebuilding gives the
 same YAML. Every figure in a profile carries a provenance entry; derived figures say how.
 
-* host profile: :class:`GemmTimeRegressor` fitted on ``tests/data/perf_host.csv`` (measured here
-  with ``testbed perf measure``).
+* host profile: :class:`BlasCostRegressor` fitted on ``tests/data/perf_host.csv`` (measured here
+  with ``testbed perf measure``, min of 60 x 3 samples per shape).
 * Apple M-series: sustained rate = the best rate of the device's PyTorch-CPU rows in
   mlx-benchmark; shape efficiency = the ARM curve (below). Evaluated against its own rows.
 * Phones (no per-shape float32 data exists): sustained rate from a cited figure (Snapdragon 888)
@@ -24,12 +24,17 @@ import numpy as np
 import yaml
 
 from testbed.emulator.thermal import ThermalParams, conductance_for_slowdown, steady_state
-from testbed.perf_model.estimators import GemmTimeRegressor, ShapeEfficiencyRegressor
+from testbed.perf_model.estimators import BlasCostRegressor, ShapeEfficiencyRegressor
 from testbed.perf_model.evaluate import as_plain, evaluate, scores
 from testbed.perf_model.features import ExportedTimeModel
-from testbed.perf_model.importers import (DEEPBENCH_ATTRIBUTION, MLX_ATTRIBUTION,
-                                          VFPBENCH_ATTRIBUTION, import_deepbench, import_mlx,
-                                          vfpbench_peak)
+from testbed.perf_model.importers import (
+    DEEPBENCH_ATTRIBUTION,
+    MLX_ATTRIBUTION,
+    VFPBENCH_ATTRIBUTION,
+    import_deepbench,
+    import_mlx,
+    vfpbench_peak,
+)
 from testbed.perf_model.measurements import as_arrays, read_measurements
 from testbed.perf_model.profiles import PROFILE_DIR
 
@@ -65,7 +70,7 @@ def host_profile() -> dict[str, Any]:
     """The profile of this host, fitted on the committed measurement set."""
     rows = read_measurements(HOST_CSV)
     X, y = as_arrays(rows)
-    model = GemmTimeRegressor().fit(X, y).export()
+    model = BlasCostRegressor().fit(X, y).export()
     result = evaluate(X, y)
     return {
         "name": "host", "kind": "host",
@@ -77,8 +82,9 @@ def host_profile() -> dict[str, Any]:
         "power": {"active_w": 15.0, "idle_w": 5.0, "radio_w": 0.5},
         "evaluation": as_plain(result),
         "provenance": {
-            "model": f"GemmTimeRegressor fitted on tests/data/perf_host.csv ({len(rows)} shapes, "
-                     f"{rows[0].provenance})",
+            "model": f"BlasCostRegressor (blocked-BLAS cost model, OpenBLAS 16x4 kernel, "
+                     f"small-matrix regime below m*n*k = 1e6, L2 2 MiB) fitted on "
+                     f"tests/data/perf_host.csv ({len(rows)} shapes, {rows[0].provenance})",
             "sustained_gflops": f"the model's rate at the {REFERENCE_TILE} tile",
             "power": "assumed: this VM exposes no power sensor (no RAPL); 15 W per busy core, "
                      "5 W idle share; radio 0.5 W Wi-Fi (HotCarbon'25, arXiv 2507.01803)",

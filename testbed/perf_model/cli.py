@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed.perf_model.measurements import MeasurementError, read_measurements, as_arrays
+from testbed.perf_model.measurements import MeasurementError, as_arrays, read_measurements
 from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -22,13 +22,18 @@ def _measure(args: argparse.Namespace) -> int:
     from testbed.perf_model.measure import LocalNumpyRunner, measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
     size = "full" if args.full else "quick"
-    runner = LocalNumpyRunner(device=args.device, threads=args.threads)
+    runner = LocalNumpyRunner(device=args.device, threads=args.threads,
+                              min_sample_s=args.min_sample_s)
     rows = measure(sweep_shapes(size, seed=args.seed), runner, dtype=args.dtype,
-                   repeats=args.repeats, passes=args.passes, statistic=args.statistic)
+                   warmup=args.warmup, repeats=args.repeats, passes=args.passes,
+                   statistic=args.statistic)
     info = runner.describe()
     write_measurements(args.out, rows, comments=[
-        f"testbed perf measure --{size}: {info['cpu_model']}, {info['backend']}, "
-        f"{info['threads']} thread(s)"])
+        f"testbed perf measure --{size} --seed {args.seed}: {info['cpu_model']}, "
+        f"{info['backend']}, {info['threads']} thread(s)",
+        f"statistic: {args.statistic} of {args.passes} round-robin passes x {args.repeats} "
+        f"samples (each >= {args.min_sample_s:g} s of calls) after {args.warmup} warm-up "
+        f"call(s) per pass; times in seconds"])
     print(f"{args.out}: {len(rows)} shapes measured on {info['cpu_model']} "
           f"({info['threads']} thread(s), {info['backend']})")
     return EXIT_OK
@@ -67,10 +72,11 @@ def _load(path: str, device: str | None):
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from testbed.perf_model.estimators import GemmTimeRegressor
+    from testbed.perf_model.estimators import BlasCostRegressor, GemmTimeRegressor
     try:
         X, y = _load(args.measurements, args.device)
-        model = GemmTimeRegressor().fit(X, y).export()
+        estimator = BlasCostRegressor() if args.model == "cost" else GemmTimeRegressor()
+        model = estimator.fit(X, y).export()
     except (MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -132,16 +138,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("measure", help="time numpy A @ B over training-GEMM tile shapes here")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="150 shapes, well under a minute "
-                      "(default)")
+    size.add_argument("--quick", action="store_true", help="150 shapes, about a minute with the "
+                      "default passes (default)")
     size.add_argument("--full", action="store_true", help="600 shapes")
     p.add_argument("--out", default="perf_measurements.csv", help="output CSV")
     p.add_argument("--device", default="host", help="device name written into the rows")
     p.add_argument("--threads", type=int, default=1, help="BLAS threads (agents use 1)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--passes", type=int, default=2, help="sweeps, round-robin")
-    p.add_argument("--statistic", choices=("min", "median"), default="median")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape and pass")
+    p.add_argument("--repeats", type=int, default=3, help="samples per shape and pass")
+    p.add_argument("--passes", type=int, default=40,
+                   help="sweeps over all shapes, round-robin (quick: ~1.3 s each here)")
+    p.add_argument("--min-sample-s", type=float, default=2e-4,
+                   help="a sample loops the call until it lasts this long")
+    p.add_argument("--statistic", choices=("min", "median"), default="min",
+                   help="figure per shape over its samples (min: noise only adds time)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_measure)
 
@@ -159,6 +170,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--device", help="only rows of this device")
         if name == "fit":
             p.add_argument("--out", required=True, help="YAML file for the model section")
+            p.add_argument("--model", choices=("cost", "ridge"), default="cost",
+                           help="cost: blocked-BLAS cost model (default); ridge: log-space "
+                                "ridge on smooth features")
         else:
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--json", action="store_true")

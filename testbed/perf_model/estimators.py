@@ -9,6 +9,11 @@ estimator into a :class:`~testbed.perf_model.features.ExportedTimeModel`, which 
     ridge regression of log(t - o) on the named features of :mod:`features`, o a fixed per-call
     overhead chosen by cross-validation among fractions of the smallest measured time. Noise:
     quantiles of the out-of-fold log residuals.
+:class:`BlasCostRegressor`
+    the blocked-BLAS cost model of :mod:`features` (form ``cost``): non-negative seconds per
+    micro-kernel call, per packed element, per C element and per call, in two regimes (small-
+    matrix path / packed path), fitted by non-negative least squares on *relative* error
+    (rows weighted by 1 / t). Noise: quantiles of the out-of-fold log residuals.
 :class:`RooflineRegressor`
     the pure roofline t = max(flops / P, bytes / W); P defaults to the best measured FLOP rate.
 :class:`ShapeEfficiencyRegressor`
@@ -19,12 +24,20 @@ estimator into a :class:`~testbed.perf_model.features.ExportedTimeModel`, which 
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.linear_model import Ridge
 from sklearn.model_selection import KFold
 
-from testbed.perf_model.features import (FEATURES, ExportedTimeModel, feature_matrix,
-                                         roofline_seconds)
+from testbed.perf_model.features import (
+    COST_FEATURES,
+    DEFAULT_BLAS,
+    FEATURES,
+    ExportedTimeModel,
+    cost_matrix,
+    feature_matrix,
+    roofline_seconds,
+)
 
 NOISE_LEVELS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 EFFICIENCY_FEATURES = ("log2_m", "log2_k", "log2_n")
@@ -117,6 +130,73 @@ class GemmTimeRegressor(RegressorMixin, BaseEstimator):
         """Predicted seconds per row of X (mean model, no noise)."""
         X, _ = _check_xy(X)
         return self.export().predict_seconds(X)
+
+
+def _nnls_relative(psi: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """argmin_{c >= 0} sum(((psi c - y) / y)^2), columns scaled for conditioning."""
+    scale = np.abs(psi).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(psi / scale / y[:, None], np.ones_like(y))
+    return coef / scale
+
+
+class BlasCostRegressor(RegressorMixin, BaseEstimator):
+    """t = c . psi(m, k, n), c >= 0: a blocked-BLAS cost model fitted on relative error."""
+
+    def __init__(self, unroll_n: int = int(DEFAULT_BLAS["unroll_n"]),
+                 unroll_m: int = int(DEFAULT_BLAS["unroll_m"]),
+                 k_block: int = int(DEFAULT_BLAS["k_block"]),
+                 small_mnk: float = DEFAULT_BLAS["small_mnk"],
+                 cache_bytes: float = DEFAULT_BLAS["cache_bytes"], dtype_bytes: int = 4,
+                 n_splits: int = 5, random_state: int = 0) -> None:
+        self.unroll_n = unroll_n
+        self.unroll_m = unroll_m
+        self.k_block = k_block
+        self.small_mnk = small_mnk
+        self.cache_bytes = cache_bytes
+        self.dtype_bytes = dtype_bytes
+        self.n_splits = n_splits
+        self.random_state = random_state
+
+    def _blas(self) -> dict[str, float]:
+        return {"unroll_n": float(self.unroll_n), "unroll_m": float(self.unroll_m),
+                "k_block": float(self.k_block), "small_mnk": float(self.small_mnk),
+                "cache_bytes": float(self.cache_bytes)}
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "BlasCostRegressor":
+        """Learn the non-negative costs and the noise quantiles; return self."""
+        X, y = _check_xy(X, y)
+        if len(y) < 10:
+            raise ValueError(f"need at least 10 measurements to fit the cost model, got {len(y)}")
+        self.blas_ = self._blas()
+        psi = cost_matrix(X, COST_FEATURES, self.blas_, self.dtype_bytes)
+        residuals = np.empty(len(y))
+        folds = KFold(min(self.n_splits, len(y)), shuffle=True, random_state=self.random_state)
+        for train, test in folds.split(psi):
+            coef = _nnls_relative(psi[train], y[train])
+            predicted = np.maximum(psi[test] @ coef, 1e-12)
+            residuals[test] = np.log(y[test]) - np.log(predicted)
+        self.cv_log_rmse_ = float(np.sqrt(np.mean(residuals ** 2)))
+        self.coef_ = _nnls_relative(psi, y)
+        self.noise_log_quantiles_ = np.quantile(residuals, NOISE_LEVELS)
+        self.peak_flops_ = best_rate_flops(X, y)
+        self.n_features_in_ = 3
+        return self
+
+    def export(self) -> ExportedTimeModel:
+        """The fitted model as numpy-free coefficients (form ``cost``)."""
+        return ExportedTimeModel(features=COST_FEATURES, coef=tuple(float(c) for c in self.coef_),
+                                 intercept=0.0,
+                                 overhead_s=float(self.coef_[COST_FEATURES.index("small:one")]),
+                                 peak_flops=self.peak_flops_, bandwidth_bytes_s=20e9,
+                                 dtype_bytes=self.dtype_bytes, noise_levels=NOISE_LEVELS,
+                                 noise_log_quantiles=tuple(self.noise_log_quantiles_),
+                                 form="cost", blas=dict(self.blas_))
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Predicted seconds per row of X (mean model, no noise)."""
+        X, _ = _check_xy(X)
+        return cost_matrix(X, COST_FEATURES, self.blas_, self.dtype_bytes) @ self.coef_
 
 
 class RooflineRegressor(RegressorMixin, BaseEstimator):

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from testbed.perf_model.estimators import GemmTimeRegressor, RooflineRegressor
+from testbed.perf_model.estimators import BlasCostRegressor, GemmTimeRegressor, RooflineRegressor
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,14 @@ ModelFactory = Callable[[], Any]
 
 def evaluate(X: np.ndarray, y: np.ndarray, models: dict[str, ModelFactory] | None = None,
              seed: int = 0, bandwidth_bytes_s: float = 20e9) -> dict[str, dict[str, Scores]]:
-    """Scores per split and model: {"random": {"fitted": Scores, "roofline": Scores}, ...}."""
+    """Scores per split and model: {"random": {"fitted": Scores, "roofline": Scores}, ...}.
+
+    Default models: ``fitted`` (:class:`BlasCostRegressor`, what profiles use), ``ridge`` (the
+    log-space :class:`GemmTimeRegressor`, for comparison) and ``roofline``.
+    """
     if models is None:
-        models = {"fitted": lambda: GemmTimeRegressor(bandwidth_bytes_s=bandwidth_bytes_s),
+        models = {"fitted": BlasCostRegressor,
+                  "ridge": lambda: GemmTimeRegressor(bandwidth_bytes_s=bandwidth_bytes_s),
                   "roofline": lambda: RooflineRegressor(bandwidth_bytes_s=bandwidth_bytes_s)}
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
     splits = {"random": random_split(len(y), seed=seed), "extrapolation": extrapolation_split(X)}

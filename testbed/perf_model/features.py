@@ -21,6 +21,32 @@ with ``phi`` named features from :data:`FEATURES`. Evaluating it is a few dozen 
 operations (microseconds in Python), so 500 emulated devices can afford it on every tile.
 Noise is a table of quantiles of log(measured / predicted); :meth:`sample_factor` draws from it
 by inverse-CDF interpolation.
+
+A second form, ``cost``, is a blocked-BLAS cost model (:data:`COST_FEATURES`)::
+
+    t(m, k, n) = sum_j coef_j * psi_j(m, k, n)          coef_j >= 0, seconds per unit of psi_j
+
+numpy's row-major ``A @ B`` reaches OpenBLAS as the column-major product C^T = B^T A^T, so the
+micro-kernel's long side (``unroll_n``, 16 floats for sgemm on AVX-512) runs along n and its
+short side (``unroll_m``, 4) along m. The terms, each once per regime:
+
+=============  =============================================================================
+one            per-call overhead (argument checks, buffer set-up)
+kernel_w       k * (n-blocks of width w) * mb: micro-kernel calls; w = unroll_n for the full
+               blocks, then unroll_n/2, /4, ... for the edge pieces OpenBLAS cuts n mod
+               unroll_n into (one piece per set bit), mb = floor(m / unroll_m) + popcount(m mod
+               unroll_m) (the same along m)
+pack_km        k m: packing A's panel (read once per call)
+pack_kn        k n: packing B's panel
+write_mn       m n: updating C
+write_mn_kb    m n ceil(k / k_block): C is read and written once per k block
+kblocks        ceil(k / k_block): per-k-block loop overhead
+pack_kn_far    k n when the operands (s (mk + kn + mn) bytes) exceed ``cache_bytes`` (the core's
+               L2): B is then packed from L3
+=============  =============================================================================
+
+Regimes: ``small`` when m k n <= ``small_mnk`` (OpenBLAS's small-matrix kernels, which do not
+pack), ``packed`` otherwise; a term of the other regime is 0.
 """
 
 from __future__ import annotations
@@ -32,6 +58,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 EDGE = 16
+
+COST_TERMS: tuple[str, ...] = ("one", "kernel_full", "kernel_half", "kernel_quarter",
+                               "kernel_eighth", "kernel_sixteenth", "pack_km", "pack_kn",
+                               "write_mn", "write_mn_kb", "kblocks", "pack_kn_far")
+REGIMES: tuple[str, ...] = ("small", "packed")
+COST_FEATURES: tuple[str, ...] = tuple(f"{r}:{t}" for r in REGIMES for t in COST_TERMS)
+# Chosen on this host's data (OpenBLAS 0.3.31, SkylakeX kernels; see docs/perf-models.md): a 16x4
+# micro-kernel fitted best of 4..64 x 2..16; the rate breaks at m*n*k = 1e6 (small-matrix path);
+# k blocks of 448 fitted marginally best of 256..640; 2 MiB L2 per core (lscpu)
+DEFAULT_BLAS: dict[str, float] = {"unroll_n": 16, "unroll_m": 4, "k_block": 448,
+                                  "small_mnk": 1e6, "cache_bytes": 2 * 1024 * 1024}
 
 
 def _log2(x: np.ndarray) -> np.ndarray:
@@ -90,6 +127,47 @@ FEATURES: tuple[str, ...] = ("log2_m", "log2_k", "log2_n", "log2_m^2", "log2_k^2
                              "pad_k", "inv_m", "inv_n", "inv_k")
 
 
+def _edge_pieces(x: float, unroll: int) -> list[float]:
+    """Full blocks of width ``unroll`` in x, then one flag per edge piece (widths unroll/2, ...)."""
+    full, rest = divmod(int(x), unroll)
+    pieces = [float(full)]
+    width = unroll // 2
+    for _ in range(4):  # half, quarter, eighth, sixteenth
+        pieces.append(1.0 if width >= 1 and rest & width else 0.0)
+        width //= 2
+    return pieces
+
+
+def cost_terms(m: float, k: float, n: float, blas: dict[str, float],
+               dtype_bytes: int = 4) -> dict[str, float]:
+    """Every :data:`COST_FEATURES` term of one shape (plain floats; see the module docstring)."""
+    unroll_m = int(blas["unroll_m"])
+    rest_m = int(m) % unroll_m
+    mb = float(int(m) // unroll_m + bin(rest_m).count("1"))
+    kb = float(math.ceil(k / blas["k_block"]))
+    nbytes = dtype_bytes * (m * k + k * n + m * n)
+    kernel = [k * p * mb for p in _edge_pieces(n, int(blas["unroll_n"]))]
+    values = [1.0, *kernel, k * m, k * n, m * n, m * n * kb, kb,
+              k * n if nbytes > blas["cache_bytes"] else 0.0]
+    regime = "small" if m * k * n <= blas["small_mnk"] else "packed"
+    out = dict.fromkeys(COST_FEATURES, 0.0)
+    out.update({f"{regime}:{t}": v for t, v in zip(COST_TERMS, values)})
+    return out
+
+
+def cost_matrix(shapes: np.ndarray, names: Sequence[str], blas: dict[str, float],
+                dtype_bytes: int = 4) -> np.ndarray:
+    """The (N, len(names)) matrix of cost terms for an (N, 3) array of (m, k, n)."""
+    unknown = [name for name in names if name not in COST_FEATURES]
+    if unknown:
+        raise ValueError(f"unknown cost term(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(COST_FEATURES)}")
+    shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+    rows = [cost_terms(m, k, n, blas, dtype_bytes) for m, k, n in shapes]
+    return np.array([[row[name] for name in names] for row in rows]).reshape(len(rows),
+                                                                             len(names))
+
+
 def feature_matrix(shapes: np.ndarray, names: Sequence[str], peak_flops: float,
                    bandwidth_bytes_s: float, dtype_bytes: int = 4) -> np.ndarray:
     """The (N, len(names)) feature matrix for the named features."""
@@ -109,7 +187,12 @@ def roofline_seconds(shapes: np.ndarray, peak_flops: float, bandwidth_bytes_s: f
 
 @dataclass(frozen=True)
 class ExportedTimeModel:
-    """t = overhead_s + exp(intercept + coef . phi(m, k, n)), plus noise quantiles of log error."""
+    """A GEMM time model plus noise quantiles of log error, in one of two forms.
+
+    ``log-linear``: t = overhead_s + exp(intercept + coef . phi(m, k, n)) (features of
+    :data:`FEATURES`); ``cost``: t = coef . psi(m, k, n) (terms of :data:`COST_FEATURES`, with the
+    BLAS constants in ``blas``; intercept and overhead_s unused by the formula).
+    """
 
     features: tuple[str, ...]
     coef: tuple[float, ...]
@@ -121,15 +204,23 @@ class ExportedTimeModel:
     noise_levels: tuple[float, ...] = ()
     noise_log_quantiles: tuple[float, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    form: str = "log-linear"
+    blas: dict[str, float] = field(default_factory=dict)
 
     def predict_seconds(self, shapes: np.ndarray) -> np.ndarray:
         """Predicted seconds for an (N, 3) array of (m, k, n)."""
+        if self.form == "cost":
+            return cost_matrix(shapes, self.features, self.blas, self.dtype_bytes) @ \
+                np.asarray(self.coef)
         phi = feature_matrix(shapes, self.features, self.peak_flops, self.bandwidth_bytes_s,
                              self.dtype_bytes)
         return self.overhead_s + np.exp(self.intercept + phi @ np.asarray(self.coef))
 
     def predict_one(self, m: int, k: int, n: int) -> float:
         """Predicted seconds of one tile (scalar path: a few microseconds, no arrays)."""
+        if self.form == "cost":
+            terms = cost_terms(float(m), float(k), float(n), self.blas, self.dtype_bytes)
+            return sum(c * terms[name] for name, c in zip(self.features, self.coef))
         cols = _scalar_columns(float(m), float(k), float(n), self.peak_flops,
                                self.bandwidth_bytes_s, self.dtype_bytes)
         z = self.intercept
@@ -146,8 +237,10 @@ class ExportedTimeModel:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the profile YAML."""
+        formula = ("t = sum(coef[j] * term[j](m, k, n))" if self.form == "cost" else
+                   "t = overhead_s + exp(intercept + sum(coef[j] * feature[j](m, k, n)))")
         out: dict[str, Any] = {
-            "form": "t = overhead_s + exp(intercept + sum(coef[j] * feature[j](m, k, n)))",
+            "form": self.form, "formula": formula,
             "features": list(self.features), "coef": [float(c) for c in self.coef],
             "intercept": float(self.intercept), "overhead_s": float(self.overhead_s),
             "peak_flops": float(self.peak_flops),
@@ -156,6 +249,8 @@ class ExportedTimeModel:
             "noise": {"levels": [float(x) for x in self.noise_levels],
                       "log_quantiles": [float(x) for x in self.noise_log_quantiles]},
         }
+        if self.form == "cost":
+            out["blas"] = {k: float(v) for k, v in self.blas.items()}
         out.update(self.extra)
         return out
 
@@ -170,13 +265,27 @@ class ExportedTimeModel:
         def is_num(x: Any) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
+        form = data.get("form", "log-linear")
+        if form not in ("log-linear", "cost"):  # profiles before the cost form wrote a formula
+            form = "log-linear" if str(form).startswith("t = overhead_s") else form
+        if form not in ("log-linear", "cost"):
+            raise ValueError(f"{where}.form: expected 'log-linear' or 'cost', got {form!r}")
         features = tuple(need("features", lambda v: isinstance(v, list), "a list of names"))
         coef = tuple(need("coef", lambda v: isinstance(v, list) and len(v) == len(features)
                           and all(is_num(c) for c in v),
                           f"a list of {len(features)} numbers (one per feature)"))
-        unknown = [f for f in features if f not in FEATURES]
+        known = COST_FEATURES if form == "cost" else FEATURES
+        unknown = [f for f in features if f not in known]
         if unknown:
-            raise ValueError(f"{where}.features: unknown feature(s) {', '.join(unknown)}")
+            raise ValueError(f"{where}.features: unknown {form} feature(s) {', '.join(unknown)}")
+        blas: dict[str, float] = {}
+        if form == "cost":
+            given = data.get("blas")
+            if not isinstance(given, dict) or set(given) != set(DEFAULT_BLAS) or not all(
+                    is_num(v) and v > 0 for v in given.values()):
+                raise ValueError(f"{where}.blas: expected positive numbers for exactly "
+                                 f"{', '.join(DEFAULT_BLAS)}, got {given!r}")
+            blas = {k: float(v) for k, v in given.items()}
         noise = data.get("noise") or {}
         levels = tuple(float(x) for x in noise.get("levels", []))
         quantiles = tuple(float(x) for x in noise.get("log_quantiles", []))
@@ -192,4 +301,4 @@ class ExportedTimeModel:
                                                 lambda v: is_num(v) and v > 0,
                                                 "a positive number")),
                    dtype_bytes=int(data.get("dtype_bytes", 4)), noise_levels=levels,
-                   noise_log_quantiles=quantiles)
+                   noise_log_quantiles=quantiles, form=form, blas=blas)

@@ -4,7 +4,11 @@ What is timed is exactly what a device agent does with a tile: ``C = A @ B`` wit
 m x k and B a k x n C-contiguous array of the given dtype, C freshly allocated. A runner times one
 shape (warm-up calls, then ``repeats`` samples; a sample loops the call until it lasts at least
 ``min_sample_s`` so that microsecond tiles are not lost in timer noise) and returns the seconds
-of one call per sample. The sweep records the median.
+of one call per sample. The sweep records the **minimum** over all samples of a shape by default:
+on a shared machine interference (preemption, a busy sibling hyper-thread, cache eviction) only
+ever adds time, so the fastest of many short samples is the stable figure (the advice of
+Python's ``timeit`` documentation). The median of a few repeats moved by 10-17% at p90 between
+runs here; the min of 60 passes x 3 moved by 1.6% (docs/perf-models.md).
 
 The seam for other machines is :class:`GemmRunner`: :class:`LocalNumpyRunner` times on this
 host; a runner that pushes a script to a phone over ADB and reads its timings back implements
@@ -86,7 +90,7 @@ def blas_name() -> str:
 class LocalNumpyRunner:
     """Times numpy ``A @ B`` in this process with ``threads`` BLAS threads."""
 
-    def __init__(self, device: str = "host", threads: int = 1, min_sample_s: float = 1e-3,
+    def __init__(self, device: str = "host", threads: int = 1, min_sample_s: float = 2e-4,
                  seed: int = 0) -> None:
         self.device = device
         self.threads = threads
@@ -166,15 +170,14 @@ def sweep_shapes(size: str = "quick", seed: int = 0) -> list[Shape]:
 
 
 def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
-            warmup: int = 2, repeats: int = 5, passes: int = 1, statistic: str = "median",
+            warmup: int = 1, repeats: int = 3, passes: int = 1, statistic: str = "min",
             progress: Callable[[int, Shape, float], None] | None = None) -> list[Measurement]:
     """Time every shape with the runner; one Measurement per shape (``statistic`` of samples).
 
-    With ``passes`` > 1 the whole sweep is timed that many times, round-robin, and a shape's
-    figure is the median over every pass: a burst of load from other processes then hits one
-    pass of a shape, not all its samples. ``statistic`` is ``median`` (default; on this shared host it
-    was the more repeatable of the two: 4% median, 9-17% p90 run-to-run) or ``min`` (the
-    fastest sample: interference only adds time, but one lucky sample moves it).
+    With ``passes`` > 1 the whole sweep is timed that many times, round-robin, so that a slow
+    phase of the machine hits every shape a little rather than some shapes entirely. A shape's
+    figure is ``statistic`` over all its ``passes x repeats`` samples: ``min`` (default: noise on
+    a shared host is additive and positive) or ``median``.
     """
     if statistic not in STATISTICS:
         raise ValueError(f"statistic: expected one of {', '.join(STATISTICS)}, got {statistic!r}")

@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 
-from testbed.perf_model.estimators import (GemmTimeRegressor, RooflineRegressor,
-                                           ShapeEfficiencyRegressor)
+from testbed.perf_model.estimators import (
+    BlasCostRegressor,
+    GemmTimeRegressor,
+    RooflineRegressor,
+    ShapeEfficiencyRegressor,
+)
 from testbed.perf_model.evaluate import evaluate, random_split, scores
 from testbed.perf_model.measure import LocalNumpyRunner, Shape, measure, sweep_shapes
 from testbed.perf_model.measurements import as_arrays, read_measurements
@@ -42,7 +46,8 @@ def test_fit_recovers_a_known_timing_function_within_5_percent() -> None:
 
 def test_estimators_follow_the_sklearn_contract() -> None:
     X = synthetic_shapes(60, 3)
-    for est in (GemmTimeRegressor(alpha=0.1), RooflineRegressor(), ShapeEfficiencyRegressor()):
+    for est in (GemmTimeRegressor(alpha=0.1), RooflineRegressor(), ShapeEfficiencyRegressor(),
+                BlasCostRegressor(k_block=256)):
         params = est.get_params()
         copy = clone(est)
         assert copy.get_params() == params
@@ -67,11 +72,43 @@ def test_host_set_random_split_beats_roofline() -> None:
     assert result["fitted"].rmspe < result["roofline"].rmspe
 
 
-@pytest.mark.xfail(strict=True, reason="the committed host set is noisy (shared 2-vCPU VM: run-to-"
-                   "run p90 spread ~10-17%); the fitted model reaches ~66% within ±10%, not 90%")
 def test_host_set_90_percent_within_10_percent() -> None:
     X, y = as_arrays(read_measurements(HOST_CSV))
-    assert evaluate(X, y)["random"]["fitted"].within_10 >= 90.0
+    fitted = evaluate(X, y)["random"]["fitted"]
+    assert fitted.within_10 >= 90.0, fitted
+
+
+def test_cost_model_recovers_known_blas_costs() -> None:
+    """Times built from known per-term costs (one kernel edge piece, packing, overhead) are
+    recovered: the fit on some shapes predicts others within 1%."""
+    from testbed.perf_model.features import COST_FEATURES, DEFAULT_BLAS, cost_matrix
+    X_train, X_test = synthetic_shapes(200, 6), synthetic_shapes(100, 7)
+    true = np.zeros(len(COST_FEATURES))
+    for name, value in (("small:one", 2e-6), ("packed:one", 4e-6),
+                        ("small:kernel_full", 1.1e-9), ("packed:kernel_full", 1.0e-9),
+                        ("packed:kernel_half", 0.7e-9), ("packed:pack_kn", 3e-10),
+                        ("packed:pack_kn_far", 2e-10), ("packed:write_mn_kb", 5e-10)):
+        true[COST_FEATURES.index(name)] = value
+    def seconds(X: np.ndarray) -> np.ndarray:
+        return cost_matrix(X, COST_FEATURES, DEFAULT_BLAS) @ true
+    model = BlasCostRegressor().fit(X_train, seconds(X_train))
+    rel = np.abs(model.predict(X_test) / seconds(X_test) - 1)
+    assert rel.max() < 0.01, f"worst held-out error {rel.max():.4f}"
+
+
+def test_cost_model_export_round_trips_through_a_profile_dict() -> None:
+    from testbed.perf_model.features import ExportedTimeModel
+    X, y = as_arrays(read_measurements(HOST_CSV))
+    exported = BlasCostRegressor().fit(X, y).export()
+    again = ExportedTimeModel.from_dict(exported.to_dict())
+    assert again.form == "cost"
+    assert np.allclose(again.predict_seconds(X), exported.predict_seconds(X))
+    assert again.predict_one(128, 1024, 128) == pytest.approx(
+        float(exported.predict_seconds(np.array([[128, 1024, 128]]))[0]))
+    bad = exported.to_dict()
+    bad["blas"] = {"unroll_n": 16}
+    with pytest.raises(ValueError, match="model.blas"):
+        ExportedTimeModel.from_dict(bad)
 
 
 def test_noise_quantiles_come_from_held_out_residuals() -> None:
@@ -102,6 +139,13 @@ class ScriptedRunner:
                   repeats: int) -> list[float]:
         t = float(synthetic_seconds(np.array([[m, k, n]], dtype=float))[0])
         return [t * 1.02, t, t * 0.99][:repeats]
+
+
+def test_measure_takes_the_min_by_default() -> None:
+    rows = measure(sweep_shapes("quick")[:5], ScriptedRunner(), repeats=3, passes=2)
+    X, y = as_arrays(rows)
+    assert np.allclose(y, synthetic_seconds(X) * 0.99)
+    assert "min of 2x3" in rows[0].provenance
 
 
 def test_measure_uses_the_runner_seam() -> None:

@@ -6,11 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from testbed.cli import main
 from testbed.perf_model import importers
 from testbed.perf_model.cli import add_parser  # noqa: F401  (the CLI module imports cleanly)
-from testbed.perf_model.measurements import (Measurement, MeasurementError, read_measurements,
-                                             write_measurements)
-from testbed.cli import main
+from testbed.perf_model.measurements import (
+    Measurement,
+    MeasurementError,
+    read_measurements,
+    write_measurements,
+)
 
 HEADER = "device,backend,dtype,threads,op,m,k,n,time,time_unit,provenance\n"
 GOOD = "host,numpy,float32,1,forward,128,1024,128,0.5,ms,test\n"

@@ -7,8 +7,13 @@ import pytest
 
 from testbed.emulator import energy
 from testbed.emulator.device_model import EmulatedDevice, RateDeviceModel, device_model_for
-from testbed.emulator.dilation import (auto_dilation, calibrate_host_gflops, device_seconds,
-                                       lag_seconds, wall_seconds)
+from testbed.emulator.dilation import (
+    auto_dilation,
+    calibrate_host_gflops,
+    device_seconds,
+    lag_seconds,
+    wall_seconds,
+)
 from testbed.emulator.thermal import ThermalParams, ThermalState, steady_state
 from testbed.perf_model.profiles import load_profile
 

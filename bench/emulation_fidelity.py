@@ -1,0 +1,240 @@
+"""Benchmark: how faithfully emulated devices keep to their performance model's tile times.
+
+An in-process PS (:class:`PsServer`) hands GEMM tiles (submitted through
+:class:`TileExecutor`) to real agent processes (``python -m testbed.agent --kind emulated``,
+one BLAS thread each). Each agent really computes a tile, then holds the result until
+``compute_s x D`` has passed, ``compute_s`` being its device model's time for the tile (the model
+prediction with sampled noise and thermal factor) and D the time dilation; the result carries
+``compute_s``.
+
+Measured from the PS side, per device and tile i: the tile started on the device at
+``start_i = max(received_s_i, arrived_{i-1})`` - the later of the moment its operands were on
+the device (``TileResult.received_s``, the agent's ``time.monotonic()``, the same system-wide
+CLOCK_MONOTONIC the PS reads) and the moment the device's previous result reached the PS (the
+compute thread is sequential) - and ended when its result reached the PS (``arrived_i``).
+``(arrived_i - start_i) / D`` is the tile's emulated duration as the PS saw it (it includes the
+result's trip back, ~0.1-1 ms on loopback, and the PS loop's delay in reading it); its relative
+error against the tile's ``compute_s`` is what this prints (median, p95, max, mean signed), plus
+the share of tiles whose agent reported real compute longer than the hold (``lag_s > 0``) and
+the share that waited for operands (the PS could not feed the device).
+
+Two settings: low load (2 agents, D = 1) and high load (many agents on this machine's cores,
+D = ``auto``: :func:`auto_dilation` of the agents' model rates against a calibrated host rate).
+
+    .venv/bin/python bench/emulation_fidelity.py [--profile snapdragon888] [--high-agents 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from testbed.emulator.dilation import auto_dilation, calibrate_host_gflops  # noqa: E402
+from testbed.perf_model.profiles import load_profile  # noqa: E402
+from testbed.ps_backend.executor import GemmSpec  # noqa: E402
+from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor  # noqa: E402
+
+log = logging.getLogger("bench.fidelity")
+
+
+@dataclass
+class ResultRecord:
+    """One accepted tile result as the PS received it."""
+
+    arrived_s: float  # PS monotonic clock
+    device_id: str
+    compute_s: float  # the device model's time for the tile (device seconds)
+    lag_s: float  # real compute beyond the hold, as the agent reported it
+    received_s: float  # when the tile's operands were on the device (agent monotonic clock)
+
+
+class PsHarness:
+    """An in-process PS plus agent processes; records every result; cleans up what it started."""
+
+    def __init__(self, dilation: float, tile: int = 128, max_message_bytes: int = 64 << 20):
+        self.token = secrets.token_hex(8)
+        self.dilation = dilation
+        config = PsConfig(token=self.token, run_name="bench", dtype=np.dtype("float32"),
+                          tile_m=tile, tile_n=tile, min_offload_flops=0.0, lease_s=30.0,
+                          max_message_bytes=max_message_bytes, time_dilation=dilation)
+        self.server = PsServer(config).start()
+        self.executor = TileExecutor(self.server)
+        self.records: list[ResultRecord] = []
+        self.agents: list[subprocess.Popen] = []
+        self.logdir = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
+        core = self.server.core
+        assert core is not None
+        original = core._on_result
+
+        def recording(conn: Any, result: Any) -> None:  # runs on the PS loop thread
+            arrived = time.monotonic()
+            before = core.totals.tiles
+            original(conn, result)
+            if core.totals.tiles > before:  # accepted
+                self.records.append(ResultRecord(arrived, conn.device_id, result.compute_s,
+                                                 result.lag_s, result.received_s))
+        core._on_result = recording  # type: ignore[method-assign]
+
+    def spawn(self, name: str, kind: str, profile: str = "", seed: int = 0,
+              max_in_flight: int = 3) -> None:
+        """Start one agent process."""
+        cmd = [sys.executable, "-m", "testbed.agent", "--ps", f"127.0.0.1:{self.server.port}",
+               "--name", name, "--kind", kind, "--seed", str(seed),
+               "--max-in-flight", str(max_in_flight)]
+        if profile:
+            cmd += ["--profile", profile]
+        env = dict(os.environ, TESTBED_TOKEN=self.token, OPENBLAS_NUM_THREADS="1",
+                   OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        out = open(self.logdir / f"{name}.log", "w")
+        self.agents.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            cwd=REPO))
+
+    def wait_joined(self, count: int, timeout_s: float = 120.0) -> None:
+        """Block until count devices are attached (their Work stream open)."""
+        core = self.server.core
+        assert core is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            attached = self.server.call(
+                lambda: sum(c.outbox is not None for c in core.conns.values()))
+            if attached >= count:
+                return
+            dead = [p.args[6] for p in self.agents if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"agent(s) exited early: {dead}; logs in {self.logdir}")
+            time.sleep(0.1)
+        raise TimeoutError(f"only {attached} of {count} agents attached in {timeout_s} s")
+
+    def run_gemms(self, count: int, m: int, k: int, n: int, step: int = 0,
+                  b_key: str = "bench.w") -> float:
+        """Submit count GEMMs at once (B cached on devices under b_key); wall seconds to finish."""
+        gen = torch.Generator().manual_seed(step)
+        b = torch.randn(k, n, generator=gen)
+        handles = []
+        start = time.monotonic()
+        for _ in range(count):
+            a = torch.randn(m, k, generator=gen)
+            handles.append(self.executor.submit(a, b, GemmSpec("bench", "forward", step,
+                                                               b_key=f"{b_key}@{step}")))
+        for h in handles:
+            h.result()
+        return time.monotonic() - start
+
+    def close(self) -> None:
+        """Stop the PS (devices get Stop), then end the agents we started, by pid."""
+        try:
+            self.server.stop("benchmark done")
+        finally:
+            for p in self.agents:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in self.agents:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            if all(p.returncode in (0, -signal.SIGTERM) for p in self.agents):
+                shutil.rmtree(self.logdir, ignore_errors=True)  # kept when an agent failed
+
+    def __enter__(self) -> "PsHarness":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def tile_errors(records: list[ResultRecord], dilation: float,
+                skip_first: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per tile: relative error of its emulated duration against compute_s, its lag_s, and
+    whether it waited for its operands (see the module docstring)."""
+    by_device: dict[str, list[ResultRecord]] = {}
+    for r in records:
+        by_device.setdefault(r.device_id, []).append(r)
+    errors, lags, starved = [], [], []
+    for recs in by_device.values():
+        for prev, cur in zip(recs[skip_first:], recs[skip_first + 1:]):
+            start_s = max(cur.received_s, prev.arrived_s)
+            device_s = (cur.arrived_s - start_s) / dilation
+            errors.append(device_s / cur.compute_s - 1.0)
+            lags.append(cur.lag_s)
+            starved.append(cur.received_s > prev.arrived_s)
+    return np.array(errors), np.array(lags), np.array(starved)
+
+
+def run_setting(label: str, agents: int, dilation: float, profile: str, gemms: int,
+                shape: tuple[int, int, int]) -> dict[str, float]:
+    """One setting: start agents, run GEMMs, return the error figures."""
+    m, k, n = shape
+    with PsHarness(dilation) as ps:
+        for i in range(agents):
+            ps.spawn(f"emu-{i}", "emulated", profile, seed=i)
+        ps.wait_joined(agents)
+        ps.run_gemms(2, m, k, n, step=0)  # warm-up: operand caches, thermal start
+        ps.records.clear()
+        wall_s = ps.run_gemms(gemms, m, k, n, step=0)
+        errors, lags, starved = tile_errors(ps.records, dilation)
+        tiles = len(ps.records)
+    if len(errors) == 0:
+        raise RuntimeError(f"{label}: no tiles were observed")
+    abs_err = np.abs(errors)
+    return {"agents": agents, "dilation": dilation, "tiles": tiles, "samples": len(errors),
+            "wall_s": wall_s, "median_err": float(np.median(abs_err)),
+            "p95_err": float(np.quantile(abs_err, 0.95)), "max_err": float(abs_err.max()),
+            "mean_signed_err": float(errors.mean()),
+            "lagging_share": float(np.mean(lags > 0)), "starved_share": float(starved.mean()),
+            "p95_lag_ms": float(np.quantile(lags, 0.95) * 1e3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default="snapdragon888", help="device profile of the agents")
+    p.add_argument("--low-agents", type=int, default=2)
+    p.add_argument("--high-agents", type=int, default=16)
+    p.add_argument("--gemms", type=int, default=24, help="GEMMs per setting (32 tiles each)")
+    p.add_argument("--shape", type=int, nargs=3, default=(512, 2048, 1024),
+                   metavar=("M", "K", "N"), help="each GEMM; tiles are 128 x K x 128")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    profile = load_profile(args.profile)
+    assert profile.model is not None, f"profile {args.profile} has no time model"
+    tile = (128, args.shape[1], 128)
+    model_gflops = 2.0 * np.prod(tile) / profile.model.predict_one(*tile) / 1e9
+    host = calibrate_host_gflops()
+    d_auto = auto_dilation(args.high_agents * model_gflops, host["host_gflops"])
+    print(f"profile {args.profile}: model rate {model_gflops:.1f} GFLOP/s at tile {tile}; host "
+          f"{host['single_thread_gflops']:.1f} GFLOP/s/thread x {host['cores']:.0f} cores; "
+          f"auto dilation for {args.high_agents} agents: {d_auto:.2f}")
+    rows = [("low load", run_setting("low", args.low_agents, 1.0, args.profile, args.gemms,
+                                     tuple(args.shape))),
+            ("high load, auto D", run_setting("high", args.high_agents, d_auto, args.profile,
+                                              args.gemms, tuple(args.shape)))]
+    print(f"{'setting':<20}{'agents':>7}{'D':>6}{'tiles':>7}{'timed':>7}{'median%':>9}"
+          f"{'p95%':>8}{'max%':>8}{'bias%':>8}{'lagging':>9}{'p95 lag ms':>11}{'fed late':>9}")
+    for label, r in rows:
+        print(f"{label:<20}{r['agents']:>7}{r['dilation']:>6.2f}{r['tiles']:>7}{r['samples']:>7}"
+              f"{100 * r['median_err']:>9.2f}{100 * r['p95_err']:>8.2f}{100 * r['max_err']:>8.1f}"
+              f"{100 * r['mean_signed_err']:>8.2f}{100 * r['lagging_share']:>8.1f}%"
+              f"{r['p95_lag_ms']:>11.2f}{100 * r['starved_share']:>8.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
