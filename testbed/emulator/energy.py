@@ -124,3 +124,84 @@ def run_summary(devices: dict[str, EnergyAccount],
              for key in ("compute_j", "idle_j", "radio_j", "total_j")}
     total["carbon_g"] = carbon_g(total["total_j"], grid_g_per_kwh)
     return {"grid_g_per_kwh": grid_g_per_kwh, "devices": per_device, "total": total}
+
+
+def device_presence_s(events: list[dict[str, Any]], end_elapsed_s: float) -> dict[str, float]:
+    """Wall seconds each device was a member of the run, from events.jsonl.
+
+    A device is present from its ``join`` to its ``leave``/``disconnect``/``lease_expired``
+    (or the end of the run); a device that joins again adds its new stretch.
+    """
+    since: dict[str, float] = {}
+    total: dict[str, float] = {}
+    for e in events:
+        name, kind, t = e.get("device"), e.get("event"), float(e.get("elapsed_s", 0.0))
+        if not name:
+            continue
+        if kind == "join":
+            since.setdefault(name, t)
+        elif kind in ("leave", "disconnect", "lease_expired") and name in since:
+            total[name] = total.get(name, 0.0) + t - since.pop(name)
+    for name, t in since.items():
+        total[name] = total.get(name, 0.0) + max(0.0, end_elapsed_s - t)
+    return total
+
+
+def run_energy(devices: list[dict[str, Any]], events: list[dict[str, Any]],
+               power: dict[str, PowerParams | None], links: dict[str, tuple[float, float]],
+               dilation: float, end_elapsed_s: float,
+               grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH) -> dict[str, Any]:
+    """The run's energy per device and in total, from what the run recorded.
+
+    ``devices`` are the PS's final device records (``compute_s`` and ``energy_j`` summed over
+    the device's accepted tiles, ``bytes_down``/``bytes_up``); ``power`` and ``links`` (down, up
+    bit/s) come from each device's profile and topology link. Per device:
+
+    * compute: the tiles' own joules (the device model's ``P_busy(s)·seconds``);
+    * idle: ``idle_w · (present device-seconds - compute seconds)``, present time from events;
+    * radio: ``radio_w · 8 · bytes / rate`` for each direction.
+
+    Devices without a power model are listed with ``null`` energy.
+    """
+    presence = device_presence_s(events, end_elapsed_s)
+    accounts: dict[str, EnergyAccount] = {}
+    merged: dict[str, dict[str, float]] = {}
+    for d in devices:  # a device that rejoined has several records: add them up
+        m = merged.setdefault(d["device"], {"compute_s": 0.0, "energy_j": 0.0, "tiles": 0,
+                                            "bytes_down": 0, "bytes_up": 0})
+        for key in m:
+            m[key] += d.get(key if key != "tiles" else "tiles_done", 0) or 0
+    no_model = []
+    for name, m in merged.items():
+        params = power.get(name)
+        if params is None:
+            no_model.append(name)
+            continue
+        down_bps, up_bps = links.get(name, (0.0, 0.0))
+        acc = EnergyAccount(compute_j=m["energy_j"], tiles=int(m["tiles"]), busy_s=m["compute_s"])
+        acc.idle_s = max(0.0, presence.get(name, 0.0) / dilation - m["compute_s"])
+        acc.idle_j = idle_joules(acc.idle_s, params)
+        if down_bps > 0:
+            acc.add_radio(m["bytes_down"], down_bps, params.radio_w)
+        if up_bps > 0:
+            acc.add_radio(m["bytes_up"], up_bps, params.radio_w)
+        accounts[name] = acc
+    out = run_summary(accounts, grid_g_per_kwh)
+    out["devices_without_power_model"] = sorted(no_model)
+    return out
+
+
+def topology_energy(topology: Any, devices: list[dict[str, Any]], events: list[dict[str, Any]],
+                    dilation: float, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH
+                    ) -> dict[str, Any]:
+    """run_energy with power models and link rates taken from a topology's devices."""
+    from testbed.perf_model.profiles import load_profile
+
+    power: dict[str, PowerParams | None] = {}
+    links: dict[str, tuple[float, float]] = {}
+    by_group = {g.group: load_profile(str(g.profile_path)).power for g in topology.groups}
+    for spec in topology.devices:
+        power[spec.name] = by_group[spec.group.group]
+        links[spec.name] = (spec.link.down_bps, spec.link.up_bps)
+    end = max((float(e.get("elapsed_s", 0.0)) for e in events), default=0.0)
+    return run_energy(devices, events, power, links, dilation, end, grid_g_per_kwh)

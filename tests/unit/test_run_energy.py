@@ -1,0 +1,37 @@
+"""A run's energy is the power model's sum over its tiles, its idle time and its radio bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.emulator.energy import PowerParams, device_presence_s, run_energy
+
+
+def test_presence_from_events() -> None:
+    events = [{"event": "join", "device": "a", "elapsed_s": 1.0},
+              {"event": "join", "device": "b", "elapsed_s": 2.0},
+              {"event": "disconnect", "device": "a", "elapsed_s": 5.0},
+              {"event": "join", "device": "a", "elapsed_s": 7.0},
+              {"event": "ps_stop", "elapsed_s": 10.0}]
+    assert device_presence_s(events, 10.0) == {"a": 4.0 + 3.0, "b": 8.0}
+
+
+def test_run_energy_sums_the_power_model() -> None:
+    power = PowerParams(active_w=5.0, idle_w=0.5, radio_w=0.5)
+    events = [{"event": "join", "device": "p", "elapsed_s": 0.0},
+              {"event": "ps_stop", "elapsed_s": 20.0}]
+    # two records: the device left and came back (both stretches count)
+    devices = [{"device": "p", "compute_s": 3.0, "energy_j": 15.0, "tiles_done": 10,
+                "bytes_down": 10_000_000, "bytes_up": 1_000_000},
+               {"device": "p", "compute_s": 1.0, "energy_j": 5.0, "tiles_done": 4,
+                "bytes_down": 0, "bytes_up": 0},
+               {"device": "x", "compute_s": 1.0, "energy_j": 0.0, "tiles_done": 1}]
+    out = run_energy(devices, events, {"p": power, "x": None}, {"p": (80e6, 8e6)},
+                     dilation=2.0, end_elapsed_s=20.0)
+    d = out["devices"]["p"]
+    assert d["compute_j"] == pytest.approx(20.0)
+    assert d["idle_j"] == pytest.approx(0.5 * (20.0 / 2.0 - 4.0))  # device time minus busy
+    assert d["radio_j"] == pytest.approx(0.5 * 8 * 10e6 / 80e6 + 0.5 * 8 * 1e6 / 8e6)
+    assert out["total"]["total_j"] == pytest.approx(d["compute_j"] + d["idle_j"] + d["radio_j"])
+    assert out["total"]["carbon_g"] == pytest.approx(out["total"]["total_j"] / 3.6e6 * 475.0)
+    assert out["devices_without_power_model"] == ["x"]
