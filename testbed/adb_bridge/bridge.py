@@ -54,6 +54,7 @@ START_EXIT_REASONS = {
     4: "Python on the phone lacks numpy or grpcio",
 }
 MAX_AGENT_RESTARTS = 3
+NO_SHAPING = RelayShaping()
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,17 @@ class BridgeEvent:
     serial: str
     time_s: float  # time.time() when it happened
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def profile_gflops(profile: str) -> float | None:
+    """The sustained GFLOPS a device profile predicts (None if it cannot be loaded)."""
+    from testbed.perf_model.profiles import ProfileError, load_profile
+
+    try:
+        return load_profile(profile).sustained_gflops
+    except (ProfileError, OSError) as exc:
+        log.warning("profile %r: %s; the phone announces no predicted speed", profile, exc)
+        return None
 
 
 def device_name(serial: str) -> str:
@@ -172,6 +184,9 @@ class _PhoneSession:
                 "--name", self.status.name, "--kind", "real"]
         if self.status.profile:
             argv += ["--profile", self.status.profile]
+            gflops = profile_gflops(self.status.profile)
+            if gflops:  # the PS sizes its window by predicted speed until it has observed it
+                argv += ["--gflops", repr(gflops)]
         argv += b.extra_agent_args
         code, out = self.shell(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
         pid_text = out.strip().splitlines()[-1] if out.strip() else ""
@@ -197,7 +212,10 @@ class _PhoneSession:
         if pid is not None and self.shell(f"kill -0 {pid}")[0] != 0:
             self.status.agent_pid = None
             b._emit("agent-exited", self.serial, pid=pid, restarts=self.restarts)
-            if self.restarts < MAX_AGENT_RESTARTS:
+            if not b.may_restart():
+                log.info("%s: the agent exited and the job has ended; not restarting it",
+                         self.serial)
+            elif self.restarts < MAX_AGENT_RESTARTS:
                 self.restarts += 1
                 self._start_agent()
             else:
@@ -240,13 +258,14 @@ class AdbBridge:
 
     def __init__(self, adb_host: str, adb_port: int, ps_address: str, token: str, *,
                  serials: tuple[str, ...] | None = None, profile: str = "auto",
-                 shaping: RelayShaping = RelayShaping(), phone_port: int = 7700,
+                 shaping: RelayShaping = NO_SHAPING, phone_port: int = 7700,
                  telemetry_interval_s: float = 2.0, shell_timeout_s: float = 10.0,
                  devices_jsonl: Path | None = None, extra_agent_args: tuple[str, ...] = (),
                  on_event: Callable[[BridgeEvent], None] | None = None,
                  backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0,
                  crosscheck_s: float = 5.0, agent_zip: bytes | None = None,
-                 agent_grace_s: float = 10.0):
+                 agent_grace_s: float = 10.0,
+                 may_restart: Callable[[], bool] = lambda: True):
         host, _, port = ps_address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"ps_address must be HOST:PORT, got {ps_address!r}")
@@ -260,6 +279,7 @@ class AdbBridge:
         self.telemetry_interval_s = telemetry_interval_s
         self.shell_timeout_s = shell_timeout_s
         self.agent_grace_s = agent_grace_s
+        self.may_restart = may_restart  # False once the job has ended: an exited agent stays so
         self.devices_jsonl = devices_jsonl
         self.extra_agent_args = list(extra_agent_args)
         self.on_event = on_event

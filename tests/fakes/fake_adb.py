@@ -16,11 +16,15 @@ one AOSP documents in ``adb/OVERVIEW.TXT``, ``SERVICES.TXT`` and ``SYNC.TXT``:
   ``reverse:killforward-all``.
 
 Phones are :class:`FakePhone` objects scripted by the test: :meth:`FakeAdbServer.plug`,
-``set_state`` (``unauthorized`` -> ``device``, ``offline``), ``unplug``, ``drop_reverse`` and
-``restart`` (the adb server goes away and comes back on the same port). Shell commands answer from
-recorded outputs (``phone.commands``), from a few built-ins (``getprop``, ``echo``, ``kill``,
-``true``), or from ``phone.exec_hook``, which may really start a local process: that is how a
-test runs the real device agent as the "phone" (see :class:`LocalProcessCommand`).
+``set_state`` (``unauthorized`` -> ``device``, ``offline``), ``unplug``, ``drop_reverse``,
+``hold_uplink``/``release_uplink`` (the phone's bytes towards the host stop moving, as on a
+stalled link), ``unplug_on_download`` (once the host has sent the phone N more bytes, hold its
+uplink and pull the cable right after they are delivered), ``drop_connections`` (a USB hiccup:
+connections break, rules and processes stay) and ``restart`` (the adb server goes away and
+comes back on the same port). Shell commands answer from recorded outputs (``phone.commands``),
+from a few built-ins (``getprop``, ``echo``, ``kill``, ``true``), or from ``phone.exec_hook``,
+which may really start a local process: that is how a test runs the real device agent as the
+"phone" (see :class:`LocalProcessCommand`).
 
 A reverse rule ``tcp:D -> tcp:H`` is real: the fake opens a listener on 127.0.0.1:<L> standing for
 the phone's port D and relays every connection to 127.0.0.1:H on the host, as adbd and the adb
@@ -88,6 +92,11 @@ class FakePhone:
     transport_id: int = 0
     _listeners: dict[str, socket.socket] = field(default_factory=dict, repr=False)
     _relays: list[socket.socket] = field(default_factory=list, repr=False)
+    _uplink_open: threading.Event = field(default_factory=threading.Event, repr=False)
+    _download_trigger: _DownloadTrigger | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._uplink_open.set()
 
     @classmethod
     def from_getprop(cls, serial: str, getprop_text: str, **kwargs: object) -> FakePhone:
@@ -289,6 +298,41 @@ class FakeAdbServer:
             for remote in list(phone.reverses):
                 self._remove_reverse(phone, remote)
 
+    def hold_uplink(self, serial: str) -> None:
+        """Bytes from the phone stop moving towards the host (a stalled USB link or a hung
+        phone) on every reverse connection, until :meth:`release_uplink` or the transport ends.
+        What the host sends still arrives, so the phone keeps taking work it cannot return."""
+        with self._lock:
+            self.phones[serial]._uplink_open.clear()
+
+    def unplug_on_download(self, serial: str, min_bytes: int = 1) -> threading.Event:
+        """Script "the cable is pulled while the phone holds work". From now on count the bytes
+        the host sends the phone; the chunk that brings the count to ``min_bytes`` is delivered
+        with the phone's uplink already held (nothing the phone answers gets out), and right
+        after it is delivered the cable is pulled. Returns an event set once unplugged."""
+        with self._lock:
+            trigger = _DownloadTrigger(self, serial, min_bytes)
+            self.phones[serial]._download_trigger = trigger
+        return trigger.unplugged
+
+    def drop_connections(self, serial: str) -> None:
+        """Every connection through the phone's reverse rules breaks (a USB hiccup); the rules
+        and the phone's processes stay, so its apps can connect again."""
+        with self._lock:
+            phone = self.phones[serial]
+            relays, phone._relays = phone._relays, []
+        for s in relays:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def release_uplink(self, serial: str) -> None:
+        """End :meth:`hold_uplink`: the held bytes go on, in order."""
+        with self._lock:
+            self.phones[serial]._uplink_open.set()
+
     def _bump(self) -> None:
         self._generation += 1
         self._changed.notify_all()
@@ -306,6 +350,7 @@ class FakeAdbServer:
                 pass
             s.close()
         phone._relays.clear()
+        phone._uplink_open.set()  # a held pump wakes, finds its sockets closed and ends
         if kill:
             for proc in phone.processes:
                 if proc.poll() is None:
@@ -734,8 +779,8 @@ class FakeAdbServer:
                 continue
             with self._lock:
                 phone._relays += [inner, outer]
-            self._spawn(_pump, inner, outer)
-            self._spawn(_pump, outer, inner)
+            self._spawn(_pump, inner, outer, phone._uplink_open)
+            self._spawn(_pump, outer, inner, None, phone)
 
 
 def _close_listener(listener: socket.socket) -> None:
@@ -747,13 +792,64 @@ def _close_listener(listener: socket.socket) -> None:
     listener.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+class _DownloadTrigger:
+    """See :meth:`FakeAdbServer.unplug_on_download`."""
+
+    def __init__(self, server: FakeAdbServer, serial: str, min_bytes: int):
+        self.server, self.serial, self.min_bytes = server, serial, min_bytes
+        self.seen_bytes = 0
+        self.fired = False
+        self.unplugged = threading.Event()
+        self._lock = threading.Lock()
+
+    def before(self, phone: FakePhone, nbytes: int) -> bool:
+        """Count a chunk about to be delivered; True (uplink now held) when it is the one."""
+        with self._lock:
+            if self.fired:
+                return False
+            self.seen_bytes += nbytes
+            if self.seen_bytes < self.min_bytes:
+                return False
+            self.fired = True
+        phone._uplink_open.clear()
+        return True
+
+    def undo(self, phone: FakePhone, nbytes: int) -> None:
+        """The chunk could not be delivered: forget it and open the uplink again."""
+        with self._lock:
+            self.fired = False
+            self.seen_bytes -= nbytes
+        phone._uplink_open.set()
+
+    def after(self, nbytes: int) -> None:
+        """The chunk was delivered: pull the cable (in a thread: the pump must not wait)."""
+        def pull() -> None:
+            log.info("fake phone %s: %d bytes delivered with the uplink held; pulling the cable",
+                     self.serial, nbytes)
+            self.server.unplug(self.serial)
+            self.unplugged.set()
+        threading.Thread(target=pull, daemon=True).start()
+
+
+def _pump(src: socket.socket, dst: socket.socket, gate: threading.Event | None = None,
+          downloads_of: FakePhone | None = None) -> None:
     try:
         while True:
             data = src.recv(65536)
             if not data:
                 break
-            dst.sendall(data)
+            if gate is not None:
+                gate.wait()  # held (FakeAdbServer.hold_uplink): wait before passing it on
+            trigger = downloads_of._download_trigger if downloads_of is not None else None
+            fire = trigger is not None and trigger.before(downloads_of, len(data))  # type: ignore
+            try:
+                dst.sendall(data)
+            except OSError:
+                if fire:  # not delivered (the connection was going away): not the one
+                    trigger.undo(downloads_of, len(data))  # type: ignore[union-attr]
+                raise
+            if fire:
+                trigger.after(len(data))  # type: ignore[union-attr]
     except OSError:
         pass
     finally:

@@ -24,23 +24,14 @@ from typing import Callable, Iterator
 import adbutils
 import pytest
 
-from testbed.adb_bridge import AdbBridge, BridgeEvent, RelayShaping, telemetry
+from testbed.adb_bridge import AdbBridge, BridgeEvent, RelayShaping
 from testbed.adb_bridge.agent_package import PHONE_DIR, build_agent_zip
+from tests.fakes.adb_phones import DATA, recorded_phone
+from tests.fakes.adb_phones import agent_phone as shared_agent_phone
 from tests.fakes.fake_adb import FakeAdbServer, FakePhone, LocalProcessCommand, ShellResult
 
 pytestmark = pytest.mark.integration
-DATA = Path(__file__).resolve().parents[1] / "data" / "adb"
 ADB = shutil.which("adb")
-
-
-def recorded_phone(serial: str, getprop: str = "getprop_sd888.txt", **kwargs: object) -> FakePhone:
-    """A fake phone answering the telemetry commands from the recorded samples."""
-    phone = FakePhone.from_getprop(serial, (DATA / getprop).read_text(), **kwargs)
-    for cmd, sample in zip(telemetry.COMMANDS, ("battery_aosp.txt", "uevent_ua_negative.txt",
-                                                "thermal_aosp.txt", "thermal_zones.txt",
-                                                "cpufreq.txt")):
-        phone.commands[cmd] = (DATA / sample).read_text()
-    return phone
 
 
 @pytest.fixture
@@ -393,16 +384,7 @@ def agent_zip(tmp_path: Path) -> bytes:
 
 def agent_phone(serial: str, tmp_path: Path, **kwargs: object) -> FakePhone:
     """A phone whose start script really runs the pushed agent zip as a local process."""
-    root = tmp_path / serial
-
-    def argv(phone: FakePhone, match: object) -> list[str]:
-        args = [a if a != "127.0.0.1:7700" else "{reverse:7700}"
-                for a in match.group(1).split()]  # type: ignore[attr-defined]
-        return [sys.executable, str(root / PHONE_DIR.lstrip("/") / "agent.zip"), *args]
-
-    hook = LocalProcessCommand(r"^sh /data/local/tmp/testbed/start-agent\.sh (.*)$", argv,
-                               log_dir=tmp_path / "logs")
-    return recorded_phone(serial, root_dir=root, exec_hook=hook, **kwargs)
+    return shared_agent_phone(serial, tmp_path / serial, tmp_path / "logs", **kwargs)
 
 
 class Events:
@@ -515,9 +497,24 @@ def test_bridge_survives_adb_server_restart(fake_adb_server: FakeAdbServer,
         assert bridge.tracker.reconnects >= 1
 
 
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def test_bridge_shapes_the_relay(fake_adb_server: FakeAdbServer, stand_in_ps: StandInPS,
                                  tmp_path: Path) -> None:
-    """A relay with 200 ms one-way delay makes a round trip through it take >= 400 ms."""
+    """A relay with 200 ms one-way delay makes a round trip through it take >= 400 ms.
+
+    Robust under load: both ends read until they have all 5 bytes (a relay may pass a message
+    on in pieces), and the byte counters are read once the relay has counted (it counts a chunk
+    after handing it on, so the echo can reach the client a moment before the count moves).
+    """
     from testbed.adb_bridge.relay import PhoneRelay
 
     echo = socket.socket()
@@ -526,19 +523,21 @@ def test_bridge_shapes_the_relay(fake_adb_server: FakeAdbServer, stand_in_ps: St
 
     def serve() -> None:
         conn, _ = echo.accept()
-        conn.sendall(conn.recv(16))
+        conn.sendall(_recv_exactly(conn, 5))
         conn.close()
     threading.Thread(target=serve, daemon=True).start()
     relay = PhoneRelay("PHONE1", "127.0.0.1", echo.getsockname()[1],
                        RelayShaping(down_bps=1e6, up_bps=1e6, delay_s=0.2))
     port = relay.start()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             start = time.monotonic()
             s.sendall(b"hello")
-            assert s.recv(16) == b"hello"
+            assert _recv_exactly(s, 5) == b"hello"
             assert time.monotonic() - start >= 0.4
-        assert relay.bytes_up == 5 and relay.bytes_down == 5
+        wait_for(lambda: relay.bytes_up == 5 and relay.bytes_down == 5)
+        time.sleep(0.05)
+        assert (relay.bytes_up, relay.bytes_down) == (5, 5)  # exactly: nothing counted twice
     finally:
         relay.stop()
         echo.close()
