@@ -1,46 +1,63 @@
-"""Benchmark: Mininet bring-up time, teardown time and memory per device host.
+"""Benchmark: Mininet bring-up, agents joining, teardown, and memory per agent, at scale.
 
 For each size N (default 50, 200, 500) this builds a star-of-stars topology (N devices spread over
 access switches of at most 100 devices behind one core switch, every link shaped by HTB), brings it
-up, starts one idle stand-in agent per device host (a Python process that imports numpy and grpc,
-says "ready" and sleeps: the real agent's import footprint without its protocol work; replace it
-with ``python -m testbed.agent`` once that exists), and prints:
+up, starts the real parameter server (``python -m testbed.ps_backend``) in the PS's host and one
+real agent (``python -m testbed.agent --kind emulated --profile snapdragon888``) in every device
+host, exactly as ``testbed up`` does (same environment, same flags). The PS is told to expect a
+million devices with a join timeout of an hour, so it waits and never sends work: the agents stay
+idle (joined, heartbeats and telemetry only). (Not N + 1: the PS counts a device that re-joined
+twice until the first registration's lease expires, and would then start training.) It prints:
 
-* bring-up time (``MininetNetwork.start``: hosts, links, bridges, addresses, tc),
-* the time until every stand-in agent reported ready,
-* resident memory per agent process: RSS, PSS (shared pages split between the sharers) and USS
-  (pages only that process has), mean over all agents; plus the node shell (bash) RSS,
-* teardown time (``MininetNetwork.stop``, including stopping the agents).
+* bring-up time (``MininetNetwork.start``: hosts, links, bridges, addresses, tc);
+* PS start: until the PS wrote ``ps.json`` (it listens);
+* the time to start the N agent processes (``Popen`` through ``mnexec``), and the time from
+  starting the first agent until the PS's ``events.jsonl`` has a ``join`` of every device;
+* memory per agent process, mean over all agents once they are idle: RSS, PSS (shared pages split
+  between the sharers) and USS (pages only that process has); the largest RSS; the PS's RSS and a
+  node shell's RSS;
+* CPU seconds (user + system) per agent by then, and how many joins were re-joins (an agent whose
+  stream broke, e.g. a lease that expired while the machine was overloaded);
+* teardown time (``MininetNetwork.stop``: stopping PS and agents, namespaces, bridges).
 
 Needs root and the Mininet tools (prints what is missing otherwise). Sizes whose estimated memory
-(30 MB per device) does not fit in the available memory minus 4 GB are skipped with a note.
+(EST_BYTES_PER_DEVICE per device) does not fit in the available memory minus 4 GB are skipped.
 
-    .venv/bin/python bench/mininet_scale.py [--sizes 50 200 500]
+    .venv/bin/python bench/mininet_scale.py [--sizes 50 200 500] [--settle-s 5] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import psutil
+import yaml
 
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.emulator.network.probe import probe
 from testbed.topology import parse_topology
+from testbed.up import child_env
 
-STAND_IN = [sys.executable, "-c",
-            "import numpy, grpc, sys, time; print('ready', flush=True); time.sleep(3600)"]
-EST_BYTES_PER_DEVICE = 30e6  # measured: ~20 MB USS per stand-in agent, ~3 MB per shell
+EST_BYTES_PER_DEVICE = 32e6  # measured: ~26 MB USS per idle agent, ~3.4 MB per node shell
 RESERVE_BYTES = 4e9  # left for everything else on the machine
+JOIN_TIMEOUT_S = 600.0
+NEVER_DEVICES = 1_000_000  # the PS waits for this many devices, i.e. for ever
+
+log = logging.getLogger("bench.mininet_scale")
 
 
-def topology(n: int):
-    """N devices on ceil(N/100) access switches behind one core switch."""
+def topology_dict(n: int) -> dict[str, Any]:
+    """N devices on ceil(N/100) access switches behind one core switch, and a tiny job."""
     aps = [f"ap{i}" for i in range((n + 99) // 100)]
     groups, left = [], n
     for ap in aps:
@@ -49,47 +66,120 @@ def topology(n: int):
         groups.append({"group": f"g-{ap}", "profile": "snapdragon888", "count": count,
                        "switch": ap, "link": {"down": "100Mbit", "up": "20Mbit",
                                               "delay": "10ms"}})
-    return parse_topology({
-        "name": f"scale-{n}",
-        "network": {"backend": "mininet", "switches": ["core", *aps],
-                    "links": [{"switches": ["core", ap], "down": "1Gbit", "up": "1Gbit"}
-                              for ap in aps],
-                    "ps": {"switch": "core", "link": {"down": "10Gbit", "up": "10Gbit"}}},
-        "devices": groups,
-        "job": {"model": {"hidden": 64, "layers": 1, "heads": 1, "ffn": 64, "seq_len": 16}}})
+    return {"name": f"scale-{n}", "seed": 1,
+            "network": {"backend": "mininet", "switches": ["core", *aps],
+                        "links": [{"switches": ["core", ap], "down": "1Gbit", "up": "1Gbit"}
+                                  for ap in aps],
+                        "ps": {"switch": "core", "link": {"down": "10Gbit", "up": "10Gbit"}}},
+            "devices": groups,
+            "job": {"model": {"hidden": 64, "layers": 1, "heads": 1, "ffn": 64, "seq_len": 16},
+                    "steps": 1},
+            "time_dilation": 1}
 
 
-def run(n: int) -> dict[str, float]:
-    """Bring up N device hosts with idle stand-in agents; return the measured figures."""
-    net = MininetNetwork(topology(n), progress_every=100)
+def joins(events: Path) -> tuple[int, int]:
+    """(distinct devices that joined, join events) in the PS's events.jsonl so far."""
+    try:
+        lines = events.read_text().splitlines()
+    except FileNotFoundError:
+        return 0, 0
+    names = []
+    for line in lines:
+        if '"event": "join"' in line:
+            try:
+                names.append(json.loads(line)["device"])
+            except (ValueError, KeyError):  # a line being written
+                continue
+    return len(set(names)), len(names)
+
+
+def wait_for(what: str, ready: Any, proc: subprocess.Popen, timeout_s: float) -> float:
+    """Poll ready() until true; return the seconds it took; raise if proc died or time ran out."""
+    t0 = time.monotonic()
+    while not ready():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the PS exited with {proc.returncode} before {what}")
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"no {what} within {timeout_s:g} s")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def run(n: int, work: Path, settle_s: float) -> dict[str, float]:
+    """Bring up N device hosts with real idle agents against a waiting PS; return the figures."""
+    raw = topology_dict(n)
+    topo_path = work / f"scale-{n}.yaml"
+    topo_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    run_dir = work / f"run-{n}"
+    (run_dir / "agents").mkdir(parents=True)
+    topology = parse_topology(raw)
+    env = child_env(secrets.token_hex(16))
+    net = MininetNetwork(topology, progress_every=100)
     try:
         t0 = time.monotonic()
         net.start()
         bringup_s = time.monotonic() - t0
+        with open(run_dir / "ps.log", "wb") as out:
+            ps = net.popen(None, [sys.executable, "-m", "testbed.ps_backend",
+                                  "--topology", str(topo_path), "--run-dir", str(run_dir),
+                                  "--listen", f"{net.ps_listen_host()}:0",
+                                  # never reached (re-joins may count twice): no work is sent
+                                  "--expect-devices", str(NEVER_DEVICES),
+                                  "--join-timeout-s", "3600"],
+                           env=env, stdout=out, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL)
+        ps_start_s = wait_for("ps.json", (run_dir / "ps.json").exists, ps, 120)
+        port = json.loads((run_dir / "ps.json").read_text())["port"]
         t1 = time.monotonic()
-        agents = [net.popen(d.name, STAND_IN, stdout=subprocess.PIPE, text=True)
-                  for d in net.topology.devices]
-        for a in agents:
-            if a.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"stand-in agent {a.pid} did not start")
-        ready_s = time.monotonic() - t1
-        mem = [psutil.Process(a.pid).memory_full_info() for a in agents]
+        agents = []
+        for d in topology.devices:
+            argv = [sys.executable, "-m", "testbed.agent",
+                    "--ps", f"{net.ps_address_for(d)}:{port}", "--name", d.name,
+                    "--group", d.group.group, "--kind", "emulated", "--profile", "snapdragon888",
+                    "--seed", str(d.index), "--max-in-flight", "8",
+                    *net.app_shaping(d).argv()]
+            with open(run_dir / "agents" / f"{d.name}.log", "wb") as out:
+                agents.append(net.popen(d.name, argv, env=env, stdout=out,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        started_s = time.monotonic() - t1
+        events = run_dir / "events.jsonl"
+        joined_s = started_s + wait_for(f"{n} joins", lambda: joins(events)[0] >= n, ps,
+                                        JOIN_TIMEOUT_S)
+        dead = [a.pid for a in agents if a.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{len(dead)} agent(s) exited; see {run_dir}/agents/")
+        time.sleep(settle_s)  # idle: heartbeats and telemetry only
+        dead = [a.pid for a in agents if a.poll() is not None]
+        if dead or (run_dir / "steps.jsonl").read_text():
+            raise RuntimeError(f"{len(dead)} agent(s) exited or the PS trained; see {run_dir}")
+        procs = [psutil.Process(a.pid) for a in agents]
+        mem = [p.memory_full_info() for p in procs]
+        cpu = [sum(p.cpu_times()[:2]) for p in procs]
+        distinct, join_events = joins(events)
+        ps_rss = psutil.Process(ps.pid).memory_info().rss
         shells = [psutil.Process(h.pid).memory_info().rss for h in net.hosts.values()]
     finally:
         t2 = time.monotonic()
         net.stop()
         teardown_s = time.monotonic() - t2
-    return {"n": n, "bringup_s": bringup_s, "agents_ready_s": ready_s, "teardown_s": teardown_s,
+    return {"n": n, "bringup_s": bringup_s, "ps_start_s": ps_start_s, "started_s": started_s,
+            "joined_s": joined_s, "teardown_s": teardown_s,
             "rss_mb": statistics.mean(m.rss for m in mem) / 1e6,
             "pss_mb": statistics.mean(m.pss for m in mem) / 1e6,
             "uss_mb": statistics.mean(m.uss for m in mem) / 1e6,
-            "shell_rss_mb": statistics.mean(shells) / 1e6}
+            "max_rss_mb": max(m.rss for m in mem) / 1e6,
+            "ps_rss_mb": ps_rss / 1e6, "shell_rss_mb": statistics.mean(shells) / 1e6,
+            "agent_cpu_s": statistics.mean(cpu), "rejoins": join_events - distinct}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark for each size and print one line per size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 500])
+    parser.add_argument("--settle-s", type=float, default=5.0,
+                        help="idle time after the last join before memory is read")
+    parser.add_argument("--keep", default="",
+                        help="keep topologies and PS/agent logs in this (new) directory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     missing = probe().missing()
@@ -97,21 +187,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run: missing {'; '.join(missing)}")
         return 1
     print(f"host: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 1e9:.1f} GB; "
-          f"delay mechanism: {probe().delay_mechanism}; stand-in agent: numpy + grpc, idle")
-    header = (f"{'devices':>7} {'bring-up s':>10} {'agents ready s':>14} {'teardown s':>10} "
-              f"{'RSS MB/agent':>12} {'PSS MB/agent':>12} {'USS MB/agent':>12} "
-              f"{'shell RSS MB':>12}")
+          f"delay mechanism: {probe().delay_mechanism}; agents: python -m testbed.agent "
+          f"--kind emulated --profile snapdragon888, idle against a waiting PS")
+    header = (f"{'devices':>7} {'bring-up s':>10} {'PS up s':>7} {'agents started s':>16} "
+              f"{'all joined s':>12} {'teardown s':>10} {'RSS MB':>7} {'PSS MB':>7} "
+              f"{'USS MB':>7} {'max RSS':>7} {'PS RSS':>7} {'shell RSS':>9} "
+              f"{'agent CPU s':>11} {'re-joins':>8}")
     print(header, flush=True)
-    for n in args.sizes:
-        need = n * EST_BYTES_PER_DEVICE
-        if need > psutil.virtual_memory().available - RESERVE_BYTES:
-            print(f"{n:>7} skipped: ~{need / 1e9:.0f} GB estimated, more than the available "
-                  f"memory minus {RESERVE_BYTES / 1e9:.0f} GB")
-            continue
-        r = run(n)
-        print(f"{r['n']:>7} {r['bringup_s']:>10.1f} {r['agents_ready_s']:>14.1f} "
-              f"{r['teardown_s']:>10.1f} {r['rss_mb']:>12.1f} {r['pss_mb']:>12.1f} "
-              f"{r['uss_mb']:>12.1f} {r['shell_rss_mb']:>12.1f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="mininet-scale-") as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for n in args.sizes:
+            need = n * EST_BYTES_PER_DEVICE
+            if need > psutil.virtual_memory().available - RESERVE_BYTES:
+                print(f"{n:>7} skipped: ~{need / 1e9:.0f} GB estimated, more than the available "
+                      f"memory minus {RESERVE_BYTES / 1e9:.0f} GB", flush=True)
+                continue
+            r = run(n, work, args.settle_s)
+            print(f"{r['n']:>7} {r['bringup_s']:>10.1f} {r['ps_start_s']:>7.1f} "
+                  f"{r['started_s']:>16.1f} {r['joined_s']:>12.1f} {r['teardown_s']:>10.1f} "
+                  f"{r['rss_mb']:>7.1f} {r['pss_mb']:>7.1f} {r['uss_mb']:>7.1f} "
+                  f"{r['max_rss_mb']:>7.1f} {r['ps_rss_mb']:>7.1f} {r['shell_rss_mb']:>9.1f} "
+                  f"{r['agent_cpu_s']:>11.2f} {r['rejoins']:>8}", flush=True)
     return 0
 
 

@@ -12,8 +12,9 @@ For each device (one after another, so that shared links do not mix the measurem
 * round-trip time with a small TCP echo (64-byte messages, ``TCP_NODELAY``), median of N samples,
   compared with twice the path's one-way delay. When the kernel has no netem, the backend hands the
   delay to the application (:meth:`MininetNetwork.app_shaping`); the echo client then holds each
-  message for that delay before sending and again on receipt, as the agent does for its own
-  traffic, so the check measures the delay mechanism that is actually active.
+  message on the agent's own link code (``testbed.agent.link.LinkDirection``) before sending and
+  again on receipt, as the agent does for its traffic, so the check measures the delay mechanism
+  that is actually active.
 
 A direction passes when ``|measured - configured| <= tolerance * configured`` for rates and
 ``<= tolerance * configured + 1 ms`` for the RTT. This module also runs as a program: the echo
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from testbed.emulator.network.base import AppShaping, path_delay_s
 from testbed.emulator.network.mininet import MininetNetwork
@@ -128,19 +129,32 @@ class DelayLine(Protocol):
     def hold_down(self) -> None: ...
 
 
-class SleepDelayLine:
-    """App-level one-way delay by sleeping; stands in for testbed.agent.link.LinkEmulator."""
+class AgentDelayLine:
+    """App-level delay through the agent's own link code (``testbed.agent.link.LinkDirection``).
 
-    def __init__(self, shaping: AppShaping):
-        self.delay_s = shaping.delay_s
+    Rates stay None: the kernel (HTB) shapes them; only delay (and loss, not measured here) is
+    the application's, exactly as the agent gets them from ``app_shaping()``.
+    """
+
+    def __init__(self, shaping: AppShaping, nbytes: int = 0):
+        from testbed.agent.link import LinkDirection
+
+        self.nbytes = nbytes
+        self.up = LinkDirection(None, shaping.delay_s, 0.0)
+        self.down = LinkDirection(None, shaping.delay_s, 0.0)
+
+    @staticmethod
+    def _hold(direction: Any, nbytes: int) -> None:
+        now = time.monotonic()
+        wait = direction.deliver_at(nbytes, now) - now
+        if wait > 0:
+            time.sleep(wait)
 
     def hold_up(self) -> None:
-        if self.delay_s > 0:
-            time.sleep(self.delay_s)
+        self._hold(self.up, self.nbytes)
 
     def hold_down(self) -> None:
-        if self.delay_s > 0:
-            time.sleep(self.delay_s)
+        self._hold(self.down, self.nbytes)
 
 
 def start_echo_server(net: MininetNetwork, port: int = ECHO_PORT) -> subprocess.Popen:
@@ -253,7 +267,7 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
 
 
 def _echo_client(host: str, port: int, samples: int, delay_s: float) -> int:
-    line: DelayLine = SleepDelayLine(AppShaping(delay_s=delay_s))
+    line: DelayLine = AgentDelayLine(AppShaping(delay_s=delay_s), ECHO_SIZE_BYTES)
     rtts = []
     with socket.create_connection((host, port), timeout=30) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -12,7 +12,6 @@ import logging
 import sys
 from typing import Any
 
-from testbed.emulator.network import cleanup
 from testbed.topology import TopologyError, load_topology
 
 log = logging.getLogger(__name__)
