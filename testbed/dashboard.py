@@ -16,7 +16,8 @@ from rich.text import Text
 
 from testbed.units import format_bytes
 
-STATE_STYLE = {"busy": "green", "idle": "yellow", "left": "red", "partitioned": "magenta"}
+STATE_STYLE = {"busy": "green", "idle": "yellow", "left": "red", "partitioned": "magenta",
+               "quarantined": "bold red"}
 MAX_DEVICE_ROWS = 40
 
 
@@ -37,6 +38,33 @@ def render_header(snapshot: dict[str, Any], title: str = "") -> RenderableType:
         f"rejected {snapshot.get('rejected', 0)}",
     ]
     return Text.from_markup("  ".join(p for p in parts if p))
+
+
+def _seconds(value: Any) -> str:
+    return f"{value * 1e3:.0f} ms" if isinstance(value, (int, float)) else "-"
+
+
+def render_faults(snapshot: dict[str, Any]) -> RenderableType | None:
+    """One line of fault-tolerance figures; None before the PS reports any."""
+    if "recoveries" not in snapshot:
+        return None
+    goodput = snapshot.get("goodput")
+    overhead = snapshot.get("validation_overhead_cpu")
+    quarantined = snapshot.get("quarantined") or []
+    parts = [
+        f"recovery p50 {_seconds(snapshot.get('recovery_p50_s'))} "
+        f"p95 {_seconds(snapshot.get('recovery_p95_s'))} ({snapshot.get('recoveries', 0)})",
+        f"recomputed {snapshot.get('recomputed_tiles', 0)}",
+        f"backups {snapshot.get('backup_wins', 0)}/{snapshot.get('backups', 0)} won",
+        f"goodput {goodput * 100:.1f}%" if isinstance(goodput, (int, float)) else "goodput -",
+        f"checks {snapshot.get('checks', 0)} failed {snapshot.get('failed_checks', 0)}",
+        f"validation {overhead * 100:.2f}% CPU" if isinstance(overhead, (int, float))
+        else "validation -",
+        f"ledger reused {snapshot.get('tiles_from_ledger', 0)}",
+    ]
+    if quarantined:
+        parts.append(f"[bold red]quarantined {', '.join(quarantined)}[/]")
+    return Text.from_markup("  ".join(parts))
 
 
 def render_devices(devices: list[dict[str, Any]]) -> RenderableType:
@@ -79,6 +107,9 @@ def render(snapshot: dict[str, Any], title: str = "", notes: list[str] | None = 
     """The whole live view for one snapshot."""
     parts: list[RenderableType] = [render_header(snapshot, title),
                                    render_losses(snapshot.get("losses") or [])]
+    faults = render_faults(snapshot)
+    if faults is not None:
+        parts.append(faults)
     parts.append(render_devices(snapshot.get("devices") or []))
     for note in (notes or [])[-5:]:
         parts.append(Text(note, style="dim"))

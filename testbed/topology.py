@@ -21,6 +21,9 @@ Schema (units are always written out, see :mod:`testbed.units`)::
         count: 6
         switch: ap0
         link: {down: 100Mbit, up: 20Mbit, delay: 10ms, loss: 0.5%, queue: 100}
+        behaviour:                  # optional, emulated devices only: how they misbehave
+          byzantine: {rate: 20%, modes: [noise, bitflip, stale, scale], noise: 0.01, scale: 1.5}
+          straggler: {factor: 3.0, rate: 100%}   # compute time x factor on a share of tiles
     job:
       model: {family: opt, hidden: 256, layers: 4, heads: 4, ffn: 1024, seq_len: 128}
       data: builtin                 # builtin (Python's own sources) or {files: [paths]}
@@ -29,12 +32,16 @@ Schema (units are always written out, see :mod:`testbed.units`)::
       dtype: float32                # float32 | float64 (parity tests use float64)
       optimizer: {name: adamw, lr: 3e-4, weight_decay: 0.0}
       parallelism: {strategy: tile-tp, tile: 128, min_offload_flops: 1e6}
+      validation: {enabled: true, freivalds_vectors: 1, quarantine_after: 3}
     churn: traces/flaky-phones.csv  # optional, relative to the topology file
     time_dilation: auto             # auto | a number >= 1
 
 Link directions: ``down`` is PS -> device (the device's downlink), ``up`` is device -> PS. A link's
-``queue`` is in packets. Relative paths (profiles, data files, churn) are resolved against the
-directory of the topology file and stored absolute.
+``queue`` is in packets. Rates of behaviours are a share of tiles: a number in [0, 1] or a
+percentage (``20%``); ``byzantine.noise`` is the noise's standard deviation relative to the tile's
+RMS, ``byzantine.scale`` the factor a scaled tile is multiplied by. ``validation.quarantine_after``
+counts failed checks (0: never quarantine). Relative paths (profiles, data files, churn) are
+resolved against the directory of the topology file and stored absolute.
 """
 
 from __future__ import annotations
@@ -109,6 +116,33 @@ class NetworkSpec:
     ps: PsSpec = PsSpec(None, LinkSpec(1e9, 1e9))
 
 
+BYZANTINE_MODES = ("noise", "bitflip", "stale", "scale")
+
+
+@dataclass(frozen=True)
+class ByzantineSpec:
+    """Wrong results on a share of tiles (see testbed/agent/behaviour.py)."""
+
+    rate: float  # share of tiles corrupted, [0, 1]
+    modes: tuple[str, ...] = BYZANTINE_MODES  # drawn uniformly per corrupted tile
+    noise_rel: float = 0.01  # noise std / tile RMS
+    scale_factor: float = 1.5  # a scaled tile is C x this
+
+
+@dataclass(frozen=True)
+class StragglerSpec:
+    """Slow compute on a share of tiles."""
+
+    factor: float  # compute time multiplier, >= 1
+    rate: float = 1.0  # share of tiles slowed, [0, 1]
+
+
+@dataclass(frozen=True)
+class BehaviourSpec:
+    byzantine: ByzantineSpec | None = None
+    straggler: StragglerSpec | None = None
+
+
 @dataclass(frozen=True)
 class DeviceGroup:
     group: str
@@ -117,7 +151,8 @@ class DeviceGroup:
     count: int
     switch: str | None
     link: LinkSpec
-    extra: dict[str, Any] = field(default_factory=dict)  # keys owned by other parts (behaviour)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys owned by other parts
+    behaviour: BehaviourSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +202,13 @@ class ParallelismSpec:
 
 
 @dataclass(frozen=True)
+class ValidationSpec:
+    enabled: bool = True  # Freivalds' check on every returned tile
+    freivalds_vectors: int = 1  # random ±1 vectors per check (error escapes with prob. 2^-k)
+    quarantine_after: int = 3  # failed checks before a device is quarantined; 0 = never
+
+
+@dataclass(frozen=True)
 class JobSpec:
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
@@ -175,6 +217,7 @@ class JobSpec:
     dtype: str = "float32"
     optimizer: OptimizerSpec = OptimizerSpec()
     parallelism: ParallelismSpec = ParallelismSpec()
+    validation: ValidationSpec = ValidationSpec()
 
 
 @dataclass(frozen=True)
@@ -425,18 +468,78 @@ def _devices(c: _Checker, raw: Any, switches: list[str]) -> list[DeviceGroup]:
         count = c.typed(m, "count", p, int, 1, _non_negative)
         switch = _switch_ref(c, m, p, switches)
         link = _link(c, m.get("link"), f"{p}.link") if "link" in m else LinkSpec(1e6, 1e6)
-        extra = {"behaviour": m["behaviour"]} if "behaviour" in m else {}
+        behaviour = _behaviour(c, m["behaviour"], f"{p}.behaviour") if "behaviour" in m else None
         groups.append(DeviceGroup(name, profile, profile_path or Path(), count, switch, link,
-                                  extra))
+                                  {}, behaviour))
     if groups and sum(g.count for g in groups) == 0:
         c.error("devices", "at least one device is needed (every count is 0)")
     return groups
 
 
+def _share(c: _Checker, raw: dict[str, Any], key: str, path: str, default: float) -> float:
+    """A share of tiles: a number in [0, 1] or a percentage string ('20%')."""
+    if key not in raw:
+        return default
+    value = raw[key]
+    if isinstance(value, str):
+        return c.unit(raw, key, path, units.parse_fraction, default)
+    return c.typed(raw, key, path, float, default,
+                   lambda v: None if 0 <= v <= 1 else
+                   f"expected a share in [0, 1] or a percentage like '20%', got {v}")
+
+
+def _behaviour(c: _Checker, raw: Any, path: str) -> BehaviourSpec:
+    m = c.mapping(raw, path, {"byzantine": False, "straggler": False})
+    byzantine = straggler = None
+    if "byzantine" in m:
+        bp = f"{path}.byzantine"
+        bm = c.mapping(m["byzantine"], bp, {"rate": True, "modes": False, "noise": False,
+                                            "scale": False})
+        modes_raw = bm.get("modes", list(BYZANTINE_MODES))
+        if isinstance(modes_raw, str):
+            modes_raw = [modes_raw]
+        if not isinstance(modes_raw, list) or not modes_raw:
+            c.error(f"{bp}.modes", f"expected a non-empty list of {BYZANTINE_MODES}, "
+                                   f"got {modes_raw!r}")
+            modes_raw = list(BYZANTINE_MODES)
+        modes = []
+        for i, mode in enumerate(modes_raw):
+            if mode not in BYZANTINE_MODES:
+                c.error(f"{bp}.modes[{i}]", f"unknown mode {mode!r}; expected one of "
+                                            f"{', '.join(BYZANTINE_MODES)}")
+            elif mode not in modes:
+                modes.append(mode)
+        byzantine = ByzantineSpec(_share(c, bm, "rate", bp, 0.0),
+                                  tuple(modes) or BYZANTINE_MODES,
+                                  c.typed(bm, "noise", bp, float, 0.01, _positive),
+                                  c.typed(bm, "scale", bp, float, 1.5,
+                                          lambda v: None if v > 0 and v != 1 else
+                                          f"must be positive and not 1, got {v}"))
+    if "straggler" in m:
+        sp = f"{path}.straggler"
+        sm = c.mapping(m["straggler"], sp, {"factor": True, "rate": False})
+        straggler = StragglerSpec(c.typed(sm, "factor", sp, float, 1.0,
+                                          lambda v: None if v >= 1 else
+                                          f"must be >= 1 (a slow-down), got {v}"),
+                                  _share(c, sm, "rate", sp, 1.0))
+    return BehaviourSpec(byzantine, straggler)
+
+
+def _validation(c: _Checker, raw: Any, path: str) -> ValidationSpec:
+    m = c.mapping(raw, path, {"enabled": False, "freivalds_vectors": False,
+                              "quarantine_after": False})
+    return ValidationSpec(
+        c.typed(m, "enabled", path, bool, True),
+        c.typed(m, "freivalds_vectors", path, int, 1,
+                lambda v: None if 1 <= v <= 64 else f"expected 1 to 64 vectors, got {v}"),
+        c.typed(m, "quarantine_after", path, int, 3, _non_negative))
+
+
 def _job(c: _Checker, raw: Any) -> JobSpec:
     p = "job"
     m = c.mapping(raw, p, {"model": True, "data": False, "batch_size": False, "steps": False,
-                           "dtype": False, "optimizer": False, "parallelism": False})
+                           "dtype": False, "optimizer": False, "parallelism": False,
+                           "validation": False})
     mp = f"{p}.model"
     mm = c.mapping(m.get("model"), mp, {"family": False, "hidden": True, "layers": True,
                                         "heads": True, "ffn": True, "seq_len": True,
@@ -498,7 +601,8 @@ def _job(c: _Checker, raw: Any) -> JobSpec:
         steps=c.typed(m, "steps", p, int, 20, _positive),
         dtype=c.typed(m, "dtype", p, str, "float32",
                       lambda v: None if v in DTYPES else f"expected one of {DTYPES}, got {v!r}"),
-        optimizer=optimizer, parallelism=parallelism)
+        optimizer=optimizer, parallelism=parallelism,
+        validation=_validation(c, m.get("validation"), f"{p}.validation"))
 
 
 def parse_topology(raw: Any, source: str = "<topology>", base_dir: Path | None = None) -> Topology:

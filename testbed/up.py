@@ -12,6 +12,12 @@ SIGTERM):
 4. the churn replay (if the topology or ``--churn`` names a trace): join starts an agent, leave
    sends SIGTERM, crash SIGKILL, partition takes the link down (Mininet) or blackholes the agent
    (SIGUSR1; heal is SIGUSR2), slow restarts nothing but tells the agent a compute factor.
+   Trace time 0 is the moment training starts (status.json says ``training``), so a trace means
+   the same thing however long the devices take to join.
+
+``testbed up --resume RUN_DIR`` brings a run whose PS died back up in the same directory: the PS
+restores the newest checkpoint and reuses the ledger's tiles (docs/fault-tolerance.md); the
+devices present at the start are started again; the churn trace is not replayed a second time.
 
 Every child process gets the join token through its environment, one BLAS thread, and
 ``PR_SET_PDEATHSIG`` so that it dies with ``testbed up`` even on a SIGKILL; the pids are recorded
@@ -70,13 +76,14 @@ class Run:
     """One run of a topology: start() brings it up, stop() removes exactly what it started."""
 
     def __init__(self, topology: Topology, run_dir: Path, network: Network, dilation: float,
-                 join_timeout_s: float = 60.0, churn: Path | None = None):
+                 join_timeout_s: float = 60.0, churn: Path | None = None, resume: bool = False):
         self.topology = topology
         self.run_dir = run_dir
         self.network = network
         self.dilation = dilation
         self.join_timeout_s = join_timeout_s
         self.churn_path = churn
+        self.resume = resume
         self.token = secrets.token_hex(16)
         self.env = child_env(self.token)
         self.ps: subprocess.Popen | None = None
@@ -86,6 +93,7 @@ class Run:
         self.runlog: RunLog | None = None
         self.schedule: Any = None
         self.notes: list[str] = []
+        self.adb: Any = None  # the ADB bridge (testbed.adb_bridge.run_hook), when enabled
         self._stopped = False
         self._churn_thread: threading.Thread | None = None
         self._stop_churn = threading.Event()
@@ -111,15 +119,31 @@ class Run:
         self.network.start()
         write_json_atomic(self.run_dir / "network.json", self.network.describe())
         self.runlog.event("network_up", **self.network.describe())
+        phones = self._adb_phones_at_start()
         progress("PS: starting")
-        self._start_ps(expected=len(present))
+        self._start_ps(expected=len(present) + len(phones))
         progress(f"devices: starting {len(present)} agent(s)")
         for name in present:
             self.start_agent(self.devices[name])
         self._write_pids()
-        if self.schedule is not None and self.schedule.actions:
+        if self.adb is not None:
+            progress(f"adb: bridge on {self.adb.server}, {len(phones)} phone(s) plugged")
+            self.adb.start(self.network.ps_listen_host(), self.ps_port)
+        if self.schedule is not None and self.schedule.actions and not self.resume:
             self._churn_thread = threading.Thread(target=self._replay, name="churn", daemon=True)
             self._churn_thread.start()
+
+    def _adb_phones_at_start(self) -> list[str]:
+        """With an enabled adb: section, set up the bridge hook; the phones the PS waits for."""
+        if self.topology.extra.get("adb") is None or self.runlog is None:
+            return []
+        from testbed.adb_bridge.run_hook import AdbRunHook, adb_spec_of
+
+        spec = adb_spec_of(self.topology)
+        if spec is None:  # adb: {enabled: false}
+            return []
+        self.adb = AdbRunHook(spec, self.run_dir, self.token, self.runlog, self.notes)
+        return self.adb.phones_at_start()
 
     def _popen(self, node: str | None, argv: list[str], log_path: Path) -> subprocess.Popen:
         out = open(log_path, "ab")
@@ -136,8 +160,11 @@ class Run:
                 "--run-dir", str(self.run_dir), "--listen", f"{self.network.ps_listen_host()}:0",
                 "--steps", str(self.topology.job.steps), "--expect-devices", str(expected),
                 "--join-timeout-s", str(self.join_timeout_s), "--dilation", str(self.dilation)]
-        self.ps = self._popen(None, argv, self.run_dir / "ps.log")
         ps_json = self.run_dir / "ps.json"
+        if self.resume:
+            argv.append("--resume")
+            ps_json.unlink(missing_ok=True)  # the dead PS's address
+        self.ps = self._popen(None, argv, self.run_dir / "ps.log")
         deadline = time.monotonic() + PS_START_TIMEOUT_S
         while not ps_json.exists():
             if self.ps.poll() is not None:
@@ -161,7 +188,7 @@ class Run:
                 "--seed", str(self.topology.seed * 1000 + device.index),
                 "--max-in-flight", "8",
                 "--control-file", str(self.run_dir / "agents" / f"{device.name}.slow"),
-                *shaping.argv()]
+                *behaviour_argv(device, self.run_dir / "agents"), *shaping.argv()]
         self.agents[device.name] = self._popen(device.name, argv,
                                                self.run_dir / "agents" / f"{device.name}.log")
 
@@ -183,7 +210,11 @@ class Run:
         """Apply the schedule's actions at their times (device seconds x dilation)."""
         from testbed.churn.trace import ChurnEvent
 
+        if not self._wait_for_training():
+            return
         start = time.monotonic()
+        if self.runlog is not None:
+            self.runlog.event("churn_clock_start", actions=len(self.schedule.actions))
         for action in self.schedule.actions:
             if self._stop_churn.wait(max(0.0, start + action.time_s * self.dilation
                                          - time.monotonic())):
@@ -210,9 +241,25 @@ class Run:
                                   {"slow": action.factor})
                 effect = f"compute x{action.factor}"
             if self.runlog is not None:
-                self.runlog.event("churn", **action.to_dict(), effect=effect)
+                record = action.to_dict()  # its "event" would shadow the record's kind
+                self.runlog.event("churn", **{k: v for k, v in record.items() if k != "event"},
+                                  action=record["event"], effect=effect)
             self.notes.append(f"churn t={action.time_s:g}s {event.value} {device.name}: {effect}")
             self._write_pids()
+
+    def _wait_for_training(self) -> bool:
+        """Block until the PS reports training (True), or the run ends first (False)."""
+        status = self.run_dir / "status.json"
+        while not self._stop_churn.wait(0.05):
+            if self.ps is not None and self.ps.poll() is not None:
+                return False
+            try:
+                if json.loads(status.read_text()).get("state") not in (
+                        None, "starting", "waiting for devices"):
+                    return True
+            except (OSError, json.JSONDecodeError):
+                continue
+        return False
 
     # -- teardown ------------------------------------------------------------------------------
     def poll(self) -> int | None:
@@ -225,6 +272,8 @@ class Run:
             return
         self._stopped = True
         self._stop_churn.set()
+        if self.adb is not None:  # first: phones' agents leave while the PS is still there
+            self.adb.stop()
         procs = ([self.ps] if self.ps is not None else []) + list(self.agents.values())
         for proc in procs:
             if proc.poll() is None:
@@ -242,6 +291,24 @@ class Run:
             if self.runlog is not None:
                 self.runlog.event("run_stop")
                 self.runlog.close()
+
+
+def behaviour_argv(device: DeviceSpec, log_dir: Path) -> list[str]:
+    """Agent flags for the device's topology behaviour (byzantine, straggler); [] when honest."""
+    spec = device.group.behaviour
+    if spec is None:
+        return []
+    argv: list[str] = []
+    if spec.byzantine is not None and spec.byzantine.rate > 0:
+        b = spec.byzantine
+        argv += ["--byzantine-rate", repr(b.rate), "--byzantine-modes", ",".join(b.modes),
+                 "--byzantine-noise", repr(b.noise_rel), "--byzantine-scale",
+                 repr(b.scale_factor),
+                 "--behaviour-log", str(log_dir / f"{device.name}.behaviour.jsonl")]
+    if spec.straggler is not None and spec.straggler.factor > 1:
+        argv += ["--straggler-factor", repr(spec.straggler.factor),
+                 "--straggler-rate", repr(spec.straggler.rate)]
+    return argv
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -299,6 +366,18 @@ def write_summary(run: Run, exit_code: int, extra: dict[str, Any]) -> dict[str, 
     summary["departures"] = sum(e.get("event") in ("leave", "disconnect", "lease_expired")
                                 for e in events)
     summary["churn_events"] = sum(e.get("event") == "churn" for e in events)
+    departures = [e for e in events if e.get("event") in ("leave", "disconnect",
+                                                          "lease_expired", "quarantine")]
+    summary["tiles_in_flight_at_departures"] = sum(int(e.get("in_flight", 0) or 0)
+                                                   for e in departures)
+    summary["quarantines"] = sum(e.get("event") == "quarantine" for e in events)
+    summary["resumes"] = sum(e.get("event") == "ps_resume" for e in events)
+    if run.adb is not None:
+        summary["adb"] = run.adb.summary()
+    from testbed.emulator.energy import topology_energy
+
+    summary["energy"] = topology_energy(run.topology, summary.get("devices") or [], events,
+                                        float(summary.get("time_dilation") or run.dilation))
     write_json_atomic(run.run_dir / "summary.json", summary)
     return summary
 
@@ -308,6 +387,9 @@ def run_up(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(stderr=False)
+    resume_dir, saved = _resume_target(args)
+    if isinstance(saved, int):
+        return saved
     try:
         topology = load_topology(args.topology)
     except TopologyError as exc:
@@ -331,16 +413,31 @@ def run_up(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
     from testbed.emulator.network.select import NetworkUnavailable, make_network
 
-    dilation, dilation_info = choose_dilation(topology)
+    dilation, dilation_info = (saved["dilation"], saved["dilation_info"]) if saved else \
+        choose_dilation(topology)
     try:
         network = make_network(topology, dilation=dilation)
     except NetworkUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    run_dir = make_run_dir(Path(args.out), topology.name)
-    (run_dir / "topology.input.yaml").write_text(Path(args.topology).read_text())
-    (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(), sort_keys=False))
-    console.print(f"run directory: {run_dir}")
+    if topology.extra.get("adb") is not None:
+        from testbed.adb_bridge.run_hook import network_problem
+
+        adb_problem = network_problem(topology, network.kind)
+        if adb_problem is not None:
+            print(f"error: {adb_problem}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    if resume_dir is not None:
+        run_dir = resume_dir
+    else:
+        run_dir = make_run_dir(Path(args.out), topology.name)
+        (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
+        (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(),
+                                                             sort_keys=False))
+        write_json_atomic(run_dir / "up.json", {
+            "steps": topology.job.steps, "churn": str(churn) if churn else None,
+            "dilation": dilation, "dilation_info": dilation_info})
+    console.print(f"run directory: {run_dir}" + (" (resumed)" if resume_dir else ""))
     console.print(f"network: {network.kind}; time dilation {dilation:.2f} "
                   f"({dilation_info['mode']})")
     stop = threading.Event()
@@ -351,7 +448,8 @@ def run_up(args: argparse.Namespace) -> int:
         stop.set()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     code = EXIT_FAILURE
-    run = Run(topology, run_dir, network, dilation, args.join_timeout, churn)
+    run = Run(topology, run_dir, network, dilation, args.join_timeout, churn,
+              resume=resume_dir is not None)
     try:
         run.start(progress=lambda s: console.print(s, style="dim"))
         code = _watch(run, stop, console, live=not args.no_live)
@@ -376,6 +474,70 @@ def run_up(args: argparse.Namespace) -> int:
     return code
 
 
+def portable_input(path: Path) -> str:
+    """The topology file as written, with relative churn, data and profile paths made absolute.
+
+    The PS (and ``--resume``) read the copy in the run directory, where the original relative
+    paths would not resolve.
+    """
+    text = path.read_text()
+    raw = yaml.safe_load(text)
+    if not isinstance(raw, dict):
+        return text
+    base = path.resolve().parent
+
+    def absolute(value: Any) -> Any:
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute() \
+                and (base / value).exists():
+            return str((base / value).resolve())
+        return value
+    if "churn" in raw:
+        raw["churn"] = absolute(raw["churn"])
+    job = raw.get("job")
+    data = job.get("data") if isinstance(job, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("files"), list):
+        data["files"] = [absolute(f) for f in data["files"]]
+    for group in raw.get("devices") or []:
+        if isinstance(group, dict) and isinstance(group.get("profile"), str) \
+                and group["profile"].endswith((".yaml", ".yml")):
+            group["profile"] = absolute(group["profile"])
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any] | int | None]:
+    """For --resume: check the run directory and fill args from it; (run_dir, saved settings).
+
+    Returns (None, None) for a new run and (None, exit code) for bad input.
+    """
+    if not getattr(args, "resume", None):
+        if args.topology is None:
+            print("error: a topology file is needed (or --resume RUN_DIR)", file=sys.stderr)
+            return None, EXIT_BAD_INPUT
+        return None, None
+    run_dir = Path(args.resume)
+    problems = []
+    if args.topology is not None:
+        problems.append("give either a topology or --resume RUN_DIR, not both")
+    for name in ("topology.input.yaml", "up.json"):
+        if not (run_dir / name).is_file():
+            problems.append(f"--resume {run_dir}: {name} not found (not a run directory "
+                            f"made by testbed up)")
+    pids_path = run_dir / "pids.json"
+    if not problems and pids_path.exists():
+        ps_pid = json.loads(pids_path.read_text()).get("ps")
+        if ps_pid and _is_ours(int(ps_pid)):
+            problems.append(f"--resume {run_dir}: its PS (pid {ps_pid}) is still running")
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return None, EXIT_BAD_INPUT
+    saved = json.loads((run_dir / "up.json").read_text())
+    args.topology = str(run_dir / "topology.input.yaml")
+    args.steps = args.steps or saved.get("steps")
+    args.churn = args.churn or saved.get("churn")
+    return run_dir, saved
+
+
 def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
     """Show progress until the PS ends (or we are stopped); return the exit code."""
     from rich.live import Live
@@ -386,7 +548,8 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
 
     def snapshot() -> dict[str, Any]:
         try:
-            return json.loads(status_path.read_text())
+            snap = json.loads(status_path.read_text())
+            return run.adb.merge_status(snap) if run.adb is not None else snap
         except (OSError, json.JSONDecodeError):
             return {"state": "starting"}
 
@@ -474,7 +637,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "device per topology device; train the job; write runs/<time>-<name>/. "
                     "Ctrl-C stops everything cleanly. Exit: 0 done, 1 failed, 2 bad input, "
                     "130 interrupted.")
-    p.add_argument("topology", help="topology YAML file")
+    p.add_argument("topology", nargs="?", default=None,
+                   help="topology YAML file (not with --resume)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue a run whose PS died, from its newest checkpoint and ledger")
     p.add_argument("--steps", type=int, default=None, help="override job.steps")
     p.add_argument("--out", default="runs", help="directory for run directories (default: runs)")
     p.add_argument("--no-live", action="store_true",

@@ -9,6 +9,7 @@ import signal
 import sys
 
 from testbed.agent.agent import Agent, AgentOptions
+from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
 
 
@@ -36,14 +37,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", type=float, default=0.0, help="emulated loss probability [0, 1]")
     p.add_argument("--control-file", default="",
                    help='JSON file {"slow": factor} polled for a compute slow-down (churn)')
+    b = p.add_argument_group("emulated misbehaviour (testbed/agent/behaviour.py)")
+    b.add_argument("--byzantine-rate", type=float, default=0.0,
+                   help="share of tiles returned wrong, [0, 1] (default 0: honest)")
+    b.add_argument("--byzantine-modes", default=",".join(MODES),
+                   help=f"comma-separated corruption modes among {','.join(MODES)}")
+    b.add_argument("--byzantine-noise", type=float, default=0.01,
+                   help="noise standard deviation relative to the tile's RMS")
+    b.add_argument("--byzantine-scale", type=float, default=1.5,
+                   help="factor of a scaled tile")
+    b.add_argument("--straggler-factor", type=float, default=1.0,
+                   help="compute time multiplier of a straggling tile, >= 1")
+    b.add_argument("--straggler-rate", type=float, default=1.0,
+                   help="share of tiles that straggle, [0, 1]")
+    b.add_argument("--behaviour-log", default="",
+                   help="append every corruption made to this JSON-lines file")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def behaviour_from_args(args: argparse.Namespace) -> Behaviour | None:
+    """The Behaviour the flags ask for (None: an honest, normal device)."""
+    behaviour = Behaviour(
+        byzantine_rate=args.byzantine_rate,
+        byzantine_modes=tuple(m.strip() for m in args.byzantine_modes.split(",") if m.strip()),
+        noise_rel=args.byzantine_noise, scale_factor=args.byzantine_scale,
+        straggler_factor=args.straggler_factor, straggler_rate=args.straggler_rate,
+        seed=args.seed, log_path=args.behaviour_log)
+    return behaviour if behaviour.active else None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname)s: %(message)s")
+    try:
+        behaviour = behaviour_from_args(args)
+    except BehaviourError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     model = None
     gflops = args.gflops
     if args.kind == "emulated":
@@ -63,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         ps_address=args.ps, token=args.token, name=args.name, group=args.group, kind=args.kind,
         profile=args.profile, predicted_gflops=gflops or 1.0, max_in_flight=args.max_in_flight,
         cache_bytes=int(args.cache_mib * 1024 * 1024), control_file=args.control_file,
+        behaviour=behaviour,
         down=LinkDirection(args.down_bps, args.delay_s, args.loss),
         up=LinkDirection(args.up_bps, args.delay_s, args.loss))
     agent = Agent(options, model)

@@ -14,6 +14,7 @@ Needs only grpcio and numpy (it runs on phones). Three threads:
 The PS decides everything about work; the agent only says how many tiles it wants outstanding.
 On a broken stream it joins again with exponential backoff; on SIGTERM it leaves gracefully.
 SIGUSR1 partitions it (nothing in or out, as a pulled cable on loopback), SIGUSR2 heals it.
+An optional :class:`~testbed.agent.behaviour.Behaviour` makes it a straggler or byzantine.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Iterator
 import grpc
 import numpy as np
 
+from testbed.agent.behaviour import Behaviour
 from testbed.agent.link import LinkDirection
 from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.proto import testbed_pb2 as pb
@@ -67,6 +69,7 @@ class AgentOptions:
     backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait between re-joins
     telemetry_s: float = 2.0
     control_file: str = ""  # JSON {"slow": factor} written by the churn replay; polled
+    behaviour: Behaviour | None = None  # emulated misbehaviour (byzantine, straggler)
 
 
 class Outbox:
@@ -297,6 +300,8 @@ class _Session:
     def _compute(self, item: PendingTile) -> None:
         tile = item.tile
         self.agent.poll_control()
+        behaviour = self.options.behaviour
+        factor = self.agent.slow_factor * (behaviour.compute_factor() if behaviour else 1.0)
         start = time.monotonic()
         c = item.a @ item.b
         real_s = time.monotonic() - start
@@ -304,13 +309,19 @@ class _Session:
         if self.agent.model is not None:
             cost = self.agent.model.tile_cost(int(tile.m), int(tile.k), int(tile.n), tile.op,
                                               self.agent.device_time_s(start, self.dilation))
-            device_s = cost.seconds * self.agent.slow_factor
+            device_s = cost.seconds * factor
             hold_s = device_s * self.dilation
             lag_s = max(0.0, real_s - hold_s)
             remaining = start + hold_s - time.monotonic()
             if remaining > 0:
                 time.sleep(remaining)
-            compute_s, energy_j = device_s, cost.joules * self.agent.slow_factor
+            compute_s, energy_j = device_s, cost.joules * factor
+        elif factor > 1:  # a real device made slow: wait out the extra time
+            time.sleep(real_s * (factor - 1))
+            compute_s = real_s * factor
+        if behaviour is not None:
+            c, _ = behaviour.apply(c, int(tile.task_id), int(tile.attempt), tile.gemm,
+                                   self.options.name)
         result = pb.DeviceMessage(result=pb.TileResult(
             task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(c), compute_s=compute_s,
             energy_j=energy_j, lag_s=lag_s, received_s=item.arrived_s))
@@ -338,8 +349,13 @@ class _Session:
             if now - last_sent >= heartbeat_s:
                 last_sent = now
                 yield pb.DeviceMessage(heartbeat=pb.Heartbeat(device_time_s=now))
-            if self.agent.model is not None and now - last_telemetry >= self.options.telemetry_s:
+            behaviour = self.options.behaviour
+            if (self.agent.model is not None or behaviour is not None) \
+                    and now - last_telemetry >= self.options.telemetry_s:
                 last_telemetry = now
-                values = self.agent.model.telemetry(self.agent.device_time_s(now, self.dilation))
+                values = self.agent.model.telemetry(self.agent.device_time_s(
+                    now, self.dilation)) if self.agent.model is not None else {}
+                if behaviour is not None:
+                    values = {**values, **behaviour.telemetry()}
                 if values:
                     yield pb.DeviceMessage(telemetry=pb.Telemetry(values=values))

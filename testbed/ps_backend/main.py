@@ -6,11 +6,18 @@ writes ``steps.jsonl``, ``devices.jsonl``, ``status.json`` and ``summary.json``,
 to stop and exits 0. SIGTERM or SIGINT ends it between (or inside) steps with exit code 1 and a
 summary marked ``interrupted``. The join token comes from the environment (``TESTBED_TOKEN``), not
 the command line, so that process listings do not show it.
+
+Crash safety: every accepted tile is journaled in ``ledger/`` (:mod:`testbed.ps_backend.ledger`)
+and a checkpoint (model, optimizer, RNG, losses so far) is written atomically to ``checkpoints/``
+every ``--checkpoint-every`` steps (default 1; the two newest are kept). With ``--resume`` the PS
+restores the newest checkpoint, drops ``steps.jsonl`` lines of steps it will run again, and
+serves the journaled tiles of those steps instead of sending them to devices.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -23,14 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor
-from testbed.runlog import RunLog, write_json_atomic
+from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import Topology, TopologyError, load_topology
 
 log = logging.getLogger("testbed.ps")
 
 STATUS_PERIOD_S = 0.5
 DEVICE_SAMPLE_PERIOD_S = 2.0
+CHECKPOINTS_KEPT = 2
 
 
 def max_message_bytes(tile_m: int, tile_n: int) -> int:
@@ -51,6 +60,7 @@ class StatusWriter:
         self._last_tiles = 0
         self._last_tiles_s = time.monotonic()
         self.tiles_per_s = 0.0
+        self.cpu = CpuClock()
 
     def tick(self, force: bool = False) -> None:
         """On the loop thread: refresh the snapshot when due."""
@@ -69,11 +79,72 @@ class StatusWriter:
             **self.fields, "tiles": totals.tiles, "tiles_per_s": round(self.tiles_per_s, 2),
             "bytes_down": totals.bytes_down, "bytes_up": totals.bytes_up,
             "requeued": totals.requeued, "rejected": totals.rejected,
-            "pending": len(core.scheduler.pending), "devices": devices})
+            "pending": len(core.scheduler.pending), **fault_metrics(core, self.cpu),
+            "devices": devices})
         if force or now - self._last_sample >= DEVICE_SAMPLE_PERIOD_S:
             self._last_sample = now
             for record in core.device_records():
                 self.runlog.device(**record)
+
+
+class CpuClock:
+    """CPU and wall time of this process since it was made (for the validation overhead)."""
+
+    def __init__(self) -> None:
+        self.cpu0_s = time.process_time()
+        self.wall0_s = time.monotonic()
+
+    def cpu_s(self) -> float:
+        return time.process_time() - self.cpu0_s
+
+    def wall_s(self) -> float:
+        return time.monotonic() - self.wall0_s
+
+
+def fault_metrics(core: Any, cpu: CpuClock) -> dict[str, Any]:
+    """The PS's fault-tolerance metrics plus validation overhead against its CPU and wall time."""
+    out = core.metrics()
+    ps_cpu_s, wall_s = cpu.cpu_s(), cpu.wall_s()
+    out["ps_cpu_s"] = round(ps_cpu_s, 3)
+    out["validation_overhead_cpu"] = round(out["validation_cpu_s"] / ps_cpu_s, 6) \
+        if ps_cpu_s > 0 else None
+    out["validation_overhead_wall"] = round(out["validation_cpu_s"] / wall_s, 6) \
+        if wall_s > 0 else None
+    useful = out.pop("useful_gflop")
+    out["goodput_gflops"] = round(useful / wall_s, 6) if wall_s > 0 else None
+    return out
+
+
+def _save(trainer: Any, run_dir: Path, losses: list[float]) -> Path:
+    """Checkpoint the trainer atomically with the losses so far; keep the newest few."""
+    from testbed.ps_backend.engine.checkpoint import FORMAT, checkpoint_name, save_atomic
+
+    directory = run_dir / "checkpoints"
+    path = save_atomic({"format": FORMAT, **trainer.state_dict(), "ps": {"losses": losses}},
+                       directory / checkpoint_name(trainer.next_step))
+    for old in sorted(directory.glob("step-*.pt"))[:-CHECKPOINTS_KEPT]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def _restore(trainer: Any, run_dir: Path, runlog: RunLog) -> list[float]:
+    """Load the newest checkpoint (if any); return the losses of the steps it covers."""
+    import torch as _torch
+
+    from testbed.ps_backend.engine.checkpoint import latest_checkpoint, load_checkpoint
+
+    path = latest_checkpoint(run_dir / "checkpoints")
+    losses: list[float] = []
+    if path is not None:
+        load_checkpoint(trainer, path)
+        extra = _torch.load(path, map_location="cpu", weights_only=True).get("ps") or {}
+        losses = [float(x) for x in extra.get("losses", [])][:trainer.next_step]
+    steps_path = run_dir / "steps.jsonl"
+    kept = [json.dumps(r) for r in read_jsonl(steps_path) if r.get("step", 0) < trainer.next_step]
+    steps_path.write_text("".join(line + "\n" for line in kept))
+    runlog.event("ps_resume", checkpoint=str(path) if path else None,
+                 next_step=trainer.next_step)
+    return losses
 
 
 def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
@@ -90,19 +161,30 @@ def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
 
 
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,
-           join_timeout_s: float, dilation: float, stop: threading.Event) -> int:
+           join_timeout_s: float, dilation: float, stop: threading.Event, resume: bool = False,
+           checkpoint_every: int = 1) -> int:
     """Train the topology's job with devices; return the process exit code."""
     job = topology.job
     from testbed.ps_backend.engine.trainer import Trainer  # torch-heavy: import after args
 
     runlog = RunLog(run_dir)
+    validation = job.validation
     config = PsConfig(token=token, run_name=run_dir.name, dtype=np.dtype(job.dtype),
                       tile_m=job.parallelism.tile_m, tile_n=job.parallelism.tile_n,
                       min_offload_flops=job.parallelism.min_offload_flops,
                       max_message_bytes=max_message_bytes(job.parallelism.tile_m,
                                                           job.parallelism.tile_n),
-                      time_dilation=dilation)
-    server = PsServer(config, runlog, listen).start()
+                      time_dilation=dilation, check_values=validation.enabled,
+                      freivalds_vectors=validation.freivalds_vectors,
+                      quarantine_after=validation.quarantine_after)
+    trainer = Trainer(job, topology.seed, None)
+    losses: list[float] = _restore(trainer, run_dir, runlog) if resume else []
+    ledger = Ledger(run_dir / "ledger")
+    if resume:
+        reusable = ledger.load(from_step=trainer.next_step)
+        runlog.event("ledger_load", from_step=trainer.next_step, tiles=reusable)
+        log.info("resuming at step %d with %d journaled tile(s)", trainer.next_step, reusable)
+    server = PsServer(config, runlog, listen, ledger=ledger).start()
     executor = TileExecutor(server, interrupted=stop)  # a signal also ends a GEMM's wait
     status = StatusWriter(run_dir, server, runlog, job.steps)
     server.every_tick(status.tick)
@@ -112,9 +194,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
              expected_devices)
     runlog.event("ps_start", address=f"{host}:{server.port}", expected_devices=expected_devices,
                  time_dilation=dilation)
-    trainer = Trainer(job, topology.seed, executor)
+    trainer.executor = executor
     started = time.monotonic()
-    state, code, losses = "done", 0, []
+    state, code = "done", 0
     try:
         status.fields["state"] = "waiting for devices"
         joined = _wait_for_devices(server, expected_devices, join_timeout_s, stop)
@@ -123,7 +205,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         stop.wait(0)  # a SIGTERM during the wait ends here
         if stop.is_set():
             raise InterruptedError
-        for _ in range(job.steps):
+        while trainer.next_step < job.steps:
             step_start = time.monotonic()
             result = trainer.step()
             wall_s = time.monotonic() - step_start
@@ -136,15 +218,19 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                         bytes_up=stats.bytes_up, gemms=result.gemms,
                         gemms_local=executor.local_gemms, max_lag_s=round(stats.lag_s_max, 6),
                         device_compute_s=round(stats.device_compute_s, 6),
-                        energy_j=round(stats.energy_j, 6))
+                        energy_j=round(stats.energy_j, 6), failed_checks=stats.failed_checks,
+                        backups=stats.backups, backup_wins=stats.backup_wins,
+                        wasted=stats.wasted, tiles_from_ledger=stats.from_ledger)
+            server.call(ledger.sync)
+            if trainer.next_step % checkpoint_every == 0 or trainer.next_step == job.steps:
+                _save(trainer, run_dir, losses)
+                server.call(lambda: ledger.compact(trainer.next_step))
             executor.local_gemms = 0
             status.fields.update(step=result.step + 1, loss=result.loss, losses=losses[-200:])
             log.info("step %d loss %.4f (%.2f s, %d tiles)", result.step, result.loss, wall_s,
                      stats.tiles)
             if stop.is_set():
                 raise InterruptedError
-        from testbed.ps_backend.engine.checkpoint import checkpoint_name, save_checkpoint
-        save_checkpoint(trainer, run_dir / "checkpoints" / checkpoint_name(trainer.next_step))
     except InterruptedError:
         state, code = "interrupted", 1
         log.warning("interrupted; stopping devices")
@@ -158,6 +244,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         core = server.core
         assert core is not None
         totals = core.totals
+        metrics = server.call(lambda: fault_metrics(core, status.cpu))
         summary = {
             "run": run_dir.name, "state": state, "steps_done": len(losses),
             "steps": job.steps, "final_loss": losses[-1] if losses else None,
@@ -167,11 +254,12 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             "rejected": totals.rejected, "late": totals.late, "bytes_down": totals.bytes_down,
             "bytes_up": totals.bytes_up, "max_lag_s": round(totals.lag_s_max, 6),
             "device_compute_s": round(totals.device_compute_s, 6),
-            "energy_j": round(totals.energy_j, 6),
+            "energy_j": round(totals.energy_j, 6), **metrics,
             "devices": server.call(core.device_records) + list(core.departed)}
         write_json_atomic(run_dir / "ps_summary.json", summary)
         runlog.event("ps_stop", state=state)
         server.stop("run " + state)
+        ledger.close()
         runlog.close()
     return code
 
@@ -189,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="start training after this long even if not every device joined")
     p.add_argument("--dilation", type=float, default=1.0, help="time dilation factor D >= 1")
     p.add_argument("--threads", type=int, default=1, help="torch threads on the PS")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its newest checkpoint and ledger")
+    p.add_argument("--checkpoint-every", type=int, default=1,
+                   help="write a checkpoint every N steps (and after the last)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s ps %(levelname)s: %(message)s")
     try:
@@ -207,5 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     expected = args.expect_devices if args.expect_devices is not None else len(topology.devices)
+    if args.checkpoint_every < 1:
+        print("error: --checkpoint-every must be >= 1", file=sys.stderr)
+        return 2
     return run_ps(topology, args.run_dir, args.listen, token, expected, args.join_timeout_s,
-                  args.dilation, stop)
+                  args.dilation, stop, resume=args.resume, checkpoint_every=args.checkpoint_every)

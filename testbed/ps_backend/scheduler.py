@@ -3,18 +3,45 @@
 Plain, single-threaded logic with no I/O (the gRPC server calls it from its event loop; tests call
 it directly). Its state:
 
-* a FIFO queue of pending tasks (one task = one tile of one GEMM; a task re-queued after its device
-  left goes to the front, with its ``attempt`` raised so a late answer of the old attempt is
-  recognized and dropped);
-* one :class:`DeviceSlot` per device: its window (most tiles outstanding), the tasks in flight,
-  an exact mirror of its operand cache (:mod:`testbed.ps_backend.cache`), its observed speed.
+* a FIFO queue of pending tasks (one task = one tile of one GEMM; a task re-queued after its last
+  copy was lost goes to the front, with its ``attempt`` raised so a late answer of the old attempt
+  is recognized and dropped);
+* one :class:`DeviceSlot` per device: its window (most tiles outstanding), the **copies** of tasks
+  it holds (a task may be out on two devices at once, see backups below), an exact mirror of its
+  operand cache (:mod:`testbed.ps_backend.cache`), its observed speed, whether it is quarantined.
 
-Sizing work to speed: a device's window is its declared maximum scaled by its predicted speed
-relative to the median device (a laptop holds more tiles than a phone), and at the tail of a GEMM
-(fewer pending tiles than free windows) a device whose predicted finish for the next tile is more
-than ``STRAGGLER_RATIO`` times the best device's is passed over, so the last tiles go to fast
-devices. Affinity: among the first ``AFFINITY_SCAN`` pending tasks, a device gets the one whose
-operands it already caches most of (on a hit only the other block travels).
+Names and units, written down once: ``*_s`` are seconds of the PS's monotonic (wall) clock,
+except ``compute_s`` which devices report in *device* seconds (wall = device × ``dilation``);
+``rate_flops`` is FLOP per device second (EWMA of what the device reports); ``overhead_s`` is how
+much longer than its compute a device's round trip really takes (links, queues, the stack), an
+EWMA of ``turnaround - compute`` over its valid results, unknown until the first one.
+
+**One straggler rule.** A device's predicted wall finish for a new tile of F FLOPs is
+``finish_wall_s = (tiles it holds + 1) · F / rate_flops · dilation + overhead_s``. A time
+``t_slow`` *straggles* behind ``t_fast`` when ``t_slow > STRAGGLER_RATIO · t_fast``. The rule is
+used both ways:
+
+* at the tail of the queue (fewer pending tiles than free windows) a device whose finish
+  straggles behind the best device's is passed over, so the last tiles go to fast devices;
+* when a device sits idle (nothing pending it may take) it takes a **backup copy** of an in-flight
+  task whose holder's remaining time straggles behind the idle device's finish. The holder's
+  remaining time is its predicted return time minus now, or, once overdue, the time it has held
+  the tile so far (it is assumed to take as long again). At most two copies of a task exist; a
+  device never gets the same task twice, only devices whose overhead is known (one valid result
+  each) take part, and the backup must promise to save at least ``MIN_BACKUP_GAIN_S`` (50 ms) of
+  wall time, so that the jitter of a loaded host does not look like straggling. The first
+  *valid* result wins and is placed; a later copy
+  is still checked (a wrong late tile counts against its device) and then dropped as ``LATE``
+  (counted as wasted).
+
+Affinity: among the first ``AFFINITY_SCAN`` pending tasks, a device gets the one whose operands it
+already caches most of (on a hit only the other block travels).
+
+**Checks and quarantine.** Every result is checked (:mod:`testbed.ps_backend.validation`). A
+device that fails ``quarantine_after`` checks (0: never) is quarantined: it gets no more work, its
+copies stop counting (their tasks are re-queued unless another device holds a copy), and the
+results it still returns are checked and dropped. The CPU time of the checks (thread time of the
+calling thread) is summed in ``validation_cpu_s``.
 """
 
 from __future__ import annotations
@@ -33,18 +60,25 @@ import numpy as np
 from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.tiler import TileBox, cut, gemm_flops
-from testbed.ps_backend.validation import check_result
+from testbed.ps_backend.validation import GemmCheck, check_result
 
 AFFINITY_SCAN = 32
 STRAGGLER_RATIO = 2.0
 EWMA_WEIGHT = 0.3  # weight of the newest observation in a device's speed estimate
+MAX_COPIES = 2  # a task is out on at most this many devices at once (primary + one backup)
+MIN_BACKUP_GAIN_S = 0.05  # a backup must promise to save at least this much wall time
+
+
+def straggles(slow_s: float, fast_s: float, ratio: float = STRAGGLER_RATIO) -> bool:
+    """Whether a finish time ``slow_s`` straggles behind ``fast_s`` (the one straggler rule)."""
+    return slow_s > ratio * fast_s
 
 
 @dataclass(eq=False)
 class GemmJob:
     """One GEMM C = A @ B being computed by devices."""
 
-    uid: str  # unique in the run, e.g. "s3/layers.0.fc1/forward#41"
+    uid: str  # deterministic in the run: "s3/layers.0.fc1/forward#41" (step, layer, op, seq)
     spec: GemmSpec
     a: np.ndarray
     b: np.ndarray
@@ -55,6 +89,10 @@ class GemmJob:
     remaining: int = 0
     done: Future = field(default_factory=Future)
     submitted_s: float = field(default_factory=time.monotonic)
+    digest: str = ""  # hash of A and B (the ledger checks it before reusing tiles)
+    check: GemmCheck | None = None  # Freivalds' shared work for its tiles, made on first use
+    tile_m: int = 0  # the tiling it was cut with (set by Scheduler.submit)
+    tile_n: int = 0
 
 
 @dataclass(eq=False)
@@ -63,9 +101,11 @@ class Task:
     job: GemmJob
     box: TileBox
     attempt: int = 0
-    holder: str | None = None
+    holder: str | None = None  # the device that completed it, or the last one given it
     done: bool = False
     sent_s: float = 0.0
+    holders: set[str] = field(default_factory=set)  # devices with a live (trusted) copy
+    queued: bool = False  # in the pending queue
 
     @property
     def flops(self) -> float:
@@ -87,6 +127,18 @@ class Task:
         return self.job.b[:, self.box.c0:self.box.c1]
 
 
+@dataclass(eq=False)
+class Copy:
+    """One copy of a task out on one device."""
+
+    task: Task
+    attempt: int
+    backup: bool  # handed out while another device held the task
+    sent_s: float
+    expected_s: float  # predicted wall time the result is back
+    compute_wall_s: float = 0.0  # the compute part of that prediction
+
+
 @dataclass
 class Assignment:
     """A task handed to a device, and which operands must travel (False: the device caches it)."""
@@ -96,6 +148,7 @@ class Assignment:
     send_b: bool
     cache_a: bool  # whether the device should keep A's block
     cache_b: bool
+    backup: bool = False
 
 
 @dataclass(eq=False)
@@ -109,12 +162,17 @@ class DeviceSlot:
     kind: str = "emulated"
     profile: str = ""
     window: int = 1
-    in_flight: dict[int, Task] = field(default_factory=dict)
+    in_flight: dict[int, Copy] = field(default_factory=dict)
     given: set[int] = field(default_factory=set)  # every task id ever handed to it
     cache: BlockCache[None] = field(init=False)
-    rate_flops: float = 0.0  # observed speed, FLOP/s (EWMA of the device's own compute times)
+    rate_flops: float = 0.0  # observed speed, FLOP per device second (EWMA)
+    overhead_s: float | None = None  # observed wall turnaround minus compute (EWMA)
+    quarantined: bool = False
+    failed_checks: int = 0
     tiles_done: int = 0
     tiles_rejected: int = 0
+    tiles_late: int = 0
+    backups_won: int = 0
     bytes_down: int = 0
     bytes_up: int = 0
     compute_s: float = 0.0
@@ -126,17 +184,17 @@ class DeviceSlot:
 
     @property
     def free(self) -> int:
-        return self.window - len(self.in_flight)
+        return 0 if self.quarantined else self.window - len(self.in_flight)
 
     def finish_estimate_s(self, flops: float) -> float:
-        """Predicted time until a new tile of this size would be done (its queue first)."""
+        """Predicted device seconds until a new tile of this size would be done (queue first)."""
         per_tile = flops / max(self.rate_flops, 1.0)
         return (len(self.in_flight) + 1) * per_tile
 
 
 class Verdict(enum.Enum):
     ACCEPTED = "accepted"  # placed into C
-    LATE = "late"  # a duplicate or a superseded attempt: dropped quietly
+    LATE = "late"  # a duplicate, a losing copy or a superseded attempt: dropped
     REJECTED = "rejected"  # refused: the device is told why
 
 
@@ -147,20 +205,56 @@ class Outcome:
     completed_job: GemmJob | None = None  # set when this result finished its GEMM
     requeued: bool = False  # the task went back to the queue (bad result)
     task: Task | None = None
+    checked: bool = False  # the values went through the check
+    failed_check: bool = False  # the result was refused by a check (not a protocol error)
+    quarantined: list[Task] | None = None  # set when this result quarantined its device:
+    # the tasks that went back to the queue
+    backup_won: bool = False  # the accepted copy was a backup
+    attempt: int = 0
+
+
+@dataclass
+class SchedulerCounters:
+    """Totals since the start of the run."""
+
+    requeued: int = 0  # tasks put back in the queue
+    recomputed: int = 0  # accepted results of attempt > 0
+    backups: int = 0  # backup copies handed out
+    backup_wins: int = 0  # accepted results that came from a backup copy
+    wasted: int = 0  # valid results dropped because another copy won
+    checks: int = 0  # results whose values were checked
+    failed_checks: int = 0
+    validation_cpu_s: float = 0.0  # CPU time of the loop thread inside the checks
+    flops_accepted: float = 0.0
+    flops_returned: float = 0.0  # every result that came back (accepted, late, refused)
+    prefilled: int = 0  # tiles served from the ledger, never sent to a device
 
 
 class Scheduler:
-    """Queue, windows, caches and result bookkeeping for one run."""
+    """Queue, windows, copies, caches and result bookkeeping for one run."""
 
-    def __init__(self, on_event: Callable[..., None] | None = None, check_values: bool = True):
+    def __init__(self, on_event: Callable[..., None] | None = None, check_values: bool = True,
+                 freivalds_vectors: int = 1, quarantine_after: int = 3, dilation: float = 1.0,
+                 speculate: bool = True):
         self.pending: deque[Task] = deque()
         self.devices: dict[str, DeviceSlot] = {}
         self.tasks: dict[int, Task] = {}  # live tasks of unfinished GEMMs
         self._ids = itertools.count()
         self._on_event = on_event or (lambda kind, **fields: None)
         self.check_values = check_values
-        self.requeued_total = 0
-        self.recomputed_total = 0  # accepted results of attempt > 0
+        self.freivalds_vectors = freivalds_vectors
+        self.quarantine_after = quarantine_after
+        self.dilation = dilation
+        self.speculate = speculate
+        self.counters = SchedulerCounters()
+
+    @property
+    def requeued_total(self) -> int:
+        return self.counters.requeued
+
+    @property
+    def recomputed_total(self) -> int:
+        return self.counters.recomputed
 
     # -- devices -------------------------------------------------------------------------------
     def add_device(self, slot: DeviceSlot) -> None:
@@ -176,39 +270,83 @@ class Scheduler:
             self._resize_windows()
 
     def remove_device(self, device_id: str) -> list[Task]:
-        """Forget a device; its in-flight tasks go back to the front of the queue."""
+        """Forget a device; tasks it alone held go back to the front of the queue."""
         slot = self.devices.pop(device_id, None)
         if slot is None:
             return []
-        requeued = list(slot.in_flight.values())
-        for task in reversed(requeued):
-            self._requeue(task)
+        requeued = self._release_all(slot)
         self._resize_windows()
         return requeued
 
+    def quarantine(self, device_id: str) -> list[Task]:
+        """Stop trusting a device: no more work; tasks it alone held are re-queued."""
+        slot = self.devices.get(device_id)
+        if slot is None or slot.quarantined:
+            return []
+        slot.quarantined = True
+        self._resize_windows()
+        return self._release_all(slot, keep_copies=True)
+
+    def _release_all(self, slot: DeviceSlot, keep_copies: bool = False) -> list[Task]:
+        """Drop the device's claim on its copies; re-queue tasks nobody else holds."""
+        requeued: list[Task] = []
+        for copy in slot.in_flight.values():
+            if self._release(copy.task, slot.device_id, front=False):
+                requeued.append(copy.task)
+        for task in reversed(requeued):
+            self.pending.appendleft(task)
+        if not keep_copies:
+            slot.in_flight.clear()
+        return requeued
+
+    def _release(self, task: Task, device_id: str, front: bool = True) -> bool:
+        """The device's copy no longer counts; re-queue the task if nobody holds it now."""
+        task.holders.discard(device_id)
+        if task.done or task.holders or task.queued:
+            return False
+        task.attempt += 1
+        task.holder = None
+        task.queued = True
+        self.counters.requeued += 1
+        if front:
+            self.pending.appendleft(task)
+        return True
+
     def _resize_windows(self) -> None:
-        if not self.devices:
+        trusted = [s for s in self.devices.values() if not s.quarantined]
+        if not trusted:
             return
-        median = statistics.median(s.predicted_gflops for s in self.devices.values()) or 1.0
-        for s in self.devices.values():
+        median = statistics.median(s.predicted_gflops for s in trusted) or 1.0
+        for s in trusted:
             scaled = round(2 * s.predicted_gflops / median)
             s.window = max(1, min(s.max_in_flight, scaled))
 
-    def _requeue(self, task: Task) -> None:
-        task.attempt += 1
-        task.holder = None
-        self.requeued_total += 1
-        self.pending.appendleft(task)
-
     # -- work in -------------------------------------------------------------------------------
-    def submit(self, job: GemmJob, tile_m: int, tile_n: int) -> None:
-        """Queue every tile of a GEMM."""
+    def submit(self, job: GemmJob, tile_m: int, tile_n: int,
+               prefilled: dict[tuple[int, int, int, int], np.ndarray] | None = None) -> int:
+        """Queue every tile of a GEMM; tiles in ``prefilled`` (by box) are placed at once.
+
+        Returns how many tiles were prefilled. A GEMM whose every tile is prefilled is done
+        when this returns (its future is resolved).
+        """
         boxes = cut(job.a.shape[0], job.b.shape[1], tile_m, tile_n)
+        job.tile_m, job.tile_n = tile_m, tile_n
+        served = 0
         job.remaining = len(boxes)
         for box in boxes:
-            task = Task(next(self._ids), job, box)
+            ready = prefilled.get((box.r0, box.r1, box.c0, box.c1)) if prefilled else None
+            if ready is not None and ready.shape == box.shape:
+                job.c[box.r0:box.r1, box.c0:box.c1] = ready
+                job.remaining -= 1
+                served += 1
+                continue
+            task = Task(next(self._ids), job, box, queued=True)
             self.tasks[task.task_id] = task
             self.pending.append(task)
+        self.counters.prefilled += served
+        if job.remaining == 0 and not job.done.done():
+            job.done.set_result(job.c)
+        return served
 
     def invalidate(self, before_version: int) -> None:
         """Weights advanced: every device drops older cached blocks (mirrors too)."""
@@ -216,49 +354,119 @@ class Scheduler:
             slot.cache.invalidate(before_version)
 
     # -- work out ------------------------------------------------------------------------------
+    def finish_wall_s(self, slot: DeviceSlot, flops: float) -> float:
+        """Predicted wall seconds until the device would return a new tile of this size."""
+        return slot.finish_estimate_s(flops) * self.dilation + self._overhead_s(slot)
+
+    def _overhead_s(self, slot: DeviceSlot) -> float:
+        """The device's overhead; before its first result, the mean of the known ones."""
+        if slot.overhead_s is not None:
+            return slot.overhead_s
+        known = [s.overhead_s for s in self.devices.values() if s.overhead_s is not None]
+        return sum(known) / len(known) if known else 0.0
+
+    def _eligible(self, slot: DeviceSlot, task: Task) -> bool:
+        """A device gets a task it had before (and failed) only if no other device could."""
+        return task.task_id not in slot.given or not any(
+            o is not slot and not o.quarantined and task.task_id not in o.given
+            for o in self.devices.values())
+
     def assign(self, device_id: str, now_s: float | None = None) -> list[Assignment]:
-        """Hand a device as many tasks as its window allows; update its cache mirror."""
+        """Hand a device as many tasks as its window allows (backups when idle)."""
         slot = self.devices.get(device_id)
-        if slot is None:
+        if slot is None or slot.quarantined:
             return []
         now_s = time.monotonic() if now_s is None else now_s
         out: list[Assignment] = []
+        speculate = self.speculate and slot.overhead_s is not None
         while slot.free > 0 and self.pending:
             task = self._pick(slot)
             if task is None:
                 break
-            out.append(self._give(slot, task, now_s))
+            out.append(self._give(slot, task, now_s, backup=False))
+        if speculate and not self._pending_live():
+            while slot.free > 0:
+                task = self._backup_candidate(slot, now_s)
+                if task is None:
+                    break
+                self.counters.backups += 1
+                out.append(self._give(slot, task, now_s, backup=True))
         return out
 
+    def _pending_live(self) -> bool:
+        while self.pending and self.pending[0].done:  # finished by another copy
+            self.pending.popleft().queued = False
+        return bool(self.pending)
+
     def _pick(self, slot: DeviceSlot) -> Task | None:
-        while self.pending and self.pending[0].done:  # finished by another attempt
-            self.pending.popleft()
-        if not self.pending:
+        if not self._pending_live():
             return None
-        if self._tail() and self._is_straggler(slot, self.pending[0].flops):
+        if self._tail() and self._is_straggler(slot, self.pending[0]):
             return None
         best_i, best_score = 0, -1
         for i, task in enumerate(itertools.islice(self.pending, AFFINITY_SCAN)):
-            if task.done:
+            if task.done or not self._eligible(slot, task):
                 continue
             score = ((task.a_block_key in slot.cache) * task.a_block().nbytes
                      + (task.b_block_key in slot.cache) * task.b_block().nbytes)
             if score > best_score:
                 best_i, best_score = i, score
+        if best_score < 0:  # only tasks this device already had (it failed them): leave them
+            return None if len(self.pending) <= AFFINITY_SCAN else self._pick_beyond(slot)
         task = self.pending[best_i]
         del self.pending[best_i]
+        task.queued = False
         return task
+
+    def _pick_beyond(self, slot: DeviceSlot) -> Task | None:
+        for i, task in enumerate(self.pending):
+            if not task.done and self._eligible(slot, task):
+                del self.pending[i]
+                task.queued = False
+                return task
+        return None
 
     def _tail(self) -> bool:
         return len(self.pending) < sum(max(s.free, 0) for s in self.devices.values())
 
-    def _is_straggler(self, slot: DeviceSlot, flops: float) -> bool:
-        best = min(s.finish_estimate_s(flops) for s in self.devices.values())
-        return slot.finish_estimate_s(flops) > STRAGGLER_RATIO * best
+    def _is_straggler(self, slot: DeviceSlot, task: Task) -> bool:
+        """At the tail: whether the device straggles behind the best one that could take it."""
+        best = min(self.finish_wall_s(s, task.flops) for s in self.devices.values()
+                   if s is slot or (not s.quarantined and task.task_id not in s.given))
+        return straggles(self.finish_wall_s(slot, task.flops), best)
 
-    def _give(self, slot: DeviceSlot, task: Task, now_s: float) -> Assignment:
+    def remaining_s(self, copy: Copy, now_s: float) -> float:
+        """Predicted wall seconds until a copy comes back (overdue: as long as it has taken)."""
+        if now_s < copy.expected_s:
+            return copy.expected_s - now_s
+        return now_s - copy.sent_s
+
+    def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
+        best: Task | None = None
+        best_remaining = 0.0
+        for other in self.devices.values():
+            if other is slot or other.quarantined or other.overhead_s is None:
+                continue
+            for copy in other.in_flight.values():
+                task = copy.task
+                if (task.done or len(task.holders) >= MAX_COPIES or task.queued
+                        or other.device_id not in task.holders
+                        or task.task_id in slot.given):
+                    continue
+                remaining = self.remaining_s(copy, now_s)
+                mine = self.finish_wall_s(slot, task.flops)
+                if (remaining > best_remaining and straggles(remaining, mine)
+                        and remaining - mine >= MIN_BACKUP_GAIN_S):
+                    best, best_remaining = task, remaining
+        return best
+
+    def _give(self, slot: DeviceSlot, task: Task, now_s: float, backup: bool) -> Assignment:
+        compute_wall_s = slot.finish_estimate_s(task.flops) * self.dilation
+        expected = now_s + compute_wall_s + (slot.overhead_s or 0.0)
         task.holder, task.sent_s = slot.device_id, now_s
-        slot.in_flight[task.task_id] = task
+        task.holders.add(slot.device_id)
+        slot.in_flight[task.task_id] = Copy(task, task.attempt, backup, now_s, expected,
+                                            compute_wall_s)
         slot.given.add(task.task_id)
         send, keep = [], []
         for key, block in ((task.a_block_key, task.a_block()), (task.b_block_key, task.b_block())):
@@ -271,63 +479,119 @@ class Scheduler:
                 slot.bytes_down += block.nbytes
             send.append(not hit)
             keep.append(cacheable)
-        return Assignment(task, send[0], send[1], keep[0], keep[1])
+        return Assignment(task, send[0], send[1], keep[0], keep[1], backup)
 
     # -- results in ----------------------------------------------------------------------------
     def accept(self, device_id: str, task_id: int, attempt: int, c: np.ndarray,
-               compute_s: float = 0.0, energy_j: float = 0.0) -> Outcome:
+               compute_s: float = 0.0, energy_j: float = 0.0,
+               now_s: float | None = None) -> Outcome:
         """Check a result and place it into its GEMM's C; say what became of it."""
         slot = self.devices.get(device_id)
         if slot is None:
             return Outcome(Verdict.REJECTED, f"device {device_id} is not registered")
         slot.bytes_up += c.nbytes
-        task = slot.in_flight.get(task_id)
-        if task is None or task.attempt != attempt:
-            if task_id in slot.given:
+        copy = slot.in_flight.get(task_id)
+        if copy is None or copy.attempt != attempt:
+            if task_id in slot.given and copy is None:
+                slot.tiles_late += 1
                 return Outcome(Verdict.LATE, f"task {task_id} attempt {attempt} is no longer "
-                                             f"outstanding on {device_id}")
+                                             f"outstanding on {device_id}", attempt=attempt)
             slot.tiles_rejected += 1
             return Outcome(Verdict.REJECTED, f"task {task_id} attempt {attempt} was not given "
-                                             f"to device {device_id}")
+                                             f"to device {device_id}", attempt=attempt)
         del slot.in_flight[task_id]
-        if task.done:
-            return Outcome(Verdict.LATE, f"task {task_id} was already completed", task=task)
-        problem = check_result(task.a_block(), task.b_block(), c, check_values=self.check_values)
+        task = copy.task
+        self.counters.flops_returned += task.flops
+        problem = self._check(task, c)
         if problem:
-            slot.tiles_rejected += 1
-            self._requeue(task)
-            return Outcome(Verdict.REJECTED, f"task {task_id}: {problem}", requeued=True,
-                           task=task)
+            return self._failed(slot, copy, problem)
+        trusted = device_id in task.holders
+        task.holders.discard(device_id)
+        now_s = time.monotonic() if now_s is None else now_s
+        self._observe(slot, copy, compute_s, now_s)
+        if task.done or not trusted:
+            slot.tiles_late += 1
+            if task.done:
+                self.counters.wasted += 1
+            why = "was already completed" if task.done else \
+                f"came from quarantined device {device_id}"
+            return Outcome(Verdict.LATE, f"task {task_id} {why}", task=task, checked=True,
+                           attempt=attempt)
+        return self._place(slot, copy, c, compute_s, energy_j)
+
+    def _observe(self, slot: DeviceSlot, copy: Copy, compute_s: float, now_s: float) -> None:
+        """Learn a device's speed and round-trip overhead from one valid result."""
+        if compute_s > 0:
+            rate = copy.task.flops / compute_s
+            slot.rate_flops = (1 - EWMA_WEIGHT) * slot.rate_flops + EWMA_WEIGHT * rate
+        overhead = max(0.0, now_s - copy.sent_s - copy.compute_wall_s)
+        slot.overhead_s = overhead if slot.overhead_s is None else \
+            (1 - EWMA_WEIGHT) * slot.overhead_s + EWMA_WEIGHT * overhead
+
+    def _check(self, task: Task, c: np.ndarray) -> str | None:
+        start = time.thread_time()
+        job = task.job
+        if self.check_values and job.check is None:
+            columns = cut(job.a.shape[0], job.b.shape[1], job.tile_m, job.tile_n)
+            job.check = GemmCheck(job.a, job.b, [(x.c0, x.c1) for x in columns],
+                                  self.freivalds_vectors)
+        box = task.box
+        problem = check_result(task.a_block(), task.b_block(), c, check_values=self.check_values,
+                               vectors=self.freivalds_vectors, gemm=job.check,
+                               box=(box.r0, box.r1, box.c0, box.c1))
+        self.counters.validation_cpu_s += time.thread_time() - start
+        self.counters.checks += 1
+        return problem
+
+    def _failed(self, slot: DeviceSlot, copy: Copy, problem: str) -> Outcome:
+        task = copy.task
+        slot.tiles_rejected += 1
+        slot.failed_checks += 1
+        self.counters.failed_checks += 1
+        requeued = self._release(task, slot.device_id)
+        outcome = Outcome(Verdict.REJECTED, f"task {task.task_id}: {problem}", requeued=requeued,
+                          task=task, checked=True, failed_check=True, attempt=copy.attempt)
+        if (self.quarantine_after > 0 and not slot.quarantined
+                and slot.failed_checks >= self.quarantine_after):
+            outcome.quarantined = self.quarantine(slot.device_id)
+        return outcome
+
+    def _place(self, slot: DeviceSlot, copy: Copy, c: np.ndarray, compute_s: float,
+               energy_j: float) -> Outcome:
+        task = copy.task
         box = task.box
         task.job.c[box.r0:box.r1, box.c0:box.c1] = c
         task.done = True
-        task.holder = device_id
-        del self.tasks[task_id]
+        task.holder = slot.device_id
+        self.tasks.pop(task.task_id, None)
         slot.tiles_done += 1
         slot.compute_s += compute_s
         slot.energy_j += energy_j
-        if compute_s > 0:
-            rate = task.flops / compute_s
-            slot.rate_flops = (1 - EWMA_WEIGHT) * slot.rate_flops + EWMA_WEIGHT * rate
-        if attempt > 0:
-            self.recomputed_total += 1
+        self.counters.flops_accepted += task.flops
+        if copy.attempt > 0:
+            self.counters.recomputed += 1
+        if copy.backup:
+            self.counters.backup_wins += 1
+            slot.backups_won += 1
         job = task.job
         job.remaining -= 1
         return Outcome(Verdict.ACCEPTED, completed_job=job if job.remaining == 0 else None,
-                       task=task)
+                       task=task, checked=True, backup_won=copy.backup, attempt=copy.attempt)
 
     def refuse(self, device_id: str, task_id: int, attempt: int, reason: str) -> Outcome:
         """A result that could not even be decoded: refuse it; re-queue the task if outstanding."""
         slot = self.devices.get(device_id)
-        task = slot.in_flight.get(task_id) if slot is not None else None
-        if slot is None or task is None or task.attempt != attempt:
-            return Outcome(Verdict.REJECTED, f"task {task_id}: {reason}")
+        copy = slot.in_flight.get(task_id) if slot is not None else None
+        if slot is None or copy is None or copy.attempt != attempt:
+            return Outcome(Verdict.REJECTED, f"task {task_id}: {reason}", attempt=attempt)
         del slot.in_flight[task_id]
         slot.tiles_rejected += 1
-        self._requeue(task)
-        return Outcome(Verdict.REJECTED, f"task {task_id}: {reason}", requeued=True, task=task)
+        requeued = self._release(copy.task, device_id)
+        return Outcome(Verdict.REJECTED, f"task {task_id}: {reason}", requeued=requeued,
+                       task=copy.task, attempt=attempt)
 
     # -- views ---------------------------------------------------------------------------------
     def in_flight(self) -> Iterable[Task]:
         for slot in self.devices.values():
-            yield from slot.in_flight.values()
+            for copy in slot.in_flight.values():
+                yield copy.task

@@ -27,10 +27,18 @@ import numpy as np
 import torch
 
 from testbed.ps_backend.executor import DoneHandle, GemmHandle, GemmSpec
+from testbed.ps_backend.ledger import Ledger, gemm_digest
 from testbed.ps_backend.proto import testbed_pb2 as pb
 from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
 from testbed.ps_backend.proto.tensors import TensorError, from_tensor, to_tensor
-from testbed.ps_backend.scheduler import Assignment, DeviceSlot, GemmJob, Scheduler, Verdict
+from testbed.ps_backend.scheduler import (
+    Assignment,
+    DeviceSlot,
+    GemmJob,
+    Outcome,
+    Scheduler,
+    Verdict,
+)
 from testbed.ps_backend.tiler import gemm_flops
 from testbed.runlog import RunLog
 
@@ -49,7 +57,10 @@ class PsConfig:
     heartbeat_s: float = 1.0
     max_message_bytes: int = 64 * 1024 * 1024
     time_dilation: float = 1.0
-    check_values: bool = True
+    check_values: bool = True  # Freivalds' check on every tile (job.validation.enabled)
+    freivalds_vectors: int = 1  # random vectors per check (job.validation.freivalds_vectors)
+    quarantine_after: int = 3  # failed checks before a device is quarantined; 0 = never
+    speculate: bool = True  # backup copies of straggling tiles when devices sit idle
 
 
 @dataclass(eq=False)
@@ -86,15 +97,39 @@ class StepStats:
     lag_s_max: float = 0.0
     device_compute_s: float = 0.0
     energy_j: float = 0.0
+    failed_checks: int = 0
+    backups: int = 0
+    backup_wins: int = 0
+    wasted: int = 0
+    from_ledger: int = 0  # tiles served from the ledger after a restart
+
+
+@dataclass
+class Recovery:
+    """A departure (or quarantine) whose re-queued tiles are not all handed out again yet."""
+
+    device: str
+    kind: str
+    started_s: float
+    waiting: set[int]  # task ids not yet reassigned
+    tiles: int
 
 
 class PsCore:
     """Registry, leases and the scheduler, driven from the event loop thread only."""
 
-    def __init__(self, config: PsConfig, runlog: RunLog | None = None):
+    def __init__(self, config: PsConfig, runlog: RunLog | None = None,
+                 ledger: Ledger | None = None):
         self.config = config
         self.runlog = runlog
-        self.scheduler = Scheduler(check_values=config.check_values)
+        self.ledger = ledger
+        self.scheduler = Scheduler(check_values=config.check_values,
+                                   freivalds_vectors=config.freivalds_vectors,
+                                   quarantine_after=config.quarantine_after,
+                                   dilation=config.time_dilation, speculate=config.speculate)
+        self.quarantined_names: set[str] = set()
+        self.recovering: list[Recovery] = []
+        self.recovery_s: list[float] = []  # departure -> every re-queued tile handed out again
         self.conns: dict[str, DeviceConn] = {}
         self.departed: list[dict[str, Any]] = []  # final records of devices that left
         self.stats = StepStats()
@@ -128,6 +163,10 @@ class PsCore:
         self.conns[device_id] = conn
         self.scheduler.add_device(slot)
         self._event("join", device=slot.name, device_id=device_id, **conn.descriptor)
+        if slot.name in self.quarantined_names:  # identity is the name the device declares
+            self.scheduler.quarantine(device_id)
+            self._event("quarantine", device=slot.name, device_id=device_id,
+                        reason="joined again after being quarantined", requeued_tiles=0)
         self.joined.set()
         return conn
 
@@ -147,18 +186,48 @@ class PsCore:
         conn = self.conns.pop(device_id, None)
         if conn is None:
             return 0
+        held = [c.task for c in conn.slot.in_flight.values()]
         requeued = self.scheduler.remove_device(device_id)
+        backed_up = [t.task_id for t in held if not t.done and t.holders]
+        done_elsewhere = [t.task_id for t in held if t.done]
         self.stats.requeued += len(requeued)
         self.totals.requeued += len(requeued)
         if conn.outbox is not None:
             conn.outbox.put_nowait(None)
-        self.departed.append(self._device_record(conn, state="left"))
+        self.departed.append(self._device_record(
+            conn, state="quarantined" if conn.slot.quarantined else "left"))
         self._event(kind, device=conn.slot.name, device_id=device_id, reason=reason,
+                    in_flight=len(held), in_flight_tasks=[t.task_id for t in held],
+                    done_elsewhere=len(done_elsewhere), backed_up=len(backed_up),
                     requeued_tiles=len(requeued),
                     requeued=[{"task": t.task_id, "gemm": t.job.uid, "attempt": t.attempt}
                               for t in requeued])
+        self._track_recovery(conn.slot.name, kind, [t.task_id for t in requeued])
         self.pump()
         return len(requeued)
+
+    def _track_recovery(self, device: str, kind: str, task_ids: list[int]) -> None:
+        if task_ids:
+            self.recovering.append(Recovery(device, kind, time.monotonic(), set(task_ids),
+                                            len(task_ids)))
+
+    def _reassigned(self, task_ids: list[int]) -> None:
+        """Tasks were handed out: close the recoveries they complete."""
+        if not self.recovering:
+            return
+        now = time.monotonic()
+        still = []
+        for r in self.recovering:
+            r.waiting.difference_update(task_ids)
+            r.waiting = {t for t in r.waiting if t in self.scheduler.tasks}  # done elsewhere
+            if r.waiting:
+                still.append(r)
+                continue
+            seconds = now - r.started_s
+            self.recovery_s.append(seconds)
+            self._event("recovered", device=r.device, cause=r.kind, tiles=r.tiles,
+                        recovery_s=round(seconds, 6))
+        self.recovering = still
 
     def expire_leases(self, now_s: float | None = None) -> list[str]:
         """Drop every device not heard from within its lease."""
@@ -172,11 +241,28 @@ class PsCore:
 
     # -- work ----------------------------------------------------------------------------------
     def submit(self, job: GemmJob) -> None:
-        """Queue a GEMM's tiles (called on the loop thread by the executor)."""
+        """Queue a GEMM's tiles (called on the loop thread by the executor).
+
+        Tiles the ledger recorded before a restart (same GEMM uid and operand digest) are placed
+        at once and never sent to a device.
+        """
         if job.version > self.version:
             self.invalidate(job.version)
-        self.scheduler.submit(job, self.config.tile_m, self.config.tile_n)
+        prefilled = self.ledger.take(job.uid, job.digest) if self.ledger is not None else {}
+        served = self.scheduler.submit(job, self.config.tile_m, self.config.tile_n, prefilled)
+        if served:
+            self.stats.from_ledger += served
+            self.totals.from_ledger += served
+            self._event("ledger_reuse", gemm=job.uid, step=job.spec.step, tiles=served,
+                        boxes=sorted(prefilled))
         self.pump()
+
+    def tick(self) -> None:
+        """Periodic work on the loop thread: leases, backups as time passes, ledger fsync."""
+        self.expire_leases()
+        self.pump()
+        if self.ledger is not None:
+            self.ledger.maybe_sync()
 
     def invalidate(self, before_version: int) -> None:
         """Weights advanced: drop older cached blocks on every device and in the mirrors."""
@@ -189,16 +275,18 @@ class PsCore:
 
     def pump(self) -> None:
         """Hand tiles to every attached device with room in its window, fastest first."""
-        if not self.scheduler.pending or self.stopping:
+        if self.stopping or not (self.scheduler.pending or self.scheduler.tasks):
             return
         ready = [c for c in self.conns.values() if c.outbox is not None and c.slot.free > 0]
         ready.sort(key=lambda c: -c.slot.rate_flops)
         for conn in ready:
-            if not self.scheduler.pending:
-                break
             assignments = self.scheduler.assign(conn.device_id)
             if assignments:
                 conn.outbox.put_nowait(self._tiles_message(conn, assignments))
+                backups = sum(a.backup for a in assignments)
+                self.stats.backups += backups
+                self.totals.backups += backups
+                self._reassigned([a.task.task_id for a in assignments])
 
     def _tiles_message(self, conn: DeviceConn, assignments: list[Assignment]) -> pb.ServerMessage:
         message = pb.ServerMessage()
@@ -238,11 +326,12 @@ class PsCore:
         elif body == "attach":
             self._reject(conn, -1, "already attached: Attach is only the first message")
 
-    def _reject(self, conn: DeviceConn, task_id: int, reason: str) -> None:
+    def _reject(self, conn: DeviceConn, task_id: int, reason: str, attempt: int = -1,
+                failed_check: bool = False) -> None:
         self.stats.rejected += 1
         self.totals.rejected += 1
         self._event("reject", device=conn.slot.name, device_id=conn.device_id, task=task_id,
-                    reason=reason)
+                    attempt=attempt, failed_check=failed_check, reason=reason)
         if conn.outbox is not None:
             conn.outbox.put_nowait(pb.ServerMessage(reject=pb.Reject(task_id=task_id,
                                                                      reason=reason)))
@@ -260,38 +349,93 @@ class PsCore:
             outcome = self.scheduler.accept(conn.device_id, result.task_id, result.attempt, c,
                                             result.compute_s, result.energy_j)
         if outcome.verdict is Verdict.REJECTED:
-            self._reject(conn, result.task_id, outcome.reason)
-            if outcome.requeued:
-                self.stats.requeued += 1
-                self.totals.requeued += 1
+            self._reject(conn, result.task_id, outcome.reason, result.attempt,
+                         outcome.failed_check)
+            for s in (self.stats, self.totals):
+                s.requeued += outcome.requeued
+                s.failed_checks += outcome.failed_check
+            if outcome.quarantined is not None:
+                self._quarantined(conn, outcome)
         elif outcome.verdict is Verdict.LATE:
             self.stats.late += 1
             self.totals.late += 1
+            if outcome.task is not None and outcome.task.done and outcome.checked:
+                self.stats.wasted += 1
+                self.totals.wasted += 1
         else:
-            for s in (self.stats, self.totals):
-                s.tiles += 1
-                s.recomputed += result.attempt > 0
-                s.lag_s_max = max(s.lag_s_max, result.lag_s)
-                s.device_compute_s += result.compute_s
-                s.energy_j += result.energy_j
-            if outcome.completed_job is not None:
-                outcome.completed_job.done.set_result(outcome.completed_job.c)
+            self._accepted(conn, result, outcome, c)
         self.pump()
+
+    def _accepted(self, conn: DeviceConn, result: pb.TileResult, outcome: Outcome,
+                  c: np.ndarray) -> None:
+        task = outcome.task
+        assert task is not None
+        for s in (self.stats, self.totals):
+            s.tiles += 1
+            s.recomputed += result.attempt > 0
+            s.backup_wins += outcome.backup_won
+            s.lag_s_max = max(s.lag_s_max, result.lag_s)
+            s.device_compute_s += result.compute_s
+            s.energy_j += result.energy_j
+        if self.ledger is not None:
+            box = task.box
+            self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,
+                               (box.r0, box.r1, box.c0, box.c1), c, task.task_id,
+                               result.attempt, conn.slot.name)
+        if outcome.completed_job is not None:
+            outcome.completed_job.done.set_result(outcome.completed_job.c)
+
+    def _quarantined(self, conn: DeviceConn, outcome: Outcome) -> None:
+        requeued = outcome.quarantined or []
+        self.quarantined_names.add(conn.slot.name)
+        for s in (self.stats, self.totals):
+            s.requeued += len(requeued)
+        self._event("quarantine", device=conn.slot.name, device_id=conn.device_id,
+                    failed_checks=conn.slot.failed_checks, reason=outcome.reason,
+                    requeued_tiles=len(requeued),
+                    requeued=[{"task": t.task_id, "gemm": t.job.uid, "attempt": t.attempt}
+                              for t in requeued])
+        self._track_recovery(conn.slot.name, "quarantine", [t.task_id for t in requeued])
 
     # -- views ---------------------------------------------------------------------------------
     def _device_record(self, conn: DeviceConn, state: str) -> dict[str, Any]:
         s = conn.slot
         return {"device": s.name, "device_id": s.device_id, "group": s.group, "kind": s.kind,
                 "profile": s.profile, "state": state, "tiles_done": s.tiles_done,
-                "tiles_rejected": s.tiles_rejected, "in_flight": len(s.in_flight),
+                "tiles_rejected": s.tiles_rejected, "failed_checks": s.failed_checks,
+                "tiles_late": s.tiles_late, "backups_won": s.backups_won,
+                "in_flight": sum(s.device_id in c.task.holders and not c.task.done
+                                 for c in s.in_flight.values()),
+                "outstanding": [[c.task.task_id, c.attempt] for c in s.in_flight.values()],
                 "window": s.window, "bytes_down": s.bytes_down, "bytes_up": s.bytes_up,
                 "compute_s": round(s.compute_s, 6), "energy_j": round(s.energy_j, 6),
                 "observed_gflops": round(s.rate_flops / 1e9, 3), "telemetry": dict(conn.telemetry)}
 
     def device_records(self) -> list[dict[str, Any]]:
         """Current state of every joined device."""
-        return [self._device_record(c, "busy" if c.slot.in_flight else "idle")
+        return [self._device_record(c, "quarantined" if c.slot.quarantined else
+                                    "busy" if c.slot.in_flight else "idle")
                 for c in self.conns.values()]
+
+    def metrics(self) -> dict[str, Any]:
+        """Fault-tolerance figures for status.json and summary.json (see docs)."""
+        k = self.scheduler.counters
+        rec = sorted(self.recovery_s)
+        return {
+            "recovery_s": [round(x, 6) for x in self.recovery_s[-50:]],
+            "recovery_p50_s": _quantile(rec, 0.5), "recovery_p95_s": _quantile(rec, 0.95),
+            "recoveries": len(rec), "recovering": len(self.recovering),
+            "recomputed_tiles": self.totals.recomputed, "backups": k.backups,
+            "backup_wins": k.backup_wins, "wasted_tiles": k.wasted,
+            "failed_checks": k.failed_checks, "checks": k.checks,
+            "quarantined": sorted(self.quarantined_names),
+            "goodput": round(k.flops_accepted / k.flops_returned, 6) if k.flops_returned
+            else None,
+            "useful_gflop": round(k.flops_accepted / 1e9, 6),
+            "validation_cpu_s": round(k.validation_cpu_s, 6),
+            "validation_us_per_tile": round(1e6 * k.validation_cpu_s / k.checks, 3)
+            if k.checks else None,
+            "tiles_from_ledger": self.totals.from_ledger}
 
     def take_step_stats(self) -> StepStats:
         stats, self.stats = self.stats, StepStats()
@@ -304,6 +448,14 @@ class PsCore:
             if conn.outbox is not None:
                 conn.outbox.put_nowait(pb.ServerMessage(stop=pb.Stop(reason=reason)))
                 conn.outbox.put_nowait(None)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank) of sorted values; None when there are none."""
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return round(sorted_values[i], 6)
 
 
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
@@ -382,9 +534,10 @@ class PsServer:
     """The gRPC server on its own event-loop thread; start() returns once it listens."""
 
     def __init__(self, config: PsConfig, runlog: RunLog | None = None,
-                 listen: str = "127.0.0.1:0"):
+                 listen: str = "127.0.0.1:0", ledger: Ledger | None = None):
         self.config = config
         self.runlog = runlog
+        self.ledger = ledger
         self.listen = listen
         self.loop = asyncio.new_event_loop()
         self.core: PsCore | None = None
@@ -404,7 +557,7 @@ class PsServer:
 
     async def _start(self) -> None:
         try:
-            self.core = PsCore(self.config, self.runlog)
+            self.core = PsCore(self.config, self.runlog, self.ledger)
             limit = self.config.max_message_bytes
             self._server = grpc.aio.server(options=[
                 ("grpc.max_receive_message_length", limit),
@@ -424,7 +577,7 @@ class PsServer:
         assert self.core is not None
         while True:
             await asyncio.sleep(min(0.25, self.config.lease_s / 4))
-            self.core.expire_leases()
+            self.core.tick()
             for fn in self._periodic:
                 fn()
 
@@ -485,20 +638,27 @@ class TileExecutor:
         self.interrupted = interrupted or threading.Event()
         self.local_gemms = 0
         self.offloaded_gemms = 0
+        self._step = -1  # GEMM uids count from 0 in every step, so a restart names them alike
 
     def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
         m, k = a.shape
         n = b.shape[1]
+        if spec.step != self._step:
+            self._step, self._uids = spec.step, itertools.count()
+        seq = next(self._uids)
         if gemm_flops(m, k, n) < self.config.min_offload_flops:
             self.local_gemms += 1
             return DoneHandle(a @ b)
         self.offloaded_gemms += 1
-        a_np = np.ascontiguousarray(a.detach().numpy())
-        b_np = np.ascontiguousarray(b.detach().numpy())
-        uid = f"s{spec.step}/{spec.layer}/{spec.op}#{next(self._uids)}"
+        # Own copies: the engine may change its tensors in place once the GEMM is done (the
+        # optimizer steps the weights), and late copies of tiles are still checked against A, B.
+        a_np = np.array(a.detach().numpy(), order="C", copy=True)
+        b_np = np.array(b.detach().numpy(), order="C", copy=True)
+        uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
-                      a_key=f"{uid}:A", b_key=spec.b_key or f"{uid}:B", done=Future())
+                      a_key=f"{uid}:A", b_key=spec.b_key or f"{uid}:B", done=Future(),
+                      digest=gemm_digest(a_np, b_np) if self.server.ledger is not None else "")
         core = self.server.core
         assert core is not None
         self.server.loop.call_soon_threadsafe(core.submit, job)

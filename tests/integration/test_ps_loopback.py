@@ -67,6 +67,14 @@ def test_float64_parity_losses_and_weights(tmp_path: Path) -> None:
     assert summary["state"] == "done" and summary["exit_code"] == 0
     devices = {d["device"] for d in summary["devices"]}
     assert devices == {"phones-0", "phones-1", "phones-2", "laptops-0"}
+    # the run's energy is the power model's sum over its tiles (and idle time and radio bytes)
+    energy = summary["energy"]["total"]
+    # steps.jsonl rounds each step's joules to 1e-6 J
+    assert energy["compute_j"] == pytest.approx(sum(s["energy_j"] for s in steps),
+                                                abs=1e-6 * len(steps))
+    assert energy["compute_j"] > 0 and energy["idle_j"] > 0 and energy["radio_j"] > 0
+    assert energy["total_j"] == pytest.approx(
+        energy["compute_j"] + energy["idle_j"] + energy["radio_j"])
     for name in ("topology.yaml", "events.jsonl", "devices.jsonl", "status.json"):
         assert (run_dir / name).exists(), name
 

@@ -145,3 +145,271 @@ def test_cache_mirror_stays_exact() -> None:
                 if rng.random() < 0.5 or True:
                     s.accept("d0", t.task_id, t.attempt, blocks[0] @ blocks[1])
     assert device.used_bytes == s.devices["d0"].cache.used_bytes
+
+
+# -- backups, the straggler rule, quarantine, the ledger's prefill ------------------------------
+
+def honest(t) -> np.ndarray:
+    return t.a_block() @ t.b_block()
+
+
+def two_speeds(**kwargs) -> Scheduler:
+    """A fast and a slow device, both with a known round-trip overhead (0 s)."""
+    s = Scheduler(**kwargs)
+    s.add_device(slot("fast", gflops=100, window=1))
+    s.add_device(slot("slow", gflops=0.001, window=1))  # ~0.13 s a tile: worth a backup
+    for d in s.devices.values():
+        d.overhead_s = 0.0
+    return s
+
+
+def test_straggles_is_one_rule() -> None:
+    from testbed.ps_backend.scheduler import STRAGGLER_RATIO, straggles
+
+    assert straggles(STRAGGLER_RATIO * 1.01, 1.0) and not straggles(STRAGGLER_RATIO, 1.0)
+
+
+def test_idle_device_backs_up_a_straggler_and_the_first_valid_result_wins() -> None:
+    s = two_speeds()
+    j = job(64, 32, 64)
+    s.submit(j, 32, 64)  # two tiles
+    slow_task = s.assign("slow", now_s=0.0)[0].task
+    fast_task = s.assign("fast", now_s=0.0)[0].task
+    assert s.accept("fast", fast_task.task_id, 0, honest(fast_task), now_s=0.0).verdict \
+        is Verdict.ACCEPTED
+    backup = s.assign("fast", now_s=0.0)
+    assert [a.task for a in backup] == [slow_task] and backup[0].backup
+    assert slow_task.holders == {"slow", "fast"}
+    won = s.accept("fast", slow_task.task_id, 0, honest(slow_task), now_s=0.0)
+    assert won.verdict is Verdict.ACCEPTED and won.backup_won and won.completed_job is j
+    late = s.accept("slow", slow_task.task_id, 0, honest(slow_task), now_s=1.0)
+    assert late.verdict is Verdict.LATE and late.checked
+    assert s.counters.backups == 1 and s.counters.backup_wins == 1 and s.counters.wasted == 1
+    np.testing.assert_allclose(j.c, j.a @ j.b, rtol=1e-12)
+
+
+def test_a_wrong_losing_copy_is_still_refused() -> None:
+    s = two_speeds()
+    s.submit(job(64, 32, 64), 32, 64)
+    t = s.assign("slow", now_s=0.0)[0].task
+    other = s.assign("fast", now_s=0.0)[0].task
+    s.accept("fast", other.task_id, 0, honest(other), now_s=0.0)
+    s.assign("fast", now_s=0.0)
+    s.accept("fast", t.task_id, 0, honest(t), now_s=0.0)
+    outcome = s.accept("slow", t.task_id, 0, honest(t) * 2, now_s=1.0)
+    assert outcome.verdict is Verdict.REJECTED and outcome.failed_check
+    assert s.devices["slow"].failed_checks == 1
+
+
+def test_no_backup_that_saves_less_than_the_jitter_floor() -> None:
+    from testbed.ps_backend.scheduler import MIN_BACKUP_GAIN_S
+
+    s = Scheduler()
+    s.add_device(slot("fast", gflops=100, window=1))
+    s.add_device(slot("slow", gflops=1, window=1))  # 10x slower, but ~0.1 ms a tile
+    for d in s.devices.values():
+        d.overhead_s = 0.0
+    s.submit(job(64, 32, 64), 32, 64)
+    t = s.assign("slow", now_s=0.0)[0].task
+    u = s.assign("fast", now_s=0.0)[0].task
+    s.accept("fast", u.task_id, 0, honest(u), now_s=0.0)
+    assert s.assign("fast", now_s=0.0) == []
+    assert [a.task for a in s.assign("fast", now_s=2 * MIN_BACKUP_GAIN_S)] == [t]  # overdue
+
+
+def test_no_backup_between_equal_devices_or_before_overheads_are_known() -> None:
+    s = Scheduler()
+    s.add_device(slot("a", gflops=10, window=1))
+    s.add_device(slot("b", gflops=10, window=1))
+    s.submit(job(64, 32, 64), 32, 64)
+    s.assign("a", now_s=0.0)
+    t = s.assign("b", now_s=0.0)[0].task
+    s.accept("b", t.task_id, 0, honest(t), now_s=0.0)
+    assert s.devices["a"].overhead_s is None
+    assert s.assign("b", now_s=0.0) == []  # a's overhead is unknown: no speculation
+    s.devices["a"].overhead_s = 0.0
+    assert s.assign("b", now_s=0.0) == []  # a is not straggling behind b
+
+
+def test_an_overdue_copy_is_backed_up() -> None:
+    s = Scheduler()
+    s.add_device(slot("a", gflops=10, window=1))
+    s.add_device(slot("b", gflops=10, window=1))
+    for d in s.devices.values():
+        d.overhead_s = 0.01
+    s.submit(job(64, 32, 64), 32, 64)
+    t = s.assign("a", now_s=0.0)[0].task
+    u = s.assign("b", now_s=0.0)[0].task
+    s.accept("b", u.task_id, 0, honest(u), now_s=0.011)
+    assert s.assign("b", now_s=0.012) == []  # a is about due
+    assert [x.task for x in s.assign("b", now_s=0.2)] == [t]  # 20x its expected time
+
+
+def test_at_most_two_copies_and_never_twice_to_one_device() -> None:
+    s = Scheduler()
+    for name, g in (("slow", 0.001), ("f1", 100), ("f2", 100)):
+        s.add_device(slot(name, gflops=g, window=1))
+        s.devices[name].overhead_s = 0.0
+    s.submit(job(64, 32, 64), 16, 64)  # four tiles: not the tail yet, the slow device gets one
+    t = s.assign("slow", now_s=0.0)[0].task
+    for name in ("f1", "f2", "f1", "f2"):
+        for a in s.assign(name, now_s=0.0):
+            assert a.task is not t or name == "f2"  # f2 is the one idle when t straggles
+            s.accept(name, a.task.task_id, 0, honest(a.task), now_s=0.0)
+    assert s.counters.backups == 1 and t.done
+    assert s.assign("f1", now_s=0.0) == [] and s.assign("slow", now_s=0.0) == []
+    slow_copy = s.devices["slow"].in_flight[t.task_id]
+    assert slow_copy.task is t and not t.holders - {"slow"}
+
+
+def test_tail_rule_passes_over_a_straggler() -> None:
+    s = two_speeds()
+    s.devices["fast"].max_in_flight = s.devices["fast"].window = 4
+    s.submit(job(32, 32, 64), 32, 64)  # one tile, and the fast device has free windows
+    assert s.assign("slow", now_s=0.0) == []
+    assert len(s.assign("fast", now_s=0.0)) == 1
+
+
+def test_a_departure_requeues_only_tasks_nobody_else_holds() -> None:
+    s = two_speeds()
+    s.submit(job(64, 32, 64), 32, 64)
+    t = s.assign("slow", now_s=0.0)[0].task
+    u = s.assign("fast", now_s=0.0)[0].task
+    s.accept("fast", u.task_id, 0, honest(u), now_s=0.0)
+    s.assign("fast", now_s=0.0)  # backup of t
+    assert s.remove_device("slow") == [] and t.attempt == 0
+    assert s.remove_device("fast") == [t] and t.attempt == 1 and t in s.pending
+
+
+def test_quarantine_after_failed_checks() -> None:
+    s = Scheduler(quarantine_after=2)
+    s.add_device(slot("liar", gflops=100, window=8))
+    s.add_device(slot("honest", gflops=10, window=4))
+    assert s.devices["liar"].window == 4
+    s.submit(job(64, 32, 64), 16, 16)  # 16 tiles
+    given = [a.task for a in s.assign("liar")]
+    first = s.accept("liar", given[0].task_id, 0, honest(given[0]) * 3)
+    assert first.failed_check and first.quarantined is None
+    second = s.accept("liar", given[1].task_id, 0, honest(given[1]) * -1)
+    assert second.quarantined is not None and s.devices["liar"].quarantined
+    assert {t.task_id for t in second.quarantined} == {t.task_id for t in given[2:]}
+    assert s.assign("liar") == []
+    # its remaining results are still checked: a wrong one refused, a right one dropped
+    assert s.accept("liar", given[2].task_id, 0, honest(given[2]) * 2).verdict \
+        is Verdict.REJECTED
+    assert s.accept("liar", given[3].task_id, 0, honest(given[3])).verdict is Verdict.LATE
+    j = given[0].job
+    while j.remaining:
+        for a in s.assign("honest"):
+            s.accept("honest", a.task.task_id, a.task.attempt, honest(a.task))
+    np.testing.assert_allclose(j.c, j.a @ j.b, rtol=1e-12)
+
+
+def test_quarantine_after_zero_never_quarantines() -> None:
+    s = Scheduler(quarantine_after=0)
+    s.add_device(slot("liar", window=8))
+    s.add_device(slot("other", window=8))  # could take the failed tiles: the liar may not
+    s.submit(job(64, 32, 64), 16, 16)
+    while given := s.assign("liar"):
+        for a in given:
+            s.accept("liar", a.task.task_id, 0, honest(a.task) * 2)
+    # every tile failed once on it, and none is given to it a second time
+    assert not s.devices["liar"].quarantined and s.devices["liar"].failed_checks == 16
+    assert len(s.pending) == 16 and all(t.attempt == 1 for t in s.pending)
+
+
+def test_validation_can_be_switched_off() -> None:
+    s = Scheduler(check_values=False)
+    s.add_device(slot("d0"))
+    s.submit(job(), 16, 16)
+    t = s.assign("d0")[0].task
+    assert s.accept("d0", t.task_id, 0, honest(t) * 1.5).verdict is Verdict.ACCEPTED
+
+
+def test_prefilled_tiles_are_placed_and_not_queued() -> None:
+    s = Scheduler()
+    s.add_device(slot("d0", window=32))
+    j = job(64, 32, 64)
+    full = j.a @ j.b
+    boxes = cut(64, 64, 16, 16)
+    prefilled = {(b.r0, b.r1, b.c0, b.c1): full[b.r0:b.r1, b.c0:b.c1] for b in boxes[:10]}
+    assert s.submit(j, 16, 16, prefilled) == 10
+    assert len(s.pending) == 6 and j.remaining == 6
+    while j.remaining:
+        for a in s.assign("d0"):
+            s.accept("d0", a.task.task_id, 0, honest(a.task))
+    np.testing.assert_allclose(j.c, full, rtol=1e-12)
+    everything = job(64, 32, 64, uid="h")
+    served = s.submit(everything, 16, 16, {(b.r0, b.r1, b.c0, b.c1): full[b.r0:b.r1, b.c0:b.c1]
+                                           for b in boxes})
+    assert served == 16 and everything.done.done() and not s.pending
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_churn_speeds_and_liars_still_compute_every_tile_once(seed: int) -> None:
+    """Random speeds, departures, joins, wrong results and backups: C = A·B, each tile once."""
+    rng = random.Random(seed)
+    s = Scheduler(quarantine_after=rng.choice([0, 1, 3]))
+    names = iter(f"d{i}" for i in range(1000))
+    liars: set[str] = set()
+
+    def add() -> None:
+        name = next(names)
+        s.add_device(slot(name, gflops=rng.choice([1, 10, 100]), window=rng.randint(1, 4)))
+        if rng.random() < 0.2:
+            liars.add(name)
+    for _ in range(4):
+        add()
+    jobs = [job(48, 16, 48, uid=f"g{i}") for i in range(3)]
+    for j in jobs:
+        s.submit(j, 16, 16)
+    placed: dict[int, int] = {}
+    now = 0.0
+    for _ in range(2000):
+        if not any(j.remaining for j in jobs):
+            break
+        now += rng.random() * 0.01
+        r = rng.random()
+        if r < 0.03 and len(s.devices) > 1:
+            s.remove_device(rng.choice(list(s.devices)))
+        elif r < 0.06 or not [d for d in s.devices.values() if not d.quarantined]:
+            add()
+        name = rng.choice(list(s.devices))
+        s.assign(name, now_s=now)
+        d = s.devices[name]
+        if d.in_flight and rng.random() < 0.8:
+            copy = rng.choice(list(d.in_flight.values()))
+            c = honest(copy.task)
+            if name in liars and rng.random() < 0.5:
+                c = c * 1.25 + 0.5
+            outcome = s.accept(name, copy.task.task_id, copy.attempt, c, now_s=now)
+            if outcome.verdict is Verdict.ACCEPTED:
+                assert name not in liars or np.allclose(c, honest(copy.task))
+                placed[copy.task.task_id] = placed.get(copy.task.task_id, 0) + 1
+    assert not any(j.remaining for j in jobs), "the jobs did not finish"
+    assert set(placed.values()) == {1}
+    for j in jobs:
+        np.testing.assert_allclose(j.c, j.a @ j.b, rtol=1e-12)
+
+
+def test_the_tail_rule_ignores_a_device_that_cannot_take_the_task() -> None:
+    """A fast device that already failed the last task must not stall it for slower ones."""
+    s = Scheduler()
+    s.add_device(slot("rogue", gflops=1000, window=1))
+    s.add_device(slot("honest", gflops=10, window=2))
+    s.devices["honest"].overhead_s = 0.005
+    s.submit(job(16, 32, 16), 16, 16)  # one tile
+    t = s.assign("rogue")[0].task
+    s.accept("rogue", t.task_id, 0, honest(t) * 2)  # refused, re-queued
+    assert s.assign("rogue") == []  # not to the device that failed it, while another can
+    assert [a.task for a in s.assign("honest")] == [t]
+
+
+def test_a_lone_device_may_retry_its_own_failed_task() -> None:
+    s = Scheduler(quarantine_after=0)
+    s.add_device(slot("only", window=1))
+    s.submit(job(16, 32, 16), 16, 16)
+    t = s.assign("only")[0].task
+    s.accept("only", t.task_id, 0, honest(t) * 2)
+    again = s.assign("only")
+    assert [a.task for a in again] == [t] and t.attempt == 1

@@ -1,0 +1,288 @@
+"""The ledger: an append-only journal of completed tiles; a killed PS loses no finished work.
+
+Layout: ``<run_dir>/ledger/step-000012.tiles`` holds the tiles accepted during step 12, one
+record each, in the order they were accepted. A record is::
+
+    b"TBL1" | u32 header length | header (JSON, UTF-8) | u64 payload length | payload | u32 CRC
+
+(little-endian; the CRC-32 covers header and payload). The header names the tile: ``gemm`` (the
+GEMM's uid, ``s<step>/<layer>/<op>#<seq>``, deterministic across a restart), ``digest`` (a hash of
+the GEMM's A and B), the box ``r0 r1 c0 c1``, ``dtype``, and for the record ``task``,
+``attempt``, ``device``. The payload is the tile's C, row-major.
+
+**Durability (the fsync policy).** Each record goes to the file with one ``write`` on an
+``O_APPEND`` descriptor as soon as the tile is accepted, so a PS killed with SIGKILL keeps every
+tile it accepted (the kernel holds the page). ``fsync`` runs at most every
+``FSYNC_INTERVAL_S`` (0.2 s) from the PS's periodic tick and at every step end before the
+checkpoint, so a host crash loses at most the last 0.2 s of tiles. Losing them costs only their
+recomputation: a torn or corrupt tail is detected by length and CRC, cut off, and reading stops
+there.
+
+**Reuse.** After a restart the PS restores the last checkpoint (next step ``s``) and loads every
+record of steps ``>= s``. When the trainer submits a GEMM whose uid *and* digest match, the
+recorded tiles are placed straight into C and only the rest goes to devices. A digest mismatch
+(the operands differ: not the same computation) ignores those records.
+
+**Compaction.** Once the checkpoint whose next step is ``s`` is durable, files of steps
+``< s - 1`` are deleted: the journal of the last finished step stays as its audit record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"TBL1"
+FSYNC_INTERVAL_S = 0.2
+MAX_HEADER_BYTES = 1 << 16
+_NAME_RE = re.compile(r"^step-(\d{6,})\.tiles$")
+Box = tuple[int, int, int, int]  # r0, r1, c0, c1
+
+
+def gemm_digest(a: np.ndarray, b: np.ndarray) -> str:
+    """A hash of a GEMM's operands (shapes, dtype and bytes of A and B)."""
+    h = hashlib.blake2b(digest_size=16)
+    for x in (a, b):
+        h.update(f"{x.shape}{x.dtype.str}".encode())
+        h.update(np.ascontiguousarray(x).data)
+    return h.hexdigest()
+
+
+def step_file_name(step: int) -> str:
+    """File name of the journal of one training step."""
+    return f"step-{step:06d}.tiles"
+
+
+@dataclass
+class LedgerRecord:
+    """One accepted tile as read back from the journal."""
+
+    step: int
+    gemm: str
+    digest: str
+    box: Box
+    c: np.ndarray
+    task: int = -1
+    attempt: int = 0
+    device: str = ""
+
+
+@dataclass
+class ReadResult:
+    records: list[LedgerRecord]
+    good_bytes: int  # length of the readable prefix
+    torn_bytes: int  # bytes after it (a torn or corrupt tail)
+
+
+def encode_record(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
+                  task: int = -1, attempt: int = 0, device: str = "") -> bytes:
+    """The bytes of one journal record."""
+    header = json.dumps({"step": step, "gemm": gemm, "digest": digest, "r0": box[0],
+                         "r1": box[1], "c0": box[2], "c1": box[3], "dtype": c.dtype.str,
+                         "task": task, "attempt": attempt, "device": device},
+                        separators=(",", ":")).encode()
+    payload = np.ascontiguousarray(c).tobytes()
+    crc = zlib.crc32(payload, zlib.crc32(header))
+    return b"".join((MAGIC, struct.pack("<I", len(header)), header,
+                     struct.pack("<Q", len(payload)), payload, struct.pack("<I", crc)))
+
+
+def read_records(path: Path) -> ReadResult:
+    """Every intact record of one journal file, up to the first torn or corrupt one."""
+    data = path.read_bytes()
+    records: list[LedgerRecord] = []
+    pos = 0
+    while pos < len(data):
+        record, end = _decode_at(data, pos)
+        if record is None:
+            break
+        records.append(record)
+        pos = end
+    return ReadResult(records, pos, len(data) - pos)
+
+
+def _decode_at(data: bytes, pos: int) -> tuple[LedgerRecord | None, int]:
+    if data[pos:pos + 4] != MAGIC or pos + 8 > len(data):
+        return None, pos
+    (hlen,) = struct.unpack_from("<I", data, pos + 4)
+    if hlen > MAX_HEADER_BYTES or pos + 8 + hlen + 8 > len(data):
+        return None, pos
+    header = data[pos + 8:pos + 8 + hlen]
+    (plen,) = struct.unpack_from("<Q", data, pos + 8 + hlen)
+    start = pos + 16 + hlen
+    end = start + plen + 4
+    if end > len(data):
+        return None, pos
+    payload = data[start:start + plen]
+    (crc,) = struct.unpack_from("<I", data, start + plen)
+    if zlib.crc32(payload, zlib.crc32(header)) != crc:
+        return None, pos
+    try:
+        h = json.loads(header)
+        box = (int(h["r0"]), int(h["r1"]), int(h["c0"]), int(h["c1"]))
+        c = np.frombuffer(payload, dtype=np.dtype(h["dtype"])).reshape(box[1] - box[0],
+                                                                       box[3] - box[2])
+    except (ValueError, KeyError, TypeError):
+        return None, pos
+    return LedgerRecord(int(h["step"]), str(h["gemm"]), str(h["digest"]), box, c.copy(),
+                        int(h.get("task", -1)), int(h.get("attempt", 0)),
+                        str(h.get("device", ""))), end
+
+
+@dataclass
+class _GemmTiles:
+    digest: str
+    tiles: dict[Box, np.ndarray] = field(default_factory=dict)
+
+
+class Ledger:
+    """The journal of one run: append accepted tiles, fsync in batches, serve them after a crash."""
+
+    def __init__(self, directory: Path, fsync_interval_s: float = FSYNC_INTERVAL_S):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.fsync_interval_s = fsync_interval_s
+        self._fd: int | None = None
+        self._step: int | None = None
+        self._dirty = False
+        self._last_sync_s = time.monotonic()
+        self._index: dict[str, _GemmTiles] = {}  # records loaded for reuse, by GEMM uid
+        self.appended = 0
+        self.syncs = 0
+        self.served = 0
+        self.mismatches = 0
+
+    # -- writing -------------------------------------------------------------------------------
+    def append(self, step: int, gemm: str, digest: str, box: Box, c: np.ndarray, task: int = -1,
+               attempt: int = 0, device: str = "") -> None:
+        """Journal one accepted tile (one write; durable against a process kill at once)."""
+        if self._step != step:
+            self._open(step)
+        assert self._fd is not None
+        os.write(self._fd, encode_record(step, gemm, digest, box, c, task, attempt, device))
+        self._dirty = True
+        self.appended += 1
+
+    def _open(self, step: int) -> None:
+        self.sync()
+        if self._fd is not None:
+            os.close(self._fd)
+        path = self.directory / step_file_name(step)
+        if path.exists():  # a file from before a crash: cut a torn tail before appending
+            read = read_records(path)
+            if read.torn_bytes:
+                log.warning("%s: cutting a torn tail of %d byte(s)", path, read.torn_bytes)
+                os.truncate(path, read.good_bytes)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._step = step
+        _fsync_dir(self.directory)
+
+    def sync(self) -> None:
+        """fsync the open journal file if anything was written since the last sync."""
+        if self._fd is not None and self._dirty:
+            os.fsync(self._fd)
+            self.syncs += 1
+        self._dirty = False
+        self._last_sync_s = time.monotonic()
+
+    def maybe_sync(self) -> None:
+        """fsync when the last sync is older than the interval (called from a periodic tick)."""
+        if self._dirty and time.monotonic() - self._last_sync_s >= self.fsync_interval_s:
+            self.sync()
+
+    def compact(self, next_step: int) -> list[Path]:
+        """A checkpoint with this next step is durable: delete journals of steps < next - 1."""
+        removed = []
+        for step, path in self.files():
+            if step < next_step - 1 and step != self._step:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        return removed
+
+    def close(self) -> None:
+        """Sync and close the open journal file."""
+        self.sync()
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._step = None, None
+
+    # -- reading -------------------------------------------------------------------------------
+    def files(self) -> list[tuple[int, Path]]:
+        """(step, path) of every journal file, by step."""
+        out = []
+        for entry in self.directory.iterdir():
+            m = _NAME_RE.match(entry.name)
+            if m:
+                out.append((int(m.group(1)), entry))
+        return sorted(out)
+
+    def load(self, from_step: int) -> int:
+        """Index every record of steps >= from_step for reuse; return how many."""
+        count = 0
+        for step, path in self.files():
+            if step < from_step:
+                continue
+            read = read_records(path)
+            if read.torn_bytes:
+                log.warning("%s: %d byte(s) after the last intact record are ignored", path,
+                            read.torn_bytes)
+            for r in read.records:
+                entry = self._index.get(r.gemm)
+                if entry is None or entry.digest != r.digest:
+                    entry = self._index[r.gemm] = _GemmTiles(r.digest)
+                if r.box not in entry.tiles:
+                    entry.tiles[r.box] = r.c
+                    count += 1
+        return count
+
+    @property
+    def indexed(self) -> int:
+        """Tiles loaded for reuse and not served yet."""
+        return sum(len(e.tiles) for e in self._index.values())
+
+    def take(self, gemm: str, digest: str) -> dict[Box, np.ndarray]:
+        """The recorded tiles of a GEMM, if its digest matches (each served once)."""
+        entry = self._index.pop(gemm, None)
+        if entry is None:
+            return {}
+        if entry.digest != digest:
+            self.mismatches += 1
+            log.warning("ledger: %s has other operands than before the restart; its %d "
+                        "recorded tile(s) are not reused", gemm, len(entry.tiles))
+            return {}
+        self.served += len(entry.tiles)
+        return entry.tiles
+
+
+def iter_step_records(directory: Path, step: int) -> Iterator[LedgerRecord]:
+    """The intact records of one step's journal (empty if there is none)."""
+    path = Path(directory) / step_file_name(step)
+    if path.exists():
+        yield from read_records(path).records
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def describe(ledger: Ledger) -> dict[str, Any]:
+    """Counters for logs and summaries."""
+    return {"appended": ledger.appended, "syncs": ledger.syncs, "served": ledger.served,
+            "mismatches": ledger.mismatches}
