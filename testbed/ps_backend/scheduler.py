@@ -106,19 +106,22 @@ class Task:
     sent_s: float = 0.0
     holders: set[str] = field(default_factory=set)  # devices with a live (trusted) copy
     queued: bool = False  # in the pending queue
+    # fixed facts of the tile, computed once: the scheduler reads them on every pick
+    flops: float = field(init=False)
+    a_block_key: str = field(init=False)
+    b_block_key: str = field(init=False)
+    a_nbytes: int = field(init=False)
+    b_nbytes: int = field(init=False)
 
-    @property
-    def flops(self) -> float:
-        m, n = self.box.shape
-        return gemm_flops(m, self.job.a.shape[1], n)
-
-    @property
-    def a_block_key(self) -> str:
-        return f"{self.job.a_key}/r{self.box.r0}:{self.box.r1}"
-
-    @property
-    def b_block_key(self) -> str:
-        return f"{self.job.b_key}/c{self.box.c0}:{self.box.c1}"
+    def __post_init__(self) -> None:
+        job, box = self.job, self.box
+        m, n = box.shape
+        k = job.a.shape[1]
+        self.flops = gemm_flops(m, k, n)
+        self.a_block_key = f"{job.a_key}/r{box.r0}:{box.r1}"
+        self.b_block_key = f"{job.b_key}/c{box.c0}:{box.c1}"
+        self.a_nbytes = m * k * job.a.itemsize
+        self.b_nbytes = k * n * job.b.itemsize
 
     def a_block(self) -> np.ndarray:
         return self.job.a[self.box.r0:self.box.r1, :]
@@ -247,6 +250,7 @@ class Scheduler:
         self.dilation = dilation
         self.speculate = speculate
         self.counters = SchedulerCounters()
+        self._mean_overhead_s: float | None = None  # cache of _overhead_s's fallback
 
     @property
     def requeued_total(self) -> int:
@@ -313,6 +317,7 @@ class Scheduler:
         return True
 
     def _resize_windows(self) -> None:
+        self._mean_overhead_s = None  # the set of devices changed
         trusted = [s for s in self.devices.values() if not s.quarantined]
         if not trusted:
             return
@@ -362,8 +367,10 @@ class Scheduler:
         """The device's overhead; before its first result, the mean of the known ones."""
         if slot.overhead_s is not None:
             return slot.overhead_s
-        known = [s.overhead_s for s in self.devices.values() if s.overhead_s is not None]
-        return sum(known) / len(known) if known else 0.0
+        if self._mean_overhead_s is None:  # recomputed only after an observation changed it
+            known = [s.overhead_s for s in self.devices.values() if s.overhead_s is not None]
+            self._mean_overhead_s = sum(known) / len(known) if known else 0.0
+        return self._mean_overhead_s
 
     def _eligible(self, slot: DeviceSlot, task: Task) -> bool:
         """A device gets a task it had before (and failed) only if no other device could."""
@@ -407,8 +414,8 @@ class Scheduler:
         for i, task in enumerate(itertools.islice(self.pending, AFFINITY_SCAN)):
             if task.done or not self._eligible(slot, task):
                 continue
-            score = ((task.a_block_key in slot.cache) * task.a_block().nbytes
-                     + (task.b_block_key in slot.cache) * task.b_block().nbytes)
+            score = ((task.a_block_key in slot.cache) * task.a_nbytes
+                     + (task.b_block_key in slot.cache) * task.b_nbytes)
             if score > best_score:
                 best_i, best_score = i, score
         if best_score < 0:  # only tasks this device already had (it failed them): leave them
@@ -469,14 +476,14 @@ class Scheduler:
                                             compute_wall_s)
         slot.given.add(task.task_id)
         send, keep = [], []
-        for key, block in ((task.a_block_key, task.a_block()), (task.b_block_key, task.b_block())):
+        for key, nbytes in ((task.a_block_key, task.a_nbytes), (task.b_block_key, task.b_nbytes)):
             hit = key in slot.cache
-            cacheable = slot.cache.cacheable(block.nbytes)
+            cacheable = slot.cache.cacheable(nbytes)
             if hit:
                 slot.cache.get(key)  # refresh, exactly as the device does when it uses the block
             else:
-                slot.cache.put(key, task.job.version, block.nbytes, None)
-                slot.bytes_down += block.nbytes
+                slot.cache.put(key, task.job.version, nbytes, None)
+                slot.bytes_down += nbytes
             send.append(not hit)
             keep.append(cacheable)
         return Assignment(task, send[0], send[1], keep[0], keep[1], backup)
@@ -527,6 +534,7 @@ class Scheduler:
         overhead = max(0.0, now_s - copy.sent_s - copy.compute_wall_s)
         slot.overhead_s = overhead if slot.overhead_s is None else \
             (1 - EWMA_WEIGHT) * slot.overhead_s + EWMA_WEIGHT * overhead
+        self._mean_overhead_s = None
 
     def _check(self, task: Task, c: np.ndarray) -> str | None:
         start = time.thread_time()
