@@ -24,6 +24,7 @@ up: $(STAMP)
 	$(BIN)/testbed up $(TOPOLOGY)
 
 test: $(STAMP)
+	$(BIN)/python -m ruff check testbed tests bench
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -10,7 +10,7 @@ Schema (units are always written out, see :mod:`testbed.units`)::
     name: home-wifi                 # [a-z0-9-], at most 24 characters; names the run directory
     seed: 7                         # seeds model init, data order, churn generators, noise
     network:
-      backend: auto                 # auto | loopback | mininet (auto: mininet when root and present)
+      backend: auto                 # auto | loopback | mininet (auto: mininet if root and present)
       switches: [core, ap0]         # switch names; each device group and the PS attach to one
       links:                        # switch-to-switch links; the first switch is nearer the PS
         - {switches: [core, ap0], down: 1Gbit, up: 1Gbit, delay: 1ms}
@@ -55,6 +55,7 @@ from typing import Any, Callable, TypeVar
 import yaml
 
 from testbed import units
+from testbed.errors import InputError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 BACKENDS = ("auto", "loopback", "mininet")
@@ -62,14 +63,8 @@ DTYPES = ("float32", "float64")
 T = TypeVar("T")
 
 
-class TopologyError(ValueError):
+class TopologyError(InputError):
     """Every problem found in one topology file, each with its YAML path."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
 
 
 @dataclass(frozen=True)

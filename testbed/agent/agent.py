@@ -201,7 +201,11 @@ class _Session:
         self.options = agent.options
         self.channel = grpc.insecure_channel(self.options.ps_address, options=[
             ("grpc.max_receive_message_length", 1 << 30),
-            ("grpc.max_send_message_length", 1 << 30)])
+            ("grpc.max_send_message_length", 1 << 30),
+            # the agent has its own backoff between sessions; gRPC's own reconnect backoff
+            # (up to 120 s by default) made joins of hundreds of agents time out on a busy host
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000)])
         self.stub = pb_grpc.ParameterServerStub(self.channel)
         self.outbox = Outbox()
         self.compute_q: queue.Queue[PendingTile | None] = queue.Queue()
@@ -223,7 +227,7 @@ class _Session:
         """Returns "stop" when the PS ended the run, "ended" when the stream closed."""
         try:
             self.reply = self.stub.Join(pb.JoinRequest(token=self.options.token,
-                                                       device=self._descriptor()), timeout=10)
+                                                       device=self._descriptor()), timeout=30)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise JoinRefused(exc.details()) from exc

@@ -11,8 +11,13 @@ For ``testbed up``::
 See docs/churn.md for the format and the decisions behind it.
 """
 
-from testbed.churn.schedule import ChurnAction, ChurnSchedule, build_schedule, groups_of, \
-    load_schedule
+from testbed.churn.schedule import (
+           ChurnAction,
+           ChurnSchedule,
+           build_schedule,
+           groups_of,
+           load_schedule,
+)
 from testbed.churn.trace import ChurnEvent, Trace, TraceError, TraceEvent, load_trace, parse_trace
 
 __all__ = ["ChurnAction", "ChurnEvent", "ChurnSchedule", "Trace", "TraceError", "TraceEvent",

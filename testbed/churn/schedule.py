@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from testbed.churn.trace import (ChurnEvent, Trace, TraceError, TraceEvent, check_names,
-                                 load_trace)
+from testbed.churn.trace import ChurnEvent, Trace, TraceError, TraceEvent, check_names, load_trace
 
 PRESENCE_EVENTS = (ChurnEvent.JOIN, ChurnEvent.LEAVE, ChurnEvent.CRASH)
 

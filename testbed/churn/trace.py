@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from testbed import units
+from testbed.errors import InputError
 
 DEVICE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 SELECTOR_RE = re.compile(r"^([a-z0-9][a-z0-9-]*):(?:([0-9]+)|([0-9]+(?:\.[0-9]*)?)%)$")
@@ -73,14 +74,8 @@ class ChurnEvent(str, Enum):
 EVENT_NAMES = tuple(e.value for e in ChurnEvent)
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """Every problem found in one trace, each with its line number."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
 
 
 @dataclass(frozen=True)

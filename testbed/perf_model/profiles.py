@@ -8,7 +8,8 @@ A profile is a YAML file in ``testbed/perf_model/profiles/`` (or any path a topo
     sustained_gflops: 20.0       # float32 GEMM throughput a training workload sustains
     tile_overhead_s: 0.002       # fixed cost per tile (dispatch, memory traffic not in FLOPs)
     provenance:                  # one line per figure, with its source
-      sustained_gflops: "15-30 GFLOPS sustained training on Snapdragon 8-series CPUs (Das et al., arXiv 2202.10100)"
+      sustained_gflops: "15-30 GFLOPS sustained training on Snapdragon 8-series CPUs
+        (Das et al., arXiv 2202.10100)"
 
 The performance model adds optional sections (all checked on load; errors name file and field)::
 

@@ -149,15 +149,22 @@ def _restore(trainer: Any, run_dir: Path, runlog: RunLog) -> list[float]:
 
 def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
                       stop: threading.Event) -> int:
+    """Wait until `expected` distinct devices are attached; return how many are."""
     deadline = time.monotonic() + timeout_s
     core = server.core
     assert core is not None
+
+    def attached() -> int:
+        # distinct names with an open Work stream: a join whose caller gave up and joined
+        # again leaves a stale registration behind until its lease expires; it must not count
+        return server.call(lambda: len({c.slot.name for c in core.conns.values()
+                                        if c.outbox is not None}))
     while not stop.is_set() and time.monotonic() < deadline:
-        joined = len(core.conns)
+        joined = attached()
         if joined >= expected:
             return joined
         time.sleep(0.05)
-    return len(core.conns)
+    return attached()
 
 
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,

@@ -19,8 +19,14 @@ import pytest
 import torch
 
 from testbed.runlog import read_jsonl, write_json_atomic
-from tests.conftest import (read_status, reference_losses, run_dir_of, start_up,
-                            tiny_topology, wait_for)
+from tests.conftest import (
+    read_status,
+    reference_losses,
+    run_dir_of,
+    start_up,
+    tiny_topology,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed.churn.fedscale import (FedScaleError, import_events, load_behave_trace,
-                                    parse_behave_trace, restricted_loads)
+from testbed.churn.fedscale import (
+    FedScaleError,
+    import_events,
+    load_behave_trace,
+    parse_behave_trace,
+    restricted_loads,
+)
 from testbed.churn.schedule import build_schedule
 from testbed.churn.sessions import load_sessions, parse_sessions
 from testbed.churn.trace import TraceError, format_trace, parse_trace

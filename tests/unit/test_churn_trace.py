@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from testbed.churn.schedule import build_schedule, groups_of
-from testbed.churn.trace import (ChurnEvent, TraceError, TraceEvent, format_trace, load_trace,
-                                 parse_trace)
+from testbed.churn.trace import (
+    ChurnEvent,
+    TraceError,
+    TraceEvent,
+    format_trace,
+    load_trace,
+    parse_trace,
+)
 from testbed.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,11 +12,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from testbed.ps_backend.engine import checkpoint as ckpt
-from testbed.ps_backend.engine.data import (BatchSampler, DataError, builtin_corpus, files_corpus,
-                                            load_corpus, stdlib_sources)
+from testbed.ps_backend.engine.data import (
+    BatchSampler,
+    DataError,
+    builtin_corpus,
+    files_corpus,
+    load_corpus,
+    stdlib_sources,
+)
 from testbed.ps_backend.engine.model import OptDecoder, count_parameters, parameter_count
-from testbed.ps_backend.engine.offload import (ExecutorResultError, GemmContext,
-                                               OffloadedLinear)
+from testbed.ps_backend.engine.offload import ExecutorResultError, GemmContext, OffloadedLinear
 from testbed.ps_backend.engine.trainer import Trainer
 from testbed.ps_backend.executor import DoneHandle, GemmSpec, LocalExecutor
 from testbed.topology import DataSpec, JobSpec, ModelSpec, OptimizerSpec

@@ -29,6 +29,6 @@ def test_corruptions_fail(dtype: type) -> None:
     flipped = c.copy()
     flipped.view(np.uint32 if dtype == np.float32 else np.uint64)[3, 5] ^= 1 << (
         27 if dtype == np.float32 else 59)  # an exponent bit
-    for bad in (c * 1.001, c + 1e-3 * np.abs(c).mean() * rng.standard_normal(c.shape).astype(dtype), flipped,
-                np.zeros_like(c), np.roll(c, 1, axis=0)):
+    noise = 1e-3 * np.abs(c).mean() * rng.standard_normal(c.shape).astype(dtype)
+    for bad in (c * 1.001, c + noise, flipped, np.zeros_like(c), np.roll(c, 1, axis=0)):
         assert not freivalds_ok(a, b, bad)

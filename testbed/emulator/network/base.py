@@ -67,7 +67,7 @@ class Network(Protocol):
         ...
 
     def set_partitioned(self, device: DeviceSpec, partitioned: bool) -> bool:
-        """Take a device's link down (True) or up; False if the backend cannot (then the app does)."""
+        """Take a device's link down (True) or up; False if the backend cannot (the app does)."""
         ...
 
     def describe(self) -> dict[str, Any]:
