@@ -77,9 +77,16 @@ class Behaviour:
                             f"got {', '.join(self.byzantine_modes) or 'none'}")
         if problems:
             raise BehaviourError("; ".join(problems))
-        self._rng = np.random.default_rng([self.seed, 0xB5])
+        self._rng_made: np.random.Generator | None = None
         self._stale: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
         self._lock = threading.Lock()
+
+    @property
+    def _rng(self) -> np.random.Generator:
+        """Made on first use: an honest device never loads numpy.random (~3 MB per agent)."""
+        if self._rng_made is None:
+            self._rng_made = np.random.default_rng([self.seed, 0xB5])
+        return self._rng_made
 
     @property
     def active(self) -> bool:

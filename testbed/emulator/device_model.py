@@ -21,10 +21,9 @@ at ``idle_w`` and cools. :class:`RateDeviceModel` remains for profiles without a
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Protocol
-
-import numpy as np
 
 from testbed.emulator.energy import EnergyAccount, PowerParams
 from testbed.emulator.thermal import ThermalParams, ThermalState
@@ -73,7 +72,7 @@ class EmulatedDevice:
         self.power = power
         self.noise = noise
         self.energy = EnergyAccount()
-        self._rng = np.random.default_rng(seed)
+        self._rng = random.Random(seed)  # stdlib: numpy.random would add ~3 MB to every agent
         self._clock_s = start_s  # device time up to which state has been advanced
 
     @property

@@ -228,7 +228,7 @@ class ExportedTimeModel:
             z += c * cols[name]
         return self.overhead_s + math.exp(z)
 
-    def sample_factor(self, rng: np.random.Generator) -> float:
+    def sample_factor(self, rng: Any) -> float:  # rng: anything with uniform(a, b)
         """A multiplicative noise factor exp(q), q drawn from the stored quantiles (1 if none)."""
         if not self.noise_levels:
             return 1.0
