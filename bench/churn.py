@@ -168,7 +168,7 @@ def validation_micro(repeats: int) -> list[dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default="0,10,30", help="%% of devices churning per minute, comma-separated")
+    p.add_argument("--rates", default="0,10,30", help="%% of devices churning a minute")
     p.add_argument("--devices", type=int, default=10)
     p.add_argument("--duration-s", type=float, default=90.0, help="churn window, s")
     p.add_argument("--absence-s", type=float, default=15.0, help="how long a device is away")

@@ -323,14 +323,15 @@ class _Session:
         elif factor > 1:  # a real device made slow: wait out the extra time
             time.sleep(real_s * (factor - 1))
             compute_s = real_s * factor
+        done = time.monotonic()
         if behaviour is not None:
             c, _ = behaviour.apply(c, int(tile.task_id), int(tile.attempt), tile.gemm,
                                    self.options.name)
         result = pb.DeviceMessage(result=pb.TileResult(
             task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(c), compute_s=compute_s,
-            energy_j=energy_j, lag_s=lag_s, received_s=item.arrived_s))
+            energy_j=energy_j, lag_s=lag_s, received_s=item.arrived_s, started_s=start,
+            done_s=done))
         self.agent.tiles_done += 1
-        done = time.monotonic()
         self.outbox.put(result, self.options.up.deliver_at(c.nbytes + 64, done))
 
     # -- up: what we send -----------------------------------------------------------------------

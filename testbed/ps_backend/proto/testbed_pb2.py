@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&testbed/ps_backend/proto/testbed.proto\x12\ntestbed.v1\"G\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05shape\x18\x02 \x03(\x03\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.testbed.v1.DType\"\xa6\x01\n\x10\x44\x65viceDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x18\n\x10predicted_gflops\x18\x05 \x01(\x01\x12\x15\n\rmax_in_flight\x18\x06 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x07 \x01(\x03\x12\x10\n\x08platform\x18\x08 \x01(\t\"J\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12,\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x1c.testbed.v1.DeviceDescriptor\"\xbf\x01\n\tJoinReply\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\x12\x13\n\x0bheartbeat_s\x18\x04 \x01(\x01\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\x03\x12\x15\n\rtime_dilation\x18\x06 \x01(\x01\x12\x10\n\x08run_name\x18\x07 \x01(\t\x12 \n\x05\x64type\x18\x08 \x01(\x0e\x32\x11.testbed.v1.DType\"0\n\x06\x41ttach\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\"\x17\n\x06\x43redit\x12\r\n\x05tiles\x18\x01 \x01(\x05\"\x95\x01\n\nTileResult\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x1d\n\x01\x63\x18\x03 \x01(\x0b\x32\x12.testbed.v1.Tensor\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\x10\n\x08\x65nergy_j\x18\x05 \x01(\x01\x12\r\n\x05lag_s\x18\x06 \x01(\x01\x12\x12\n\nreceived_s\x18\x07 \x01(\x01\"\"\n\tHeartbeat\x12\x15\n\rdevice_time_s\x18\x01 \x01(\x01\"\xcf\x01\n\tTelemetry\x12\x31\n\x06values\x18\x01 \x03(\x0b\x32!.testbed.v1.Telemetry.ValuesEntry\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.testbed.v1.Telemetry.LabelsEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe5\x01\n\rDeviceMessage\x12$\n\x06\x61ttach\x18\x01 \x01(\x0b\x32\x12.testbed.v1.AttachH\x00\x12$\n\x06\x63redit\x18\x02 \x01(\x0b\x32\x12.testbed.v1.CreditH\x00\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.testbed.v1.TileResultH\x00\x12*\n\theartbeat\x18\x04 \x01(\x0b\x32\x15.testbed.v1.HeartbeatH\x00\x12*\n\ttelemetry\x18\x05 \x01(\x0b\x32\x15.testbed.v1.TelemetryH\x00\x42\x06\n\x04\x62ody\"K\n\x07Operand\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x06tensor\x18\x02 \x01(\x0b\x32\x12.testbed.v1.Tensor\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\xdf\x01\n\x04Tile\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0c\n\x04gemm\x18\x04 \x01(\t\x12\n\n\x02op\x18\x05 \x01(\t\x12\x0b\n\x03row\x18\x06 \x01(\x05\x12\x0b\n\x03\x63ol\x18\x07 \x01(\x05\x12\t\n\x01m\x18\x08 \x01(\x03\x12\t\n\x01k\x18\t \x01(\x03\x12\t\n\x01n\x18\n \x01(\x03\x12\x1e\n\x01\x61\x18\x0b \x01(\x0b\x32\x13.testbed.v1.Operand\x12\x1e\n\x01\x62\x18\x0c \x01(\x0b\x32\x13.testbed.v1.Operand\x12\x12\n\ndeadline_s\x18\r \x01(\x01\"$\n\nInvalidate\x12\x16\n\x0e\x62\x65\x66ore_version\x18\x01 \x01(\x03\")\n\x06Reject\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa0\x01\n\rServerMessage\x12\x1f\n\x05tiles\x18\x01 \x03(\x0b\x32\x10.testbed.v1.Tile\x12*\n\ninvalidate\x18\x02 \x01(\x0b\x32\x16.testbed.v1.Invalidate\x12\"\n\x06reject\x18\x03 \x01(\x0b\x32\x12.testbed.v1.Reject\x12\x1e\n\x04stop\x18\x04 \x01(\x0b\x32\x10.testbed.v1.Stop\"F\n\x0cLeaveRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"$\n\nLeaveReply\x12\x16\n\x0erequeued_tiles\x18\x01 \x01(\x05*8\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x32\xc6\x01\n\x0fParameterServer\x12\x36\n\x04Join\x12\x17.testbed.v1.JoinRequest\x1a\x15.testbed.v1.JoinReply\x12@\n\x04Work\x12\x19.testbed.v1.DeviceMessage\x1a\x19.testbed.v1.ServerMessage(\x01\x30\x01\x12\x39\n\x05Leave\x12\x18.testbed.v1.LeaveRequest\x1a\x16.testbed.v1.LeaveReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&testbed/ps_backend/proto/testbed.proto\x12\ntestbed.v1\"G\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05shape\x18\x02 \x03(\x03\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.testbed.v1.DType\"\xa6\x01\n\x10\x44\x65viceDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x18\n\x10predicted_gflops\x18\x05 \x01(\x01\x12\x15\n\rmax_in_flight\x18\x06 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x07 \x01(\x03\x12\x10\n\x08platform\x18\x08 \x01(\t\"J\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12,\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x1c.testbed.v1.DeviceDescriptor\"\xbf\x01\n\tJoinReply\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\x12\x13\n\x0bheartbeat_s\x18\x04 \x01(\x01\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\x03\x12\x15\n\rtime_dilation\x18\x06 \x01(\x01\x12\x10\n\x08run_name\x18\x07 \x01(\t\x12 \n\x05\x64type\x18\x08 \x01(\x0e\x32\x11.testbed.v1.DType\"0\n\x06\x41ttach\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\"\x17\n\x06\x43redit\x12\r\n\x05tiles\x18\x01 \x01(\x05\"\xb8\x01\n\nTileResult\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x1d\n\x01\x63\x18\x03 \x01(\x0b\x32\x12.testbed.v1.Tensor\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\x10\n\x08\x65nergy_j\x18\x05 \x01(\x01\x12\r\n\x05lag_s\x18\x06 \x01(\x01\x12\x12\n\nreceived_s\x18\x07 \x01(\x01\x12\x11\n\tstarted_s\x18\x08 \x01(\x01\x12\x0e\n\x06\x64one_s\x18\t \x01(\x01\"\"\n\tHeartbeat\x12\x15\n\rdevice_time_s\x18\x01 \x01(\x01\"\xcf\x01\n\tTelemetry\x12\x31\n\x06values\x18\x01 \x03(\x0b\x32!.testbed.v1.Telemetry.ValuesEntry\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.testbed.v1.Telemetry.LabelsEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe5\x01\n\rDeviceMessage\x12$\n\x06\x61ttach\x18\x01 \x01(\x0b\x32\x12.testbed.v1.AttachH\x00\x12$\n\x06\x63redit\x18\x02 \x01(\x0b\x32\x12.testbed.v1.CreditH\x00\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.testbed.v1.TileResultH\x00\x12*\n\theartbeat\x18\x04 \x01(\x0b\x32\x15.testbed.v1.HeartbeatH\x00\x12*\n\ttelemetry\x18\x05 \x01(\x0b\x32\x15.testbed.v1.TelemetryH\x00\x42\x06\n\x04\x62ody\"K\n\x07Operand\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x06tensor\x18\x02 \x01(\x0b\x32\x12.testbed.v1.Tensor\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\xdf\x01\n\x04Tile\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0c\n\x04gemm\x18\x04 \x01(\t\x12\n\n\x02op\x18\x05 \x01(\t\x12\x0b\n\x03row\x18\x06 \x01(\x05\x12\x0b\n\x03\x63ol\x18\x07 \x01(\x05\x12\t\n\x01m\x18\x08 \x01(\x03\x12\t\n\x01k\x18\t \x01(\x03\x12\t\n\x01n\x18\n \x01(\x03\x12\x1e\n\x01\x61\x18\x0b \x01(\x0b\x32\x13.testbed.v1.Operand\x12\x1e\n\x01\x62\x18\x0c \x01(\x0b\x32\x13.testbed.v1.Operand\x12\x12\n\ndeadline_s\x18\r \x01(\x01\"$\n\nInvalidate\x12\x16\n\x0e\x62\x65\x66ore_version\x18\x01 \x01(\x03\")\n\x06Reject\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa0\x01\n\rServerMessage\x12\x1f\n\x05tiles\x18\x01 \x03(\x0b\x32\x10.testbed.v1.Tile\x12*\n\ninvalidate\x18\x02 \x01(\x0b\x32\x16.testbed.v1.Invalidate\x12\"\n\x06reject\x18\x03 \x01(\x0b\x32\x12.testbed.v1.Reject\x12\x1e\n\x04stop\x18\x04 \x01(\x0b\x32\x10.testbed.v1.Stop\"F\n\x0cLeaveRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"$\n\nLeaveReply\x12\x16\n\x0erequeued_tiles\x18\x01 \x01(\x05*8\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x32\xc6\x01\n\x0fParameterServer\x12\x36\n\x04Join\x12\x17.testbed.v1.JoinRequest\x1a\x15.testbed.v1.JoinReply\x12@\n\x04Work\x12\x19.testbed.v1.DeviceMessage\x1a\x19.testbed.v1.ServerMessage(\x01\x30\x01\x12\x39\n\x05Leave\x12\x18.testbed.v1.LeaveRequest\x1a\x16.testbed.v1.LeaveReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TELEMETRY_VALUESENTRY']._serialized_options = b'8\001'
   _globals['_TELEMETRY_LABELSENTRY']._loaded_options = None
   _globals['_TELEMETRY_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=1952
-  _globals['_DTYPE']._serialized_end=2008
+  _globals['_DTYPE']._serialized_start=1987
+  _globals['_DTYPE']._serialized_end=2043
   _globals['_TENSOR']._serialized_start=54
   _globals['_TENSOR']._serialized_end=125
   _globals['_DEVICEDESCRIPTOR']._serialized_start=128
@@ -50,33 +50,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREDIT']._serialized_start=616
   _globals['_CREDIT']._serialized_end=639
   _globals['_TILERESULT']._serialized_start=642
-  _globals['_TILERESULT']._serialized_end=791
-  _globals['_HEARTBEAT']._serialized_start=793
-  _globals['_HEARTBEAT']._serialized_end=827
-  _globals['_TELEMETRY']._serialized_start=830
-  _globals['_TELEMETRY']._serialized_end=1037
-  _globals['_TELEMETRY_VALUESENTRY']._serialized_start=945
-  _globals['_TELEMETRY_VALUESENTRY']._serialized_end=990
-  _globals['_TELEMETRY_LABELSENTRY']._serialized_start=992
-  _globals['_TELEMETRY_LABELSENTRY']._serialized_end=1037
-  _globals['_DEVICEMESSAGE']._serialized_start=1040
-  _globals['_DEVICEMESSAGE']._serialized_end=1269
-  _globals['_OPERAND']._serialized_start=1271
-  _globals['_OPERAND']._serialized_end=1346
-  _globals['_TILE']._serialized_start=1349
-  _globals['_TILE']._serialized_end=1572
-  _globals['_INVALIDATE']._serialized_start=1574
-  _globals['_INVALIDATE']._serialized_end=1610
-  _globals['_REJECT']._serialized_start=1612
-  _globals['_REJECT']._serialized_end=1653
-  _globals['_STOP']._serialized_start=1655
-  _globals['_STOP']._serialized_end=1677
-  _globals['_SERVERMESSAGE']._serialized_start=1680
-  _globals['_SERVERMESSAGE']._serialized_end=1840
-  _globals['_LEAVEREQUEST']._serialized_start=1842
-  _globals['_LEAVEREQUEST']._serialized_end=1912
-  _globals['_LEAVEREPLY']._serialized_start=1914
-  _globals['_LEAVEREPLY']._serialized_end=1950
-  _globals['_PARAMETERSERVER']._serialized_start=2011
-  _globals['_PARAMETERSERVER']._serialized_end=2209
+  _globals['_TILERESULT']._serialized_end=826
+  _globals['_HEARTBEAT']._serialized_start=828
+  _globals['_HEARTBEAT']._serialized_end=862
+  _globals['_TELEMETRY']._serialized_start=865
+  _globals['_TELEMETRY']._serialized_end=1072
+  _globals['_TELEMETRY_VALUESENTRY']._serialized_start=980
+  _globals['_TELEMETRY_VALUESENTRY']._serialized_end=1025
+  _globals['_TELEMETRY_LABELSENTRY']._serialized_start=1027
+  _globals['_TELEMETRY_LABELSENTRY']._serialized_end=1072
+  _globals['_DEVICEMESSAGE']._serialized_start=1075
+  _globals['_DEVICEMESSAGE']._serialized_end=1304
+  _globals['_OPERAND']._serialized_start=1306
+  _globals['_OPERAND']._serialized_end=1381
+  _globals['_TILE']._serialized_start=1384
+  _globals['_TILE']._serialized_end=1607
+  _globals['_INVALIDATE']._serialized_start=1609
+  _globals['_INVALIDATE']._serialized_end=1645
+  _globals['_REJECT']._serialized_start=1647
+  _globals['_REJECT']._serialized_end=1688
+  _globals['_STOP']._serialized_start=1690
+  _globals['_STOP']._serialized_end=1712
+  _globals['_SERVERMESSAGE']._serialized_start=1715
+  _globals['_SERVERMESSAGE']._serialized_end=1875
+  _globals['_LEAVEREQUEST']._serialized_start=1877
+  _globals['_LEAVEREQUEST']._serialized_end=1947
+  _globals['_LEAVEREPLY']._serialized_start=1949
+  _globals['_LEAVEREPLY']._serialized_end=1985
+  _globals['_PARAMETERSERVER']._serialized_start=2046
+  _globals['_PARAMETERSERVER']._serialized_end=2244
 # @@protoc_insertion_point(module_scope)

@@ -89,7 +89,7 @@ class Credit(_message.Message):
     def __init__(self, tiles: _Optional[int] = ...) -> None: ...
 
 class TileResult(_message.Message):
-    __slots__ = ("task_id", "attempt", "c", "compute_s", "energy_j", "lag_s", "received_s")
+    __slots__ = ("task_id", "attempt", "c", "compute_s", "energy_j", "lag_s", "received_s", "started_s", "done_s")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     C_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,8 @@ class TileResult(_message.Message):
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     LAG_S_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_S_FIELD_NUMBER: _ClassVar[int]
+    STARTED_S_FIELD_NUMBER: _ClassVar[int]
+    DONE_S_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     attempt: int
     c: Tensor
@@ -104,7 +106,9 @@ class TileResult(_message.Message):
     energy_j: float
     lag_s: float
     received_s: float
-    def __init__(self, task_id: _Optional[int] = ..., attempt: _Optional[int] = ..., c: _Optional[_Union[Tensor, _Mapping]] = ..., compute_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., lag_s: _Optional[float] = ..., received_s: _Optional[float] = ...) -> None: ...
+    started_s: float
+    done_s: float
+    def __init__(self, task_id: _Optional[int] = ..., attempt: _Optional[int] = ..., c: _Optional[_Union[Tensor, _Mapping]] = ..., compute_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., lag_s: _Optional[float] = ..., received_s: _Optional[float] = ..., started_s: _Optional[float] = ..., done_s: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("device_time_s",)
