@@ -67,26 +67,38 @@ def render_faults(snapshot: dict[str, Any]) -> RenderableType | None:
     return Text.from_markup("  ".join(parts))
 
 
+def _short_bytes(size_bytes: float) -> str:
+    """Bytes in at most six characters (``786k``, ``1.6M``, ``249M``, ``3.1G``)."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if size_bytes >= scale:
+            value = size_bytes / scale
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return f"{size_bytes:.0f}"
+
+
 def render_devices(devices: list[dict[str, Any]]) -> RenderableType:
-    """A table of devices: state, tiles done, in flight, bytes, speed, telemetry."""
-    table = Table(expand=False, box=None, header_style="bold")
-    for column in ("device", "group", "state", "tiles", "in flight", "down", "up", "GFLOPS",
-                   "temp °C", "energy J"):
-        table.add_column(column, justify="left" if column in ("device", "group", "state")
-                         else "right")
-    for d in devices[:MAX_DEVICE_ROWS]:
+    """A table of devices: state, tiles done, in flight, bytes, speed, telemetry.
+
+    Compact enough for an 80-column terminal; the device name carries its group.
+    """
+    table = Table(expand=False, box=None, header_style="bold", pad_edge=False)
+    for column in ("device", "state", "tiles", "flight", "down", "up", "GFLOPS", "°C",
+                   "energy J"):
+        table.add_column(column, justify="left" if column in ("device", "state") else "right",
+                         no_wrap=True)
+    for d in sorted(devices, key=lambda d: str(d.get("device", "")))[:MAX_DEVICE_ROWS]:
         state = d.get("state", "?")
         telemetry = d.get("telemetry") or {}
         temp = telemetry.get("temperature_c")
-        table.add_row(str(d.get("device", "?")), str(d.get("group", "")),
+        table.add_row(str(d.get("device", "?")),
                       f"[{STATE_STYLE.get(state, 'white')}]{state}[/]",
                       str(d.get("tiles_done", 0)), str(d.get("in_flight", 0)),
-                      format_bytes(d.get("bytes_down", 0)), format_bytes(d.get("bytes_up", 0)),
+                      _short_bytes(d.get("bytes_down", 0)), _short_bytes(d.get("bytes_up", 0)),
                       f"{d.get('observed_gflops', 0):.1f}",
                       f"{temp:.1f}" if isinstance(temp, (int, float)) else "-",
                       f"{d.get('energy_j', 0):.1f}")
     if len(devices) > MAX_DEVICE_ROWS:
-        table.add_row(f"... {len(devices) - MAX_DEVICE_ROWS} more", *[""] * 9)
+        table.add_row(f"... {len(devices) - MAX_DEVICE_ROWS} more", *[""] * 8)
     return table
 
 
