@@ -29,6 +29,7 @@ Exit codes: 0 the job finished; 1 the run failed; 2 bad input (nothing started);
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime as dt
 import json
@@ -555,7 +556,7 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
 
     printed = 0
     with Live(render(snapshot(), run.topology.name), console=console, refresh_per_second=4,
-              transient=False) if live else _NoLive() as view:
+              transient=False) if live else contextlib.nullcontext() as view:
         while not stop.wait(0.25):
             code = run.poll()
             if live:
@@ -569,14 +570,6 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
             if code is not None:
                 return EXIT_OK if code == 0 else EXIT_FAILURE
     return EXIT_INTERRUPTED
-
-
-class _NoLive:
-    def __enter__(self) -> _NoLive:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 def run_clean(args: argparse.Namespace) -> int:
