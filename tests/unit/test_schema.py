@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import field_validator
+from pydantic import ValidationError, field_validator
 
 from testbed.errors import InputError
 from testbed.schema import Schema, error_path, finite, parse
@@ -48,5 +48,5 @@ def test_parse_names_missing_keys_and_returns_a_frozen_model():
         parse(Doc, {}, "f")
     assert info.value.problems == ["name: required key is missing"]
     doc = parse(Doc, {"name": "ok"}, "f")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         doc.name = "changed"  # type: ignore[misc]
