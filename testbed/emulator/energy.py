@@ -21,38 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-WIFI_RADIO_W = 0.5  # HotCarbon'25 (arXiv 2507.01803): Wi-Fi radio power
+from testbed.perf_model.profiles import WIFI_RADIO_W, PowerParams, load_profile
+
 DEFAULT_GRID_G_PER_KWH = 475.0  # world-average electricity, gCO2e/kWh (IEA, 2019 figure)
 J_PER_KWH = 3.6e6
-
-
-@dataclass(frozen=True)
-class PowerParams:
-    """A device's power model in watts."""
-
-    active_w: float
-    idle_w: float
-    radio_w: float = WIFI_RADIO_W
-
-    def busy_w(self, speed: float) -> float:
-        """Power while computing at speed factor s."""
-        return self.idle_w + (self.active_w - self.idle_w) * speed
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "power") -> "PowerParams":
-        """Read a profile's power section; ValueError naming the field on a problem."""
-        values = {}
-        for key in ("active_w", "idle_w", "radio_w"):
-            value = data.get(key, WIFI_RADIO_W if key == "radio_w" else None)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{where}.{key}: expected a number of watts >= 0, got {value!r}")
-            values[key] = float(value)
-        unknown = [k for k in data if k not in values and k != "provenance"]
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
-        if values["active_w"] < values["idle_w"]:
-            raise ValueError(f"{where}.active_w: must be at least idle_w")
-        return cls(**values)
 
 
 def compute_joules(seconds: float, speed: float, power: PowerParams) -> float:
@@ -195,8 +167,6 @@ def topology_energy(topology: Any, devices: list[dict[str, Any]], events: list[d
                     dilation: float, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH
                     ) -> dict[str, Any]:
     """run_energy with power models and link rates taken from a topology's devices."""
-    from testbed.perf_model.profiles import load_profile
-
     power: dict[str, PowerParams | None] = {}
     links: dict[str, tuple[float, float]] = {}
     by_group = {g.group: load_profile(str(g.profile_path)).power for g in topology.groups}

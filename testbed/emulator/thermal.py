@@ -22,57 +22,10 @@ power in W, time in seconds of device time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
+from testbed.perf_model.profiles import ThermalParams
 
-@dataclass(frozen=True)
-class ThermalParams:
-    """Parameters of the lumped thermal model of one device."""
-
-    ambient_c: float = 25.0
-    capacity_j_per_k: float = 20.0
-    conductance_w_per_k: float = 0.135
-    throttle_start_c: float = 45.0
-    throttle_full_c: float = 70.0
-    min_speed: float = 0.5
-
-    @property
-    def tau_s(self) -> float:
-        """Thermal time constant C / G in seconds."""
-        return self.capacity_j_per_k / self.conductance_w_per_k
-
-    def speed(self, temperature_c: float) -> float:
-        """Speed factor s(T) in [min_speed, 1]."""
-        if temperature_c <= self.throttle_start_c:
-            return 1.0
-        span = self.throttle_full_c - self.throttle_start_c
-        x = min(1.0, (temperature_c - self.throttle_start_c) / span)
-        return 1.0 - (1.0 - self.min_speed) * x
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "thermal") -> "ThermalParams":
-        """Read a profile's thermal section; ValueError naming the field on a problem."""
-        known = {f: getattr(cls, f) for f in cls.__dataclass_fields__}
-        unknown = [key for key in data if key not in known and key != "provenance"
-                   and key != "expected_sustained_slowdown"]
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected "
-                             f"{', '.join(known)}")
-        values = {}
-        for key, default in known.items():
-            value = data.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{where}.{key}: expected a number, got {value!r}")
-            values[key] = float(value)
-        params = cls(**values)
-        if params.capacity_j_per_k <= 0 or params.conductance_w_per_k <= 0:
-            raise ValueError(f"{where}: capacity_j_per_k and conductance_w_per_k must be > 0")
-        if params.throttle_full_c <= params.throttle_start_c:
-            raise ValueError(f"{where}.throttle_full_c: must be above throttle_start_c")
-        if not 0 < params.min_speed <= 1:
-            raise ValueError(f"{where}.min_speed: expected a number in (0, 1]")
-        return params
+__all__ = ["ThermalParams", "ThermalState", "steady_state", "conductance_for_slowdown"]
 
 
 class ThermalState:

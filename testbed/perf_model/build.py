@@ -24,24 +24,40 @@ import numpy as np
 import yaml
 
 from testbed.emulator.thermal import ThermalParams, conductance_for_slowdown, steady_state
-from testbed.perf_model.estimators import BlasCostRegressor, ShapeEfficiencyRegressor
-from testbed.perf_model.evaluate import as_plain, evaluate, scores
+from testbed.perf_model.estimators import (
+    BlasCostRegressor,
+    OverheadRateRegressor,
+    ShapeEfficiencyRegressor,
+    _export_rate,
+    fit_halves,
+)
+from testbed.perf_model.evaluate import as_plain, evaluate, group_sets, scores, set_label
 from testbed.perf_model.features import ExportedTimeModel
 from testbed.perf_model.importers import (
-    DEEPBENCH_ATTRIBUTION,
     MLX_ATTRIBUTION,
+    MMPERF_ATTRIBUTION,
+    MNN_ATTRIBUTION,
+    NCNN_ATTRIBUTION,
+    TF835_ATTRIBUTION,
     VFPBENCH_ATTRIBUTION,
     import_deepbench,
     import_mlx,
+    import_mmperf,
+    import_mnn,
+    import_ncnn,
+    import_tf_sd835,
+    ncnn_gemms,
     vfpbench_peak,
 )
-from testbed.perf_model.measurements import as_arrays, read_measurements
+from testbed.perf_model.measurements import as_arrays, read_measurements, write_measurements
 from testbed.perf_model.profiles import PROFILE_DIR
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
+# ../shared/data beside the checkout (a worktree sits one level deeper)
+SHARED = next((c for c in (REPO.parent / "shared" / "data", REPO.parents[1] / "shared" / "data")
+               if c.is_dir()), REPO.parent / "shared" / "data")
 HOST_CSV = REPO / "tests" / "data" / "perf_host.csv"
 REFERENCE_TILE = (128, 1024, 128)
 PHONE_OVERHEAD_S = 5e-5
@@ -51,6 +67,61 @@ M_SERIES = {  # profile name -> device string prefix in mlx-benchmark
     "m2": "M2 () - mlx 0.2.0", "m2pro": "M2 Pro (cores: 4E+6P+16GPU)",
     "m3pro": "M3 Pro (cores: 6E+5P+14GPU)", "m4pro": "M4 Pro (4E+10P+20GPU+24GB)",
 }
+
+
+SETS_CSV = REPO / "tests" / "data" / "perf_sets.csv"
+ARM_BACKENDS = ("mnn-cpu", "mmperf-ruy", "tf-eigen-cpu")  # NEON float GEMMs (not AMX, not x86)
+
+
+def shape_sets() -> list:
+    """Every per-shape float GEMM row of ../shared/data (and this host's set), for the family."""
+    rows = import_mnn(SHARED / "mnn" / "mnn_gemm_speed_parsed.csv")
+    rows += import_mmperf(SHARED / "mmperf" / "mmperf_apple_only.csv")
+    rows += import_tf_sd835(SHARED / "tf-opencl-sd835" / "opencl-matmul_README.md")
+    rows += read_measurements(HOST_CSV)
+    return rows
+
+
+def write_sets(path: Path = SETS_CSV) -> Path:
+    """tests/data/perf_sets.csv: the per-shape sets, with their sources' attribution."""
+    write_measurements(path, shape_sets(), comments=[
+        "per-shape float GEMM sets for `testbed perf eval --leave-one-set-out`, written by "
+        "python -m testbed.perf_model.build from ../shared/data (see its SOURCES.md):",
+        MNN_ATTRIBUTION, MMPERF_ATTRIBUTION, TF835_ATTRIBUTION,
+        "host rows: tests/data/perf_host.csv (measured here)"])
+    return path
+
+
+def arm_halves() -> tuple[tuple[float, float, float], str]:
+    """The ARM float family's shape curve: half-rate lengths shared by the NEON float sets."""
+    sets = group_sets([r for r in shape_sets() if r.backend in ARM_BACKENDS])
+    halves = fit_halves([(X, y, 2.0 * float(np.max(2.0 * X.prod(axis=1) / y)))
+                         for X, y in sets.values()])
+    how = (f"(half_m, half_k, half_n) = {halves} shared by the NEON float sets "
+           f"{', '.join(set_label(k) for k in sets)}, each with its own level and overhead")
+    return halves, how
+
+
+def vit_check(model: ExportedTimeModel) -> dict[str, Any]:
+    """Predicted ncnn vision_transformer GEMM time against the Snapdragon rows of ncnn."""
+    gemms = ncnn_gemms(SHARED / "ncnn" / "params" / "vision_transformer.param")
+    predicted_ms = 1e3 * sum(model.predict_one(m, k, n) for _, m, k, n in gemms)
+    rows = [r for r in import_ncnn(SHARED / "ncnn" / "ncnn_benchmark_parsed.csv")
+            if r.model == "vision_transformer" and r.cores != "gpu"
+            and ("Snapdragon 888" in r.device or "Snapdragon 855" in r.device)]
+    out: dict[str, Any] = {"predicted_gemm_ms": round(predicted_ms, 1),
+                           "gemms": len(gemms),
+                           "gflop": round(sum(2.0 * m * k * n for _, m, k, n in gemms) / 1e9, 2)}
+    for r in rows:
+        chip = "SD888" if "888" in r.device else "SD855+"
+        out[f"ncnn {chip} {r.threads} threads ({r.cores} cores)"] = {
+            "measured_ms": r.avg_ms, "spread_ms": [r.min_ms, r.max_ms],
+            "predicted_over_measured": round(predicted_ms / r.avg_ms, 2)}
+    out["note"] = ("ncnn runs fp16 on these Armv8.2 CPUs and its time includes attention "
+                   "softmax, layer norms and GELU; the SD888 has only an 8-thread big-core "
+                   "row (no 1- or 4-thread rows in the data), the SD855+ has 1 and 4. "
+                   f"Source: {NCNN_ATTRIBUTION}")
+    return out
 
 
 def arm_efficiency() -> ShapeEfficiencyRegressor:
@@ -93,35 +164,50 @@ def host_profile() -> dict[str, Any]:
     }
 
 
-def m_series_profile(name: str, efficiency: ShapeEfficiencyRegressor,
-                     mlx_rows: list) -> dict[str, Any]:
+def m_series_profile(name: str, efficiency: Any, mlx_rows: list) -> dict[str, Any]:
     """An Apple M-series laptop profile from its mlx-benchmark PyTorch-CPU rows."""
     prefix = M_SERIES[name]
     rows = [r for r in mlx_rows if r.device.startswith(prefix)]
     if not rows:
         raise ValueError(f"no mlx-benchmark cpu rows for {prefix!r}")
     X, y = as_arrays(rows)
-    best = float(np.max(2.0 * X.prod(axis=1) / y))
-    model = efficiency.time_model(best, overhead_s=5e-6)
-    fit = scores(model.predict_seconds(X), y)
+    halves, curve_how = efficiency
+    fitted = OverheadRateRegressor(halves=halves).fit(X, y)
+    constant = OverheadRateRegressor(constant=True).fit(X, y)
+    use_constant = np.mean(np.abs(constant.loo_log_residuals_)) < \
+        np.mean(np.abs(fitted.loo_log_residuals_))
+    chosen = constant if use_constant else fitted
+    model = chosen.export()
+    loo = scores(y * np.exp(-chosen.loo_log_residuals_), y)
+    held: dict[str, Any] = {"leave-one-out over its own mlx-benchmark CPU rows": as_plain(
+        {"x": {"y": loo}})["x"]["y"]}
+    if name == "m1":
+        mm = [r for r in import_mmperf(SHARED / "mmperf" / "mmperf_apple_only.csv")
+              if r.device == "Apple M1" and r.backend == "mmperf-ruy"]
+        Xm, ym = as_arrays(mm)
+        held["mmperf M1 ruy single-core (other library, 1 thread)"] = as_plain(
+            {"x": {"y": scores(model.predict_seconds(Xm), ym)}})["x"]["y"]
     return {
         "name": name, "kind": "laptop",
         "description": f"Apple {rows[0].device}, PyTorch CPU rows of mlx-benchmark, float32",
         "sustained_gflops": round(_rate_gflops(model), 2),
-        "tile_overhead_s": 5e-6,
+        "tile_overhead_s": float(model.overhead_s),
         "model": model.to_dict(),
         "thermal": None,
         "power": {"active_w": 30.0, "idle_w": 3.0, "radio_w": 0.5},
-        "evaluation": {"against_own_mlx_rows": {k: round(v, 2) if isinstance(v, float) else v
-                                                for k, v in fit.__dict__.items()},
-                       "note": "the derived model against this device's own mlx-benchmark CPU "
-                               "rows (large batched shapes, far from tile sizes)"},
+        "assumes": {"precision": "float32", "library": "PyTorch CPU (mlx-benchmark)",
+                    "threads": "PyTorch's default (all cores)"},
+        "evaluation": {"held_out": held,
+                       "shipped_form": "constant rate (it beat the shape curve on held-out rows)"
+                       if use_constant else "ARM shape curve (it beat the constant rate)"},
         "provenance": {
-            "model": f"derived: t = overhead + 2mkn / (G e(m,k,n)); G = {best / 1e9:.1f} GFLOP/s, "
-                     f"the best rate of the {len(rows)} PyTorch-CPU rows of this device in "
-                     f"{MLX_ATTRIBUTION}; e = ARM shape-efficiency curve fitted on "
-                     f"{DEEPBENCH_ATTRIBUTION} (A8, A10, Cortex-A53; n >= 16)",
-            "tile_overhead_s": "assumed numpy call overhead (of the order measured on the host)",
+            "model": f"t = o + 2mkn / R, R = P / (1 + h_m/m + h_k/k + h_n/n); level P = "
+                     f"{model.peak_flops / 1e9:.1f} GFLOP/s and overhead o fitted on the "
+                     f"{len(rows)} PyTorch-CPU rows of this device in {MLX_ATTRIBUTION}; "
+                     + ("constant rate (h = 0): it beat the ARM curve on leave-one-out"
+                        if use_constant else f"shape curve {curve_how}"),
+            "tile_overhead_s": "fitted with the level (per-call overhead)",
+            "noise": "spread of the leave-one-out log(measured / predicted), centred",
             "power": "assumed: ~30 W CPU package under all-core load, 3 W idle (no measurement "
                      "in the shared data); radio 0.5 W Wi-Fi (HotCarbon'25)",
             "thermal": "none: no sustained-load data; a fan-cooled laptop assumed not to throttle",
@@ -157,7 +243,7 @@ def phone_thermal() -> dict[str, Any]:
             "min_speed": params.min_speed, "expected_sustained_slowdown": round(1 - speed, 3)}
 
 
-def phone_profile(name: str, efficiency: ShapeEfficiencyRegressor) -> dict[str, Any]:
+def phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
     """Snapdragon 888 class phone or Pixel 7a, derived (no per-shape float32 data exists)."""
     sd_peak, sd_how = sd888_peak_gflops()
     sd_sustained = 20.0
@@ -174,7 +260,16 @@ def phone_profile(name: str, efficiency: ShapeEfficiencyRegressor) -> dict[str, 
                f"GFLOPS ({VFPBENCH_ATTRIBUTION}); SD888 peak: {sd_how}")
     else:
         raise ValueError(name)
-    model = efficiency.time_model(sustained * 1e9, overhead_s=PHONE_OVERHEAD_S)
+    halves, curve_how = efficiency
+    # noise: the ARM sets' own spread around the family curve (each set's leave-one-out)
+    residuals = np.concatenate([
+        OverheadRateRegressor(halves=halves).fit(X, y).loo_log_residuals_
+        for X, y in group_sets([r for r in shape_sets() if r.backend in ARM_BACKENDS]).values()])
+    model = _export_rate(halves, PHONE_OVERHEAD_S, sustained * 1e9, residuals)
+    evaluation: dict[str, Any] = {
+        "held_out": {"ncnn vision_transformer (model level)": vit_check(model)},
+        "note": "no per-shape fp32 measurements of this phone exist in the shared data; "
+                "`testbed perf calibrate` it from 5 shapes measured with `testbed adb measure`"}
     return {
         "name": name, "kind": "phone", "description": f"{desc}, GEMMs on the CPU, float32",
         "sustained_gflops": round(_rate_gflops(model), 2),
@@ -182,16 +277,16 @@ def phone_profile(name: str, efficiency: ShapeEfficiencyRegressor) -> dict[str, 
         "model": model.to_dict(),
         "thermal": phone_thermal(),
         "power": {"active_w": 5.0, "idle_w": 0.5, "radio_w": 0.5},
-        "evaluation": {"note": "no per-shape float32 measurements of this phone exist in the "
-                               "shared data, so the model cannot be evaluated on held-out "
-                               "points; measure one over ADB to replace it"},
+        "assumes": {"precision": "float32", "library": "a NEON GEMM (ruy/MNN-class)",
+                    "threads": "the big cores (4 on the SD888)"},
+        "evaluation": evaluation,
         "provenance": {
-            "model": f"derived: t = overhead + 2mkn / (G e(m,k,n)); G = {how}; e = ARM shape-"
-                     f"efficiency curve fitted on {DEEPBENCH_ATTRIBUTION} (int8, A8/A10/A53, "
-                     f"n >= 16), each device relative to its own best rate",
+            "model": f"t = o + 2mkn / R, R = P / (1 + h_m/m + h_k/k + h_n/n); P = {how}; "
+                     f"shape curve {curve_how} (float data only; no int8 curve)",
             "sustained_gflops": f"the model's rate at the {REFERENCE_TILE} tile",
             "tile_overhead_s": "assumed: Python + numpy dispatch per tile on a phone core",
-            "noise": "assumed log-normal, sigma 5%, written as quantiles",
+            "noise": "spread of the ARM float sets' leave-one-out log(measured / "
+                     "predicted) around the family curve, centred",
             "thermal": "calibrated: a Galaxy S21 Ultra (SD888) lost about 20% of its benchmark "
                        "score over four back-to-back runs (Notebookcheck, via shared/data/"
                        "SOURCES.md); parameters chosen so sustained load settles at a 20% "
@@ -204,7 +299,8 @@ def phone_profile(name: str, efficiency: ShapeEfficiencyRegressor) -> dict[str, 
 
 def build_all(out_dir: Path = PROFILE_DIR) -> list[Path]:
     """Write every shipped profile; return the paths."""
-    efficiency = arm_efficiency()
+    write_sets()
+    efficiency = arm_halves()
     mlx_rows = import_mlx(SHARED / "mlx-benchmark" / "linear_matmul_ms.csv", backend="cpu")
     profiles = [host_profile()]
     profiles += [m_series_profile(name, efficiency, mlx_rows) for name in M_SERIES]

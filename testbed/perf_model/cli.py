@@ -1,4 +1,4 @@
-"""``testbed perf measure|import|fit|eval|show``: measure GEMMs, import public data, fit, inspect.
+"""``testbed perf measure|import|fit|calibrate|predict|eval|show``: GEMM timings to device profiles.
 
 Exit codes as in :mod:`testbed.cli`: 0 ok, 1 failure while running, 2 bad input.
 """
@@ -6,12 +6,18 @@ Exit codes as in :mod:`testbed.cli`: 0 ok, 1 failure while running, 2 bad input.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
+import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from testbed.errors import InputError
 from testbed.perf_model.measurements import MeasurementError, as_arrays, read_measurements
 from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
 
@@ -39,10 +45,63 @@ def _measure(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_out(out: str) -> None:
+    """An output path must be a file we can write, never a directory."""
+    if Path(out).is_dir():
+        raise InputError(out, ["--out: is a directory; expected a file name"])
+
+
+def _write_atomic(out: str, text: str) -> None:
+    """Write text to out through a temporary file, so a failure leaves nothing half-written."""
+    _check_out(out)
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_model_timings(out: str, rows: list[Any]) -> None:
+    from dataclasses import asdict, fields
+
+    from testbed.perf_model.importers import ModelTiming
+    with Path(out).open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        names = [f.name for f in fields(ModelTiming)]
+        writer.writerow(names)
+        for r in rows:
+            writer.writerow([asdict(r)[n] for n in names])
+
+
+def _gemm_sources() -> dict[str, Any]:
+    from testbed.perf_model import importers
+    return {"mnn": (importers.import_mnn, importers.MNN_ATTRIBUTION),
+            "mmperf": (importers.import_mmperf, importers.MMPERF_ATTRIBUTION),
+            "tf-sd835": (importers.import_tf_sd835, importers.TF835_ATTRIBUTION)}
+
+
+def _model_sources() -> dict[str, Any]:
+    from testbed.perf_model import importers
+    return {"ncnn": importers.import_ncnn, "paddle-lite": importers.import_paddle_lite,
+            "xnnpack": importers.import_xnnpack}
+
+
+_GEMM_SOURCES: dict[str, Any] = {}
+_MODEL_SOURCES: dict[str, Any] = {}
+
+
 def _import(args: argparse.Namespace) -> int:
+    _GEMM_SOURCES.update(_gemm_sources())
+    _MODEL_SOURCES.update(_model_sources())
     from testbed.perf_model import importers
     from testbed.perf_model.measurements import write_measurements
     try:
+        _check_out(args.out)
         if args.source == "mlx":
             rows = importers.import_mlx(args.src, backend=None if args.backend == "all"
                                         else args.backend)
@@ -50,6 +109,15 @@ def _import(args: argparse.Namespace) -> int:
         elif args.source == "deepbench":
             rows = importers.import_deepbench(args.src)
             write_measurements(args.out, rows, comments=[importers.DEEPBENCH_ATTRIBUTION])
+        elif args.source in _GEMM_SOURCES:
+            reader, attribution = _GEMM_SOURCES[args.source]
+            rows = reader(args.src)
+            _check_out(args.out)
+            write_measurements(args.out, rows, comments=[attribution])
+        elif args.source in _MODEL_SOURCES:
+            rows = _MODEL_SOURCES[args.source](args.src)
+            _check_out(args.out)
+            _write_model_timings(args.out, rows)
         else:
             src = Path(args.src)
             logs = sorted(src.glob("*.txt")) if src.is_dir() else [src]
@@ -72,28 +140,166 @@ def _load(path: str, device: str | None):
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from testbed.perf_model.estimators import BlasCostRegressor, GemmTimeRegressor
+    from testbed.perf_model.estimators import (
+        BlasCostRegressor,
+        GemmTimeRegressor,
+        OverheadRateRegressor,
+    )
     try:
+        _check_out(args.out)
         X, y = _load(args.measurements, args.device)
-        estimator = BlasCostRegressor() if args.model == "cost" else GemmTimeRegressor()
+        estimator = {"cost": BlasCostRegressor, "ridge": GemmTimeRegressor,
+                     "rate": OverheadRateRegressor}[args.model]()
         model = estimator.fit(X, y).export()
+        _write_atomic(args.out, yaml.safe_dump({"model": model.to_dict()}, sort_keys=False))
     except (MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    Path(args.out).write_text(yaml.safe_dump({"model": model.to_dict()}, sort_keys=False))
     print(f"{args.out}: model fitted on {len(y)} shapes (put its 'model' section in a profile)")
     return EXIT_OK
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from testbed.perf_model.evaluate import as_plain, evaluate, format_table
+    from testbed.perf_model.evaluate import (
+        as_plain,
+        evaluate,
+        format_sets_table,
+        format_table,
+        group_sets,
+        leave_one_set_out,
+    )
     try:
+        if args.leave_one_set_out:
+            rows = read_measurements(args.measurements)
+            if args.device:
+                rows = [r for r in rows if r.device == args.device]
+            sets = group_sets(rows)
+            if len(sets) < 2:
+                raise MeasurementError(f"{args.measurements}: leave one set out needs at least "
+                                       f"two per-shape float sets of >= 6 shapes, found "
+                                       f"{len(sets)}")
+            result = leave_one_set_out(sets)
+            print(json.dumps(as_plain(result), indent=1) if args.json
+                  else format_sets_table(result))
+            return EXIT_OK
         X, y = _load(args.measurements, args.device)
         result = evaluate(X, y, seed=args.seed)
     except (MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(json.dumps(as_plain(result), indent=1) if args.json else format_table(result))
+    return EXIT_OK
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from testbed.perf_model.calibrate import calibrate_profile
+    try:
+        _check_out(args.out)
+        base = load_profile(args.base_profile)
+        rows = read_measurements(args.measurements)
+        text, summary = calibrate_profile(base, rows, args.measurements, device=args.device,
+                                          name=args.name)
+        _write_atomic(args.out, text)
+    except (InputError, MeasurementError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"{args.out}: {summary}")
+    return EXIT_OK
+
+
+def read_shapes(path: str) -> list[tuple[int, int, int]]:
+    """(m, k, n) rows of a CSV with columns m, k, n (others ignored); InputError with lines."""
+    problems: list[str] = []
+    shapes: list[tuple[int, int, int]] = []
+    try:
+        handle = open(path, newline="", errors="replace")
+    except OSError as exc:
+        raise InputError(path, [f"cannot read: {exc.strerror}"]) from exc
+    with handle:
+        lines = [(i, line) for i, line in enumerate(handle, 1)
+                 if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise InputError(path, ["empty file; expected a header line with the columns m, k, n"])
+    header: list[str] = []
+    for i, line in lines:
+        if len(line) > 4096:
+            problems.append(f"line {i}: {len(line)} characters; a shape row is short")
+            break
+        try:
+            fields = [f.strip() for f in next(csv.reader([line]))]
+        except csv.Error as exc:
+            problems.append(f"line {i}: not a CSV line: {exc}")
+            break
+        if not header:
+            header = fields
+            missing = [c for c in ("m", "k", "n") if c not in header]
+            if missing:
+                raise InputError(path, [f"line {i} (header): missing column(s) "
+                                        f"{', '.join(missing)}; expected m, k, n"])
+            continue
+        if len(fields) != len(header):
+            problems.append(f"line {i}: expected {len(header)} fields as in the header, "
+                            f"got {len(fields)}")
+            continue
+        row = dict(zip(header, fields))
+        try:
+            shapes.append(_shape(row["m"], row["k"], row["n"]))
+        except ValueError as exc:
+            problems.append(f"line {i}: {exc}")
+    if problems:
+        raise InputError(path, problems)
+    if not shapes:
+        raise InputError(path, ["no shape rows after the header"])
+    return shapes
+
+
+def _shape(*texts: str) -> tuple[int, int, int]:
+    out = []
+    for name, text in zip("mkn", texts):
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{name}: expected a positive integer, got {text!r}") from None
+        if value < 1 or value > 1 << 20:
+            raise ValueError(f"{name}: expected a positive integer up to {1 << 20}, got {text}")
+        out.append(value)
+    return out[0], out[1], out[2]
+
+
+def predict_seconds(profile: Any, shapes: list[tuple[int, int, int]]) -> list[float]:
+    """What an emulated device of this profile takes per GEMM: no noise, cold (no throttle)."""
+    from testbed.emulator.device_model import device_model_for
+    out = []
+    for m, k, n in shapes:
+        device = device_model_for(profile, seed=0, noise=False)  # a fresh, cold device
+        out.append(device.tile_cost(m, k, n, "forward", 0.0).seconds)
+    return out
+
+
+def _predict(args: argparse.Namespace) -> int:
+    try:
+        profile = load_profile(args.profile)
+        if args.shapes:
+            if args.mkn:
+                raise InputError("command line", ["give M K N or --shapes FILE, not both"])
+            shapes = read_shapes(args.shapes)
+        elif len(args.mkn) == 3:
+            try:
+                shapes = [_shape(*args.mkn)]
+            except ValueError as exc:
+                raise InputError("command line", [f"M K N: {exc}"]) from None
+        else:
+            raise InputError("command line", [f"expected M K N (three positive integers) or "
+                                              f"--shapes FILE, got {len(args.mkn)} value(s)"])
+    except (InputError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    seconds = predict_seconds(profile, shapes)
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(["m", "k", "n", "seconds"])
+    for (m, k, n), t in zip(shapes, seconds):
+        assert math.isfinite(t)
+        writer.writerow([m, k, n, f"{t:.6g}"])
     return EXIT_OK
 
 
@@ -123,6 +329,24 @@ def _show(args: argparse.Namespace) -> int:
     if profile.power is not None:
         print(f"  power: active {profile.power.active_w} W, idle {profile.power.idle_w} W, "
               f"radio {profile.power.radio_w} W")
+    if profile.model is not None and profile.model.noise_levels:
+        from testbed.perf_model.calibrate import noise_band
+        low, high = noise_band(profile.model)
+        print(f"  expected error band (5-95% of held-out measured/predicted): "
+              f"{100 * (low - 1):+.0f}% .. {100 * (high - 1):+.0f}%; emulated tiles draw "
+              f"their noise from it")
+    held = profile.evaluation.get("held_out") if isinstance(profile.evaluation, dict) else None
+    if held:
+        print("accuracy on data it was not fitted on:")
+        for label, fig in held.items():
+            if isinstance(fig, dict) and "within_25" in fig:
+                print(f"  {label}: n {fig.get('n')}, ±10% {fig.get('within_10')}%, ±25% "
+                      f"{fig.get('within_25')}%, ±50% {fig.get('within_50')}%, median p/t "
+                      f"{fig.get('median_ratio')}")
+            else:
+                print(f"  {label}: {fig}")
+    else:
+        print("accuracy on data it was not fitted on: none measured (see evaluation)")
     print("provenance:")
     for key, text in profile.provenance.items():
         print(f"  {key}: {text}")
@@ -157,7 +381,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_measure)
 
     p = sub.add_parser("import", help="convert ../shared/data sources into the CSV format")
-    p.add_argument("source", choices=("mlx", "deepbench", "vfpbench"))
+    p.add_argument("source", choices=("mlx", "deepbench", "vfpbench", "mnn", "mmperf",
+                                       "tf-sd835", "ncnn", "paddle-lite", "xnnpack"),
+                   help="mnn/mmperf/tf-sd835 give per-shape GEMM rows; ncnn, paddle-lite and "
+                        "xnnpack whole-model times")
     p.add_argument("src", help="source file (vfpbench: a log or the log directory)")
     p.add_argument("--out", required=True)
     p.add_argument("--backend", default="cpu", help="mlx backend to keep, or 'all'")
@@ -170,13 +397,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--device", help="only rows of this device")
         if name == "fit":
             p.add_argument("--out", required=True, help="YAML file for the model section")
-            p.add_argument("--model", choices=("cost", "ridge"), default="cost",
-                           help="cost: blocked-BLAS cost model (default); ridge: log-space "
-                                "ridge on smooth features")
+            p.add_argument("--model", choices=("cost", "ridge", "rate"), default="cost",
+                           help="cost: blocked-BLAS cost model (default, the host); rate: "
+                                "overhead + monotone capped rate (phones, laptops); ridge: "
+                                "log-space ridge on smooth features")
         else:
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--json", action="store_true")
+            p.add_argument("--leave-one-set-out", action="store_true",
+                           help="hold out each (device, backend, dtype, threads) set in turn: "
+                                "calibrated from 5 of its shapes, and every other set's profile")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("calibrate", help="a device profile from 3-10 measured shapes of it: the "
+                                         "base profile's shape curve, the device's own level "
+                                         "and overhead")
+    p.add_argument("base_profile", help="profile name or path whose shape curve to keep")
+    p.add_argument("measurements", help="measurement CSV (testbed perf measure / adb measure)")
+    p.add_argument("--out", required=True, help="profile YAML to write")
+    p.add_argument("--device", help="only rows of this device (default: the file's only one)")
+    p.add_argument("--name", help="name of the new profile (default: the --out file's stem)")
+    p.set_defaults(func=_calibrate)
+
+    p = sub.add_parser("predict", help="seconds an emulated device of a profile takes for one "
+                                       "GEMM (no noise, cold); CSV m,k,n,seconds")
+    p.add_argument("profile", help="profile name or path")
+    p.add_argument("mkn", nargs="*", metavar="M K N", help="C[M x N] = A[M x K] B[K x N]")
+    p.add_argument("--shapes", help="CSV with columns m, k, n (one GEMM per row)")
+    p.set_defaults(func=_predict)
 
     p = sub.add_parser("show", help="a profile's provenance and evaluation figures")
     p.add_argument("profile", nargs="?", help="profile name or path")

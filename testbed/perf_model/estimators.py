@@ -33,9 +33,11 @@ from testbed.perf_model.features import (
     COST_FEATURES,
     DEFAULT_BLAS,
     FEATURES,
+    RATE_FEATURES,
     ExportedTimeModel,
     cost_matrix,
     feature_matrix,
+    rate_flops,
     roofline_seconds,
 )
 
@@ -269,3 +271,162 @@ class ShapeEfficiencyRegressor(BaseEstimator):
                                  overhead_s=overhead_s, peak_flops=sustained_flops,
                                  bandwidth_bytes_s=50e9, noise_levels=NOISE_LEVELS,
                                  noise_log_quantiles=quantiles)
+
+
+# --- the overhead-plus-rate family (form ``rate`` of ExportedTimeModel) -------------------------
+
+#: candidate half-rate lengths (elements) searched for each of half_m, half_k, half_n
+HALF_GRID: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+#: without a measured peak, the rate is capped at this multiple of the best measured rate
+CAP_OVER_BEST = 2.0
+
+
+def _level_fit(X: np.ndarray, y: np.ndarray, halves: np.ndarray, cap_flops: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each row of ``halves`` (G, 3): the best (overhead_s, 1/peak) and its relative SSE.
+
+    Minimizes sum(((o + c g_i - y_i) / y_i)^2) over o >= 0, c >= 1/cap_flops, where
+    g_i = 2 m k n (1 + h_m/m + h_k/k + h_n/n), in closed form for all G candidates at once:
+    the unconstrained 2x2 solution when feasible, else the best of the two boundaries.
+    """
+    m, k, n = X[:, 0], X[:, 1], X[:, 2]
+    g = 2.0 * m * k * n * (1.0 + halves[:, :1] / m + halves[:, 1:2] / k + halves[:, 2:3] / n)
+    a = 1.0 / y                      # overhead column, relative
+    G = g / y                        # (G, N) rate column, relative
+    c_min = 1.0 / cap_flops
+    b = 1.0 - c_min * G              # target once the capped part is moved over
+    saa = float(a @ a)
+    sag, sgg = G @ a, (G * G).sum(axis=1)
+    sab, sgb = b @ a, (G * b).sum(axis=1)
+    det = saa * sgg - sag * sag
+    with np.errstate(divide="ignore", invalid="ignore"):
+        o_free = np.where(det > 0, (sgg * sab - sag * sgb) / det, -1.0)
+        c_free = np.where(det > 0, (saa * sgb - sag * sab) / det, -1.0)
+        c_edge = np.maximum(0.0, np.where(sgg > 0, sgb / sgg, 0.0))  # o = 0
+    o_edge = np.maximum(0.0, sab / saa)  # c' = 0
+
+    def sse(o: np.ndarray, c: np.ndarray) -> np.ndarray:
+        r = o[:, None] * a + c[:, None] * G - b
+        return (r * r).sum(axis=1)
+
+    feasible = (o_free >= 0) & (c_free >= 0)
+    candidates = [(np.where(feasible, o_free, 0.0), np.where(feasible, c_free, 0.0),
+                   np.where(feasible, 0.0, np.inf)),
+                  (np.zeros(len(G)), c_edge, 0.0), (o_edge, np.zeros(len(G)), 0.0)]
+    best_o, best_c, best = np.zeros(len(G)), np.zeros(len(G)), np.full(len(G), np.inf)
+    for o, c, penalty in candidates:
+        o = np.broadcast_to(o, (len(G),))
+        err = sse(o, c) + penalty
+        better = err < best
+        best_o, best_c, best = (np.where(better, o, best_o), np.where(better, c, best_c),
+                                np.where(better, err, best))
+    return best_o, best_c + c_min, best
+
+
+def _grid() -> np.ndarray:
+    h = np.asarray(HALF_GRID)
+    return np.array(np.meshgrid(h, h, h, indexing="ij")).reshape(3, -1).T
+
+
+def fit_halves(sets: list[tuple[np.ndarray, np.ndarray, float]]) -> tuple[float, float, float]:
+    """The half-rate lengths shared by several devices' data, each with its own level.
+
+    ``sets`` holds (X, y, cap_flops) per device; every set weighs the same (mean relative SSE).
+    """
+    grid = _grid()
+    total = np.zeros(len(grid))
+    for X, y, cap in sets:
+        total += _level_fit(X, y, grid, cap)[2] / len(y)
+    h = grid[int(np.argmin(total))]
+    return float(h[0]), float(h[1]), float(h[2])
+
+
+def _cap(X: np.ndarray, y: np.ndarray, peak_flops: float | None) -> float:
+    return float(peak_flops or CAP_OVER_BEST * best_rate_flops(X, y))
+
+
+def _export_rate(halves: tuple[float, float, float], overhead_s: float, peak_flops: float,
+                 residuals: np.ndarray, extra: dict | None = None) -> ExportedTimeModel:
+    # noise: the spread of held-out log(measured / predicted), centred so it adds no bias
+    q = np.quantile(residuals, NOISE_LEVELS) if len(residuals) else np.zeros(len(NOISE_LEVELS))
+    q = q - np.median(residuals) if len(residuals) else q
+    return ExportedTimeModel(features=RATE_FEATURES, coef=tuple(float(h) for h in halves),
+                             intercept=0.0, overhead_s=float(overhead_s),
+                             peak_flops=float(peak_flops), bandwidth_bytes_s=50e9,
+                             noise_levels=NOISE_LEVELS,
+                             noise_log_quantiles=tuple(float(x) for x in q), form="rate",
+                             extra=dict(extra or {}))
+
+
+class OverheadRateRegressor(RegressorMixin, BaseEstimator):
+    """t = o + 2mkn / R(m, k, n), R = P / (1 + h_m/m + h_k/k + h_n/n): monotone, capped rate.
+
+    ``halves=None`` searches (h_m, h_k, h_n) on :data:`HALF_GRID` on this device's data; a
+    given triple keeps the family's shape curve and fits only the level P and overhead o (that
+    is calibration). ``constant=True`` is the constant-rate-plus-overhead baseline (h = 0).
+    P never exceeds ``peak_flops`` (the device's measured peak), or without one
+    :data:`CAP_OVER_BEST` times the best measured rate. Fitted on relative error, so a 10 us
+    tile counts as much as a 1 s GEMM. Noise: quantiles of leave-one-out log residuals.
+    """
+
+    def __init__(self, halves: tuple[float, float, float] | None = None,
+                 peak_flops: float | None = None, constant: bool = False) -> None:
+        self.halves = halves
+        self.peak_flops = peak_flops
+        self.constant = constant
+
+    def _halves_for(self, X: np.ndarray, y: np.ndarray, cap: float) -> tuple[float, float, float]:
+        if self.constant:
+            return (0.0, 0.0, 0.0)
+        if self.halves is not None:
+            return (float(self.halves[0]), float(self.halves[1]), float(self.halves[2]))
+        return fit_halves([(X, y, cap)])
+
+    def _fit_level(self, X: np.ndarray, y: np.ndarray, halves: tuple[float, float, float],
+                   cap: float) -> tuple[float, float]:
+        o, c, _ = _level_fit(X, y, np.asarray([halves]), cap)
+        return float(o[0]), float(1.0 / c[0])
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "OverheadRateRegressor":
+        """Learn the shape curve (unless given), level, overhead and noise; return self."""
+        X, y = _check_xy(X, y)
+        if len(y) < 3:
+            raise ValueError(f"need at least 3 measured shapes (overhead, level and one to "
+                             f"check them), got {len(y)}")
+        cap = _cap(X, y, self.peak_flops)
+        self.halves_ = self._halves_for(X, y, cap)
+        self.overhead_s_, self.peak_flops_ = self._fit_level(X, y, self.halves_, cap)
+        self.cap_flops_ = cap
+        # leave-one-out: refit level (and the curve, when it is learned here) without row i
+        residuals = np.empty(len(y))
+        for i in range(len(y)):
+            keep = np.arange(len(y)) != i
+            halves = self.halves_ if len(y) > 12 or self.halves is not None or self.constant \
+                else self._halves_for(X[keep], y[keep], cap)
+            o, p = self._fit_level(X[keep], y[keep], halves, cap)
+            predicted = o + 2.0 * X[i].prod() / float(rate_flops(X[i:i + 1], p, halves)[0])
+            residuals[i] = np.log(y[i] / predicted)
+        self.loo_log_residuals_ = residuals
+        self.n_features_in_ = 3
+        return self
+
+    def export(self) -> ExportedTimeModel:
+        """The fitted model as form ``rate`` (numpy-only evaluation)."""
+        return _export_rate(self.halves_, self.overhead_s_, self.peak_flops_,
+                            self.loo_log_residuals_)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Predicted seconds per row of X (no noise)."""
+        X, _ = _check_xy(X)
+        return self.overhead_s_ + 2.0 * X.prod(axis=1) / rate_flops(X, self.peak_flops_,
+                                                                     self.halves_)
+
+
+def calibrate(base: ExportedTimeModel, X: np.ndarray, y: np.ndarray,
+              peak_flops: float | None = None) -> OverheadRateRegressor:
+    """A device's own level and overhead on the base profile's shape curve, from >= 3 shapes.
+
+    A base without the ``rate`` form (an older profile) is calibrated as a constant rate.
+    """
+    halves = tuple(base.coef) if base.form == "rate" else (0.0, 0.0, 0.0)
+    return OverheadRateRegressor(halves=halves, peak_flops=peak_flops).fit(X, y)  # type: ignore[arg-type]

@@ -47,6 +47,16 @@ pack_kn_far    k n when the operands (s (mk + kn + mn) bytes) exceed ``cache_byt
 
 Regimes: ``small`` when m k n <= ``small_mnk`` (OpenBLAS's small-matrix kernels, which do not
 pack), ``packed`` otherwise; a term of the other regime is 0.
+
+A third form, ``rate``, is the overhead-plus-rate family the phone and laptop profiles use
+(:data:`RATE_FEATURES`, see :class:`testbed.perf_model.estimators.OverheadRateRegressor`)::
+
+    t(m, k, n) = overhead_s + 2 m k n / R(m, k, n)
+    R(m, k, n) = peak_flops / (1 + half_m / m + half_k / k + half_n / n)
+
+``half_x`` >= 0 is the length of dimension x at which that dimension alone halves the rate (its
+edge and packing costs equal the kernel's). R rises monotonically in every dimension and never
+exceeds ``peak_flops``; with every ``half_x`` = 0 it is the constant-rate-plus-overhead baseline.
 """
 
 from __future__ import annotations
@@ -69,6 +79,16 @@ COST_FEATURES: tuple[str, ...] = tuple(f"{r}:{t}" for r in REGIMES for t in COST
 # k blocks of 448 fitted marginally best of 256..640; 2 MiB L2 per core (lscpu)
 DEFAULT_BLAS: dict[str, float] = {"unroll_n": 16, "unroll_m": 4, "k_block": 448,
                                   "small_mnk": 1e6, "cache_bytes": 2 * 1024 * 1024}
+
+
+RATE_FEATURES: tuple[str, ...] = ("half_m", "half_k", "half_n")
+
+
+def rate_flops(shapes: np.ndarray, peak_flops: float, half: Sequence[float]) -> np.ndarray:
+    """R(m, k, n) of the ``rate`` form for an (N, 3) array of (m, k, n), in FLOP/s."""
+    shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+    return peak_flops / (1.0 + half[0] / shapes[:, 0] + half[1] / shapes[:, 1]
+                         + half[2] / shapes[:, 2])
 
 
 def _log2(x: np.ndarray) -> np.ndarray:
@@ -212,6 +232,10 @@ class ExportedTimeModel:
         if self.form == "cost":
             return cost_matrix(shapes, self.features, self.blas, self.dtype_bytes) @ \
                 np.asarray(self.coef)
+        if self.form == "rate":
+            shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+            return self.overhead_s + 2.0 * shapes.prod(axis=1) / rate_flops(
+                shapes, self.peak_flops, self.coef)
         phi = feature_matrix(shapes, self.features, self.peak_flops, self.bandwidth_bytes_s,
                              self.dtype_bytes)
         return self.overhead_s + np.exp(self.intercept + phi @ np.asarray(self.coef))
@@ -221,6 +245,10 @@ class ExportedTimeModel:
         if self.form == "cost":
             terms = cost_terms(float(m), float(k), float(n), self.blas, self.dtype_bytes)
             return sum(c * terms[name] for name, c in zip(self.features, self.coef))
+        if self.form == "rate":
+            h_m, h_k, h_n = self.coef
+            return self.overhead_s + 2.0 * m * k * n * (1.0 + h_m / m + h_k / k + h_n / n) \
+                / self.peak_flops
         cols = _scalar_columns(float(m), float(k), float(n), self.peak_flops,
                                self.bandwidth_bytes_s, self.dtype_bytes)
         z = self.intercept
@@ -237,8 +265,10 @@ class ExportedTimeModel:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the profile YAML."""
-        formula = ("t = sum(coef[j] * term[j](m, k, n))" if self.form == "cost" else
-                   "t = overhead_s + exp(intercept + sum(coef[j] * feature[j](m, k, n)))")
+        formula = {"cost": "t = sum(coef[j] * term[j](m, k, n))",
+                   "rate": "t = overhead_s + 2mkn (1 + half_m/m + half_k/k + half_n/n) / "
+                           "peak_flops  (coef = half_m, half_k, half_n)"}.get(
+            self.form, "t = overhead_s + exp(intercept + sum(coef[j] * feature[j](m, k, n)))")
         out: dict[str, Any] = {
             "form": self.form, "formula": formula,
             "features": list(self.features), "coef": [float(c) for c in self.coef],
@@ -266,18 +296,23 @@ class ExportedTimeModel:
             return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
         form = data.get("form", "log-linear")
-        if form not in ("log-linear", "cost"):  # profiles before the cost form wrote a formula
+        if form not in ("log-linear", "cost", "rate"):  # old profiles wrote a formula here
             form = "log-linear" if str(form).startswith("t = overhead_s") else form
-        if form not in ("log-linear", "cost"):
-            raise ValueError(f"{where}.form: expected 'log-linear' or 'cost', got {form!r}")
+        if form not in ("log-linear", "cost", "rate"):
+            raise ValueError(f"{where}.form: expected 'log-linear', 'cost' or 'rate', "
+                             f"got {form!r}")
         features = tuple(need("features", lambda v: isinstance(v, list), "a list of names"))
         coef = tuple(need("coef", lambda v: isinstance(v, list) and len(v) == len(features)
                           and all(is_num(c) for c in v),
                           f"a list of {len(features)} numbers (one per feature)"))
-        known = COST_FEATURES if form == "cost" else FEATURES
+        known = {"cost": COST_FEATURES, "rate": RATE_FEATURES}.get(form, FEATURES)
         unknown = [f for f in features if f not in known]
         if unknown:
             raise ValueError(f"{where}.features: unknown {form} feature(s) {', '.join(unknown)}")
+        if form == "rate" and (features != RATE_FEATURES or any(c < 0 for c in coef)):
+            raise ValueError(f"{where}.coef: the rate form needs features "
+                             f"{', '.join(RATE_FEATURES)} with lengths >= 0 (a negative length "
+                             f"would let the rate exceed peak_flops)")
         blas: dict[str, float] = {}
         if form == "cost":
             given = data.get("blas")

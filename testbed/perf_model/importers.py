@@ -11,6 +11,22 @@
   Its M, N, K name C[M x N] = A[M x K] B[K x N], as ours do.
 * vfpbench (MIT, Copyright (c) 2019 Hiroyuki Ogasawara; github.com/hiroog/vfpbench ``log/``):
   measured peak GFLOPS per device; not GEMMs, so they import into :class:`PeakRecord`.
+* MNN (Apache-2.0, Alibaba; ``docs/perf/gemm_speed_benchmark.md`` @4d40bdb): Snapdragon 8 Gen 5
+  CPU ``float-gemm`` rows, 4 threads, precision flag 2 = **fp16** arithmetic (not fp32).
+* mmperf (Apache-2.0; ``official_results/apple-*`` @9e6e4f0): Apple M1 (upstream folder
+  ``apple-a13``) and M1 Max single-core SGEMM in GFLOPS per library; times are 2mkn / rate.
+  ``accelerate`` rows run on Apple's matrix unit (AMX), not the NEON cores.
+* TensorFlow OpenCL fork (Apache-2.0; ``tensorflow/opencl-matmul/README.md`` @8d443c9):
+  Snapdragon 835 square MatMul, CPU Eigen fp32, in us; includes TensorFlow's op overhead;
+  thread count not stated (TF's default pool).
+* ncnn (BSD-3-Clause, Tencent; ``benchmark/README.md`` and ``*.param`` @a4d2ea1): whole-model
+  times (min/max/avg ms) per device, threads and core set; fp16 by default on Armv8.2+ CPUs.
+  :func:`ncnn_gemms` derives a model's GEMM shapes from its layer file.
+* Paddle-Lite (Apache-2.0; ``docs/performance/benchmark.md`` @3d329c9) and XNNPACK
+  (BSD-3-Clause; ``README.md`` @75db3c0): whole-model phone times (:class:`ModelTiming`).
+
+Every importer checks what it converts: a size that is not a positive integer or a time that is
+not a positive finite number is a :class:`SourceFormatError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -20,6 +36,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from testbed.perf_model.measurements import Measurement
 
@@ -29,12 +46,79 @@ DEEPBENCH_ATTRIBUTION = "DeepBench results @da81ba7 (Apache-2.0, Baidu Research)
 VFPBENCH_ATTRIBUTION = "vfpbench log @19d3b70 (MIT, (c) 2019 Hiroyuki Ogasawara)"
 
 
+MNN_ATTRIBUTION = ("MNN docs/perf/gemm_speed_benchmark.md @4d40bdb (Apache-2.0, Alibaba), "
+                   "Snapdragon 8 Gen 5 CPU, 4 threads, precision 2 = fp16 arithmetic")
+MMPERF_ATTRIBUTION = ("mmperf official_results @9e6e4f0 (Apache-2.0), single-core SGEMM; "
+                      "upstream folder apple-a13 is an Apple M1")
+TF835_ATTRIBUTION = ("TensorflowOpenCL-GPU tensorflow/opencl-matmul/README.md @8d443c9 "
+                     "(Apache-2.0), Snapdragon 835 CPU Eigen fp32 square MatMul, mean of 10 "
+                     "TF runs incl. TF op overhead, threads not stated")
+NCNN_ATTRIBUTION = ("ncnn benchmark/README.md @a4d2ea1 (BSD-3-Clause, Tencent); fp16 storage and "
+                    "arithmetic by default on Armv8.2+ CPUs")
+PADDLE_ATTRIBUTION = ("Paddle-Lite docs/performance/benchmark.md @3d329c9 (Apache-2.0), 1 thread "
+                      "on a big core, warmup 20, mean of 600")
+XNNPACK_ATTRIBUTION = "XNNPACK README.md performance section @75db3c0 (BSD-3-Clause)"
+
+# a CSV field above this is not a measurement: csv's own limit (128 KiB) raises csv.Error
+MAX_FIELD_CHARS = 4096
+
+
 class SourceFormatError(ValueError):
     """A source file that does not look as expected; names the file and line."""
 
 
+def _records(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV with a header; SourceFormatError on missing columns or a
+    line csv cannot read (an oversized field, a stray quote)."""
+    try:
+        handle = path.open(newline="", errors="replace")
+    except OSError as exc:
+        raise SourceFormatError(f"{path}: cannot read: {exc.strerror}") from exc
+    with handle:
+        reader = csv.DictReader(handle)
+        try:
+            header = reader.fieldnames or []
+        except csv.Error as exc:
+            raise SourceFormatError(f"{path}: line 1: {exc}") from exc
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise SourceFormatError(f"{path}: line 1 (header): missing column(s) "
+                                    f"{', '.join(missing)}; expected {', '.join(required)}")
+        while True:
+            try:
+                rec = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # the line after the last one read whole
+                raise SourceFormatError(f"{path}: line {reader.line_num + 1}: {exc}") from exc
+            too_long = [k for k, v in rec.items()
+                        if isinstance(v, str) and len(v) > MAX_FIELD_CHARS]
+            if too_long:
+                raise SourceFormatError(f"{path}: line {reader.line_num}: column "
+                                        f"{too_long[0]!r} is longer than {MAX_FIELD_CHARS} "
+                                        f"characters")
+            if None in rec or any(rec.get(c) is None for c in required):
+                raise SourceFormatError(f"{path}: line {reader.line_num}: expected "
+                                        f"{len(header)} fields as in the header")
+            yield reader.line_num, rec
+
+
+def _positive_int(text: str, what: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{what}: expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_time(text: str, what: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what}: expected a positive finite time, got {text!r}")
+    return value
+
+
 def _shape(text: str) -> list[int]:
-    return [int(x) for x in text.split("x")]
+    return [_positive_int(x, "dimension") for x in text.split("x")]
 
 
 def mlx_gemm(operand_shapes: str) -> tuple[int, int, int, int]:
@@ -54,20 +138,20 @@ def import_mlx(path: str | Path, backend: str | None = "cpu") -> list[Measuremen
     """mlx-benchmark rows (of one backend, or all with None) as measurements."""
     path = Path(path)
     rows = []
-    with path.open(newline="") as handle:
-        for line_no, rec in enumerate(csv.DictReader(handle), start=2):
-            if backend is not None and rec["backend"] != backend:
-                continue
-            try:
-                batch, m, k, n = mlx_gemm(rec["operand_shapes"])
-                ms = float(rec["ms_mean_of_9"])
-            except (ValueError, KeyError) as exc:
-                raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
-            rows.append(Measurement(device=rec["device"].strip(), backend=rec["backend"],
-                                    dtype="float32", threads=0,
-                                    op="forward" if rec["op"] == "Linear" else "gemm",
-                                    m=m, k=k, n=n, batch=batch, seconds=ms / 1e3 / batch,
-                                    repeats=9, provenance=MLX_ATTRIBUTION))
+    for line_no, rec in _records(path, ("device", "op", "operand_shapes", "backend",
+                                        "ms_mean_of_9")):
+        if backend is not None and rec["backend"] != backend:
+            continue
+        try:
+            batch, m, k, n = mlx_gemm(rec["operand_shapes"])
+            ms = _positive_time(rec["ms_mean_of_9"], "ms_mean_of_9")
+        except (ValueError, IndexError) as exc:
+            raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+        rows.append(Measurement(device=rec["device"].strip(), backend=rec["backend"],
+                                dtype="float32", threads=0,
+                                op="forward" if rec["op"] == "Linear" else "gemm",
+                                m=m, k=k, n=n, batch=batch, seconds=ms / 1e3 / batch,
+                                repeats=9, provenance=MLX_ATTRIBUTION))
     return rows
 
 
@@ -75,16 +159,15 @@ def import_deepbench(path: str | Path) -> list[Measurement]:
     """DeepBench device GEMM rows as measurements (dtype int8)."""
     path = Path(path)
     rows = []
-    with path.open(newline="") as handle:
-        for line_no, rec in enumerate(csv.DictReader(handle), start=2):
-            try:
-                m, n, k = int(rec["M"]), int(rec["N"]), int(rec["K"])
-                ms = float(rec["time_ms"])
-            except (ValueError, KeyError) as exc:
-                raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
-            rows.append(Measurement(device=rec["device"], backend="gemmlowp", dtype="int8",
-                                    threads=0, op="gemm", m=m, k=k, n=n, seconds=ms / 1e3,
-                                    provenance=DEEPBENCH_ATTRIBUTION))
+    for line_no, rec in _records(path, ("device", "M", "N", "K", "time_ms")):
+        try:
+            m, n, k = (_positive_int(rec[c], c) for c in ("M", "N", "K"))
+            ms = _positive_time(rec["time_ms"], "time_ms")
+        except ValueError as exc:
+            raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+        rows.append(Measurement(device=rec["device"], backend="gemmlowp", dtype="int8",
+                                threads=0, op="gemm", m=m, k=k, n=n, seconds=ms / 1e3,
+                                provenance=DEEPBENCH_ATTRIBUTION))
     return rows
 
 
@@ -139,3 +222,249 @@ def write_peaks(path: str | Path, records: list[PeakRecord]) -> None:
         writer.writerow(["device", "precision", "scope", "gflops", "provenance"])
         for r in records:
             writer.writerow([r.device, r.precision, r.scope, r.gflops, r.provenance])
+
+
+def import_mnn(path: str | Path) -> list[Measurement]:
+    """MNN's Snapdragon 8 Gen 5 CPU float GEMMs (fp16 arithmetic, 4 threads)."""
+    path = Path(path)
+    rows = []
+    for line_no, rec in _records(path, ("device", "backend", "precision_flag", "threads", "kind",
+                                        "M", "K", "N", "time_ms")):
+        if rec["backend"] != "CPU" or rec["kind"] != "float-gemm":
+            continue
+        try:
+            m, k, n = (_positive_int(rec[c], c) for c in ("M", "K", "N"))
+            ms = _positive_time(rec["time_ms"], "time_ms")
+            threads = _positive_int(rec["threads"], "threads")
+        except ValueError as exc:
+            raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+        dtype = "float16" if rec["precision_flag"].strip() == "2" else "float32"
+        rows.append(Measurement(device=rec["device"].strip(), backend="mnn-cpu", dtype=dtype,
+                                threads=threads, op="gemm", m=m, k=k, n=n, seconds=ms / 1e3,
+                                provenance=MNN_ATTRIBUTION))
+    return rows
+
+
+MMPERF_CHIPS = {"apple-a13": "Apple M1", "apple-m1max": "Apple M1 Max"}
+
+
+def import_mmperf(path: str | Path) -> list[Measurement]:
+    """mmperf single-core SGEMM rows (GFLOPS) as times; one set per chip and library."""
+    path = Path(path)
+    rows = []
+    for line_no, rec in _records(path, ("platform", "library", "M", "N", "K", "gflops")):
+        try:
+            m, n, k = (_positive_int(rec[c], c) for c in ("M", "N", "K"))
+            gflops = _positive_time(rec["gflops"], "gflops")
+        except ValueError as exc:
+            raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+        chip = MMPERF_CHIPS.get(rec["platform"].strip(), rec["platform"].strip())
+        library = rec["library"].strip()
+        note = "; Apple AMX matrix unit, not NEON" if library == "accelerate" else ""
+        rows.append(Measurement(device=chip, backend=f"mmperf-{library}", dtype="float32",
+                                threads=1, op="gemm", m=m, k=k, n=n,
+                                seconds=2.0 * m * k * n / (gflops * 1e9),
+                                provenance=MMPERF_ATTRIBUTION + note))
+    return rows
+
+
+def import_tf_sd835(path: str | Path) -> list[Measurement]:
+    """The Snapdragon 835 CPU (Eigen fp32) row of the TensorFlow MatMul table (square N)."""
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise SourceFormatError(f"{path}: cannot read: {exc.strerror}") from exc
+    sizes: list[int] = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0].startswith("Library"):
+            sizes = [_positive_int(c.split("=")[1], "N") for c in cells[2:] if "=" in c]
+        elif cells and cells[0] == "cpu-Eigen-fp32":
+            if not sizes:
+                raise SourceFormatError(f"{path}: line {line_no}: no 'Library\\Size' header "
+                                        f"before the cpu-Eigen-fp32 row")
+            try:
+                us = [_positive_time(c, f"N={n}") for c, n in zip(cells[2:], sizes)]
+            except ValueError as exc:
+                raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+            return [Measurement(device="Snapdragon 835", backend="tf-eigen-cpu",
+                                dtype="float32", threads=0, op="gemm", m=n, k=n, n=n,
+                                seconds=t / 1e6, repeats=10, provenance=TF835_ATTRIBUTION)
+                    for n, t in zip(sizes, us)]
+    raise SourceFormatError(f"{path}: no 'cpu-Eigen-fp32' row in a MatMul table")
+
+
+@dataclass(frozen=True)
+class ModelTiming:
+    """One whole-model time: device, model, threads (0 = not stated), cores, precision, ms."""
+
+    device: str
+    model: str
+    threads: int
+    cores: str  # "all" | "little" | "big" | "gpu" | "not stated"
+    precision: str
+    avg_ms: float
+    min_ms: float
+    max_ms: float
+    provenance: str
+
+
+_POWERSAVE = {"0": "all", "1": "little", "2": "big"}
+
+
+def import_ncnn(path: str | Path) -> list[ModelTiming]:
+    """ncnn benchmark rows (CPU and GPU) as whole-model timings."""
+    path = Path(path)
+    out = []
+    for line_no, rec in _records(path, ("device", "model", "num_threads", "powersave",
+                                        "gpu_device", "min_ms", "max_ms", "avg_ms")):
+        try:
+            threads = _positive_int(rec["num_threads"], "num_threads")
+            times = [_positive_time(rec[c], c) for c in ("min_ms", "max_ms", "avg_ms")]
+        except ValueError as exc:
+            raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+        gpu = rec["gpu_device"].strip() != "-1"
+        model = rec["model"].strip()
+        out.append(ModelTiming(device=rec["device"].strip(), model=model, threads=threads,
+                               cores="gpu" if gpu else _POWERSAVE.get(rec["powersave"].strip(),
+                                                                      "not stated"),
+                               precision="int8" if model.endswith("_int8") else
+                               "fp16 where the CPU has it (ncnn default)",
+                               min_ms=times[0], max_ms=times[1], avg_ms=times[2],
+                               provenance=NCNN_ATTRIBUTION))
+    return out
+
+
+def _param_fields(tokens: list[str]) -> dict[str, str]:
+    return dict(t.split("=", 1) for t in tokens if "=" in t)
+
+
+def ncnn_gemms(path: str | Path, tokens: int | None = None) -> list[tuple[str, int, int, int]]:
+    """(layer, m, k, n) of every GEMM of an ncnn ViT-style layer file, batch 1.
+
+    ``Convolution`` with kernel = stride (a patch embedding) is one GEMM of (patches x
+    c*kh*kw) by (c*kh*kw x out); ``MultiHeadAttention`` (0 = embed dim, 1 = heads) is the Q, K,
+    V and output projections plus, per head, Q K^T and A V; ``Gemm`` (8 = out, 9 = in) on the
+    tokens, except one after a ``Crop`` (the class token alone, m = 1). ``tokens`` defaults
+    to the patch count + 1 (the class token), read from the patch convolution and the input.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        raise SourceFormatError(f"{path}: cannot read: {exc.strerror}") from exc
+    gemms: list[tuple[str, int, int, int]] = []
+    seq = tokens
+    after_crop = False
+    for line_no, line in enumerate(lines, 1):
+        parts = line.split()
+        if len(parts) < 4 or not parts[0][0].isalpha():
+            continue
+        kind, name, fields = parts[0], parts[1], _param_fields(parts[4:])
+        try:
+            if kind == "MemoryData" and name.endswith("pos_embed") and seq is None:
+                seq = _positive_int(fields.get("1", ""), "pos_embed 1 (tokens)")
+            elif kind == "Convolution":
+                out_c = _positive_int(fields["0"], "0 (outputs)")
+                kw = _positive_int(fields["1"], "1 (kernel w)")
+                kh = int(fields.get("11", kw))
+                weights = _positive_int(fields["6"], "6 (weight count)")
+                in_c = weights // (out_c * kw * kh)
+                patches = (seq - 1) if seq else 0
+                if patches < 1:
+                    raise ValueError("patch count unknown (no pos_embed before the "
+                                     "convolution); pass tokens")
+                gemms.append((name, patches, in_c * kw * kh, out_c))
+            elif kind == "MultiHeadAttention":
+                d = _positive_int(fields["0"], "0 (embed dim)")
+                heads = _positive_int(fields.get("1", "1"), "1 (heads)")
+                assert seq is not None
+                gemms += [(f"{name}.{p}", seq, d, d) for p in ("q", "k", "v")]
+                for h in range(heads):
+                    gemms.append((f"{name}.qk{h}", seq, d // heads, seq))
+                    gemms.append((f"{name}.av{h}", seq, seq, d // heads))
+                gemms.append((f"{name}.out", seq, d, d))
+            elif kind == "Gemm":
+                out_n = _positive_int(fields["8"], "8 (outputs)")
+                in_k = _positive_int(fields["9"], "9 (inputs)")
+                assert seq is not None
+                gemms.append((name, 1 if after_crop else seq, in_k, out_n))
+        except (KeyError, ValueError, AssertionError) as exc:
+            raise SourceFormatError(f"{path}: line {line_no}: {kind} {name}: {exc}") from exc
+        after_crop = kind == "Crop" or (after_crop and kind != "Gemm")
+    if not gemms:
+        raise SourceFormatError(f"{path}: no Convolution, MultiHeadAttention or Gemm layers")
+    return gemms
+
+
+def _md_tables(text: str) -> Iterator[tuple[int, list[str], list[list[str]]]]:
+    """(line of the header, header cells, body rows) of every markdown table."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("|") and i + 1 < len(lines) and \
+                set(lines[i + 1].replace("|", "").strip()) <= set(":- "):
+            header = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+            body, j = [], i + 2
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                body.append([c.strip() for c in lines[j].strip().strip("|").split("|")])
+                j += 1
+            yield i + 1, header, body
+            i = j
+        else:
+            i += 1
+
+
+def import_paddle_lite(path: str | Path) -> list[ModelTiming]:
+    """The fp32 ARMv8 CPU table of Paddle-Lite's benchmark page (1 thread, big core)."""
+    path = Path(path)
+    text = path.read_text(errors="replace")
+    out = []
+    for line_no, header, body in _md_tables(text):
+        if header[0] != "模型" or not any("骁龙" in h for h in header):
+            continue
+        for row in body:
+            if not row[0].startswith("MobileNet") and not row[0].startswith("ResNet"):
+                continue
+            for soc, cell in zip(header[1:], row[1:]):
+                try:
+                    ms = _positive_time(cell, soc)
+                except ValueError:
+                    continue  # "-" cells: not measured
+                device = soc.replace("骁龙", "Snapdragon").replace("麒麟", "Kirin")
+                out.append(ModelTiming(device=device, model=row[0], threads=1, cores="big",
+                                       precision="fp32", avg_ms=ms, min_ms=ms, max_ms=ms,
+                                       provenance=f"{PADDLE_ATTRIBUTION}, table at line "
+                                                  f"{line_no}"))
+        break  # the first such table is the fp32 dense one
+    if not out:
+        raise SourceFormatError(f"{path}: no fp32 model table with Snapdragon columns")
+    return out
+
+
+def import_xnnpack(path: str | Path) -> list[ModelTiming]:
+    """XNNPACK's phone and Raspberry Pi MobileNet tables (single- and multi-threaded)."""
+    path = Path(path)
+    text = path.read_text(errors="replace")
+    out = []
+    lines = text.splitlines()
+    for line_no, header, body in _md_tables(text):
+        before = " ".join(lines[max(0, line_no - 4):line_no - 1])
+        single = "single-threaded" in before
+        for row in body:
+            precision = "fp32" if row[0].startswith("FP32") else "int8"
+            for column, cell in zip(header[1:], row[1:]):
+                try:
+                    ms = _positive_time(cell, column)
+                except ValueError:
+                    continue
+                out.append(ModelTiming(device=column.replace(", ms", ""), model=row[0],
+                                       threads=1 if single else 0,
+                                       cores="big" if single else "all big cores",
+                                       precision=precision, avg_ms=ms, min_ms=ms, max_ms=ms,
+                                       provenance=f"{XNNPACK_ATTRIBUTION}, table at line "
+                                                  f"{line_no}"))
+    if not out:
+        raise SourceFormatError(f"{path}: no model tables")
+    return out

@@ -39,6 +39,7 @@ OPS = ("forward", "input_grad", "weight_grad", "gemm")
 DTYPES = ("float32", "float64", "float16", "int8")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "int8": 1}
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+MAX_LINE_CHARS = 8192  # far above any real row; csv itself fails at 128 KiB with a traceback
 
 
 class MeasurementError(ValueError):
@@ -133,12 +134,21 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     """Read and check a measurement CSV; raise MeasurementError listing every bad row."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(errors="replace")
     except OSError as exc:
         raise MeasurementError(f"{path}: cannot read: {exc.strerror}") from exc
     # (line number, fields) of every line that is not blank and not a '#' comment
-    numbered = [(i, next(csv.reader([line]))) for i, line in enumerate(text.splitlines(), 1)
-                if line.strip() and not line.lstrip().startswith("#")]
+    numbered = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            raise MeasurementError(f"{path}: line {i}: {len(line)} characters; a measurement "
+                                   f"row is at most {MAX_LINE_CHARS}")
+        try:
+            numbered.append((i, next(csv.reader([line]))))
+        except csv.Error as exc:
+            raise MeasurementError(f"{path}: line {i}: not a CSV line: {exc}") from exc
     if not numbered:
         raise MeasurementError(f"{path}: empty file; expected a header line with the columns "
                                f"{', '.join(REQUIRED)}")

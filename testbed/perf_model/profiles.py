@@ -39,21 +39,104 @@ Without ``model`` a device runs at ``sustained_gflops`` plus ``tile_overhead_s``
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from testbed.emulator.energy import PowerParams
-from testbed.emulator.thermal import ThermalParams
+from testbed.errors import InputError
 from testbed.perf_model.features import ExportedTimeModel
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+WIFI_RADIO_W = 0.5  # HotCarbon'25 (arXiv 2507.01803): Wi-Fi radio power
 
 
-class ProfileError(ValueError):
-    """A profile file that cannot be used, naming the file and field."""
+@dataclass(frozen=True)
+class ThermalParams:
+    """Parameters of the lumped thermal model of one device."""
+
+    ambient_c: float = 25.0
+    capacity_j_per_k: float = 20.0
+    conductance_w_per_k: float = 0.135
+    throttle_start_c: float = 45.0
+    throttle_full_c: float = 70.0
+    min_speed: float = 0.5
+
+    @property
+    def tau_s(self) -> float:
+        """Thermal time constant C / G in seconds."""
+        return self.capacity_j_per_k / self.conductance_w_per_k
+
+    def speed(self, temperature_c: float) -> float:
+        """Speed factor s(T) in [min_speed, 1]."""
+        if temperature_c <= self.throttle_start_c:
+            return 1.0
+        span = self.throttle_full_c - self.throttle_start_c
+        x = min(1.0, (temperature_c - self.throttle_start_c) / span)
+        return 1.0 - (1.0 - self.min_speed) * x
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "thermal") -> "ThermalParams":
+        """Read a profile's thermal section; ValueError naming the field on a problem."""
+        known = {f: getattr(cls, f) for f in cls.__dataclass_fields__}
+        unknown = [key for key in data if key not in known and key != "provenance"
+                   and key != "expected_sustained_slowdown"]
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected "
+                             f"{', '.join(known)}")
+        values = {}
+        for key, default in known.items():
+            value = data.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{where}.{key}: expected a number, got {value!r}")
+            values[key] = float(value)
+        params = cls(**values)
+        if params.capacity_j_per_k <= 0 or params.conductance_w_per_k <= 0:
+            raise ValueError(f"{where}: capacity_j_per_k and conductance_w_per_k must be > 0")
+        if params.throttle_full_c <= params.throttle_start_c:
+            raise ValueError(f"{where}.throttle_full_c: must be above throttle_start_c")
+        if not 0 < params.min_speed <= 1:
+            raise ValueError(f"{where}.min_speed: expected a number in (0, 1]")
+        return params
+
+
+
+@dataclass(frozen=True)
+class PowerParams:
+    """A device's power model in watts."""
+
+    active_w: float
+    idle_w: float
+    radio_w: float = WIFI_RADIO_W
+
+    def busy_w(self, speed: float) -> float:
+        """Power while computing at speed factor s."""
+        return self.idle_w + (self.active_w - self.idle_w) * speed
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "power") -> "PowerParams":
+        """Read a profile's power section; ValueError naming the field on a problem."""
+        values = {}
+        for key in ("active_w", "idle_w", "radio_w"):
+            value = data.get(key, WIFI_RADIO_W if key == "radio_w" else None)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{where}.{key}: expected a number of watts >= 0, got {value!r}")
+            values[key] = float(value)
+        unknown = [k for k in data if k not in values and k != "provenance"]
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        if values["active_w"] < values["idle_w"]:
+            raise ValueError(f"{where}.active_w: must be at least idle_w")
+        return cls(**values)
+
+
+
+
+class ProfileError(InputError):
+    """A profile file that cannot be used: every problem with its field path."""
 
 
 @dataclass(frozen=True)
@@ -88,43 +171,57 @@ def find_profile(name_or_path: str, base_dir: Path | None = None) -> Path | None
     return candidate.resolve() if candidate.is_file() else None
 
 
-def load_profile(name_or_path: str | Path, base_dir: Path | None = None) -> DeviceProfile:
-    """Load and check a profile; raise ProfileError naming the file and the field."""
+def _agent_process() -> bool:
+    """True in a device agent: it reads a profile ``testbed up`` (or its operator) has already
+    checked, and must not import pydantic (hundreds of agents, phones without it)."""
+    return "testbed.agent.agent" in sys.modules
+
+
+def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
+                 check: bool | None = None) -> DeviceProfile:
+    """Load a profile; raise ProfileError listing every problem with its field path.
+
+    ``check`` (default: everywhere except in a device agent) validates the whole file with the
+    :mod:`testbed.perf_model.profile_schema` model first; without it the sections are still
+    read through their own constructors, which refuse what they cannot use.
+    """
     path = find_profile(str(name_or_path), base_dir)
     if path is None:
-        raise ProfileError(f"no device profile named {str(name_or_path)!r}; shipped profiles: "
-                           f"{', '.join(list_profiles())}")
-    raw = yaml.safe_load(path.read_text()) or {}
+        raise ProfileError(str(name_or_path), [
+            f"no device profile named {str(name_or_path)!r}; shipped profiles: "
+            f"{', '.join(list_profiles())}"])
+    try:
+        raw = yaml.safe_load(path.read_text(errors="replace")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(str(path), [f"not readable YAML: {exc}"]) from None
     if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: expected a mapping")
-
-    def number(key: str, default: float | None = None) -> float:
-        value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ProfileError(f"{path}: {key}: expected a non-negative number, got {value!r}")
-        return float(value)
-
-    gflops = number("sustained_gflops")
-    if gflops <= 0:
-        raise ProfileError(f"{path}: sustained_gflops: must be positive")
+        raise ProfileError(str(path), ["<top>: expected a mapping"])
+    if check if check is not None else not _agent_process():
+        from testbed.perf_model.profile_schema import check_profile
+        check_profile(raw, str(path))
     sections: dict[str, Any] = {}
     for key, parse in (("model", ExportedTimeModel.from_dict), ("thermal", ThermalParams.from_dict),
                        ("power", PowerParams.from_dict)):
         if raw.get(key) is None:
             sections[key] = None
             continue
-        if not isinstance(raw[key], dict):
-            raise ProfileError(f"{path}: {key}: expected a mapping")
         try:
+            if not isinstance(raw[key], dict):
+                raise ValueError(f"{key}: expected a mapping")
             sections[key] = parse(raw[key], key)
-        except ValueError as exc:
-            raise ProfileError(f"{path}: {exc}") from exc
-    for key in ("provenance", "evaluation"):
-        if not isinstance(raw.get(key, {}), dict):
-            raise ProfileError(f"{path}: {key}: expected a mapping")
-    return DeviceProfile(name=str(raw.get("name", path.stem)), kind=str(raw.get("kind", "")),
-                         sustained_gflops=gflops, tile_overhead_s=number("tile_overhead_s", 0.0),
+        except (ValueError, TypeError) as exc:
+            raise ProfileError(str(path), [str(exc)]) from None
+    try:
+        gflops = float(raw["sustained_gflops"])
+        overhead_s = float(raw.get("tile_overhead_s", 0.0))
+        if not (gflops > 0 and math.isfinite(gflops) and overhead_s >= 0):
+            raise ValueError("sustained_gflops must be > 0 and tile_overhead_s >= 0")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileError(str(path), [f"sustained_gflops/tile_overhead_s: {exc}"]) from None
+    return DeviceProfile(name=str(raw.get("name") or path.stem), kind=str(raw.get("kind", "")),
+                         sustained_gflops=gflops, tile_overhead_s=overhead_s,
                          description=str(raw.get("description", "")), path=path, raw=raw,
                          model=sections["model"], thermal=sections["thermal"],
-                         power=sections["power"], provenance=dict(raw.get("provenance", {})),
-                         evaluation=dict(raw.get("evaluation", {})))
+                         power=sections["power"],
+                         provenance=dict(raw.get("provenance") or {}),
+                         evaluation=dict(raw.get("evaluation") or {}))

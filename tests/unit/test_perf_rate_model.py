@@ -1,0 +1,187 @@
+"""The overhead-plus-rate family: monotone, capped, calibrated from a few shapes; predict and
+calibrate on the command line with their bad inputs; the profile file schema."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from testbed.cli import main as run_cli
+from testbed.emulator.device_model import device_model_for
+from testbed.perf_model.estimators import OverheadRateRegressor, calibrate
+from testbed.perf_model.features import RATE_FEATURES, ExportedTimeModel, rate_flops
+from testbed.perf_model.measurements import Measurement, write_measurements
+from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+GRID = np.array([(m, k, n) for m in (1, 8, 32, 128, 512, 2048) for k in (16, 64, 256, 1024, 4096)
+                 for n in (1, 8, 32, 128, 512, 2048)], dtype=np.float64)
+
+
+def synthetic_device(peak_flops: float, overhead_s: float, halves=(4.0, 16.0, 8.0)):
+    return ExportedTimeModel(features=RATE_FEATURES, coef=halves, intercept=0.0,
+                             overhead_s=overhead_s, peak_flops=peak_flops,
+                             bandwidth_bytes_s=1e10, form="rate")
+
+
+def rows_of(model: ExportedTimeModel, shapes, device="phone-x", noise=None):
+    rng = np.random.default_rng(0)
+    out = []
+    for m, k, n in shapes:
+        jitter = 1.0 if noise is None else float(np.exp(rng.normal(0, noise)))
+        t = model.predict_one(m, k, n) * jitter
+        out.append(Measurement(device=device, backend="numpy", dtype="float32", threads=4,
+                               op="gemm", m=int(m), k=int(k), n=int(n), seconds=t,
+                               provenance="synthetic"))
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in list_profiles() if n != "host"])
+def test_shipped_rate_is_monotone_in_every_dimension_and_capped(name: str) -> None:
+    model = load_profile(name).model
+    assert model is not None and model.form == "rate"
+    t = model.predict_seconds(GRID)
+    rate = 2.0 * GRID.prod(axis=1) / (t - model.overhead_s)
+    assert np.all(rate <= model.peak_flops * (1 + 1e-12))
+    cube = rate.reshape(6, 5, 6)
+    for axis in range(3):
+        assert np.all(np.diff(cube, axis=axis) >= -1e-9 * model.peak_flops), (name, axis)
+
+
+def test_fitted_rate_is_monotone_and_capped_by_the_given_peak() -> None:
+    truth = synthetic_device(40e9, 2e-5)
+    shapes = GRID[::7]
+    X = shapes
+    y = truth.predict_seconds(X) * np.exp(np.random.default_rng(1).normal(0, 0.05, len(X)))
+    fitted = OverheadRateRegressor(peak_flops=35e9).fit(X, y)
+    assert fitted.peak_flops_ <= 35e9 * (1 + 1e-9)
+    rate = rate_flops(GRID, fitted.peak_flops_, fitted.halves_).reshape(6, 5, 6)
+    for axis in range(3):
+        assert np.all(np.diff(rate, axis=axis) >= 0)
+
+
+def test_calibrate_on_five_shapes_recovers_level_and_overhead_within_5_percent() -> None:
+    base = synthetic_device(100e9, 1e-5)  # the family: same curve, another level
+    truth = synthetic_device(23e9, 4e-4)
+    shapes = np.array([(16, 64, 16), (32, 256, 32), (64, 512, 64), (128, 1024, 128),
+                       (256, 2048, 256)], dtype=np.float64)
+    y = truth.predict_seconds(shapes) * np.array([1.01, 0.99, 1.02, 0.985, 1.0])  # 1-2% jitter
+    fitted = calibrate(base, shapes, y)
+    assert fitted.peak_flops_ == pytest.approx(23e9, rel=0.05)
+    assert fitted.overhead_s_ == pytest.approx(4e-4, rel=0.05)
+
+
+def test_perf_predict_matches_the_emulated_agents_tile_time(capsys) -> None:
+    profile = load_profile("snapdragon888")
+    device = device_model_for(profile, seed=3, noise=False)  # what the agent builds, noise off
+    expected = device.tile_cost(96, 768, 160, "forward", 0.0).seconds  # cold: no throttling
+    assert run_cli(["perf", "predict", "snapdragon888", "96", "768", "160"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "m,k,n,seconds"
+    m, k, n, seconds = lines[1].split(",")
+    assert (m, k, n) == ("96", "768", "160")
+    assert float(seconds) == pytest.approx(expected, rel=1e-5)
+
+
+def test_perf_predict_shapes_file(tmp_path: Path, capsys) -> None:
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("m,k,n\n8,16,32\n128,1024,128\n")
+    assert run_cli(["perf", "predict", "m2pro", "--shapes", str(shapes)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 3 and out[2].startswith("128,1024,128,")
+
+
+@pytest.mark.parametrize("argv, content, needle", [
+    (["perf", "predict", "no-such-profile", "1", "2", "3"], None, "no device profile named"),
+    (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "m: expected a positive"),
+    (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "k: expected a positive"),
+    (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k\n1,2\n", "line 1 (header)"),
+    (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2,3\n4,0,6\n", "line 3: k"),
+    (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2," + "9" * 200_000,
+     "line 2"),
+])
+def test_perf_predict_rejects_bad_input_with_exit_2(tmp_path, capsys, argv, content, needle):
+    f = tmp_path / "in.csv"
+    if content is not None:
+        f.write_text(content)
+    assert run_cli([a.replace("{f}", str(f)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+
+
+def test_perf_calibrate_writes_a_profile_that_predicts_the_device(tmp_path, capsys) -> None:
+    truth = synthetic_device(31e9, 3e-4, halves=tuple(load_profile("snapdragon888").model.coef))
+    shapes = [(16, 128, 16), (64, 512, 64), (128, 1024, 128), (256, 1024, 256), (512, 2048, 64)]
+    csv_path = tmp_path / "phone.csv"
+    write_measurements(csv_path, rows_of(truth, shapes))
+    out = tmp_path / "phone.yaml"
+    assert run_cli(["perf", "calibrate", "snapdragon888", str(csv_path), "--out",
+                         str(out)]) == 0
+    assert "leave-one-out over 5 shapes" in capsys.readouterr().out
+    profile = load_profile(str(out))
+    assert profile.model.peak_flops == pytest.approx(31e9, rel=0.01)
+    assert profile.thermal == load_profile("snapdragon888").thermal
+    assert profile.evaluation["calibration"]["leave_one_out"]["within_10"] == 100.0
+    predicted = profile.model.predict_one(200, 700, 300)
+    assert predicted == pytest.approx(truth.predict_one(200, 700, 300), rel=0.01)
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("m,k,n\n1,2,3\n", "missing column(s) device"),
+    (None, "line 2: column 'm': expected an integer >= 1"),
+    (None, "calibration needs at least 3"),
+])
+def test_perf_calibrate_rejects_bad_input_with_exit_2(tmp_path, capsys, content, needle):
+    csv_path = tmp_path / "m.csv"
+    if content is not None:
+        csv_path.write_text(content)
+    elif "integer" in needle:
+        write_measurements(csv_path, rows_of(synthetic_device(1e10, 0.0), [(4, 4, 4)] * 3))
+        text = csv_path.read_text().splitlines()
+        text[1] = text[1].replace(",gemm,4,", ",gemm,-4,")
+        csv_path.write_text("\n".join(text) + "\n")
+    else:
+        write_measurements(csv_path, rows_of(synthetic_device(1e10, 0.0), [(4, 4, 4), (8, 8, 8)]))
+    out = tmp_path / "p.yaml"
+    assert run_cli(["perf", "calibrate", "snapdragon888", str(csv_path), "--out",
+                         str(out)]) == 2
+    assert needle in capsys.readouterr().err
+    assert not out.exists(), "nothing half-written"
+    assert run_cli(["perf", "calibrate", "nope", str(csv_path), "--out", str(out)]) == 2
+
+
+def test_profile_schema_lists_every_problem_with_its_path(tmp_path: Path) -> None:
+    raw = yaml.safe_load((REPO / "testbed/perf_model/profiles/snapdragon888.yaml").read_text())
+    raw["sustained_gflops"] = -1
+    raw["model"]["coef"] = [1.0, -2.0, 3.0]
+    raw["power"]["idle_w"] = "lots"
+    raw["bogus"] = 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(bad))
+    text = "\n".join(info.value.problems)
+    for path in ("sustained_gflops:", "model:", "power.idle_w:", "bogus: unknown key"):
+        assert path in text, text
+
+
+def test_energy_and_profiles_import_each_way_without_a_circle() -> None:
+    for first in ("testbed.emulator.energy", "testbed.perf_model.profiles",
+                  "testbed.emulator.thermal"):
+        subprocess.run([sys.executable, "-c", f"import {first}"], check=True, cwd=REPO)
+
+
+def test_agent_process_reads_profiles_without_pydantic() -> None:
+    code = ("import sys, testbed.agent.agent\n"
+            "from testbed.perf_model.profiles import load_profile\n"
+            "from testbed.emulator.device_model import device_model_for\n"
+            "d = device_model_for(load_profile('snapdragon888'))\n"
+            "assert d.tile_cost(64, 64, 64, 'forward', 0.0).seconds > 0\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'sklearn')]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
