@@ -455,7 +455,7 @@ class ByzantineFile(Schema):
     rate: Share
     modes: Annotated[list[Literal["noise", "bitflip", "stale", "scale"]],
                      BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
-                     Field(min_length=1)] = list(BYZANTINE_MODES)
+                     Field(min_length=1)] = ["noise", "bitflip", "stale", "scale"]
     noise: Annotated[Float, Field(gt=0)] = 0.01
     scale: Annotated[Float, Field(gt=0)] = 1.5
 
@@ -511,18 +511,14 @@ class GroupFile(Schema):
                            self.behaviour.spec() if self.behaviour else None)
 
 
-def _size(name: str, low: int = 1) -> Any:
-    return Annotated[Int, Field(ge=low, le=MAX_MODEL[name])]
-
-
 class ModelFile(Schema):
     family: Literal["opt"] = "opt"
-    hidden: _size("hidden")
-    layers: _size("layers")
-    heads: _size("heads")
-    ffn: _size("ffn")
-    seq_len: _size("seq_len")
-    vocab: _size("vocab", 256) = 256  # byte-level tokens need 256
+    hidden: Annotated[Int, Field(ge=1, le=MAX_MODEL["hidden"])]
+    layers: Annotated[Int, Field(ge=1, le=MAX_MODEL["layers"])]
+    heads: Annotated[Int, Field(ge=1, le=MAX_MODEL["heads"])]
+    ffn: Annotated[Int, Field(ge=1, le=MAX_MODEL["ffn"])]
+    seq_len: Annotated[Int, Field(ge=1, le=MAX_MODEL["seq_len"])]
+    vocab: Annotated[Int, Field(ge=256, le=MAX_MODEL["vocab"])] = 256  # byte tokens need 256
 
     @field_validator("heads")
     @classmethod
