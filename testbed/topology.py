@@ -42,6 +42,22 @@ percentage (``20%``); ``byzantine.noise`` is the noise's standard deviation rela
 RMS, ``byzantine.scale`` the factor a scaled tile is multiplied by. ``validation.quarantine_after``
 counts failed checks (0: never quarantine). Relative paths (profiles, data files, churn) are
 resolved against the directory of the topology file and stored absolute.
+
+How it is checked: pydantic models (``TopologyFile`` and its parts, on :mod:`testbed.schema`)
+describe the file; each has ``spec()`` that builds the frozen dataclass below, which is all the
+rest of testbed reads (pydantic stays inside loading). Limits (``MAX_*`` below, each with its
+reason) refuse absurd values: rates over 1 Tbit/s, delays over 60 s, more than 10,000 devices,
+models beyond ~3x the largest published ones or 2^34 parameters, NaN or infinite floats.
+
+Adding a key:
+
+* a section owned by another part (``watchdog:``, ``planner:``): one line in :data:`SECTIONS`,
+  ``"watchdog": "testbed.ps_backend.watchdog:WatchdogSection"``, naming the owner's
+  :class:`~testbed.schema.Schema` model. It is imported only when a file has the key; its
+  ``spec()`` (or the model itself) is ``topology.extra["watchdog"]``, absent when the file
+  leaves the key out (``watchdog:`` with nothing under it gives the model's defaults).
+* a key of a section read here (``job.parallelism.k_split``): the field on the ``...File``
+  model, the field on its dataclass, and the value passed in the model's ``spec()``.
 """
 
 from __future__ import annotations
