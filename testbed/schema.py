@@ -228,7 +228,8 @@ def _unknown_keys_first(errors: list[Any], locs: list[tuple[int | str, ...]]) ->
             continue
         parent = locs[i][:-1]
         at = next((k for k, j in enumerate(order)
-                   if locs[j][:len(parent)] == parent and errors[j]["type"] != "extra_forbidden"),
+                   if locs[j][:len(parent)] == parent
+                   and not (errors[j]["type"] == "extra_forbidden" and locs[j][:-1] == parent)),
                   len(order))
         order.insert(at, i)
     return order
