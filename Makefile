@@ -25,6 +25,7 @@ up: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check testbed tests bench
+	$(BIN)/python -m mypy testbed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

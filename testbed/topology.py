@@ -42,25 +42,52 @@ percentage (``20%``); ``byzantine.noise`` is the noise's standard deviation rela
 RMS, ``byzantine.scale`` the factor a scaled tile is multiplied by. ``validation.quarantine_after``
 counts failed checks (0: never quarantine). Relative paths (profiles, data files, churn) are
 resolved against the directory of the topology file and stored absolute.
+
+How it is checked: pydantic models (``TopologyFile`` and its parts, on :mod:`testbed.schema`)
+describe the file; each has ``spec()`` that builds the frozen dataclass below, which is all the
+rest of testbed reads (pydantic stays inside loading). Limits (``MAX_*`` below, each with its
+reason) refuse absurd values: rates over 1 Tbit/s, delays over 60 s, more than 10,000 devices,
+models beyond ~3x the largest published ones or 2^34 parameters, NaN or infinite floats.
+
+Adding a key:
+
+* a section owned by another part (``watchdog:``, ``planner:``): one line in :data:`SECTIONS`,
+  ``"watchdog": "testbed.ps_backend.watchdog:WatchdogSection"``, naming the owner's
+  :class:`~testbed.schema.Schema` model. It is imported only when a file has the key; its
+  ``spec()`` (or the model itself) is ``topology.extra["watchdog"]``, absent when the file
+  leaves the key out (``watchdog:`` with nothing under it gives the model's defaults).
+* a key of a section read here (``job.parallelism.k_split``): the field on the ``...File``
+  model, the field on its dataclass, and the value passed in the model's ``spec()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Annotated, Any, Literal, cast
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from testbed import units
 from testbed.errors import InputError
+from testbed.schema import Bool, Float, Int, Schema, Str, parse, scratch, unique
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 BACKENDS = ("auto", "loopback", "mininet")
 DTYPES = ("float32", "float64")
-T = TypeVar("T")
 
 
 class TopologyError(InputError):
@@ -259,386 +286,458 @@ def _plain(value: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation: a checker walks the raw YAML, records every problem with its path, returns defaults
-# where a value is bad so that the walk can go on and report the rest.
+# Limits: values beyond these are typos or attacks, never experiments this testbed can run.
 
-class _Checker:
-    def __init__(self, base_dir: Path):
-        self.base_dir = base_dir
-        self.problems: list[str] = []
-
-    def error(self, path: str, message: str) -> None:
-        self.problems.append(f"{path}: {message}")
-
-    def mapping(self, raw: Any, path: str, allowed: dict[str, bool]) -> dict[str, Any]:
-        """Check that raw is a mapping with only allowed keys; required ones are True."""
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            self.error(path or "<top>", f"expected a mapping, got {type(raw).__name__}")
-            return {}
-        for key in raw:
-            if key not in allowed:
-                near = ", ".join(sorted(allowed))
-                self.error(_join(path, str(key)), f"unknown key (expected one of: {near})")
-        for key, required in allowed.items():
-            if required and key not in raw:
-                self.error(_join(path, key), "required key is missing")
-        return raw
-
-    def typed(self, raw: dict[str, Any], key: str, path: str, kind: type[T] | tuple[type, ...],
-              default: T, check: Callable[[Any], str | None] | None = None) -> T:
-        if key not in raw:
-            return default
-        value = raw[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        if isinstance(value, str) and float in kinds and not ok:
-            try:  # YAML reads 3e-4 as a string (YAML 1.1); accept numeric strings for floats
-                value, ok = float(value), True
-            except ValueError:
-                pass
-        if not ok:
-            names = " or ".join(k.__name__ for k in kinds)
-            self.error(_join(path, key), f"expected {names}, got {type(raw[key]).__name__} "
-                                         f"{raw[key]!r}")
-            return default
-        if check is not None:
-            message = check(value)
-            if message:
-                self.error(_join(path, key), message)
-                return default
-        return value  # type: ignore[return-value]
-
-    def unit(self, raw: dict[str, Any], key: str, path: str, parse: Callable[[object], T],
-             default: T) -> T:
-        if key not in raw:
-            return default
-        try:
-            return parse(raw[key])
-        except units.UnitError as exc:
-            self.error(_join(path, key), str(exc))
-            return default
-
-    def name(self, raw: dict[str, Any], key: str, path: str, default: str) -> str:
-        return self.typed(raw, key, path, str, default,
-                          lambda v: None if NAME_RE.match(v) else
-                          f"{v!r} is not a valid name (lower-case letters, digits and '-', "
-                          f"at most 24 characters, starting with a letter or digit)")
-
-    def path(self, value: Any, path: str) -> Path | None:
-        if not isinstance(value, str) or not value:
-            self.error(path, f"expected a file path, got {value!r}")
-            return None
-        p = Path(value).expanduser()
-        p = p if p.is_absolute() else (self.base_dir / p)
-        if not p.is_file():
-            self.error(path, f"no such file: {p}")
-            return None
-        return p.resolve()
+MAX_DEVICES = 10_000  # per topology; `testbed up` also checks what this machine can start
+MAX_DELAY_S = 60.0  # one way; leases are 5 s, so a longer delay never lets a tile come back
+MAX_QUEUE_PACKETS = 1_000_000
+MAX_STRAGGLER_FACTOR = 1_000.0  # a device 1000x slower than its profile is gone, not slow
+MAX_DILATION = 10_000.0  # a 1 s step would take almost 3 h of wall-clock time
+MAX_SEED = 2**63 - 1  # seeds travel as int64
+MAX_STEPS = 10_000_000
+MAX_BATCH = 65_536
+MAX_TILE = 65_536  # one tile edge; a 65536 x 65536 float32 tile is 16 GiB, more than any phone
+MAX_LR = 1.0  # AdamW moves each weight by about lr per step: above 1 training only diverges
+# Model sizes: each bound is ~3x (or more) the largest published transformer's value (GPT-3:
+# hidden 12,288, 96 layers, 96 heads; PaLM: ffn 73,728, 118 layers; vocabularies ~256k).
+MAX_MODEL = {"hidden": 65_536, "layers": 1_024, "heads": 1_024, "ffn": 262_144,
+             "seq_len": 65_536, "vocab": 1_048_576}
+# The PS holds weights, gradients and AdamW's two moments: 16 bytes per parameter in float32.
+# 2^34 parameters (~17 billion) are 256 GiB of training state, more than the machines this
+# testbed runs on (the resource check before `testbed up` compares with this machine's memory).
+MAX_PARAMETERS = 2**34
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+def model_parameters(hidden: int, layers: int, ffn: int, seq_len: int, vocab: int) -> int:
+    """Parameters of the OPT-style model (testbed/ps_backend/engine/model.py), biases included.
+
+    Embeddings ``(vocab + seq_len) * h``; per layer 4 attention projections ``4 * (h^2 + h)``,
+    the feed-forward pair ``2 * h * ffn + ffn + h`` and two layer norms ``4 * h``; a final norm.
+    """
+    h = hidden
+    per_layer = 4 * (h * h + h) + 2 * h * ffn + ffn + h + 4 * h
+    return (vocab + seq_len) * h + layers * per_layer + 2 * h
 
 
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else f"must be positive, got {v}"
+# ----------------------------------------------------------------------------------------------
+# The file, described with pydantic models (testbed/schema.py). They say what a user may write;
+# each has ``spec()`` that builds the frozen dataclass the rest of testbed reads. Cross references
+# (switch names, duplicates) use the parse's scratch dict, filled by TopologyFile's first check.
+
+def _base_dir(info: ValidationInfo) -> Path:
+    return Path(scratch(info).get("base_dir") or Path.cwd())
 
 
-def _non_negative(v: Any) -> str | None:
-    return None if v >= 0 else f"must not be negative, got {v}"
+def _name(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid name (lower-case letters, digits and '-', "
+                         f"at most 24 characters, starting with a letter or digit)")
+    return value
 
 
-def _link(c: _Checker, raw: Any, path: str) -> LinkSpec:
-    m = c.mapping(raw, path, {"down": True, "up": True, "delay": False, "loss": False,
-                              "queue": False})
-    return LinkSpec(
-        down_bps=c.unit(m, "down", path, units.parse_rate_bps, 1e6),
-        up_bps=c.unit(m, "up", path, units.parse_rate_bps, 1e6),
-        delay_s=c.unit(m, "delay", path, units.parse_duration_s, 0.0),
-        loss_fraction=c.unit(m, "loss", path, units.parse_fraction, 0.0),
-        queue_packets=c.typed(m, "queue", path, int, None, _positive),  # type: ignore[arg-type]
-    )
+def _delay(value: float) -> float:
+    if value > MAX_DELAY_S:
+        raise ValueError(f"a one-way delay must be at most {MAX_DELAY_S:g} s (leases are "
+                         f"seconds long), got {value:g} s")
+    return value
 
 
-def _network(c: _Checker, raw: Any) -> NetworkSpec:
-    p = "network"
-    m = c.mapping(raw, p, {"backend": False, "switches": False, "links": False, "ps": False})
-    backend = c.typed(m, "backend", p, str, "auto",
-                      lambda v: None if v in BACKENDS else f"expected one of {BACKENDS}, got {v!r}")
-    switches: list[str] = []
-    for i, s in enumerate(m.get("switches") or []):
-        if not isinstance(s, str) or not NAME_RE.match(s):
-            c.error(f"{p}.switches[{i}]", f"expected a switch name like 'ap0', got {s!r}")
-        elif s in switches:
-            c.error(f"{p}.switches[{i}]", f"switch {s!r} is listed twice")
-        else:
-            switches.append(s)
-    if "switches" in m and not isinstance(m["switches"], list):
-        c.error(f"{p}.switches", "expected a list of switch names")
-        switches = []
-    links: list[SwitchLink] = []
-    raw_links = m.get("links") or []
-    if not isinstance(raw_links, list):
-        c.error(f"{p}.links", "expected a list of links")
-        raw_links = []
-    for i, raw_link in enumerate(raw_links):
-        lp = f"{p}.links[{i}]"
-        lm = c.mapping(raw_link, lp, {"switches": True, "down": True, "up": True, "delay": False,
-                                      "loss": False, "queue": False})
-        ends = lm.get("switches")
-        if not (isinstance(ends, list) and len(ends) == 2 and all(e in switches for e in ends)):
-            c.error(f"{lp}.switches", f"expected two declared switch names, got {ends!r}")
-            continue
-        spec = _link(c, {k: v for k, v in lm.items() if k != "switches"}, lp)
-        links.append(SwitchLink(ends[0], ends[1], spec))
-    ps_raw = c.mapping(m.get("ps"), f"{p}.ps", {"switch": False, "link": False})
-    ps_switch = _switch_ref(c, ps_raw, f"{p}.ps", switches)
-    ps_link = _link(c, ps_raw["link"], f"{p}.ps.link") if "link" in ps_raw else LinkSpec(1e9, 1e9)
-    _check_tree(c, switches, links, ps_switch)
-    return NetworkSpec(backend, tuple(switches), tuple(links), PsSpec(ps_switch, ps_link))
+def _existing_file(value: Any, info: ValidationInfo) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a file path, got {value!r}")
+    p = Path(value).expanduser()
+    p = p if p.is_absolute() else (_base_dir(info) / p)
+    if not p.is_file():
+        raise ValueError(f"no such file: {p}")
+    return p.resolve()
 
 
-def _switch_ref(c: _Checker, raw: dict[str, Any], path: str, switches: list[str]) -> str | None:
-    name = raw.get("switch")
-    if name is None:
+def _switch_ref(value: str | None, info: ValidationInfo) -> str | None:
+    switches = scratch(info).get("switches", [])
+    if value is None:
         if switches:
-            c.error(f"{path}.switch", f"required when switches are declared ({switches})")
+            raise ValueError(f"required when switches are declared ({switches})")
         return None
-    if name not in switches:
-        c.error(f"{path}.switch", f"unknown switch {name!r}; declared: {switches or 'none'}")
-        return None
-    return str(name)
+    if value not in switches:
+        raise ValueError(f"unknown switch {value!r}; declared: {switches or 'none'}")
+    return value
 
 
-def _check_tree(c: _Checker, switches: list[str], links: list[SwitchLink],
-                root: str | None) -> None:
-    """Switches must form a tree rooted at the PS's switch (one path from any device to the PS)."""
-    if not switches:
-        return
-    parents: dict[str, str] = {}
-    for i, link in enumerate(links):
-        if link.lower in parents or link.lower == root:
-            c.error(f"network.links[{i}]", f"switch {link.lower!r} already has a path to the PS; "
-                                            f"the switches must form a tree")
-        parents[link.lower] = link.upper
-    for s in switches:
-        seen, cur = {s}, s
-        while cur in parents:
-            cur = parents[cur]
-            if cur in seen:
-                c.error("network.links", f"switch {s!r} is on a loop")
-                return
-            seen.add(cur)
-        if root is not None and cur != root:
-            c.error("network.links", f"switch {s!r} has no path to the PS's switch {root!r}")
+def _share(value: Any) -> float:
+    """A share of tiles: a number in [0, 1] or a percentage string ('20%')."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        return units.parse_fraction(value)
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number <= 1:
+        raise ValueError(f"expected a share in [0, 1] or a percentage like '20%', got {value!r}")
+    return float(number)
 
 
-def _devices(c: _Checker, raw: Any, switches: list[str]) -> list[DeviceGroup]:
+Name = Annotated[Str, AfterValidator(_name)]
+Rate = Annotated[float, BeforeValidator(units.parse_rate_bps)]
+Delay = Annotated[float, BeforeValidator(units.parse_duration_s), AfterValidator(_delay)]
+Loss = Annotated[float, BeforeValidator(units.parse_fraction)]
+Share = Annotated[float, BeforeValidator(_share)]
+ExistingFile = Annotated[Path, BeforeValidator(_existing_file)]
+SwitchRef = Annotated[Str | None, AfterValidator(_switch_ref)]
+SwitchName = Annotated[Str, AfterValidator(_name), unique("switches", "switch")]
+
+
+class LinkFile(Schema):
+    down: Rate
+    up: Rate
+    delay: Delay = 0.0
+    loss: Loss = 0.0
+    queue: Annotated[Int, Field(gt=0, le=MAX_QUEUE_PACKETS)] | None = None
+
+    def spec(self) -> LinkSpec:
+        return LinkSpec(self.down, self.up, self.delay, self.loss, self.queue)
+
+
+class SwitchLinkFile(LinkFile):
+    switches: list[Str]
+
+    @field_validator("switches")
+    @classmethod
+    def _declared(cls, ends: list[str], info: ValidationInfo) -> list[str]:
+        declared = scratch(info).get("switches", [])
+        if len(ends) != 2 or not all(e in declared for e in ends):
+            raise ValueError(f"expected two declared switch names, got {ends!r}")
+        return ends
+
+    @model_validator(mode="after")
+    def _one_path_up(self, info: ValidationInfo) -> SwitchLinkFile:
+        s = scratch(info)
+        parents = s.setdefault("parents", {})
+        upper, lower = self.switches
+        if lower in parents or lower == s.get("ps_switch"):
+            raise ValueError(f"switch {lower!r} already has a path to the PS; the switches "
+                             f"must form a tree")
+        parents[lower] = upper
+        return self
+
+
+class PsFile(Schema):
+    switch: SwitchRef = Field(default=None, validate_default=True)
+    link: LinkFile | None = None
+
+    def spec(self) -> PsSpec:
+        return PsSpec(self.switch, self.link.spec() if self.link else LinkSpec(1e9, 1e9))
+
+
+def _none_is_empty(value: Any) -> Any:
+    return {} if value is None else value
+
+
+class NetworkFile(Schema):
+    backend: Literal["auto", "loopback", "mininet"] = "auto"
+    switches: list[SwitchName] = []
+    ps: Annotated[PsFile, BeforeValidator(_none_is_empty)] = Field(default_factory=PsFile)
+    links: list[SwitchLinkFile] = []
+
+    @field_validator("links")
+    @classmethod
+    def _tree(cls, links: list[SwitchLinkFile], info: ValidationInfo) -> list[SwitchLinkFile]:
+        """Switches must form a tree rooted at the PS's switch (one path from any device)."""
+        s = scratch(info)
+        parents: dict[str, str] = s.get("parents", {})
+        root = s.get("ps_switch")
+        problems = []
+        for name in s.get("switches", []):
+            seen, cur = {name}, name
+            while cur in parents:
+                cur = parents[cur]
+                if cur in seen:
+                    raise ValueError(f"switch {name!r} is on a loop")
+                seen.add(cur)
+            if root is not None and cur != root:
+                problems.append(f"switch {name!r} has no path to the PS's switch {root!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return links
+
+    def spec(self) -> NetworkSpec:
+        return NetworkSpec(self.backend, tuple(self.switches),
+                           tuple(SwitchLink(lk.switches[0], lk.switches[1], lk.spec())
+                                 for lk in self.links), self.ps.spec())
+
+
+class ByzantineFile(Schema):
+    rate: Share
+    modes: Annotated[list[Literal["noise", "bitflip", "stale", "scale"]],
+                     BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
+                     Field(min_length=1)] = ["noise", "bitflip", "stale", "scale"]
+    noise: Annotated[Float, Field(gt=0)] = 0.01
+    scale: Annotated[Float, Field(gt=0)] = 1.5
+
+    @field_validator("scale")
+    @classmethod
+    def _not_one(cls, value: float) -> float:
+        if value == 1:
+            raise ValueError("must not be 1 (a tile scaled by 1 is an honest tile)")
+        return value
+
+    def spec(self) -> ByzantineSpec:
+        return ByzantineSpec(self.rate, tuple(dict.fromkeys(self.modes)), self.noise, self.scale)
+
+
+class StragglerFile(Schema):
+    factor: Annotated[Float, Field(ge=1, le=MAX_STRAGGLER_FACTOR)]
+    rate: Share = 1.0
+
+
+class BehaviourFile(Schema):
+    byzantine: ByzantineFile | None = None
+    straggler: StragglerFile | None = None
+
+    def spec(self) -> BehaviourSpec:
+        straggler = self.straggler
+        return BehaviourSpec(self.byzantine.spec() if self.byzantine else None,
+                             StragglerSpec(straggler.factor, straggler.rate) if straggler
+                             else None)
+
+
+def _profile(value: str, info: ValidationInfo) -> str:
     from testbed.perf_model.profiles import find_profile
 
-    if not isinstance(raw, list) or not raw:
-        c.error("devices", "expected a non-empty list of device groups")
-        return []
-    groups: list[DeviceGroup] = []
-    seen: set[str] = set()
-    for i, g in enumerate(raw):
-        p = f"devices[{i}]"
-        m = c.mapping(g, p, {"group": True, "profile": True, "count": False, "switch": False,
-                             "link": True, "behaviour": False})
-        name = c.name(m, "group", p, f"group{i}")
-        if name in seen:
-            c.error(f"{p}.group", f"group {name!r} is defined twice")
-        seen.add(name)
-        profile = c.typed(m, "profile", p, str, "")
-        profile_path = None
-        if profile:
-            profile_path = find_profile(profile, c.base_dir)
-            if profile_path is None:
-                c.error(f"{p}.profile", f"no device profile named {profile!r} (see "
-                                        f"`testbed perf show --list`) and no such file")
-        count = c.typed(m, "count", p, int, 1, _non_negative)
-        switch = _switch_ref(c, m, p, switches)
-        link = _link(c, m.get("link"), f"{p}.link") if "link" in m else LinkSpec(1e6, 1e6)
-        behaviour = _behaviour(c, m["behaviour"], f"{p}.behaviour") if "behaviour" in m else None
-        groups.append(DeviceGroup(name, profile, profile_path or Path(), count, switch, link,
-                                  {}, behaviour))
-    if groups and sum(g.count for g in groups) == 0:
-        c.error("devices", "at least one device is needed (every count is 0)")
-    return groups
+    if find_profile(value, _base_dir(info)) is None:
+        raise ValueError(f"no device profile named {value!r} (see `testbed perf show --list`) "
+                         f"and no such file")
+    return value
 
 
-def _share(c: _Checker, raw: dict[str, Any], key: str, path: str, default: float) -> float:
-    """A share of tiles: a number in [0, 1] or a percentage string ('20%')."""
-    if key not in raw:
-        return default
-    value = raw[key]
-    if isinstance(value, str):
-        return c.unit(raw, key, path, units.parse_fraction, default)
-    return c.typed(raw, key, path, float, default,
-                   lambda v: None if 0 <= v <= 1 else
-                   f"expected a share in [0, 1] or a percentage like '20%', got {v}")
+class GroupFile(Schema):
+    group: Annotated[Name, unique("groups", "group")]
+    profile: Annotated[Str, AfterValidator(_profile)]
+    count: Annotated[Int, Field(ge=0, le=MAX_DEVICES)] = 1
+    switch: SwitchRef = Field(default=None, validate_default=True)
+    link: LinkFile
+    behaviour: BehaviourFile | None = None
+
+    def spec(self, base_dir: Path) -> DeviceGroup:
+        from testbed.perf_model.profiles import find_profile
+
+        return DeviceGroup(self.group, self.profile, find_profile(self.profile, base_dir) or Path(),
+                           self.count, self.switch, self.link.spec(), {},
+                           self.behaviour.spec() if self.behaviour else None)
 
 
-def _behaviour(c: _Checker, raw: Any, path: str) -> BehaviourSpec:
-    m = c.mapping(raw, path, {"byzantine": False, "straggler": False})
-    byzantine = straggler = None
-    if "byzantine" in m:
-        bp = f"{path}.byzantine"
-        bm = c.mapping(m["byzantine"], bp, {"rate": True, "modes": False, "noise": False,
-                                            "scale": False})
-        modes_raw = bm.get("modes", list(BYZANTINE_MODES))
-        if isinstance(modes_raw, str):
-            modes_raw = [modes_raw]
-        if not isinstance(modes_raw, list) or not modes_raw:
-            c.error(f"{bp}.modes", f"expected a non-empty list of {BYZANTINE_MODES}, "
-                                   f"got {modes_raw!r}")
-            modes_raw = list(BYZANTINE_MODES)
-        modes = []
-        for i, mode in enumerate(modes_raw):
-            if mode not in BYZANTINE_MODES:
-                c.error(f"{bp}.modes[{i}]", f"unknown mode {mode!r}; expected one of "
-                                            f"{', '.join(BYZANTINE_MODES)}")
-            elif mode not in modes:
-                modes.append(mode)
-        byzantine = ByzantineSpec(_share(c, bm, "rate", bp, 0.0),
-                                  tuple(modes) or BYZANTINE_MODES,
-                                  c.typed(bm, "noise", bp, float, 0.01, _positive),
-                                  c.typed(bm, "scale", bp, float, 1.5,
-                                          lambda v: None if v > 0 and v != 1 else
-                                          f"must be positive and not 1, got {v}"))
-    if "straggler" in m:
-        sp = f"{path}.straggler"
-        sm = c.mapping(m["straggler"], sp, {"factor": True, "rate": False})
-        straggler = StragglerSpec(c.typed(sm, "factor", sp, float, 1.0,
-                                          lambda v: None if v >= 1 else
-                                          f"must be >= 1 (a slow-down), got {v}"),
-                                  _share(c, sm, "rate", sp, 1.0))
-    return BehaviourSpec(byzantine, straggler)
+class ModelFile(Schema):
+    family: Literal["opt"] = "opt"
+    hidden: Annotated[Int, Field(ge=1, le=MAX_MODEL["hidden"])]
+    layers: Annotated[Int, Field(ge=1, le=MAX_MODEL["layers"])]
+    heads: Annotated[Int, Field(ge=1, le=MAX_MODEL["heads"])]
+    ffn: Annotated[Int, Field(ge=1, le=MAX_MODEL["ffn"])]
+    seq_len: Annotated[Int, Field(ge=1, le=MAX_MODEL["seq_len"])]
+    vocab: Annotated[Int, Field(ge=256, le=MAX_MODEL["vocab"])] = 256  # byte tokens need 256
+
+    @field_validator("heads")
+    @classmethod
+    def _divides(cls, heads: int, info: ValidationInfo) -> int:
+        hidden = info.data.get("hidden")
+        if hidden is not None and hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+        return heads
+
+    @model_validator(mode="after")
+    def _fits(self) -> ModelFile:
+        n = model_parameters(self.hidden, self.layers, self.ffn, self.seq_len, self.vocab)
+        if n > MAX_PARAMETERS:
+            raise ValueError(f"{n:,} parameters are more than the {MAX_PARAMETERS:,} a PS can "
+                             f"train (16 bytes each in float32: weights, gradients, two AdamW "
+                             f"moments)")
+        return self
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(self.family, self.hidden, self.layers, self.heads, self.ffn,
+                         self.seq_len, self.vocab)
 
 
-def _validation(c: _Checker, raw: Any, path: str) -> ValidationSpec:
-    m = c.mapping(raw, path, {"enabled": False, "freivalds_vectors": False,
-                              "quarantine_after": False})
-    return ValidationSpec(
-        c.typed(m, "enabled", path, bool, True),
-        c.typed(m, "freivalds_vectors", path, int, 1,
-                lambda v: None if 1 <= v <= 64 else f"expected 1 to 64 vectors, got {v}"),
-        c.typed(m, "quarantine_after", path, int, 3, _non_negative))
+class DataFile(Schema):
+    files: Annotated[list[ExistingFile], Field(min_length=1)] | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _builtin(cls, raw: Any) -> Any:
+        if raw is None or raw == "builtin":
+            return {"files": None}
+        if isinstance(raw, str):
+            raise ValueError(f"expected 'builtin' or {{files: [paths]}}, got {raw!r}")
+        return raw
+
+    def spec(self) -> DataSpec:
+        return DataSpec("files", tuple(self.files)) if self.files else DataSpec()
 
 
-def _job(c: _Checker, raw: Any) -> JobSpec:
-    p = "job"
-    m = c.mapping(raw, p, {"model": True, "data": False, "batch_size": False, "steps": False,
-                           "dtype": False, "optimizer": False, "parallelism": False,
-                           "validation": False})
-    mp = f"{p}.model"
-    mm = c.mapping(m.get("model"), mp, {"family": False, "hidden": True, "layers": True,
-                                        "heads": True, "ffn": True, "seq_len": True,
-                                        "vocab": False})
-    family = c.typed(mm, "family", mp, str, "opt",
-                     lambda v: None if v == "opt" else f"only 'opt' is supported, got {v!r}")
-    model = ModelSpec(family, *(c.typed(mm, k, mp, int, getattr(ModelSpec, k), _positive)
-                                for k in ("hidden", "layers", "heads", "ffn", "seq_len")),
-                      vocab=c.typed(mm, "vocab", mp, int, 256,
-                                    lambda v: None if 256 <= v else "must be >= 256 (byte tokens)"))
-    if model.hidden % model.heads:
-        c.error(f"{mp}.heads", f"hidden ({model.hidden}) must be divisible by heads "
-                               f"({model.heads})")
-    data = DataSpec()
-    raw_data = m.get("data", "builtin")
-    if raw_data != "builtin":
-        dm = c.mapping(raw_data, f"{p}.data", {"files": True})
-        files = dm.get("files")
-        if not isinstance(files, list) or not files:
-            if "files" in dm:
-                c.error(f"{p}.data.files", "expected a non-empty list of text files")
+class OptimizerFile(Schema):
+    name: Literal["adamw"] = "adamw"
+    lr: Annotated[Float, Field(gt=0, le=MAX_LR)] = 3e-4
+    weight_decay: Annotated[Float, Field(ge=0)] = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas(cls, raw: Any) -> tuple[float, float]:
+        if not (isinstance(raw, (list, tuple)) and len(raw) == 2
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                        for b in raw)):
+            raise ValueError(f"expected two numbers in [0, 1), got {raw!r}")
+        return float(raw[0]), float(raw[1])
+
+    def spec(self) -> OptimizerSpec:
+        return OptimizerSpec(self.name, self.lr, self.weight_decay, self.betas)
+
+
+class ParallelismFile(Schema):
+    strategy: Literal["tile-tp"] = "tile-tp"
+    tile: tuple[int, int] = (128, 128)
+    min_offload_flops: Annotated[Float, Field(ge=0)] = 1e6
+
+    @field_validator("tile", mode="before")
+    @classmethod
+    def _tile(cls, raw: Any) -> tuple[int, int]:
+        def edge(t: Any) -> bool:
+            return isinstance(t, int) and not isinstance(t, bool) and 0 < t <= MAX_TILE
+
+        if edge(raw):
+            return raw, raw
+        if isinstance(raw, list) and len(raw) == 2 and all(edge(t) for t in raw):
+            return raw[0], raw[1]
+        raise ValueError(f"expected a tile edge in 1..{MAX_TILE} or [rows, cols], got {raw!r}")
+
+    def spec(self) -> ParallelismSpec:
+        return ParallelismSpec(self.strategy, self.tile[0], self.tile[1], self.min_offload_flops)
+
+
+class ValidationFile(Schema):
+    enabled: Bool = True
+    freivalds_vectors: Annotated[Int, Field(ge=1, le=64)] = 1
+    quarantine_after: Annotated[Int, Field(ge=0, le=1_000_000)] = 3
+
+    def spec(self) -> ValidationSpec:
+        return ValidationSpec(self.enabled, self.freivalds_vectors, self.quarantine_after)
+
+
+class JobFile(Schema):
+    model: ModelFile
+    data: DataFile = DataFile(files=None)
+    batch_size: Annotated[Int, Field(gt=0, le=MAX_BATCH)] = 8
+    steps: Annotated[Int, Field(gt=0, le=MAX_STEPS)] = 20
+    dtype: Literal["float32", "float64"] = "float32"
+    optimizer: Annotated[OptimizerFile, BeforeValidator(_none_is_empty)] = OptimizerFile()
+    parallelism: Annotated[ParallelismFile, BeforeValidator(_none_is_empty)] = ParallelismFile()
+    validation: Annotated[ValidationFile, BeforeValidator(_none_is_empty)] = ValidationFile()
+
+    def spec(self) -> JobSpec:
+        return JobSpec(self.model.spec(), self.data.spec(), self.batch_size, self.steps,
+                       self.dtype, self.optimizer.spec(), self.parallelism.spec(),
+                       self.validation.spec())
+
+
+# Top-level sections owned by other parts of testbed: key -> "module:Model" (a Schema subclass;
+# when it has ``spec()``, that is what lands in ``Topology.extra[key]``). Imported only when a
+# file has the key, so the topology loads without, say, adbutils.
+SECTIONS: dict[str, str] = {
+    "adb": "testbed.adb_bridge.config:AdbSection",
+}
+
+
+class TopologyFile(Schema):
+    name: Name
+    seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] = 0
+    network: Annotated[NetworkFile, BeforeValidator(_none_is_empty)] = NetworkFile()
+    devices: Annotated[list[GroupFile], Field(min_length=1)]
+    job: JobFile
+    churn: ExistingFile | None = None
+    time_dilation: float | None = None  # None = auto
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared(cls, raw: Any, info: ValidationInfo) -> Any:
+        """Note the declared switches and the PS's switch before any reference is checked."""
+        s = scratch(info)
+        network = raw.get("network") if isinstance(raw, dict) else None
+        network = network if isinstance(network, dict) else {}
+        names = network.get("switches")
+        s["switches"] = list(dict.fromkeys(n for n in names if isinstance(n, str)
+                                           and NAME_RE.match(n))) if isinstance(names, list) else []
+        ps = network.get("ps")
+        ps_switch = ps.get("switch") if isinstance(ps, dict) else None
+        s["ps_switch"] = ps_switch if ps_switch in s["switches"] else None
+        if isinstance(raw, dict):  # `adb:` with nothing under it is the section's defaults
+            raw = {k: ({} if k in SECTIONS and v is None else v) for k, v in raw.items()}
+        return raw
+
+    @field_validator("devices")
+    @classmethod
+    def _total(cls, groups: list[GroupFile]) -> list[GroupFile]:
+        total = sum(g.count for g in groups)
+        if total == 0:
+            raise ValueError("at least one device is needed (every count is 0)")
+        if total > MAX_DEVICES:
+            raise ValueError(f"{total:,} devices are more than the {MAX_DEVICES:,} one topology "
+                             f"may hold")
+        return groups
+
+    @field_validator("time_dilation", mode="before")
+    @classmethod
+    def _dilation(cls, raw: Any) -> float | None:
+        if raw == "auto" or raw is None:
+            return None
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and \
+                1 <= raw <= MAX_DILATION:
+            return float(raw)
+        raise ValueError(f"expected 'auto' or a number in [1, {MAX_DILATION:g}], got {raw!r}")
+
+    def spec(self, source: Path | None, base_dir: Path) -> Topology:
+        extra: dict[str, Any] = {}
+        for key in SECTIONS:
+            if key in self.model_fields_set:
+                value = getattr(self, key)
+                extra[key] = value.spec() if hasattr(value, "spec") else value
+        return Topology(self.name, source, self.seed, self.network.spec(),
+                        tuple(g.spec(base_dir) for g in self.devices), self.job.spec(),
+                        self.churn, self.time_dilation, extra)
+
+
+@functools.cache
+def _file_model(present: frozenset[str]) -> type[TopologyFile]:
+    """TopologyFile with the sections a file has, typed by their owners' models."""
+    fields: dict[str, Any] = {}
+    for key, where in SECTIONS.items():
+        if key in present:
+            module, name = where.split(":")
+            fields[key] = (getattr(importlib.import_module(module), name) | None, None)
         else:
-            found = [c.path(f, f"{p}.data.files[{i}]") for i, f in enumerate(files)]
-            data = DataSpec("files", tuple(f for f in found if f is not None))
-    op = f"{p}.optimizer"
-    om = c.mapping(m.get("optimizer"), op, {"name": False, "lr": False, "weight_decay": False,
-                                            "betas": False})
-    betas_raw = om.get("betas", [0.9, 0.999])
-    if not (isinstance(betas_raw, list) and len(betas_raw) == 2
-            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas_raw)):
-        c.error(f"{op}.betas", f"expected two numbers in [0, 1), got {betas_raw!r}")
-        betas_raw = [0.9, 0.999]
-    optimizer = OptimizerSpec(
-        c.typed(om, "name", op, str, "adamw",
-                lambda v: None if v == "adamw" else f"only 'adamw' is supported, got {v!r}"),
-        c.typed(om, "lr", op, float, 3e-4, _positive),
-        c.typed(om, "weight_decay", op, float, 0.0, _non_negative),
-        (float(betas_raw[0]), float(betas_raw[1])))
-    pp = f"{p}.parallelism"
-    pm = c.mapping(m.get("parallelism"), pp, {"strategy": False, "tile": False,
-                                              "min_offload_flops": False})
-    c.typed(pm, "strategy", pp, str, "tile-tp",
-            lambda v: None if v == "tile-tp" else f"only 'tile-tp' is supported, got {v!r}")
-    tile = pm.get("tile", 128)
-    if isinstance(tile, int) and not isinstance(tile, bool) and tile > 0:
-        tile_m = tile_n = tile
-    elif (isinstance(tile, list) and len(tile) == 2
-          and all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
-        tile_m, tile_n = tile
-    else:
-        c.error(f"{pp}.tile", f"expected a positive tile edge or [rows, cols], got {tile!r}")
-        tile_m = tile_n = 128
-    parallelism = ParallelismSpec("tile-tp", tile_m, tile_n,
-                                  c.typed(pm, "min_offload_flops", pp, float, 1e6,
-                                          _non_negative))
-    return JobSpec(
-        model=model, data=data,
-        batch_size=c.typed(m, "batch_size", p, int, 8, _positive),
-        steps=c.typed(m, "steps", p, int, 20, _positive),
-        dtype=c.typed(m, "dtype", p, str, "float32",
-                      lambda v: None if v in DTYPES else f"expected one of {DTYPES}, got {v!r}"),
-        optimizer=optimizer, parallelism=parallelism,
-        validation=_validation(c, m.get("validation"), f"{p}.validation"))
+            fields[key] = (Any, None)  # absent: listed as a known key, never validated
+    return cast("type[TopologyFile]", create_model("TopologyFile", __base__=TopologyFile,
+                                                   **fields))
 
 
 def parse_topology(raw: Any, source: str = "<topology>", base_dir: Path | None = None) -> Topology:
     """Validate already-loaded YAML data; raise TopologyError listing every problem."""
-    c = _Checker(base_dir or Path.cwd())
-    top = c.mapping(raw, "", {"name": True, "seed": False, "network": False, "devices": True,
-                              "job": True, "churn": False, "time_dilation": False, "adb": False})
-    name = c.name(top, "name", "", "run")
-    seed = c.typed(top, "seed", "", int, 0, _non_negative)
-    network = _network(c, top.get("network"))
-    groups = _devices(c, top.get("devices"), list(network.switches))
-    job = _job(c, top.get("job"))
-    churn = c.path(top["churn"], "churn") if top.get("churn") is not None else None
-    dilation: float | None = None
-    raw_d = top.get("time_dilation", "auto")
-    if raw_d != "auto":
-        if isinstance(raw_d, (int, float)) and not isinstance(raw_d, bool) and raw_d >= 1:
-            dilation = float(raw_d)
-        else:
-            c.error("time_dilation", f"expected 'auto' or a number >= 1, got {raw_d!r}")
-    extra: dict[str, Any] = {}
-    if "adb" in top:
-        from testbed.adb_bridge.config import validate_adb_section
-
-        adb_spec, adb_problems = validate_adb_section(top["adb"], "adb")
-        for path, message in adb_problems:
-            c.error(path, message)
-        extra["adb"] = adb_spec
-    if c.problems:
-        raise TopologyError(source, c.problems)
-    return Topology(name, Path(source).resolve() if base_dir else None, seed, network,
-                    tuple(groups), job, churn, dilation, extra)
+    base = base_dir or Path.cwd()
+    present = frozenset(k for k in raw if k in SECTIONS) if isinstance(raw, dict) else frozenset()
+    file = parse(_file_model(present), raw, source, error=TopologyError,
+                 context={"base_dir": base})
+    return file.spec(Path(source).resolve() if base_dir else None, base)
 
 
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file; raise TopologyError with every problem found."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TopologyError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise TopologyError(str(path), [f"not a UTF-8 text file (byte {exc.start}: "
+                                        f"{exc.reason}); a topology is YAML text"]) from exc
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -18,10 +18,16 @@ size           ``B KB MB GB KiB MiB GiB``               bytes (int)
 Decimal prefixes are powers of 1000 (``1Mbit`` = 1,000,000 bit/s; ``1MB`` = 1,000,000 bytes), binary
 ones powers of 1024 (``1MiB`` = 1,048,576 bytes), as in tc(8) and iperf3. A bare number is refused:
 a forgotten unit is the commonest topology mistake, and guessing it hides the mistake.
+
+Limits: a rate is at most :data:`MAX_RATE_BPS` (1 Tbit/s, ten times the fastest Ethernet port
+sold today; nothing this testbed emulates comes near), a duration and a size must be finite
+(``1e999s`` is infinity to a float) and a size at most :data:`MAX_SIZE_BYTES` (1 PiB). Callers
+bound their own quantities further (a link's delay, for example, in :mod:`testbed.topology`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 _NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
@@ -38,6 +44,10 @@ _SIZE_BYTES = {
     "B": 1, "KB": 1000, "kB": 1000, "MB": 1000**2, "GB": 1000**3,
     "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3,
 }
+
+
+MAX_RATE_BPS = 1e12
+MAX_SIZE_BYTES = 1024**5
 
 
 class UnitError(ValueError):
@@ -66,12 +76,17 @@ def parse_rate_bps(text: object) -> float:
     value, unit = _split(text, "rate", "20Mbit", _RATE_BPS)
     if value <= 0:
         raise UnitError(f"a rate must be positive, got {text!r}")
-    return value * _RATE_BPS[unit]
+    rate_bps = value * _RATE_BPS[unit]
+    if not rate_bps <= MAX_RATE_BPS:
+        raise UnitError(f"a rate must be at most 1Tbit, got {text!r}")
+    return rate_bps
 
 
 def parse_duration_s(text: object) -> float:
     """Parse a duration like ``'10ms'`` into seconds (>= 0)."""
     value, unit = _split(text, "duration", "10ms", _DURATION_S)
+    if not math.isfinite(value * _DURATION_S[unit]):
+        raise UnitError(f"a duration must be finite, got {text!r}")
     return value * _DURATION_S[unit]
 
 
@@ -86,6 +101,8 @@ def parse_fraction(text: object) -> float:
 def parse_size_bytes(text: object) -> int:
     """Parse a size like ``'2GiB'`` into bytes."""
     value, unit = _split(text, "size", "2GiB", _SIZE_BYTES)
+    if not value * _SIZE_BYTES[unit] <= MAX_SIZE_BYTES:
+        raise UnitError(f"a size must be at most 1PiB, got {text!r}")
     return int(round(value * _SIZE_BYTES[unit]))
 
 

@@ -12,20 +12,24 @@ Schema (units written out, see :mod:`testbed.units`)::
       link: {down: 100Mbit, up: 20Mbit, delay: 10ms}   # shaping in the phone's relay (optional)
 
 ``link.down`` is PS -> phone, ``link.up`` phone -> PS. ``loss`` is refused: the relay carries a
-TCP byte stream, where a lost packet is only ever a retransmission delay.
+TCP byte stream, where a lost packet is only ever a retransmission delay. The section is a
+:class:`AdbSection` (testbed/schema.py); inside a topology it is validated with the rest of the
+file, and ``Topology.extra["adb"]`` holds its :class:`AdbSpec`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator
 
 from testbed import units
 from testbed.adb_bridge.relay import RelayShaping
+from testbed.schema import Bool, Int, Schema, Str, problem_pairs, unique
 
 Problems = list[tuple[str, str]]
-_KEYS = ("enabled", "server", "serials", "profile", "phone_port", "telemetry_interval", "link")
-_LINK_KEYS = ("down", "up", "delay")
+MIN_TELEMETRY_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -42,108 +46,96 @@ class AdbSpec:
     shaping: RelayShaping = RelayShaping()
 
 
-def validate_adb_section(raw: Any, path: str = "adb") -> tuple[AdbSpec, Problems]:
-    """Check an ``adb:`` section; return the spec and every problem as (yaml_path, message)."""
-    problems: Problems = []
-    if raw is None:
-        return AdbSpec(), problems
-    if not isinstance(raw, dict):
-        return AdbSpec(), [(path, f"expected a mapping, got {type(raw).__name__}")]
-    for key in raw:
-        if key not in _KEYS:
-            problems.append((f"{path}.{key}", f"unknown key (expected one of: "
-                                              f"{', '.join(_KEYS)})"))
-    spec = AdbSpec()
-    enabled = raw.get("enabled", False)
-    if not isinstance(enabled, bool):
-        problems.append((f"{path}.enabled", f"expected true or false, got {enabled!r}"))
-        enabled = False
-    host, port = _server(raw.get("server", "127.0.0.1:5037"), f"{path}.server", problems)
-    serials = _serials(raw.get("serials", "all"), f"{path}.serials", problems)
-    profile = raw.get("profile", "auto")
-    if not isinstance(profile, str) or not profile:
-        problems.append((f"{path}.profile", f"expected auto, measured or a profile name, got "
-                                            f"{profile!r}"))
-        profile = "auto"
-    elif profile not in ("auto", "measured"):
-        from testbed.perf_model.profiles import find_profile, list_profiles
-        if find_profile(profile) is None:
-            problems.append((f"{path}.profile", f"no device profile named {profile!r}; expected "
-                                                f"auto, measured or one of "
-                                                f"{', '.join(list_profiles())}"))
-    phone_port = raw.get("phone_port", 7700)
-    if isinstance(phone_port, bool) or not isinstance(phone_port, int) or \
-            not 1 <= phone_port <= 65535:
-        problems.append((f"{path}.phone_port", f"expected a TCP port 1..65535, got "
-                                               f"{phone_port!r}"))
-        phone_port = 7700
-    interval_s = spec.telemetry_interval_s
-    if "telemetry_interval" in raw:
-        try:
-            interval_s = units.parse_duration_s(raw["telemetry_interval"])
-            if interval_s < 0.1:
-                problems.append((f"{path}.telemetry_interval", f"must be at least 100ms, got "
-                                                               f"{raw['telemetry_interval']!r}"))
-                interval_s = spec.telemetry_interval_s
-        except units.UnitError as exc:
-            problems.append((f"{path}.telemetry_interval", str(exc)))
-    shaping = _link(raw.get("link"), f"{path}.link", problems)
-    return AdbSpec(enabled, host, port, serials, profile, phone_port, interval_s,
-                   shaping), problems
+def _serial(value: str) -> str:
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"expected a serial (no spaces), got {value!r}")
+    return value
 
 
-def _server(value: Any, path: str, problems: Problems) -> tuple[str, int]:
-    host, _, port = str(value).rpartition(":")
-    if not isinstance(value, str) or not host or not port.isdigit() or \
-            not 1 <= int(port) <= 65535:
-        problems.append((path, f"expected HOST:PORT such as '127.0.0.1:5037', got {value!r}"))
-        return "127.0.0.1", 5037
-    return host, int(port)
-
-
-def _serials(value: Any, path: str, problems: Problems) -> tuple[str, ...] | None:
+def _all_is_none(value: Any) -> Any:
     if value == "all":
         return None
     if not isinstance(value, list) or not value:
-        problems.append((path, f"expected 'all' or a non-empty list of serials, got {value!r}"))
-        return None
-    out: list[str] = []
-    for i, serial in enumerate(value):
-        if not isinstance(serial, str) or not serial or any(c.isspace() for c in serial):
-            problems.append((f"{path}[{i}]", f"expected a serial (no spaces), got {serial!r}"))
-        elif serial in out:
-            problems.append((f"{path}[{i}]", f"serial {serial!r} is listed twice"))
-        else:
-            out.append(serial)
-    return tuple(out)
+        raise ValueError(f"expected 'all' or a non-empty list of serials, got {value!r}")
+    return value
 
 
-def _link(value: Any, path: str, problems: Problems) -> RelayShaping:
-    if value is None:
-        return RelayShaping()
-    if not isinstance(value, dict):
-        problems.append((path, f"expected a mapping like {{down: 100Mbit, up: 20Mbit, "
-                               f"delay: 10ms}}, got {value!r}"))
-        return RelayShaping()
-    for key in value:
-        if key == "loss":
-            problems.append((f"{path}.loss", "loss cannot be applied on the ADB relay (it "
-                                             "carries a TCP stream); leave it out"))
-        elif key not in _LINK_KEYS:
-            problems.append((f"{path}.{key}", f"unknown key (expected one of: "
-                                              f"{', '.join(_LINK_KEYS)})"))
-    rates: dict[str, float | None] = {}
-    for key in ("down", "up"):
-        rates[key] = None
-        if key in value:
-            try:
-                rates[key] = units.parse_rate_bps(value[key])
-            except units.UnitError as exc:
-                problems.append((f"{path}.{key}", str(exc)))
-    delay_s = 0.0
-    if "delay" in value:
-        try:
-            delay_s = units.parse_duration_s(value["delay"])
-        except units.UnitError as exc:
-            problems.append((f"{path}.delay", str(exc)))
-    return RelayShaping(down_bps=rates["down"], up_bps=rates["up"], delay_s=delay_s)
+def _interval(value: float) -> float:
+    if value < MIN_TELEMETRY_INTERVAL_S:
+        raise ValueError(f"must be at least 100ms, got {value:g} s")
+    return value
+
+
+class AdbLink(Schema):
+    """Shaping in the phone's relay."""
+
+    unknown_key_hints: ClassVar[dict[str, str]] = {
+        "loss": "loss cannot be applied on the ADB relay (it carries a TCP stream); leave it out"}
+
+    down: Annotated[float, BeforeValidator(units.parse_rate_bps)] | None = None
+    up: Annotated[float, BeforeValidator(units.parse_rate_bps)] | None = None
+    delay: Annotated[float, BeforeValidator(units.parse_duration_s),
+                     Field(le=60.0)] = 0.0
+
+    def spec(self) -> RelayShaping:
+        return RelayShaping(down_bps=self.down, up_bps=self.up, delay_s=self.delay)
+
+
+class AdbSection(Schema):
+    """The ``adb:`` section as written."""
+
+    enabled: Bool = False
+    server: Str = "127.0.0.1:5037"
+    serials: Annotated[list[Annotated[Str, AfterValidator(_serial), unique("serials", "serial")]]
+                       | None, BeforeValidator(_all_is_none)] = None
+    profile: Str = "auto"
+    phone_port: Int = 7700
+    telemetry_interval: Annotated[float, BeforeValidator(units.parse_duration_s),
+                                  AfterValidator(_interval)] = 2.0
+    link: AdbLink | None = None
+
+    @field_validator("server", mode="before")
+    @classmethod
+    def _server(cls, value: Any) -> Any:
+        host, _, port = str(value).rpartition(":")
+        if not isinstance(value, str) or not host or not port.isdigit() or \
+                not 1 <= int(port) <= 65535:
+            raise ValueError(f"expected HOST:PORT such as '127.0.0.1:5037', got {value!r}")
+        return value
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, value: str) -> str:
+        if not value:
+            raise ValueError(f"expected auto, measured or a profile name, got {value!r}")
+        if value not in ("auto", "measured"):
+            from testbed.perf_model.profiles import find_profile, list_profiles
+
+            if find_profile(value) is None:
+                raise ValueError(f"no device profile named {value!r}; expected auto, measured "
+                                 f"or one of {', '.join(list_profiles())}")
+        return value
+
+    @field_validator("phone_port", mode="before")
+    @classmethod
+    def _port(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise ValueError(f"expected a TCP port 1..65535, got {value!r}")
+        return value
+
+    def spec(self) -> AdbSpec:
+        host, _, port = self.server.rpartition(":")
+        return AdbSpec(self.enabled, host, int(port),
+                       tuple(self.serials) if self.serials is not None else None, self.profile,
+                       self.phone_port, self.telemetry_interval,
+                       self.link.spec() if self.link else RelayShaping())
+
+
+def validate_adb_section(raw: Any, path: str = "adb") -> tuple[AdbSpec, Problems]:
+    """Check an ``adb:`` section; return the spec and every problem as (yaml_path, message)."""
+    if raw is None:
+        return AdbSpec(), []
+    try:
+        return AdbSection.model_validate(raw, context={}).spec(), []
+    except ValidationError as exc:
+        return AdbSpec(), problem_pairs(exc, path, AdbSection)

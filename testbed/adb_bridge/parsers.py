@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # AOSP BatteryManager.BATTERY_STATUS_* codes.
 BATTERY_STATUS = {1: "unknown", 2: "charging", 3: "discharging", 4: "not-charging", 5: "full"}
@@ -61,10 +61,7 @@ class BatteryState:
 
     def merged(self, other: BatteryState) -> BatteryState:
         """This reading with its missing fields filled from another one."""
-        return BatteryState(*(a if a is not None else b for a, b in (
-            (self.level_fraction, other.level_fraction), (self.temperature_c, other.temperature_c),
-            (self.voltage_v, other.voltage_v), (self.current_a, other.current_a),
-            (self.status, other.status), (self.plugged, other.plugged))))
+        return replace(other, **{k: v for k, v in vars(self).items() if v is not None})
 
 
 @dataclass(frozen=True)

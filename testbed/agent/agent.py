@@ -285,10 +285,10 @@ class _Session:
             if operand.key:
                 self.cache.put(operand.key, operand.version, array.nbytes, array)
             return array
-        array = self.cache.get(operand.key)
-        if array is None:  # the PS's mirror and this cache disagree: a bug, start afresh
+        cached = self.cache.get(operand.key)
+        if cached is None:  # the PS's mirror and this cache disagree: a bug, start afresh
             raise RuntimeError(f"block {operand.key!r} is not in the cache")
-        return array
+        return cached
 
     # -- compute ----------------------------------------------------------------------------------
     def _compute_loop(self) -> None:

@@ -15,7 +15,10 @@ Pickles are untrusted input: :class:`RestrictedUnpickler` accepts only plain con
 numbers (dict, list, tuple, set, frozenset, str, int, float, bool, None; bytes only from
 protocol 3 on, where they need no global) and refuses any other global,
 so a pickle whose ``__reduce__`` names ``os.system`` (or anything else) is refused before
-anything runs.
+anything runs. A pickle is also small input that can ask for huge output (an 84-byte file with a
+finish time of 1e-300 s has ~1e300 periods in any span): a client's ``finish_time`` must be at
+least :data:`MIN_PERIOD_S` (the trace's millisecond resolution), and an import that would write
+more than :data:`MAX_EVENTS` events is refused before any is made.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from testbed.churn.trace import ChurnEvent, TraceEvent
 _ALLOWED_GLOBALS = {("builtins", "set"), ("builtins", "frozenset"),
                     ("__builtin__", "set"), ("__builtin__", "frozenset")}
 MAX_PICKLE_BYTES = 512 * 1024**2
+MIN_PERIOD_S = 1e-3  # trace rows have millisecond resolution
+MAX_EVENTS = 1_000_000  # ~20 MB of trace; a replay of more is no experiment one run can hold
 
 
 class FedScaleError(ValueError):
@@ -118,8 +123,9 @@ def _client(key: Any, raw: Any) -> tuple[ClientWindows | None, list[str]]:
     for name, seq in (("active", active), ("inactive", inactive)):
         if not isinstance(seq, (list, tuple)) or not all(_number(v) and v >= 0 for v in seq):
             problems.append(f"{where}.{name}: expected a list of times in seconds >= 0")
-    if not (_number(finish) and finish > 0):
-        problems.append(f"{where}.finish_time: expected a number of seconds > 0, got {finish!r}")
+    if not (_number(finish) and finish >= MIN_PERIOD_S):
+        problems.append(f"{where}.finish_time: expected a number of seconds >= {MIN_PERIOD_S:g}, "
+                        f"got {finish!r}")
     if problems:
         return None, problems
     if len(active) != len(inactive) or not active:
@@ -172,6 +178,12 @@ def load_behave_trace(path: str | Path) -> list[ClientWindows]:
     return parse_behave_trace(loaded, str(path))
 
 
+def event_bound(client: ClientWindows, start_s: float, end_s: float) -> float:
+    """An upper bound of the events one device following ``client`` gets in [start_s, end_s)."""
+    periods = (end_s - start_s) / client.finish_time_s + 3  # present_intervals' range, + margin
+    return 2.0 * len(client.active_s) * periods + 1
+
+
 def import_events(clients: Sequence[ClientWindows], devices: Sequence[str],
                   start_s: float = 0.0, duration_s: float | None = None,
                   time_scale: float = 1.0) -> list[TraceEvent]:
@@ -187,6 +199,15 @@ def import_events(clients: Sequence[ClientWindows], devices: Sequence[str],
         raise FedScaleError(f"the imported span must be non-empty: start {start_s:g} s, "
                             f"duration {duration_s:g} s")
     end_s = start_s + duration_s
+    if not math.isfinite(end_s):
+        raise FedScaleError(f"the imported span must be finite: start {start_s:g} s, "
+                            f"duration {duration_s:g} s")
+    expected = sum(event_bound(clients[i % len(clients)], start_s, end_s)
+                   for i in range(len(devices)))
+    if expected > MAX_EVENTS:
+        raise FedScaleError(f"the import would write up to {expected:,.0f} events, more than the "
+                            f"{MAX_EVENTS:,} accepted (a short finish_time repeats the windows "
+                            f"very often); import a shorter span with --duration")
     rows: list[tuple[float, int, int, TraceEvent]] = []
     for index, device in enumerate(devices):
         client = clients[index % len(clients)]

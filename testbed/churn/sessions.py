@@ -17,14 +17,13 @@ mention gets no events: it stays present for the whole run.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from pathlib import Path
 from typing import Sequence
 
 from testbed import units
-from testbed.churn.trace import ChurnEvent, TraceError, TraceEvent
+from testbed.churn.trace import MAX_LINE_CHARS, ChurnEvent, TraceError, TraceEvent, split_row
 
 _COLUMN_RE = re.compile(r"^(start|end)_([A-Za-z]+)$")
 HEADER = "device,start_s,end_s"
@@ -70,7 +69,12 @@ def parse_sessions(text: str, devices: Sequence[str],
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        cells = [c.strip() for c in next(csv.reader([line]))]
+        split = split_row(line)
+        if split is None:
+            problems.append(f"line {number}: {len(line):,} characters is longer than the "
+                            f"{MAX_LINE_CHARS:,} a row may have")
+            continue
+        cells = [c.strip() for c in split]
         if unit_s is None:
             unit_s, problem = _header(cells)
             if problem:
@@ -131,4 +135,6 @@ def load_sessions(path: str | Path, devices: Sequence[str]) -> list[TraceEvent]:
         text = path.read_text()
     except OSError as exc:
         raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(str(path), [f"not a text file: {exc.reason}"]) from exc
     return session_events(parse_sessions(text, devices, str(path)), devices)

@@ -37,7 +37,9 @@ Naming and units, written down once:
   sets the starting state instead of being replayed, so ``0,phones-3,leave`` keeps phones-3
   away from the start.
 
-Every problem is reported with its line number, all of them at once (:class:`TraceError`).
+Every problem is reported with its line number, all of them at once (:class:`TraceError`). A
+line longer than :data:`MAX_LINE_CHARS` is refused without being split into cells: no row of a
+valid trace comes near it, and the csv module refuses cells over 128 KiB with an exception.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ SELECTOR_RE = re.compile(r"^([a-z0-9][a-z0-9-]*):(?:([0-9]+)|([0-9]+(?:\.[0-9]*)
 TIME_COLUMN_RE = re.compile(r"^time_([A-Za-z]+)$")
 COLUMNS = ("device", "event", "arg")
 HEADER = "time_s,device,event,arg"
+MAX_LINE_CHARS = 1024
 
 
 class ChurnEvent(str, Enum):
@@ -196,6 +199,16 @@ def _parse_event(cell: str, arg: str) -> tuple[ChurnEvent | None, float | None, 
     return event, None, None
 
 
+def split_row(line: str, max_chars: int = MAX_LINE_CHARS) -> list[str] | None:
+    """The CSV cells of one line; None when the line is longer than ``max_chars``."""
+    if len(line) > max_chars:
+        return None
+    try:
+        return next(csv.reader([line]))
+    except csv.Error:  # only oversized cells, which the length check already excludes
+        return None
+
+
 def parse_trace(text: str, source: str = "<trace>",
                 groups: Mapping[str, Sequence[str]] | None = None) -> Trace:
     """Parse trace text (names checked against ``groups`` if given); raise TraceError with
@@ -209,7 +222,11 @@ def parse_trace(text: str, source: str = "<trace>",
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        cells = next(csv.reader([stripped]))
+        cells = split_row(stripped)
+        if cells is None:
+            problems.append(f"line {number}: {len(stripped):,} characters is longer than the "
+                            f"{MAX_LINE_CHARS:,} a row may have")
+            continue
         if unit_s is None:
             unit_s, problem = _header_problem(cells)
             unit_name = cells[0].strip().removeprefix("time_") if not problem else "s"

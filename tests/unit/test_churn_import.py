@@ -164,3 +164,39 @@ def test_session_list_errors_have_line_numbers(text: str, expected: str) -> None
     with pytest.raises(TraceError) as info:
         parse_sessions(text, ["phones-0"], "s.csv")
     assert info.value.problems[0].startswith(expected), info.value.problems
+
+
+def test_a_tiny_finish_time_is_refused_before_memory_grows(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    from testbed.cli import main
+
+    # 81 bytes: one client whose windows repeat every 1e-300 s (~1e300 periods in any span)
+    source = tmp_path / "tiny"
+    source.write_bytes(pickle.dumps({0: {"active": [0], "inactive": [1e-300],
+                                         "finish_time": 1e-300}}))
+    assert source.stat().st_size < 100
+    topology = str(Path(__file__).resolve().parents[2] / "topologies" / "default.yaml")
+    code = main(["trace", "import", "fedscale", str(source), "--topology", topology,
+                 "--duration", "1h"])
+    assert code == 2
+    assert "client 0.finish_time" in capsys.readouterr().err
+
+
+def test_an_import_that_would_write_too_many_events_is_refused() -> None:
+    from testbed.churn.fedscale import MAX_EVENTS, ClientWindows
+
+    # a legal 1 ms period over a day: 8.64e7 windows per device, far over the bound
+    client = ClientWindows("c", (0.0,), (0.0005,), 0.001)
+    with pytest.raises(FedScaleError, match="more than the"):
+        import_events([client], DEVICES, duration_s=86_400.0)
+    # the same client over a short span stays under the bound and gives the windows' events
+    events = import_events([client], DEVICES[:1], duration_s=0.01)
+    assert 0 < len(events) <= MAX_EVENTS and events[-1].time_s <= 0.01
+
+
+def test_an_oversized_cell_in_a_session_list_names_its_line() -> None:
+    text = "device,start_s,end_s\n" + f"phones-0,0,{'9' * 200_000}\n"
+    with pytest.raises(TraceError) as info:
+        parse_sessions(text, DEVICES, "s.csv")
+    assert info.value.problems[0].startswith("line 2: 200,011 characters is longer than")

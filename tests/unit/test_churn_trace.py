@@ -138,3 +138,15 @@ def test_shipped_traces_validate_against_the_default_topology(name: str) -> None
     schedule = build_schedule(trace, groups, topology.seed)
     assert schedule.actions, name
     assert set(a.device for a in schedule.actions) <= set(schedule.devices)
+
+
+def test_a_cell_over_the_csv_limit_is_a_problem_with_its_line(tmp_path: Path) -> None:
+    # 200 KB in one quoted cell: the csv module itself refuses cells over 128 KiB
+    path = tmp_path / "big.csv"
+    path.write_text(f"time_s,device,event,arg\n0,phones-0,leave,\n1,\"{'x' * 200_000}\",crash,\n"
+                    f"2,phones-1,crash,\n")
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert info.value.problems == [
+        "line 3: 200,011 characters is longer than the 1,024 a row may have"]
+    assert str(path) in str(info.value)

@@ -38,8 +38,8 @@ def test_parse_reports_every_problem_with_its_path_once():
     problems = info.value.problems
     assert info.value.source == "topo.yaml"
     assert any(p.startswith("links[1].down: ") and "finite" in p for p in problems), problems
-    assert "links[2].bogus: unknown key" in problems
-    assert "extra: unknown key" in problems
+    assert "links[2].bogus: unknown key (expected one of: down, up)" in problems
+    assert "extra: unknown key (expected one of: name, links)" in problems
     assert len(problems) == 3
 
 
@@ -50,3 +50,31 @@ def test_parse_names_missing_keys_and_returns_a_frozen_model():
     doc = parse(Doc, {"name": "ok"}, "f")
     with pytest.raises(ValidationError):
         doc.name = "changed"  # type: ignore[misc]
+
+
+def test_yaml_floats_hints_and_unknown_keys_before_their_siblings():
+    from typing import ClassVar
+
+    from testbed.schema import Float, Int
+
+    class Inner(Schema):
+        unknown_key_hints: ClassVar[dict[str, str]] = {"loss": "loss is not applied here"}
+        rate: Float = 1.0
+        count: Int = 0
+
+    class Outer(Schema):
+        inner: Inner
+        after: Float = 0.0
+
+    ok = parse(Outer, {"inner": {"rate": "3e-4", "count": 2}, "after": 1}, "f")
+    assert ok.inner.rate == 3e-4 and ok.after == 1.0
+    with pytest.raises(InputError) as info:
+        parse(Outer, {"inner": {"rate": True, "count": 1.5, "loss": "1%", "x": 1},
+                      "after": float("inf"), "z": 0}, "f")
+    assert info.value.problems == [
+        "z: unknown key (expected one of: inner, after)",
+        "inner.loss: loss is not applied here",
+        "inner.x: unknown key (expected one of: rate, count)",
+        "inner.rate: expected float, got bool True",
+        "inner.count: expected int, got float 1.5",
+        "after: must be a finite number, got inf"]

@@ -112,3 +112,104 @@ def test_up_on_a_broken_file_starts_nothing(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     assert main(["up", str(_write(tmp_path, raw)), "--out", str(out), "--no-live"]) == 2
     assert not out.exists()  # no run directory, so no process was started either
+
+
+def test_binary_garbage_is_refused_with_the_file_named(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "garbage.yaml"
+    path.write_bytes(bytes(range(128, 256)) * 4)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "not a UTF-8 text file" in err
+
+
+@pytest.mark.parametrize("where,value,path,words", [
+    (("devices", 0, "link", "down"), "1e99Gbit", "devices[0].link.down", "at most 1Tbit"),
+    (("devices", 0, "link", "delay"), "1e99s", "devices[0].link.delay", "at most 60 s"),
+    (("devices", 0, "link", "delay"), "1e999s", "devices[0].link.delay", "finite"),
+    (("job", "model", "hidden"), 10**9, "job.model.hidden", "<= 65,536"),
+    (("job", "model", "layers"), 10**6, "job.model.layers", "<= 1,024"),
+    (("devices", 0, "count"), 100_000, "devices[0].count", "<= 10,000"),
+    (("job", "optimizer"), {"lr": float("inf")}, "job.optimizer.lr", "finite"),
+    (("job", "optimizer"), {"lr": float("nan")}, "job.optimizer.lr", "finite"),
+    (("job", "optimizer"), {"lr": 10}, "job.optimizer.lr", "<= 1"),
+    (("job", "parallelism"), {"min_offload_flops": float("-inf")},
+     "job.parallelism.min_offload_flops", "finite"),
+    (("devices", 0, "behaviour"), {"straggler": {"factor": 1e99}},
+     "devices[0].behaviour.straggler.factor", "<= 1,000"),
+    (("time_dilation",), float("inf"), "time_dilation", "[1, 10000]"),
+])
+def test_absurd_values_are_refused_with_their_path(where: tuple, value: object, path: str,
+                                                   words: str) -> None:
+    raw = minimal()
+    node = raw
+    for key in where[:-1]:
+        node = node.setdefault(key, {}) if isinstance(key, str) else node[key]
+    node[where[-1]] = value
+    with pytest.raises(TopologyError) as info:
+        parse_topology(raw, "t.yaml")
+    problems = info.value.problems
+    assert len(problems) == 1 and problems[0].startswith(f"{path}:") and words in problems[0], \
+        problems
+
+
+def test_a_model_too_big_for_any_ps_is_refused_though_each_size_is_allowed() -> None:
+    from testbed.topology import MAX_PARAMETERS, model_parameters
+
+    raw = minimal()
+    raw["job"]["model"] = {"hidden": 65_536, "layers": 64, "heads": 64, "ffn": 65_536,
+                           "seq_len": 128}
+    assert model_parameters(65_536, 64, 65_536, 128, 256) > MAX_PARAMETERS
+    with pytest.raises(TopologyError) as info:
+        parse_topology(raw)
+    assert info.value.problems[0].startswith("job.model: ") and "parameters" in str(info.value)
+
+
+def test_device_count_cap_holds_across_groups() -> None:
+    raw = minimal()
+    raw["devices"][0]["count"] = 6_000
+    raw["devices"].append({**raw["devices"][0], "group": "more"})
+    with pytest.raises(TopologyError) as info:
+        parse_topology(raw)
+    assert info.value.problems == ["devices: 12,000 devices are more than the 10,000 one "
+                                   "topology may hold"]
+
+
+def test_yaml_inf_nan_and_string_floats_as_written_in_a_file(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    raw = minimal()
+    raw["job"]["optimizer"] = {"lr": "3e-4"}  # YAML 1.1 reads 3e-4 as a string: accepted
+    assert load_topology(_write(tmp_path, raw)).job.optimizer.lr == pytest.approx(3e-4)
+    raw["job"]["optimizer"] = {"lr": "LR", "weight_decay": "WD"}
+    path = tmp_path / "inf.yaml"  # .inf and .nan are YAML floats, as a user writes them
+    path.write_text(yaml.safe_dump(raw).replace("LR", ".inf").replace("WD", ".nan"))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "job.optimizer.lr: must be a finite number" in err
+    assert "job.optimizer.weight_decay: must be a finite number" in err
+
+
+def test_unknown_keys_name_the_expected_ones_and_types_are_strict() -> None:
+    raw = minimal()
+    raw["devices"][0]["link"]["jitter"] = "1ms"
+    raw["job"]["model"]["layers"] = True  # a bool is not a count
+    with pytest.raises(TopologyError) as info:
+        parse_topology(raw)
+    assert info.value.problems == [
+        "devices[0].link.jitter: unknown key (expected one of: down, up, delay, loss, queue)",
+        "job.model.layers: expected int, got bool True"]
+
+
+def test_a_section_of_another_part_lands_in_extra() -> None:
+    from testbed.adb_bridge.config import AdbSpec
+    from testbed.topology import SECTIONS
+
+    assert "adb" in SECTIONS
+    raw = minimal()
+    assert "adb" not in parse_topology(raw).extra
+    raw["adb"] = None  # the key alone: the section's defaults
+    assert parse_topology(raw).extra["adb"] == AdbSpec()
+    raw["adb"] = {"enabled": True, "serials": ["A1"]}
+    spec = parse_topology(raw).extra["adb"]
+    assert spec.enabled and spec.serials == ("A1",)
