@@ -7,7 +7,11 @@ Names and numbers, written down once:
 * on the phone the agent dials ``127.0.0.1:<phone_port>`` (default 7700); ``adb reverse
   tcp:<phone_port> tcp:<relay_port>`` carries that to this host, where the phone's own
   :class:`~.relay.PhoneRelay` on ``127.0.0.1:<relay_port>`` forwards to the PS;
-* the agent and its start script live in ``/data/local/tmp/testbed/`` on the phone;
+* the agent and its start scripts live in ``/data/local/tmp/testbed/`` on the phone (mode 0711:
+  apps cannot list it); the join token goes there as ``token-<random>`` for ``--token-file``,
+  never on a command line, and is removed once the agent has dialled the PS;
+* the agent is started by the adb shell's own python (``launcher: shell``) or, when the shell
+  has none, by Termux through its RUN_COMMAND intent (``launcher: termux``, see termux.py);
 * telemetry is polled every ``telemetry_interval_s`` seconds; each poll also checks that the
   reverse rule is still there (re-applied if not) and that the agent process is still alive.
 
