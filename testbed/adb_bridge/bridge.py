@@ -7,7 +7,11 @@ Names and numbers, written down once:
 * on the phone the agent dials ``127.0.0.1:<phone_port>`` (default 7700); ``adb reverse
   tcp:<phone_port> tcp:<relay_port>`` carries that to this host, where the phone's own
   :class:`~.relay.PhoneRelay` on ``127.0.0.1:<relay_port>`` forwards to the PS;
-* the agent and its start script live in ``/data/local/tmp/testbed/`` on the phone;
+* the agent and its start scripts live in ``/data/local/tmp/testbed/`` on the phone (mode 0711:
+  apps cannot list it); the join token goes there as ``token-<random>`` for ``--token-file``,
+  never on a command line, and is removed once the agent has dialled the PS;
+* the agent is started by the adb shell's own python (``launcher: shell``) or, when the shell
+  has none, by Termux through its RUN_COMMAND intent (``launcher: termux``, see termux.py);
 * telemetry is polled every ``telemetry_interval_s`` seconds; each poll also checks that the
   reverse rule is still there (re-applied if not) and that the agent process is still alive.
 
@@ -33,6 +37,7 @@ import json
 import logging
 import queue
 import re
+import secrets
 import shlex
 import threading
 import time
@@ -42,7 +47,7 @@ from typing import Any, Callable
 
 from adbutils.errors import AdbError
 
-from testbed.adb_bridge import agent_package, parsers, telemetry
+from testbed.adb_bridge import agent_package, parsers, telemetry, termux
 from testbed.adb_bridge.client import AdbServer, DeviceTracker, diff_states
 from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
 from testbed.adb_bridge.relay import PhoneRelay, RelayShaping
@@ -53,6 +58,7 @@ START_EXIT_REASONS = {
     3: "no Python that the adb shell can run on this phone",
     4: "Python on the phone lacks numpy or grpcio",
 }
+NO_PYTHON_EXIT = 3  # start-agent.sh: the adb shell has no Python; try Termux next
 MAX_AGENT_RESTARTS = 3
 NO_SHAPING = RelayShaping()
 
@@ -98,6 +104,7 @@ class PhoneStatus:
     relay_port: int | None = None
     reverse_ok: bool = False
     agent_pid: int | None = None
+    launcher: str = ""  # "shell" (the adb shell runs python) or "termux" (RUN_COMMAND intent)
     problem: str = ""  # why the agent does not run, when it does not
     last_telemetry: dict[str, Any] = field(default_factory=dict)
 
@@ -112,6 +119,8 @@ class _PhoneSession:
         self.relay: PhoneRelay | None = None
         self.stop_event = threading.Event()
         self.restarts = 0
+        self.token_path: str | None = None  # on the phone until the agent has dialled the PS
+        self._dials_before_start = 0
         self.thread = threading.Thread(target=self._run, name=f"adb-{serial}", daemon=True)
         self.device = bridge.server.device(serial)
 
@@ -174,31 +183,114 @@ class _PhoneSession:
                     reason)
         self.bridge._emit("agent-failed", self.serial, reason=reason)
 
-    def _start_agent(self) -> None:
+    def _push_token(self, mode: int) -> str:
+        """Write the join token to a fresh file on the phone; return its path.
+
+        The token never goes on a command line (the phone's process list would show it). The
+        file name is random and the directory cannot be listed by apps; mode 0600 when the adb
+        shell runs the agent, 0644 when Termux (another user) must read it. It is removed as
+        soon as the agent has dialled the PS (it has read the token by then)."""
+        self._remove_token()
+        path = f"{agent_package.PHONE_DIR}/token-{secrets.token_hex(8)}"
+        self.device.sync.push(self.bridge.token.encode() + b"\n", path, mode=mode)
+        self.token_path = path
+        self._dials_before_start = self.relay.connections_total if self.relay else 0
+        return path
+
+    def _remove_token(self) -> None:
+        if self.token_path is not None:
+            self.shell(f"rm -f {shlex.quote(self.token_path)}")
+            self.token_path = None
+
+    def _agent_argv(self, token_path: str) -> list[str]:
         b = self.bridge
-        phone_dir = agent_package.PHONE_DIR
-        self.device.sync.push(b.agent_zip(), f"{phone_dir}/agent.zip", mode=0o644)
-        self.device.sync.push(agent_package.START_SCRIPT.read_bytes(),
-                              f"{phone_dir}/start-agent.sh", mode=0o755)
-        argv = ["--ps", f"127.0.0.1:{b.phone_port}", "--token", b.token,
+        argv = ["--ps", f"127.0.0.1:{b.phone_port}", "--token-file", token_path,
                 "--name", self.status.name, "--kind", "real"]
         if self.status.profile:
             argv += ["--profile", self.status.profile]
             gflops = profile_gflops(self.status.profile)
             if gflops:  # the PS sizes its window by predicted speed until it has observed it
                 argv += ["--gflops", repr(gflops)]
-        argv += b.extra_agent_args
-        code, out = self.shell(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
-        pid_text = out.strip().splitlines()[-1] if out.strip() else ""
-        if code != 0 or not pid_text.isdigit():
+        return argv + b.extra_agent_args
+
+    def _start_agent(self) -> None:
+        b = self.bridge
+        phone_dir = agent_package.PHONE_DIR
+        self.shell(f"mkdir -p {phone_dir} && chmod 711 {phone_dir}")  # apps cannot list it
+        self.device.sync.push(b.agent_zip(), f"{phone_dir}/agent.zip", mode=0o644)
+        self.device.sync.push(agent_package.START_SCRIPT.read_bytes(),
+                              f"{phone_dir}/start-agent.sh", mode=0o755)
+        code, out, detail = 0, "", ""
+        if b.launcher in ("auto", "shell"):
+            argv = self._agent_argv(self._push_token(0o600))
+            code, out = self.shell(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
+            pid_text = out.strip().splitlines()[-1] if out.strip() else ""
+            if code == 0 and pid_text.isdigit():
+                self._started(int(pid_text), "shell")
+                return
             detail = (getattr(self, "_last_stderr", "") or out).strip()
-            reason = START_EXIT_REASONS.get(code, f"the start script exited {code}")
-            self._cannot_run(f"{reason}: {detail}" if detail else reason)
-            return
-        self.status.agent_pid = int(pid_text)
+            if code != NO_PYTHON_EXIT or b.launcher == "shell":
+                self._remove_token()
+                reason = START_EXIT_REASONS.get(code, f"the start script exited {code}")
+                self._cannot_run(f"{reason}: {detail}" if detail else reason)
+                return
+        problem = self._start_in_termux()
+        if problem:
+            self._remove_token()
+            self._cannot_run(problem if b.launcher == "termux" else
+                             f"no Python that the adb shell can run, and Termux: {problem}")
+
+    def _start_in_termux(self) -> str | None:
+        """Start the agent with Termux's RUN_COMMAND intent; None when it runs, else why not."""
+        b = self.bridge
+        if not self.shell(f"pm path {termux.PACKAGE}")[1].strip().startswith("package:"):
+            return ("Termux (com.termux) is not installed; install it from F-Droid or Termux's "
+                    "GitHub releases, then run `testbed adb doctor SERIAL`")
+        script = f"{agent_package.PHONE_DIR}/termux-agent.sh"
+        self.device.sync.push(termux.SCRIPT.read_bytes(), script, mode=0o644)
+        argv = ["start", *self._agent_argv(self._push_token(0o644))]
+        answer = self._send_intent(script, argv)
+        if answer.outcome == "permission":
+            return f"{termux.PERMISSION_REFUSED}. Fix: {termux.PERMISSION_FIX}"
+        if answer.outcome != "sent":
+            return f"am could not reach Termux's RunCommandService: {answer.text}"
+        deadline = time.monotonic() + b.termux_start_timeout_s
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            pid = self._find_termux_agent()
+            if pid is not None:
+                self._started(pid, "termux")
+                return None
+            time.sleep(0.3)
+        return (f"Termux got the RUN_COMMAND intent but no agent appeared within "
+                f"{b.termux_start_timeout_s:.0f} s: either external apps are not allowed "
+                f"({termux.PROPERTIES_FIX}) or python, numpy or grpcio are missing "
+                f"({termux.PACKAGES_FIX}); `testbed adb doctor {self.serial}` tells which")
+
+    def _send_intent(self, script: str, argv: list[str]) -> termux.IntentAnswer:
+        code, out = self.shell(termux.intent_command(script, argv))
+        answer = termux.parse_am_output(out + getattr(self, "_last_stderr", ""), code)
+        if answer.outcome == "background":  # Android 8+: ask for a foreground service instead
+            code, out = self.shell(termux.intent_command(
+                script, argv, verb="start-foreground-service"))
+            answer = termux.parse_am_output(out + getattr(self, "_last_stderr", ""), code)
+        return answer
+
+    def _find_termux_agent(self) -> int | None:
+        code, out = self.shell(f"pgrep -f {shlex.quote(termux.agent_pattern(self.status.name))}")
+        pids = [int(x) for x in out.split() if x.isdigit()]
+        return max(pids) if code == 0 and pids else None
+
+    def _started(self, pid: int, launcher: str) -> None:
+        self.status.agent_pid = pid
+        self.status.launcher = launcher
         self.status.problem = ""
-        b._emit("agent-started", self.serial, pid=self.status.agent_pid, name=self.status.name,
-                profile=self.status.profile)
+        self.bridge._emit("agent-started", self.serial, pid=pid, name=self.status.name,
+                          profile=self.status.profile, launcher=launcher)
+
+    def _agent_alive(self, pid: int) -> bool:
+        if self.status.launcher == "termux":  # another user's process: visible, not signalable
+            return self.shell(f"test -d /proc/{pid}")[0] == 0
+        return self.shell(f"kill -0 {pid}")[0] == 0
 
     def _tick(self) -> None:
         b = self.bridge
@@ -208,8 +300,11 @@ class _PhoneSession:
             self._apply_reverse()
             b._emit("reverse-reapplied", self.serial, phone_port=b.phone_port,
                     relay_port=self.status.relay_port)
+        if (self.token_path is not None and self.relay is not None
+                and self.relay.connections_total > self._dials_before_start):
+            self._remove_token()  # the agent has dialled the PS, so it has read the token
         pid = self.status.agent_pid
-        if pid is not None and self.shell(f"kill -0 {pid}")[0] != 0:
+        if pid is not None and not self._agent_alive(pid):
             self.status.agent_pid = None
             b._emit("agent-exited", self.serial, pid=pid, restarts=self.restarts)
             if not b.may_restart():
@@ -226,13 +321,23 @@ class _PhoneSession:
         b._emit("telemetry", self.serial, **sample)
 
     def _stop_agent(self, pid: int) -> None:
-        """SIGTERM (the agent leaves gracefully), then wait for it so its Leave gets through."""
-        self.shell(f"kill -TERM {pid}")
+        """SIGTERM (the agent leaves gracefully), then wait for it so its Leave gets through.
+
+        An agent Termux started belongs to Termux's user: only Termux can signal it, so the
+        SIGTERM goes through a second intent (``termux-agent.sh stop``)."""
+        if self.status.launcher == "termux":
+            self._send_intent(f"{agent_package.PHONE_DIR}/termux-agent.sh", ["stop"])
+        else:
+            self.shell(f"kill -TERM {pid}")
         deadline = time.monotonic() + self.bridge.agent_grace_s
         while time.monotonic() < deadline:
-            if self.shell(f"kill -0 {pid}")[0] != 0:
+            if not self._agent_alive(pid):
                 return
             time.sleep(0.1)
+        if self.status.launcher == "termux":
+            log.warning("%s: the agent (pid %d) did not leave within %.1f s; only Termux can "
+                        "kill it", self.serial, pid, self.bridge.agent_grace_s)
+            return
         log.warning("%s: the agent (pid %d) did not leave within %.1f s; killing it",
                     self.serial, pid, self.bridge.agent_grace_s)
         self.shell(f"kill -KILL {pid}")
@@ -244,6 +349,7 @@ class _PhoneSession:
             self.thread.join(timeout=self.bridge.shell_timeout_s + 2)
         if reachable:
             try:
+                self._remove_token()
                 if self.status.agent_pid is not None:
                     self._stop_agent(self.status.agent_pid)
                 self.device.reverse_remove(f"tcp:{self.bridge.phone_port}")
@@ -264,7 +370,8 @@ class AdbBridge:
                  on_event: Callable[[BridgeEvent], None] | None = None,
                  backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0,
                  crosscheck_s: float = 5.0, agent_zip: bytes | None = None,
-                 agent_grace_s: float = 10.0,
+                 agent_grace_s: float = 10.0, launcher: str = "auto",
+                 termux_start_timeout_s: float = 20.0,
                  may_restart: Callable[[], bool] = lambda: True):
         host, _, port = ps_address.rpartition(":")
         if not host or not port.isdigit():
@@ -279,6 +386,10 @@ class AdbBridge:
         self.telemetry_interval_s = telemetry_interval_s
         self.shell_timeout_s = shell_timeout_s
         self.agent_grace_s = agent_grace_s
+        if launcher not in ("auto", "shell", "termux"):
+            raise ValueError(f"launcher must be auto, shell or termux, got {launcher!r}")
+        self.launcher = launcher  # auto: the adb shell's python, else Termux's RUN_COMMAND
+        self.termux_start_timeout_s = termux_start_timeout_s
         self.may_restart = may_restart  # False once the job has ended: an exited agent stays so
         self.devices_jsonl = devices_jsonl
         self.extra_agent_args = list(extra_agent_args)

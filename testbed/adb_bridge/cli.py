@@ -1,8 +1,13 @@
-"""``testbed adb devices`` and ``testbed adb measure SERIAL``.
+"""``testbed adb devices``, ``testbed adb doctor [SERIAL]`` and ``testbed adb measure SERIAL``.
 
 ``devices`` lists every phone the adb server knows: state, model, SoC, chosen profile and whether
-the reverse rule to the PS (``tcp:<phone_port>``) is in place. ``measure`` runs the GEMM sweep of
-``testbed perf measure`` on the phone and writes the same CSV.
+the reverse rule to the PS (``tcp:<phone_port>``) is in place. ``doctor`` checks, in order, what a
+phone needs to compute tiles and prints the fix of the first problem (see ``doctor.py``).
+``measure`` runs the GEMM sweep of ``testbed perf measure`` on the phone and writes the same CSV.
+
+Which adb server, as ``adb`` itself decides: ``--adb HOST:PORT`` when given, else
+``$ANDROID_ADB_SERVER_ADDRESS`` (default 127.0.0.1) and ``$ANDROID_ADB_SERVER_PORT`` (default
+5037). Which phone, where a command takes one: the SERIAL argument, else ``$ANDROID_SERIAL``.
 """
 
 from __future__ import annotations
@@ -10,34 +15,61 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adbutils.errors import AdbError
+if TYPE_CHECKING:
+    from testbed.adb_bridge.client import AdbServer
 
-from testbed.adb_bridge import parsers
-from testbed.adb_bridge.client import AdbServer
-from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
+# adbutils is imported inside the commands, after the address is checked: it reads
+# ANDROID_ADB_SERVER_PORT at import and raises a bare ValueError on a bad value.
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 log = logging.getLogger(__name__)
 
 
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 5037
+
+
+def adb_address(flag: str | None, environ: dict[str, str] | None = None
+                ) -> tuple[str, str | None]:
+    """The adb server ``HOST:PORT`` to use, and the problem with it (None when fine).
+
+    ``--adb`` wins; else ``ANDROID_ADB_SERVER_ADDRESS`` and ``ANDROID_ADB_SERVER_PORT``, the
+    variables the ``adb`` client reads, each with adb's default."""
+    env = os.environ if environ is None else environ
+    if flag:
+        host, _, port = flag.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            return flag, f"--adb: expected HOST:PORT such as 127.0.0.1:5037, got {flag!r}"
+        return flag, None
+    host = env.get("ANDROID_ADB_SERVER_ADDRESS", "").strip() or DEFAULT_HOST
+    port_text = env.get("ANDROID_ADB_SERVER_PORT", "").strip()
+    if port_text and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
+        return f"{host}:{port_text}", (f"ANDROID_ADB_SERVER_PORT: expected a TCP port "
+                                       f"(1-65535), got {port_text!r}")
+    return f"{host}:{port_text or DEFAULT_PORT}", None
+
+
 def _server(args: argparse.Namespace) -> AdbServer:
+    from testbed.adb_bridge.client import AdbServer
+
     host, _, port = args.adb.rpartition(":")
     return AdbServer(host, int(port))
 
 
 def _check_address(args: argparse.Namespace) -> str | None:
-    host, _, port = args.adb.rpartition(":")
-    if not host or not port.isdigit():
-        return f"--adb: expected HOST:PORT such as 127.0.0.1:5037, got {args.adb!r}"
-    return None
+    args.adb, problem = adb_address(args.adb)
+    return problem
 
 
 def describe_phone(server: AdbServer, serial: str, state: str, phone_port: int
                    ) -> dict[str, Any]:
     """One row of ``testbed adb devices`` (only state for phones not in state ``device``)."""
+    from testbed.adb_bridge import parsers
+    from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
+
     row: dict[str, Any] = {"serial": serial, "state": state}
     if state != "device":
         return row
@@ -59,6 +91,8 @@ def _devices(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from adbutils.errors import AdbError
+
     server = _server(args)
     try:
         rows = [describe_phone(server, s, st, args.phone_port)
@@ -81,7 +115,23 @@ def _devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from testbed.adb_bridge.doctor import Doctor
+
+    problem = _check_address(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    doctor = Doctor(_server(args), serial=args.serial or os.environ.get("ANDROID_SERIAL") or None,
+                    push=args.push, phone_port=args.phone_port)
+    ok = doctor.run()
+    print(doctor.report())
+    return EXIT_OK if ok else EXIT_FAILURE
+
+
 def _measure(args: argparse.Namespace) -> int:
+    from adbutils.errors import AdbError
+
     from testbed.adb_bridge.measure import AdbGemmRunner, PhoneCannotMeasure
     from testbed.perf_model.measure import measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
@@ -89,6 +139,10 @@ def _measure(args: argparse.Namespace) -> int:
     problem = _check_address(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    args.serial = args.serial or os.environ.get("ANDROID_SERIAL", "")
+    if not args.serial:
+        print("error: SERIAL: name the phone (or set ANDROID_SERIAL)", file=sys.stderr)
         return EXIT_BAD_INPUT
     server = _server(args)
     try:
@@ -115,13 +169,14 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``testbed adb devices|measure``."""
-    adb = subparsers.add_parser("adb", help="real phones over adb: list them, measure GEMMs")
+    """Register ``testbed adb devices|doctor|measure``."""
+    adb = subparsers.add_parser("adb", help="real phones over adb: list, check, measure GEMMs")
     sub = adb.add_subparsers(dest="adb_command", metavar="ADB_COMMAND", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--adb", default="127.0.0.1:5037",
-                       help="adb server HOST:PORT (default 127.0.0.1:5037)")
+        p.add_argument("--adb", default=None,
+                       help="adb server HOST:PORT (default: $ANDROID_ADB_SERVER_ADDRESS:"
+                            "$ANDROID_ADB_SERVER_PORT, else 127.0.0.1:5037, as adb does)")
 
     p = sub.add_parser("devices", help="phones on the adb server: state, model, profile, reverse")
     common(p)
@@ -130,9 +185,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_devices)
 
+    p = sub.add_parser("doctor", help="check, in order, what a phone needs to compute tiles; "
+                                      "print the fix of the first problem (exit 0: ready)")
+    common(p)
+    p.add_argument("serial", nargs="?", default="",
+                   help="the phone's adb serial (default: $ANDROID_SERIAL, else the only phone)")
+    p.add_argument("--push", action="store_true",
+                   help="push this checkout's agent when the phone's differs")
+    p.add_argument("--phone-port", type=int, default=7700,
+                   help="phone port for the join check (default 7700; the probe uses +1)")
+    p.set_defaults(func=_doctor)
+
     p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")
     common(p)
-    p.add_argument("serial", help="the phone's adb serial")
+    p.add_argument("serial", nargs="?", default="",
+                   help="the phone's adb serial (default: $ANDROID_SERIAL)")
     p.add_argument("--size", choices=("quick", "full"), default="quick", help="sweep size")
     p.add_argument("--limit", type=int, default=0, help="time only the first N shapes")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")

@@ -21,7 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "the time their device profile predicts; real devices just compute.")
     p.add_argument("--ps", required=True, help="PS address HOST:PORT")
     p.add_argument("--token", default=os.environ.get("TESTBED_TOKEN", ""),
-                   help="join token (default: $TESTBED_TOKEN)")
+                   help="join token (default: $TESTBED_TOKEN). Visible in the process list: "
+                        "prefer $TESTBED_TOKEN or --token-file")
+    p.add_argument("--token-file", default=os.environ.get("TESTBED_TOKEN_FILE", ""),
+                   help="read the join token from this file (default: $TESTBED_TOKEN_FILE); "
+                        "it wins over --token")
     p.add_argument("--name", required=True, help="device name, e.g. phones-3")
     p.add_argument("--group", default="", help="topology group")
     p.add_argument("--kind", choices=("emulated", "real"), default="real")
@@ -67,8 +71,21 @@ def behaviour_from_args(args: argparse.Namespace) -> Behaviour | None:
     return behaviour if behaviour.active else None
 
 
+def read_token(args: argparse.Namespace) -> str:
+    """The join token: from --token-file when given (first line, stripped), else --token."""
+    if not args.token_file:
+        return str(args.token)
+    with open(args.token_file) as f:
+        return f.readline().strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        token = read_token(args)
+    except OSError as exc:
+        print(f"error: --token-file {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname)s: %(message)s")
     try:
@@ -92,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         model = device_model_for(profile, seed=args.seed)
         gflops = gflops or profile.sustained_gflops
     options = AgentOptions(
-        ps_address=args.ps, token=args.token, name=args.name, group=args.group, kind=args.kind,
+        ps_address=args.ps, token=token, name=args.name, group=args.group, kind=args.kind,
         profile=args.profile, predicted_gflops=gflops or 1.0, max_in_flight=args.max_in_flight,
         cache_bytes=int(args.cache_mib * 1024 * 1024), control_file=args.control_file,
         behaviour=behaviour,

@@ -5,18 +5,20 @@
 * :func:`agent_phone`: the same, plus a shell whose ``sh .../start-agent.sh ARGS`` really starts
   ``python <pushed agent.zip> ARGS`` as a local process (files pushed with sync land under
   ``root_dir``), with the phone port ``127.0.0.1:<phone_port>`` replaced by the fake's local port
-  for that reverse rule: the agent reaches the host only through the phone's ``adb reverse``.
+  for that reverse rule: the agent reaches the host only through the phone's ``adb reverse``;
+* :func:`termux_phone`: an unrooted phone, whose agent runs only through Termux's RUN_COMMAND.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from testbed.adb_bridge import telemetry
 from testbed.adb_bridge.agent_package import PHONE_DIR
-from tests.fakes.fake_adb import FakePhone, LocalProcessCommand
+from tests.fakes.fake_adb import FakePhone, FakeTermux, LocalProcessCommand, ShellResult
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "adb"
 TELEMETRY_SAMPLES = ("battery_aosp.txt", "uevent_ua_negative.txt", "thermal_aosp.txt",
@@ -38,9 +40,24 @@ def agent_phone(serial: str, root_dir: Path, log_dir: Path, phone_port: int = 77
     phone_address = f"127.0.0.1:{phone_port}"
 
     def argv(phone: FakePhone, match: Any) -> list[str]:
-        args = [a if a != phone_address else f"{{reverse:{phone_port}}}"
+        args = [f"{{reverse:{phone_port}}}" if a == phone_address else
+                str(root_dir / a.lstrip("/")) if a.startswith("/data/local/tmp/") else a
                 for a in match.group(1).split()]
         return [sys.executable, str(root_dir / PHONE_DIR.lstrip("/") / "agent.zip"), *args]
 
     hook = LocalProcessCommand(START_PATTERN, argv, env=env, log_dir=log_dir)
     return recorded_phone(serial, root_dir=root_dir, exec_hook=hook, **kwargs)
+
+
+def termux_phone(serial: str, root_dir: Path, termux_dir: Path, env: dict[str, str] | None = None,
+                 **termux_kwargs: Any) -> FakePhone:
+    """An unrooted recorded phone: the adb shell has no Python (``start-agent.sh`` exits 3),
+    and Termux answers the RUN_COMMAND intent (see :class:`FakeTermux` for the knobs)."""
+    def no_python(phone: FakePhone, command: str) -> ShellResult | None:
+        if re.search(START_PATTERN, command) or command.startswith("python3 "):
+            return ShellResult(stderr=b"testbed: no Python that the adb shell can run on this "
+                                      b"phone\n", exit_code=3 if "start-agent" in command else 127)
+        return None
+
+    termux = FakeTermux(work_dir=termux_dir, env=dict(env or {}), **termux_kwargs)
+    return recorded_phone(serial, root_dir=root_dir, exec_hook=no_python, termux=termux)

@@ -37,6 +37,7 @@ connection); ``host:kill`` is acknowledged but does not stop the fake.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -69,6 +70,67 @@ class ShellResult:
 
 
 ExecHook = Callable[["FakePhone", str], "ShellResult | None"]
+TERMUX_PREFIX = "/data/data/com.termux/files/usr"
+TERMUX_TOOLS = ("sh", "mkdir", "cat", "kill", "rm", "dirname", "sleep", "nohup")
+
+
+@dataclass
+class FakeTermux:
+    """Termux installed on a fake phone, answering the RUN_COMMAND intent as Termux does.
+
+    ``shell_may_send``: whether the adb shell may send the intent (False: ``am`` answers
+    "Error: Requires permission com.termux.permission.RUN_COMMAND", as Android does to a caller
+    without the permission). ``allow_external_apps``: False makes Termux ignore the intent (it
+    only logs; ``am`` still says "Starting service"). ``modules``: what Termux's python can
+    import, among ``numpy`` and ``grpc`` (``python=False``: no python at all). The command runs
+    as a real local process: ``$PREFIX/bin/sh`` is /bin/sh, ``python`` a wrapper around this
+    interpreter that hides the modules Termux lacks, ``$HOME`` a directory of its own; phone
+    paths under /data/local/tmp in its arguments map to the phone's ``root_dir``, and
+    ``127.0.0.1:D`` to the local port standing for reverse rule ``tcp:D``."""
+
+    work_dir: Path
+    shell_may_send: bool = True
+    allow_external_apps: bool = True
+    python: bool = True
+    modules: tuple[str, ...] = ("numpy", "grpc")
+    env: dict[str, str] = field(default_factory=dict)
+    intents: list[list[str]] = field(default_factory=list)  # arguments of every intent received
+
+    @property
+    def home(self) -> Path:
+        return self.work_dir / "home"
+
+    def prepare(self) -> tuple[Path, dict[str, str]]:
+        """Make $PREFIX/bin and $HOME; return the bin directory and the environment."""
+        import shutil as _shutil
+        import sys as _sys
+        bin_dir = self.work_dir / "usr" / "bin"
+        hide = self.work_dir / "hide"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        for tool in TERMUX_TOOLS:
+            found = _shutil.which(tool)
+            link = bin_dir / tool
+            if found and not link.exists():
+                link.symlink_to(found)
+        for module in ("numpy", "grpc"):
+            blocker = hide / module / "__init__.py"
+            if module not in self.modules:
+                blocker.parent.mkdir(parents=True, exist_ok=True)
+                blocker.write_text(f"raise ImportError(\"No module named '{module}'\")\n")
+            elif blocker.exists():
+                blocker.unlink()
+        for name in ("python", "python3"):
+            wrapper = bin_dir / name
+            if self.python:
+                wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={hide} exec {_sys.executable} "
+                                   f"\"$@\"\n")
+                wrapper.chmod(0o755)
+            elif wrapper.exists():
+                wrapper.unlink()
+        env = {"PATH": str(bin_dir), "HOME": str(self.home),
+               "PREFIX": str(self.work_dir / "usr"), **self.env}
+        return bin_dir, env
 
 
 @dataclass
@@ -83,8 +145,10 @@ class FakePhone:
     model: str = "Fake_Phone"
     device: str = "fakedevice"
     exec_hook: ExecHook | None = None
+    termux: FakeTermux | None = None
     root_dir: Path | None = None  # when set, pushed files are also written under it
     files: dict[str, tuple[int, bytes, int]] = field(default_factory=dict)  # mode, data, mtime
+    pushes: list[tuple[str, bytes]] = field(default_factory=list)  # every sync SEND, in order
     reverses: dict[str, str] = field(default_factory=dict)  # phone side -> host side
     reverse_ports: dict[int, int] = field(default_factory=dict)  # phone tcp port -> local port
     processes: list[subprocess.Popen] = field(default_factory=list)
@@ -163,6 +227,30 @@ class LocalProcessCommand:
                 raise RuntimeError(f"phone {phone.serial}: no reverse rule for tcp:{m.group(1)}")
             return f"127.0.0.1:{local}"
         return re.sub(r"\{reverse:(\d+)\}", port, arg)
+
+
+def phone_pids(phone: FakePhone) -> dict[int, str]:
+    """Live local processes in the sessions of the phone's processes: pid -> command line."""
+    # A session outlives its leader: Termux's start script exits once the agent runs.
+    sessions = {p.pid for p in phone.processes}
+    for p in phone.processes:
+        p.poll()  # reap an ended leader, so that it is not listed as a zombie
+    out: dict[int, str] = {}
+    if not sessions:
+        return out
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] == "Z" or int(fields[3]) not in sessions:
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(entry.name)] = cmd.strip()
+    return out
 
 
 def _block(text: str | bytes) -> bytes:
@@ -352,6 +440,12 @@ class FakeAdbServer:
         phone._relays.clear()
         phone._uplink_open.set()  # a held pump wakes, finds its sockets closed and ends
         if kill:
+            for pid in phone_pids(phone):  # what the phone's commands started in background
+                if pid not in {p.pid for p in phone.processes}:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except OSError:
+                        pass
             for proc in phone.processes:
                 if proc.poll() is None:
                     proc.terminate()
@@ -595,8 +689,89 @@ class FakeAdbServer:
             return ShellResult(exit_code=1)
         if name == "kill" and len(argv) >= 2:
             return self._kill(phone, argv[1:])
+        if name in ("mkdir", "chmod"):
+            return ShellResult()
+        if name == "rm":
+            for path in (a for a in argv[1:] if not a.startswith("-")):
+                phone.files.pop(path, None)
+                local = phone.local_path(path)
+                if local is not None and local.is_file():
+                    local.unlink()
+            return ShellResult()
+        if name == "pm" and argv[1:3] == ["path", "com.termux"]:
+            if phone.termux is None:
+                return ShellResult(exit_code=1)
+            return ShellResult(stdout=b"package:/data/app/com.termux-1/base.apk\n")
+        if name == "pgrep" and len(argv) == 3 and argv[1] == "-f":
+            pids = [pid for pid, cmd in phone_pids(phone).items() if re.search(argv[2], cmd)]
+            return ShellResult(stdout="".join(f"{p}\n" for p in pids).encode(),
+                               exit_code=0 if pids else 1)
+        if name == "test" and len(argv) == 3 and argv[1] == "-d" and argv[2].startswith("/proc/"):
+            pid_text = argv[2][len("/proc/"):]
+            alive = pid_text.isdigit() and int(pid_text) in phone_pids(phone)
+            return ShellResult(exit_code=0 if alive else 1)
+        if name == "sha256sum" and len(argv) == 2:
+            if argv[1] not in phone.files:
+                return ShellResult(stderr=f"sha256sum: {argv[1]}: No such file or "
+                                          f"directory\n".encode(), exit_code=1)
+            digest = hashlib.sha256(phone.files[argv[1]][1]).hexdigest()
+            return ShellResult(stdout=f"{digest}  {argv[1]}\n".encode())
+        if name == "am" and len(argv) >= 2 and argv[1] in ("startservice",
+                                                          "start-foreground-service"):
+            return self._am_startservice(phone, argv)
         return ShellResult(stderr=f"/system/bin/sh: {name}: inaccessible or not found\n".encode(),
                            exit_code=127)
+
+    def _am_startservice(self, phone: FakePhone, argv: list[str]) -> ShellResult:
+        """``am startservice ...``: Android's answer, then Termux's RunCommandService."""
+        extras: dict[str, str] = {}
+        component = ""
+        i = 2
+        while i < len(argv):
+            if argv[i] in ("--es", "--esa", "--ez") and i + 2 < len(argv):
+                extras[argv[i + 1]] = argv[i + 2]
+                i += 3
+            elif argv[i] in ("-n", "-a", "--user") and i + 1 < len(argv):
+                if argv[i] == "-n":
+                    component = argv[i + 1]
+                i += 2
+            else:
+                i += 1
+        if phone.termux is None or component != "com.termux/.app.RunCommandService":
+            return ShellResult(stderr=b"Error: Not found; no service started.\n", exit_code=255)
+        if not phone.termux.shell_may_send:
+            return ShellResult(stderr=b"Error: Requires permission "
+                                      b"com.termux.permission.RUN_COMMAND\n", exit_code=255)
+        started = (b"Starting service: Intent { act=com.termux.RUN_COMMAND "
+                   b"cmp=com.termux/.app.RunCommandService (has extras) }\n")
+        arguments = [a.replace("\\,", ",") for a in
+                     re.split(r"(?<!\\),", extras.get("com.termux.RUN_COMMAND_ARGUMENTS", ""))]
+        phone.termux.intents.append(arguments)
+        if not phone.termux.allow_external_apps:  # Termux only logs its refusal
+            log.info("fake phone %s: Termux ignores the intent (allow-external-apps)", phone.serial)
+            return ShellResult(stdout=started)
+        _, env = phone.termux.prepare()
+        local_args = [self._phone_arg(phone, a) for a in arguments]
+        program = extras.get("com.termux.RUN_COMMAND_PATH", "")
+        if program != f"{TERMUX_PREFIX}/bin/sh":
+            raise RuntimeError(f"the fake Termux runs only $PREFIX/bin/sh, not {program!r}")
+        log_path = phone.termux.work_dir / f"intent-{len(phone.termux.intents)}.log"
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(["/bin/sh", *local_args], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=dict(os.environ, **env),
+                                    cwd=str(phone.termux.home), start_new_session=True)
+        phone.processes.append(proc)
+        return ShellResult(stdout=started)
+
+    @staticmethod
+    def _phone_arg(phone: FakePhone, arg: str) -> str:
+        if arg.startswith("/data/local/tmp/"):
+            local = phone.local_path(arg)
+            return str(local) if local is not None else arg
+        m = re.fullmatch(r"127\.0\.0\.1:(\d+)", arg)
+        if m and int(m.group(1)) in phone.reverse_ports:
+            return f"127.0.0.1:{phone.reverse_ports[int(m.group(1))]}"
+        return arg
 
     @staticmethod
     def _kill(phone: FakePhone, args: list[str]) -> ShellResult:
@@ -685,6 +860,7 @@ class FakeAdbServer:
             elif cmd == b"DONE":
                 data = b"".join(chunks)
                 phone.files[path] = (0o100000 | (mode & 0o7777), data, value)
+                phone.pushes.append((path, data))
                 local = phone.local_path(path)
                 if local is not None:
                     local.parent.mkdir(parents=True, exist_ok=True)

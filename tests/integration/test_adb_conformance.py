@@ -309,7 +309,8 @@ FAKE_AGENT = textwrap.dedent('''
     args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
     host, port = args["--ps"].rsplit(":", 1)
     s = socket.create_connection((host, int(port)))
-    s.sendall(("join " + args["--name"] + " " + args["--token"] + "\\n").encode())
+    token = open(args["--token-file"]).read().strip()
+    s.sendall(("join " + args["--name"] + " " + token + "\\n").encode())
     def leave(*_):
         s.sendall(("leave " + args["--name"] + "\\n").encode()); s.close(); sys.exit(0)
     signal.signal(signal.SIGTERM, leave)
@@ -460,9 +461,10 @@ def test_bridge_graceful_stop_and_no_python(fake_adb_server: FakeAdbServer,
     events = Events()
     fake_adb_server.plug(agent_phone("PHONE1", tmp_path))
     bare = recorded_phone("PHONE2", getprop="getprop_pixel6.txt")
-    bare.commands[f"sh {PHONE_DIR}/start-agent.sh --ps 127.0.0.1:7700 --token tok3n --name "
-                  f"adb-phone2 --kind real"] = ShellResult(
-        stderr=b"testbed: no Python that the adb shell can run on this phone\n", exit_code=3)
+    bare.exec_hook = lambda phone, cmd: ShellResult(  # the token file's name is random
+        stderr=b"testbed: no Python that the adb shell can run on this phone\n", exit_code=3
+    ) if cmd.startswith(f"sh {PHONE_DIR}/start-agent.sh --ps 127.0.0.1:7700 --token-file "
+                        f"{PHONE_DIR}/token-") and "--name adb-phone2 --kind real" in cmd else None
     fake_adb_server.plug(bare)
     old = recorded_phone("PHONE3", getprop="getprop_old.txt")
     fake_adb_server.plug(old)

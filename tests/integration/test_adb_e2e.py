@@ -56,6 +56,25 @@ def _phone_row(run_dir: Path) -> dict[str, Any] | None:
                  and d.get("state") != "left"), None)
 
 
+def _cmdlines() -> list[str]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                out.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace"))
+            except OSError:
+                pass  # the process ended meanwhile
+    return out
+
+
+def _run_token(phone: Any) -> str:
+    """The run's token, as the bridge pushed it to the phone (the fake logs every push)."""
+    tokens = {data.decode().strip() for path, data in phone.pushes if "/token-" in path}
+    assert len(tokens) == 1 and len(next(iter(tokens))) == 32, tokens
+    return tokens.pop()
+
+
 def _relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
@@ -76,6 +95,12 @@ def test_phone_joins_computes_and_unplug_requeues(fake_adb_server: FakeAdbServer
         # The phone joins the PS through its reverse rule and relay and computes tiles.
         wait_for(lambda: (_phone_row(run_dir) or {}).get("tiles_done", 0) > 0, 60,
                  f"{NAME} to compute tiles")
+        # The join token is in no process's command line: not the PS's, not the emulated
+        # devices', not the phone agent's (it read it from a file the bridge then removed).
+        token = _run_token(phone)
+        leaks = [cmd for cmd in _cmdlines() if token in cmd]
+        assert not leaks, leaks
+        assert any("agent.zip" in cmd and "--token-file" in cmd for cmd in _cmdlines())
         # A USB hiccup: the phone's connection breaks and its agent joins again, as a new
         # device of the PS. Mid-step the fake pulls the cable as the PS's first tiles of that
         # session reach the phone (2 KiB: more than the join and control messages), with the

@@ -1,0 +1,337 @@
+"""``testbed adb doctor [SERIAL]``: can this phone compute tiles, and if not, what to do.
+
+Checks, in order; the first that fails stops the list (the later ones depend on it), and each
+line names the problem and its exact fix. Exit 0 only when the last check passed: an agent on
+the phone joined a throwaway parameter server through the phone's reverse port and left.
+
+1. the adb server answers (``host:version``);
+2. the phone is there and authorized (state ``device``);
+3. Android is new enough for Termux (API >= 24);
+4. a launcher: the adb shell's own python (rooted phones) or else Termux: installed
+   (``pm path com.termux``), the adb shell may send RUN_COMMAND, Termux runs it
+   (``allow-external-apps``), and Termux's python imports numpy and grpc (their versions are
+   reported over a reverse port, since the adb shell cannot read Termux's files);
+5. the agent on the phone is this checkout's (sha256 of ``agent.zip``); ``--push`` updates it;
+6. join/leave: the agent joins a throwaway PS (real gRPC, the real protocol) through
+   ``adb reverse``, which answers Stop at once; the agent exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shlex
+import socket
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import grpc
+from adbutils.errors import AdbError
+
+from testbed.adb_bridge import agent_package, parsers, termux
+from testbed.adb_bridge.client import AdbServer
+from testbed.adb_bridge.phone_info import MIN_SDK, PhoneInfo
+
+DOCTOR_NAME = "adb-doctor"
+REQUIRED_MODULES = ("numpy", "grpc")
+TERMUX_PACKAGE_OF = {"numpy": "python-numpy", "grpc": "python-grpcio"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's report."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Doctor:
+    """Runs the checks against one adb server (and one phone on it)."""
+
+    server: AdbServer
+    serial: str | None = None
+    push: bool = False
+    phone_port: int = 7700
+    probe_timeout_s: float = 25.0
+    join_timeout_s: float = 60.0
+    checks: list[Check] = field(default_factory=list)
+    launcher: str = ""
+
+    def _add(self, name: str, ok: bool, detail: str, fix: str = "") -> bool:
+        self.checks.append(Check(name, ok, detail, fix))
+        return ok
+
+    def run(self) -> bool:
+        """Run the checks in order; True when the phone can compute tiles."""
+        try:
+            return self._run()
+        except (AdbError, OSError, EOFError) as exc:
+            return self._add("adb", False, f"the adb connection failed mid-check: {exc}",
+                             "check the cable, then run the doctor again")
+
+    def _run(self) -> bool:
+        s = self.server
+        try:
+            version = s.server_version()
+        except (AdbError, OSError) as exc:
+            return self._add("adb server", False, f"no adb server at {s.host}:{s.port} ({exc})",
+                             "start one with `adb start-server`, or point --adb or "
+                             "ANDROID_ADB_SERVER_PORT at yours")
+        self._add("adb server", True, f"{s.host}:{s.port}, protocol {version}")
+        if not self._phone_check():
+            return False
+        assert self.serial is not None
+        device = s.device(self.serial)
+        self.device = device
+        info = PhoneInfo.from_props(self.serial, parsers.parse_getprop(
+            device.shell2("getprop", v2=True).stdout))
+        if info.sdk is not None and info.sdk < MIN_SDK:
+            return self._add("android", False, f"Android {info.android_release} (API {info.sdk})"
+                             f" is older than Termux needs (API {MIN_SDK})",
+                             "use a phone with Android 7.0 or later")
+        self._add("android", True, f"Android {info.android_release} (API {info.sdk}), "
+                  f"{info.model}, {info.abi}")
+        if not self._launcher_checks():
+            return False
+        if not self._version_check():
+            return False
+        return self._join_check()
+
+    def _phone_check(self) -> bool:
+        states = self.server.states()
+        if self.serial is None:
+            if len(states) != 1:
+                listed = ", ".join(f"{k} ({v})" for k, v in sorted(states.items())) or "none"
+                return self._add("phone", False, f"{len(states)} phones on the server: {listed}",
+                                 "plug in one phone with USB debugging on, or name it: "
+                                 "`testbed adb doctor SERIAL` (or set ANDROID_SERIAL)")
+            self.serial = next(iter(states))
+        state = states.get(self.serial)
+        fixes = {
+            None: "plug it in and turn on USB debugging (Settings > About phone > tap Build "
+                  "number 7 times; then Developer options > USB debugging)",
+            "unauthorized": "unlock the phone and accept 'Allow USB debugging' (tick 'Always "
+                            "allow'); no prompt: `adb kill-server`, then plug it in again",
+            "offline": "unplug and plug in the cable again (or `adb reconnect`)",
+        }
+        if state != "device":
+            return self._add("phone", False, f"{self.serial} is {state or 'not connected'}",
+                             fixes.get(state, fixes["offline"]))
+        return self._add("phone", True, f"{self.serial} is authorized (state device)")
+
+    def _shell(self, command: str) -> tuple[int, str]:
+        r = self.device.shell2(command, v2=True)
+        return r.returncode, (r.stdout + r.stderr)
+
+    def _launcher_checks(self) -> bool:
+        code, out = self._shell("python3 -c 'import numpy, grpc, sys; print(sys.version.split()[0],"
+                                " numpy.__version__, grpc.__version__)'")
+        if code == 0:
+            self.launcher = "shell"
+            return self._add("python (adb shell)", True, f"the adb shell runs python with "
+                             f"numpy and grpc: {out.strip()}; Termux is not needed")
+        self._add("python (adb shell)", True, "none for the adb shell (normal on an unrooted "
+                  "phone): the agent runs inside Termux")
+        self.launcher = "termux"
+        if not self._shell(f"pm path {termux.PACKAGE}")[1].strip().startswith("package:"):
+            return self._add("termux installed", False, "package com.termux is not installed",
+                             "install Termux from F-Droid (https://f-droid.org/packages/"
+                             "com.termux/) or its GitHub releases (not the Google Play build), "
+                             "open it once, then " + termux.PACKAGES_FIX)
+        self._add("termux installed", True, "package com.termux")
+        return self._probe_termux()
+
+    def _probe_termux(self) -> bool:
+        phone_dir = agent_package.PHONE_DIR
+        self._shell(f"mkdir -p {phone_dir} && chmod 711 {phone_dir}")
+        script = f"{phone_dir}/termux-agent.sh"
+        self.device.sync.push(termux.SCRIPT.read_bytes(), script, mode=0o644)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.3)
+        probe_port = self.phone_port + 1
+        self.device.reverse(f"tcp:{probe_port}", f"tcp:{listener.getsockname()[1]}")
+        probe = ["probe", f"127.0.0.1:{probe_port}"]
+        try:
+            code, out = self._shell(termux.intent_command(script, probe))
+            answer = termux.parse_am_output(out, code)
+            if answer.outcome == "background":
+                code, out = self._shell(termux.intent_command(
+                    script, probe, verb="start-foreground-service"))
+                answer = termux.parse_am_output(out, code)
+            if answer.outcome == "permission":
+                return self._add("run_command allowed", False, termux.PERMISSION_REFUSED,
+                                 termux.PERMISSION_FIX)
+            if answer.outcome != "sent":
+                return self._add("run_command allowed", False, f"am: {answer.text}",
+                                 "update Termux (RUN_COMMAND needs Termux 0.95 or later)")
+            self._add("run_command allowed", True, "the adb shell may send Termux's intent")
+            report, seen = self._wait_report(listener)
+        finally:
+            listener.close()
+            self.device.reverse_remove(f"tcp:{probe_port}")
+        if report is None and not seen:
+            return self._add("external apps allowed", False, "Termux ignored the intent: "
+                             "allow-external-apps is not true", termux.PROPERTIES_FIX)
+        self._add("external apps allowed", True, "Termux ran the probe")
+        if report is None:
+            return self._add("termux python", False, "Termux has no python",
+                             termux.PACKAGES_FIX)
+        missing = [m for m in REQUIRED_MODULES if not report.get(m)]
+        versions = ", ".join(f"{m} {report.get(m) or 'missing'}" for m in
+                             ("python", *REQUIRED_MODULES))
+        if missing:
+            fix = "in Termux run: pkg install " + " ".join(TERMUX_PACKAGE_OF[m] for m in missing)
+            errors = "; ".join(str(report.get(m + "_error")) for m in missing)
+            return self._add("termux python", False, f"{versions} ({errors})", fix)
+        return self._add("termux python", True, versions)
+
+    def _wait_report(self, listener: socket.socket) -> tuple[dict[str, Any] | None, bool]:
+        """The probe's report (None if none came) and whether its process was ever seen."""
+        seen = False
+        deadline = time.monotonic() + self.probe_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                if not seen:
+                    code, _ = self._shell("pgrep -f " + shlex.quote("termux-agent\\.sh probe"))
+                    seen = code == 0
+                continue
+            with conn:
+                conn.settimeout(10)
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+            return json.loads(data.decode() or "{}"), True
+        return None, seen
+
+    def _version_check(self) -> bool:
+        path = f"{agent_package.PHONE_DIR}/agent.zip"
+        local = agent_package.build_agent_zip()
+        want = hashlib.sha256(local).hexdigest()
+        code, out = self._shell(f"sha256sum {path}")
+        have = out.split()[0] if code == 0 and out.split() else ""
+        if have != want and self.push:
+            self.device.sync.push(local, path, mode=0o644)
+            return self._add("agent version", True, f"pushed this checkout's agent ({want[:12]})"
+                             + (f"; the phone had {have[:12]}" if have else ""))
+        if have != want:
+            what = f"the phone's agent is {have[:12]}" if have else "no agent on the phone"
+            return self._add("agent version", False, f"{what}; this checkout's is {want[:12]}",
+                             f"`testbed adb doctor {self.serial} --push` (a `testbed up` run "
+                             f"pushes it too)")
+        return self._add("agent version", True, f"agent.zip {want[:12]} matches this checkout")
+
+    def _join_check(self) -> bool:
+        token = secrets.token_hex(16)
+        ps = ThrowawayPS(token).start()
+        phone_dir = agent_package.PHONE_DIR
+        token_path = f"{phone_dir}/token-{secrets.token_hex(8)}"
+        mode = 0o600 if self.launcher == "shell" else 0o644
+        self.device.sync.push(token.encode() + b"\n", token_path, mode=mode)
+        self.device.reverse(f"tcp:{self.phone_port}", f"tcp:{ps.port}")
+        argv = ["--ps", f"127.0.0.1:{self.phone_port}", "--token-file", token_path,
+                "--name", DOCTOR_NAME, "--kind", "real"]
+        try:
+            if self.launcher == "shell":
+                self.device.sync.push(agent_package.START_SCRIPT.read_bytes(),
+                                      f"{phone_dir}/start-agent.sh", mode=0o755)
+                code, out = self._shell(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
+                started = code == 0
+            else:
+                code, out = self._shell(termux.intent_command(
+                    f"{phone_dir}/termux-agent.sh", ["start", *argv]))
+                started = termux.parse_am_output(out, code).outcome == "sent"
+            if started:
+                ps.done.wait(self.join_timeout_s)
+        finally:
+            self._shell(f"rm -f {shlex.quote(token_path)}")
+            self.device.reverse_remove(f"tcp:{self.phone_port}")
+            ps.stop()
+        if ps.joined and ps.stopped:
+            return self._add("join/leave", True, f"the agent joined a throwaway PS through "
+                             f"tcp:{self.phone_port} as {ps.joined!r} and left when told")
+        if ps.joined:
+            return self._add("join/leave", False, "the agent joined but did not take Stop",
+                             "run the doctor again; if it persists, report it with the "
+                             "agent's log")
+        return self._add("join/leave", False, f"no agent joined within {self.join_timeout_s:.0f}"
+                         f" s through tcp:{self.phone_port}",
+                         "run the doctor again with the phone unlocked; in Termux, "
+                         "~/.testbed/agent.log says why the agent stopped")
+
+    def report(self) -> str:
+        """The checks as text, one per line, with the fix under a failed one."""
+        lines = []
+        for c in self.checks:
+            lines.append(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+            if not c.ok and c.fix:
+                lines.append(f"       fix: {c.fix}")
+        ok = bool(self.checks) and self.checks[-1].ok and self.checks[-1].name == "join/leave"
+        lines.append("the phone can compute tiles" if ok else "the phone cannot compute tiles")
+        return "\n".join(lines)
+
+
+class ThrowawayPS:
+    """A parameter server for one join: checks the token, attaches, answers Stop at once
+    (``hold=True``: keeps the device attached, handing out no work, until it goes)."""
+
+    def __init__(self, token: str, hold: bool = False):
+        from testbed.ps_backend.proto import testbed_pb2 as pb
+        from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
+
+        self.token = token
+        self.joined = ""
+        self.stopped = False
+        self.left = False
+        self.done = threading.Event()
+        outer = self
+
+        class Servicer(pb_grpc.ParameterServerServicer):  # type: ignore[misc]
+            def Join(self, request: Any, context: Any) -> Any:
+                if request.token != outer.token:
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong token")
+                outer.joined = request.device.name
+                return pb.JoinReply(device_id="doctor-0", session_key="doctor", lease_s=30,
+                                    heartbeat_s=5, max_message_bytes=1 << 20,
+                                    time_dilation=1.0, run_name="adb-doctor")
+
+            def Work(self, request_iterator: Any, context: Any) -> Iterator[Any]:
+                next(request_iterator)  # Attach
+                if hold:
+                    outer.done.set()
+                    for _ in request_iterator:  # heartbeats, until the device leaves
+                        pass
+                    return
+                outer.stopped = True
+                yield pb.ServerMessage(stop=pb.Stop(reason="adb doctor: join check done"))
+                outer.done.set()
+
+            def Leave(self, request: Any, context: Any) -> Any:
+                outer.left = True
+                return pb.LeaveReply()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_ParameterServerServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    def start(self) -> ThrowawayPS:
+        """Start serving."""
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self.server.stop(grace=1).wait(2)

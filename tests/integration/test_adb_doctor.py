@@ -1,0 +1,182 @@
+"""``testbed adb doctor`` and the Termux launcher against the fake adb server.
+
+The fake phone is unrooted: its adb shell has no Python, and its Termux answers the
+RUN_COMMAND intent by running the pushed ``termux-agent.sh`` (a real /bin/sh process) with a
+python that can hide numpy or grpc. The doctor's last check is a real join through the phone's
+reverse port against a throwaway gRPC PS; the bridge test runs the real agent the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from testbed.adb_bridge import AdbBridge, agent_package
+from testbed.adb_bridge.cli import adb_address
+from testbed.adb_bridge.doctor import ThrowawayPS
+from tests.fakes.adb_phones import termux_phone
+from tests.fakes.fake_adb import FakeAdbServer, phone_pids
+
+pytestmark = pytest.mark.integration
+SERIAL = "TERMUX1"
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def fake_adb_server() -> Iterator[FakeAdbServer]:
+    server = FakeAdbServer().start()
+    yield server
+    server.stop()
+
+
+def doctor(port: int, *args: str, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "testbed.cli", "adb", "doctor", *args],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env=dict(os.environ, **(env or {}),
+                                   ANDROID_ADB_SERVER_PORT=str(port)))
+
+
+def plug(server: FakeAdbServer, tmp_path: Path, **kwargs: Any) -> Any:
+    return server.plug(termux_phone(SERIAL, tmp_path / "phone", tmp_path / "termux", env=ENV,
+                                    **kwargs))
+
+
+def test_doctor_ready_phone_joins_and_leaves(fake_adb_server: FakeAdbServer,
+                                             tmp_path: Path) -> None:
+    phone = plug(fake_adb_server, tmp_path)
+    done = doctor(fake_adb_server.port, SERIAL, "--push")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for check in ("adb server", "phone", "android", "termux installed", "run_command allowed",
+                  "external apps allowed", "termux python", "agent version", "join/leave"):
+        assert f"[ok] {check}:" in done.stdout, (check, done.stdout)
+    assert "FAIL" not in done.stdout and "the phone can compute tiles" in done.stdout
+    assert "joined a throwaway PS" in done.stdout
+    # Termux ran the probe and the agent; no token file is left on the phone.
+    assert [i[0].endswith("termux-agent.sh") for i in phone.termux.intents] == [True, True]
+    assert not [p for p in phone.files if "/token-" in p]
+
+
+@pytest.mark.parametrize("scenario, kwargs, problem, fix", [
+    ("no termux", {"installed": False}, "[FAIL] termux installed: package com.termux is not "
+     "installed", "install Termux from F-Droid"),
+    ("permission", {"shell_may_send": False}, "[FAIL] run_command allowed: this phone does not "
+     "let the adb shell send", "use a rooted phone"),
+    ("external apps", {"allow_external_apps": False}, "[FAIL] external apps allowed: Termux "
+     "ignored the intent", "echo 'allow-external-apps = true' >> ~/.termux/termux.properties"),
+    ("no python", {"python": False}, "[FAIL] termux python: Termux has no python",
+     "pkg install python python-numpy python-grpcio"),
+    ("no numpy", {"modules": ("grpc",)}, "[FAIL] termux python: python 3", "in Termux run: pkg "
+     "install python-numpy"),
+])
+def test_doctor_names_problem_and_fix(fake_adb_server: FakeAdbServer, tmp_path: Path,
+                                      scenario: str, kwargs: dict[str, Any], problem: str,
+                                      fix: str) -> None:
+    installed = kwargs.pop("installed", True)
+    phone = plug(fake_adb_server, tmp_path, **kwargs)
+    if not installed:
+        phone.termux = None
+    done = doctor(fake_adb_server.port, env={"ANDROID_SERIAL": SERIAL})
+    assert done.returncode == 1, done.stdout
+    assert problem in done.stdout, (scenario, done.stdout)
+    assert f"fix: {fix}" in done.stdout or fix in done.stdout.split("fix:")[-1], done.stdout
+    assert "the phone cannot compute tiles" in done.stdout
+    if scenario == "no numpy":
+        assert "numpy missing" in done.stdout and "No module named 'numpy'" in done.stdout
+
+
+def test_doctor_agent_version_mismatch(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+    phone = plug(fake_adb_server, tmp_path)
+    phone.files[f"{agent_package.PHONE_DIR}/agent.zip"] = (0o100644, b"an older agent", 0)
+    done = doctor(fake_adb_server.port, SERIAL)
+    assert done.returncode == 1, done.stdout
+    assert "[FAIL] agent version: the phone's agent is" in done.stdout
+    assert f"fix: `testbed adb doctor {SERIAL} --push`" in done.stdout
+
+
+def test_doctor_unplugged_and_no_server(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+    done = doctor(fake_adb_server.port, SERIAL)
+    assert done.returncode == 1
+    assert f"[FAIL] phone: {SERIAL} is not connected" in done.stdout
+    assert "USB debugging" in done.stdout
+    port = fake_adb_server.port
+    fake_adb_server.stop()
+    done = doctor(port)
+    assert done.returncode == 1 and "[FAIL] adb server: no adb server at 127.0.0.1:" in done.stdout
+    assert "adb start-server" in done.stdout
+
+
+def test_adb_environment_conventions() -> None:
+    assert adb_address(None, {}) == ("127.0.0.1:5037", None)
+    assert adb_address(None, {"ANDROID_ADB_SERVER_PORT": "5038"}) == ("127.0.0.1:5038", None)
+    assert adb_address(None, {"ANDROID_ADB_SERVER_PORT": "5038",
+                              "ANDROID_ADB_SERVER_ADDRESS": "10.1.2.3"}) == ("10.1.2.3:5038", None)
+    assert adb_address("127.0.0.1:7000", {"ANDROID_ADB_SERVER_PORT": "5038"}) == (
+        "127.0.0.1:7000", None)  # --adb wins
+    _, problem = adb_address(None, {"ANDROID_ADB_SERVER_PORT": "http"})
+    assert problem is not None and "ANDROID_ADB_SERVER_PORT" in problem and "'http'" in problem
+
+
+@pytest.mark.skipif(shutil.which("adb") is None, reason="the adb client is not installed")
+def test_devices_honours_adb_server_port(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+    plug(fake_adb_server, tmp_path)
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(fake_adb_server.port))
+    ours = subprocess.run([sys.executable, "-m", "testbed.cli", "adb", "devices"], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert ours.returncode == 0, ours.stderr
+    assert SERIAL in ours.stdout and "snapdragon888" in ours.stdout
+    theirs = subprocess.run(["adb", "devices"], env=env, capture_output=True, text=True,
+                            timeout=30)  # the real client reads the same variable
+    assert f"{SERIAL}\tdevice" in theirs.stdout, theirs.stdout + theirs.stderr
+    bad = subprocess.run([sys.executable, "-m", "testbed.cli", "adb", "devices"],
+                         env=dict(env, ANDROID_ADB_SERVER_PORT="x"), capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "ANDROID_ADB_SERVER_PORT" in bad.stderr
+
+
+def test_bridge_runs_agent_in_termux_and_stops_it(fake_adb_server: FakeAdbServer,
+                                                  tmp_path: Path) -> None:
+    phone = plug(fake_adb_server, tmp_path)
+    token = "s3cret-" + "7" * 20
+    ps = ThrowawayPS(token, hold=True).start()
+    events: list[Any] = []
+    bridge = AdbBridge("127.0.0.1", fake_adb_server.port, f"127.0.0.1:{ps.port}", token,
+                       telemetry_interval_s=0.3, agent_grace_s=10, on_event=events.append)
+    try:
+        bridge.start()
+        assert ps.done.wait(90), [(e.kind, e.data) for e in events]
+        started = next(e for e in events if e.kind == "agent-started")
+        assert started.data["launcher"] == "termux" and ps.joined == "adb-termux1"
+        cmdlines = [c for c in phone_pids(phone).values()] + [
+            (Path("/proc") / d / "cmdline").read_bytes().decode(errors="replace")
+            for d in os.listdir("/proc") if d.isdigit() and (Path("/proc") / d).exists()
+            and _readable(Path("/proc") / d / "cmdline")]
+        assert not [c for c in cmdlines if token in c]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and [p for p in phone.files if "/token-" in p]:
+            time.sleep(0.1)
+        assert not [p for p in phone.files if "/token-" in p]  # removed once the agent dialled
+        pid = started.data["pid"]
+    finally:
+        bridge.stop()
+        ps.stop()
+    assert ps.left  # the stop intent's SIGTERM made the agent leave gracefully
+    assert pid not in phone_pids(phone)
+    assert phone.termux is not None and phone.termux.intents[-1] == [
+        f"{agent_package.PHONE_DIR}/termux-agent.sh", "stop"]
+
+
+def _readable(path: Path) -> bool:
+    try:
+        path.read_bytes()
+        return True
+    except OSError:
+        return False
