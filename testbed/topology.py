@@ -194,6 +194,7 @@ class ParallelismSpec:
     tile_m: int = 128
     tile_n: int = 128
     min_offload_flops: float = 1e6  # GEMMs with fewer FLOPs (2*M*N*K) run on the PS
+    planner: str = "auto"  # auto: the tile planner (docs/planning.md); fifo: fixed tiles, FIFO
 
 
 @dataclass(frozen=True)
@@ -575,7 +576,7 @@ def _job(c: _Checker, raw: Any) -> JobSpec:
         (float(betas_raw[0]), float(betas_raw[1])))
     pp = f"{p}.parallelism"
     pm = c.mapping(m.get("parallelism"), pp, {"strategy": False, "tile": False,
-                                              "min_offload_flops": False})
+                                              "min_offload_flops": False, "planner": False})
     c.typed(pm, "strategy", pp, str, "tile-tp",
             lambda v: None if v == "tile-tp" else f"only 'tile-tp' is supported, got {v!r}")
     tile = pm.get("tile", 128)
@@ -589,7 +590,9 @@ def _job(c: _Checker, raw: Any) -> JobSpec:
         tile_m = tile_n = 128
     parallelism = ParallelismSpec("tile-tp", tile_m, tile_n,
                                   c.typed(pm, "min_offload_flops", pp, float, 1e6,
-                                          _non_negative))
+                                          _non_negative),
+                                  c.typed(pm, "planner", pp, str, "auto", lambda v: None if v in (
+                                      "auto", "fifo") else f"expected auto or fifo, got {v!r}"))
     return JobSpec(
         model=model, data=data,
         batch_size=c.typed(m, "batch_size", p, int, 8, _positive),
