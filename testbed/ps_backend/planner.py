@@ -61,15 +61,27 @@ class GemmPlan:
         return self.grid[0] * self.grid[1] * self.grid[2]
 
 
-def _tile_cost_s(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float, c_bytes: float,
-                 share_a: float) -> float:
-    """Device seconds one tile costs d: its compute, its B block and its share of an A block
-    down, its result up (compute and transfers of a device's tiles pipeline, so they add per
-    tile only as the slowest of the three once its window is full; the sum is the planner's
-    conservative estimate)."""
+def _tile_terms_s(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float,
+                  c_bytes: float, share_a: float) -> tuple[float, float, float]:
+    """Device seconds of one tile on d: (compute, down: its B block and its share of an A
+    block, up: its result)."""
     down = (a_bytes * share_a + b_bytes) / d.down_Bps if d.down_Bps > 0 else INF
     up = c_bytes / d.up_Bps if d.up_Bps > 0 else INF
-    return flops / max(d.rate_flops, 1.0) + down + up
+    return flops / max(d.rate_flops, 1.0), down, up
+
+
+def _tile_cost_s(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float, c_bytes: float,
+                 share_a: float) -> float:
+    """Device seconds per tile once d's window is full: a device's tiles pipeline (the next
+    one arrives while one computes and the last goes up), so the slowest of the three."""
+    return max(_tile_terms_s(d, flops, a_bytes, b_bytes, c_bytes, share_a))
+
+
+def _fill_s(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float, c_bytes: float,
+            share_a: float) -> float:
+    """The pipeline's fill and drain on d: one tile's terms other than the slowest."""
+    terms = _tile_terms_s(d, flops, a_bytes, b_bytes, c_bytes, share_a)
+    return sum(terms) - max(terms)
 
 
 def _grids(m: int, k: int, n: int, tiles: int) -> list[tuple[int, int, int]]:
@@ -111,7 +123,8 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     # B blocks once per tile, results once per tile
     down_total = tiles * (b_b + a_b * share_a)
     t = max(t, down_total / ps_down_Bps, tiles * c_b / ps_up_Bps)
-    return t + min(c.rtt_s for c in classes)
+    fill = max(_fill_s(c, flops, a_b, b_b, c_b, share_a) for c in classes)
+    return t + fill + min(c.rtt_s for c in classes)
 
 
 def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevice],
