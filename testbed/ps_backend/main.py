@@ -291,7 +291,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                 _save(trainer, run_dir, losses)
                 server.call(lambda: ledger.compact(trainer.next_step))
             executor.local_gemms = 0
-            status.fields.update(step=result.step + 1, loss=result.loss, losses=losses[-200:])
+            status.fields.update(step=result.step + 1, loss=result.loss, losses=losses[-200:],
+                                 efficiency=efficiency(planned_step.bound_s, device_time_s),
+                                 sat_out=planned_step.sat_out)
             log.info("step %d loss %.4f (%.2f s, %d tiles)", result.step, result.loss, wall_s,
                      stats.tiles)
             if stop.is_set():
