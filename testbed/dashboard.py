@@ -37,6 +37,10 @@ def render_header(snapshot: dict[str, Any], title: str = "") -> RenderableType:
         f"requeued {snapshot.get('requeued', 0)}",
         f"rejected {snapshot.get('rejected', 0)}",
     ]
+    if isinstance(snapshot.get("efficiency"), (int, float)):  # bound / device time, last step
+        parts.append(f"eff {snapshot['efficiency']:.2f}")
+    if snapshot.get("sat_out"):  # groups the planner left out, and why
+        parts.append("sat out " + ",".join(f"{g}:{w}" for g, w in snapshot["sat_out"].items()))
     return Text.from_markup("  ".join(p for p in parts if p))
 
 

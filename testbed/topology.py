@@ -31,7 +31,7 @@ Schema (units are always written out, see :mod:`testbed.units`)::
       steps: 20
       dtype: float32                # float32 | float64 (parity tests use float64)
       optimizer: {name: adamw, lr: 3e-4, weight_decay: 0.0}
-      parallelism: {strategy: tile-tp, tile: 128, min_offload_flops: 1e6}
+      parallelism: {strategy: tile-tp, tile: 128, min_offload_flops: 1e6, planner: auto}
       validation: {enabled: true, freivalds_vectors: 1, quarantine_after: 3}
     churn: traces/flaky-phones.csv  # optional, relative to the topology file
     time_dilation: auto             # auto | a number >= 1
@@ -221,6 +221,7 @@ class ParallelismSpec:
     tile_m: int = 128
     tile_n: int = 128
     min_offload_flops: float = 1e6  # GEMMs with fewer FLOPs (2*M*N*K) run on the PS
+    planner: str = "auto"  # auto: the tile planner (docs/planning.md); fifo: fixed tiles, FIFO
 
 
 @dataclass(frozen=True)
@@ -597,6 +598,7 @@ class ParallelismFile(Schema):
     strategy: Literal["tile-tp"] = "tile-tp"
     tile: tuple[int, int] = (128, 128)
     min_offload_flops: Annotated[Float, Field(ge=0)] = 1e6
+    planner: Literal["auto", "fifo"] = "auto"
 
     @field_validator("tile", mode="before")
     @classmethod
@@ -611,7 +613,8 @@ class ParallelismFile(Schema):
         raise ValueError(f"expected a tile edge in 1..{MAX_TILE} or [rows, cols], got {raw!r}")
 
     def spec(self) -> ParallelismSpec:
-        return ParallelismSpec(self.strategy, self.tile[0], self.tile[1], self.min_offload_flops)
+        return ParallelismSpec(self.strategy, self.tile[0], self.tile[1], self.min_offload_flops,
+                               self.planner)
 
 
 class ValidationFile(Schema):

@@ -7,7 +7,8 @@ record each, in the order they were accepted. A record is::
 
 (little-endian; the CRC-32 covers header and payload). The header names the tile: ``gemm`` (the
 GEMM's uid, ``s<step>/<layer>/<op>#<seq>``, deterministic across a restart), ``digest`` (a hash of
-the GEMM's A and B), the box ``r0 r1 c0 c1``, ``dtype``, and for the record ``task``,
+the GEMM's A and B), the box ``r0 r1 c0 c1`` (and ``k0 k1`` for a partial of a K-split
+GEMM), ``dtype``, and for the record ``task``,
 ``attempt``, ``device``. The payload is the tile's C, row-major.
 
 **Durability (the fsync policy).** Each record goes to the file with one ``write`` on an
@@ -49,7 +50,7 @@ MAGIC = b"TBL1"
 FSYNC_INTERVAL_S = 0.2
 MAX_HEADER_BYTES = 1 << 16
 _NAME_RE = re.compile(r"^step-(\d{6,})\.tiles$")
-Box = tuple[int, int, int, int]  # r0, r1, c0, c1
+Box = tuple[int, ...]  # r0, r1, c0, c1 (+ k0, k1 for a K-split partial)
 
 
 def gemm_digest(a: np.ndarray, b: np.ndarray) -> str:
@@ -92,7 +93,8 @@ def encode_record(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
     """The bytes of one journal record."""
     header = json.dumps({"step": step, "gemm": gemm, "digest": digest, "r0": box[0],
                          "r1": box[1], "c0": box[2], "c1": box[3], "dtype": c.dtype.str,
-                         "task": task, "attempt": attempt, "device": device},
+                         "task": task, "attempt": attempt, "device": device,
+                         **({"k0": box[4], "k1": box[5]} if len(box) == 6 else {})},
                         separators=(",", ":")).encode()
     payload = np.ascontiguousarray(c).tobytes()
     crc = zlib.crc32(payload, zlib.crc32(header))
@@ -132,7 +134,9 @@ def _decode_at(data: bytes, pos: int) -> tuple[LedgerRecord | None, int]:
         return None, pos
     try:
         h = json.loads(header)
-        box = (int(h["r0"]), int(h["r1"]), int(h["c0"]), int(h["c1"]))
+        box: Box = (int(h["r0"]), int(h["r1"]), int(h["c0"]), int(h["c1"]))
+        if "k0" in h:
+            box = box + (int(h["k0"]), int(h["k1"]))
         c = np.frombuffer(payload, dtype=np.dtype(h["dtype"])).reshape(box[1] - box[0],
                                                                        box[3] - box[2])
     except (ValueError, KeyError, TypeError):

@@ -115,6 +115,56 @@ def fault_metrics(core: Any, cpu: CpuClock) -> dict[str, Any]:
     return out
 
 
+PLANNED_MESSAGE_BYTES = 64 * 1024 * 1024  # planned tiles are larger; the planner keeps under
+
+
+def plan_inputs(topology: Topology) -> dict[str, Any]:
+    """What the planner and the bound need from the topology: links, groups, PS link."""
+    from testbed.perf_model.profiles import ProfileError, load_profile
+
+    links = {g.group: (g.link.down_bps / 8, g.link.up_bps / 8, 2 * g.link.delay_s)
+             for g in topology.groups}
+    groups = []
+    for g in topology.groups:
+        try:
+            gflops = load_profile(g.profile_path).sustained_gflops
+        except ProfileError:
+            gflops = 1.0
+        groups.append((g.group, g.count, float(gflops)))
+    ps = topology.network.ps.link
+    return {"group_links": links, "ps_link_Bps": (ps.down_bps / 8, ps.up_bps / 8),
+            "planned_groups": tuple(groups)}
+
+
+def efficiency(bound_s: float | None, device_time_s: float) -> float | None:
+    """bound / device time (1.0: the schedule reached the bound)."""
+    if bound_s is None or not device_time_s > 0 or not bound_s == bound_s:
+        return None
+    return round(bound_s / device_time_s, 6)
+
+
+class BoundTotals:
+    """The run's sums of the per-step bound fields (for summary.json)."""
+
+    def __init__(self) -> None:
+        self.bound_s = self.device_time_s = 0.0
+        self.min_down = self.min_up = 0.0
+        self.sat_out: dict[str, str] = {}
+
+    def add(self, record: Any, device_time_s: float) -> None:
+        self.bound_s += record.bound_s
+        self.device_time_s += device_time_s
+        self.min_down += record.bytes_min_down
+        self.min_up += record.bytes_min_up
+        self.sat_out.update(record.sat_out)
+
+    def fields(self) -> dict[str, Any]:
+        return {"bound_s": round(self.bound_s, 6), "device_time_s": round(self.device_time_s, 6),
+                "bytes_min_down": int(self.min_down), "bytes_min_up": int(self.min_up),
+                "efficiency": efficiency(self.bound_s, self.device_time_s),
+                "sat_out": self.sat_out}
+
+
 def _save(trainer: Any, run_dir: Path, losses: list[float]) -> Path:
     """Checkpoint the trainer atomically with the losses so far; keep the newest few."""
     from testbed.ps_backend.engine.checkpoint import FORMAT, checkpoint_name, save_atomic
@@ -176,11 +226,13 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
 
     runlog = RunLog(run_dir)
     validation = job.validation
+    planned = job.parallelism.planner == "auto"
     config = PsConfig(token=token, run_name=run_dir.name, dtype=np.dtype(job.dtype),
                       tile_m=job.parallelism.tile_m, tile_n=job.parallelism.tile_n,
                       min_offload_flops=job.parallelism.min_offload_flops,
-                      max_message_bytes=max_message_bytes(job.parallelism.tile_m,
-                                                          job.parallelism.tile_n),
+                      max_message_bytes=PLANNED_MESSAGE_BYTES if planned else
+                      max_message_bytes(job.parallelism.tile_m, job.parallelism.tile_n),
+                      planner=job.parallelism.planner, **plan_inputs(topology),
                       time_dilation=dilation, check_values=validation.enabled,
                       freivalds_vectors=validation.freivalds_vectors,
                       quarantine_after=validation.quarantine_after)
@@ -202,6 +254,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     runlog.event("ps_start", address=f"{host}:{server.port}", expected_devices=expected_devices,
                  time_dilation=dilation)
     trainer.executor = executor
+    bound = BoundTotals()
     started = time.monotonic()
     state, code = "done", 0
     try:
@@ -217,9 +270,14 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             result = trainer.step()
             wall_s = time.monotonic() - step_start
             stats = server.call(server.core.take_step_stats)  # type: ignore[union-attr]
+            planned_step = server.call(server.core.take_step_plan)  # type: ignore[union-attr]
             losses.append(result.loss)
+            device_time_s = wall_s / dilation
+            bound.add(planned_step, device_time_s)
             runlog.step(step=result.step, loss=result.loss, wall_s=round(wall_s, 6),
-                        device_time_s=round(wall_s / dilation, 6), tiles=stats.tiles,
+                        device_time_s=round(device_time_s, 6), **planned_step.fields(),
+                        efficiency=efficiency(planned_step.bound_s, device_time_s),
+                        tiles=stats.tiles,
                         recomputed_tiles=stats.recomputed, requeued_tiles=stats.requeued,
                         rejected=stats.rejected, late=stats.late, bytes_down=stats.bytes_down,
                         bytes_up=stats.bytes_up, gemms=result.gemms,
@@ -233,7 +291,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                 _save(trainer, run_dir, losses)
                 server.call(lambda: ledger.compact(trainer.next_step))
             executor.local_gemms = 0
-            status.fields.update(step=result.step + 1, loss=result.loss, losses=losses[-200:])
+            status.fields.update(step=result.step + 1, loss=result.loss, losses=losses[-200:],
+                                 efficiency=efficiency(planned_step.bound_s, device_time_s),
+                                 sat_out=planned_step.sat_out)
             log.info("step %d loss %.4f (%.2f s, %d tiles)", result.step, result.loss, wall_s,
                      stats.tiles)
             if stop.is_set():
@@ -261,7 +321,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             "rejected": totals.rejected, "late": totals.late, "bytes_down": totals.bytes_down,
             "bytes_up": totals.bytes_up, "max_lag_s": round(totals.lag_s_max, 6),
             "device_compute_s": round(totals.device_compute_s, 6),
-            "energy_j": round(totals.energy_j, 6), **metrics,
+            "energy_j": round(totals.energy_j, 6), **metrics, **bound.fields(),
+            "planner": job.parallelism.planner,
             "devices": server.call(core.device_records) + list(core.departed)}
         write_json_atomic(run_dir / "ps_summary.json", summary)
         runlog.event("ps_stop", state=state)

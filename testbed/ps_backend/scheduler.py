@@ -34,6 +34,12 @@ used both ways:
   is still checked (a wrong late tile counts against its device) and then dropped as ``LATE``
   (counted as wasted).
 
+**Plans.** A GEMM submitted with a plan (:mod:`testbed.ps_backend.planner`) may be K-split (its
+tiles return partials that are summed per block in slice order, whatever device computed them,
+so C is bit-identical) and its tasks may carry an **owner**: a device takes its own tasks first,
+then tasks whose owner is gone or quarantined, then steals another device's pending task only
+when that owner's backlog straggles behind its own finish. A GEMM without owners is FIFO.
+
 Affinity: among the first ``AFFINITY_SCAN`` pending tasks, a device gets the one whose operands it
 already caches most of (on a hit only the other block travels).
 
@@ -59,7 +65,7 @@ import numpy as np
 
 from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.tiler import TileBox, cut, gemm_flops
+from testbed.ps_backend.tiler import TileBox, cut, cut_k, gemm_flops
 from testbed.ps_backend.validation import GemmCheck, check_result
 
 AFFINITY_SCAN = 32
@@ -91,8 +97,12 @@ class GemmJob:
     submitted_s: float = field(default_factory=time.monotonic)
     digest: str = ""  # hash of A and B (the ledger checks it before reusing tiles)
     check: GemmCheck | None = None  # Freivalds' shared work for its tiles, made on first use
+    a_name: str = ""  # the operands' tensor identity in the step (the bound's held data)
+    b_name: str = ""
     tile_m: int = 0  # the tiling it was cut with (set by Scheduler.submit)
     tile_n: int = 0
+    k_parts: int = 1  # K slices (set by Scheduler.submit); partials are summed in slice order
+    partials: dict[tuple[int, int], dict[int, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -106,6 +116,7 @@ class Task:
     sent_s: float = 0.0
     holders: set[str] = field(default_factory=set)  # devices with a live (trusted) copy
     queued: bool = False  # in the pending queue
+    owner: str | None = None  # the device the plan gave it to (None: anyone, FIFO)
     # fixed facts of the tile, computed once: the scheduler reads them on every pick
     flops: float = field(init=False)
     a_block_key: str = field(init=False)
@@ -116,18 +127,27 @@ class Task:
     def __post_init__(self) -> None:
         job, box = self.job, self.box
         m, n = box.shape
-        k = job.a.shape[1]
+        k0, k1 = self.k_range
+        k = k1 - k0
         self.flops = gemm_flops(m, k, n)
-        self.a_block_key = f"{job.a_key}/r{box.r0}:{box.r1}"
-        self.b_block_key = f"{job.b_key}/c{box.c0}:{box.c1}"
+        ks = f"/k{k0}:{k1}" if box.split else ""
+        self.a_block_key = f"{job.a_key}/r{box.r0}:{box.r1}{ks}"
+        self.b_block_key = f"{job.b_key}/c{box.c0}:{box.c1}{ks}"
         self.a_nbytes = m * k * job.a.itemsize
         self.b_nbytes = k * n * job.b.itemsize
 
+    @property
+    def k_range(self) -> tuple[int, int]:
+        box = self.box
+        return (box.k0, box.k1) if box.split else (0, self.job.a.shape[1])
+
     def a_block(self) -> np.ndarray:
-        return self.job.a[self.box.r0:self.box.r1, :]
+        k0, k1 = self.k_range
+        return self.job.a[self.box.r0:self.box.r1, k0:k1]
 
     def b_block(self) -> np.ndarray:
-        return self.job.b[:, self.box.c0:self.box.c1]
+        k0, k1 = self.k_range
+        return self.job.b[k0:k1, self.box.c0:self.box.c1]
 
 
 @dataclass(eq=False)
@@ -169,6 +189,7 @@ class DeviceSlot:
     given: set[int] = field(default_factory=set)  # every task id ever handed to it
     cache: BlockCache[None] = field(init=False)
     rate_flops: float = 0.0  # observed speed, FLOP per device second (EWMA)
+    peak_rate_flops: float = 0.0  # fastest tile seen (the bound must not assume slower)
     overhead_s: float | None = None  # observed wall turnaround minus compute (EWMA)
     quarantined: bool = False
     failed_checks: int = 0
@@ -328,24 +349,29 @@ class Scheduler:
 
     # -- work in -------------------------------------------------------------------------------
     def submit(self, job: GemmJob, tile_m: int, tile_n: int,
-               prefilled: dict[tuple[int, int, int, int], np.ndarray] | None = None) -> int:
-        """Queue every tile of a GEMM; tiles in ``prefilled`` (by box) are placed at once.
+               prefilled: dict[tuple[int, ...], np.ndarray] | None = None, k_parts: int = 1,
+               owners: dict[tuple[int, int, int], str] | None = None) -> int:
+        """Queue every tile of a GEMM; tiles in ``prefilled`` (by box key) are placed at once.
 
+        ``k_parts`` > 1 splits K; ``owners`` maps tile ``(row, col, part)`` to the device the
+        plan gave it (tasks are queued in the plan's dealing order, ``(part, row, col)``).
         Returns how many tiles were prefilled. A GEMM whose every tile is prefilled is done
         when this returns (its future is resolved).
         """
-        boxes = cut(job.a.shape[0], job.b.shape[1], tile_m, tile_n)
+        boxes = cut_k(job.a.shape[0], job.b.shape[1], job.a.shape[1], tile_m, tile_n, k_parts)
         job.tile_m, job.tile_n = tile_m, tile_n
+        job.k_parts = len({b.part for b in boxes})
         served = 0
         job.remaining = len(boxes)
         for box in boxes:
-            ready = prefilled.get((box.r0, box.r1, box.c0, box.c1)) if prefilled else None
+            ready = prefilled.get(box.key) if prefilled else None
             if ready is not None and ready.shape == box.shape:
-                job.c[box.r0:box.r1, box.c0:box.c1] = ready
+                self._store(job, box, ready)
                 job.remaining -= 1
                 served += 1
                 continue
-            task = Task(next(self._ids), job, box, queued=True)
+            task = Task(next(self._ids), job, box, queued=True,
+                        owner=owners.get((box.row, box.col, box.part)) if owners else None)
             self.tasks[task.task_id] = task
             self.pending.append(task)
         self.counters.prefilled += served
@@ -408,6 +434,8 @@ class Scheduler:
     def _pick(self, slot: DeviceSlot) -> Task | None:
         if not self._pending_live():
             return None
+        if self.pending[0].owner is not None or self.pending[-1].owner is not None:
+            return self._pick_planned(slot)
         if self._tail() and self._is_straggler(slot, self.pending[0]):
             return None
         best_i, best_score = 0, -1
@@ -424,6 +452,48 @@ class Scheduler:
         del self.pending[best_i]
         task.queued = False
         return task
+
+    def _take(self, i: int) -> Task:
+        task = self.pending[i]
+        del self.pending[i]
+        task.queued = False
+        return task
+
+    def _pick_planned(self, slot: DeviceSlot) -> Task | None:
+        """Own tasks first, then orphans (owner gone), then steal from a backlogged owner."""
+        orphan = steal = None
+        backlog: dict[str, int] = {}
+        for i, task in enumerate(self.pending):
+            if task.done or not self._eligible(slot, task):
+                continue
+            if task.owner == slot.device_id:
+                return self._take(i)
+            owner = self.devices.get(task.owner) if task.owner is not None else None
+            if owner is None or owner.quarantined:
+                if orphan is None:
+                    orphan = i
+            else:
+                backlog[owner.device_id] = backlog.get(owner.device_id, 0) + 1
+                if steal is None:
+                    steal = i
+        if orphan is not None:
+            task = self.pending[orphan]
+            if self._tail() and self._is_straggler(slot, task):
+                return None
+            return self._take(orphan)
+        if steal is None or slot.overhead_s is None:
+            return None
+        task = self.pending[steal]
+        owner = self.devices[task.owner or ""]
+        theirs = self.finish_wall_s(owner, task.flops) + \
+            backlog[owner.device_id] * task.flops / max(owner.rate_flops, 1.0) * self.dilation
+        mine = self.finish_wall_s(slot, task.flops)
+        if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:
+            for i, t in enumerate(self.pending):  # the owner's last pending task: its run's end
+                if t.owner == owner.device_id and not t.done and self._eligible(slot, t):
+                    steal = i
+            return self._take(steal)
+        return None
 
     def _pick_beyond(self, slot: DeviceSlot) -> Task | None:
         for i, task in enumerate(self.pending):
@@ -531,6 +601,7 @@ class Scheduler:
         if compute_s > 0:
             rate = copy.task.flops / compute_s
             slot.rate_flops = (1 - EWMA_WEIGHT) * slot.rate_flops + EWMA_WEIGHT * rate
+            slot.peak_rate_flops = max(slot.peak_rate_flops, rate)
         overhead = max(0.0, now_s - copy.sent_s - copy.compute_wall_s)
         slot.overhead_s = overhead if slot.overhead_s is None else \
             (1 - EWMA_WEIGHT) * slot.overhead_s + EWMA_WEIGHT * overhead
@@ -539,13 +610,14 @@ class Scheduler:
     def _check(self, task: Task, c: np.ndarray) -> str | None:
         start = time.thread_time()
         job = task.job
-        if self.check_values and job.check is None:
+        if self.check_values and job.check is None and job.k_parts == 1:
             columns = cut(job.a.shape[0], job.b.shape[1], job.tile_m, job.tile_n)
             job.check = GemmCheck(job.a, job.b, [(x.c0, x.c1) for x in columns],
                                   self.freivalds_vectors)
         box = task.box
         problem = check_result(task.a_block(), task.b_block(), c, check_values=self.check_values,
-                               vectors=self.freivalds_vectors, gemm=job.check,
+                               vectors=self.freivalds_vectors,
+                               gemm=job.check if job.k_parts == 1 else None,
                                box=(box.r0, box.r1, box.c0, box.c1))
         self.counters.validation_cpu_s += time.thread_time() - start
         self.counters.checks += 1
@@ -567,8 +639,7 @@ class Scheduler:
     def _place(self, slot: DeviceSlot, copy: Copy, c: np.ndarray, compute_s: float,
                energy_j: float) -> Outcome:
         task = copy.task
-        box = task.box
-        task.job.c[box.r0:box.r1, box.c0:box.c1] = c
+        self._store(task.job, task.box, c)
         task.done = True
         task.holder = slot.device_id
         self.tasks.pop(task.task_id, None)
@@ -585,6 +656,23 @@ class Scheduler:
         job.remaining -= 1
         return Outcome(Verdict.ACCEPTED, completed_job=job if job.remaining == 0 else None,
                        task=task, checked=True, backup_won=copy.backup, attempt=copy.attempt)
+
+    @staticmethod
+    def _store(job: GemmJob, box: TileBox, c: np.ndarray) -> None:
+        """Place a tile into C; a K-split partial waits for its block's others, then the block
+        is their sum in slice order (the same bits whichever device sent which partial)."""
+        if not box.split:
+            job.c[box.r0:box.r1, box.c0:box.c1] = c
+            return
+        parts = job.partials.setdefault((box.row, box.col), {})
+        parts[box.part] = c
+        if len(parts) < job.k_parts:
+            return
+        total = parts[0].copy()
+        for s in range(1, job.k_parts):
+            total += parts[s]
+        job.c[box.r0:box.r1, box.c0:box.c1] = total
+        del job.partials[(box.row, box.col)]
 
     def refuse(self, device_id: str, task_id: int, attempt: int, reason: str) -> Outcome:
         """A result that could not even be decoded: refuse it; re-queue the task if outstanding."""

@@ -39,6 +39,7 @@ from testbed.ps_backend.scheduler import (
     Scheduler,
     Verdict,
 )
+from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import gemm_flops
 from testbed.runlog import RunLog
 
@@ -61,6 +62,13 @@ class PsConfig:
     freivalds_vectors: int = 1  # random vectors per check (job.validation.freivalds_vectors)
     quarantine_after: int = 3  # failed checks before a device is quarantined; 0 = never
     speculate: bool = True  # backup copies of straggling tiles when devices sit idle
+    planner: str = "auto"  # job.parallelism.planner: auto (tile planner) | fifo (fixed tiles)
+    # per device group: (down_Bps, up_Bps, rtt_s) in device time, from the topology
+    group_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    ps_link_Bps: tuple[float, float] = (float("inf"), float("inf"))  # PS (down, up)
+    # the devices the topology names, as (group, count, gflops): plans are made for these so
+    # a restarted PS cuts every GEMM the same way
+    planned_groups: tuple[tuple[str, int, float], ...] = ()
 
 
 @dataclass(eq=False)
@@ -138,6 +146,7 @@ class PsCore:
         self.stopping = False
         self.version = 0  # newest weight version seen; older cached blocks are invalid
         self.joined = asyncio.Event()  # set whenever a device joins
+        self.planner = StepPlanner(config)  # plans GEMMs, records the step for its bound
 
     def _event(self, kind: str, /, **fields: Any) -> None:
         if self.runlog is not None:
@@ -162,6 +171,7 @@ class PsCore:
                            "predicted_gflops": slot.predicted_gflops}, now, now)
         self.conns[device_id] = conn
         self.scheduler.add_device(slot)
+        self.planner.saw(slot)
         self._event("join", device=slot.name, device_id=device_id, **conn.descriptor)
         if slot.name in self.quarantined_names:  # identity is the name the device declares
             self.scheduler.quarantine(device_id)
@@ -249,7 +259,8 @@ class PsCore:
         if job.version > self.version:
             self.invalidate(job.version)
         prefilled = self.ledger.take(job.uid, job.digest) if self.ledger is not None else {}
-        served = self.scheduler.submit(job, self.config.tile_m, self.config.tile_n, prefilled)
+        tile_m, tile_n, k_parts, owners = self.planner.plan(job, self.scheduler.devices.values())
+        served = self.scheduler.submit(job, tile_m, tile_n, prefilled, k_parts, owners)
         if served:
             self.stats.from_ledger += served
             self.totals.from_ledger += served
@@ -294,7 +305,8 @@ class PsCore:
         for a in assignments:
             task, job = a.task, a.task.job
             m, n = task.box.shape
-            k = job.a.shape[1]
+            k0, k1 = task.k_range
+            k = k1 - k0
             tile = message.tiles.add(task_id=task.task_id, attempt=task.attempt,
                                      step=job.spec.step, gemm=job.uid, op=job.spec.op,
                                      row=task.box.row, col=task.box.col, m=m, k=k, n=n,
@@ -378,9 +390,8 @@ class PsCore:
             s.device_compute_s += result.compute_s
             s.energy_j += result.energy_j
         if self.ledger is not None:
-            box = task.box
             self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,
-                               (box.r0, box.r1, box.c0, box.c1), c, task.task_id,
+                               task.box.key, c, task.task_id,
                                result.attempt, conn.slot.name)
         if outcome.completed_job is not None:
             outcome.completed_job.done.set_result(outcome.completed_job.c)
@@ -436,6 +447,10 @@ class PsCore:
             "validation_us_per_tile": round(1e6 * k.validation_cpu_s / k.checks, 3)
             if k.checks else None,
             "tiles_from_ledger": self.totals.from_ledger}
+
+    def take_step_plan(self) -> StepRecord:
+        """The step's bound, minimal traffic and sat-out groups; the next step starts."""
+        return self.planner.take_step(self.scheduler.devices.values())
 
     def take_step_stats(self) -> StepStats:
         stats, self.stats = self.stats, StepStats()
@@ -610,6 +625,11 @@ class PsServer:
         self._thread.join(timeout=grace_s + 5)
 
 
+def tensor_name(t: torch.Tensor) -> str:
+    """A name for a tensor's storage within a step (a transpose or a reshape keeps it)."""
+    return f"{t.untyped_storage().data_ptr()}:{t.untyped_storage().nbytes()}"
+
+
 class TileHandle:
     """A GEMM in flight on devices; result() blocks until every tile is placed."""
 
@@ -656,6 +676,7 @@ class TileExecutor:
         b_np = np.array(b.detach().numpy(), order="C", copy=True)
         uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
+                      a_name=tensor_name(a), b_name=tensor_name(b),
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
                       a_key=f"{uid}:A", b_key=spec.b_key or f"{uid}:B", done=Future(),
                       digest=gemm_digest(a_np, b_np) if self.server.ledger is not None else "")

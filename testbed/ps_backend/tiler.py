@@ -2,8 +2,10 @@
 
 ``C[M x N] = A[M x K] @ B[K x N]`` is cut into tiles of at most ``tile_m x tile_n`` elements of C.
 Tile (i, j) needs row block i of A (``tile_m x K``) and column block j of B (``K x tile_n``) and
-produces ``C[i*tile_m : .., j*tile_n : ..]``. K is not split (each tile is a whole dot product),
-so a tile's result is final and the PS only places it.
+produces ``C[i*tile_m : .., j*tile_n : ..]``. Without a K split each tile is a whole dot product,
+so its result is final and the PS only places it. With a K split (:func:`cut_k`) tile
+``(i, j, s)`` uses only the contraction range ``k0:k1`` of slice ``s`` and returns a partial; the
+PS sums the partials of a block in slice order (see :mod:`testbed.ps_backend.planner`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,19 @@ class TileBox:
     r1: int
     c0: int
     c1: int
+    k0: int = 0  # contraction range of a K-split tile; k1 == -1: the whole K
+    k1: int = -1
+    part: int = 0  # its slice number (summation order)
+
+    @property
+    def split(self) -> bool:
+        return self.k1 >= 0
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        """How the ledger names the tile: (r0, r1, c0, c1), plus (k0, k1) when K is split."""
+        base = (self.r0, self.r1, self.c0, self.c1)
+        return base + (self.k0, self.k1) if self.split else base
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -39,3 +54,14 @@ def cut(m: int, n: int, tile_m: int, tile_n: int) -> list[TileBox]:
     return [TileBox(i, j, r0, min(r0 + tile_m, m), c0, min(c0 + tile_n, n))
             for i, r0 in enumerate(range(0, m, tile_m))
             for j, c0 in enumerate(range(0, n, tile_n))]
+
+
+def cut_k(m: int, n: int, k: int, tile_m: int, tile_n: int, k_parts: int) -> list[TileBox]:
+    """The tiles of an m x n result with K cut into ``k_parts`` slices; no split when 1."""
+    boxes = cut(m, n, tile_m, tile_n)
+    if k_parts <= 1:
+        return boxes
+    size = -(-k // k_parts)
+    slices = [(k0, min(k0 + size, k)) for k0 in range(0, k, size)]
+    return [TileBox(b.row, b.col, b.r0, b.r1, b.c0, b.c1, k0, k1, s)
+            for s, (k0, k1) in enumerate(slices) for b in boxes]

@@ -71,7 +71,10 @@ class NumpyTiledExecutor:
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
+    # scaled to the parameter's own size, but never below what an optimizer step moves it
+    # (a bias whose gradient is zero in exact arithmetic stays near 1e-15: no relative sense)
+    scale = max(float(b.norm()), 1e-3 * b.numel() ** 0.5)  # 1e-3: the order of an AdamW step
+    return float((a - b).norm()) / scale
 
 
 def final_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -106,7 +109,8 @@ def test_local_executor_matches_plain_torch_float64_and_sees_three_gemms_per_lin
     after_plain, after_off = final_weights(plain), final_weights(offloaded)
     for name, w in after_plain.items():
         assert rel_diff(after_off[name], w) <= 1e-10, name
-        assert rel_diff(w, start[name]) > 1e-4, f"{name} did not train"
+        if not name.endswith("k_proj.bias"):  # its gradient is 0: softmax ignores shifts
+            assert rel_diff(w, start[name]) > 1e-4, f"{name} did not train"
 
     # Every linear's input needs a gradient in this model (q/k/v and fc1 read a LayerNorm output,
     # out_proj/fc2 read activations, lm_head the final LayerNorm), so no input_grad is skipped:

@@ -411,3 +411,49 @@ def test_a_lone_device_may_retry_its_own_failed_task() -> None:
     s.accept("only", t.task_id, 0, honest(t) * 2)
     again = s.assign("only")
     assert [a.task for a in again] == [t] and t.attempt == 1
+
+
+# -- plans: K split and owners ----------------------------------------------------------------
+def _run_k_split(order_seed: int, departs: bool = False) -> np.ndarray:
+    """A K-split GEMM through three devices, results returned in a shuffled order."""
+    s = Scheduler()
+    for d in ("d0", "d1", "d2"):
+        s.add_device(slot(d))
+    j = job(m=32, k=96, n=32)
+    owners = {(r, c, p): f"d{(r + c + p) % 3}" for r in range(2) for c in range(2)
+              for p in range(3)}
+    s.submit(j, 16, 16, k_parts=3, owners=owners)
+    rng = random.Random(order_seed)
+    if departs:
+        s.assign("d2")
+        s.remove_device("d2")  # its tasks go back to the queue: orphans anyone takes
+    while j.remaining:
+        out = [(d, a) for d in list(s.devices) for a in s.assign(d)]
+        rng.shuffle(out)
+        for d, a in out:
+            t = a.task
+            assert t.box.split and t.a_block().shape[1] == 32
+            assert s.accept(d, t.task_id, t.attempt, t.a_block() @ t.b_block()).verdict \
+                is Verdict.ACCEPTED
+    return j.c.copy()
+
+
+def test_k_split_sums_partials_in_slice_order_bit_identical() -> None:
+    first = _run_k_split(0)
+    assert np.array_equal(first, _run_k_split(1))
+    assert np.array_equal(first, _run_k_split(2, departs=True))
+    j = job(m=32, k=96, n=32)
+    np.testing.assert_allclose(first, j.a @ j.b, rtol=1e-12, atol=1e-12)
+
+
+def test_planned_tasks_go_to_their_owner_first() -> None:
+    s = Scheduler()
+    s.add_device(slot("d0", window=2))
+    s.add_device(slot("d1", window=2))
+    j = job(m=32, k=16, n=32)
+    owners = {(r, c, 0): "d1" if r == 1 else "d0" for r in range(2) for c in range(2)}
+    s.submit(j, 16, 16, owners=owners)
+    got = [a.task.box.row for a in s.assign("d1")]
+    assert got == [1, 1]
+    # d0 gets its own row; d1 (no speed seen yet) never steals
+    assert [a.task.box.row for a in s.assign("d0")] == [0, 0]

@@ -1,0 +1,251 @@
+"""A lower bound on the device time of one training step, from its GEMM chain and the devices.
+
+Pure functions, no I/O. The derivation (why each term is a lower bound) is in
+``docs/planning.md``; the symbols here are the ones used there.
+
+Names and units, written down once:
+
+* a GEMM is ``C[m x n] = A[m x k] @ B[k x n]`` with ``s`` bytes per element (``itemsize``);
+  ``|A| = m·k``, ``|B| = k·n``, ``|C| = m·n`` are element counts, ``V = m·k·n`` multiply-adds,
+  ``F = 2·V`` FLOPs;
+* a device has a compute rate ``r`` (FLOP per device second), a downlink ``d`` and an uplink
+  ``u`` (bytes per device second) and a round trip ``rtt_s`` to the PS;
+* the PS link has ``down_Bps`` (towards the devices) and ``up_Bps`` (towards the PS);
+* a **stage** is a set of GEMMs that may run together (the three projections of one attention
+  input; the input- and weight-gradient GEMMs of a layer); stages run one after another because
+  each needs the PS's output of the previous one. The step's bound is the sum of its stages'.
+* an operand is **held** when an earlier stage of the step already sent the same tensor
+  (by name): devices may still have it, so the bound does not count it as traffic.
+
+The per-stage bound is ``rtt_min + W`` where ``W`` is the smallest window in which the stage's
+multiply-adds fit on the devices, each device limited by its compute rate and, through the
+Loomis-Whitney inequality ``V_i <= sqrt(a_i·b_i·c_i)``, by what its links can carry in ``W``
+(Irony, Toledo and Tiskin 2004; Demmel et al., IPDPS 2013), and ``W`` is at least each aggregate
+term (compute, new down bytes, result bytes over the summed rates, and over the PS link).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class BoundDevice:
+    """What the bound needs to know about one device."""
+
+    name: str
+    rate_flops: float  # FLOP per device second (an upper estimate: the bound must not beat it)
+    down_Bps: float  # bytes per device second, PS -> device
+    up_Bps: float  # bytes per device second, device -> PS
+    rtt_s: float = 0.0  # round trip to the PS, device seconds
+
+
+@dataclass(frozen=True)
+class PsLink:
+    down_Bps: float = INF  # PS -> devices
+    up_Bps: float = INF  # devices -> PS
+
+
+@dataclass(frozen=True)
+class BoundGemm:
+    """One offloaded GEMM of the step, as the bound sees it."""
+
+    m: int
+    k: int
+    n: int
+    itemsize: int
+    stage: str  # GEMMs with the same stage key (consecutive) may run together
+    a_name: str = ""  # tensor identity of A ("" = unique); a repeated name is held
+    b_name: str = ""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.k * self.n
+
+
+def comm_min_accessed(m: int, k: int, n: int, p: int) -> float:
+    """Elements one of ``p`` devices sharing the work equally must access: min a+b+c.
+
+    Minimizes ``a + b + c`` subject to ``a·b·c >= (m·k·n/p)²`` (Loomis-Whitney) and each part at
+    most its whole matrix (``a <= m·k``, ``b <= k·n``, ``c <= m·n``). How many of the caps bind
+    gives the three aspect-ratio cases of Demmel et al. (IPDPS 2013): none (three large
+    dimensions: ``3·(mkn/p)^(2/3)``), the smallest matrix (two large dimensions), the two
+    smallest (one large dimension).
+    """
+    if min(m, k, n, p) <= 0:
+        raise ValueError(f"need positive m, k, n, p; got {m}, {k}, {n}, {p}")
+    target = (m * k * n / p) ** 2  # required product a·b·c
+    caps = sorted([m * k, k * n, m * n])
+    fixed = 0.0
+    free = 3
+    product = target
+    for cap in caps:  # smallest cap first: it is the first the balanced point can exceed
+        balanced = product ** (1.0 / free)
+        if balanced <= cap:
+            return fixed + free * balanced
+        fixed += cap
+        product /= cap
+        free -= 1
+        if free == 0:
+            break
+    return fixed  # p <= 1: one device touches every matrix whole
+
+
+def comm_min_bytes(m: int, k: int, n: int, p: int, itemsize: int) -> tuple[float, float, float]:
+    """(down, up, total) bytes no schedule of this GEMM on ``p`` equal devices can go below.
+
+    Down: every entry of A and B reaches some device at least once. Up: every entry of C comes
+    back at least once. Total: ``p`` times :func:`comm_min_accessed` (each device's share is
+    ``1/p`` of the work), and never below down + up.
+    """
+    down = (m * k + k * n) * itemsize
+    up = m * n * itemsize
+    total = max(down + up, p * comm_min_accessed(m, k, n, p) * itemsize)
+    return float(down), float(up), float(total)
+
+
+def _max_ab(x: float, cap_a: float, cap_b: float) -> float:
+    """Largest a·b with a + b <= x, a <= cap_a, b <= cap_b (all >= 0)."""
+    if x >= cap_a + cap_b:
+        return cap_a * cap_b
+    lo, hi = sorted((cap_a, cap_b))
+    if x / 2 <= lo:
+        return (x / 2) ** 2
+    return lo * (x - lo)
+
+
+def device_capacity(g: BoundGemm, dev: BoundDevice, window_s: float, held_a: bool,
+                    held_b: bool) -> float:
+    """Most multiply-adds of ``g`` one device can do in ``window_s`` (compute and links)."""
+    s = g.itemsize
+    compute = dev.rate_flops * window_s / 2.0
+    x = dev.down_Bps * window_s / s  # elements it can receive
+    c = min(dev.up_Bps * window_s / s, g.m * g.n)
+    cap_a, cap_b = g.m * g.k, g.k * g.n
+    if held_a and held_b:
+        ab = cap_a * cap_b
+    elif held_a:
+        ab = cap_a * min(x, cap_b)
+    elif held_b:
+        ab = min(x, cap_a) * cap_b
+    else:
+        ab = _max_ab(x, cap_a, cap_b)
+    return min(compute, math.sqrt(max(ab, 0.0) * max(c, 0.0)), g.m * g.k * g.n)
+
+
+def _gemm_window_s(g: BoundGemm, devices: Sequence[BoundDevice], held_a: bool,
+                   held_b: bool) -> float:
+    """Smallest window in which the devices could do all of g's multiply-adds."""
+    need = float(g.m) * g.k * g.n
+
+    def feasible(w: float) -> bool:
+        return sum(device_capacity(g, d, w, held_a, held_b) for d in devices) >= need
+
+    lo, hi = 0.0, 1e-6
+    while not feasible(hi):
+        hi *= 2
+        if hi > 1e12:
+            return INF
+    for _ in range(60):  # bisection to ~1e-18 relative: plenty
+        mid = (lo + hi) / 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo  # the infimum from below: still a lower bound
+
+
+@dataclass
+class StageBound:
+    """The bound of one stage, with the term that set it."""
+
+    stage: str
+    gemms: int
+    bound_s: float
+    window_s: float
+    rtt_s: float
+    terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def limit(self) -> str:
+        return max(self.terms, key=lambda t: self.terms[t]) if self.terms else ""
+
+
+@dataclass
+class StepBound:
+    bound_s: float
+    stages: list[StageBound]
+
+
+def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: PsLink,
+                held: set[str], stage: str = "") -> StageBound:
+    """Lower bound on the time of GEMMs that run together, given names devices already hold."""
+    if not devices:
+        return StageBound(stage, len(gemms), INF, INF, 0.0, {"no devices": INF})
+    rate = sum(d.rate_flops for d in devices)
+    down = sum(d.down_Bps for d in devices)
+    up = sum(d.up_Bps for d in devices)
+    new_down: dict[str, float] = {}  # distinct tensors of the stage that must travel down
+    up_bytes = flops = 0.0
+    terms: dict[str, float] = {}
+    for i, g in enumerate(gemms):
+        flops += g.flops
+        up_bytes += g.m * g.n * g.itemsize
+        for tag, name, size in (("a", g.a_name, g.m * g.k), ("b", g.b_name, g.k * g.n)):
+            key = name or f"#{i}{tag}"  # an unnamed operand is its own tensor
+            if not (name and name in held):
+                new_down[key] = size * g.itemsize
+        held_a = bool(g.a_name) and g.a_name in held
+        held_b = bool(g.b_name) and g.b_name in held
+        terms[f"gemm{i}"] = _gemm_window_s(g, devices, held_a, held_b)
+    down_bytes = sum(new_down.values())
+    terms["compute"] = flops / rate if rate > 0 else INF
+    terms["down"] = down_bytes / down if down > 0 else INF
+    terms["up"] = up_bytes / up if up > 0 else INF
+    terms["ps_down"] = down_bytes / ps.down_Bps
+    terms["ps_up"] = up_bytes / ps.up_Bps
+    window = max(terms.values())
+    rtt = min(d.rtt_s for d in devices)
+    return StageBound(stage, len(gemms), rtt + window, window, rtt, terms)
+
+
+def group_stages(gemms: Sequence[BoundGemm]) -> list[list[BoundGemm]]:
+    """Consecutive GEMMs with the same stage key, in order."""
+    out: list[list[BoundGemm]] = []
+    for g in gemms:
+        if out and out[-1][0].stage == g.stage:
+            out[-1].append(g)
+        else:
+            out.append([g])
+    return out
+
+
+def step_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice],
+               ps: PsLink = PsLink()) -> StepBound:
+    """Lower bound on a step's device time: the sum of its stages' bounds, in chain order."""
+    held: set[str] = set()
+    stages = []
+    for group in group_stages(gemms):
+        stages.append(stage_bound(group, devices, ps, held, group[0].stage))
+        for g in group:  # what this stage sent, later stages may find on devices
+            held.update(x for x in (g.a_name, g.b_name) if x)
+    return StepBound(sum(s.bound_s for s in stages), stages)
+
+
+def stage_key(layer: str, op: str) -> str:
+    """Which GEMMs may run together: q/k/v projections of one input, dX with dW of a layer.
+
+    Forward GEMMs of ``*.q_proj``, ``*.k_proj``, ``*.v_proj`` share an input and do not depend on
+    each other; backward, the input- and weight-gradient GEMMs of one layer (and of the three
+    projections) are independent. Merging more GEMMs into a stage can only lower the bound.
+    """
+    base = layer
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        if layer.endswith("." + proj):
+            base = layer[: -len(proj)] + "qkv"
+    phase = "fwd" if op == "forward" else "bwd"
+    return f"{phase}:{base}"

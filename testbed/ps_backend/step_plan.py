@@ -1,0 +1,161 @@
+"""The PS's use of the planner and the bound: plan each GEMM, record the step, bound it.
+
+Runs on the PS's loop thread (no locks). :class:`StepPlanner` turns a submitted
+:class:`~testbed.ps_backend.scheduler.GemmJob` into a tiling (``job.parallelism.planner: auto``:
+:func:`~testbed.ps_backend.planner.plan_gemm` over the topology's device groups; ``fifo``: the
+job's fixed square tiles), deals the tiles to the devices present, and records every offloaded
+GEMM so that :meth:`StepPlanner.take_step` can give the step's lower bound
+(:mod:`testbed.ps_backend.bound`), its minimal traffic and which groups sat out and why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from testbed.ps_backend.bound import (
+    BoundDevice,
+    BoundGemm,
+    PsLink,
+    comm_min_bytes,
+    stage_key,
+    step_bound,
+)
+from testbed.ps_backend.planner import GemmPlan, PlanDevice, deal_owners, plan_gemm, tile_rate
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
+from testbed.ps_backend.tiler import cut_k
+
+INF = float("inf")
+
+
+@dataclass
+class StepRecord:
+    """What the planner saw of one step."""
+
+    bound_s: float
+    bytes_min_down: float
+    bytes_min_up: float
+    gemms: int
+    sat_out: dict[str, str] = field(default_factory=dict)  # group -> link | speed
+    limits: dict[str, int] = field(default_factory=dict)  # stage limit term -> stages
+
+    def fields(self) -> dict[str, Any]:
+        """The steps.jsonl fields of this record."""
+        return {"bound_s": round(self.bound_s, 6) if math.isfinite(self.bound_s) else None,
+                "bytes_min_down": int(self.bytes_min_down),
+                "bytes_min_up": int(self.bytes_min_up), "sat_out": dict(self.sat_out),
+                "bound_limits": dict(self.limits)}
+
+
+class StepPlanner:
+    """Plans the GEMMs of a run and records each step for its bound."""
+
+    def __init__(self, config: Any):
+        self.mode = getattr(config, "planner", "auto")
+        self.config = config
+        self._plans: dict[tuple[int, int, int, int], GemmPlan] = {}
+        self._gemms: list[BoundGemm] = []
+        self._seen: dict[str, DeviceSlot] = {}
+        self._min_down = self._min_up = 0.0
+        self._sat_out: dict[str, str] = {}
+
+    # -- devices ------------------------------------------------------------------------------
+    def saw(self, slot: DeviceSlot) -> None:
+        """A device took part in this step (joined or present): the bound counts it."""
+        self._seen[slot.device_id] = slot
+
+    def _link(self, group: str) -> tuple[float, float, float]:
+        return self.config.group_links.get(group, (INF, INF, 0.0))
+
+    def _classes(self, slots: Iterable[DeviceSlot]) -> list[PlanDevice]:
+        groups = self.config.planned_groups
+        if groups:
+            return [PlanDevice(g, gflops * 1e9, *self._link(g), count=n) for g, n, gflops in groups]
+        counts: dict[tuple[str, float], int] = {}
+        for s in slots:
+            if not s.quarantined:
+                counts[(s.group, s.predicted_gflops)] = counts.get((s.group, s.predicted_gflops),
+                                                                   0) + 1
+        return [PlanDevice(g, gflops * 1e9, *self._link(g), count=n)
+                for (g, gflops), n in sorted(counts.items())]
+
+    # -- planning -----------------------------------------------------------------------------
+    def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]
+             ) -> tuple[int, int, int, dict[tuple[int, int, int], str] | None]:
+        """(tile_m, tile_n, k_parts, owners) for a GEMM; records it for the step's bound."""
+        slots = list(slots)
+        for s in slots:
+            self.saw(s)
+        m, k = job.a.shape
+        n = job.b.shape[1]
+        item = job.a.itemsize
+        self._gemms.append(BoundGemm(m, k, n, item, stage_key(job.spec.layer, job.spec.op),
+                                     job.a_name, job.b_name))
+        down, up, _ = comm_min_bytes(m, k, n, 1, item)
+        self._min_down += down
+        self._min_up += up
+        if self.mode != "auto":
+            return self.config.tile_m, self.config.tile_n, 1, None
+        plan = self._plan_for(m, k, n, item, slots)
+        if plan is None:
+            return self.config.tile_m, self.config.tile_n, 1, None
+        for group, why in plan.sat_out.items():
+            self._sat_out.setdefault(group, why)
+        return plan.tile_m, plan.tile_n, plan.k_parts, self._owners(plan, m, k, n, item, slots)
+
+    def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot]
+                  ) -> GemmPlan | None:
+        key = (m, k, n, item)
+        plan = self._plans.get(key)
+        if plan is None:
+            classes = self._classes(slots)
+            if not classes:
+                return None
+            max_elems = max(1, (self.config.max_message_bytes - 65536) // (2 * item))
+            plan = plan_gemm(m, k, n, item, classes, *self.config.ps_link_Bps,
+                             max_tile_elems=max_elems)
+            if self.config.planned_groups:  # static classes: the same cut after a restart
+                self._plans[key] = plan
+        return plan
+
+    def _owners(self, plan: GemmPlan, m: int, k: int, n: int, item: int,
+                slots: list[DeviceSlot]) -> dict[tuple[int, int, int], str] | None:
+        used = set(plan.used)
+        weights = {}
+        for s in slots:
+            if s.quarantined or s.group not in used:
+                continue
+            d = PlanDevice(s.device_id, max(s.rate_flops, 1.0), *self._link(s.group))
+            weights[s.device_id] = tile_rate(d, plan, m, k, n, item)
+        if not weights:
+            return None  # nobody the plan counted on is here: anyone takes the tiles
+        boxes = cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts)
+        return deal_owners([(b.row, b.col, b.part) for b in boxes], weights)
+
+    # -- the step -----------------------------------------------------------------------------
+    def bound_devices(self) -> list[BoundDevice]:
+        """The devices of this step as the bound sees them (fastest rate seen, topology links)."""
+        out = []
+        for s in self._seen.values():
+            if s.quarantined:
+                continue
+            down, up, rtt = self._link(s.group)
+            rate = max(s.predicted_gflops * 1e9, s.peak_rate_flops, s.rate_flops)
+            out.append(BoundDevice(s.name, rate, down, up, rtt))
+        return out
+
+    def take_step(self, present: Iterable[DeviceSlot]) -> StepRecord:
+        """The step's record; starts the next step with the devices present now."""
+        ps_down, ps_up = self.config.ps_link_Bps
+        sb = step_bound(self._gemms, self.bound_devices(), PsLink(ps_down, ps_up))
+        limits: dict[str, int] = {}
+        for stage in sb.stages:
+            term = "gemm" if stage.limit.startswith("gemm") else stage.limit
+            limits[term] = limits.get(term, 0) + 1
+        record = StepRecord(sb.bound_s if self._gemms else 0.0, self._min_down, self._min_up,
+                            len(self._gemms), dict(self._sat_out), limits)
+        self._gemms, self._sat_out = [], {}
+        self._min_down = self._min_up = 0.0
+        self._seen = {s.device_id: s for s in present}
+        return record

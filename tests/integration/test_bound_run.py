@@ -1,0 +1,50 @@
+"""On a real loopback run every step's device time is at least its analytic lower bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.runlog import read_jsonl
+from tests.conftest import TINY, reference_losses, run_dir_of, start_up
+
+pytestmark = pytest.mark.integration
+
+
+def _topology(tmp_path: Path) -> Path:
+    """The tiny float64 job on 20 Mbit links with 2 ms delay: link terms in the bound matter."""
+    raw = yaml.safe_load(TINY.read_text())
+    raw["job"].update(steps=3, dtype="float64")
+    raw["job"]["model"].update(hidden=64, ffn=128, seq_len=32)
+    for group in raw["devices"]:
+        group["link"] = {"down": "20Mbit", "up": "20Mbit", "delay": "2ms"}
+    path = tmp_path / "bound.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.slow
+def test_device_time_is_at_least_the_bound_on_a_real_run(tmp_path: Path) -> None:
+    topology = _topology(tmp_path)
+    proc = start_up(topology, tmp_path / "runs")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    run_dir = run_dir_of(tmp_path / "runs")
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    assert len(steps) == 3
+    for s in steps:
+        assert s["bound_s"] > 0 and s["bytes_min_down"] > 0 and s["bytes_min_up"] > 0
+        assert s["device_time_s"] >= s["bound_s"], s
+        assert 0 < s["efficiency"] <= 1
+        assert s["bytes_down"] >= s["bytes_min_down"]  # no schedule sends less than each once
+        assert s["bytes_up"] >= s["bytes_min_up"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["planner"] == "auto"
+    assert summary["bound_s"] == pytest.approx(sum(s["bound_s"] for s in steps), rel=1e-5)
+    assert 0 < summary["efficiency"] <= 1
+    want, _ = reference_losses(topology, 3)
+    for got, ref in zip([s["loss"] for s in steps], want):
+        assert abs(got - ref) <= 1e-8 * abs(ref)

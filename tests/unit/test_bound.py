@@ -1,0 +1,103 @@
+"""The step bound on shapes whose optimum is known by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from testbed.ps_backend.bound import (
+    BoundDevice,
+    BoundGemm,
+    PsLink,
+    comm_min_accessed,
+    comm_min_bytes,
+    group_stages,
+    stage_bound,
+    stage_key,
+    step_bound,
+)
+
+INF = float("inf")
+
+
+def close(a: float, b: float, rel: float = 1e-6) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def test_comm_min_three_cases_match_hand_optima() -> None:
+    # cube n^3 on p = 8: no cap binds, each device accesses 3 (n^3/8)^(2/3) = 3 n^2/4
+    n = 64
+    assert close(comm_min_accessed(n, n, n, 8), 3 * n * n / 4)
+    # one device: it touches every matrix whole
+    assert close(comm_min_accessed(n, n, n, 1), 3 * n * n)
+    # one large dimension (k = 4096, m = n = 8) on p = 2: A and B halves, C whole
+    m, k, n2 = 8, 4096, 8
+    assert close(comm_min_accessed(m, k, n2, 2), m * n2 + (m * k + k * n2) / 2)
+    # two large dimensions (m = n = 1024, k = 4) on p = 16: B and A capped? no: the smallest
+    # matrices are A and B (4096 each); C = 1M: balanced point (1024*1024*4/16)^(2/3) = 4096
+    assert close(comm_min_accessed(1024, 4, 1024, 16), 3 * 4096)
+    with pytest.raises(ValueError):
+        comm_min_accessed(0, 1, 1, 1)
+
+
+def test_comm_min_bytes_down_up_and_total() -> None:
+    down, up, total = comm_min_bytes(8, 4096, 8, 2, 4)
+    assert down == (8 * 4096 * 2) * 4 and up == 64 * 4
+    assert total == pytest.approx(2 * comm_min_accessed(8, 4096, 8, 2) * 4)
+
+
+def test_compute_bound_gemm_one_device() -> None:
+    # infinite links: the bound is exactly FLOPs / rate
+    g = BoundGemm(100, 200, 300, 8, "s")
+    dev = BoundDevice("d", 1e9, INF, INF)
+    sb = stage_bound([g], [dev], PsLink(), set())
+    assert close(sb.bound_s, 2 * 100 * 200 * 300 / 1e9, 1e-6)
+
+
+def test_link_bound_one_device_must_receive_both_operands() -> None:
+    # infinitely fast compute, 1 MB/s each way: it must receive A and B and send C
+    m, k, n, s = 64, 64, 64, 8
+    dev = BoundDevice("d", INF, 1e6, 1e6, rtt_s=0.01)
+    sb = stage_bound([BoundGemm(m, k, n, s, "s")], [dev], PsLink(), set())
+    expected = max((m * k + k * n) * s, m * n * s) / 1e6 + 0.01
+    assert close(sb.bound_s, expected, 1e-6)
+
+
+def test_two_equal_devices_halve_the_link_term() -> None:
+    m = k = n = 128
+    s = 4
+    devs = [BoundDevice(f"d{i}", INF, 1e6, INF) for i in range(2)]
+    sb = stage_bound([BoundGemm(m, k, n, s, "s")], devs, PsLink(), set())
+    # the aggregate down term: (|A| + |B|) over 2 MB/s; per-device LW allows no better
+    assert sb.bound_s >= (m * k + k * n) * s / 2e6 * (1 - 1e-9)
+    # and no worse than one device alone
+    one = stage_bound([BoundGemm(m, k, n, s, "s")], devs[:1], PsLink(), set())
+    assert sb.bound_s < one.bound_s
+
+
+def test_held_operand_is_not_traffic_and_the_ps_link_counts() -> None:
+    g = BoundGemm(64, 64, 64, 8, "s", a_name="X", b_name="W")
+    devs = [BoundDevice("d", INF, 1e6, INF)]
+    fresh = stage_bound([g], devs, PsLink(), set())
+    held = stage_bound([g], devs, PsLink(), {"W"})
+    assert close(fresh.terms["down"], 2 * 64 * 64 * 8 / 1e6)
+    assert close(held.terms["down"], 64 * 64 * 8 / 1e6)
+    slow_ps = stage_bound([g], [BoundDevice("d", INF, INF, INF)], PsLink(1e5, INF), set())
+    assert close(slow_ps.bound_s, 2 * 64 * 64 * 8 / 1e5)
+
+
+def test_step_sums_stages_and_shared_inputs_count_once() -> None:
+    dev = [BoundDevice("d", 1e9, INF, INF, rtt_s=0.5)]
+    fwd = [BoundGemm(32, 32, 32, 8, stage_key(f"l.{p}", "forward"), a_name="x")
+           for p in ("q_proj", "k_proj", "v_proj")]
+    fc = BoundGemm(32, 32, 32, 8, stage_key("l.fc1", "forward"))
+    sb = step_bound([*fwd, fc], dev)
+    assert len(sb.stages) == 2 and [len(g) for g in group_stages([*fwd, fc])] == [3, 1]
+    flops = 2 * 32 ** 3
+    assert close(sb.bound_s, 0.5 + 3 * flops / 1e9 + 0.5 + flops / 1e9)
+    assert stage_key("l.fc1", "input_grad") == stage_key("l.fc1", "weight_grad")
+
+
+def test_no_devices_is_infinite() -> None:
+    assert math.isinf(stage_bound([BoundGemm(2, 2, 2, 8, "s")], [], PsLink(), set()).bound_s)
