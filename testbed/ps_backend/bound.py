@@ -126,6 +126,7 @@ def device_capacity(g: BoundGemm, dev: BoundDevice, window_s: float, held_a: boo
     x = dev.down_Bps * window_s / s  # elements it can receive
     c = min(dev.up_Bps * window_s / s, g.m * g.n)
     cap_a, cap_b = g.m * g.k, g.k * g.n
+    ab: float
     if held_a and held_b:
         ab = cap_a * cap_b
     elif held_a:

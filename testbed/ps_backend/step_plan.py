@@ -113,7 +113,8 @@ class StepPlanner:
             if not classes:
                 return None
             max_elems = max(1, (self.config.max_message_bytes - 65536) // (2 * item))
-            plan = plan_gemm(m, k, n, item, classes, *self.config.ps_link_Bps,
+            ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
+            plan = plan_gemm(m, k, n, item, classes, ps_down_Bps, ps_up_Bps,
                              max_tile_elems=max_elems)
             if self.config.planned_groups:  # static classes: the same cut after a restart
                 self._plans[key] = plan

@@ -48,7 +48,7 @@ def _start_agent(port: int, token: str, log_path: Path) -> subprocess.Popen:
 def test_device_time_is_wall_time_over_dilation_within_lag(tmp_path: Path) -> None:
     token = secrets.token_hex(8)
     config = PsConfig(token=token, run_name="dilation-test", dtype=np.dtype("float32"),
-                      tile_m=128, tile_n=128, min_offload_flops=0.0, lease_s=30.0,
+                      tile_m=128, tile_n=128, min_offload_flops=0.0, lease_s=30.0, planner="fifo",
                       max_message_bytes=8 << 20, time_dilation=DILATION)
     server = PsServer(config).start()
     core = server.core
