@@ -429,8 +429,9 @@ class PsCore:
         if not attached and now_s - self.last_attached_s > limit_s:
             reason = (f"no device attached for {now_s - self.last_attached_s:.0f} s "
                       f"(watchdog no_progress_s = {limit_s:g})")
-        elif self.all_quarantined_since is not None and \
-                now_s - self.all_quarantined_since > min(limit_s, ALL_QUARANTINED_GRACE_S):
+        elif self.all_quarantined_since is not None and (
+                now_s - self.all_quarantined_since > min(limit_s, ALL_QUARANTINED_GRACE_S)
+                or now_s - self.last_progress_s > limit_s):
             reason = (f"every attached device is quarantined ({len(attached)}: "
                       f"{', '.join(sorted({c.slot.name for c in attached})[:5])}); "
                       f"no device may compute the {len(self.scheduler.tasks)} tiles left")
