@@ -52,7 +52,8 @@ def test_the_last_device_gone_fails_the_run_and_keeps_the_steps_done(tmp_path: P
         assert summary["steps_done"] >= 2  # never "0 steps" after steps were done
 
 
-def _silent_rogue(ps: PsProcess, answer: str, name: str = "rogue") -> tuple[Rogue, threading.Thread]:
+def _silent_rogue(ps: PsProcess, answer: str,
+                  name: str = "rogue") -> tuple[Rogue, threading.Thread]:
     """A rogue that attaches and heartbeats; it never answers (silent) or answers wrongly."""
     rogue = Rogue(ps.address, name=name, gflops=1000, window=4)
     rogue.join()
