@@ -323,6 +323,7 @@ class PsCore:
         if conn is None:
             return 0
         held = [c.task for c in conn.slot.in_flight.values()]
+        cancelled = len(conn.slot.cancelled)  # losing copies it still held (nothing waits)
         requeued = self.scheduler.remove_device(device_id)
         backed_up = [t.task_id for t in held if not t.done and t.holders]
         done_elsewhere = [t.task_id for t in held if t.done]
@@ -336,6 +337,7 @@ class PsCore:
         self._event(kind, device=conn.slot.name, device_id=device_id, reason=reason,
                     in_flight=len(held), in_flight_tasks=[t.task_id for t in held],
                     done_elsewhere=len(done_elsewhere), backed_up=len(backed_up),
+                    cancelled=cancelled,
                     requeued_tiles=len(requeued),
                     requeued=[{"task": t.task_id, "gemm": t.job.uid, "attempt": t.attempt}
                               for t in requeued])

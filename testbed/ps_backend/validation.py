@@ -139,7 +139,8 @@ def check_result(a: np.ndarray, b: np.ndarray, c: np.ndarray, check_values: bool
 # an Inf in a joule count makes the run's records unreadable JSON. The bounds below are far beyond
 # any real device (a data-center GPU does ~1e3 GFLOP/s in float64, a tile takes well under an
 # hour) and only exist to turn absurd values into a clear refusal.
-MAX_NAME_CHARS = 64  # device name, group, profile, kind
+MAX_NAME_CHARS = 128  # device name, group, kind
+MAX_PROFILE_CHARS = 4096  # a profile name or the path of a profile file (PATH_MAX)
 MAX_PLATFORM_CHARS = 256  # free text, truncated rather than refused
 MAX_PREDICTED_GFLOPS = 1e6
 MAX_IN_FLIGHT = 64  # the largest window a device may ask for
@@ -172,10 +173,12 @@ def clip_text(text: str, limit: int) -> str:
 def descriptor_problem(name: str, group: str, kind: str, profile: str, predicted_gflops: float,
                        max_in_flight: int, cache_bytes: int) -> str | None:
     """None if a Join's device descriptor is acceptable, else why not (names the field)."""
-    for field_name, text in (("name", name), ("group", group), ("kind", kind),
-                             ("profile", profile)):
-        if not printable_label(text, MAX_NAME_CHARS):
-            return (f"device.{field_name} must be printable and at most {MAX_NAME_CHARS} "
+    for field_name, text, limit in (("name", name, MAX_NAME_CHARS),
+                                    ("group", group, MAX_NAME_CHARS),
+                                    ("kind", kind, MAX_NAME_CHARS),
+                                    ("profile", profile, MAX_PROFILE_CHARS)):
+        if not printable_label(text, limit):
+            return (f"device.{field_name} must be printable and at most {limit} "
                     f"characters (got {len(text)})")
     if kind not in ("", "emulated", "real"):
         return f"device.kind must be 'emulated' or 'real', got {clip_text(kind, 16)!r}"

@@ -100,6 +100,6 @@ def test_a_flood_of_refused_joins_keeps_the_run_and_its_logs_small(tmp_path: Pat
     refused = [e for e in ps.events() if e["event"] == "join_refused"]
     assert refused and sum(e["refusals"] for e in refused) <= sent[0]
     assert len(refused) <= 2 * 10  # at most one line per reason per second
-    assert all(len(e["device"]) <= 70 for e in refused)
+    assert all(len(e["device"]) <= 70 for e in refused)  # names cut to 64
     assert (ps.run_dir / "events.jsonl").stat().st_size <= EVENTS_MAX_BYTES
     assert _run_dir_bytes(ps.run_dir) <= RUN_DIR_MAX_BYTES
