@@ -215,7 +215,7 @@ def bounded_telemetry(current: dict[str, object], values: dict[str, float],
     MAX_TELEMETRY_KEYS are dropped; labels are cut to MAX_TELEMETRY_LABEL_CHARS.
     """
     dropped = 0
-    items: list[tuple[str, object]] = list(values.items()) + list(labels.items())
+    items: list[tuple[str, float | str]] = [*values.items(), *labels.items()]
     for key, value in items:
         if not printable_label(key, MAX_TELEMETRY_KEY_CHARS) or \
                 (key not in current and len(current) >= MAX_TELEMETRY_KEYS):
@@ -223,7 +223,7 @@ def bounded_telemetry(current: dict[str, object], values: dict[str, float],
             continue
         if isinstance(value, str):
             current[key] = clip_text(value, MAX_TELEMETRY_LABEL_CHARS)
-        elif finite_in(float(value), -MAX_TELEMETRY_ABS, MAX_TELEMETRY_ABS):
+        elif finite_in(value, -MAX_TELEMETRY_ABS, MAX_TELEMETRY_ABS):
             current[key] = float(value)
         else:
             dropped += 1
