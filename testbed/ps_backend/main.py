@@ -31,7 +31,16 @@ import numpy as np
 import torch
 
 from testbed.ps_backend.ledger import Ledger
-from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor
+from testbed.ps_backend.server import (
+    DEPARTED_SHOWN,
+    NO_PROGRESS_S,
+    DivergedError,
+    PsConfig,
+    PsServer,
+    TileExecutor,
+    WatchdogError,
+    raise_fd_limit,
+)
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import Topology, TopologyError, load_topology
 
@@ -74,13 +83,14 @@ class StatusWriter:
         if dt > 0:
             self.tiles_per_s = (totals.tiles - self._last_tiles) / dt
         self._last_tiles, self._last_tiles_s, self._last_write = totals.tiles, now, now
-        devices = core.device_records() + [dict(d) for d in core.departed]
+        # departed devices: the newest few and a count (a long churn run has thousands)
+        devices = core.device_records() + core.departed_records(DEPARTED_SHOWN)
         write_json_atomic(self.path, {
             **self.fields, "tiles": totals.tiles, "tiles_per_s": round(self.tiles_per_s, 2),
             "bytes_down": totals.bytes_down, "bytes_up": totals.bytes_up,
             "requeued": totals.requeued, "rejected": totals.rejected,
             "pending": len(core.scheduler.pending), **fault_metrics(core, self.cpu),
-            "devices": devices})
+            "devices_departed": core.departed_total, "devices": devices})
         if force or now - self._last_sample >= DEVICE_SAMPLE_PERIOD_S:
             self._last_sample = now
             for record in core.device_records():
@@ -197,6 +207,19 @@ def _restore(trainer: Any, run_dir: Path, runlog: RunLog) -> list[float]:
     return losses
 
 
+def no_progress_s(job: Any, override: float | None) -> float:
+    """The watchdog's time limit: --no-progress-s, else job.watchdog.no_progress_s, else 120.
+
+    Read defensively: the topology schema may not have the key (then the default holds).
+    """
+    if override is not None:
+        return override
+    watchdog = getattr(job, "watchdog", None)
+    value = watchdog.get("no_progress_s") if isinstance(watchdog, dict) else \
+        getattr(watchdog, "no_progress_s", None)
+    return float(value) if value is not None else NO_PROGRESS_S
+
+
 def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
                       stop: threading.Event) -> int:
     """Wait until `expected` distinct devices are attached; return how many are."""
@@ -210,6 +233,8 @@ def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
         return server.call(lambda: len({c.slot.name for c in core.conns.values()
                                         if c.outbox is not None}))
     while not stop.is_set() and time.monotonic() < deadline:
+        if core.watchdog_reason is not None:
+            raise WatchdogError(core.watchdog_reason)
         joined = attached()
         if joined >= expected:
             return joined
@@ -219,7 +244,7 @@ def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
 
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,
            join_timeout_s: float, dilation: float, stop: threading.Event, resume: bool = False,
-           checkpoint_every: int = 1) -> int:
+           checkpoint_every: int = 1, watchdog_s: float | None = None) -> int:
     """Train the topology's job with devices; return the process exit code."""
     job = topology.job
     from testbed.ps_backend.engine.trainer import Trainer  # torch-heavy: import after args
@@ -235,7 +260,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                       planner=job.parallelism.planner, **plan_inputs(topology),
                       time_dilation=dilation, check_values=validation.enabled,
                       freivalds_vectors=validation.freivalds_vectors,
-                      quarantine_after=validation.quarantine_after)
+                      quarantine_after=validation.quarantine_after,
+                      no_progress_s=no_progress_s(job, watchdog_s), fd_limit=raise_fd_limit())
     trainer = Trainer(job, topology.seed, None)
     losses: list[float] = _restore(trainer, run_dir, runlog) if resume else []
     ledger = Ledger(run_dir / "ledger")
@@ -252,11 +278,13 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     log.info("PS listening on %s:%d; waiting for %d device(s)", host, server.port,
              expected_devices)
     runlog.event("ps_start", address=f"{host}:{server.port}", expected_devices=expected_devices,
-                 time_dilation=dilation)
+                 time_dilation=dilation, fd_limit=config.fd_limit,
+                 max_connections=server.max_connections, no_progress_s=config.no_progress_s)
     trainer.executor = executor
     bound = BoundTotals()
     started = time.monotonic()
     state, code = "done", 0
+    failure: str | None = None
     try:
         status.fields["state"] = "waiting for devices"
         joined = _wait_for_devices(server, expected_devices, join_timeout_s, stop)
@@ -271,6 +299,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             wall_s = time.monotonic() - step_start
             stats = server.call(server.core.take_step_stats)  # type: ignore[union-attr]
             planned_step = server.call(server.core.take_step_plan)  # type: ignore[union-attr]
+            if not np.isfinite(result.loss):
+                raise DivergedError(f"the loss of step {result.step} is {result.loss!r}: the "
+                                    f"model diverged (check job.optimizer.lr)")
             losses.append(result.loss)
             device_time_s = wall_s / dilation
             bound.add(planned_step, device_time_s)
@@ -301,19 +332,27 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     except InterruptedError:
         state, code = "interrupted", 1
         log.warning("interrupted; stopping devices")
+    except (WatchdogError, DivergedError) as exc:
+        state, code, failure = "failed", 1, str(exc)
+        log.error("run failed: %s", exc)
+        print(f"error: {exc}", file=sys.stderr)
+        runlog.event("ps_failed", error=failure)
     except Exception as exc:
-        state, code = "failed", 1
+        state, code, failure = "failed", 1, repr(exc)
         log.exception("training failed")
         runlog.event("ps_failed", error=repr(exc))
     finally:
         status.fields["state"] = state
-        server.call(lambda: status.tick(force=True))
         core = server.core
         assert core is not None
+        try:
+            server.call(lambda: status.tick(force=True))
+        except OSError as exc:  # the summary below matters more than the live view
+            log.error("could not write status.json: %s", exc)
         totals = core.totals
         metrics = server.call(lambda: fault_metrics(core, status.cpu))
         summary = {
-            "run": run_dir.name, "state": state, "steps_done": len(losses),
+            "run": run_dir.name, "state": state, "error": failure, "steps_done": len(losses),
             "steps": job.steps, "final_loss": losses[-1] if losses else None,
             "losses": losses, "wall_s": round(time.monotonic() - started, 3),
             "time_dilation": dilation, "tiles": totals.tiles,
@@ -323,8 +362,16 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             "device_compute_s": round(totals.device_compute_s, 6),
             "energy_j": round(totals.energy_j, 6), **metrics, **bound.fields(),
             "planner": job.parallelism.planner,
-            "devices": server.call(core.device_records) + list(core.departed)}
-        write_json_atomic(run_dir / "ps_summary.json", summary)
+            "devices": server.call(core.device_records) + core.departed_records()}
+        try:
+            write_json_atomic(run_dir / "ps_summary.json", summary)
+        except OSError as exc:
+            # out of file descriptors or disk: close every connection, then try once more, so
+            # that the steps really done are never lost from the record
+            log.error("could not write ps_summary.json (%s); retrying after closing the server",
+                      exc)
+            server.stop("run " + state)
+            write_json_atomic(run_dir / "ps_summary.json", summary)
         runlog.event("ps_stop", state=state)
         server.stop("run " + state)
         ledger.close()
@@ -349,6 +396,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="continue the run in --run-dir from its newest checkpoint and ledger")
     p.add_argument("--checkpoint-every", type=int, default=1,
                    help="write a checkpoint every N steps (and after the last)")
+    p.add_argument("--no-progress-s", type=float, default=None,
+                   help="progress watchdog: fail the run (exit 1) when no device is attached, "
+                        "or no tile is accepted, for this many seconds (default: "
+                        f"job.watchdog.no_progress_s, else {NO_PROGRESS_S:g}; 0 = off)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s ps %(levelname)s: %(message)s")
     try:
@@ -370,5 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_every < 1:
         print("error: --checkpoint-every must be >= 1", file=sys.stderr)
         return 2
+    if args.no_progress_s is not None and not (0 <= args.no_progress_s < float("inf")):
+        print("error: --no-progress-s must be a finite number >= 0", file=sys.stderr)
+        return 2
     return run_ps(topology, args.run_dir, args.listen, token, expected, args.join_timeout_s,
-                  args.dilation, stop, resume=args.resume, checkpoint_every=args.checkpoint_every)
+                  args.dilation, stop, resume=args.resume, checkpoint_every=args.checkpoint_every,
+                  watchdog_s=args.no_progress_s)

@@ -73,6 +73,10 @@ STRAGGLER_RATIO = 2.0
 EWMA_WEIGHT = 0.3  # weight of the newest observation in a device's speed estimate
 MAX_COPIES = 2  # a task is out on at most this many devices at once (primary + one backup)
 MIN_BACKUP_GAIN_S = 0.05  # a backup must promise to save at least this much wall time
+# A copy this long (wall seconds x dilation) past its predicted return may be backed up even
+# while its holder's or the idle device's overhead is unknown: a device that heartbeats but never
+# returns its first tiles must not hold a step up until its lease ends (it never does).
+OVERDUE_BACKUP_S = 2.0
 
 
 def straggles(slow_s: float, fast_s: float, ratio: float = STRAGGLER_RATIO) -> bool:
@@ -186,6 +190,10 @@ class DeviceSlot:
     profile: str = ""
     window: int = 1
     in_flight: dict[int, Copy] = field(default_factory=dict)
+    # losing copies: another device's copy of the task won while this one was out. They no
+    # longer count as in flight (nothing waits for them, a departure re-queues nothing for
+    # them), but they still occupy the window: the device is busy with them until they return.
+    cancelled: dict[int, Copy] = field(default_factory=dict)
     given: set[int] = field(default_factory=set)  # every task id ever handed to it
     cache: BlockCache[None] = field(init=False)
     rate_flops: float = 0.0  # observed speed, FLOP per device second (EWMA)
@@ -208,12 +216,13 @@ class DeviceSlot:
 
     @property
     def free(self) -> int:
-        return 0 if self.quarantined else self.window - len(self.in_flight)
+        return 0 if self.quarantined else \
+            self.window - len(self.in_flight) - len(self.cancelled)
 
     def finish_estimate_s(self, flops: float) -> float:
         """Predicted device seconds until a new tile of this size would be done (queue first)."""
         per_tile = flops / max(self.rate_flops, 1.0)
-        return (len(self.in_flight) + 1) * per_tile
+        return (len(self.in_flight) + len(self.cancelled) + 1) * per_tile
 
 
 class Verdict(enum.Enum):
@@ -235,6 +244,8 @@ class Outcome:
     # the tasks that went back to the queue
     backup_won: bool = False  # the accepted copy was a backup
     attempt: int = 0
+    cancelled: list[str] = field(default_factory=list)  # devices whose losing copy stopped
+    # counting as in flight when this result won
 
 
 @dataclass
@@ -246,6 +257,7 @@ class SchedulerCounters:
     backups: int = 0  # backup copies handed out
     backup_wins: int = 0  # accepted results that came from a backup copy
     wasted: int = 0  # valid results dropped because another copy won
+    cancelled: int = 0  # losing copies that stopped counting as in flight when another won
     checks: int = 0  # results whose values were checked
     failed_checks: int = 0
     validation_cpu_s: float = 0.0  # CPU time of the loop thread inside the checks
@@ -322,6 +334,7 @@ class Scheduler:
             self.pending.appendleft(task)
         if not keep_copies:
             slot.in_flight.clear()
+            slot.cancelled.clear()
         return requeued
 
     def _release(self, task: Task, device_id: str, front: bool = True) -> bool:
@@ -411,7 +424,7 @@ class Scheduler:
             return []
         now_s = time.monotonic() if now_s is None else now_s
         out: list[Assignment] = []
-        speculate = self.speculate and slot.overhead_s is not None
+        speculate = self.speculate
         while slot.free > 0 and self.pending:
             task = self._pick(slot)
             if task is None:
@@ -521,14 +534,17 @@ class Scheduler:
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
         best: Task | None = None
         best_remaining = 0.0
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
         for other in self.devices.values():
-            if other is slot or other.quarantined or other.overhead_s is None:
+            if other is slot or other.quarantined:
                 continue
+            known = other.overhead_s is not None and slot.overhead_s is not None
             for copy in other.in_flight.values():
                 task = copy.task
                 if (task.done or len(task.holders) >= MAX_COPIES or task.queued
                         or other.device_id not in task.holders
-                        or task.task_id in slot.given):
+                        or task.task_id in slot.given
+                        or (not known and now_s - copy.expected_s < overdue_s)):
                     continue
                 remaining = self.remaining_s(copy, now_s)
                 mine = self.finish_wall_s(slot, task.flops)
@@ -568,6 +584,9 @@ class Scheduler:
             return Outcome(Verdict.REJECTED, f"device {device_id} is not registered")
         slot.bytes_up += c.nbytes
         copy = slot.in_flight.get(task_id)
+        losing = slot.cancelled.get(task_id)
+        if copy is None and losing is not None and losing.attempt == attempt:
+            copy = slot.in_flight[task_id] = slot.cancelled.pop(task_id)  # checked as before
         if copy is None or copy.attempt != attempt:
             if task_id in slot.given and copy is None:
                 slot.tiles_late += 1
@@ -643,6 +662,15 @@ class Scheduler:
         task.done = True
         task.holder = slot.device_id
         self.tasks.pop(task.task_id, None)
+        cancelled = []
+        for other_id in task.holders - {slot.device_id}:  # the losing copies
+            other = self.devices.get(other_id)
+            losing = other.in_flight.pop(task.task_id, None) if other is not None else None
+            if other is not None and losing is not None:
+                other.cancelled[task.task_id] = losing
+                cancelled.append(other_id)
+                self.counters.cancelled += 1
+        task.holders.clear()
         slot.tiles_done += 1
         slot.compute_s += compute_s
         slot.energy_j += energy_j
@@ -655,7 +683,8 @@ class Scheduler:
         job = task.job
         job.remaining -= 1
         return Outcome(Verdict.ACCEPTED, completed_job=job if job.remaining == 0 else None,
-                       task=task, checked=True, backup_won=copy.backup, attempt=copy.attempt)
+                       task=task, checked=True, backup_won=copy.backup, attempt=copy.attempt,
+                       cancelled=cancelled)
 
     @staticmethod
     def _store(job: GemmJob, box: TileBox, c: np.ndarray) -> None:

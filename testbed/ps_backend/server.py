@@ -15,9 +15,12 @@ import asyncio
 import hmac
 import itertools
 import logging
+import math
+import resource
 import secrets
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -41,9 +44,121 @@ from testbed.ps_backend.scheduler import (
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import gemm_flops
+from testbed.ps_backend.validation import (
+    MAX_PLATFORM_CHARS,
+    MAX_TELEMETRY_KEYS,
+    bounded_telemetry,
+    clip_text,
+    descriptor_problem,
+    result_numbers_problem,
+)
 from testbed.runlog import RunLog
 
 log = logging.getLogger(__name__)
+
+# -- limits against hostile or broken clients (docs/fault-tolerance.md, "Limits") -------------
+FD_RESERVE = 256  # file descriptors kept back from gRPC for the PS's own files (checkpoints,
+# ledger segments, run logs, torch): connections beyond the rest are closed as they arrive
+MIN_CONNECTIONS = 64
+HANDSHAKE_TIMEOUT_MS = 10_000  # a TCP connection that does not finish HTTP/2 setup is closed
+CONNECTION_IDLE_MS = 60_000  # a connection with no RPC for this long is closed (GOAWAY)
+MAX_STREAMS_PER_CONNECTION = 16  # an agent needs one Work stream plus a Join or Leave
+JOINS_PER_S_PER_PEER = 100.0  # refill rate of each peer address's join bucket
+JOIN_BURST_PER_PEER = 500.0  # bucket size: a loopback run's agents all join from 127.0.0.1
+PEER_BUCKETS_MAX = 4096  # addresses remembered; beyond, one shared bucket for the rest
+REFUSAL_EVENT_PERIOD_S = 1.0  # at most one join_refused event per reason in this period
+DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are counted)
+DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
+NO_PROGRESS_S = 120.0  # watchdog default: no tile accepted / no device attached this long
+ALL_QUARANTINED_GRACE_S = 10.0  # every attached device quarantined this long: the run fails
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    elif hard == resource.RLIM_INFINITY and soft != hard:
+        soft = max(soft, 1 << 16)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        except (ValueError, OSError):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return int(soft)
+
+
+def connection_cap(fd_limit: int) -> int:
+    """Most TCP connections the PS accepts at once for a soft fd limit."""
+    return max(MIN_CONNECTIONS, fd_limit - FD_RESERVE)
+
+
+def peer_host(peer: str) -> str:
+    """The address part of a gRPC peer string ("ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1")."""
+    if peer.startswith("ipv6:["):
+        return peer.split("]", 1)[0] + "]"
+    head, sep, _ = peer.rpartition(":")
+    return head if sep and head else peer
+
+
+class JoinLimiter:
+    """Token buckets per peer address, consulted before the token is even checked."""
+
+    def __init__(self, rate_per_s: float = JOINS_PER_S_PER_PEER,
+                 burst: float = JOIN_BURST_PER_PEER, max_peers: int = PEER_BUCKETS_MAX):
+        self.rate_per_s, self.burst, self.max_peers = rate_per_s, burst, max_peers
+        self._buckets: dict[str, tuple[float, float]] = {}  # peer -> (tokens, last time)
+
+    def allow(self, peer: str, now_s: float | None = None) -> bool:
+        """Whether a join from this peer address may proceed now (takes one token)."""
+        now_s = time.monotonic() if now_s is None else now_s
+        if peer not in self._buckets and len(self._buckets) >= self.max_peers:
+            self._prune(now_s)
+            if len(self._buckets) >= self.max_peers:
+                peer = "*"  # too many addresses: the rest share one bucket
+        tokens, last = self._buckets.get(peer, (self.burst, now_s))
+        tokens = min(self.burst, tokens + (now_s - last) * self.rate_per_s)
+        allowed = tokens >= 1.0
+        self._buckets[peer] = (tokens - 1.0 if allowed else tokens, now_s)
+        return allowed
+
+    def _prune(self, now_s: float) -> None:
+        full_after_s = self.burst / self.rate_per_s
+        self._buckets = {p: (t, last) for p, (t, last) in self._buckets.items()
+                         if now_s - last < full_after_s}
+
+
+class RefusalLog:
+    """Refused joins, counted by reason; an event at most once a period per reason.
+
+    The client chooses what a refused join says about itself, so its name is cut short and
+    logged only in these periodic summaries: events.jsonl grows by at most one line per reason
+    per period, whatever the rate of refusals.
+    """
+
+    def __init__(self, emit: Callable[..., None], period_s: float = REFUSAL_EVENT_PERIOD_S):
+        self.emit = emit
+        self.period_s = period_s
+        self.totals: dict[str, int] = {}
+        self._unlogged: dict[str, int] = {}
+        self._last_s: dict[str, float] = {}
+
+    def note(self, reason: str, name: str, peer: str, now_s: float | None = None) -> None:
+        """Count one refusal; emit an event if this reason's period has passed."""
+        now_s = time.monotonic() if now_s is None else now_s
+        self.totals[reason] = self.totals.get(reason, 0) + 1
+        self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+        if now_s - self._last_s.get(reason, -math.inf) >= self.period_s:
+            self._last_s[reason] = now_s
+            count = self._unlogged.pop(reason)
+            self.emit("join_refused", reason=reason, device=clip_text(name, 64),
+                      peer=clip_text(peer, 64), refusals=count)
+            if count > 1 or self.totals[reason] == 1:
+                log.warning("refused %d join(s): %s (last from %s)", count, reason,
+                            clip_text(peer, 64))
 
 
 @dataclass
@@ -69,6 +184,8 @@ class PsConfig:
     # the devices the topology names, as (group, count, gflops): plans are made for these so
     # a restarted PS cuts every GEMM the same way
     planned_groups: tuple[tuple[str, int, float], ...] = ()
+    no_progress_s: float = NO_PROGRESS_S  # watchdog: 0 = off (job.watchdog.no_progress_s)
+    fd_limit: int = 0  # soft RLIMIT_NOFILE the server runs with (0: read it at start)
 
 
 @dataclass(eq=False)
@@ -82,6 +199,7 @@ class DeviceConn:
     last_seen_s: float
     outbox: asyncio.Queue | None = None
     telemetry: dict[str, Any] = field(default_factory=dict)
+    telemetry_dropped: int = 0  # telemetry entries refused (limits, non-finite values)
     end_reason: str = "stream broken"  # why its Work stream ended, for the departure event
 
     @property
@@ -135,11 +253,25 @@ class PsCore:
                                    freivalds_vectors=config.freivalds_vectors,
                                    quarantine_after=config.quarantine_after,
                                    dilation=config.time_dilation, speculate=config.speculate)
-        self.quarantined_names: set[str] = set()
+        # quarantine is per session (device id), never per name: a name is only a label the
+        # device chose, so anyone with the token could claim an honest device's (see docs)
+        self.quarantined: dict[str, str] = {}  # device id -> name, every session quarantined
         self.recovering: list[Recovery] = []
         self.recovery_s: list[float] = []  # departure -> every re-queued tile handed out again
         self.conns: dict[str, DeviceConn] = {}
-        self.departed: list[dict[str, Any]] = []  # final records of devices that left
+        # final records of devices that left: the newest DEPARTED_KEPT, the rest only counted
+        self.departed: deque[dict[str, Any]] = deque(maxlen=DEPARTED_KEPT)
+        self.departed_total = 0
+        self.join_limiter = JoinLimiter()
+        self.refusals = RefusalLog(self._event)
+        self.telemetry_dropped = 0
+        self.results_refused = 0  # results whose timing or energy was not a finite number
+        # progress watchdog (docs/fault-tolerance.md): set once, read by the engine's thread
+        now = time.monotonic()
+        self.last_attached_s = now  # last moment some device had a Work stream open
+        self.last_progress_s = now  # last accepted tile, or the moment work became outstanding
+        self.all_quarantined_since: float | None = None
+        self.watchdog_reason: str | None = None
         self.stats = StepStats()
         self.totals = StepStats()
         self._ids = itertools.count()
@@ -156,8 +288,15 @@ class PsCore:
     def check_token(self, token: str) -> bool:
         return hmac.compare_digest(token.encode(), self.config.token.encode())
 
+    @staticmethod
+    def descriptor_problem(device: pb.DeviceDescriptor) -> str | None:
+        """None if a Join's descriptor is acceptable (every field bounded and finite)."""
+        return descriptor_problem(device.name, device.group, device.kind, device.profile,
+                                  device.predicted_gflops, device.max_in_flight,
+                                  device.cache_bytes)
+
     def join(self, device: pb.DeviceDescriptor) -> DeviceConn:
-        """Register a device (token already checked)."""
+        """Register a device (token and descriptor already checked)."""
         device_id = f"d{next(self._ids)}"
         slot = DeviceSlot(device_id=device_id, name=device.name or device_id,
                           predicted_gflops=device.predicted_gflops or 1.0,
@@ -167,16 +306,13 @@ class PsCore:
         now = time.monotonic()
         conn = DeviceConn(slot, secrets.token_hex(16),
                           {"name": slot.name, "group": device.group, "kind": slot.kind,
-                           "profile": device.profile, "platform": device.platform,
+                           "profile": device.profile,
+                           "platform": clip_text(device.platform, MAX_PLATFORM_CHARS),
                            "predicted_gflops": slot.predicted_gflops}, now, now)
         self.conns[device_id] = conn
         self.scheduler.add_device(slot)
         self.planner.saw(slot)
         self._event("join", device=slot.name, device_id=device_id, **conn.descriptor)
-        if slot.name in self.quarantined_names:  # identity is the name the device declares
-            self.scheduler.quarantine(device_id)
-            self._event("quarantine", device=slot.name, device_id=device_id,
-                        reason="joined again after being quarantined", requeued_tiles=0)
         self.joined.set()
         return conn
 
@@ -197,6 +333,7 @@ class PsCore:
         if conn is None:
             return 0
         held = [c.task for c in conn.slot.in_flight.values()]
+        cancelled = len(conn.slot.cancelled)  # losing copies it still held (nothing waits)
         requeued = self.scheduler.remove_device(device_id)
         backed_up = [t.task_id for t in held if not t.done and t.holders]
         done_elsewhere = [t.task_id for t in held if t.done]
@@ -206,9 +343,11 @@ class PsCore:
             conn.outbox.put_nowait(None)
         self.departed.append(self._device_record(
             conn, state="quarantined" if conn.slot.quarantined else "left"))
+        self.departed_total += 1
         self._event(kind, device=conn.slot.name, device_id=device_id, reason=reason,
                     in_flight=len(held), in_flight_tasks=[t.task_id for t in held],
                     done_elsewhere=len(done_elsewhere), backed_up=len(backed_up),
+                    cancelled=cancelled,
                     requeued_tiles=len(requeued),
                     requeued=[{"task": t.task_id, "gemm": t.job.uid, "attempt": t.attempt}
                               for t in requeued])
@@ -272,8 +411,53 @@ class PsCore:
         """Periodic work on the loop thread: leases, backups as time passes, ledger fsync."""
         self.expire_leases()
         self.pump()
+        self.check_progress()
         if self.ledger is not None:
             self.ledger.maybe_sync()
+
+    def check_progress(self, now_s: float | None = None) -> str | None:
+        """The progress watchdog: set and return why the run cannot go on, else None.
+
+        Fails when no device has been attached for ``no_progress_s``, when work is outstanding
+        and no tile was accepted for ``no_progress_s``, or when every attached device has been
+        quarantined for ``ALL_QUARANTINED_GRACE_S`` (while work is outstanding).
+        """
+        limit_s = self.config.no_progress_s
+        if self.watchdog_reason is not None or limit_s <= 0 or self.stopping:
+            return self.watchdog_reason
+        now_s = time.monotonic() if now_s is None else now_s
+        attached = [c for c in self.conns.values() if c.outbox is not None]
+        if attached:
+            self.last_attached_s = now_s
+        outstanding = bool(self.scheduler.tasks)
+        if not outstanding:
+            self.last_progress_s = now_s
+        trusted = [c for c in attached if not c.slot.quarantined]
+        if attached and not trusted and outstanding:
+            if self.all_quarantined_since is None:
+                self.all_quarantined_since = now_s
+        else:
+            self.all_quarantined_since = None
+        reason = None
+        if not attached and now_s - self.last_attached_s > limit_s:
+            reason = (f"no device attached for {now_s - self.last_attached_s:.0f} s "
+                      f"(watchdog no_progress_s = {limit_s:g})")
+        elif self.all_quarantined_since is not None and (
+                now_s - self.all_quarantined_since > min(limit_s, ALL_QUARANTINED_GRACE_S)
+                or now_s - self.last_progress_s > limit_s):
+            reason = (f"every attached device is quarantined ({len(attached)}: "
+                      f"{', '.join(sorted({c.slot.name for c in attached})[:5])}); "
+                      f"no device may compute the {len(self.scheduler.tasks)} tiles left")
+        elif outstanding and now_s - self.last_progress_s > limit_s:
+            in_flight = sum(len(c.slot.in_flight) for c in attached)
+            reason = (f"no tile accepted for {now_s - self.last_progress_s:.0f} s with "
+                      f"{len(self.scheduler.tasks)} tiles outstanding ({in_flight} in flight on "
+                      f"{len(attached)} attached devices; watchdog no_progress_s = {limit_s:g})")
+        if reason is not None:
+            self.watchdog_reason = reason
+            self._event("watchdog", reason=reason)
+            log.error("watchdog: %s", reason)
+        return reason
 
     def invalidate(self, before_version: int) -> None:
         """Weights advanced: drop older cached blocks on every device and in the mirrors."""
@@ -333,8 +517,13 @@ class PsCore:
             self.scheduler.set_max_in_flight(conn.device_id, msg.credit.tiles)
             self.pump()
         elif body == "telemetry":
-            conn.telemetry.update(dict(msg.telemetry.values))
-            conn.telemetry.update(dict(msg.telemetry.labels))
+            t = msg.telemetry
+            if len(t.values) + len(t.labels) > 4 * MAX_TELEMETRY_KEYS:  # not worth reading
+                dropped = len(t.values) + len(t.labels)
+            else:
+                dropped = bounded_telemetry(conn.telemetry, dict(t.values), dict(t.labels))
+            conn.telemetry_dropped += dropped
+            self.telemetry_dropped += dropped
         elif body == "attach":
             self._reject(conn, -1, "already attached: Attach is only the first message")
 
@@ -352,11 +541,16 @@ class PsCore:
         size = len(result.c.data)
         self.stats.bytes_up += size
         self.totals.bytes_up += size
+        problem = result_numbers_problem(result.compute_s, result.energy_j, result.lag_s,
+                                         result.received_s, result.started_s, result.done_s)
         try:
             c = from_tensor(result.c)
         except TensorError as exc:
+            problem = problem or f"bad tensor: {exc}"
+        if problem is not None:
+            self.results_refused += 1
             outcome = self.scheduler.refuse(conn.device_id, result.task_id, result.attempt,
-                                            f"bad tensor: {exc}")
+                                            problem)
         else:
             outcome = self.scheduler.accept(conn.device_id, result.task_id, result.attempt, c,
                                             result.compute_s, result.energy_j)
@@ -382,6 +576,7 @@ class PsCore:
                   c: np.ndarray) -> None:
         task = outcome.task
         assert task is not None
+        self.last_progress_s = time.monotonic()
         for s in (self.stats, self.totals):
             s.tiles += 1
             s.recomputed += result.attempt > 0
@@ -398,7 +593,7 @@ class PsCore:
 
     def _quarantined(self, conn: DeviceConn, outcome: Outcome) -> None:
         requeued = outcome.quarantined or []
-        self.quarantined_names.add(conn.slot.name)
+        self.quarantined[conn.device_id] = conn.slot.name
         for s in (self.stats, self.totals):
             s.requeued += len(requeued)
         self._event("quarantine", device=conn.slot.name, device_id=conn.device_id,
@@ -417,16 +612,24 @@ class PsCore:
                 "tiles_late": s.tiles_late, "backups_won": s.backups_won,
                 "in_flight": sum(s.device_id in c.task.holders and not c.task.done
                                  for c in s.in_flight.values()),
-                "outstanding": [[c.task.task_id, c.attempt] for c in s.in_flight.values()],
+                # every copy still on the device, losing copies too (their results get checked)
+                "outstanding": [[c.task.task_id, c.attempt] for c in
+                                itertools.chain(s.in_flight.values(), s.cancelled.values())],
                 "window": s.window, "bytes_down": s.bytes_down, "bytes_up": s.bytes_up,
                 "compute_s": round(s.compute_s, 6), "energy_j": round(s.energy_j, 6),
-                "observed_gflops": round(s.rate_flops / 1e9, 3), "telemetry": dict(conn.telemetry)}
+                "observed_gflops": round(s.rate_flops / 1e9, 3), "telemetry": dict(conn.telemetry),
+                "telemetry_dropped": conn.telemetry_dropped}
 
     def device_records(self) -> list[dict[str, Any]]:
         """Current state of every joined device."""
         return [self._device_record(c, "quarantined" if c.slot.quarantined else
                                     "busy" if c.slot.in_flight else "idle")
                 for c in self.conns.values()]
+
+    def departed_records(self, last: int | None = None) -> list[dict[str, Any]]:
+        """Final records of departed devices, the newest `last` (None: all that are kept)."""
+        kept = list(self.departed)
+        return kept if last is None else kept[-last:] if last > 0 else []
 
     def metrics(self) -> dict[str, Any]:
         """Fault-tolerance figures for status.json and summary.json (see docs)."""
@@ -438,8 +641,15 @@ class PsCore:
             "recoveries": len(rec), "recovering": len(self.recovering),
             "recomputed_tiles": self.totals.recomputed, "backups": k.backups,
             "backup_wins": k.backup_wins, "wasted_tiles": k.wasted,
+            "cancelled_copies": k.cancelled,
             "failed_checks": k.failed_checks, "checks": k.checks,
-            "quarantined": sorted(self.quarantined_names),
+            "quarantined": sorted(set(self.quarantined.values())),
+            "quarantined_sessions": sorted(self.quarantined),
+            "departed_devices": self.departed_total,
+            "join_refusals": dict(self.refusals.totals),
+            "telemetry_dropped": self.telemetry_dropped,
+            "results_refused": self.results_refused,
+            "watchdog": self.watchdog_reason,
             "goodput": round(k.flops_accepted / k.flops_returned, 6) if k.flops_returned
             else None,
             "useful_gflop": round(k.flops_accepted / 1e9, 6),
@@ -481,13 +691,25 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext
                    ) -> pb.JoinReply:
-        if not self.core.check_token(request.token):
-            self.core._event("join_refused", device=request.device.name, reason="wrong token")
+        core = self.core
+        peer = peer_host(context.peer() or "")
+        if not core.join_limiter.allow(peer):  # before the token: costs an attacker the most
+            core.refusals.note("too many joins from this address", request.device.name, peer)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"too many joins from {peer}: at most "
+                                f"{JOINS_PER_S_PER_PEER:g} per second; try again later")
+        if not core.check_token(request.token):
+            core.refusals.note("wrong token", request.device.name, peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "wrong join token for this run")
-        if self.core.stopping:
+        problem = core.descriptor_problem(request.device)
+        if problem is not None:
+            core.refusals.note("bad descriptor: " + problem.split(" ", 1)[0],
+                               request.device.name, peer)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if core.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the run is ending")
-        conn = self.core.join(request.device)
+        conn = core.join(request.device)
         cfg = self.core.config
         return pb.JoinReply(device_id=conn.device_id, session_key=conn.session_key,
                             lease_s=cfg.lease_s, heartbeat_s=cfg.heartbeat_s,
@@ -562,6 +784,7 @@ class PsServer:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._periodic: list[Callable[[], None]] = []
+        self.max_connections = 0
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -574,10 +797,19 @@ class PsServer:
         try:
             self.core = PsCore(self.config, self.runlog, self.ledger)
             limit = self.config.max_message_bytes
+            fd_limit = self.config.fd_limit or resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            self.max_connections = connection_cap(fd_limit)
             self._server = grpc.aio.server(options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 1 << 30),
-                ("grpc.so_reuseport", 0)])
+                ("grpc.so_reuseport", 0),
+                # hostile clients (docs/fault-tolerance.md, "Limits"): connections beyond the
+                # cap are closed as they arrive, so they never take the fds the PS's own files
+                # need; a connection that never speaks HTTP/2, or sits without an RPC, is closed
+                ("grpc.max_allowed_incoming_connections", self.max_connections),
+                ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+                ("grpc.max_connection_idle_ms", CONNECTION_IDLE_MS),
+                ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION)])
             pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(self.core),
                                                           self._server)
             self.port = self._server.add_insecure_port(self.listen)
@@ -630,17 +862,29 @@ def tensor_name(t: torch.Tensor) -> str:
     return f"{t.untyped_storage().data_ptr()}:{t.untyped_storage().nbytes()}"
 
 
+class WatchdogError(RuntimeError):
+    """The progress watchdog ended the run; the message says which condition."""
+
+
+class DivergedError(RuntimeError):
+    """The model's tensors are no longer finite (for example ``lr: .inf``)."""
+
+
 class TileHandle:
     """A GEMM in flight on devices; result() blocks until every tile is placed."""
 
-    def __init__(self, job: GemmJob, interrupted: threading.Event):
+    def __init__(self, job: GemmJob, interrupted: threading.Event,
+                 core: PsCore | None = None):
         self.job = job
         self.interrupted = interrupted
+        self.core = core
 
     def result(self) -> torch.Tensor:
         while True:
             if self.interrupted.is_set():
                 raise InterruptedError("the run was stopped")
+            if self.core is not None and self.core.watchdog_reason is not None:
+                raise WatchdogError(self.core.watchdog_reason)
             try:
                 c = self.job.done.result(timeout=0.2)
                 return torch.from_numpy(c)
@@ -675,6 +919,13 @@ class TileExecutor:
         a_np = np.array(a.detach().numpy(), order="C", copy=True)
         b_np = np.array(b.detach().numpy(), order="C", copy=True)
         uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
+        # A non-finite operand makes every honest result non-finite: devices would be refused
+        # (and quarantined) for the PS's own divergence, and the GEMM would never finish.
+        for name, operand in (("A", a_np), ("B", b_np)):
+            if not np.isfinite(operand).all():
+                raise DivergedError(
+                    f"GEMM {uid}: operand {name} has non-finite values (NaN or Inf) at step "
+                    f"{spec.step}: the model diverged (check job.optimizer.lr)")
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
                       a_name=tensor_name(a), b_name=tensor_name(b),
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
@@ -683,4 +934,4 @@ class TileExecutor:
         core = self.server.core
         assert core is not None
         self.server.loop.call_soon_threadsafe(core.submit, job)
-        return TileHandle(job, self.interrupted)
+        return TileHandle(job, self.interrupted, core)

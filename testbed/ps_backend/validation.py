@@ -132,3 +132,99 @@ def check_result(a: np.ndarray, b: np.ndarray, c: np.ndarray, check_values: bool
         if not ok:
             return "result fails the Freivalds check (C·r differs from A·(B·r))"
     return None
+
+
+# -- what a device says about itself and its work ----------------------------------------------
+# Every number a device sends is untrusted: a NaN in a speed poisons every division that uses it,
+# an Inf in a joule count makes the run's records unreadable JSON. The bounds below are far beyond
+# any real device (a data-center GPU does ~1e3 GFLOP/s in float64, a tile takes well under an
+# hour) and only exist to turn absurd values into a clear refusal.
+MAX_NAME_CHARS = 128  # device name, group, kind
+MAX_PROFILE_CHARS = 4096  # a profile name or the path of a profile file (PATH_MAX)
+MAX_PLATFORM_CHARS = 256  # free text, truncated rather than refused
+MAX_PREDICTED_GFLOPS = 1e6
+MAX_IN_FLIGHT = 64  # the largest window a device may ask for
+MAX_CACHE_BYTES = 1 << 40
+MAX_TILE_SECONDS = 1e6  # compute_s and lag_s of one tile
+MAX_TILE_JOULES = 1e9  # energy_j of one tile
+MAX_CLOCK_S = 1e12  # a device's own monotonic clock readings (received_s, started_s, done_s)
+MAX_TELEMETRY_KEYS = 32  # distinct telemetry keys kept per device (values and labels together)
+MAX_TELEMETRY_KEY_CHARS = 64
+MAX_TELEMETRY_LABEL_CHARS = 128
+MAX_TELEMETRY_ABS = 1e12
+
+
+def finite_in(value: float, low: float, high: float) -> bool:
+    """Whether value is a finite number in [low, high]."""
+    return bool(np.isfinite(value)) and low <= value <= high
+
+
+def printable_label(text: str, limit: int) -> bool:
+    """A name the PS will write into its logs: short, printable, no control characters."""
+    return len(text) <= limit and text.isprintable()
+
+
+def clip_text(text: str, limit: int) -> str:
+    """Text cut to `limit` characters (marked with "..."), control characters replaced."""
+    text = "".join(ch if ch.isprintable() else "?" for ch in text[:limit + 1])
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def descriptor_problem(name: str, group: str, kind: str, profile: str, predicted_gflops: float,
+                       max_in_flight: int, cache_bytes: int) -> str | None:
+    """None if a Join's device descriptor is acceptable, else why not (names the field)."""
+    for field_name, text, limit in (("name", name, MAX_NAME_CHARS),
+                                    ("group", group, MAX_NAME_CHARS),
+                                    ("kind", kind, MAX_NAME_CHARS),
+                                    ("profile", profile, MAX_PROFILE_CHARS)):
+        if not printable_label(text, limit):
+            return (f"device.{field_name} must be printable and at most {limit} "
+                    f"characters (got {len(text)})")
+    if kind not in ("", "emulated", "real"):
+        return f"device.kind must be 'emulated' or 'real', got {clip_text(kind, 16)!r}"
+    # 0 means "not given" (proto3 default); anything else must be a real speed
+    if predicted_gflops != 0 and not finite_in(predicted_gflops, 1e-6, MAX_PREDICTED_GFLOPS):
+        return (f"device.predicted_gflops must be a finite number in (0, "
+                f"{MAX_PREDICTED_GFLOPS:g}], got {predicted_gflops!r}")
+    if not 0 <= max_in_flight <= MAX_IN_FLIGHT:
+        return f"device.max_in_flight must be in [1, {MAX_IN_FLIGHT}], got {max_in_flight}"
+    if not 0 <= cache_bytes <= MAX_CACHE_BYTES:
+        return f"device.cache_bytes must be in [0, {MAX_CACHE_BYTES}], got {cache_bytes}"
+    return None
+
+
+def result_numbers_problem(compute_s: float, energy_j: float, lag_s: float, received_s: float,
+                           started_s: float, done_s: float) -> str | None:
+    """None if a TileResult's timing and energy are finite and in range, else why not."""
+    for field_name, value, high in (("compute_s", compute_s, MAX_TILE_SECONDS),
+                                    ("energy_j", energy_j, MAX_TILE_JOULES),
+                                    ("lag_s", lag_s, MAX_TILE_SECONDS),
+                                    ("received_s", received_s, MAX_CLOCK_S),
+                                    ("started_s", started_s, MAX_CLOCK_S),
+                                    ("done_s", done_s, MAX_CLOCK_S)):
+        if not finite_in(value, 0.0, high):
+            return f"{field_name} must be a finite number in [0, {high:g}], got {value!r}"
+    return None
+
+
+def bounded_telemetry(current: dict[str, object], values: dict[str, float],
+                      labels: dict[str, str]) -> int:
+    """Merge a telemetry message into `current` within the limits; return entries dropped.
+
+    Keys longer than MAX_TELEMETRY_KEY_CHARS, non-finite or huge values, and new keys beyond
+    MAX_TELEMETRY_KEYS are dropped; labels are cut to MAX_TELEMETRY_LABEL_CHARS.
+    """
+    dropped = 0
+    items: list[tuple[str, float | str]] = [*values.items(), *labels.items()]
+    for key, value in items:
+        if not printable_label(key, MAX_TELEMETRY_KEY_CHARS) or \
+                (key not in current and len(current) >= MAX_TELEMETRY_KEYS):
+            dropped += 1
+            continue
+        if isinstance(value, str):
+            current[key] = clip_text(value, MAX_TELEMETRY_LABEL_CHARS)
+        elif finite_in(value, -MAX_TELEMETRY_ABS, MAX_TELEMETRY_ABS):
+            current[key] = float(value)
+        else:
+            dropped += 1
+    return dropped

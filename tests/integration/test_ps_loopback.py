@@ -100,7 +100,10 @@ def test_float32_parity_losses(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_device_killed_mid_step_costs_only_its_tiles(tmp_path: Path) -> None:
-    steps_total = 12
+    # Far more steps than the test needs: the run cannot end before the victim holds a slowed
+    # tile on any machine, however fast. Once the departure is handled and two more steps are
+    # done, the test stops the run itself (SIGINT) and judges the steps that were done.
+    steps_total = 10_000
     topology = tiny_topology(tmp_path, dtype="float64", steps=steps_total, time_dilation=2)
     out = tmp_path / "runs"
     proc = start_up(topology, out)
@@ -114,33 +117,37 @@ def test_device_killed_mid_step_costs_only_its_tiles(tmp_path: Path) -> None:
 
         def held() -> set[int]:
             status = read_status(run_dir)
-            if status.get("state") != "training":
-                raise AssertionError(f"the run left training ({status.get('state')}) before "
-                                     f"the victim held a slowed tile")
             return {task for d in status.get("devices", [])
-                    if d["device"] == victim for task, _ in d.get("outstanding", [])}
+                    if d["device"] == victim and d.get("state") != "left"
+                    for task, _ in d.get("outstanding", [])}
 
         def holds_a_slowed_tile() -> bool:  # the same tile still held a second later
             first = held()
             time.sleep(1.0)
             return bool(first & held())
-        wait_for(holds_a_slowed_tile, 90, "the victim to hold a slowed tile")
+        wait_for(holds_a_slowed_tile, 120, "the victim to hold a slowed tile")
         pids = json.loads((run_dir / "pids.json").read_text())
         os.kill(pids["agents"][victim], signal.SIGKILL)
-        output, _ = proc.communicate(timeout=240)
+        killed_at = read_status(run_dir).get("step", 0)
+        wait_for(lambda: read_status(run_dir).get("step", 0) >= killed_at + 2, 180,
+                 "two steps after the kill")
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, output
+    assert proc.returncode == 130, output
     steps = read_jsonl(run_dir / "steps.jsonl")
-    want, _ = reference_losses(topology, steps_total)
-    assert len(steps) == steps_total
+    assert len(steps) >= killed_at + 2
+    want, _ = reference_losses(topology, len(steps))
     assert all(_relative(s["loss"], w) <= 1e-8 for s, w in zip(steps, want))
     departures = [e for e in read_jsonl(run_dir / "events.jsonl")
                   if e["event"] in ("disconnect", "lease_expired") and e["device"] == victim]
     assert len(departures) == 1, "the departure was not recorded (once)"
     gone = departures[0]
-    assert gone["in_flight"] >= 1
+    # it held a tile when killed: still in flight, or already beaten by a backup copy (then that
+    # losing copy no longer counts as in flight, see docs/fault-tolerance.md)
+    assert gone["in_flight"] + gone["cancelled"] >= 1
     # every tile it held is accounted for: re-queued, or already covered by a backup copy
     assert gone["requeued_tiles"] == len(gone["requeued"])
     assert gone["requeued_tiles"] + gone["backed_up"] + gone["done_elsewhere"] == \

@@ -256,8 +256,10 @@ def test_at_most_two_copies_and_never_twice_to_one_device() -> None:
             s.accept(name, a.task.task_id, 0, honest(a.task), now_s=0.0)
     assert s.counters.backups == 1 and t.done
     assert s.assign("f1", now_s=0.0) == [] and s.assign("slow", now_s=0.0) == []
-    slow_copy = s.devices["slow"].in_flight[t.task_id]
-    assert slow_copy.task is t and not t.holders - {"slow"}
+    # the losing copy no longer counts as in flight, but still fills the slow device's window
+    assert t.task_id not in s.devices["slow"].in_flight
+    slow_copy = s.devices["slow"].cancelled[t.task_id]
+    assert slow_copy.task is t and not t.holders and s.counters.cancelled == 1
 
 
 def test_tail_rule_passes_over_a_straggler() -> None:

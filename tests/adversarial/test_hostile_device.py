@@ -1,0 +1,142 @@
+"""A token holder sends absurd numbers and names: each is refused or bounded, nothing is poisoned,
+later joins and the lease watcher keep working, and the run trains to the single-process losses.
+A token holder joining under an honest device's name cannot get that device quarantined."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from testbed.ps_backend.proto import testbed_pb2 as pb
+from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
+from tests.adversarial.psproc import PsProcess, Rogue, job_topology
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _refused(rogue: Rogue, **descriptor: object) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as refused:
+        rogue.join(**descriptor)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    return refused.value
+
+
+@pytest.mark.slow
+def test_absurd_numbers_and_names_are_refused_or_bounded(tmp_path: Path) -> None:
+    steps = 3
+    topology = job_topology(tmp_path, steps=steps)
+    with PsProcess(topology, tmp_path / "run", "--expect-devices", "1") as ps:
+        rogue = Rogue(ps.address)
+        assert "predicted_gflops" in _refused(rogue, predicted_gflops=math.nan).details()
+        _refused(rogue, predicted_gflops=math.inf)
+        _refused(rogue, predicted_gflops=-1.0)
+        _refused(rogue, predicted_gflops=1.0, name="x" * 10_000)
+        _refused(rogue, name="bad\nname")
+        _refused(rogue, name="rogue", max_in_flight=10**6)
+        # later joins still work, and the lease watcher still drops a silent device
+        for i in range(30):  # and departed devices are counted, not listed forever
+            quitter = Rogue(ps.address, name=f"quitter-{i}")
+            reply = quitter.join()
+            quitter.stub.Leave(pb.LeaveRequest(device_id=reply.device_id,
+                                               session_key=reply.session_key), timeout=10)
+            quitter.close()
+        silent = Rogue(ps.address, name="silent")
+        silent.join()
+        drained = silent.attach()
+        threading.Thread(target=lambda: [None for _ in drained], daemon=True).start()
+        wait_for(lambda: any(e["event"] == "lease_expired" and e["device"] == "silent"
+                             for e in ps.events()), 60, "the silent device's lease to expire")
+        status = ps.status()
+        assert status["devices_departed"] >= 31
+        assert len(status["devices"]) <= 10 + 2
+
+        # a tile answered with Inf timings and energy, then telemetry with thousands of keys
+        rogue = Rogue(ps.address, name="rogue", gflops=1000, window=1)
+        rogue.join(name="rogue", predicted_gflops=1000.0, max_in_flight=1)
+        responses = rogue.attach()
+        rogue.send(pb.DeviceMessage(telemetry=pb.Telemetry(
+            values={f"k{i}": float(i) for i in range(2000)})))
+        rogue.send(pb.DeviceMessage(telemetry=pb.Telemetry(
+            values={**{f"t{i}": 1.0 for i in range(40)}, "temp": math.nan},
+            labels={"state": "y" * 10_000})))
+        cache: dict[str, np.ndarray] = {}
+        bad = [dict(energy_j=math.inf), dict(compute_s=math.nan), dict(compute_s=1e300),
+               dict(lag_s=-1.0)]
+        reasons: list[str] = []
+        for message in responses:
+            if message.HasField("reject"):
+                reasons.append(message.reject.reason)
+                if len(reasons) == len(bad):
+                    break
+            for tile in message.tiles:
+                ops = []
+                for op in (tile.a, tile.b):
+                    if op.HasField("tensor"):
+                        cache[op.key] = from_tensor(op.tensor)
+                    ops.append(cache[op.key])
+                numbers = bad[len(reasons)] if len(reasons) < len(bad) else {}
+                rogue.send(pb.DeviceMessage(result=pb.TileResult(
+                    task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(ops[0] @ ops[1]),
+                    **numbers)))
+        for numbers, reason in zip(bad, reasons):
+            assert next(iter(numbers)) in reason, (numbers, reason)
+        rogue_record = wait_for(lambda: next((d for d in ps.status().get("devices", [])
+                                              if d["device"] == "rogue"), None), 10, "rogue")
+        assert len(rogue_record["telemetry"]) <= 32
+        assert all(len(str(v)) <= 200 for v in rogue_record["telemetry"].values())
+        rogue.close()
+        ps.agent("honest-0")
+        code, output = ps.finish()
+        assert code == 0, output
+    ps.assert_losses_match(steps)
+    summary = ps.summary()
+    assert summary["results_refused"] >= len(bad)
+    json.dumps(summary, allow_nan=False)  # no Infinity or NaN in the records
+    for line in (ps.run_dir / "events.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in events.jsonl"))
+
+
+@pytest.mark.slow
+def test_a_name_hijack_cannot_get_the_honest_device_quarantined(tmp_path: Path) -> None:
+    steps = 3
+    topology = job_topology(tmp_path, steps=steps,
+                            validation={"enabled": True, "quarantine_after": 1})
+    with PsProcess(topology, tmp_path / "run", "--expect-devices", "1") as ps:
+        # the hijacker takes honest-0's name first and returns a wrong tile: quarantined
+        rogue = Rogue(ps.address, name="honest-0", gflops=1000, window=1)
+        reply = rogue.join()
+        cache: dict[str, np.ndarray] = {}
+        for message in rogue.attach():
+            if message.HasField("reject"):
+                break
+            for tile in message.tiles:
+                ops = []
+                for op in (tile.a, tile.b):
+                    if op.HasField("tensor"):
+                        cache[op.key] = from_tensor(op.tensor)
+                    ops.append(cache[op.key])
+                rogue.send(pb.DeviceMessage(result=pb.TileResult(
+                    task_id=tile.task_id, attempt=tile.attempt,
+                    c=to_tensor(ops[0] @ ops[1] + 1.0))))
+        wait_for(lambda: any(e["event"] == "quarantine" for e in ps.events()), 30,
+                 "the hijacker's quarantine")
+        ps.agent("honest-0")  # the real one joins later, under its own name
+        time.sleep(0.5)
+        code, output = ps.finish()
+        assert code == 0, output
+        rogue.close()
+    ps.assert_losses_match(steps)
+    quarantines = [e for e in ps.events() if e["event"] == "quarantine"]
+    assert [q["device_id"] for q in quarantines] == [reply.device_id]
+    honest = [d for d in ps.summary()["devices"]
+              if d["device"] == "honest-0" and d["device_id"] != reply.device_id]
+    assert honest and all(d["state"] != "quarantined" for d in honest)
+    assert sum(d["tiles_done"] for d in honest) > 0
