@@ -11,10 +11,10 @@ on Mininet), all on this machine. Three resources run out first, each with a rul
   an idle agent's USS is 26.7-26.8 MB (its RSS 58 MB counts ~31 MB of shared library pages
   that every agent maps once), the PS's RSS 338-366 MB, a node shell's 3.4 MB.
 * **tasks** (processes and threads): ``AGENT_TASKS`` per agent (``python -m testbed.agent``:
-  main thread, compute thread, gRPC's threads; measured with ``ps -o nlwp``), ``PS_TASKS`` for
-  the PS, one per node shell; they must fit under ``kernel.pid_max``, ``kernel.threads-max``,
-  the cgroup's ``pids.max`` (each minus the tasks that exist now) and, for a user without
-  CAP_SYS_RESOURCE, ``RLIMIT_NPROC``.
+  main thread, compute thread, gRPC's threads; 10 measured with psutil on a working agent),
+  ``PS_TASKS`` for the PS, one per node shell; they must fit under ``kernel.pid_max``,
+  ``kernel.threads-max``, the cgroup's ``pids.max`` (each minus the tasks that exist now) and,
+  for a user without CAP_SYS_RESOURCE, ``RLIMIT_NPROC``.
 * **file descriptors**: the PS holds a socket per agent plus ``PS_BASE_FDS``; children inherit
   ``testbed up``'s ``RLIMIT_NOFILE``. When the soft limit is too low but the hard one is enough,
   :func:`raise_fd_limit` raises the soft limit for the run; when the hard limit is too low the run
@@ -36,7 +36,7 @@ AGENT_BASE_BYTES = 32 * MB  # measured USS 26.8 MB idle, + headroom for in-fligh
 AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib
 PS_BASE_BYTES = 400 * MB  # measured RSS 338-366 MB (torch, grpc, the engine)
 SHELL_BYTES = 4 * MB  # a Mininet node shell: measured RSS 3.4 MB
-AGENT_TASKS = 12  # measured: 9 threads per idle emulated agent (docs/network.md), + headroom
+AGENT_TASKS = 12  # measured: 10 threads per working emulated agent (tiny.yaml run), + headroom
 PS_TASKS = 64
 PS_BASE_FDS = 256
 MEMORY_SHARE = 0.9  # leave 10% of what is available to the rest of the machine

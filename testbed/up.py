@@ -581,7 +581,7 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
               transient=False) if live else contextlib.nullcontext() as view:
         while not stop.wait(0.25):
             code = run.poll()
-            if live:
+            if view is not None:
                 view.update(render(snapshot(), run.topology.name, run.notes))
             else:
                 steps = read_jsonl(run.run_dir / "steps.jsonl")

@@ -51,7 +51,8 @@ def _alive_after(spawn_on_thread: bool) -> bool:
     procs: list[subprocess.Popen] = []
 
     def fork() -> None:
-        start = (lambda: subprocess.Popen(SLEEPER, preexec_fn=_die_with_parent))
+        def start() -> subprocess.Popen:
+            return subprocess.Popen(SLEEPER, preexec_fn=_die_with_parent)
         procs.append(spawner.call(start) if spawn_on_thread else start())
     worker = threading.Thread(target=fork)
     worker.start()
