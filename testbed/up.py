@@ -147,6 +147,7 @@ class Run:
         self.notes: list[str] = []
         self.adb: Any = None  # the ADB bridge (testbed.adb_bridge.run_hook), when enabled
         self._stopped = False
+        self._started = False  # every process of start-up is running
         self._spawner = Spawner()
         self._lock = threading.Lock()  # agents and pids.json: the replay thread changes them
         (run_dir / "agents").mkdir(parents=True, exist_ok=True)
@@ -183,7 +184,6 @@ class Run:
         self._check_stop()
         progress("PS: starting")
         self._start_ps(expected=len(present) + len(phones))
-        self._write_pids()
         progress(f"devices: starting {len(present)} agent(s)")
         for name in present:
             self._check_stop()
@@ -197,6 +197,9 @@ class Run:
             self.replay = Replay(self.schedule, self, self.run_dir, self.dilation,
                                  self.runlog.event, self.notes.append, start=replay_from)
             self.replay.start()
+        with self._lock:
+            self._started = True
+            self._write_pids()
 
     def _check_stop(self) -> None:
         if self.stop_requested.is_set():
@@ -255,6 +258,7 @@ class Run:
             ps_json.unlink(missing_ok=True)  # the dead PS's address
             (self.run_dir / "status.json").unlink(missing_ok=True)  # and its last state
         self.ps = self._popen(None, argv, self.run_dir / "ps.log")
+        self._write_pids()
         deadline = time.monotonic() + PS_START_TIMEOUT_S
         while not ps_json.exists():
             self._check_stop()
@@ -305,7 +309,8 @@ class Run:
     def _write_pids(self) -> None:
         """pids.json: rewritten as each process starts, so a killed run leaves them named."""
         pids = {"testbed_up": os.getpid(), "ps": self.ps.pid if self.ps else None,
-                "agents": {n: p.pid for n, p in self.agents.items()}}
+                "agents": {n: p.pid for n, p in self.agents.items()},
+                "starting": not self._started}  # false once start-up has started everyone
         write_json_atomic(self.run_dir / "pids.json", pids)
 
     # -- teardown ------------------------------------------------------------------------------
