@@ -12,7 +12,12 @@
     ps.json          the PS's address and pid, written once it listens
     ps.log           the PS process's log; agents/<device>.log for each agent
 
-Every JSON line has ``t`` (Unix time, s) and ``elapsed_s`` (since the run started).
+    clock.json       the run's time origin, written once by whichever writer comes first
+
+Every JSON line has ``t`` (Unix time, s) and ``elapsed_s``: seconds since the run's origin in
+``clock.json``. ``testbed up`` and the PS are two processes that both append to
+``events.jsonl``; reading the origin from one file puts both on one clock, across ``--resume``
+too (a resumed run keeps counting from the first start).
 """
 
 from __future__ import annotations
@@ -45,12 +50,38 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+CLOCK_FILE = "clock.json"
+
+
+def run_origin_s(run_dir: Path) -> float:
+    """The run's time origin (Unix s): created once by the first caller, read by every other.
+
+    Written to a private file and hard-linked into place, so a second process either sees no
+    clock.json (and links its own, of which exactly one wins) or a complete one.
+    """
+    path = run_dir / CLOCK_FILE
+    for _ in range(2):
+        try:
+            return float(json.loads(path.read_text())["started_unix_s"])
+        except FileNotFoundError:
+            pass
+        tmp = run_dir / f".{CLOCK_FILE}.tmp{os.getpid()}"
+        tmp.write_text(json.dumps({"started_unix_s": time.time()}) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another writer was first: read its origin
+        finally:
+            tmp.unlink()
+    return float(json.loads(path.read_text())["started_unix_s"])
+
+
 class RunLog:
     """Appends events, steps and device samples to a run directory; safe across threads."""
 
     def __init__(self, run_dir: Path, started_s: float | None = None):
         self.run_dir = run_dir
-        self.started_s = started_s if started_s is not None else time.time()
+        self.started_s = started_s if started_s is not None else run_origin_s(run_dir)
         self._lock = threading.Lock()
         self._files = {name: open(run_dir / f"{name}.jsonl", "a", buffering=1)
                        for name in ("events", "steps", "devices")}

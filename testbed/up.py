@@ -1,27 +1,34 @@
 """``testbed up``: realize a topology, train, and leave a run directory; ``testbed clean``.
 
+Before anything starts: the topology, the churn trace and the network backend are checked (bad
+input exits 2), and so is the machine (:mod:`testbed.capacity`: memory, tasks and file
+descriptors for one PS and an agent per device; a run that cannot fit exits 2, naming the limit).
+
 A :class:`Run` turns a validated :class:`~testbed.topology.Topology` into running parts, in this
 order, and removes them in reverse order on ``stop()`` (after success, an error, Ctrl-C or
 SIGTERM):
 
-1. the network backend (:mod:`testbed.emulator.network`): loopback or Mininet;
+1. the network backend (:mod:`testbed.emulator.network`): loopback or Mininet; a Mininet run's
+   prefix is in ``network.json`` before its first host exists;
 2. the PS process (``python -m testbed.ps_backend``) on the PS's node; it writes ``ps.json`` once
    it listens;
 3. one agent process (``python -m testbed.agent --kind emulated``) per device present at start,
    on the device's node, with the link shaping the backend leaves to the application;
-4. the churn replay (if the topology or ``--churn`` names a trace): join starts an agent, leave
-   sends SIGTERM, crash SIGKILL, partition takes the link down (Mininet) or blackholes the agent
-   (SIGUSR1; heal is SIGUSR2), slow restarts nothing but tells the agent a compute factor.
-   Trace time 0 is the moment training starts (status.json says ``training``), so a trace means
-   the same thing however long the devices take to join.
+4. the churn replay (:mod:`testbed.churn.replay`), if the topology or ``--churn`` names a trace.
+
+SIGINT or SIGTERM at any point, start-up included, stops starting things at once and tears down
+what exists (exit 130).
 
 ``testbed up --resume RUN_DIR`` brings a run whose PS died back up in the same directory: the PS
 restores the newest checkpoint and reuses the ledger's tiles (docs/fault-tolerance.md); the
-devices present at the start are started again; the churn trace is not replayed a second time.
+devices present when the run stopped are started again and the churn trace goes on from where the
+run was.
 
 Every child process gets the join token through its environment, one BLAS thread, and
-``PR_SET_PDEATHSIG`` so that it dies with ``testbed up`` even on a SIGKILL; the pids are recorded
-in ``pids.json`` so that ``testbed clean RUN_DIR`` can find what a killed run left.
+``PR_SET_PDEATHSIG`` so that it dies with ``testbed up`` even on a SIGKILL. Children are forked by
+one thread that lives as long as the run (:class:`Spawner`), because that signal follows the
+forking *thread*. The pids go to ``pids.json`` as each process starts, so that ``testbed clean
+RUN_DIR`` (:func:`testbed.emulator.network.cleanup.clean_run_dir`) finds what a killed run left.
 
 Exit codes: 0 the job finished; 1 the run failed; 2 bad input (nothing started); 130 interrupted.
 """
@@ -35,18 +42,21 @@ import datetime as dt
 import json
 import logging
 import os
+import queue
 import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
 from testbed.emulator.network.base import Network
+from testbed.emulator.network.cleanup import is_testbed_process
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import DeviceSpec, Topology, TopologyError, load_topology
 
@@ -73,11 +83,50 @@ def child_env(token: str) -> dict[str, str]:
     return env
 
 
+class Interrupted(RuntimeError):
+    """SIGINT or SIGTERM arrived while the run was coming up."""
+
+
+class Spawner:
+    """Starts every child process of a run from one thread that lives as long as the run.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not when the
+    process does (prctl(2)). Agents forked by a short-lived thread (the churn replay) were
+    killed the moment it ended; forking on this thread only, which ends after the children are
+    stopped, keeps the signal for what it is for: ``testbed up`` itself dying.
+    """
+
+    def __init__(self) -> None:
+        self._calls: queue.Queue[tuple[Callable[[], Any], Future] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, name="spawner", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            fn, future = item
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the spawner thread; return its result (or raise its exception)."""
+        future: Future = Future()
+        self._calls.put((fn, future))
+        return future.result()
+
+    def close(self) -> None:
+        """End the thread (after every child it started has been stopped)."""
+        self._calls.put(None)
+        self._thread.join(5)
+
+
 class Run:
     """One run of a topology: start() brings it up, stop() removes exactly what it started."""
 
     def __init__(self, topology: Topology, run_dir: Path, network: Network, dilation: float,
-                 join_timeout_s: float = 60.0, churn: Path | None = None, resume: bool = False):
+                 join_timeout_s: float = 60.0, churn: Path | None = None, resume: bool = False,
+                 stop: threading.Event | None = None):
         self.topology = topology
         self.run_dir = run_dir
         self.network = network
@@ -85,6 +134,7 @@ class Run:
         self.join_timeout_s = join_timeout_s
         self.churn_path = churn
         self.resume = resume
+        self.stop_requested = stop or threading.Event()
         self.token = secrets.token_hex(16)
         self.env = child_env(self.token)
         self.ps: subprocess.Popen | None = None
@@ -93,11 +143,13 @@ class Run:
         self.devices = {d.name: d for d in topology.devices}
         self.runlog: RunLog | None = None
         self.schedule: Any = None
+        self.replay: Any = None  # testbed.churn.replay.Replay, when a trace is replayed
         self.notes: list[str] = []
         self.adb: Any = None  # the ADB bridge (testbed.adb_bridge.run_hook), when enabled
         self._stopped = False
-        self._churn_thread: threading.Thread | None = None
-        self._stop_churn = threading.Event()
+        self._started = False  # every process of start-up is running
+        self._spawner = Spawner()
+        self._lock = threading.Lock()  # agents and pids.json: the replay thread changes them
         (run_dir / "agents").mkdir(parents=True, exist_ok=True)
 
     def __enter__(self) -> Run:
@@ -108,31 +160,68 @@ class Run:
 
     # -- bring-up ------------------------------------------------------------------------------
     def start(self, progress: Callable[[str], None] = lambda s: None) -> None:
-        """Network, PS, agents, churn; raise RuntimeError with the reason if a part fails."""
+        """Network, PS, agents, churn; RuntimeError with the reason if a part fails,
+        Interrupted when a stop was requested on the way."""
         self.runlog = RunLog(self.run_dir)
         present = list(self.devices)
+        replay_from = None
         if self.churn_path is not None:
             from testbed.churn import load_schedule
+            from testbed.churn.replay import resume_point
 
             self.schedule = load_schedule(self.churn_path, self.topology)
-            present = list(self.schedule.initially_present)
+            if self.resume:
+                replay_from = resume_point(self.schedule,
+                                           read_jsonl(self.run_dir / "events.jsonl"),
+                                           self.dilation)
+                present = [d for d in self.devices if d in replay_from.present]
+            else:
+                present = [d for d in self.devices if d in self.schedule.initially_present]
+        self._check_stop()
         progress(f"network: starting the {self.network.kind} backend")
-        self.network.start()
-        write_json_atomic(self.run_dir / "network.json", self.network.describe())
-        self.runlog.event("network_up", **self.network.describe())
+        self._start_network()
         phones = self._adb_phones_at_start()
+        self._check_stop()
         progress("PS: starting")
         self._start_ps(expected=len(present) + len(phones))
         progress(f"devices: starting {len(present)} agent(s)")
         for name in present:
-            self.start_agent(self.devices[name])
-        self._write_pids()
+            self._check_stop()
+            self.start_agent(name)
         if self.adb is not None:
             progress(f"adb: bridge on {self.adb.server}, {len(phones)} phone(s) plugged")
             self.adb.start(self.network.ps_listen_host(), self.ps_port)
-        if self.schedule is not None and self.schedule.actions and not self.resume:
-            self._churn_thread = threading.Thread(target=self._replay, name="churn", daemon=True)
-            self._churn_thread.start()
+        if self.schedule is not None and self.schedule.actions:
+            from testbed.churn.replay import Replay
+
+            self.replay = Replay(self.schedule, self, self.run_dir, self.dilation,
+                                 self.runlog.event, self.notes.append, start=replay_from)
+            self.replay.start()
+        with self._lock:
+            self._started = True
+            self._write_pids()
+
+    def _check_stop(self) -> None:
+        if self.stop_requested.is_set():
+            raise Interrupted("stopped while starting")
+
+    def _start_network(self) -> None:
+        """Start the network; its prefix is in network.json before anything of it exists."""
+        assert self.runlog is not None
+        net_json = self.run_dir / "network.json"
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            # Mininet has claimed its prefix and reports before it creates the first host
+            if done == 0 and phase == "hosts":
+                write_json_atomic(net_json, {"backend": self.network.kind,
+                                             "prefix": getattr(self.network, "prefix", None),
+                                             "state": "starting"})
+            self._check_stop()
+        if hasattr(self.network, "progress"):
+            self.network.progress = on_progress
+        self.network.start()
+        write_json_atomic(net_json, self.network.describe())
+        self.runlog.event("network_up", **self.network.describe())
 
     def _adb_phones_at_start(self) -> list[str]:
         """With an enabled adb: section, set up the bridge hook; the phones the PS waits for."""
@@ -147,13 +236,15 @@ class Run:
         return self.adb.phones_at_start()
 
     def _popen(self, node: str | None, argv: list[str], log_path: Path) -> subprocess.Popen:
-        out = open(log_path, "ab")
-        try:
-            return self.network.popen(node, argv, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=self.env,
-                                      preexec_fn=_die_with_parent)
-        finally:
-            out.close()
+        def spawn() -> subprocess.Popen:
+            out = open(log_path, "ab")
+            try:
+                return self.network.popen(node, argv, stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self.env,
+                                          preexec_fn=_die_with_parent)
+            finally:
+                out.close()
+        return self._spawner.call(spawn)
 
     def _start_ps(self, expected: int) -> None:
         argv = [sys.executable, "-m", "testbed.ps_backend",
@@ -165,9 +256,12 @@ class Run:
         if self.resume:
             argv.append("--resume")
             ps_json.unlink(missing_ok=True)  # the dead PS's address
+            (self.run_dir / "status.json").unlink(missing_ok=True)  # and its last state
         self.ps = self._popen(None, argv, self.run_dir / "ps.log")
+        self._write_pids()
         deadline = time.monotonic() + PS_START_TIMEOUT_S
         while not ps_json.exists():
+            self._check_stop()
             if self.ps.poll() is not None:
                 raise RuntimeError(f"the PS exited with code {self.ps.returncode} before "
                                    f"listening:\n{_tail(self.run_dir / 'ps.log')}")
@@ -176,22 +270,25 @@ class Run:
             time.sleep(0.05)
         self.ps_port = int(json.loads(ps_json.read_text())["port"])
 
-    def start_agent(self, device: DeviceSpec) -> None:
+    def start_agent(self, name: str) -> None:
         """Start (or restart) a device's agent process."""
-        old = self.agents.get(device.name)
-        if old is not None and old.poll() is None:
-            return
-        shaping = self.network.app_shaping(device)
-        argv = [sys.executable, "-m", "testbed.agent",
-                "--ps", f"{self.network.ps_address_for(device)}:{self.ps_port}",
-                "--name", device.name, "--group", device.group.group, "--kind", "emulated",
-                "--profile", str(device.group.profile_path),
-                "--seed", str(self.topology.seed * 1000 + device.index),
-                "--max-in-flight", "8",
-                "--control-file", str(self.run_dir / "agents" / f"{device.name}.slow"),
-                *behaviour_argv(device, self.run_dir / "agents"), *shaping.argv()]
-        self.agents[device.name] = self._popen(device.name, argv,
-                                               self.run_dir / "agents" / f"{device.name}.log")
+        device = self.devices[name]
+        with self._lock:
+            old = self.agents.get(name)
+            if (old is not None and old.poll() is None) or self._stopped:
+                return
+            shaping = self.network.app_shaping(device)
+            argv = [sys.executable, "-m", "testbed.agent",
+                    "--ps", f"{self.network.ps_address_for(device)}:{self.ps_port}",
+                    "--name", name, "--group", device.group.group, "--kind", "emulated",
+                    "--profile", str(device.group.profile_path),
+                    "--seed", str(self.topology.seed * 1000 + device.index),
+                    "--max-in-flight", "8",
+                    "--control-file", str(self.run_dir / "agents" / f"{name}.slow"),
+                    *behaviour_argv(device, self.run_dir / "agents"), *shaping.argv()]
+            self.agents[name] = self._popen(name, argv,
+                                            self.run_dir / "agents" / f"{name}.log")
+            self._write_pids()
 
     def signal_agent(self, name: str, sig: int) -> bool:
         """Send a signal to a device's agent; False if it is not running."""
@@ -201,66 +298,20 @@ class Run:
         proc.send_signal(sig)
         return True
 
+    def set_partitioned(self, name: str, partitioned: bool) -> bool:
+        """Take a device's link down or up in the network; False when the network cannot."""
+        return self.network.set_partitioned(self.devices[name], partitioned)
+
+    def ps_alive(self) -> bool:
+        """Whether the PS process is running."""
+        return self.ps is not None and self.ps.poll() is None
+
     def _write_pids(self) -> None:
+        """pids.json: rewritten as each process starts, so a killed run leaves them named."""
         pids = {"testbed_up": os.getpid(), "ps": self.ps.pid if self.ps else None,
-                "agents": {n: p.pid for n, p in self.agents.items()}}
+                "agents": {n: p.pid for n, p in self.agents.items()},
+                "starting": not self._started}  # false once start-up has started everyone
         write_json_atomic(self.run_dir / "pids.json", pids)
-
-    # -- churn replay --------------------------------------------------------------------------
-    def _replay(self) -> None:
-        """Apply the schedule's actions at their times (device seconds x dilation)."""
-        from testbed.churn.trace import ChurnEvent
-
-        if not self._wait_for_training():
-            return
-        start = time.monotonic()
-        if self.runlog is not None:
-            self.runlog.event("churn_clock_start", actions=len(self.schedule.actions))
-        for action in self.schedule.actions:
-            if self._stop_churn.wait(max(0.0, start + action.time_s * self.dilation
-                                         - time.monotonic())):
-                return
-            device = self.devices[action.device]
-            event = action.event
-            effect = "applied"
-            if event is ChurnEvent.JOIN:
-                self.start_agent(device)
-            elif event is ChurnEvent.LEAVE:
-                effect = "SIGTERM" if self.signal_agent(device.name, signal.SIGTERM) else "absent"
-            elif event is ChurnEvent.CRASH:
-                effect = "SIGKILL" if self.signal_agent(device.name, signal.SIGKILL) else "absent"
-            elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
-                down = event is ChurnEvent.PARTITION
-                if self.network.set_partitioned(device, down):
-                    effect = "link " + ("down" if down else "up")
-                else:
-                    sig = signal.SIGUSR1 if down else signal.SIGUSR2
-                    effect = ("agent blackholed" if down else "agent healed") \
-                        if self.signal_agent(device.name, sig) else "absent"
-            elif event is ChurnEvent.SLOW:  # the agent polls this file (--control-file)
-                write_json_atomic(self.run_dir / "agents" / f"{device.name}.slow",
-                                  {"slow": action.factor})
-                effect = f"compute x{action.factor}"
-            if self.runlog is not None:
-                record = action.to_dict()  # its "event" would shadow the record's kind
-                self.runlog.event("churn", **{k: v for k, v in record.items() if k != "event"},
-                                  action=record["event"], effect=effect)
-            self.notes.append(f"churn t={action.time_s:g}s {event.value} {device.name}: {effect}")
-            self._write_pids()
-
-    def _wait_for_training(self) -> bool:
-        """Block until the PS reports training (True), or the run ends first (False)."""
-        status = self.run_dir / "status.json"
-        while not self._stop_churn.wait(0.05):
-            if self.ps is not None and self.ps.poll() is not None:
-                return False
-            try:
-                if json.loads(status.read_text()).get("state") not in (
-                        None, "starting", "waiting for devices"):
-                    return True
-            except (OSError, json.JSONDecodeError):
-                continue
-        return False
 
     # -- teardown ------------------------------------------------------------------------------
     def poll(self) -> int | None:
@@ -271,8 +322,10 @@ class Run:
         """Stop churn, the PS, every agent, the network; safe to call twice."""
         if self._stopped:
             return
-        self._stopped = True
-        self._stop_churn.set()
+        with self._lock:
+            self._stopped = True  # no agent starts after this
+        if self.replay is not None:
+            self.replay.stop()
         if self.adb is not None:  # first: phones' agents leave while the PS is still there
             self.adb.stop()
         procs = ([self.ps] if self.ps is not None else []) + list(self.agents.values())
@@ -286,6 +339,7 @@ class Run:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        self._spawner.close()
         try:
             self.network.stop()
         finally:
@@ -332,57 +386,6 @@ def make_run_dir(out: Path, name: str) -> Path:
     raise RuntimeError(f"cannot create a run directory under {out}")
 
 
-def choose_dilation(topology: Topology) -> tuple[float, dict[str, Any]]:
-    """The topology's time dilation, or the auto one from a host calibration."""
-    if topology.time_dilation is not None:
-        return topology.time_dilation, {"mode": "fixed"}
-    from testbed.emulator.dilation import auto_dilation, calibrate_host_gflops
-    from testbed.perf_model.profiles import load_profile
-
-    tile = topology.job.parallelism
-    k = topology.job.model.hidden
-    total = 0.0
-    for group in topology.groups:
-        profile = load_profile(str(group.profile_path))
-        model = profile.model  # the fitted time model, when the profile has one
-        seconds = model.predict_one(tile.tile_m, k, tile.tile_n) if model is not None else None
-        rate = (2.0 * tile.tile_m * k * tile.tile_n / seconds / 1e9) if seconds else \
-            profile.sustained_gflops
-        total += rate * group.count
-    host = calibrate_host_gflops()
-    dilation = auto_dilation(total, host["host_gflops"])
-    return dilation, {"mode": "auto", "emulated_gflops": round(total, 2),
-                      "host_gflops": round(host["host_gflops"], 2)}
-
-
-def write_summary(run: Run, exit_code: int, extra: dict[str, Any]) -> dict[str, Any]:
-    """summary.json: the PS's totals, the network, dilation, energy, churn."""
-    ps_summary_path = run.run_dir / "ps_summary.json"
-    summary: dict[str, Any] = json.loads(ps_summary_path.read_text()) \
-        if ps_summary_path.exists() else {"state": "failed"}
-    summary.update(extra)
-    summary["exit_code"] = exit_code
-    summary["network"] = run.network.describe()
-    events = read_jsonl(run.run_dir / "events.jsonl")
-    summary["departures"] = sum(e.get("event") in ("leave", "disconnect", "lease_expired")
-                                for e in events)
-    summary["churn_events"] = sum(e.get("event") == "churn" for e in events)
-    departures = [e for e in events if e.get("event") in ("leave", "disconnect",
-                                                          "lease_expired", "quarantine")]
-    summary["tiles_in_flight_at_departures"] = sum(int(e.get("in_flight", 0) or 0)
-                                                   for e in departures)
-    summary["quarantines"] = sum(e.get("event") == "quarantine" for e in events)
-    summary["resumes"] = sum(e.get("event") == "ps_resume" for e in events)
-    if run.adb is not None:
-        summary["adb"] = run.adb.summary()
-    from testbed.emulator.energy import topology_energy
-
-    summary["energy"] = topology_energy(run.topology, summary.get("devices") or [], events,
-                                        float(summary.get("time_dilation") or run.dilation))
-    write_json_atomic(run.run_dir / "summary.json", summary)
-    return summary
-
-
 def run_up(args: argparse.Namespace) -> int:
     """The `testbed up` command."""
     from rich.console import Console
@@ -412,8 +415,25 @@ def run_up(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"error: --churn {churn}: {exc.strerror}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    from testbed.emulator.network.select import NetworkUnavailable, make_network
+    from testbed import capacity
+    from testbed.emulator.dilation import choose_dilation
+    from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend
 
+    try:
+        backend = resolve_backend(topology)
+    except NetworkUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    needs, problems = capacity.check(topology, backend)
+    if problems:
+        print(f"error: {args.topology}: this machine cannot hold the run "
+              f"({len(topology.devices)} devices, {backend} backend):", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        print("  (the rules and measured figures: testbed/capacity.py, docs/architecture.md)",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    capacity.raise_fd_limit(needs)
     dilation, dilation_info = (saved["dilation"], saved["dilation_info"]) if saved else \
         choose_dilation(topology)
     try:
@@ -450,21 +470,28 @@ def run_up(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     code = EXIT_FAILURE
     run = Run(topology, run_dir, network, dilation, args.join_timeout, churn,
-              resume=resume_dir is not None)
+              resume=resume_dir is not None, stop=stop)
     try:
         run.start(progress=lambda s: console.print(s, style="dim"))
         code = _watch(run, stop, console, live=not args.no_live)
         if interrupted:
             code = EXIT_INTERRUPTED
+    except Interrupted:
+        console.print(f"interrupted ({', '.join(interrupted)}) while starting: stopping")
+        code = EXIT_INTERRUPTED
     except RuntimeError as exc:
         console.print(f"[red]error:[/red] {exc}")
-        code = EXIT_FAILURE
+        code = EXIT_INTERRUPTED if interrupted else EXIT_FAILURE
     finally:
         run.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    summary = write_summary(run, code, {"time_dilation_mode": dilation_info,
-                                        "interrupted_by": interrupted or None})
+    from testbed.summary import write_summary
+
+    summary = write_summary(run_dir, topology, run.network.describe(), run.dilation, code,
+                            {"time_dilation_mode": dilation_info,
+                             "interrupted_by": interrupted or None},
+                            adb=run.adb.summary() if run.adb is not None else None)
     from testbed.report import make_report
 
     make_report(run_dir)
@@ -526,7 +553,7 @@ def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any
     pids_path = run_dir / "pids.json"
     if not problems and pids_path.exists():
         ps_pid = json.loads(pids_path.read_text()).get("ps")
-        if ps_pid and _is_ours(int(ps_pid)):
+        if ps_pid and is_testbed_process(int(ps_pid)):
             problems.append(f"--resume {run_dir}: its PS (pid {ps_pid}) is still running")
     if problems:
         for problem in problems:
@@ -559,7 +586,7 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
               transient=False) if live else contextlib.nullcontext() as view:
         while not stop.wait(0.25):
             code = run.poll()
-            if live:
+            if view is not None:
                 view.update(render(snapshot(), run.topology.name, run.notes))
             else:
                 steps = read_jsonl(run.run_dir / "steps.jsonl")
@@ -584,22 +611,14 @@ def run_clean(args: argparse.Namespace) -> int:
         return EXIT_OK
     prefix: str | None = None
     if target is not None and Path(target).is_dir():
-        run_dir = Path(target)
-        pids_path = run_dir / "pids.json"
-        if not pids_path.exists():
-            print(f"error: {pids_path} not found: {run_dir} is not a run directory",
-                  file=sys.stderr)
+        try:
+            lines = cleanup.clean_run_dir(Path(target))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        pids = json.loads(pids_path.read_text())
-        ours = [p for p in [pids.get("ps"), *(pids.get("agents") or {}).values()]
-                if p and _is_ours(p)]
-        cleanup.kill_pids(ours)
-        print(f"{run_dir}: stopped {len(ours)} leftover process(es)")
-        net_path = run_dir / "network.json"
-        prefix = json.loads(net_path.read_text()).get("prefix") if net_path.exists() else None
-        if prefix is None:
-            return EXIT_OK
-    elif target is not None:
+        print("\n".join(lines))
+        return EXIT_OK
+    if target is not None:
         try:
             prefix = cleanup.check_prefix(target)
         except ValueError as exc:
@@ -611,15 +630,6 @@ def run_clean(args: argparse.Namespace) -> int:
               f"{len(left.links)} interface(s)" if not left.empty else
               f"{left.prefix}: nothing left")
     return EXIT_OK
-
-
-def _is_ours(pid: int) -> bool:
-    """Whether pid is still a testbed PS or agent process (pids get reused)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"testbed.agent" in cmdline or b"testbed.ps_backend" in cmdline
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -14,6 +14,9 @@ Needs only grpcio and numpy (it runs on phones). Three threads:
 The PS decides everything about work; the agent only says how many tiles it wants outstanding.
 On a broken stream it joins again with exponential backoff; on SIGTERM it leaves gracefully.
 SIGUSR1 partitions it (nothing in or out, as a pulled cable on loopback), SIGUSR2 heals it.
+While partitioned, what would cross the cable waits (as TCP holds unacknowledged data) and goes
+once healed; nothing is dropped: a dropped tile would stay "in flight" at the PS forever when
+the partition is shorter than the lease.
 An optional :class:`~testbed.agent.behaviour.Behaviour` makes it a straggler or byzantine.
 """
 
@@ -260,8 +263,7 @@ class _Session:
     # -- down: the PS's messages ----------------------------------------------------------------
     def _receive(self, responses: Iterator[pb.ServerMessage]) -> str:
         for message in responses:
-            if self.agent.partitioned.is_set():
-                continue  # the cable is out: nothing arrives
+            self._wait_while_partitioned()  # the cable is out: it arrives once healed
             if message.HasField("invalidate"):
                 self.cache.invalidate(message.invalidate.before_version)
             if message.HasField("reject"):
@@ -289,6 +291,11 @@ class _Session:
         if cached is None:  # the PS's mirror and this cache disagree: a bug, start afresh
             raise RuntimeError(f"block {operand.key!r} is not in the cache")
         return cached
+
+    def _wait_while_partitioned(self) -> None:
+        while self.agent.partitioned.is_set() and not self.closed.is_set() \
+                and not self.agent.stopping.is_set():
+            time.sleep(0.05)
 
     # -- compute ----------------------------------------------------------------------------------
     def _compute_loop(self) -> None:
@@ -346,7 +353,11 @@ class _Session:
             if due and message is None:
                 return
             if self.agent.partitioned.is_set():
-                continue  # nothing leaves a partitioned device
+                if message is None:
+                    continue  # no heartbeats while the cable is out: the lease may expire
+                self._wait_while_partitioned()  # a result leaves once healed
+                if self.closed.is_set():
+                    return
             now = time.monotonic()
             if message is not None:
                 last_sent = now

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -100,3 +101,29 @@ def calibrate_host_gflops(duration_s: float = 0.3, shape: tuple[int, int, int] =
     cores = cores or usable_cores()
     log.info("host calibration: %.1f GFLOP/s per thread x %d cores", single, cores)
     return {"single_thread_gflops": single, "cores": float(cores), "host_gflops": single * cores}
+
+
+def choose_dilation(topology: Any) -> tuple[float, dict[str, Any]]:
+    """The topology's time dilation, or (``time_dilation: auto``) D from a host calibration.
+
+    Each group's rate is its profile's fitted time model at the job's tile shape (the
+    profile's sustained GFLOPS when it has no model); returns (D, how it was chosen).
+    """
+    if topology.time_dilation is not None:
+        return float(topology.time_dilation), {"mode": "fixed"}
+    from testbed.perf_model.profiles import load_profile
+
+    tile = topology.job.parallelism
+    k = topology.job.model.hidden
+    total = 0.0
+    for group in topology.groups:
+        profile = load_profile(str(group.profile_path))
+        model = profile.model  # the fitted time model, when the profile has one
+        seconds = model.predict_one(tile.tile_m, k, tile.tile_n) if model is not None else None
+        rate = (2.0 * tile.tile_m * k * tile.tile_n / seconds / 1e9) if seconds else \
+            profile.sustained_gflops
+        total += rate * group.count
+    host = calibrate_host_gflops()
+    dilation = auto_dilation(total, host["host_gflops"])
+    return dilation, {"mode": "auto", "emulated_gflops": round(total, 2),
+                      "host_gflops": round(host["host_gflops"], 2)}

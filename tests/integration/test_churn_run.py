@@ -101,3 +101,66 @@ def test_half_the_devices_go_and_the_result_is_unchanged(tmp_path: Path) -> None
                 "goodput_gflops"):
         assert key in summary, key
     assert 0 < summary["goodput"] <= 1
+
+
+# Devices rejoin and the trace ends early (3 s into a run of ~10): every device the trace leaves
+# alone must stay until the end. A laptop partitioned for less than a lease (5 s) and healed must
+# get back to work: nothing it was sent may stay "in flight" forever.
+REJOIN_TRACE = """# two phones crash and rejoin, the laptop is cut off briefly; nothing after 3 s
+time_s,device,event,arg
+0.5,phones-0,crash,
+0.5,laptops-0,partition,
+1.0,phones-1,leave,
+1.5,laptops-0,heal,
+2.0,phones-0,join,
+3.0,phones-1,join,
+"""
+
+
+@pytest.mark.slow
+def test_rejoined_devices_stay_and_a_healed_device_works_on(tmp_path: Path) -> None:
+    topology = churn_topology(tmp_path, steps=10)
+    (tmp_path / "half-go.csv").write_text(REJOIN_TRACE)
+    proc = start_up(topology, tmp_path / "runs")
+    output, _ = proc.communicate(timeout=400)
+    run_dir = run_dir_of(tmp_path / "runs")
+    assert proc.returncode == 0, output
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    assert [s["step"] for s in steps] == list(range(10))  # no stall
+    events = read_jsonl(run_dir / "events.jsonl")
+    churn = [e for e in events if e["event"] == "churn"]
+    assert [(e["device"], e["action"]) for e in churn] == [
+        ("phones-0", "crash"), ("laptops-0", "partition"), ("phones-1", "leave"),
+        ("laptops-0", "heal"), ("phones-0", "join"), ("phones-1", "join")]
+    assert steps[-1]["elapsed_s"] > churn[-1]["elapsed_s"] + 2, "the trace did not end early"
+
+    # After its last trace event every device is present until the last step: no departure of
+    # any device between the end of the trace and the end of training.
+    end = steps[-1]["elapsed_s"]
+    late = [e for e in events if e["event"] in ("leave", "disconnect", "lease_expired")
+            and churn[-1]["elapsed_s"] < e["elapsed_s"] < end]
+    assert not late, late
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["state"] == "done"
+    # every device, the rejoined ones included, did tiles after the trace ended: the per-device
+    # samples taken last show all four with more tiles than at the end of the trace
+    samples = read_jsonl(run_dir / "devices.jsonl")
+    after = {}
+    at_end_of_trace = {}
+    for s in samples:
+        name = s.get("device")
+        if s["elapsed_s"] <= churn[-1]["elapsed_s"] + 0.5:
+            at_end_of_trace[name] = s.get("tiles_done", 0)
+        elif s["elapsed_s"] <= end:
+            after[name] = s.get("tiles_done", 0)
+    for name in ("phones-0", "phones-1", "phones-2", "laptops-0"):
+        assert after.get(name, 0) > at_end_of_trace.get(name, 0), (name, after,
+                                                                    at_end_of_trace)
+
+    # One clock: a crash is recorded by testbed up before the PS sees its stream break.
+    crash = churn[0]
+    broken = [e for e in events if e["event"] in ("disconnect", "lease_expired", "leave")
+              and e["device"] == "phones-0"]
+    assert broken and crash["elapsed_s"] <= broken[0]["elapsed_s"], (crash, broken[0])
+    assert abs(crash["t"] - crash["elapsed_s"] - (broken[0]["t"] - broken[0]["elapsed_s"])) \
+        <= 1e-3

@@ -208,9 +208,16 @@ class Up:
         p = self.run_dir / name
         return p if p.exists() else None
 
+    def _all_started(self) -> bool:
+        path = self._file("pids.json")  # rewritten as each process starts
+        try:
+            return path is not None and json.loads(path.read_text()).get("starting") is False
+        except json.JSONDecodeError:
+            return False
+
     def observe(self) -> Seen:
         """Once the agents run: record the run's prefix, pids, node shells, namespaces, links."""
-        self.wait_until("pids.json", lambda: self._file("pids.json") is not None)
+        self.wait_until("pids.json with every agent started", self._all_started)
         seen = self.seen
         net = json.loads(self.run_dir.joinpath("network.json").read_text())
         assert net["backend"] == "mininet", net

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -164,3 +165,44 @@ def test_sigkill_then_clean_leaves_nothing(tmp_path, capsys):
 def test_clean_refuses_a_malformed_prefix(capsys):
     assert cli.main(["clean", "e"]) == 2
     assert "not a run prefix" in capsys.readouterr().err
+
+
+def test_up_killed_during_bringup_then_clean_run_dir_leaves_nothing(tmp_path):
+    """SIGKILL `testbed up` while Mininet is building its hosts; `testbed clean RUN_DIR` then finds
+    the prefix in network.json (written before the first host) and removes everything."""
+    raw = dict(TOPOLOGY, devices=[dict(TOPOLOGY["devices"][0], count=120)])
+    path = tmp_path / "bringup.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "runs"
+    before = listing()
+    up = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", str(path), "--no-live",
+                           "--out", str(out)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        prefix = None
+        while time.monotonic() < deadline and up.poll() is None:
+            runs = list(out.glob("*/network.json")) if out.exists() else []
+            if runs:
+                prefix = json.loads(runs[0].read_text()).get("prefix")
+                # the bridges exist once Mininet starts the switches; hosts are shaped after
+                if prefix and f"{prefix}s0" in cleanup.find_links(prefix):
+                    break
+            time.sleep(0.02)
+        assert prefix, "network.json with the prefix never appeared during bring-up"
+        run_dir = runs[0].parent
+        assert json.loads(runs[0].read_text()).get("state") == "starting", \
+            "bring-up finished before the kill; the test needs it mid-way"
+    finally:
+        up.send_signal(signal.SIGKILL)
+        up.wait()
+    assert not (run_dir / "pids.json").exists() or \
+        not json.loads((run_dir / "pids.json").read_text()).get("agents")
+    assert not cleanup.find_leftovers(prefix).empty, "the kill left nothing: not mid-way"
+    assert cli.main(["clean", str(run_dir)]) == 0
+    left = cleanup.find_leftovers(prefix)
+    assert left.empty, left
+    after = listing()
+    assert not [n for n in after.links if n.startswith(prefix)]
+    assert after.named_netns == before.named_netns
+    assert not cleanup.record_path(prefix).exists()

@@ -263,3 +263,52 @@ def clean(prefix: str | None = None) -> list[Leftovers]:
             continue
         removed.append(remove_leftovers(record["prefix"]))
     return removed
+
+
+# ----------------------------------------------------------------------------------------------
+# Cleaning after a run directory: `testbed clean RUN_DIR`.
+
+RUN_DIR_MARKERS = ("up.json", "topology.input.yaml", "pids.json", "network.json")
+
+
+def is_testbed_process(pid: int) -> bool:
+    """Whether pid is still a testbed PS or agent process (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"testbed.agent" in cmdline or b"testbed.ps_backend" in cmdline
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, or {} when it is missing or torn (a run killed while writing it)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def clean_run_dir(run_dir: Path) -> list[str]:
+    """Remove what a run directory's run left, from whatever it recorded; lines to print.
+
+    ``pids.json`` (written as processes start) names the PS and agents; ``network.json``
+    (written with the prefix before Mininet bring-up starts) names the network. Either may be
+    missing when the run was killed early; then there is less to do, not an error. Raises
+    ValueError when the directory is not a run directory at all.
+    """
+    if not any((run_dir / m).exists() for m in RUN_DIR_MARKERS):
+        raise ValueError(f"{run_dir} is not a run directory (none of "
+                         f"{', '.join(RUN_DIR_MARKERS)} in it)")
+    lines = []
+    pids = _read_json(run_dir / "pids.json")
+    listed = [pids.get("ps"), *(pids.get("agents") or {}).values()]
+    ours = [int(p) for p in listed if isinstance(p, int) and is_testbed_process(int(p))]
+    kill_pids(ours)
+    lines.append(f"{run_dir}: stopped {len(ours)} leftover process(es)")
+    prefix = _read_json(run_dir / "network.json").get("prefix")
+    if isinstance(prefix, str) and PREFIX_RE.match(prefix):
+        left = remove_leftovers(prefix)
+        lines.append(f"{prefix}: removed {len(left.pids)} process(es), {len(left.links)} "
+                     f"interface(s)" if not left.empty else f"{prefix}: nothing left")
+    return lines

@@ -1,0 +1,210 @@
+"""Replaying a :class:`~testbed.churn.schedule.ChurnSchedule` against a running ``testbed up``.
+
+What each action does to the run (the run supplies the means through :class:`RunControl`):
+
+=========  ==================================================================================
+join       start the device's agent
+leave      SIGTERM to the agent (it says Leave, then exits)
+crash      SIGKILL to the agent
+partition  take the device's link down (Mininet) or blackhole the agent (SIGUSR1, loopback)
+heal       bring the link back up (Mininet) or un-blackhole the agent (SIGUSR2)
+slow       write ``agents/<device>.slow`` (``{"slow": factor}``), which the agent polls
+=========  ==================================================================================
+
+**Clock.** Trace time 0 is the moment training starts (``status.json`` leaves ``starting`` and
+``waiting for devices``), so a trace means the same thing however long the devices take to join;
+an action at trace time ``t`` is applied ``t x D`` wall seconds later (D: time dilation). Each
+applied action is one ``churn`` event in ``events.jsonl`` with its effect.
+
+**Resume.** ``testbed up --resume`` goes on from where the run was (:func:`resume_point`): the
+actions already recorded as ``churn`` events are not applied again, the devices present after them
+are the ones started, partitions in force are applied again at once (the network was rebuilt), and
+the rest of the trace is replayed from the trace time the run had reached when it stopped (time
+while the PS was down does not count: trace time runs while training runs).
+
+**Threads.** The replay runs on its own thread, but never forks on it: the run starts every agent
+from one long-lived thread (``testbed.up.Spawner``). ``PR_SET_PDEATHSIG`` fires when the *thread*
+that forked a child exits (prctl(2)), so agents forked here died the moment the replay ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from testbed.churn.schedule import ChurnAction, ChurnSchedule
+from testbed.churn.trace import ChurnEvent
+
+log = logging.getLogger(__name__)
+
+WAITING_STATES = (None, "starting", "waiting for devices")
+
+
+class RunControl(Protocol):
+    """What the replay needs from a run."""
+
+    def start_agent(self, name: str) -> None:
+        """Start (or restart) the device's agent."""
+
+    def signal_agent(self, name: str, sig: int) -> bool:
+        """Signal the device's agent; False when it is not running."""
+
+    def set_partitioned(self, name: str, partitioned: bool) -> bool:
+        """Take the device's link down or up in the network; False when the network cannot."""
+
+    def ps_alive(self) -> bool:
+        """Whether the PS is still running."""
+
+
+@dataclass
+class ReplayState:
+    """Where a replay stands: actions applied, and the device states they left."""
+
+    applied: int = 0  # actions of the schedule already applied
+    trace_s: float = 0.0  # trace time reached
+    present: set[str] = field(default_factory=set)
+    partitioned: set[str] = field(default_factory=set)
+
+
+def state_after(schedule: ChurnSchedule, applied: int, trace_s: float = 0.0) -> ReplayState:
+    """Device states after the schedule's first ``applied`` actions."""
+    present = set(schedule.initially_present)
+    partitioned: set[str] = set()
+    for a in schedule.actions[:applied]:
+        if a.event is ChurnEvent.JOIN:
+            present.add(a.device)
+        elif a.event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
+            present.discard(a.device)
+        elif a.event is ChurnEvent.PARTITION:
+            partitioned.add(a.device)
+        elif a.event is ChurnEvent.HEAL:
+            partitioned.discard(a.device)
+    last = schedule.actions[applied - 1].time_s if applied else 0.0
+    return ReplayState(applied, max(trace_s, last), present, partitioned)
+
+
+def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
+                 dilation: float) -> ReplayState:
+    """Where a stopped run's replay stood, from its ``events.jsonl`` records.
+
+    Applied = the number of ``churn`` events (each action is recorded once, whichever session
+    applied it). Trace time reached = the last ``churn_clock_start``'s offset plus the device
+    time from it to the last record of that session.
+    """
+    applied = min(sum(e.get("event") == "churn" for e in events), len(schedule.actions))
+    clock_t: float | None = None
+    offset_s = 0.0
+    last_t = 0.0
+    for e in events:
+        t = float(e.get("t", 0.0) or 0.0)
+        if e.get("event") == "churn_clock_start":
+            clock_t, offset_s = t, float(e.get("offset_s", 0.0) or 0.0)
+        last_t = max(last_t, t)
+    trace_s = offset_s + max(0.0, last_t - clock_t) / dilation if clock_t is not None else 0.0
+    return state_after(schedule, applied, trace_s)
+
+
+def apply_action(action: ChurnAction, run: RunControl, agents_dir: Path) -> str:
+    """Do one action to the run; return its effect as recorded in events.jsonl."""
+    name, event = action.device, action.event
+    if event is ChurnEvent.JOIN:
+        run.start_agent(name)
+        return "applied"
+    if event is ChurnEvent.LEAVE:
+        return "SIGTERM" if run.signal_agent(name, signal.SIGTERM) else "absent"
+    if event is ChurnEvent.CRASH:
+        return "SIGKILL" if run.signal_agent(name, signal.SIGKILL) else "absent"
+    if event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
+        down = event is ChurnEvent.PARTITION
+        if run.set_partitioned(name, down):
+            return "link " + ("down" if down else "up")
+        sig = signal.SIGUSR1 if down else signal.SIGUSR2
+        if run.signal_agent(name, sig):
+            return "agent blackholed" if down else "agent healed"
+        return "absent"
+    # slow: the agent polls this file (--control-file)
+    from testbed.runlog import write_json_atomic
+
+    write_json_atomic(agents_dir / f"{name}.slow", {"slow": action.factor})
+    return f"compute x{action.factor}"
+
+
+class Replay:
+    """Applies a schedule's remaining actions at their times, on a thread of its own."""
+
+    def __init__(self, schedule: ChurnSchedule, run: RunControl, run_dir: Path, dilation: float,
+                 event: Callable[..., None], note: Callable[[str], None] = lambda s: None,
+                 start: ReplayState | None = None):
+        self.schedule = schedule
+        self.run = run
+        self.run_dir = run_dir
+        self.dilation = dilation
+        self.event = event  # RunLog.event
+        self.note = note
+        self.start_state = start or ReplayState(present=set(schedule.initially_present))
+        self.stopping = threading.Event()
+        self.applied = self.start_state.applied
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the replay thread (nothing to do when every action was applied already)."""
+        if self.applied >= len(self.schedule.actions) and not self.start_state.partitioned:
+            return
+        self._thread = threading.Thread(target=self._run, name="churn", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop applying actions; wait for the thread."""
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            self._replay()
+        except Exception:  # a bug here must not take the run down silently
+            log.exception("churn replay failed")
+            self.event("churn_failed", applied=self.applied)
+
+    def _replay(self) -> None:
+        if not self._wait_for_training():
+            return
+        begin = time.monotonic()
+        offset = self.start_state.trace_s
+        self.event("churn_clock_start", actions=len(self.schedule.actions),
+                   already_applied=self.applied, offset_s=round(offset, 6))
+        agents_dir = self.run_dir / "agents"
+        for name in sorted(self.start_state.partitioned):  # after --resume: still cut off
+            action = ChurnAction(offset, name, ChurnEvent.PARTITION)
+            self.event("churn_restore", device=name, action="partition",
+                       effect=apply_action(action, self.run, agents_dir))
+        for action in self.schedule.actions[self.applied:]:
+            due = begin + (action.time_s - offset) * self.dilation
+            if self.stopping.wait(max(0.0, due - time.monotonic())):
+                return
+            effect = apply_action(action, self.run, agents_dir)
+            self.applied += 1
+            record = action.to_dict()  # its "event" would shadow the record's kind
+            self.event("churn", **{k: v for k, v in record.items() if k != "event"},
+                       action=record["event"], effect=effect)
+            self.note(f"churn t={action.time_s:g}s {action.event.value} {action.device}: "
+                      f"{effect}")
+
+    def _wait_for_training(self) -> bool:
+        """Block until the PS reports training (True), or the run ends first (False)."""
+        status = self.run_dir / "status.json"
+        while not self.stopping.wait(0.05):
+            if not self.run.ps_alive():
+                return False
+            try:
+                if json.loads(status.read_text()).get("state") not in WAITING_STATES:
+                    return True
+            except (OSError, json.JSONDecodeError):
+                continue
+        return False

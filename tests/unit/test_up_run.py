@@ -1,0 +1,263 @@
+"""`testbed up`'s parts that need no network: one clock, the spawner, the replay, the machine
+check, cleaning from a partial run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from testbed import capacity
+from testbed.churn.replay import Replay, ReplayState, resume_point, state_after
+from testbed.churn.schedule import build_schedule
+from testbed.churn.trace import parse_trace
+from testbed.runlog import RunLog, read_jsonl
+from testbed.up import Spawner, _die_with_parent
+from tests.conftest import REPO, TINY, cli_argv
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+# -- one clock ------------------------------------------------------------------------------------
+
+def test_two_writers_of_one_run_dir_share_the_origin(tmp_path: Path) -> None:
+    first = RunLog(tmp_path)
+    time.sleep(0.3)
+    second = RunLog(tmp_path)  # the PS, started later
+    second.event("disconnect", device="d")
+    first.event("churn", device="d")  # written after the disconnect
+    first.close()
+    second.close()
+    assert first.started_s == second.started_s
+    disconnect, churn = read_jsonl(tmp_path / "events.jsonl")
+    assert disconnect["elapsed_s"] <= churn["elapsed_s"]
+    assert abs((churn["t"] - churn["elapsed_s"]) - (disconnect["t"] - disconnect["elapsed_s"])) \
+        <= 1e-5
+
+
+# -- the spawner ----------------------------------------------------------------------------------
+
+def _alive_after(spawn_on_thread: bool) -> bool:
+    """Fork a sleeper with PR_SET_PDEATHSIG from a short-lived thread; is it alive after?"""
+    spawner = Spawner()
+    procs: list[subprocess.Popen] = []
+
+    def fork() -> None:
+        def start() -> subprocess.Popen:
+            return subprocess.Popen(SLEEPER, preexec_fn=_die_with_parent)
+        procs.append(spawner.call(start) if spawn_on_thread else start())
+    worker = threading.Thread(target=fork)
+    worker.start()
+    worker.join()
+    try:
+        time.sleep(0.5)
+        return procs[0].poll() is None
+    finally:
+        procs[0].kill()
+        procs[0].wait()
+        spawner.close()
+
+
+def test_a_child_started_for_a_thread_that_ended_lives_on() -> None:
+    # Linux sends PR_SET_PDEATHSIG when the forking *thread* exits: a child forked directly by a
+    # short-lived thread (as the churn replay did) dies with it ...
+    assert not _alive_after(spawn_on_thread=False)
+    # ... one forked by the spawner's long-lived thread does not.
+    assert _alive_after(spawn_on_thread=True)
+
+
+# -- the replay -----------------------------------------------------------------------------------
+
+GROUPS = {"phones": ["phones-0", "phones-1", "phones-2"], "laptops": ["laptops-0"]}
+TRACE = """time_s,device,event,arg
+0.1,phones-0,leave,
+0.2,laptops-0,partition,
+0.3,phones-0,join,
+0.4,laptops-0,heal,
+0.5,phones-1,crash,
+"""
+
+
+class FakeRun:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, object]] = []
+
+    def start_agent(self, name: str) -> None:
+        self.calls.append(("start", name, None))
+
+    def signal_agent(self, name: str, sig: int) -> bool:
+        self.calls.append(("signal", name, signal.Signals(sig).name))
+        return True
+
+    def set_partitioned(self, name: str, partitioned: bool) -> bool:
+        self.calls.append(("link", name, partitioned))
+        return True
+
+    def ps_alive(self) -> bool:
+        return True
+
+
+def _schedule():
+    return build_schedule(parse_trace(TRACE, "t.csv", GROUPS), GROUPS, seed=1)
+
+
+def test_replay_applies_every_action_in_order_and_records_it(tmp_path: Path) -> None:
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    runlog = RunLog(tmp_path)
+    run = FakeRun()
+    replay = Replay(_schedule(), run, tmp_path, dilation=0.2, event=runlog.event)
+    replay.start()
+    deadline = time.monotonic() + 10
+    while replay.applied < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    replay.stop()
+    runlog.close()
+    assert run.calls == [("signal", "phones-0", "SIGTERM"), ("link", "laptops-0", True),
+                         ("start", "phones-0", None), ("link", "laptops-0", False),
+                         ("signal", "phones-1", "SIGKILL")]
+    churn = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "churn"]
+    assert [(e["device"], e["action"], e["effect"]) for e in churn] == [
+        ("phones-0", "leave", "SIGTERM"), ("laptops-0", "partition", "link down"),
+        ("phones-0", "join", "applied"), ("laptops-0", "heal", "link up"),
+        ("phones-1", "crash", "SIGKILL")]
+
+
+def test_resume_goes_on_from_where_the_run_was(tmp_path: Path) -> None:
+    schedule = _schedule()
+    # a first session: clock started at t=100, two actions applied, the run stopped at t=100.5
+    # with dilation 2, i.e. at trace time 0.25
+    events = [{"event": "churn_clock_start", "t": 100.0, "offset_s": 0.0},
+              {"event": "churn", "t": 100.2}, {"event": "churn", "t": 100.4},
+              {"event": "run_stop", "t": 100.5}]
+    state = resume_point(schedule, events, dilation=2.0)
+    assert state.applied == 2
+    assert abs(state.trace_s - 0.25) <= 1e-9
+    assert state.present == {"phones-1", "phones-2", "laptops-0"}  # phones-0 has left
+    assert state.partitioned == {"laptops-0"}
+    assert state_after(schedule, 5).present == {"phones-0", "phones-2", "laptops-0"}
+
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    runlog = RunLog(tmp_path)
+    run = FakeRun()
+    replay = Replay(schedule, run, tmp_path, dilation=0.2, event=runlog.event, start=state)
+    replay.start()
+    deadline = time.monotonic() + 10
+    while replay.applied < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    replay.stop()
+    runlog.close()
+    # the partition in force is applied again, then only the actions not yet applied
+    assert run.calls == [("link", "laptops-0", True), ("start", "phones-0", None),
+                         ("link", "laptops-0", False), ("signal", "phones-1", "SIGKILL")]
+    records = read_jsonl(tmp_path / "events.jsonl")
+    assert [e["action"] for e in records if e["event"] == "churn"] == ["join", "heal", "crash"]
+    assert records[0]["offset_s"] == 0.25
+
+
+def test_a_resumed_replay_with_nothing_left_does_nothing(tmp_path: Path) -> None:
+    replay = Replay(_schedule(), FakeRun(), tmp_path, 1.0, event=lambda *a, **k: None,
+                    start=ReplayState(applied=5))
+    replay.start()
+    assert replay._thread is None
+
+
+# -- the machine check ----------------------------------------------------------------------------
+
+def _topology(count: int):
+    from testbed.topology import parse_topology
+
+    raw = yaml.safe_load(TINY.read_text())
+    raw["devices"][0]["count"] = count
+    return parse_topology(raw)
+
+
+ROOMY = capacity.HostLimits(available_bytes=20e9, memory_source="MemAvailable",
+                            tasks_free=90_000, tasks_source="kernel.threads-max",
+                            fd_soft=1024, fd_hard=1 << 20)
+
+
+def test_a_small_run_fits_and_a_huge_one_is_refused_naming_each_limit() -> None:
+    assert capacity.problems(capacity.needs_of(_topology(3), "loopback"), ROOMY) == []
+    needs = capacity.needs_of(_topology(100_000), "mininet")
+    tight = capacity.HostLimits(20e9, "MemAvailable", 90_000, "kernel.threads-max", 1024, 4096)
+    problems = capacity.problems(needs, tight)
+    assert len(problems) == 3
+    memory, tasks, fds = problems
+    assert memory.startswith("memory: 100001 agent(s)") and "20.0 GB" in memory
+    assert "MemAvailable" in memory
+    assert tasks.startswith("processes: 100001 agent(s)") and "kernel.threads-max" in tasks
+    assert "100002 node shells" in tasks
+    assert fds.startswith("file descriptors:") and "4096" in fds
+    # the memory figure follows the rule: PS + per agent (base + cache bounded by the weights)
+    weights = capacity.weight_bytes(_topology(1).job)
+    want = (capacity.PS_BASE_BYTES + 4 * weights + 100_001 * (capacity.AGENT_BASE_BYTES
+                                                              + weights)
+            + 100_002 * capacity.SHELL_BYTES)
+    assert abs(needs.memory_bytes - want) <= 1e-9 * want
+
+
+def test_the_machine_here_is_read() -> None:
+    host = capacity.host_limits()
+    assert host.available_bytes is None or host.available_bytes > 0
+    assert host.fd_hard >= host.fd_soft > 0
+
+
+def test_up_refuses_a_run_the_machine_cannot_hold_before_starting_anything(tmp_path: Path
+                                                                           ) -> None:
+    raw = yaml.safe_load(TINY.read_text())
+    raw["devices"][0]["count"] = 100_000
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "runs"
+    done = subprocess.run(cli_argv("up", str(path), "--no-live", "--out", str(out)), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "cannot hold the run" in done.stderr and str(path) in done.stderr
+    assert "memory:" in done.stderr
+    assert not out.exists()  # nothing was started or written
+
+
+# -- testbed clean RUN_DIR from a partial run directory -----------------------------------------
+
+def test_clean_works_from_whatever_the_run_dir_has(tmp_path: Path) -> None:
+    from testbed import cli
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "up.json").write_text("{}")  # killed before pids.json or network.json existed
+    assert cli.main(["clean", str(run_dir)]) == 0
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              "testbed.agent"])  # looks like an agent to clean
+    try:
+        deadline = time.monotonic() + 10  # until it has exec'd (its command line is set)
+        while "testbed.agent" not in psutil.Process(stray.pid).cmdline() \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (run_dir / "pids.json").write_text(json.dumps({"ps": None,
+                                                       "agents": {"d": stray.pid}}))
+        assert cli.main(["clean", str(run_dir)]) == 0
+        assert stray.wait(10) is not None
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+    assert not psutil.pid_exists(stray.pid) or psutil.Process(stray.pid).status() == "zombie"
+    not_a_run = tmp_path / "other"
+    not_a_run.mkdir()
+    assert cli.main(["clean", str(not_a_run)]) == 2
+
+
+def test_pids_survive_a_torn_file(tmp_path: Path) -> None:
+    from testbed.emulator.network.cleanup import clean_run_dir
+
+    (tmp_path / "pids.json").write_text('{"ps": 12')  # killed mid-write (not atomic elsewhere)
+    assert clean_run_dir(tmp_path)[0].endswith("stopped 0 leftover process(es)")
+    assert os.path.exists(tmp_path / "pids.json")
