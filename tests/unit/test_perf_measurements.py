@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from testbed.cli import main
+from testbed.errors import InputError
 from testbed.perf_model import importers
 from testbed.perf_model.cli import add_parser  # noqa: F401  (the CLI module imports cleanly)
 from testbed.perf_model.measurements import (
@@ -67,6 +68,28 @@ def test_every_bad_row_is_reported_at_once(tmp_path: Path) -> None:
     with pytest.raises(MeasurementError) as info:
         read_measurements(write(tmp_path, HEADER + bad + GOOD + bad))
     assert "line 2" in str(info.value) and "line 4" in str(info.value)
+
+
+def test_every_problem_of_a_row_is_reported_with_its_column(tmp_path: Path) -> None:
+    text = (HEADER.replace("provenance", "batch,joules,provenance")
+            + "host,numpy,float16x,-1,forward,0.5,1024,128,inf,ms,,-2,test\n"
+            + "host,numpy,float32,1,forward,128,1024,128,0.5,ms,2,,\n"
+            + "host,numpy,float32,1,forward,128,1024,128,0.5,ms,,,test\n")
+    path = write(tmp_path, text)
+    with pytest.raises(MeasurementError) as info:
+        read_measurements(path)
+    assert isinstance(info.value, InputError) and info.value.source == str(path)
+    assert info.value.problems == [
+        "line 2: column 'dtype': expected a dtype, one of float32, float64, float16, int8, "
+        "got 'float16x'",
+        "line 2: column 'threads': expected an integer >= 0, got -1",
+        "line 2: column 'm': expected int, got str '0.5'",
+        "line 2: column 'time': expected a finite number >= 0 (a negative or infinite time or "
+        "energy is a broken measurement), got inf",
+        "line 2: column 'joules': expected a finite number >= 0 (a negative or infinite time or "
+        "energy is a broken measurement), got -2.0",
+        "line 3: column 'provenance': expected a non-empty text",
+    ]
 
 
 def test_cli_eval_exits_2_on_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

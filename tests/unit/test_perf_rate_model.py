@@ -98,10 +98,11 @@ def test_perf_predict_shapes_file(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.parametrize("argv, content, needle", [
     (["perf", "predict", "no-such-profile", "1", "2", "3"], None, "no device profile named"),
-    (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "m: expected a positive"),
-    (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "k: expected a positive"),
+    (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "M K N.m: expected a positive"),
+    (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "M K N.k: expected a positive"),
     (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k\n1,2\n", "line 1 (header)"),
-    (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2,3\n4,0,6\n", "line 3: k"),
+    (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2,3\n4,0,6\n",
+     "line 3: column 'k': expected a positive integer up to 1048576, got 0"),
     (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2," + "9" * 200_000,
      "line 2"),
 ])
