@@ -114,27 +114,32 @@ def _import(args: argparse.Namespace) -> int:
             rows = importers.import_mlx(args.src, backend=None if args.backend == "all"
                                         else args.backend)
             write_measurements(args.out, rows, comments=[importers.MLX_ATTRIBUTION])
+            count = len(rows)
         elif args.source == "deepbench":
             rows = importers.import_deepbench(args.src)
             write_measurements(args.out, rows, comments=[importers.DEEPBENCH_ATTRIBUTION])
+            count = len(rows)
         elif args.source in _GEMM_SOURCES:
             reader, attribution = _GEMM_SOURCES[args.source]
             rows = reader(args.src)
             _check_out(args.out)
             write_measurements(args.out, rows, comments=[attribution])
+            count = len(rows)
         elif args.source in _MODEL_SOURCES:
             rows = _MODEL_SOURCES[args.source](args.src)
             _check_out(args.out)
             _write_model_timings(args.out, rows)
+            count = len(rows)
         else:
             src = Path(args.src)
             logs = sorted(src.glob("*.txt")) if src.is_dir() else [src]
-            rows = [rec for path in logs for rec in importers.import_vfpbench(path)]
-            importers.write_peaks(args.out, rows)
+            peaks = [rec for path in logs for rec in importers.import_vfpbench(path)]
+            importers.write_peaks(args.out, peaks)
+            count = len(peaks)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"{args.out}: {len(rows)} rows from {args.source}")
+    print(f"{args.out}: {count} rows from {args.source}")
     return EXIT_OK
 
 
