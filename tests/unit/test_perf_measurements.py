@@ -19,7 +19,7 @@ from testbed.perf_model.measurements import (
 
 HEADER = "device,backend,dtype,threads,op,m,k,n,time,time_unit,provenance\n"
 GOOD = "host,numpy,float32,1,forward,128,1024,128,0.5,ms,test\n"
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = importers.shared_data_dir()  # $TESTBED_SHARED_DATA, else the nearest ancestor's
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -98,6 +98,20 @@ def test_cli_eval_exits_2_on_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFi
     assert "line 2" in capsys.readouterr().err
 
 
+def test_shared_data_is_found_by_one_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "shared" / "data"
+    data.mkdir(parents=True)
+    deep = tmp_path / "wt" / "name" / "tests" / "unit"  # a worktree two levels below shared/
+    deep.mkdir(parents=True)
+    monkeypatch.delenv(importers.SHARED_DATA_ENV, raising=False)
+    assert importers.shared_data_dir(deep / "t.py") == data
+    nearer = tmp_path / "wt" / "shared" / "data"  # the nearest ancestor's wins
+    nearer.mkdir(parents=True)
+    assert importers.shared_data_dir(deep / "t.py") == nearer
+    monkeypatch.setenv(importers.SHARED_DATA_ENV, str(tmp_path / "elsewhere"))
+    assert importers.shared_data_dir(deep / "t.py") == tmp_path / "elsewhere"
+
+
 def test_cli_show_and_list(capsys: pytest.CaptureFixture) -> None:
     assert main(["perf", "show", "--list"]) == 0
     listed = capsys.readouterr().out
@@ -115,8 +129,10 @@ def test_mlx_shapes_become_gemms() -> None:
     assert importers.mlx_gemm("32x1x1000 32x1000x128") == (32, 1, 1000, 128)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not next to the repository")
+@pytest.mark.skipif(SHARED is None, reason="no shared/data above the checkout and "
+                    "TESTBED_SHARED_DATA is not set")
 def test_importers_keep_attribution() -> None:
+    assert SHARED is not None and SHARED.is_dir(), f"{SHARED}: no such directory"
     mlx = importers.import_mlx(SHARED / "mlx-benchmark" / "linear_matmul_ms.csv")
     assert mlx and all("Tristan Bilot" in r.provenance and r.dtype == "float32" for r in mlx)
     deep = importers.import_deepbench(SHARED / "deepbench" / "device_gemm.csv")
