@@ -33,17 +33,29 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from testbed.perf_model.measure import LocalNumpyRunner, measure, sweep_shapes
+    from testbed.perf_model.measure import LocalNumpyRunner, Shape, measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
     size = "full" if args.full else "quick"
+    try:
+        _check_out(args.out)
+        if args.shapes:
+            # a handful of shapes (e.g. the 5 to calibrate a profile from), op 'gemm': not said
+            shapes = [Shape("gemm", m, k, n) for m, k, n in read_shapes(args.shapes)]
+            what = f"--shapes {args.shapes}"
+        else:
+            shapes = sweep_shapes(size, seed=args.seed)
+            what = f"--{size} --seed {args.seed}"
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     runner = LocalNumpyRunner(device=args.device, threads=args.threads,
                               min_sample_s=args.min_sample_s)
-    rows = measure(sweep_shapes(size, seed=args.seed), runner, dtype=args.dtype,
+    rows = measure(shapes, runner, dtype=args.dtype,
                    warmup=args.warmup, repeats=args.repeats, passes=args.passes,
                    statistic=args.statistic)
     info = runner.describe()
     write_measurements(args.out, rows, comments=[
-        f"testbed perf measure --{size} --seed {args.seed}: {info['cpu_model']}, "
+        f"testbed perf measure {what}: {info['cpu_model']}, "
         f"{info['backend']}, {info['threads']} thread(s)",
         f"statistic: {args.statistic} of {args.passes} round-robin passes x {args.repeats} "
         f"samples (each >= {args.min_sample_s:g} s of calls) after {args.warmup} warm-up "
@@ -354,6 +366,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     size.add_argument("--quick", action="store_true", help="150 shapes, about a minute with the "
                       "default passes (default)")
     size.add_argument("--full", action="store_true", help="600 shapes")
+    size.add_argument("--shapes", metavar="FILE.csv", default="",
+                      help="time these shapes instead (columns m, k, n; e.g. 5 to calibrate)")
     p.add_argument("--out", default="perf_measurements.csv", help="output CSV")
     p.add_argument("--device", default="host", help="device name written into the rows")
     p.add_argument("--threads", type=int, default=1, help="BLAS threads (agents use 1)")
