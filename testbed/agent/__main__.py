@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         from testbed.emulator.device_model import device_model_for
         from testbed.perf_model.profiles import ProfileError, load_profile
         try:
-            profile = load_profile(args.profile)
+            # checked by the supervisor already; the check would import pydantic here
+            profile = load_profile(args.profile, check=False)
         except ProfileError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

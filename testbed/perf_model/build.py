@@ -47,6 +47,7 @@ from testbed.perf_model.importers import (
     import_ncnn,
     import_tf_sd835,
     ncnn_gemms,
+    shared_data_dir,
     vfpbench_peak,
 )
 from testbed.perf_model.measurements import as_arrays, read_measurements, write_measurements
@@ -55,9 +56,8 @@ from testbed.perf_model.profiles import PROFILE_DIR
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
-# ../shared/data beside the checkout (a worktree sits one level deeper)
-SHARED = next((c for c in (REPO.parent / "shared" / "data", REPO.parents[1] / "shared" / "data")
-               if c.is_dir()), REPO.parent / "shared" / "data")
+# $TESTBED_SHARED_DATA, else the nearest ancestor's shared/data (importers.shared_data_dir)
+SHARED = shared_data_dir(REPO) or REPO.parent / "shared" / "data"
 HOST_CSV = REPO / "tests" / "data" / "perf_host.csv"
 REFERENCE_TILE = (128, 1024, 128)
 PHONE_OVERHEAD_S = 5e-5

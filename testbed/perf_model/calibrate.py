@@ -47,15 +47,16 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
     if device is not None:
         rows = [r for r in rows if r.device == device]
         if not rows:
-            raise MeasurementError(f"{source}: no rows of device {device!r}; the file has "
-                                   f"{', '.join(devices)}")
+            raise MeasurementError(source, [f"no rows of device {device!r}; the file has "
+                                            f"{', '.join(devices)}"])
     elif len(devices) > 1:
-        raise MeasurementError(f"{source}: rows of {len(devices)} devices ({', '.join(devices)});"
-                               f" choose one with --device")
+        raise MeasurementError(source, [f"rows of {len(devices)} devices "
+                                        f"({', '.join(devices)}); choose one with --device"])
     X, y = as_arrays(rows)
     if len(y) < MIN_SHAPES:
-        raise MeasurementError(f"{source}: {len(y)} measured shape(s); calibration needs at "
-                               f"least {MIN_SHAPES} (level, overhead and one to check them)")
+        raise MeasurementError(source, [f"{len(y)} measured shape(s); calibration needs at "
+                                        f"least {MIN_SHAPES} (level, overhead and one to check "
+                                        f"them)"])
     if base.model is None:
         halves_model = ExportedTimeModel(features=("half_m", "half_k", "half_n"),
                                          coef=(0.0, 0.0, 0.0), intercept=0.0, overhead_s=0.0,

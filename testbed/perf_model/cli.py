@@ -13,29 +13,49 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import AfterValidator, ConfigDict, ValidationError
 
 from testbed.errors import InputError
-from testbed.perf_model.measurements import MeasurementError, as_arrays, read_measurements
+from testbed.perf_model.measurements import (
+    MeasurementError,
+    as_arrays,
+    read_csv_lines,
+    read_measurements,
+    row_problems,
+)
 from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
+from testbed.schema import Schema, parse
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from testbed.perf_model.measure import LocalNumpyRunner, measure, sweep_shapes
+    from testbed.perf_model.measure import LocalNumpyRunner, Shape, measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
     size = "full" if args.full else "quick"
+    try:
+        _check_out(args.out)
+        if args.shapes:
+            # a handful of shapes (e.g. the 5 to calibrate a profile from), op 'gemm': not said
+            shapes = [Shape("gemm", m, k, n) for m, k, n in read_shapes(args.shapes)]
+            what = f"--shapes {args.shapes}"
+        else:
+            shapes = sweep_shapes(size, seed=args.seed)
+            what = f"--{size} --seed {args.seed}"
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     runner = LocalNumpyRunner(device=args.device, threads=args.threads,
                               min_sample_s=args.min_sample_s)
-    rows = measure(sweep_shapes(size, seed=args.seed), runner, dtype=args.dtype,
+    rows = measure(shapes, runner, dtype=args.dtype,
                    warmup=args.warmup, repeats=args.repeats, passes=args.passes,
                    statistic=args.statistic)
     info = runner.describe()
     write_measurements(args.out, rows, comments=[
-        f"testbed perf measure --{size} --seed {args.seed}: {info['cpu_model']}, "
+        f"testbed perf measure {what}: {info['cpu_model']}, "
         f"{info['backend']}, {info['threads']} thread(s)",
         f"statistic: {args.statistic} of {args.passes} round-robin passes x {args.repeats} "
         f"samples (each >= {args.min_sample_s:g} s of calls) after {args.warmup} warm-up "
@@ -106,27 +126,32 @@ def _import(args: argparse.Namespace) -> int:
             rows = importers.import_mlx(args.src, backend=None if args.backend == "all"
                                         else args.backend)
             write_measurements(args.out, rows, comments=[importers.MLX_ATTRIBUTION])
+            count = len(rows)
         elif args.source == "deepbench":
             rows = importers.import_deepbench(args.src)
             write_measurements(args.out, rows, comments=[importers.DEEPBENCH_ATTRIBUTION])
+            count = len(rows)
         elif args.source in _GEMM_SOURCES:
             reader, attribution = _GEMM_SOURCES[args.source]
             rows = reader(args.src)
             _check_out(args.out)
             write_measurements(args.out, rows, comments=[attribution])
+            count = len(rows)
         elif args.source in _MODEL_SOURCES:
             rows = _MODEL_SOURCES[args.source](args.src)
             _check_out(args.out)
             _write_model_timings(args.out, rows)
+            count = len(rows)
         else:
             src = Path(args.src)
             logs = sorted(src.glob("*.txt")) if src.is_dir() else [src]
-            rows = [rec for path in logs for rec in importers.import_vfpbench(path)]
-            importers.write_peaks(args.out, rows)
+            peaks = [rec for path in logs for rec in importers.import_vfpbench(path)]
+            importers.write_peaks(args.out, peaks)
+            count = len(peaks)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"{args.out}: {len(rows)} rows from {args.source}")
+    print(f"{args.out}: {count} rows from {args.source}")
     return EXIT_OK
 
 
@@ -135,7 +160,7 @@ def _load(path: str, device: str | None):
     if device:
         rows = [r for r in rows if r.device == device]
         if not rows:
-            raise MeasurementError(f"{path}: no rows of device {device!r}")
+            raise MeasurementError(path, [f"no rows of device {device!r}"])
     return as_arrays(rows)
 
 
@@ -175,9 +200,9 @@ def _eval(args: argparse.Namespace) -> int:
                 rows = [r for r in rows if r.device == args.device]
             sets = group_sets(rows)
             if len(sets) < 2:
-                raise MeasurementError(f"{args.measurements}: leave one set out needs at least "
-                                       f"two per-shape float sets of >= 6 shapes, found "
-                                       f"{len(sets)}")
+                raise MeasurementError(args.measurements, [
+                    f"leave one set out needs at least two per-shape float sets of >= 6 "
+                    f"shapes, found {len(sets)}"])
             result = leave_one_set_out(sets)
             print(json.dumps(as_plain(result), indent=1) if args.json
                   else format_sets_table(result))
@@ -207,63 +232,41 @@ def _calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+MAX_DIMENSION = 1 << 20
+
+
+def _dimension(value: int) -> int:
+    if not 1 <= value <= MAX_DIMENSION:
+        raise ValueError(f"expected a positive integer up to {MAX_DIMENSION}, got {value}")
+    return value
+
+
+class ShapeRow(Schema):
+    """One GEMM shape (a ``--shapes`` row or ``M K N`` on the command line); other columns pass."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, str_strip_whitespace=True)
+
+    m: Annotated[int, AfterValidator(_dimension)]
+    k: Annotated[int, AfterValidator(_dimension)]
+    n: Annotated[int, AfterValidator(_dimension)]
+
+
 def read_shapes(path: str) -> list[tuple[int, int, int]]:
     """(m, k, n) rows of a CSV with columns m, k, n (others ignored); InputError with lines."""
     problems: list[str] = []
     shapes: list[tuple[int, int, int]] = []
-    try:
-        handle = open(path, newline="", errors="replace")
-    except OSError as exc:
-        raise InputError(path, [f"cannot read: {exc.strerror}"]) from exc
-    with handle:
-        lines = [(i, line) for i, line in enumerate(handle, 1)
-                 if line.strip() and not line.lstrip().startswith("#")]
-    if not lines:
-        raise InputError(path, ["empty file; expected a header line with the columns m, k, n"])
-    header: list[str] = []
-    for i, line in lines:
-        if len(line) > 4096:
-            problems.append(f"line {i}: {len(line)} characters; a shape row is short")
-            break
+    for line_no, fields in read_csv_lines(path, ("m", "k", "n"), None, "shape",
+                                          max_line_chars=4096):
         try:
-            fields = [f.strip() for f in next(csv.reader([line]))]
-        except csv.Error as exc:
-            problems.append(f"line {i}: not a CSV line: {exc}")
-            break
-        if not header:
-            header = fields
-            missing = [c for c in ("m", "k", "n") if c not in header]
-            if missing:
-                raise InputError(path, [f"line {i} (header): missing column(s) "
-                                        f"{', '.join(missing)}; expected m, k, n"])
-            continue
-        if len(fields) != len(header):
-            problems.append(f"line {i}: expected {len(header)} fields as in the header, "
-                            f"got {len(fields)}")
-            continue
-        row = dict(zip(header, fields))
-        try:
-            shapes.append(_shape(row["m"], row["k"], row["n"]))
-        except ValueError as exc:
-            problems.append(f"line {i}: {exc}")
+            row = ShapeRow.model_validate(fields)
+            shapes.append((row.m, row.k, row.n))
+        except ValidationError as exc:
+            problems.extend(row_problems(exc, line_no, ShapeRow))
     if problems:
         raise InputError(path, problems)
     if not shapes:
         raise InputError(path, ["no shape rows after the header"])
     return shapes
-
-
-def _shape(*texts: str) -> tuple[int, int, int]:
-    out = []
-    for name, text in zip("mkn", texts):
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{name}: expected a positive integer, got {text!r}") from None
-        if value < 1 or value > 1 << 20:
-            raise ValueError(f"{name}: expected a positive integer up to {1 << 20}, got {text}")
-        out.append(value)
-    return out[0], out[1], out[2]
 
 
 def predict_seconds(profile: Any, shapes: list[tuple[int, int, int]]) -> list[float]:
@@ -284,10 +287,8 @@ def _predict(args: argparse.Namespace) -> int:
                 raise InputError("command line", ["give M K N or --shapes FILE, not both"])
             shapes = read_shapes(args.shapes)
         elif len(args.mkn) == 3:
-            try:
-                shapes = [_shape(*args.mkn)]
-            except ValueError as exc:
-                raise InputError("command line", [f"M K N: {exc}"]) from None
+            row = parse(ShapeRow, dict(zip("mkn", args.mkn)), "command line", root="M K N")
+            shapes = [(row.m, row.k, row.n)]
         else:
             raise InputError("command line", [f"expected M K N (three positive integers) or "
                                               f"--shapes FILE, got {len(args.mkn)} value(s)"])
@@ -365,6 +366,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     size.add_argument("--quick", action="store_true", help="150 shapes, about a minute with the "
                       "default passes (default)")
     size.add_argument("--full", action="store_true", help="600 shapes")
+    size.add_argument("--shapes", metavar="FILE.csv", default="",
+                      help="time these shapes instead (columns m, k, n; e.g. 5 to calibrate)")
     p.add_argument("--out", default="perf_measurements.csv", help="output CSV")
     p.add_argument("--device", default="host", help="device name written into the rows")
     p.add_argument("--threads", type=int, default=1, help="BLAS threads (agents use 1)")

@@ -23,6 +23,8 @@ estimator into a :class:`~testbed.perf_model.features.ExportedTimeModel`, which 
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 from scipy.optimize import nnls
 from sklearn.base import BaseEstimator, RegressorMixin
@@ -43,6 +45,14 @@ from testbed.perf_model.features import (
 
 NOISE_LEVELS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 EFFICIENCY_FEATURES = ("log2_m", "log2_k", "log2_n")
+
+
+@overload
+def _check_xy(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@overload
+def _check_xy(X: np.ndarray, y: None = None) -> tuple[np.ndarray, None]: ...
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -151,9 +151,9 @@ def group_sets(rows: list[Any], min_rows: int = 6) -> dict[SetKey, tuple[np.ndar
         if r.dtype not in ("float32", "float16", "float64"):
             continue  # the family is fitted on float data only, never int8
         shapes = groups.setdefault((r.device, r.backend, r.dtype, r.threads), {})
-        key = (r.m, r.k, r.n)
-        shapes[key] = min(r.seconds, shapes.get(key, np.inf))
-    out = {}
+        shape = (r.m, r.k, r.n)
+        shapes[shape] = min(r.seconds, shapes.get(shape, np.inf))
+    out: dict[SetKey, tuple[np.ndarray, np.ndarray]] = {}
     for key, shapes in groups.items():
         if len(shapes) >= min_rows:
             out[key] = (np.array(list(shapes), dtype=np.float64),

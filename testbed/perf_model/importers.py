@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,29 @@ def import_deepbench(path: str | Path) -> list[Measurement]:
                                 threads=0, op="gemm", m=m, k=k, n=n, seconds=ms / 1e3,
                                 provenance=DEEPBENCH_ATTRIBUTION))
     return rows
+
+
+SHARED_DATA_ENV = "TESTBED_SHARED_DATA"
+
+
+def shared_data_dir(start: Path | None = None) -> Path | None:
+    """Where ``shared/data`` is: ``$TESTBED_SHARED_DATA`` if set, else the nearest ancestor's.
+
+    One rule for build.py and the tests: the variable wins (an explicit choice, used as given
+    even when it does not exist, so that a wrong path fails loudly); otherwise walk up from
+    ``start`` (default: this checkout) and take the first ``<ancestor>/shared/data`` directory.
+    CI clones the repository with ``shared/`` beside it (one level up); a worktree under
+    ``/work/wt/NAME`` finds ``/work/shared/data`` two levels up. None when there is none.
+    """
+    explicit = os.environ.get(SHARED_DATA_ENV)
+    if explicit:
+        return Path(explicit)
+    here = (start or Path(__file__)).resolve()
+    for ancestor in here.parents:
+        candidate = ancestor / "shared" / "data"
+        if candidate.is_dir():
+            return candidate
+    return None
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,11 @@ Columns (header required, order free; ``*`` marks optional columns)::
     provenance  where the row came from (tool, command, source file and its licence)
 
 In code every time is in seconds (``seconds`` = ``time`` converted, per batch). Reading a file
-checks every row and raises one :class:`MeasurementError` that lists each bad row with its line
-number, column and what was expected.
+checks every row against :class:`MeasurementRow` (a :mod:`testbed.schema` model, the project's
+one validation mechanism) and raises one :class:`MeasurementError` (an ``InputError``: the CLI
+exits 2) that lists every problem of every row with its line number, column and what was
+expected. The file's structure (header, field counts, line length) is checked by
+:func:`read_csv_lines`, which ``perf predict --shapes`` shares.
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ import csv
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Annotated, Any, Iterable
 
 import numpy as np
+from pydantic import AfterValidator, ValidationError, field_validator, model_validator
+
+from testbed.errors import InputError
+from testbed.schema import Schema, problem_pairs
 
 REQUIRED = ("device", "backend", "dtype", "threads", "op", "m", "k", "n", "time", "time_unit",
             "provenance")
@@ -42,8 +49,8 @@ TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 MAX_LINE_CHARS = 8192  # far above any real row; csv itself fails at 128 KiB with a traceback
 
 
-class MeasurementError(ValueError):
-    """A measurement file with bad rows; the message names the file, line and column of each."""
+class MeasurementError(InputError):
+    """A measurement file with bad rows; each problem names its line and column."""
 
 
 @dataclass(frozen=True)
@@ -70,116 +77,162 @@ class Measurement:
         return 2.0 * self.m * self.k * self.n
 
 
-def _parse_row(row: dict[str, str], problems: list[str], where: str) -> Measurement | None:
-    def bad(column: str, expected: str) -> None:
-        problems.append(f"{where}: column {column!r}: expected {expected}, got {row.get(column)!r}")
-
-    def integer(column: str, minimum: int, default: int | None = None) -> int:
-        text = (row.get(column) or "").strip()
-        if not text and default is not None:
-            return default
-        try:
-            value = int(text)
-        except ValueError:
-            bad(column, f"an integer >= {minimum}")
-            return minimum
+def _at_least(minimum: int) -> AfterValidator:
+    def check(value: int) -> int:
         if value < minimum:
-            bad(column, f"an integer >= {minimum}")
+            raise ValueError(f"expected an integer >= {minimum}, got {value}")
         return value
 
-    def number(column: str, optional: bool = False) -> float | None:
-        text = (row.get(column) or "").strip()
-        if not text and optional:
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            bad(column, "a number >= 0")
-            return None
-        if not math.isfinite(value) or value < 0:
-            bad(column, "a finite number >= 0 (a negative or infinite time is a broken "
-                        "measurement)")
-            return None
+    return AfterValidator(check)
+
+
+def _one_of(allowed: Iterable[str], what: str) -> AfterValidator:
+    allowed = tuple(allowed)
+
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"expected {what}, one of {', '.join(allowed)}, got {value!r}")
         return value
 
-    before = len(problems)
-    for column in ("device", "backend", "provenance"):
-        if not (row.get(column) or "").strip():
-            bad(column, "a non-empty text")
-    dtype = (row.get("dtype") or "").strip()
-    if dtype not in DTYPES:
-        bad("dtype", f"one of {', '.join(DTYPES)}")
-    op = (row.get("op") or "").strip()
-    if op not in OPS:
-        bad("op", f"an op kind, one of {', '.join(OPS)}")
-    unit = (row.get("time_unit") or "").strip()
-    if unit not in TIME_UNITS_S:
-        bad("time_unit", f"a time unit, one of {', '.join(TIME_UNITS_S)}")
-    threads = integer("threads", 0)
-    m, k, n = integer("m", 1), integer("k", 1), integer("n", 1)
-    batch = integer("batch", 1, default=1)
-    repeats = integer("repeats", 0, default=0)
-    time = number("time")
-    joules = number("joules", optional=True)
-    if len(problems) > before or time is None:
-        return None
-    return Measurement(device=row["device"].strip(), backend=row["backend"].strip(), dtype=dtype,
-                       threads=threads, op=op, m=m, k=k, n=n,
-                       seconds=time * TIME_UNITS_S[unit] / batch,
-                       provenance=row["provenance"].strip(), batch=batch, repeats=repeats,
-                       joules=None if joules is None else joules / batch)
+    return AfterValidator(check)
 
 
-def read_measurements(path: str | Path) -> list[Measurement]:
-    """Read and check a measurement CSV; raise MeasurementError listing every bad row."""
+def _non_empty(value: str) -> str:
+    if not value:
+        raise ValueError("expected a non-empty text")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_non_empty)]
+
+
+class MeasurementRow(Schema):
+    """One CSV row as written (strings from the csv module, converted by pydantic's lax mode)."""
+
+    device: Text
+    backend: Text
+    dtype: Annotated[str, _one_of(DTYPES, "a dtype")]
+    threads: Annotated[int, _at_least(0)]  # 0: the source did not record it
+    op: Annotated[str, _one_of(OPS, "an op kind")]
+    m: Annotated[int, _at_least(1)]
+    k: Annotated[int, _at_least(1)]
+    n: Annotated[int, _at_least(1)]
+    batch: Annotated[int, _at_least(1)] = 1
+    time: float
+    time_unit: Annotated[str, _one_of(TIME_UNITS_S, "a time unit")]
+    repeats: Annotated[int, _at_least(0)] = 0
+    joules: float | None = None
+    provenance: Text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_optional_is_default(cls, raw: Any) -> Any:
+        # an optional column left empty in one row means "not recorded" for that row
+        if isinstance(raw, dict):
+            return {key: value for key, value in raw.items()
+                    if not (key in OPTIONAL and isinstance(value, str) and not value.strip())}
+        return raw
+
+    @field_validator("time", "joules")
+    @classmethod
+    def _finite_non_negative(cls, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"expected a finite number >= 0 (a negative or infinite time or "
+                             f"energy is a broken measurement), got {value!r}")
+        return value
+
+    def measurement(self) -> Measurement:
+        """The row in seconds and joules per GEMM (one of ``batch``)."""
+        return Measurement(device=self.device, backend=self.backend, dtype=self.dtype,
+                           threads=self.threads, op=self.op, m=self.m, k=self.k, n=self.n,
+                           seconds=self.time * TIME_UNITS_S[self.time_unit] / self.batch,
+                           provenance=self.provenance, batch=self.batch, repeats=self.repeats,
+                           joules=None if self.joules is None else self.joules / self.batch)
+
+
+def read_csv_lines(path: str | Path, required: tuple[str, ...], known: tuple[str, ...] | None,
+                   what: str, error: type[InputError] = InputError,
+                   max_line_chars: int = MAX_LINE_CHARS) -> list[tuple[int, dict[str, str]]]:
+    """(line number, {column: text}) of each data row of a CSV with a header; ``#`` comments.
+
+    Structure only: a missing or (when ``known`` is given) unknown header column, a line that is
+    not CSV or too long, a row with another number of fields than the header. Raises ``error``
+    with every such problem; the values are the caller's schema's to check.
+    """
     path = Path(path)
     try:
         text = path.read_text(errors="replace")
     except OSError as exc:
-        raise MeasurementError(f"{path}: cannot read: {exc.strerror}") from exc
-    # (line number, fields) of every line that is not blank and not a '#' comment
-    numbered = []
+        raise error(str(path), [f"cannot read: {exc.strerror}"]) from exc
+    numbered: list[tuple[int, list[str]]] = []
+    problems: list[tuple[int, str]] = []  # (line, message), reported in line order
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        if len(line) > MAX_LINE_CHARS:
-            raise MeasurementError(f"{path}: line {i}: {len(line)} characters; a measurement "
-                                   f"row is at most {MAX_LINE_CHARS}")
+        if len(line) > max_line_chars:
+            problems.append((i, f"{len(line)} characters; a {what} row is at most "
+                                f"{max_line_chars}"))
+            continue
         try:
             numbered.append((i, next(csv.reader([line]))))
         except csv.Error as exc:
-            raise MeasurementError(f"{path}: line {i}: not a CSV line: {exc}") from exc
-    if not numbered:
-        raise MeasurementError(f"{path}: empty file; expected a header line with the columns "
-                               f"{', '.join(REQUIRED)}")
+            problems.append((i, f"not a CSV line: {exc}"))
+
+    def fail(found: list[tuple[int, str]]) -> InputError:
+        return error(str(path), [f"line {i}: {message}" for i, message in sorted(found)])
+
+    if not numbered and not problems:
+        raise error(str(path), [f"empty file; expected a header line with the columns "
+                                f"{', '.join(required)}"])
+    if not numbered or problems[:1] and problems[0][0] < numbered[0][0]:
+        raise fail(problems)  # the header itself is unreadable: no row can be checked
     header_line, header_fields = numbered[0]
     header = [h.strip() for h in header_fields]
-    missing = [c for c in REQUIRED if c not in header]
-    unknown = [c for c in header if c not in COLUMNS]
+    missing = [c for c in required if c not in header]
+    unknown = [c for c in header if known is not None and c not in known]
     if missing or unknown:
         parts = []
         if missing:
             parts.append(f"missing column(s) {', '.join(missing)}")
         if unknown:
             parts.append(f"unknown column(s) {', '.join(unknown)}")
-        raise MeasurementError(f"{path}: line {header_line} (header): {'; '.join(parts)}; "
-                               f"expected the columns {', '.join(REQUIRED)} "
-                               f"(optional: {', '.join(OPTIONAL)})")
+        optional = [c for c in known or () if c not in required]
+        raise error(str(path), [f"line {header_line} (header): {'; '.join(parts)}; expected the "
+                                f"columns {', '.join(required)}"
+                                + (f" (optional: {', '.join(optional)})" if optional else "")])
+    rows: list[tuple[int, dict[str, str]]] = []
+    for line_no, fields in numbered[1:]:
+        if len(fields) != len(header):
+            problems.append((line_no, f"expected {len(header)} fields as in the header, "
+                                      f"got {len(fields)}"))
+            continue
+        rows.append((line_no, dict(zip(header, fields))))
+    if problems:
+        raise fail(problems)
+    return rows
+
+
+def row_problems(exc: ValidationError, line_no: int, model: type[Schema]) -> list[str]:
+    """A row's validation errors as ``line N: column 'c': message`` (the CSV's own notation)."""
+    return [f"line {line_no}: column {column!r}: {message}" if column != "<top>"
+            else f"line {line_no}: {message}"
+            for column, message in problem_pairs(exc, model=model)]
+
+
+def read_measurements(path: str | Path) -> list[Measurement]:
+    """Read and check a measurement CSV; raise MeasurementError listing every bad row."""
+    lines = read_csv_lines(path, REQUIRED, COLUMNS, "measurement", error=MeasurementError)
     problems: list[str] = []
     rows: list[Measurement] = []
-    for line_no, fields in numbered[1:]:
-        where = f"{path}: line {line_no}"
-        if len(fields) != len(header):
-            problems.append(f"{where}: expected {len(header)} fields as in the header, "
-                            f"got {len(fields)}")
-            continue
-        parsed = _parse_row(dict(zip(header, fields)), problems, where)
-        if parsed is not None:
-            rows.append(parsed)
+    for line_no, fields in lines:
+        try:
+            rows.append(MeasurementRow.model_validate(fields).measurement())
+        except ValidationError as exc:
+            problems.extend(row_problems(exc, line_no, MeasurementRow))
     if problems:
-        raise MeasurementError("\n".join(problems))
+        raise MeasurementError(str(path), problems)
     if not rows:
-        raise MeasurementError(f"{path}: no measurement rows after the header")
+        raise MeasurementError(str(path), ["no measurement rows after the header"])
     return rows
 
 

@@ -40,7 +40,6 @@ Without ``model`` a device runs at ``sustained_gflops`` plus ``tile_overhead_s``
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,19 +170,16 @@ def find_profile(name_or_path: str, base_dir: Path | None = None) -> Path | None
     return candidate.resolve() if candidate.is_file() else None
 
 
-def _agent_process() -> bool:
-    """True in a device agent: it reads a profile ``testbed up`` (or its operator) has already
-    checked, and must not import pydantic (hundreds of agents, phones without it)."""
-    return "testbed.agent.agent" in sys.modules
-
-
 def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
-                 check: bool | None = None) -> DeviceProfile:
+                 check: bool = True) -> DeviceProfile:
     """Load a profile; raise ProfileError listing every problem with its field path.
 
-    ``check`` (default: everywhere except in a device agent) validates the whole file with the
-    :mod:`testbed.perf_model.profile_schema` model first; without it the sections are still
-    read through their own constructors, which refuse what they cannot use.
+    ``check`` validates the whole file with the :mod:`testbed.perf_model.profile_schema` model
+    first. A device agent passes ``check=False``: it reads a profile the supervisor (``testbed
+    up``) or its operator has already checked, and must not import pydantic (hundreds of agents,
+    phones without it). Unchecked, the sections are still read through their own constructors,
+    which refuse what they cannot use (the first problem only). The choice is the caller's, never
+    inferred from what the process has imported: that made the result depend on test order.
     """
     path = find_profile(str(name_or_path), base_dir)
     if path is None:
@@ -196,7 +192,7 @@ def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
         raise ProfileError(str(path), [f"not readable YAML: {exc}"]) from None
     if not isinstance(raw, dict):
         raise ProfileError(str(path), ["<top>: expected a mapping"])
-    if check if check is not None else not _agent_process():
+    if check:
         from testbed.perf_model.profile_schema import check_profile
         check_profile(raw, str(path))
     sections: dict[str, Any] = {}

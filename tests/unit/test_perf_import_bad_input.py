@@ -37,7 +37,7 @@ def test_measurement_file_with_a_huge_field_exits_2(tmp_path: Path, capsys) -> N
                                              str(tmp_path / "f.yaml")]):
         assert run_cli(cmd) == 2
         err = capsys.readouterr().err
-        assert f"{src}: line 2" in err, err
+        assert f"{src}: 1 problem(s):\n  - line 2: 200032 characters" in err, err
 
 
 def test_perf_fit_out_to_a_directory_exits_2(tmp_path: Path, capsys) -> None:

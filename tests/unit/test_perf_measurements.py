@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from testbed.cli import main
+from testbed.errors import InputError
 from testbed.perf_model import importers
 from testbed.perf_model.cli import add_parser  # noqa: F401  (the CLI module imports cleanly)
 from testbed.perf_model.measurements import (
@@ -18,7 +19,7 @@ from testbed.perf_model.measurements import (
 
 HEADER = "device,backend,dtype,threads,op,m,k,n,time,time_unit,provenance\n"
 GOOD = "host,numpy,float32,1,forward,128,1024,128,0.5,ms,test\n"
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = importers.shared_data_dir()  # $TESTBED_SHARED_DATA, else the nearest ancestor's
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -69,10 +70,46 @@ def test_every_bad_row_is_reported_at_once(tmp_path: Path) -> None:
     assert "line 2" in str(info.value) and "line 4" in str(info.value)
 
 
+def test_every_problem_of_a_row_is_reported_with_its_column(tmp_path: Path) -> None:
+    text = (HEADER.replace("provenance", "batch,joules,provenance")
+            + "host,numpy,float16x,-1,forward,0.5,1024,128,inf,ms,,-2,test\n"
+            + "host,numpy,float32,1,forward,128,1024,128,0.5,ms,2,,\n"
+            + "host,numpy,float32,1,forward,128,1024,128,0.5,ms,,,test\n")
+    path = write(tmp_path, text)
+    with pytest.raises(MeasurementError) as info:
+        read_measurements(path)
+    assert isinstance(info.value, InputError) and info.value.source == str(path)
+    assert info.value.problems == [
+        "line 2: column 'dtype': expected a dtype, one of float32, float64, float16, int8, "
+        "got 'float16x'",
+        "line 2: column 'threads': expected an integer >= 0, got -1",
+        "line 2: column 'm': expected int, got str '0.5'",
+        "line 2: column 'time': expected a finite number >= 0 (a negative or infinite time or "
+        "energy is a broken measurement), got inf",
+        "line 2: column 'joules': expected a finite number >= 0 (a negative or infinite time or "
+        "energy is a broken measurement), got -2.0",
+        "line 3: column 'provenance': expected a non-empty text",
+    ]
+
+
 def test_cli_eval_exits_2_on_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = write(tmp_path, HEADER + "host,numpy,float32,1,forward,128,1024,128,1,parsec,test\n")
     assert main(["perf", "eval", str(path)]) == 2
     assert "line 2" in capsys.readouterr().err
+
+
+def test_shared_data_is_found_by_one_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "shared" / "data"
+    data.mkdir(parents=True)
+    deep = tmp_path / "wt" / "name" / "tests" / "unit"  # a worktree two levels below shared/
+    deep.mkdir(parents=True)
+    monkeypatch.delenv(importers.SHARED_DATA_ENV, raising=False)
+    assert importers.shared_data_dir(deep / "t.py") == data
+    nearer = tmp_path / "wt" / "shared" / "data"  # the nearest ancestor's wins
+    nearer.mkdir(parents=True)
+    assert importers.shared_data_dir(deep / "t.py") == nearer
+    monkeypatch.setenv(importers.SHARED_DATA_ENV, str(tmp_path / "elsewhere"))
+    assert importers.shared_data_dir(deep / "t.py") == tmp_path / "elsewhere"
 
 
 def test_cli_show_and_list(capsys: pytest.CaptureFixture) -> None:
@@ -92,8 +129,10 @@ def test_mlx_shapes_become_gemms() -> None:
     assert importers.mlx_gemm("32x1x1000 32x1000x128") == (32, 1, 1000, 128)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not next to the repository")
+@pytest.mark.skipif(SHARED is None, reason="no shared/data above the checkout and "
+                    "TESTBED_SHARED_DATA is not set")
 def test_importers_keep_attribution() -> None:
+    assert SHARED is not None and SHARED.is_dir(), f"{SHARED}: no such directory"
     mlx = importers.import_mlx(SHARED / "mlx-benchmark" / "linear_matmul_ms.csv")
     assert mlx and all("Tristan Bilot" in r.provenance and r.dtype == "float32" for r in mlx)
     deep = importers.import_deepbench(SHARED / "deepbench" / "device_gemm.csv")

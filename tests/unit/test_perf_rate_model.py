@@ -98,10 +98,11 @@ def test_perf_predict_shapes_file(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.parametrize("argv, content, needle", [
     (["perf", "predict", "no-such-profile", "1", "2", "3"], None, "no device profile named"),
-    (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "m: expected a positive"),
-    (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "k: expected a positive"),
+    (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "M K N.m: expected a positive"),
+    (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "M K N.k: expected a positive"),
     (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k\n1,2\n", "line 1 (header)"),
-    (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2,3\n4,0,6\n", "line 3: k"),
+    (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2,3\n4,0,6\n",
+     "line 3: column 'k': expected a positive integer up to 1048576, got 0"),
     (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2," + "9" * 200_000,
      "line 2"),
 ])
@@ -155,7 +156,12 @@ def test_perf_calibrate_rejects_bad_input_with_exit_2(tmp_path, capsys, content,
     assert run_cli(["perf", "calibrate", "nope", str(csv_path), "--out", str(out)]) == 2
 
 
-def test_profile_schema_lists_every_problem_with_its_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("agent_loaded_first", [False, True])
+def test_profile_schema_lists_every_problem_with_its_path(tmp_path: Path,
+                                                          agent_loaded_first: bool) -> None:
+    if agent_loaded_first:
+        # other tests import the agent module; loading must not depend on that (it once did)
+        import testbed.agent.agent  # noqa: F401
     raw = yaml.safe_load((REPO / "testbed/perf_model/profiles/snapdragon888.yaml").read_text())
     raw["sustained_gflops"] = -1
     raw["model"]["coef"] = [1.0, -2.0, 3.0]
@@ -177,11 +183,20 @@ def test_energy_and_profiles_import_each_way_without_a_circle() -> None:
 
 
 def test_agent_process_reads_profiles_without_pydantic() -> None:
-    code = ("import sys, testbed.agent.agent\n"
-            "from testbed.perf_model.profiles import load_profile\n"
-            "from testbed.emulator.device_model import device_model_for\n"
-            "d = device_model_for(load_profile('snapdragon888'))\n"
-            "assert d.tile_cost(64, 64, 64, 'forward', 0.0).seconds > 0\n"
+    # the agent's own entry point, stopped where it would start serving
+    code = ("import sys, testbed.agent.__main__ as agent_main\n"
+            "class Made(Exception):\n"
+            "    pass\n"
+            "def stop(options, model):\n"
+            "    assert model.tile_cost(64, 64, 64, 'forward', 0.0).seconds > 0\n"
+            "    raise Made\n"
+            "agent_main.Agent = stop\n"
+            "try:\n"
+            "    agent_main.main(['--ps', '127.0.0.1:1', '--name', 'p-0', '--kind', 'emulated',\n"
+            "                     '--profile', 'snapdragon888'])\n"
+            "    raise SystemExit('the agent did not build its device model')\n"
+            "except Made:\n"
+            "    pass\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'sklearn')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
