@@ -33,6 +33,7 @@ Schema (units are always written out, see :mod:`testbed.units`)::
       optimizer: {name: adamw, lr: 3e-4, weight_decay: 0.0}
       parallelism: {strategy: tile-tp, tile: 128, min_offload_flops: 1e6, planner: auto}
       validation: {enabled: true, freivalds_vectors: 1, quarantine_after: 3}
+      watchdog: {no_progress_s: 120}  # fail the run after this long without progress; 0 = off
     churn: traces/flaky-phones.csv  # optional, relative to the topology file
     time_dilation: auto             # auto | a number >= 1
 
@@ -51,11 +52,11 @@ models beyond ~3x the largest published ones or 2^34 parameters, NaN or infinite
 
 Adding a key:
 
-* a section owned by another part (``watchdog:``, ``planner:``): one line in :data:`SECTIONS`,
-  ``"watchdog": "testbed.ps_backend.watchdog:WatchdogSection"``, naming the owner's
+* a section owned by another part (``simulation:``, ``planner:``): one line in :data:`SECTIONS`,
+  ``"simulation": "testbed.simulate.config:SimulationSection"``, naming the owner's
   :class:`~testbed.schema.Schema` model. It is imported only when a file has the key; its
-  ``spec()`` (or the model itself) is ``topology.extra["watchdog"]``, absent when the file
-  leaves the key out (``watchdog:`` with nothing under it gives the model's defaults).
+  ``spec()`` (or the model itself) is ``topology.extra["simulation"]``, absent when the file
+  leaves the key out (``simulation:`` with nothing under it gives the model's defaults).
 * a key of a section read here (``job.parallelism.k_split``): the field on the ``...File``
   model, the field on its dataclass, and the value passed in the model's ``spec()``.
 """
@@ -232,6 +233,11 @@ class ValidationSpec:
 
 
 @dataclass(frozen=True)
+class WatchdogSpec:
+    no_progress_s: float = 120.0  # wall seconds with no device or no accepted tile; 0 = off
+
+
+@dataclass(frozen=True)
 class JobSpec:
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
@@ -241,6 +247,7 @@ class JobSpec:
     optimizer: OptimizerSpec = OptimizerSpec()
     parallelism: ParallelismSpec = ParallelismSpec()
     validation: ValidationSpec = ValidationSpec()
+    watchdog: WatchdogSpec = WatchdogSpec()
 
 
 @dataclass(frozen=True)
@@ -626,6 +633,13 @@ class ValidationFile(Schema):
         return ValidationSpec(self.enabled, self.freivalds_vectors, self.quarantine_after)
 
 
+class WatchdogFile(Schema):
+    no_progress_s: Annotated[Float, Field(ge=0, le=86_400)] = 120.0
+
+    def spec(self) -> WatchdogSpec:
+        return WatchdogSpec(self.no_progress_s)
+
+
 class JobFile(Schema):
     model: ModelFile
     data: DataFile = DataFile(files=None)
@@ -635,11 +649,12 @@ class JobFile(Schema):
     optimizer: Annotated[OptimizerFile, BeforeValidator(_none_is_empty)] = OptimizerFile()
     parallelism: Annotated[ParallelismFile, BeforeValidator(_none_is_empty)] = ParallelismFile()
     validation: Annotated[ValidationFile, BeforeValidator(_none_is_empty)] = ValidationFile()
+    watchdog: Annotated[WatchdogFile, BeforeValidator(_none_is_empty)] = WatchdogFile()
 
     def spec(self) -> JobSpec:
         return JobSpec(self.model.spec(), self.data.spec(), self.batch_size, self.steps,
                        self.dtype, self.optimizer.spec(), self.parallelism.spec(),
-                       self.validation.spec())
+                       self.validation.spec(), self.watchdog.spec())
 
 
 # Top-level sections owned by other parts of testbed: key -> "module:Model" (a Schema subclass;

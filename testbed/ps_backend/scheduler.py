@@ -482,7 +482,10 @@ class Scheduler:
             if task.owner == slot.device_id:
                 return self._take(i)
             owner = self.devices.get(task.owner) if task.owner is not None else None
-            if owner is None or owner.quarantined:
+            # An owner that had this task and gave it back (failed check, refusal, lease) is
+            # no longer its owner: it would not be offered it again while others can take it,
+            # and nobody else would steal it from an owner without a backlog. An orphan.
+            if owner is None or owner.quarantined or task.task_id in owner.given:
                 if orphan is None:
                     orphan = i
             else:

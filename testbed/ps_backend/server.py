@@ -476,7 +476,7 @@ class PsCore:
         ready.sort(key=lambda c: -c.slot.rate_flops)
         for conn in ready:
             assignments = self.scheduler.assign(conn.device_id)
-            if assignments:
+            if assignments and conn.outbox is not None:
                 conn.outbox.put_nowait(self._tiles_message(conn, assignments))
                 backups = sum(a.backup for a in assignments)
                 self.stats.backups += backups
@@ -849,8 +849,9 @@ class PsServer:
         """Tell devices to stop, then shut the server down with a grace period."""
         if not self._thread.is_alive():
             return
-        if self.core is not None:
-            self.call(lambda: self.core.stop_all(reason))
+        core = self.core
+        if core is not None:
+            self.call(lambda: core.stop_all(reason))
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(grace_s), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)

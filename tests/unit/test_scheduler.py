@@ -459,3 +459,23 @@ def test_planned_tasks_go_to_their_owner_first() -> None:
     assert got == [1, 1]
     # d0 gets its own row; d1 (no speed seen yet) never steals
     assert [a.task.box.row for a in s.assign("d0")] == [0, 0]
+
+
+def test_a_planned_task_its_owner_failed_goes_to_another_device() -> None:
+    """With quarantine off, a liar that owns a task and fails it must not hold the GEMM up."""
+    s = Scheduler()
+    s.add_device(slot("liar", window=1))
+    s.add_device(slot("honest", window=1))
+    j = job(m=16, k=16, n=16)
+    s.submit(j, 16, 16, owners={(0, 0, 0): "liar"})
+    assert s.assign("honest") == []  # the owner has not had it yet: no steal without a backlog
+    (given,) = s.assign("liar")
+    t = given.task
+    outcome = s.accept("liar", t.task_id, t.attempt, (t.a_block() @ t.b_block()) * 1.5)
+    assert outcome.verdict is not Verdict.ACCEPTED
+    (retry,) = s.assign("honest")
+    assert retry.task.task_id == t.task_id
+    assert s.accept("honest", t.task_id, retry.task.attempt,
+                    t.a_block() @ t.b_block()).verdict is Verdict.ACCEPTED
+    assert not j.remaining
+    np.testing.assert_allclose(j.c, j.a @ j.b, rtol=1e-12)

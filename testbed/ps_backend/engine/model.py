@@ -95,7 +95,7 @@ class OptDecoder(nn.Module):
         self.final_layer_norm = nn.LayerNorm(spec.hidden)
         self.lm_head = OffloadedLinear(spec.hidden, spec.vocab, bias=False, name="lm_head",
                                        context=self.context, weight_key="embed_tokens.weight")
-        self.lm_head.weight = self.embed_tokens.weight  # tied, as in OPT
+        self.lm_head.weight = self.embed_tokens.weight  # type: ignore[assignment]  # tied (OPT)
         nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=0.02)
         nn.init.normal_(self.embed_positions.weight, mean=0.0, std=0.02)
 
