@@ -69,16 +69,27 @@ class StepPlanner:
         return self.config.group_links.get(group, (INF, INF, 0.0))
 
     def _classes(self, slots: Iterable[DeviceSlot]) -> list[PlanDevice]:
+        """The topology's groups, plus any group of devices present that it does not name.
+
+        Devices the topology does not declare (phones brought in by the ADB bridge, machines
+        that join over the LAN) are classes of their own, counted as they are present, so the
+        plan deals them tiles like any group.
+        """
         groups = self.config.planned_groups
-        if groups:
-            return [PlanDevice(g, gflops * 1e9, *self._link(g), count=n) for g, n, gflops in groups]
+        planned = {g for g, _, _ in groups}
+        out = [PlanDevice(g, gflops * 1e9, *self._link(g), count=n) for g, n, gflops in groups]
         counts: dict[tuple[str, float], int] = {}
         for s in slots:
-            if not s.quarantined:
-                counts[(s.group, s.predicted_gflops)] = counts.get((s.group, s.predicted_gflops),
-                                                                   0) + 1
-        return [PlanDevice(g, gflops * 1e9, *self._link(g), count=n)
-                for (g, gflops), n in sorted(counts.items())]
+            if not s.quarantined and s.group not in planned:
+                key = (s.group, s.predicted_gflops)
+                counts[key] = counts.get(key, 0) + 1
+        return out + [PlanDevice(g, gflops * 1e9, *self._link(g), count=n)
+                      for (g, gflops), n in sorted(counts.items())]
+
+    def _static(self, slots: list[DeviceSlot]) -> bool:
+        """Whether the plan depends only on the topology (then a restarted PS cuts the same)."""
+        planned = {g for g, _, _ in self.config.planned_groups}
+        return bool(planned) and all(s.group in planned or s.quarantined for s in slots)
 
     # -- planning -----------------------------------------------------------------------------
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]
@@ -107,7 +118,8 @@ class StepPlanner:
     def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot]
                   ) -> GemmPlan | None:
         key = (m, k, n, item)
-        plan = self._plans.get(key)
+        static = self._static(slots)
+        plan = self._plans.get(key) if static else None
         if plan is None:
             classes = self._classes(slots)
             if not classes:
@@ -116,7 +128,7 @@ class StepPlanner:
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
             plan = plan_gemm(m, k, n, item, classes, ps_down_Bps, ps_up_Bps,
                              max_tile_elems=max_elems)
-            if self.config.planned_groups:  # static classes: the same cut after a restart
+            if static:  # the same cut after a restart
                 self._plans[key] = plan
         return plan
 

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.integration
 
 
 def byzantine_topology(tmp_path: Path, steps: int, liars: int, honest_phones: int,
-                       rate: float, quarantine_after: int) -> Path:
+                       rate: float, quarantine_after: int, planner: str = "auto") -> Path:
     raw = yaml.safe_load(TINY.read_text())
+    raw["job"].setdefault("parallelism", {})["planner"] = planner
     raw["job"].update(steps=steps, dtype="float64",
                       validation={"enabled": True, "freivalds_vectors": 1,
                                   "quarantine_after": quarantine_after})
@@ -68,9 +69,10 @@ def _same_training(run_dir: Path, topology: Path, steps: int) -> None:
 
 @pytest.mark.slow
 def test_every_corrupted_tile_is_caught(tmp_path: Path) -> None:
-    steps = 13  # x 392 tiles
+    steps = 13  # x 392 tiles: fixed 64x64 tiles (planner: fifo), enough lies to judge
     topology = byzantine_topology(tmp_path, steps, liars=2, honest_phones=7, rate=0.3,
-                                  quarantine_after=0)  # 2 of 10 devices lie; never quarantine
+                                  quarantine_after=0,  # 2 of 10 devices lie; never quarantine
+                                  planner="fifo")
     run_dir, events, summary = _run(topology, tmp_path / "runs")
     assert summary["tiles"] >= 5000 and summary["checks"] >= 5000
 

@@ -186,21 +186,21 @@ ROOMY = capacity.HostLimits(available_bytes=20e9, memory_source="MemAvailable",
 
 def test_a_small_run_fits_and_a_huge_one_is_refused_naming_each_limit() -> None:
     assert capacity.problems(capacity.needs_of(_topology(3), "loopback"), ROOMY) == []
-    needs = capacity.needs_of(_topology(100_000), "mininet")
+    needs = capacity.needs_of(_topology(9_000), "mininet")
     tight = capacity.HostLimits(20e9, "MemAvailable", 90_000, "kernel.threads-max", 1024, 4096)
     problems = capacity.problems(needs, tight)
     assert len(problems) == 3
     memory, tasks, fds = problems
-    assert memory.startswith("memory: 100001 agent(s)") and "20.0 GB" in memory
+    assert memory.startswith("memory: 9001 agent(s)") and "20.0 GB" in memory
     assert "MemAvailable" in memory
-    assert tasks.startswith("processes: 100001 agent(s)") and "kernel.threads-max" in tasks
-    assert "100002 node shells" in tasks
+    assert tasks.startswith("processes: 9001 agent(s)") and "kernel.threads-max" in tasks
+    assert "9002 node shells" in tasks
     assert fds.startswith("file descriptors:") and "4096" in fds
     # the memory figure follows the rule: PS + per agent (base + cache bounded by the weights)
     weights = capacity.weight_bytes(_topology(1).job)
-    want = (capacity.PS_BASE_BYTES + 4 * weights + 100_001 * (capacity.AGENT_BASE_BYTES
+    want = (capacity.PS_BASE_BYTES + 4 * weights + 9_001 * (capacity.AGENT_BASE_BYTES
                                                               + weights)
-            + 100_002 * capacity.SHELL_BYTES)
+            + 9_002 * capacity.SHELL_BYTES)
     assert abs(needs.memory_bytes - want) <= 1e-9 * want
 
 
@@ -213,7 +213,7 @@ def test_the_machine_here_is_read() -> None:
 def test_up_refuses_a_run_the_machine_cannot_hold_before_starting_anything(tmp_path: Path
                                                                            ) -> None:
     raw = yaml.safe_load(TINY.read_text())
-    raw["devices"][0]["count"] = 100_000
+    raw["devices"][0]["count"] = 9_000
     path = tmp_path / "huge.yaml"
     path.write_text(yaml.safe_dump(raw))
     out = tmp_path / "runs"
