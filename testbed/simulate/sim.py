@@ -60,6 +60,10 @@ AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
 LEASE_S = 5.0  # PsConfig.lease_s
 
 
+def _no_event(_kind: str, /, **fields: Any) -> None:
+    return None
+
+
 class ValuelessScheduler(Scheduler):
     """The PS's scheduler for results without values: every result passes the value check
     (the simulation has no Byzantine devices) and nothing is placed into C."""
@@ -145,7 +149,7 @@ class Simulation:
         self.job = job
         self.dtype = np.dtype(job.dtype)
         self.schedule = schedule
-        self.emit = event or (lambda kind, **fields: None)
+        self.emit = event or _no_event
         planned = job.parallelism.planner == "auto"
         self.config = SimConfig(
             planner=job.parallelism.planner, tile_m=job.parallelism.tile_m,
