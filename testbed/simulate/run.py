@@ -106,8 +106,8 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         state, error = "failed", str(exc)
         log.event("ps_failed", error=error)
     devices = sim.device_records()
-    for record in devices:
-        log.device(**record)
+    for device_record in devices:
+        log.device(**device_record)
     log.event("ps_stop", state=state)
     log.close()
     t = sim.totals

@@ -1,4 +1,4 @@
-"""The discrete-event simulation: the PS's scheduler and planner, the devices' models, in virtual time.
+"""Discrete-event simulation: the PS's scheduler and planner, device models, virtual time.
 
 One implementation, two clocks. The simulation drives the very objects the PS drives
 (:class:`~testbed.ps_backend.scheduler.Scheduler` for placement, windows, owners, stealing,
@@ -24,6 +24,7 @@ GEMMs below ``min_offload_flops``) takes no virtual time here: the emulated run 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -58,6 +59,10 @@ MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its l
 AGENT_MAX_IN_FLIGHT = 8  # testbed up starts every agent with --max-in-flight 8
 AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
 LEASE_S = 5.0  # PsConfig.lease_s
+
+
+def _zero(counter: list[int]) -> bool:
+    return counter[0] == 0
 
 
 def _no_event(_kind: str, /, **fields: Any) -> None:
@@ -428,7 +433,7 @@ class Simulation:
             self.emit("churn_clock_start", actions=len(self.schedule.actions),
                       already_applied=0, offset_s=0.0)
             for action in self.schedule.actions:
-                self.at(action.time_s, lambda a=action: self._track(a))
+                self.at(action.time_s, functools.partial(self._track, action))
 
     def _track(self, action: ChurnAction) -> None:
         if action.event is ChurnEvent.JOIN:
@@ -442,17 +447,17 @@ class Simulation:
         start_s = self.now_s
         seq = itertools.count()
         for group in step_chain(self.job):
-            left = [0]
+            left = [0]  # GEMMs of this submission still running
+
+            def one_done(left: list[int] = left) -> None:
+                left[0] -= 1
             for g in group:
                 if gemm_flops(g.m, g.k, g.n) < self.job.parallelism.min_offload_flops:
                     next(seq)
                     continue  # the PS computes it (no virtual time: see the module docstring)
                 left[0] += 1
-
-                def one_done() -> None:
-                    left[0] -= 1
                 self.submit(step, next(seq), g, one_done)
-            self._run_until(lambda: left[0] == 0)
+            self._run_until(functools.partial(_zero, left))
         record = self.planner.take_step([d.slot for d in self.devices.values()
                                          if d.slot is not None])
         stats, self.stats = self.stats, StepTotals()
