@@ -20,6 +20,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 # `testbed validate` does not pay for torch.
 COMMAND_MODULES = (
     "testbed.up",
+    "testbed.simulate.run",
     "testbed.report",
     "testbed.perf_model.cli",
     "testbed.churn.cli",

@@ -1,0 +1,115 @@
+"""How fast `testbed simulate` runs: simulated steps per wall second and peak memory.
+
+For 100 / 1,000 / 10,000 devices (quick mode: 100 and 1,000) on OPT-125m-shaped (hidden 768,
+12 layers, ffn 3072) and OPT-1.3B-shaped (hidden 2048, 24 layers, ffn 8192, seq 2048) jobs:
+one step each, in a child process per case so that each peak RSS is its own.
+
+    .venv/bin/python bench/simulate_scale.py [--quick] [--steps N] [--timeout-s S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODELS = {
+    "opt-125m": {"family": "opt", "hidden": 768, "layers": 12, "heads": 12, "ffn": 3072,
+                 "seq_len": 128, "vocab": 50272},
+    "opt-1.3b": {"family": "opt", "hidden": 2048, "layers": 24, "heads": 32, "ffn": 8192,
+                 "seq_len": 2048, "vocab": 50272},
+}
+
+
+def topology_yaml(devices: int, model: str, steps: int) -> str:
+    """A topology of `devices` phones and laptops (9:1) behind one 10 Gbit/s PS link."""
+    laptops = max(1, devices // 10)
+    phones = devices - laptops
+    m = MODELS[model]
+    return f"""name: scale-{devices}
+seed: 1
+network:
+  backend: loopback
+  ps: {{link: {{down: 10Gbit, up: 10Gbit, delay: 1ms}}}}
+devices:
+  - group: phones
+    profile: snapdragon888
+    count: {phones}
+    link: {{down: 100Mbit, up: 40Mbit, delay: 10ms}}
+  - group: laptops
+    profile: m2pro
+    count: {laptops}
+    link: {{down: 1Gbit, up: 1Gbit, delay: 2ms}}
+job:
+  model: {json.dumps(m)}
+  batch_size: {1 if model == "opt-1.3b" else 8}
+  steps: {steps}
+  dtype: float32
+  parallelism: {{strategy: tile-tp}}
+"""
+
+
+def one_case(devices: int, model: str, steps: int) -> dict[str, float]:
+    """Run in this process: simulate and measure."""
+    from testbed.simulate.run import simulate
+    from testbed.topology import load_topology
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.yaml"
+        path.write_text(topology_yaml(devices, model, steps))
+        topology = load_topology(path)
+        run_dir = Path(tmp) / "run"
+        run_dir.mkdir()
+        start = time.monotonic()
+        summary = simulate(topology, run_dir, report=False)
+        wall = time.monotonic() - start
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"devices": devices, "model": model, "state": summary["state"],
+            "steps": summary["steps_done"], "wall_s": wall,
+            "steps_per_wall_s": summary["steps_done"] / wall if wall > 0 else 0.0,
+            "device_s_per_step": summary["wall_s"] / max(1, summary["steps_done"]),
+            "tiles": summary["tiles"], "peak_rss_mb": rss_mb,
+            "flow_recomputes": summary["flow_rate_recomputes"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one line per case."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="100 and 1,000 devices only")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="per case")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--devices", default="")
+    p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.case:
+        print(json.dumps(one_case(int(args.case[0]), args.case[1], args.steps)))
+        return 0
+    sizes = [int(x) for x in args.devices.split(",") if x] or \
+        ([100, 1000] if args.quick else [100, 1000, 10000])
+    print(f"{'model':10} {'devices':>7} {'steps/wall s':>12} {'wall s':>8} "
+          f"{'device s/step':>13} {'tiles':>8} {'peak RSS MB':>11}")
+    for model in args.models.split(","):
+        for n in sizes:
+            cmd = [sys.executable, __file__, "--case", str(n), model, "--steps", str(args.steps)]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
+            except subprocess.TimeoutExpired:
+                print(f"{model:10} {n:>7} timed out after {args.timeout_s:g} s")
+                continue
+            if out.returncode != 0:
+                print(f"{model:10} {n:>7} failed: {out.stderr.strip().splitlines()[-1:]}")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"{model:10} {n:>7} {r['steps_per_wall_s']:>12.4f} {r['wall_s']:>8.1f} "
+                  f"{r['device_s_per_step']:>13.3f} {r['tiles']:>8} {r['peak_rss_mb']:>11.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

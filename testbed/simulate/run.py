@@ -1,0 +1,195 @@
+"""``testbed simulate TOPOLOGY [--churn TRACE] [--steps N] [--out DIR]``: a run directory in
+virtual time.
+
+The same validation as ``testbed up`` (topology, profiles, churn trace: exit 2 before anything
+is written), then the same run directory (``runlog.py``'s files; ``summary.json`` with
+``"simulated": true``, energy and carbon; ``report.png`` and ``report.md``), so every tool that
+reads a run reads a simulated one. Every JSON line's ``elapsed_s`` is virtual (device) seconds
+since training started and ``t`` is the run's origin plus that; ``wall_s`` of a step is its
+device time (what the deployment would take) and ``sim_wall_s`` what simulating it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class VirtualLog:
+    """events/steps/devices.jsonl stamped with virtual time (RunLog's format)."""
+
+    def __init__(self, run_dir: Path, clock: Any):
+        self.run_dir = run_dir
+        self.clock = clock  # object with now_s
+        self.origin_s = time.time()
+        (run_dir / "clock.json").write_text(json.dumps({"started_unix_s": self.origin_s}) + "\n")
+        self._files = {n: open(run_dir / f"{n}.jsonl", "a") for n in ("events", "steps",
+                                                                      "devices")}
+
+    def _write(self, name: str, record: dict[str, Any]) -> None:
+        now = float(self.clock.now_s)
+        self._files[name].write(json.dumps({"t": round(self.origin_s + now, 6),
+                                            "elapsed_s": round(now, 6), **record},
+                                           default=str) + "\n")
+
+    def event(self, kind: str, /, **fields: Any) -> None:
+        """One events.jsonl line."""
+        self._write("events", {"event": kind, **fields})
+
+    def step(self, **fields: Any) -> None:
+        """One steps.jsonl line."""
+        self._write("steps", fields)
+
+    def device(self, **fields: Any) -> None:
+        """One devices.jsonl line."""
+        self._write("devices", fields)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+class _Clock:
+    now_s = 0.0
+
+
+def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
+             report: bool = True, progress: Any = None) -> dict[str, Any]:
+    """Simulate the topology's job into run_dir; return the summary."""
+    from testbed.emulator.energy import topology_energy
+    from testbed.ps_backend.main import BoundTotals, efficiency
+    from testbed.runlog import read_jsonl, write_json_atomic
+    from testbed.simulate.sim import Simulation
+    from testbed.summary import event_counts
+
+    clock = _Clock()
+    log = VirtualLog(run_dir, clock)
+    sim = Simulation(topology, schedule, event=log.event, noise=noise)
+    clock_ref = sim
+    log.clock = clock_ref
+    job = topology.job
+    bound = BoundTotals()
+    started = time.monotonic()
+    state, error = "done", None
+    steps_done = 0
+    try:
+        log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
+                  simulated=True)
+        sim.start()
+        for step in range(job.steps):
+            t0 = time.monotonic()
+            device_s, stats, record = sim.run_step(step)
+            bound.add(record, device_s)
+            log.step(step=step, loss=None, wall_s=round(device_s, 6),
+                     device_time_s=round(device_s, 6), sim_wall_s=round(time.monotonic() - t0, 6),
+                     **record.fields(), efficiency=efficiency(record.bound_s, device_s),
+                     tiles=stats.tiles, recomputed_tiles=stats.recomputed,
+                     requeued_tiles=stats.requeued, rejected=stats.rejected, late=stats.late,
+                     bytes_down=stats.bytes_down, bytes_up=stats.bytes_up, gemms=record.gemms,
+                     gemms_local=0, max_lag_s=0.0,
+                     device_compute_s=round(stats.device_compute_s, 6),
+                     energy_j=round(stats.energy_j, 6), failed_checks=0, backups=stats.backups,
+                     backup_wins=stats.backup_wins, wasted=stats.wasted, tiles_from_ledger=0,
+                     simulated=True)
+            steps_done += 1
+            if progress is not None:
+                progress(step, device_s, time.monotonic() - t0)
+    except RuntimeError as exc:
+        state, error = "failed", str(exc)
+        log.event("ps_failed", error=error)
+    devices = sim.device_records()
+    for device_record in devices:
+        log.device(**device_record)
+    log.event("ps_stop", state=state)
+    log.close()
+    t = sim.totals
+    k = sim.scheduler.counters
+    events = read_jsonl(run_dir / "events.jsonl")
+    summary: dict[str, Any] = {
+        "run": run_dir.name, "simulated": True, "state": state, "error": error,
+        "steps_done": steps_done, "steps": job.steps, "final_loss": None, "losses": [],
+        "wall_s": round(sim.now_s, 6), "sim_wall_s": round(time.monotonic() - started, 3),
+        "time_dilation": 1.0, "tiles": t.tiles, "recomputed_tiles": t.recomputed,
+        "requeued_tiles": t.requeued, "rejected": t.rejected, "late": t.late,
+        "bytes_down": t.bytes_down, "bytes_up": t.bytes_up, "max_lag_s": 0.0,
+        "device_compute_s": round(t.device_compute_s, 6), "energy_j": round(t.energy_j, 6),
+        "backups": k.backups, "backup_wins": k.backup_wins, "wasted_tiles": k.wasted,
+        **bound.fields(), "planner": job.parallelism.planner,
+        "flow_rate_recomputes": sim.net.recomputes,
+        "network": {"backend": "simulated", "rate": "flow-level max-min fair",
+                    "delay": "path delay", "loss": "Mathis cap on the device link"},
+        "exit_code": EXIT_OK if state == "done" else EXIT_FAILURE, "devices": devices}
+    summary.update(event_counts(events))
+    summary["energy"] = topology_energy(topology, devices, events, 1.0)
+    write_json_atomic(run_dir / "summary.json", summary)
+    if report:
+        from testbed.report import make_report
+
+        make_report(run_dir)
+    return summary
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """The `testbed simulate` command."""
+    from testbed.topology import TopologyError, load_topology
+    from testbed.up import make_run_dir, portable_input
+
+    try:
+        topology = load_topology(args.topology)
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.steps is not None:
+        if args.steps <= 0:
+            print("error: --steps must be positive", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        topology = topology.with_overrides(steps=args.steps)
+    churn = Path(args.churn).resolve() if args.churn else topology.churn
+    schedule = None
+    if churn is not None:
+        from testbed.churn import TraceError, load_schedule
+        try:
+            schedule = load_schedule(churn, topology)
+        except TraceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except OSError as exc:
+            print(f"error: --churn {churn}: {exc.strerror}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    run_dir = make_run_dir(Path(args.out), topology.name)
+    (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
+    (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(), sort_keys=False))
+    print(f"run directory: {run_dir} (simulated)")
+
+    def progress(step: int, device_s: float, wall_s: float) -> None:
+        print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)")
+    summary = simulate(topology, run_dir, schedule, progress=progress)
+    if summary["state"] != "done":
+        print(f"error: {summary['error']}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"done: {summary['steps_done']} steps, {summary['wall_s']:.3f} s device time, "
+          f"efficiency {summary.get('efficiency')}, energy "
+          f"{summary['energy']['total']['total_j']:.1f} J")
+    return EXIT_OK
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `testbed simulate`."""
+    p = sub.add_parser(
+        "simulate", help="run a topology's job in virtual time (no processes, no tensors)",
+        description="Simulate a topology's job: the PS's scheduler and planner, the devices' "
+                    "models, churn and a flow-level network in virtual time. Writes the same "
+                    "run directory as `testbed up`, marked simulated. Exit 2 on bad input.")
+    p.add_argument("topology", help="the topology YAML file")
+    p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
+    p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
+    p.add_argument("--out", default="runs", help="parent of the run directory (default: runs)")
+    p.set_defaults(func=run_simulate)

@@ -1,0 +1,489 @@
+"""Discrete-event simulation: the PS's scheduler and planner, device models, virtual time.
+
+One implementation, two clocks. The simulation drives the very objects the PS drives
+(:class:`~testbed.ps_backend.scheduler.Scheduler` for placement, windows, owners, stealing,
+backups, re-queues and quarantine; :class:`~testbed.ps_backend.step_plan.StepPlanner` for tile
+plans and the step's bound), passing virtual time as ``now_s`` where the PS passes its monotonic
+clock. What it replaces is only what has no tensors: GEMM operands are zero-stride numpy views
+(shape and itemsize, no memory), and results carry no values (:class:`ValuelessScheduler`: the
+value check and the placement into C are the only two methods it overrides).
+
+What stands in for the other processes (the same rules as the emulated agent,
+``testbed/agent/agent.py``): a tile's operand bytes travel PS -> device as one flow over the
+path's links (:mod:`testbed.simulate.network`), the device computes its tiles one after another
+in arrival order for the device model's time (``device_model_for``: regression, noise, thermal
+state, energy) times its churn slow factor, and the result travels back as one flow. Churn
+actions apply at their trace times from the start of training (time 0), as ``testbed up``'s
+replay applies them: join adds a device, leave and crash drop it (its tiles are re-queued), a
+partition stalls its links and its lease expires after ``lease_s``; heal lets it join again.
+
+Time is device seconds (dilation 1): the scheduler's ``dilation`` is 1, and ``device_time_s`` of
+a step is the virtual time it took. The PS's own work (layer norms, attention, the optimizer, the
+GEMMs below ``min_offload_flops``) takes no virtual time here: the emulated run counts it.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from testbed.agent.link import mathis_rate_bps
+from testbed.churn.schedule import ChurnAction, ChurnSchedule
+from testbed.churn.trace import ChurnEvent
+from testbed.emulator.device_model import DeviceModel, device_model_for
+from testbed.emulator.network.base import path_delay_s, path_loss
+from testbed.perf_model.profiles import load_profile
+from testbed.ps_backend.executor import GemmSpec
+from testbed.ps_backend.scheduler import (
+    Assignment,
+    DeviceSlot,
+    GemmJob,
+    Scheduler,
+    Task,
+    Verdict,
+)
+from testbed.ps_backend.step_plan import StepPlanner, StepRecord
+from testbed.ps_backend.tiler import TileBox, gemm_flops
+from testbed.simulate.chain import ChainGemm, step_chain
+from testbed.simulate.network import FlowNetwork
+from testbed.topology import DeviceSpec, Topology
+
+MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its link (agent.py)
+AGENT_MAX_IN_FLIGHT = 8  # testbed up starts every agent with --max-in-flight 8
+AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
+LEASE_S = 5.0  # PsConfig.lease_s
+
+
+def _zero(counter: list[int]) -> bool:
+    return counter[0] == 0
+
+
+def _no_event(_kind: str, /, **fields: Any) -> None:
+    return None
+
+
+class ValuelessScheduler(Scheduler):
+    """The PS's scheduler for results without values: every result passes the value check
+    (the simulation has no Byzantine devices) and nothing is placed into C."""
+
+    def _check(self, task: Task, c: np.ndarray) -> str | None:
+        self.counters.checks += 1
+        return None
+
+    @staticmethod
+    def _store(job: GemmJob, box: TileBox, c: np.ndarray) -> None:
+        return None
+
+
+def shape_only(m: int, n: int, dtype: np.dtype) -> np.ndarray:
+    """An m x n array of dtype that holds no memory (zero strides): shapes and sizes only."""
+    return np.broadcast_to(np.zeros((), dtype=dtype), (m, n))
+
+
+@dataclass
+class SimConfig:
+    """What StepPlanner reads from the PS's config (the same fields, from the same topology)."""
+
+    planner: str
+    tile_m: int
+    tile_n: int
+    max_message_bytes: int
+    group_links: dict[str, tuple[float, float, float]]
+    ps_link_Bps: tuple[float, float]
+    planned_groups: tuple[tuple[str, int, float], ...]
+
+
+@dataclass(eq=False)
+class SimDevice:
+    """One device of the topology as the simulation sees it."""
+
+    spec: DeviceSpec
+    model: DeviceModel
+    gflops: float
+    down_path: tuple[int, ...]
+    up_path: tuple[int, ...]
+    own_links: tuple[int, int]  # its down and up device links (partition sets them to 0)
+    link_Bps: tuple[float, float]
+    delay_s: float
+    present: bool = False
+    partitioned: bool = False
+    slow: float = 1.0
+    session: int = 0  # bumps on every departure: events of an older session are dropped
+    slot: DeviceSlot | None = None
+    busy_until_s: float = 0.0
+    flows: set[int] = field(default_factory=set)
+    sessions: int = 0
+
+
+@dataclass
+class StepTotals:
+    tiles: int = 0
+    recomputed: int = 0
+    requeued: int = 0
+    rejected: int = 0
+    late: int = 0
+    wasted: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    device_compute_s: float = 0.0
+    energy_j: float = 0.0
+    backups: int = 0
+    backup_wins: int = 0
+
+    def add(self, other: "StepTotals") -> None:
+        for k in self.__dataclass_fields__:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+class Simulation:
+    """Runs a topology's job in virtual time; reports through ``emit`` callbacks."""
+
+    def __init__(self, topology: Topology, schedule: ChurnSchedule | None = None,
+                 event: Callable[..., None] | None = None, noise: bool = True):
+        from testbed.ps_backend.main import PLANNED_MESSAGE_BYTES, max_message_bytes, plan_inputs
+
+        self.topology = topology
+        job = topology.job
+        self.job = job
+        self.dtype = np.dtype(job.dtype)
+        self.schedule = schedule
+        self.emit = event or _no_event
+        planned = job.parallelism.planner == "auto"
+        self.config = SimConfig(
+            planner=job.parallelism.planner, tile_m=job.parallelism.tile_m,
+            tile_n=job.parallelism.tile_n,
+            max_message_bytes=PLANNED_MESSAGE_BYTES if planned else
+            max_message_bytes(job.parallelism.tile_m, job.parallelism.tile_n),
+            **plan_inputs(topology))
+        v = job.validation
+        self.scheduler = ValuelessScheduler(check_values=False,
+                                            freivalds_vectors=v.freivalds_vectors,
+                                            quarantine_after=v.quarantine_after, dilation=1.0)
+        self.planner = StepPlanner(self.config)
+        self.now_s = 0.0
+        self.net = FlowNetwork()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._ids = itertools.count()
+        self.version = 0
+        self.stats = StepTotals()
+        self.totals = StepTotals()
+        self.by_id: dict[str, SimDevice] = {}
+        self.devices = self._build_devices(noise)
+        self.departed: list[dict[str, Any]] = []
+        self.tiles_per_gemm: dict[str, int] = {}
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _build_devices(self, noise: bool) -> dict[str, SimDevice]:
+        topo = self.topology
+        net = self.net
+        ps = topo.network.ps.link
+        ps_down = net.add_link(ps.down_bps / 8, "ps:down")
+        ps_up = net.add_link(ps.up_bps / 8, "ps:up")
+        switch_links: dict[str, tuple[int, int, str]] = {}
+        for sl in topo.network.links:
+            switch_links[sl.lower] = (net.add_link(sl.link.down_bps / 8, f"{sl.lower}:down"),
+                                      net.add_link(sl.link.up_bps / 8, f"{sl.lower}:up"),
+                                      sl.upper)
+        profiles = {g.group: load_profile(str(g.profile_path)) for g in topo.groups}
+        out: dict[str, SimDevice] = {}
+        for d in topo.devices:
+            delay = path_delay_s(topo, d)
+            cap = mathis_rate_bps(delay, path_loss(topo, d))  # the emulator's loss cap
+            down_Bps = min(d.link.down_bps, cap) / 8
+            up_Bps = min(d.link.up_bps, cap) / 8
+            own_down = net.add_link(down_Bps, f"{d.name}:down")
+            own_up = net.add_link(up_Bps, f"{d.name}:up")
+            mid_down, mid_up = [], []
+            switch = d.group.switch
+            while switch in switch_links:
+                down, up, switch = switch_links[switch]
+                mid_down.append(down)
+                mid_up.append(up)
+            profile = profiles[d.group.group]
+            model = device_model_for(profile, seed=topo.seed * 1000 + d.index, noise=noise)
+            out[d.name] = SimDevice(d, model, float(profile.sustained_gflops),
+                                    (ps_down, *reversed(mid_down), own_down),
+                                    (own_up, *mid_up, ps_up), (own_down, own_up),
+                                    (down_Bps, up_Bps), delay)
+        return out
+
+    # -- the event queue -----------------------------------------------------------------------
+    def at(self, time_s: float, fn: Callable[[], None]) -> None:
+        """Run fn at virtual time time_s (ties in the order they were scheduled)."""
+        heapq.heappush(self._heap, (time_s, next(self._seq), fn))
+
+    def _run_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            t_event = self._heap[0][0] if self._heap else math.inf
+            t_flow = self.net.next_drain_s()
+            t = min(t_event, t_flow)
+            if math.isinf(t):
+                raise RuntimeError(f"simulation stalled at t={self.now_s:.6f} s: "
+                                   f"{len(self.scheduler.tasks)} tiles outstanding, no device "
+                                   "can make progress")
+            self.now_s = max(self.now_s, t)
+            for flow, arrive_s in self.net.advance(self.now_s):
+                self.at(arrive_s, flow.tag)
+            while self._heap and self._heap[0][0] <= self.now_s:
+                _, _, fn = heapq.heappop(self._heap)
+                fn()
+                if done():
+                    return
+
+    # -- membership ----------------------------------------------------------------------------
+    def join(self, dev: SimDevice) -> None:
+        """A device joins (the PS registers it as PsCore.join does)."""
+        dev.present = True
+        dev.session += 1
+        dev.sessions += 1
+        dev.busy_until_s = max(dev.busy_until_s, self.now_s)
+        slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
+                          predicted_gflops=dev.gflops or 1.0, max_in_flight=AGENT_MAX_IN_FLIGHT,
+                          cache_bytes=AGENT_CACHE_BYTES, group=dev.spec.group.group,
+                          kind="emulated", profile=dev.spec.group.profile)
+        dev.slot = slot
+        self.by_id[slot.device_id] = dev
+        self.scheduler.add_device(slot)
+        self.planner.saw(slot)
+        self.emit("join", device=slot.name, device_id=slot.device_id, group=slot.group,
+                  kind="emulated", profile=slot.profile, predicted_gflops=slot.predicted_gflops)
+        self.pump()
+
+    def drop(self, dev: SimDevice, kind: str, reason: str) -> None:
+        """A device is gone: cancel its transfers, re-queue its tiles (PsCore.drop)."""
+        slot = dev.slot
+        dev.present = False
+        dev.session += 1
+        for fid in dev.flows:
+            self.net.cancel(fid)
+        dev.flows.clear()
+        if slot is None:
+            return
+        held = [c.task for c in slot.in_flight.values()]
+        requeued = self.scheduler.remove_device(slot.device_id)
+        self.stats.requeued += len(requeued)
+        self.departed.append(self.device_record(dev, "left"))
+        dev.slot = None
+        self.by_id.pop(slot.device_id, None)
+        self.emit(kind, device=slot.name, device_id=slot.device_id, reason=reason,
+                  in_flight=len(held), requeued_tiles=len(requeued))
+        self.pump()
+
+    # -- work ----------------------------------------------------------------------------------
+    def submit(self, step: int, seq: int, g: ChainGemm, done: Callable[[], None]) -> None:
+        """Plan and queue one GEMM, as PsCore.submit does."""
+        if step > self.version:
+            self.version = step
+            self.scheduler.invalidate(step)
+        uid = f"s{step}/{g.layer}/{g.op}#{seq}"
+        b_key = {"forward": f"{g.weight_key}@{step}:T",
+                 "input_grad": f"{g.weight_key}@{step}:N"}.get(g.op)
+        spec = GemmSpec(g.layer, g.op, step, b_key)
+        job = GemmJob(uid=uid, spec=spec, a=shape_only(g.m, g.k, self.dtype),
+                      b=shape_only(g.k, g.n, self.dtype), c=shape_only(g.m, g.n, self.dtype),
+                      version=step, a_key=f"{uid}:A", b_key=b_key or f"{uid}:B", done=Future(),
+                      a_name=g.a_name, b_name=g.b_name, submitted_s=self.now_s)
+        job.done.add_done_callback(lambda _f: done())
+        slots = [d.slot for d in self.devices.values() if d.slot is not None]
+        tile_m, tile_n, k_parts, owners = self.planner.plan(job, slots)
+        self.scheduler.submit(job, tile_m, tile_n, None, k_parts, owners)
+        self.tiles_per_gemm[uid] = job.remaining
+        self.pump()
+
+    def pump(self) -> None:
+        """Hand tiles to every device with room in its window, fastest first (PsCore.pump)."""
+        sched = self.scheduler
+        if not (sched.pending or sched.tasks):
+            return
+        ready = [d for d in self.devices.values()
+                 if d.slot is not None and not d.partitioned and d.slot.free > 0]
+        ready.sort(key=lambda d: -d.slot.rate_flops)  # type: ignore[union-attr]
+        for dev in ready:
+            assert dev.slot is not None
+            for a in sched.assign(dev.slot.device_id, now_s=self.now_s):
+                self._send(dev, a)
+
+    def _send(self, dev: SimDevice, a: Assignment) -> None:
+        task = a.task
+        nbytes = (task.a_nbytes if a.send_a else 0) + (task.b_nbytes if a.send_b else 0)
+        self.stats.bytes_down += nbytes
+        self.stats.backups += a.backup
+        session, attempt = dev.session, task.attempt  # the attempt this copy was given as
+        holder: list[int] = []
+
+        def arrived() -> None:
+            dev.flows.discard(holder[0])
+            if dev.session == session:
+                self._arrived(dev, task, attempt, session)
+        flow = self.net.start(nbytes + MESSAGE_OVERHEAD_BYTES, dev.down_path, dev.delay_s,
+                              arrived)
+        holder.append(flow.flow_id)
+        dev.flows.add(flow.flow_id)
+
+    def _arrived(self, dev: SimDevice, task: Task, attempt: int, session: int) -> None:
+        """A tile's operands are on the device: it computes after the tiles before it."""
+        start = max(self.now_s, dev.busy_until_s)
+        m, n = task.box.shape
+        k0, k1 = task.k_range
+        cost = dev.model.tile_cost(m, k1 - k0, n, task.job.spec.op, start)
+        seconds = cost.seconds * dev.slow
+        dev.busy_until_s = start + seconds
+        joules = cost.joules * dev.slow
+
+        def computed() -> None:
+            if dev.session != session:
+                return
+            holder: list[int] = []
+
+            def back() -> None:
+                dev.flows.discard(holder[0])
+                if dev.session == session:
+                    self._result(dev, task, attempt, seconds, joules, m * n)
+            flow = self.net.start(m * n * self.dtype.itemsize + MESSAGE_OVERHEAD_BYTES,
+                                  dev.up_path, dev.delay_s, back)
+            holder.append(flow.flow_id)
+            dev.flows.add(flow.flow_id)
+        self.at(dev.busy_until_s, computed)
+
+    def _result(self, dev: SimDevice, task: Task, attempt: int, compute_s: float,
+                energy_j: float, elems: int) -> None:
+        """A result is back on the PS: the scheduler decides (PsCore._on_result)."""
+        assert dev.slot is not None
+        m, n = task.box.shape
+        self.stats.bytes_up += m * n * self.dtype.itemsize
+        outcome = self.scheduler.accept(dev.slot.device_id, task.task_id, attempt,
+                                        shape_only(m, n, self.dtype), compute_s, energy_j,
+                                        now_s=self.now_s)
+        if outcome.verdict is Verdict.REJECTED:
+            self.stats.rejected += 1
+            self.stats.requeued += outcome.requeued
+        elif outcome.verdict is Verdict.LATE:
+            self.stats.late += 1
+            if outcome.task is not None and outcome.task.done and outcome.checked:
+                self.stats.wasted += 1
+        else:
+            self.stats.tiles += 1
+            self.stats.recomputed += attempt > 0
+            self.stats.backup_wins += outcome.backup_won
+            self.stats.device_compute_s += compute_s
+            self.stats.energy_j += energy_j
+            if outcome.completed_job is not None:
+                outcome.completed_job.done.set_result(None)
+        self.pump()
+
+    # -- churn ---------------------------------------------------------------------------------
+    def _apply(self, action: ChurnAction) -> None:
+        dev = self.devices[action.device]
+        event = action.event
+        effect = "absent"
+        if event is ChurnEvent.JOIN:
+            if not dev.present:
+                self.join(dev)
+                effect = "applied"
+        elif event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
+            if dev.present:
+                effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
+                self.drop(dev, "leave" if event is ChurnEvent.LEAVE else "disconnect",
+                          "left" if event is ChurnEvent.LEAVE else "stream broken")
+        elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
+            self._partition(dev, event is ChurnEvent.PARTITION)
+            effect = "link down" if event is ChurnEvent.PARTITION else "link up"
+        else:
+            dev.slow = float(action.factor or 1.0)
+            effect = f"compute x{action.factor}"
+        record = action.to_dict()
+        self.emit("churn", **{k: v for k, v in record.items() if k != "event"},
+                  action=record["event"], effect=effect)
+
+    def _partition(self, dev: SimDevice, down: bool) -> None:
+        dev.partitioned = down
+        for link, rate in zip(dev.own_links, dev.link_Bps):
+            self.net.set_capacity(link, 0.0 if down else rate)
+        if down and dev.present:
+            session = dev.session
+
+            def expire() -> None:
+                if dev.session == session and dev.partitioned and dev.present:
+                    self.drop(dev, "lease_expired", f"no message for more than {LEASE_S:g} s")
+            self.at(self.now_s + LEASE_S, expire)
+        elif not down and not dev.present and dev.spec.name in self._wanted:
+            self.join(dev)  # the agent reconnects once its link is back
+        if not down:
+            self.pump()
+
+    # -- the run -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Devices present at the start join; churn actions are queued at their times."""
+        present = self.schedule.initially_present if self.schedule is not None else \
+            frozenset(self.devices)
+        self._wanted = set(present)
+        for name, dev in self.devices.items():
+            if name in present:
+                self.join(dev)
+        self.emit("training_start", devices=len(present), expected_devices=len(present))
+        if self.schedule is not None:
+            self.emit("churn_clock_start", actions=len(self.schedule.actions),
+                      already_applied=0, offset_s=0.0)
+            for action in self.schedule.actions:
+                self.at(action.time_s, functools.partial(self._track, action))
+
+    def _track(self, action: ChurnAction) -> None:
+        if action.event is ChurnEvent.JOIN:
+            self._wanted.add(action.device)
+        elif action.event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
+            self._wanted.discard(action.device)
+        self._apply(action)
+
+    def run_step(self, step: int) -> tuple[float, StepTotals, StepRecord]:
+        """Run one training step's GEMM chain; (device time, totals, the planner's record)."""
+        start_s = self.now_s
+        seq = itertools.count()
+        for group in step_chain(self.job):
+            left = [0]  # GEMMs of this submission still running
+
+            def one_done(left: list[int] = left) -> None:
+                left[0] -= 1
+            for g in group:
+                if gemm_flops(g.m, g.k, g.n) < self.job.parallelism.min_offload_flops:
+                    next(seq)
+                    continue  # the PS computes it (no virtual time: see the module docstring)
+                left[0] += 1
+                self.submit(step, next(seq), g, one_done)
+            self._run_until(functools.partial(_zero, left))
+        record = self.planner.take_step([d.slot for d in self.devices.values()
+                                         if d.slot is not None])
+        stats, self.stats = self.stats, StepTotals()
+        self.totals.add(stats)
+        return self.now_s - start_s, stats, record
+
+    def device_record(self, dev: SimDevice, state: str | None = None) -> dict[str, Any]:
+        """The PS's device record for devices.jsonl and summary.json (PsCore._device_record)."""
+        s = dev.slot
+        telemetry = dev.model.telemetry(self.now_s)
+        base = {"device": dev.spec.name, "group": dev.spec.group.group, "kind": "emulated",
+                "profile": dev.spec.group.profile, "telemetry": telemetry}
+        if s is None:
+            return {**base, "state": state or "absent", "tiles_done": 0, "bytes_down": 0,
+                    "bytes_up": 0, "compute_s": 0.0, "energy_j": 0.0}
+        return {**base, "device_id": s.device_id,
+                "state": state or ("quarantined" if s.quarantined else
+                                   "busy" if s.in_flight else "idle"),
+                "tiles_done": s.tiles_done, "tiles_rejected": s.tiles_rejected,
+                "failed_checks": s.failed_checks, "tiles_late": s.tiles_late,
+                "backups_won": s.backups_won, "window": s.window, "bytes_down": s.bytes_down,
+                "bytes_up": s.bytes_up, "compute_s": round(s.compute_s, 6),
+                "energy_j": round(s.energy_j, 6),
+                "observed_gflops": round(s.rate_flops / 1e9, 3)}
+
+    def device_records(self) -> list[dict[str, Any]]:
+        """Every present device's record, then the departed ones'."""
+        return [self.device_record(d) for d in self.devices.values() if d.slot is not None] + \
+            self.departed

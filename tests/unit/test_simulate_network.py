@@ -1,0 +1,64 @@
+"""Flow-level network: max-min fair sharing on hand-checkable cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from testbed.simulate.network import FlowNetwork, max_min_rates
+
+MB = 1e6
+
+
+def test_one_flow_per_link_gets_the_link_rate() -> None:
+    rates = max_min_rates([[0], [1]], [10 * MB, 3 * MB])
+    assert rates == pytest.approx([10 * MB, 3 * MB], rel=1e-12)
+
+
+def test_two_flows_sharing_a_bottleneck_split_it() -> None:
+    # both cross their own fast device link and one shared 8 MB/s link
+    rates = max_min_rates([[0, 2], [1, 2]], [100 * MB, 100 * MB, 8 * MB])
+    assert rates == pytest.approx([4 * MB, 4 * MB], rel=1e-12)
+
+
+def test_a_flow_limited_elsewhere_leaves_the_rest_to_the_other() -> None:
+    # flow 0's own link gives it 2 MB/s; the shared 10 MB/s link leaves 8 to flow 1
+    rates = max_min_rates([[0, 2], [1, 2]], [2 * MB, 100 * MB, 10 * MB])
+    assert rates == pytest.approx([2 * MB, 8 * MB], rel=1e-12)
+
+
+def test_unlimited_path_is_infinite_and_three_levels() -> None:
+    # link 0: 3 flows share 6 -> 2 each... but flow 2 also crosses link 1 (1 MB/s) -> 1;
+    # the other two split the 5 left: 2.5 each
+    rates = max_min_rates([[0], [0], [0, 1], [2]], [6 * MB, 1 * MB, math.inf])
+    assert rates[:3] == pytest.approx([2.5 * MB, 2.5 * MB, 1 * MB], rel=1e-12)
+    assert math.isinf(rates[3])
+
+
+def test_network_times_with_delay_and_departure() -> None:
+    net = FlowNetwork()
+    shared = net.add_link(10 * MB)
+    a = net.start(10 * MB, [shared], delay_s=0.5, tag="a")
+    net.start(5 * MB, [shared], tag="b")
+    # both at 5 MB/s: b's last byte leaves at 1 s; then a alone at 10 MB/s: 5 MB more in 0.5 s
+    t = net.next_drain_s()
+    assert t == pytest.approx(1.0)
+    done = net.advance(t)
+    assert [(f.tag, at) for f, at in done] == [("b", pytest.approx(1.0))]
+    assert a.left_bytes == pytest.approx(5 * MB)
+    t = net.next_drain_s()
+    assert t == pytest.approx(1.5)
+    done = net.advance(t)
+    assert [(f.tag, at) for f, at in done] == [("a", pytest.approx(2.0))]  # + 0.5 s delay
+
+
+def test_zero_capacity_stalls_until_restored() -> None:
+    net = FlowNetwork()
+    link = net.add_link(1 * MB)
+    net.start(1 * MB, [link])
+    net.set_capacity(link, 0.0)
+    assert math.isinf(net.next_drain_s())
+    net.advance(3.0)
+    net.set_capacity(link, 1 * MB)
+    assert net.next_drain_s() == pytest.approx(4.0)
