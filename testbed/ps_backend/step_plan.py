@@ -59,6 +59,7 @@ class StepPlanner:
         self._seen: dict[str, DeviceSlot] = {}
         self._min_down = self._min_up = 0.0
         self._sat_out: dict[str, str] = {}
+        self._dealt: dict[tuple[Any, ...], dict[tuple[int, int, int], str]] = {}
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
@@ -131,8 +132,17 @@ class StepPlanner:
             weights[s.device_id] = tile_rate(d, plan, m, k, n, item)
         if not weights:
             return None  # nobody the plan counted on is here: anyone takes the tiles
-        boxes = cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts)
-        return deal_owners([(b.row, b.col, b.part) for b in boxes], weights)
+        # The same shape dealt to the same devices again in this step (q/k/v of one input, the
+        # layers of a stack) gets the same owners, so a device gets the blocks it already holds
+        # (the operands shared between GEMMs are cached by tensor, not by GEMM); rates observed
+        # in between would otherwise shift the runs' boundaries.
+        key = (m, k, n, item, plan.tile_m, plan.tile_n, plan.k_parts, tuple(sorted(weights)))
+        owners = self._dealt.get(key)
+        if owners is None:
+            boxes = cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts)
+            owners = self._dealt[key] = deal_owners([(b.row, b.col, b.part) for b in boxes],
+                                                    weights)
+        return owners
 
     # -- the step -----------------------------------------------------------------------------
     def bound_devices(self) -> list[BoundDevice]:
@@ -156,7 +166,7 @@ class StepPlanner:
             limits[term] = limits.get(term, 0) + 1
         record = StepRecord(sb.bound_s if self._gemms else 0.0, self._min_down, self._min_up,
                             len(self._gemms), dict(self._sat_out), limits)
-        self._gemms, self._sat_out = [], {}
+        self._gemms, self._sat_out, self._dealt = [], {}, {}
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
         return record
