@@ -11,6 +11,7 @@ GEMM so that :meth:`StepPlanner.take_step` can give the step's lower bound
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -39,13 +40,14 @@ class StepRecord:
     gemms: int
     sat_out: dict[str, str] = field(default_factory=dict)  # group -> link | speed
     limits: dict[str, int] = field(default_factory=dict)  # stage limit term -> stages
+    gemm_wall_s: float = 0.0  # wall time some offloaded GEMM of the step was outstanding
 
     def fields(self) -> dict[str, Any]:
         """The steps.jsonl fields of this record."""
         return {"bound_s": round(self.bound_s, 6) if math.isfinite(self.bound_s) else None,
                 "bytes_min_down": int(self.bytes_min_down),
                 "bytes_min_up": int(self.bytes_min_up), "sat_out": dict(self.sat_out),
-                "bound_limits": dict(self.limits)}
+                "bound_limits": dict(self.limits), "gemm_wall_s": round(self.gemm_wall_s, 6)}
 
 
 class StepPlanner:
@@ -60,6 +62,9 @@ class StepPlanner:
         self._min_down = self._min_up = 0.0
         self._sat_out: dict[str, str] = {}
         self._dealt: dict[tuple[Any, ...], dict[tuple[int, int, int], str]] = {}
+        # (submitted, done) wall times of the step's offloaded GEMMs: the rest of the step is
+        # the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
+        self._spans: list[list[float]] = []
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
@@ -91,6 +96,9 @@ class StepPlanner:
         m, k = job.a.shape
         n = job.b.shape[1]
         item = job.a.itemsize
+        span = [time.monotonic(), math.nan]
+        self._spans.append(span)
+        job.done.add_done_callback(lambda _f, span=span: span.__setitem__(1, time.monotonic()))
         self._gemms.append(BoundGemm(m, k, n, item, stage_key(job.spec.layer, job.spec.op),
                                      job.a_name, job.b_name))
         down, up, _ = comm_min_bytes(m, k, n, 1, item)
@@ -165,8 +173,20 @@ class StepPlanner:
             term = "gemm" if stage.limit.startswith("gemm") else stage.limit
             limits[term] = limits.get(term, 0) + 1
         record = StepRecord(sb.bound_s if self._gemms else 0.0, self._min_down, self._min_up,
-                            len(self._gemms), dict(self._sat_out), limits)
-        self._gemms, self._sat_out, self._dealt = [], {}, {}
+                            len(self._gemms), dict(self._sat_out), limits,
+                            busy_s(self._spans))
+        self._gemms, self._sat_out, self._dealt, self._spans = [], {}, {}, []
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
         return record
+
+
+def busy_s(spans: list[list[float]]) -> float:
+    """Length of the union of (start, end) intervals; an unfinished one ends now."""
+    now = time.monotonic()
+    total, reach = 0.0, -math.inf
+    for start, end in sorted((a, now if math.isnan(b) else b) for a, b in spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
