@@ -45,6 +45,13 @@ def plot(run_dir: Path) -> Path:
     ax_time.plot(x, [s["wall_s"] for s in steps], marker=".", label="wall")
     if any(s.get("device_time_s") != s.get("wall_s") for s in steps):
         ax_time.plot(x, [s["device_time_s"] for s in steps], marker=".", label="device time")
+    bounded = [(s["step"], s["bound_s"]) for s in steps if s.get("bound_s") is not None]
+    if bounded:  # the analytic lower bound no schedule of the step's GEMMs can beat
+        if not any(s.get("device_time_s") != s.get("wall_s") for s in steps):
+            ax_time.plot(x, [s["device_time_s"] for s in steps], marker=".",
+                         label="device time")
+        ax_time.plot([b[0] for b in bounded], [b[1] for b in bounded], marker=".",
+                     linestyle="--", label="bound (bound_s)")
     ax_time.set(title="step time", xlabel="step", ylabel="s")
     ax_time.legend()
     ax_bytes.plot(x, [s["bytes_down"] / 1e6 for s in steps], label="down (PS to devices)")
@@ -72,6 +79,24 @@ def plot(run_dir: Path) -> Path:
     return out
 
 
+def _planning_lines(steps: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    """The planner's part of report.md: efficiency against the bound, groups that sat out."""
+    lines: list[str] = []
+    eff = summary.get("efficiency")
+    if isinstance(eff, (int, float)):
+        lines.append(f"- schedule efficiency (bound / device time): {eff:.2f}")
+    sat_out: dict[str, set[str]] = {}
+    for s in steps:
+        for group, why in (s.get("sat_out") or {}).items():
+            sat_out.setdefault(group, set()).add(str(why))
+    if sat_out:
+        lines += ["", "## Device groups that sat out", "",
+                  "Left out of some GEMMs by the planner (`link`: moving its share costs more "
+                  "than computing it; `speed`: too slow to shorten the GEMM):", ""]
+        lines += [f"- {g}: {', '.join(sorted(w))}" for g, w in sorted(sat_out.items())]
+    return [*lines, ""] if lines else []
+
+
 def markdown(run_dir: Path) -> Path:
     """Write report.md for a run directory; return its path."""
     steps, events, summary = _load(run_dir)
@@ -93,6 +118,7 @@ def markdown(run_dir: Path) -> Path:
         f"- network: {network.get('backend', '?')} (rate: {network.get('rate', '?')}, "
         f"delay: {network.get('delay', '?')}, loss: {network.get('loss', '?')})",
         "",
+        *_planning_lines(steps, summary),
         "## Events",
         "",
         *(f"- {kind}: {n}" for kind, n in sorted(kinds.items(), key=lambda kv: str(kv[0]))),

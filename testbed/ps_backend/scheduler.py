@@ -134,9 +134,10 @@ class Task:
         k0, k1 = self.k_range
         k = k1 - k0
         self.flops = gemm_flops(m, k, n)
-        ks = f"/k{k0}:{k1}" if box.split else ""
-        self.a_block_key = f"{job.a_key}/r{box.r0}:{box.r1}{ks}"
-        self.b_block_key = f"{job.b_key}/c{box.c0}:{box.c1}{ks}"
+        # Blocks are named in their operand's own coordinates, so that another GEMM with the
+        # same operand (same key) and the same block is a cache hit.
+        self.a_block_key = f"{job.a_key}/r{box.r0}:{box.r1}/c{k0}:{k1}"
+        self.b_block_key = f"{job.b_key}/r{k0}:{k1}/c{box.c0}:{box.c1}"
         self.a_nbytes = m * k * job.a.itemsize
         self.b_nbytes = k * n * job.b.itemsize
 

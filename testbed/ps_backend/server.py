@@ -20,6 +20,7 @@ import resource
 import secrets
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -893,6 +894,48 @@ class TileHandle:
                 continue
 
 
+class OperandKeys:
+    """Cache keys and PS copies of GEMM operands by tensor identity within a step.
+
+    Two GEMMs whose operand is the same tensor (X of the q/k/v projections, X in forward and in
+    the weight gradient) get the same key, so a block a device received for one is a cache hit
+    for the other, and they share the PS's copy. A tensor is identified by its storage address,
+    offset, shape and strides (a transpose is another view, so another key: the device uses the
+    block as it arrives) and its version counter (an in-place change makes a new key). An
+    address is reused only after its tensor is freed, so the key stays only while a weak
+    reference to the tensor's root (the base of a view) is alive; a freed root's address gets a
+    fresh key. Keys end with the weight version, and the table is emptied when the step changes.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], str,
+                                                  weakref.ref[np.ndarray] | None]] = {}
+        self._serial = itertools.count()
+        self._step = -1
+
+    def get(self, t: torch.Tensor, step: int, version: int) -> tuple[str, np.ndarray]:
+        """(key, the PS's own C-ordered copy) of an operand."""
+        if step != self._step:
+            self._keys.clear()
+            self._step = step
+        root = t._base if t._base is not None else t
+        ident = (t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
+                 t._version)
+        entry = self._keys.get(ident)
+        if entry is not None and entry[0]() is root:
+            copy = entry[2]() if entry[2] is not None else None
+            if copy is not None:
+                return entry[1], copy
+            key = entry[1]
+        else:
+            key = f"t{next(self._serial)}@{version}"
+        # Own copies: the engine may change its tensors in place once the GEMM is done (the
+        # optimizer steps the weights), and late copies of tiles are still checked against them.
+        copy = np.array(t.detach().numpy(), order="C", copy=True)
+        self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy))
+        return key, copy
+
+
 class TileExecutor:
     """The executor the engine uses in a real run: big GEMMs become tiles, small ones stay here."""
 
@@ -904,6 +947,7 @@ class TileExecutor:
         self.local_gemms = 0
         self.offloaded_gemms = 0
         self._step = -1  # GEMM uids count from 0 in every step, so a restart names them alike
+        self._operands = OperandKeys()
 
     def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
         m, k = a.shape
@@ -915,10 +959,8 @@ class TileExecutor:
             self.local_gemms += 1
             return DoneHandle(a @ b)
         self.offloaded_gemms += 1
-        # Own copies: the engine may change its tensors in place once the GEMM is done (the
-        # optimizer steps the weights), and late copies of tiles are still checked against A, B.
-        a_np = np.array(a.detach().numpy(), order="C", copy=True)
-        b_np = np.array(b.detach().numpy(), order="C", copy=True)
+        a_key, a_np = self._operands.get(a, spec.step, spec.step)
+        b_ident_key, b_np = self._operands.get(b, spec.step, spec.step)
         uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
         # A non-finite operand makes every honest result non-finite: devices would be refused
         # (and quarantined) for the PS's own divergence, and the GEMM would never finish.
@@ -930,7 +972,7 @@ class TileExecutor:
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
                       a_name=tensor_name(a), b_name=tensor_name(b),
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
-                      a_key=f"{uid}:A", b_key=spec.b_key or f"{uid}:B", done=Future(),
+                      a_key=a_key, b_key=spec.b_key or b_ident_key, done=Future(),
                       digest=gemm_digest(a_np, b_np) if self.server.ledger is not None else "")
         core = self.server.core
         assert core is not None

@@ -11,6 +11,7 @@ GEMM so that :meth:`StepPlanner.take_step` can give the step's lower bound
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -39,13 +40,14 @@ class StepRecord:
     gemms: int
     sat_out: dict[str, str] = field(default_factory=dict)  # group -> link | speed
     limits: dict[str, int] = field(default_factory=dict)  # stage limit term -> stages
+    gemm_wall_s: float = 0.0  # wall time some offloaded GEMM of the step was outstanding
 
     def fields(self) -> dict[str, Any]:
         """The steps.jsonl fields of this record."""
         return {"bound_s": round(self.bound_s, 6) if math.isfinite(self.bound_s) else None,
                 "bytes_min_down": int(self.bytes_min_down),
                 "bytes_min_up": int(self.bytes_min_up), "sat_out": dict(self.sat_out),
-                "bound_limits": dict(self.limits)}
+                "bound_limits": dict(self.limits), "gemm_wall_s": round(self.gemm_wall_s, 6)}
 
 
 class StepPlanner:
@@ -59,6 +61,10 @@ class StepPlanner:
         self._seen: dict[str, DeviceSlot] = {}
         self._min_down = self._min_up = 0.0
         self._sat_out: dict[str, str] = {}
+        self._dealt: dict[tuple[Any, ...], dict[tuple[int, int, int], str]] = {}
+        # (submitted, done) wall times of the step's offloaded GEMMs: the rest of the step is
+        # the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
+        self._spans: list[list[float]] = []
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
@@ -101,6 +107,9 @@ class StepPlanner:
         m, k = job.a.shape
         n = job.b.shape[1]
         item = job.a.itemsize
+        span = [time.monotonic(), math.nan]
+        self._spans.append(span)
+        job.done.add_done_callback(lambda _f, span=span: span.__setitem__(1, time.monotonic()))
         self._gemms.append(BoundGemm(m, k, n, item, stage_key(job.spec.layer, job.spec.op),
                                      job.a_name, job.b_name))
         down, up, _ = comm_min_bytes(m, k, n, 1, item)
@@ -143,8 +152,17 @@ class StepPlanner:
             weights[s.device_id] = tile_rate(d, plan, m, k, n, item)
         if not weights:
             return None  # nobody the plan counted on is here: anyone takes the tiles
-        boxes = cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts)
-        return deal_owners([(b.row, b.col, b.part) for b in boxes], weights)
+        # The same shape dealt to the same devices again in this step (q/k/v of one input, the
+        # layers of a stack) gets the same owners, so a device gets the blocks it already holds
+        # (the operands shared between GEMMs are cached by tensor, not by GEMM); rates observed
+        # in between would otherwise shift the runs' boundaries.
+        key = (m, k, n, item, plan.tile_m, plan.tile_n, plan.k_parts, tuple(sorted(weights)))
+        owners = self._dealt.get(key)
+        if owners is None:
+            boxes = cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts)
+            owners = self._dealt[key] = deal_owners([(b.row, b.col, b.part) for b in boxes],
+                                                    weights)
+        return owners
 
     # -- the step -----------------------------------------------------------------------------
     def bound_devices(self) -> list[BoundDevice]:
@@ -167,8 +185,20 @@ class StepPlanner:
             term = "gemm" if stage.limit.startswith("gemm") else stage.limit
             limits[term] = limits.get(term, 0) + 1
         record = StepRecord(sb.bound_s if self._gemms else 0.0, self._min_down, self._min_up,
-                            len(self._gemms), dict(self._sat_out), limits)
-        self._gemms, self._sat_out = [], {}
+                            len(self._gemms), dict(self._sat_out), limits,
+                            busy_s(self._spans))
+        self._gemms, self._sat_out, self._dealt, self._spans = [], {}, {}, []
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
         return record
+
+
+def busy_s(spans: list[list[float]]) -> float:
+    """Length of the union of (start, end) intervals; an unfinished one ends now."""
+    now = time.monotonic()
+    total, reach = 0.0, -math.inf
+    for start, end in sorted((a, now if math.isnan(b) else b) for a, b in spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
