@@ -43,7 +43,7 @@ NAME = "adb-mnphone1"
 PHONE_IP = "10.0.0.6"  # device_ip(4): after the topology's 4 devices
 PS_IP = "10.0.0.1"
 UP_RATE = "20Mbit"
-STEPS = 8
+STEPS = 60
 
 
 @pytest.fixture
