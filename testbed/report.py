@@ -125,10 +125,37 @@ def markdown(run_dir: Path) -> Path:
         "",
         "![report](report.png)",
         "",
+        *_real_devices(summary.get("real_devices") or {}),
     ]
     out = run_dir / "report.md"
     out.write_text("\n".join(lines))
     return out
+
+
+def _num(value: Any, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+
+def _real_devices(real: dict[str, Any]) -> list[str]:
+    """The report's table of real devices against their models (empty without any)."""
+    if not real:
+        return []
+    lines = ["## Real devices against their models", "",
+             "| device | tiles | measured s/tile | predicted s/tile | model error | "
+             "measured J (battery) | modelled J |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in sorted(real.items()):
+        err = r.get("model_error_fraction")
+        charging = " (charging: lower bound)" if r.get("charging_samples") else ""
+        lines.append(f"| {name} | {r.get('tiles_done', 0)} | "
+                     f"{_num(r.get('measured_s_per_tile'), '.6f')} | "
+                     f"{_num(r.get('predicted_s_per_tile'), '.6f')} | "
+                     f"{_num(err * 100 if isinstance(err, (int, float)) else None, '+.1f')}% | "
+                     f"{_num(r.get('measured_energy_j'), '.3f')}{charging} | "
+                     f"{_num(r.get('modelled_energy_j'), '.3f')} |")
+    lines += ["", "Model error = predicted rate / measured rate - 1 (positive: the profile is "
+              "optimistic). Measured energy: battery current x voltage from the phone's "
+              "telemetry, integrated over the run.", ""]
+    return lines
 
 
 def make_report(run_dir: Path) -> list[Path]:

@@ -3,7 +3,9 @@
 It starts from the PS's own ``ps_summary.json`` (absent when the PS died: then ``state`` is
 ``failed``) and adds what only the supervisor knows or what needs the whole event log: the network
 (``network.json``'s description), time dilation, departures and churn counts from
-``events.jsonl``, the ADB bridge's figures and the energy per device group. The report
+``events.jsonl``, the ADB bridge's figures, the energy per device group, and for every real
+device (``real_devices``) its measured tile times and battery energy next to its profile's
+predictions. The report
 (:mod:`testbed.report`) reads it.
 """
 
@@ -30,6 +32,56 @@ def event_counts(events: list[dict[str, Any]]) -> dict[str, Any]:
         "resumes": sum(e.get("event") == "ps_resume" for e in events)}
 
 
+def battery_joules(samples: list[dict[str, Any]]) -> tuple[float | None, int]:
+    """Energy drawn from the battery over time-ordered telemetry samples (trapezoid rule on
+    -current x voltage; current is positive into the battery), and how many samples were
+    charging (then the battery does not see what the phone uses: the figure is a lower bound)."""
+    points = [(float(x["elapsed_s"]),
+               -float(x["battery_current_a"]) * float(x["battery_voltage_v"])) for x in samples
+              if isinstance(x.get("battery_current_a"), (int, float))
+              and isinstance(x.get("battery_voltage_v"), (int, float))
+              and isinstance(x.get("elapsed_s"), (int, float))]
+    charging = sum(w < 0 for _, w in points)
+    if len(points) < 2:
+        return None, charging
+    joules = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(points, points[1:]))
+    return joules, charging
+
+
+def real_device_models(devices: list[dict[str, Any]], events: list[dict[str, Any]],
+                       telemetry: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per real device: measured tile times and rate next to its profile's prediction, and the
+    battery's measured energy next to the modelled energy (see docs/adb-bridge.md)."""
+    predicted = {str(e.get("device")): e.get("predicted_gflops") for e in events
+                 if e.get("event") == "join" and e.get("kind") == "real"}
+    out: dict[str, Any] = {}
+    for name, gflops_pred in predicted.items():
+        records = [d for d in devices if d.get("device") == name]
+        tiles = sum(int(d.get("tiles_done") or 0) for d in records)
+        compute_s = sum(float(d.get("compute_s") or 0.0) for d in records)
+        # the rate the PS estimated in the session that computed the most tiles
+        busiest = max(records, key=lambda d: int(d.get("tiles_done") or 0), default={})
+        gflops_obs = float(busiest["observed_gflops"]) if busiest.get("observed_gflops") else None
+        row: dict[str, Any] = {"tiles_done": tiles, "compute_s": round(compute_s, 6),
+                               "predicted_gflops": gflops_pred, "observed_gflops": gflops_obs,
+                               "measured_s_per_tile": compute_s / tiles if tiles else None,
+                               "predicted_s_per_tile": None, "model_error_fraction": None}
+        if tiles and gflops_obs and isinstance(gflops_pred, (int, float)) and gflops_pred > 0:
+            # the same tiles at the predicted rate: measured time x observed / predicted rate
+            row["predicted_s_per_tile"] = compute_s / tiles * gflops_obs / gflops_pred
+            row["model_error_fraction"] = round(gflops_pred / gflops_obs - 1.0, 6)
+        samples = sorted((x for x in telemetry if x.get("device") == name
+                          and x.get("kind") == "adb-telemetry"),
+                         key=lambda x: float(x.get("elapsed_s") or 0.0))
+        measured_j, charging = battery_joules(samples)
+        row["modelled_energy_j"] = round(sum(float(d.get("energy_j") or 0.0) for d in records), 6)
+        row["measured_energy_j"] = None if measured_j is None else round(measured_j, 6)
+        row["energy_samples"] = len(samples)
+        row["charging_samples"] = charging
+        out[name] = row
+    return out
+
+
 def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilation: float,
                   exit_code: int, extra: dict[str, Any],
                   adb: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -44,6 +96,10 @@ def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilatio
     summary.update(event_counts(events))
     if adb is not None:
         summary["adb"] = adb
+    real = real_device_models(summary.get("devices") or [], events,
+                              read_jsonl(run_dir / "devices.jsonl"))
+    if real:
+        summary["real_devices"] = real
     from testbed.emulator.energy import topology_energy
 
     summary["energy"] = topology_energy(topology, summary.get("devices") or [], events,

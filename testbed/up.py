@@ -190,7 +190,8 @@ class Run:
             self.start_agent(name)
         if self.adb is not None:
             progress(f"adb: bridge on {self.adb.server}, {len(phones)} phone(s) plugged")
-            self.adb.start(self.network.ps_listen_host(), self.ps_port)
+            self.adb.start(self.network.ps_listen_host(), self.ps_port, network=self.network,
+                           spawn=self._popen)
         if self.schedule is not None and self.schedule.actions:
             from testbed.churn.replay import Replay
 

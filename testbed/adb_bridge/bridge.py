@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import re
 import secrets
 import shlex
 import threading
@@ -49,6 +48,7 @@ from adbutils.errors import AdbError
 
 from testbed.adb_bridge import agent_package, parsers, telemetry, termux
 from testbed.adb_bridge.client import AdbServer, DeviceTracker, diff_states
+from testbed.adb_bridge.config import device_name
 from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
 from testbed.adb_bridge.relay import PhoneRelay, RelayShaping
 
@@ -82,11 +82,6 @@ def profile_gflops(profile: str) -> float | None:
     except (ProfileError, OSError) as exc:
         log.warning("profile %r: %s; the phone announces no predicted speed", profile, exc)
         return None
-
-
-def device_name(serial: str) -> str:
-    """The run's device name for a phone serial (``adb-<serial>``, see module docstring)."""
-    return ("adb-" + re.sub(r"[^a-z0-9-]", "-", serial.lower()))[:24]
 
 
 @dataclass
@@ -156,7 +151,8 @@ class _PhoneSession:
         s = self.status
         s.model, s.soc, s.android = info.model, info.soc, info.android_release
         s.profile, s.profile_reason = choice.profile, choice.reason
-        self.relay = PhoneRelay(self.serial, b.ps_host, b.ps_port, b.shaping)
+        self.relay = PhoneRelay(self.serial, b.ps_host, b.ps_port, b.shaping,
+                                upstream_unix=b.upstream_unix.get(self.serial))
         s.relay_port = self.relay.start()
         self._apply_reverse()
         b._emit("ready", self.serial, model=info.model, soc=info.soc, android=info.android_release,
@@ -372,7 +368,8 @@ class AdbBridge:
                  crosscheck_s: float = 5.0, agent_zip: bytes | None = None,
                  agent_grace_s: float = 10.0, launcher: str = "auto",
                  termux_start_timeout_s: float = 20.0,
-                 may_restart: Callable[[], bool] = lambda: True):
+                 may_restart: Callable[[], bool] = lambda: True,
+                 upstream_unix: dict[str, str] | None = None):
         host, _, port = ps_address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"ps_address must be HOST:PORT, got {ps_address!r}")
@@ -391,6 +388,8 @@ class AdbBridge:
         self.launcher = launcher  # auto: the adb shell's python, else Termux's RUN_COMMAND
         self.termux_start_timeout_s = termux_start_timeout_s
         self.may_restart = may_restart  # False once the job has ended: an exited agent stays so
+        # serial -> Unix socket of the phone's forwarder (Mininet); the relay dials it, not the PS
+        self.upstream_unix = dict(upstream_unix or {})
         self.devices_jsonl = devices_jsonl
         self.extra_agent_args = list(extra_agent_args)
         self.on_event = on_event

@@ -11,6 +11,18 @@ Schema (units written out, see :mod:`testbed.units`)::
       telemetry_interval: 2s     # how often battery/thermal/cpufreq are polled
       link: {down: 100Mbit, up: 20Mbit, delay: 10ms}   # shaping in the phone's relay (optional)
 
+On the Mininet backend each phone is placed in the topology like a device, by serial::
+
+    adb:
+      enabled: true
+      serials:
+        R58M12ABCDE: {switch: ap0, link: {down: 100Mbit, up: 20Mbit, delay: 10ms}}
+
+``switch`` is a declared switch (required when switches are declared, as for a device group),
+``link`` the phone's link to it (the topology's link keys; default 1Gbit both ways). Such a phone
+gets a Mininet host of its own; see :mod:`testbed.adb_bridge.forwarder`. ``serials: all`` or a
+list places no phone, which only the loopback backend can run.
+
 ``link.down`` is PS -> phone, ``link.up`` phone -> PS. ``loss`` is refused: the relay carries a
 TCP byte stream, where a lost packet is only ever a retransmission delay. The section is a
 :class:`AdbSection` (testbed/schema.py); inside a topology it is validated with the rest of the
@@ -19,17 +31,49 @@ file, and ``Topology.extra["adb"]`` holds its :class:`AdbSpec`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from testbed import units
 from testbed.adb_bridge.relay import RelayShaping
 from testbed.schema import Bool, Int, Schema, Str, problem_pairs, unique
+from testbed.topology import LinkFile, LinkSpec, SwitchRef
 
 Problems = list[tuple[str, str]]
 MIN_TELEMETRY_INTERVAL_S = 0.1
+
+
+DEFAULT_PHONE_LINK = LinkSpec(1e9, 1e9)
+
+
+def device_name(serial: str) -> str:
+    """The run's device name for a phone serial (``adb-<serial>``, see testbed.adb_bridge)."""
+    return ("adb-" + re.sub(r"[^a-z0-9-]", "-", serial.lower()))[:24]
+
+
+@dataclass(frozen=True)
+class PhonePlacement:
+    """Where a phone sits in the topology (the Mininet backend gives it a host there)."""
+
+    serial: str
+    switch: str | None  # None = the topology has no switches (the implicit one)
+    link: LinkSpec = DEFAULT_PHONE_LINK
+
+    @property
+    def name(self) -> str:
+        """The phone's device name, which is also its node name in the network."""
+        return device_name(self.serial)
 
 
 @dataclass(frozen=True)
@@ -44,6 +88,8 @@ class AdbSpec:
     phone_port: int = 7700
     telemetry_interval_s: float = 2.0
     shaping: RelayShaping = RelayShaping()
+    placements: tuple[PhonePlacement, ...] = ()  # phones placed in the topology, by serial
+    link_given: bool = False  # adb.link was written (the relay shapes; refused on Mininet)
 
 
 def _serial(value: str) -> str:
@@ -55,8 +101,12 @@ def _serial(value: str) -> str:
 def _all_is_none(value: Any) -> Any:
     if value == "all":
         return None
+    if isinstance(value, dict) and value:
+        # a phone written with nothing under it sits on the only switch with the default link
+        return {k: ({} if v is None else v) for k, v in value.items()}
     if not isinstance(value, list) or not value:
-        raise ValueError(f"expected 'all' or a non-empty list of serials, got {value!r}")
+        raise ValueError(f"expected 'all', a non-empty list of serials or a mapping "
+                         f"SERIAL: {{switch: ..., link: {{...}}}}, got {value!r}")
     return value
 
 
@@ -81,13 +131,31 @@ class AdbLink(Schema):
         return RelayShaping(down_bps=self.down, up_bps=self.up, delay_s=self.delay)
 
 
+class PhonePlaceFile(Schema):
+    """One phone placed in the topology: its switch and its link."""
+
+    switch: SwitchRef = Field(default=None, validate_default=True)
+    link: LinkFile | None = None
+
+    def spec(self, serial: str) -> PhonePlacement:
+        return PhonePlacement(serial, self.switch,
+                              self.link.spec() if self.link else DEFAULT_PHONE_LINK)
+
+
+SerialKey = Annotated[Str, AfterValidator(_serial)]
+
+
 class AdbSection(Schema):
     """The ``adb:`` section as written."""
 
     enabled: Bool = False
     server: Str = "127.0.0.1:5037"
-    serials: Annotated[list[Annotated[Str, AfterValidator(_serial), unique("serials", "serial")]]
-                       | None, BeforeValidator(_all_is_none)] = None
+    # tagged by the value's type, so an error names only the form the user wrote
+    serials: Annotated[Annotated[
+        Annotated[list[Annotated[Str, AfterValidator(_serial), unique("serials", "serial")]],
+                  Tag("list")] | Annotated[dict[SerialKey, PhonePlaceFile], Tag("dict")],
+        Discriminator(lambda v: "dict" if isinstance(v, dict) else "list")] | None,
+        BeforeValidator(_all_is_none)] = None
     profile: Str = "auto"
     phone_port: Int = 7700
     telemetry_interval: Annotated[float, BeforeValidator(units.parse_duration_s),
@@ -125,10 +193,13 @@ class AdbSection(Schema):
 
     def spec(self) -> AdbSpec:
         host, _, port = self.server.rpartition(":")
+        places = tuple(p.spec(serial) for serial, p in self.serials.items()) \
+            if isinstance(self.serials, dict) else ()
         return AdbSpec(self.enabled, host, int(port),
                        tuple(self.serials) if self.serials is not None else None, self.profile,
                        self.phone_port, self.telemetry_interval,
-                       self.link.spec() if self.link else RelayShaping())
+                       self.link.spec() if self.link else RelayShaping(), places,
+                       self.link is not None)
 
 
 def validate_adb_section(raw: Any, path: str = "adb") -> tuple[AdbSpec, Problems]:

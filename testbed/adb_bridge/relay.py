@@ -95,8 +95,12 @@ class PhoneRelay:
     """Listens on 127.0.0.1:<port> for one phone and relays each connection to the PS."""
 
     def __init__(self, serial: str, ps_host: str, ps_port: int,
-                 shaping: RelayShaping = RelayShaping(), listen_host: str = "127.0.0.1"):
+                 shaping: RelayShaping = RelayShaping(), listen_host: str = "127.0.0.1",
+                 upstream_unix: str | None = None):
         self.serial = serial
+        # On Mininet: the phone's forwarder (testbed.adb_bridge.forwarder) listens here, inside
+        # the phone's host, and opens the PS connection from there; ps_host/ps_port unused.
+        self.upstream_unix = upstream_unix
         self.ps_host, self.ps_port = ps_host, ps_port
         self.shaping = shaping
         self.listen_host = listen_host
@@ -107,7 +111,7 @@ class PhoneRelay:
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._sockets: list[socket.socket] = []
-        self._upstream: list[tuple[str, int]] = []
+        self._upstream: list[tuple[str, int]] = []  # ('unix', n) for a Unix upstream
 
     def start(self) -> int:
         """Start listening; return the host port the phone's reverse rule must point at."""
@@ -164,16 +168,17 @@ class PhoneRelay:
             except OSError:
                 return
             try:
-                ps_side = socket.create_connection((self.ps_host, self.ps_port), timeout=5)
-                ps_side.settimeout(None)
+                ps_side = self._connect_upstream()
             except OSError as exc:
-                log.warning("relay for %s: cannot reach the PS at %s:%d: %s", self.serial,
-                            self.ps_host, self.ps_port, exc)
+                log.warning("relay for %s: cannot reach the PS at %s: %s", self.serial,
+                            self.upstream_unix or f"{self.ps_host}:{self.ps_port}", exc)
                 phone_side.close()
                 continue
-            for s in (phone_side, ps_side):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            local = ps_side.getsockname()[:2]
+            phone_side.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # a Unix socket has no address of its own: a per-connection stand-in keeps the
+            # bookkeeping (the PS sees the forwarder's address, in the phone's host)
+            local = ps_side.getsockname()[:2] if self.upstream_unix is None else \
+                ("unix", self.connections_total)
             with self._lock:
                 self._sockets += [phone_side, ps_side]
                 self._upstream.append(local)
@@ -185,6 +190,21 @@ class PhoneRelay:
             threads = up.start() + down.start()
             threading.Thread(target=self._reap, args=(threads, phone_side, ps_side, local),
                              daemon=True).start()
+
+    def _connect_upstream(self) -> socket.socket:
+        if self.upstream_unix is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(5)
+            try:
+                sock.connect(self.upstream_unix)
+            except OSError:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection((self.ps_host, self.ps_port), timeout=5)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)
+        return sock
 
     def _reap(self, threads: list[threading.Thread], a: socket.socket, b: socket.socket,
               local: tuple[str, int]) -> None:

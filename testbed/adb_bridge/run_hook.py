@@ -29,20 +29,30 @@ then cannot run the agent delays the start by that timeout; a phone plugged late
 running job.
 
 Network: the bridge's relays run in this process, in the root network namespace, where the adb
-server delivers the phones' reverse connections. They reach the PS only when the PS listens
-there too: the loopback backend. On the Mininet backend the PS lives in its own namespace at
-10.0.0.1, which the root namespace has no route to (and probing that address from the root
-namespace could reach a real 10.0.0.0/8 network), so :func:`network_problem` refuses the
-combination before anything starts.
+server delivers the phones' reverse connections. On the loopback backend they dial the PS
+directly. On the Mininet backend each phone placed in the topology (``adb.serials: {SERIAL:
+{switch, link}}``) has a Mininet host of its own, and :meth:`AdbRunHook.start` starts a
+:mod:`~testbed.adb_bridge.forwarder` inside it, listening on a Unix socket in a directory the run
+owns; the phone's relay dials that socket, and the forwarder dials the PS inside the topology, so
+the phone's bytes cross its own shaped link. At stop the hook reads that host's interface
+counters into ``summary.json`` (``adb.links``). :func:`network_problem` refuses, before anything
+starts, a Mininet run whose phones are not placed, and ``adb.link`` there (the topology's links
+shape the phones).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Callable
 
 from adbutils.errors import AdbError
 
@@ -56,6 +66,9 @@ log = logging.getLogger(__name__)
 GROUP = "adb"  # the topology group phones report to the PS (--group)
 MAX_NOTE_CHARS = 160
 ENDED_STATES = ("done", "failed", "interrupted")  # status.json states after the last step
+FORWARDER_START_TIMEOUT_S = 20.0
+UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; keep room
+Spawn = Callable[[str, list[str], Path], subprocess.Popen]  # (node, argv, log path)
 
 
 def adb_spec_of(topology: Any) -> AdbSpec | None:
@@ -69,11 +82,16 @@ def network_problem(topology: Any, network_kind: str) -> str | None:
     spec = adb_spec_of(topology)
     if spec is None or network_kind == "loopback":
         return None
-    return (f"adb: the ADB bridge needs network.backend loopback, not {network_kind}: its "
-            f"per-phone relays run in the root network namespace (where the adb server is), "
-            f"and the {network_kind} PS listens in its own namespace, which the root namespace "
-            f"cannot reach. Use 'network: {{backend: loopback}}' for runs with phones, or set "
-            f"'adb: {{enabled: false}}'")
+    if network_kind != "mininet":
+        return f"adb: phones cannot join a run on the {network_kind} backend"
+    if not spec.placements:
+        return ("adb.serials: on the mininet backend each phone needs a place in the topology, "
+                "expected a mapping such as 'serials: {R58M12ABCDE: {switch: ap0, link: "
+                "{down: 100Mbit, up: 20Mbit}}}' (got 'all' or a list)")
+    if spec.link_given:
+        return ("adb.link: on the mininet backend each phone's link is "
+                "adb.serials.SERIAL.link (the kernel shapes it); leave adb.link out")
+    return None
 
 
 def live_temperature_c(sample: dict[str, Any]) -> float | None:
@@ -127,6 +145,10 @@ class AdbRunHook:
         self.bridge: AdbBridge | None = None
         self._lock = threading.Lock()
         self._telemetry: dict[str, dict[str, Any]] = {}  # device name -> latest sample
+        self.network: Any = None  # the run's network, when phones have hosts in it
+        self.forwarders: dict[str, subprocess.Popen] = {}  # device name -> forwarder
+        self.socket_dir: Path | None = None
+        self._links: dict[str, dict[str, Any]] = {}  # device name -> link counters at stop
 
     @property
     def server(self) -> str:
@@ -149,20 +171,99 @@ class AdbRunHook:
                           other_states={s: st for s, st in states.items() if st != "device"})
         return serials
 
-    def start(self, ps_host: str, ps_port: int) -> None:
-        """Start the bridge: each phone's relay forwards to ps_host:ps_port."""
+    def start(self, ps_host: str, ps_port: int, network: Any = None,
+              spawn: Spawn | None = None) -> None:
+        """Start the bridge: each phone's relay forwards to ps_host:ps_port, or on Mininet to
+        its forwarder, which spawn(node, argv, log) starts in the phone's host first."""
         s = self.spec
+        upstream: dict[str, str] = {}
+        if network is not None and getattr(network, "kind", "") == "mininet" and s.placements:
+            assert spawn is not None, "the Mininet backend needs spawn to start forwarders"
+            upstream = self._start_forwarders(network, spawn, ps_host, ps_port)
         self.bridge = AdbBridge(
             s.server_host, s.server_port, f"{ps_host}:{ps_port}", self.token,
             serials=s.serials, profile=s.profile, shaping=s.shaping, phone_port=s.phone_port,
             telemetry_interval_s=s.telemetry_interval_s, on_event=self._on_event,
             extra_agent_args=("--group", GROUP), agent_grace_s=self.agent_grace_s,
-            may_restart=self.job_running)
+            may_restart=self.job_running, upstream_unix=upstream)
         self.runlog.event("adb_bridge_start", server=self.server, ps=f"{ps_host}:{ps_port}",
                           phone_port=s.phone_port, profile=s.profile,
                           link={"down_bps": s.shaping.down_bps, "up_bps": s.shaping.up_bps,
                                 "delay_s": s.shaping.delay_s})
         self.bridge.start()
+
+    def _socket_dir(self) -> Path:
+        """A directory of this run for the forwarders' sockets (mode 0700): in the run
+        directory when the path is short enough for a Unix socket, else a fresh temporary one."""
+        d = self.run_dir / "adb-fwd"
+        if len(str(d.resolve())) + 12 > UNIX_PATH_MAX:
+            d = Path(tempfile.mkdtemp(prefix="tb-adbfwd-"))
+        d.mkdir(mode=0o700, exist_ok=True)
+        d.chmod(0o700)
+        return d
+
+    def _start_forwarders(self, network: Any, spawn: Spawn, ps_host: str,
+                          ps_port: int) -> dict[str, str]:
+        from testbed.emulator.network.base import path_delay_s
+
+        self.network = network
+        self.socket_dir = self._socket_dir()
+        netem = bool(getattr(getattr(network, "caps", None), "netem", True))
+        dilation = float(getattr(network, "dilation", 1.0))
+        paths: dict[str, str] = {}
+        for j, place in enumerate(self.spec.placements):
+            path = self.socket_dir / f"a{j}.sock"
+            # without netem the kernel has no delay: the forwarder applies the path's, as an
+            # emulated device's agent does (dilated like the kernel's would be)
+            like_device: Any = SimpleNamespace(link=place.link,  # what path_delay_s reads
+                                               group=SimpleNamespace(switch=place.switch))
+            delay_s = 0.0 if netem else dilation * path_delay_s(network.topology, like_device)
+            argv = [sys.executable, "-m", "testbed.adb_bridge.forwarder", "--listen-unix",
+                    str(path), "--connect", f"{ps_host}:{ps_port}", "--delay-s", f"{delay_s:g}"]
+            proc = spawn(place.name, argv, self.run_dir / f"adb-forwarder-{place.name}.log")
+            self.forwarders[place.name] = proc
+            paths[place.serial] = str(path)
+            self.runlog.event("adb_forwarder_started", serial=place.serial, device=place.name,
+                              pid=proc.pid, host=network.node_name(place.name),
+                              ip=network.host_ip(place.name), socket=str(path),
+                              switch=place.switch, delay_s=delay_s,
+                              link={"down_bps": place.link.down_bps,
+                                    "up_bps": place.link.up_bps,
+                                    "delay_s": place.link.delay_s})
+        deadline = time.monotonic() + FORWARDER_START_TIMEOUT_S
+        for place in self.spec.placements:
+            path = Path(paths[place.serial])
+            while not path.exists():
+                proc = self.forwarders[place.name]
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"adb: the forwarder of {place.name} did not start "
+                                       f"(see adb-forwarder-{place.name}.log in the run "
+                                       f"directory)")
+                time.sleep(0.05)
+        return paths
+
+    def _stop_forwarders(self) -> None:
+        network, self.network = self.network, None
+        for name in list(self.forwarders):
+            if network is not None:
+                try:
+                    counters = network.interface_counters(name)
+                    self._links[name] = counters
+                    self.runlog.event("adb_link_counters", device=name, **counters)
+                except (OSError, KeyError, RuntimeError, ValueError) as exc:
+                    log.warning("adb: cannot read %s's interface counters: %s", name, exc)
+        forwarders, self.forwarders = self.forwarders, {}
+        for proc in forwarders.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in forwarders.values():
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
 
     def job_running(self) -> bool:
         """Whether the PS has not ended the job yet (its status.json says so before it tells
@@ -178,6 +279,7 @@ class AdbRunHook:
         bridge, self.bridge = self.bridge, None
         if bridge is not None:
             bridge.stop()
+        self._stop_forwarders()
 
     def phones(self) -> list[PhoneStatus]:
         """The bridge's snapshot of every phone (empty before start and after stop)."""
@@ -193,7 +295,10 @@ class AdbRunHook:
     def summary(self) -> dict[str, Any]:
         """For summary.json: the server and the latest known sample per phone."""
         with self._lock:
-            return {"server": self.server, "telemetry": dict(self._telemetry)}
+            out: dict[str, Any] = {"server": self.server, "telemetry": dict(self._telemetry)}
+        if self._links:  # Mininet: each phone's host interface, read at stop
+            out["links"] = dict(self._links)
+        return out
 
     # -- events (called from the bridge's threads) ------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The bridge in `testbed up`: live-view merge, event routing, phones at start, refusal."""
+"""The bridge in `testbed up`: live-view merge, event routing, phones at start, placements."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import socket
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 from testbed.adb_bridge.bridge import BridgeEvent, PhoneStatus
 from testbed.adb_bridge.config import AdbSpec
 from testbed.adb_bridge.run_hook import AdbRunHook, adb_spec_of, merge_status, network_problem
 from testbed.dashboard import render
+from testbed.errors import InputError
 from testbed.runlog import RunLog, read_jsonl
 from testbed.topology import load_topology
 from tests.conftest import tiny_topology
@@ -68,15 +70,49 @@ def _topology(tmp_path: Path, **adb: object) -> Path:
     return tiny_topology(tmp_path, adb={"server": "127.0.0.1:5037", **adb})
 
 
-def test_network_problem_refuses_mininet_only_with_an_enabled_section(tmp_path: Path) -> None:
+def test_network_problem_on_mininet_wants_placed_phones(tmp_path: Path) -> None:
     on = load_topology(_topology(tmp_path, enabled=True))
     off = load_topology(_topology(tmp_path, enabled=False))
+    placed = load_topology(_topology(tmp_path, enabled=True, serials={
+        "R58M": {"link": {"down": "100Mbit", "up": "20Mbit", "delay": "5ms"}}, "P2": None}))
+    relay_link = load_topology(_topology(tmp_path, enabled=True, serials={"R58M": {}},
+                                         link={"down": "1Mbit", "up": "1Mbit"}))
     assert adb_spec_of(on) is not None and adb_spec_of(off) is None
     assert network_problem(on, "loopback") is None
     assert network_problem(off, "mininet") is None
+    assert network_problem(placed, "mininet") is None
     problem = network_problem(on, "mininet")
-    assert problem is not None and "network.backend loopback" in problem
-    assert problem.startswith("adb:")
+    assert problem is not None and problem.startswith("adb.serials:") and "switch:" in problem
+    problem = network_problem(relay_link, "mininet")
+    assert problem is not None and problem.startswith("adb.link:")
+    spec = adb_spec_of(placed)
+    assert spec is not None and sorted(spec.serials or ()) == ["P2", "R58M"]
+    places = {p.serial: p for p in spec.placements}
+    first, second = places["R58M"], places["P2"]
+    assert first.name == "adb-r58m" and first.switch is None
+    assert (first.link.down_bps, first.link.up_bps, first.link.delay_s) == (100e6, 20e6, 0.005)
+    assert (second.link.down_bps, second.link.up_bps) == (1e9, 1e9)  # the default link
+
+
+def test_placement_errors_name_their_yaml_path(tmp_path: Path) -> None:
+    raw = yaml.safe_load(tiny_topology(tmp_path).read_text())
+    raw["network"] = {"backend": "mininet", "switches": ["ap0"], "ps": {"switch": "ap0"}}
+    for group in raw["devices"]:
+        group["switch"] = "ap0"
+    raw["adb"] = {"enabled": True, "serials": {
+        "GOOD": {"switch": "ap0", "link": {"down": "10Mbit", "up": "5Mbit"}},
+        "NOSWITCH": {"link": {"down": "10Mbit", "up": "5Mbit"}},
+        "BAD": {"switch": "ap9", "link": {"down": "fast", "up": "5Mbit"}, "color": "red"}}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(InputError) as info:
+        load_topology(path)
+    text = str(info.value)
+    assert "adb.serials.NOSWITCH.switch: required when switches are declared" in text
+    assert "adb.serials.BAD.switch: unknown switch 'ap9'" in text
+    assert "adb.serials.BAD.link.down" in text and "adb.serials.BAD.color" in text
+    assert "adb.serials.GOOD" not in text
+    assert str(path) in text
 
 
 def test_events_go_to_the_run_log_and_notes(tmp_path: Path) -> None:

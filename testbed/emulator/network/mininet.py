@@ -11,6 +11,9 @@ interface names have at most 15 characters, which this plan keeps up to 99,999 d
     P                      run prefix, e.g. tbk3x (picked at random, unique among live runs)
     Pps                    the PS host                     e.g. tbk3xps
     Pd<i>                  device host, i = the device's index in Topology.devices (0-based)
+    Pa<j>                  host of phone j of the ``adb:`` section's placements (its node name
+                           is the phone's device name ``adb-<serial>``; address after the
+                           devices': device_ip(len(devices) + j))
     Ps<j>                  switch j = network.switches[j]; a topology without switches gets one
                            implicit switch Ps0 that the PS and every device attach to
     <node>e<port>          an interface: a host's is <host>e0 (in the host's namespace), a
@@ -268,6 +271,12 @@ class MininetNetwork:
             host_egress[device.name] = self._egress(f"{h.name}e0", dl.up_bps, dl)
             if (i + 2) % self.progress_every == 0:
                 self._report("hosts", i + 2, total)
+        for j, (name, switch, pl) in enumerate(self.phone_places()):
+            h = net.addHost(f"{P}a{j}", ip=f"{device_ip(len(devices) + j)}/{PREFIX_LEN}")
+            self.hosts[name] = h
+            self.device_port[name] = link(h, switch or default_switch, pl, pl.up_bps,
+                                          pl.down_bps)
+            host_egress[name] = self._egress(f"{h.name}e0", pl.up_bps, pl)
         self._report("hosts", total, total)
         for sl in topo.network.links:
             ports[sl.upper] += 1
@@ -287,6 +296,27 @@ class MininetNetwork:
             if n % self.progress_every == 0:
                 self._report("shape", n, total)
         self._report("shape", total, total)
+
+    def phone_places(self) -> list[tuple[str, str | None, LinkSpec]]:
+        """(node name, switch, link) of each phone the topology's ``adb:`` section places."""
+        spec = self.topology.extra.get("adb")
+        if spec is None or not getattr(spec, "enabled", False):
+            return []
+        return [(p.name, p.switch, p.link)
+                for p in getattr(spec, "placements", ())]
+
+    def interface_counters(self, node: str | None) -> dict[str, Any]:
+        """Byte and packet counters of a node's interface, read from its namespace."""
+        host = self._host(node)
+        intf = f"{host.name}e0"
+        # /proc/PID/net/dev lists the interfaces of PID's network namespace
+        for line in open(f"/proc/{host.pid}/net/dev").read().splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            if name.strip() == intf:
+                f = [int(x) for x in rest.split()]
+                return {"intf": intf, "host_pid": host.pid, "rx_bytes": f[0], "rx_packets": f[1],
+                        "tx_bytes": f[8], "tx_packets": f[9]}
+        raise KeyError(f"no interface {intf} in host {host.name}")
 
     def _egress(self, intf: str, rate_bps: float, spec: LinkSpec) -> Egress:
         return Egress(intf, rate_bps / self.dilation, spec.delay_s * self.dilation,
