@@ -1,4 +1,4 @@
-"""How many tiles per second the PS moves, and what each costs it.
+"""How many tiles per second the PS moves, what each costs it, and the bare-gRPC ceiling.
 
 Starts the PS server in this process (no training: GEMMs are submitted straight to the tile
 executor, as the engine would) and N real agent processes on loopback that compute each tile
@@ -7,19 +7,28 @@ with numpy and return it at once (``--kind real``: no emulated hold, no link sha
 time and prints tiles/s, payload bytes/s (operand and result bytes that crossed the wire) and the
 PS's CPU time per tile (this process's user+system time over the measured window).
 
+Then, in the same run, the ceiling: a bare gRPC bidirectional stream per device (same number of
+client processes, same window of 4 tiles) moving the same bytes per tile (down: the PS's
+measured operand bytes per tile; up: one tile of results), with no PS logic: the server answers
+each reply with the next pre-serialized message and the client answers each message with a
+pre-serialized reply. ``share`` is the PS's tiles/s over the ceiling's.
+
 Usage: ``.venv/bin/python bench/ps_throughput.py [--devices 16 64] [--tiles 64 256]
-[--seconds 10]``. Numbers depend on the machine; the agents share its cores with the PS.
+[--seconds 10] [--quick]``. Numbers depend on the machine; the clients share its cores with
+the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import torch
 
@@ -31,6 +40,8 @@ from testbed.ps_backend.main import max_message_bytes  # noqa: E402
 from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor  # noqa: E402
 
 TOKEN = "bench"
+WINDOW = 4  # tiles in flight per device, as the agents' --max-in-flight
+CEILING_METHOD = "/bench.Ceiling/Work"
 
 
 def start_agents(port: int, count: int) -> list[subprocess.Popen]:
@@ -81,7 +92,8 @@ def measure(devices: int, tile: int, seconds: float) -> dict[str, float]:
         payload = (after[1] - before[1]) + (after[2] - before[2])
         return {"devices": devices, "tile": tile, "tiles_per_s": tiles / wall,
                 "payload_MB_per_s": payload / wall / 1e6, "ps_cpu_us_per_tile": cpu / tiles * 1e6,
-                "tiles": tiles}
+                "tiles": tiles, "down_bytes_per_tile": (after[1] - before[1]) / tiles,
+                "up_bytes_per_tile": (after[2] - before[2]) / tiles}
     finally:
         server.stop("bench done")
         for proc in agents:
@@ -93,20 +105,154 @@ def measure(devices: int, tile: int, seconds: float) -> dict[str, float]:
                 proc.kill()
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+class _Ceiling:
+    """The bare stream's server: each reply from a client is answered with the next message."""
+
+    def __init__(self, down: bytes):
+        self.down = down
+        self.replies = 0
+        self.bytes = 0
+
+    async def work(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        for _ in range(WINDOW):
+            await context.write(self.down)
+        while True:
+            reply = await context.read()
+            if reply is grpc.aio.EOF:
+                return
+            self.replies += 1
+            self.bytes += len(reply) + len(self.down)
+            await context.write(self.down)
+
+
+def _pb_message_of(payload_bytes: int, tile: int, down: bool) -> bytes:
+    """A real protocol message carrying payload_bytes of tensor data (as the PS's messages do)."""
+    from testbed.ps_backend.proto import testbed_pb2 as pb
+
+    if down:
+        message = pb.ServerMessage()
+        t = message.tiles.add(task_id=1 << 40, step=1, gemm="s1/l0/forward#0", op="forward",
+                              m=tile, k=tile, n=tile, deadline_s=30.0)
+        t.a.tensor.data = b"\0" * payload_bytes
+        t.a.tensor.shape[:] = [payload_bytes // 4]
+        t.a.tensor.dtype = pb.FLOAT32
+        t.a.key = "s1/l0/forward#0:A:0"
+        return message.SerializeToString()
+    result = pb.DeviceMessage(result=pb.TileResult(task_id=1 << 40, compute_s=1e-3,
+                                                   received_s=1.0, started_s=1.0, done_s=1.0))
+    result.result.c.data = b"\0" * payload_bytes
+    result.result.c.shape[:] = [tile, tile]
+    result.result.c.dtype = pb.FLOAT32
+    return result.SerializeToString()
+
+
+def measure_ceiling(devices: int, tile: int, down_bytes: int, up_bytes: int,
+                    seconds: float) -> dict[str, float]:
+    """Tiles/s over a bare gRPC bidirectional stream per client: same bytes, no PS logic."""
+    ceiling = _Ceiling(_pb_message_of(down_bytes, tile, down=True))
+    loop = asyncio.new_event_loop()
+    ready: dict[str, object] = {}
+
+    async def start() -> grpc.aio.Server:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 30),
+                                          ("grpc.max_send_message_length", 1 << 30)])
+        handler = grpc.stream_stream_rpc_method_handler(ceiling.work)  # bytes in, bytes out
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "bench.Ceiling", {"Work": handler})])
+        ready["port"] = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server
+
+    import threading
+
+    server = loop.run_until_complete(start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    clients = [subprocess.Popen([sys.executable, __file__, "--ceiling-client",
+                                 f"127.0.0.1:{ready['port']}", "--up-bytes", str(up_bytes),
+                                 "--tile", str(tile)], env=env, cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(devices)]
+    try:
+        time.sleep(1.0)  # clients start, connect, warm up
+        deadline = time.monotonic() + 60
+        while ceiling.replies < 10 * devices and time.monotonic() < deadline:
+            time.sleep(0.1)
+        replies0, bytes0 = ceiling.replies, ceiling.bytes
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        time.sleep(seconds)
+        wall = time.monotonic() - wall0
+        cpu = time.process_time() - cpu0
+        tiles = ceiling.replies - replies0
+        return {"tiles_per_s": tiles / wall,
+                "payload_MB_per_s": (ceiling.bytes - bytes0) / wall / 1e6,
+                "cpu_us_per_tile": cpu / max(tiles, 1) * 1e6}
+    finally:
+        for proc in clients:
+            proc.terminate()
+        for proc in clients:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def ceiling_client(address: str, up_bytes: int, tile: int) -> int:
+    """One bare-stream client: answer every message from the server with one reply."""
+    import queue
+
+    reply = _pb_message_of(up_bytes, tile, down=False)
+    channel = grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 1 << 30),
+        ("grpc.max_send_message_length", 1 << 30)])
+    call = channel.stream_stream(CEILING_METHOD)
+    out: queue.Queue[bytes | None] = queue.Queue()
+
+    def requests() -> object:
+        while (item := out.get()) is not None:
+            yield item
+    try:
+        for _ in call(requests()):
+            out.put(reply)
+    except grpc.RpcError:
+        pass
+    out.put(None)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the PS's tiles/s and the bare-gRPC ceiling for each (devices, tile edge)."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--devices", type=int, nargs="+", default=[16, 64])
     p.add_argument("--tiles", type=int, nargs="+", default=[64, 256])
     p.add_argument("--seconds", type=float, default=10.0)
-    args = p.parse_args()
+    p.add_argument("--quick", action="store_true",
+                   help="4 devices, 3 s per figure (a smoke run, not a measurement)")
+    p.add_argument("--ceiling-client", metavar="HOST:PORT", help=argparse.SUPPRESS)
+    p.add_argument("--up-bytes", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--tile", type=int, default=64, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.ceiling_client:
+        return ceiling_client(args.ceiling_client, args.up_bytes, args.tile)
+    if args.quick:
+        args.devices, args.seconds = [4], 3.0
     print(f"{'devices':>7} {'tile':>5} {'tiles/s':>9} {'payload MB/s':>13} "
-          f"{'PS CPU us/tile':>15} {'tiles':>7}")
+          f"{'PS CPU us/tile':>15} {'tiles':>7} {'ceiling tiles/s':>16} {'ceiling MB/s':>13} "
+          f"{'ceil CPU us/tile':>17} {'share':>6}")
     for devices in args.devices:
         for tile in args.tiles:
             r = measure(devices, tile, args.seconds)
+            c = measure_ceiling(devices, tile, int(r["down_bytes_per_tile"]),
+                                int(r["up_bytes_per_tile"]), args.seconds)
             print(f"{r['devices']:>7} {r['tile']:>5} {r['tiles_per_s']:>9.0f} "
                   f"{r['payload_MB_per_s']:>13.1f} {r['ps_cpu_us_per_tile']:>15.0f} "
-                  f"{r['tiles']:>7}", flush=True)
+                  f"{r['tiles']:>7} {c['tiles_per_s']:>16.0f} {c['payload_MB_per_s']:>13.1f} "
+                  f"{c['cpu_us_per_tile']:>17.0f} "
+                  f"{r['tiles_per_s'] / c['tiles_per_s']:>6.0%}", flush=True)
     return 0
 
 

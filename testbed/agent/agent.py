@@ -50,6 +50,10 @@ if TYPE_CHECKING:  # the agent runs on phones: nothing beyond grpcio and numpy a
 log = logging.getLogger("testbed.agent")
 
 EXIT_OK, EXIT_FAILURE, EXIT_REFUSED = 0, 1, 3
+# Results that are ready together go in one TileResults message: the PS's cost is mostly per
+# message (bench/ps_throughput.py), so batching cuts its CPU per tile.
+MAX_RESULTS_PER_MESSAGE = 64
+RESULT_OVERHEAD_BYTES = 128  # a TileResult's fields besides the tensor bytes, generously
 
 
 class JoinRefused(Exception):
@@ -102,6 +106,29 @@ class Outbox:
                 if wait <= 0:
                     return False, None
                 self._cv.wait(wait)
+
+    def take_due_results(self, budget_bytes: int, most: int) -> list[pb.TileResult]:
+        """Results already due at the head of the queue, in order, within a byte budget.
+
+        Stops at the first message that is not a result (a heartbeat, the end), so the order of
+        everything else is kept.
+        """
+        taken: list[pb.TileResult] = []
+        now = time.monotonic()
+        with self._cv:
+            while self._heap and len(taken) < most:
+                at_s, _, message = self._heap[0]
+                body = message.WhichOneof("body") if message is not None else None
+                if at_s > now or message is None or body not in ("result", "results"):
+                    break
+                results = [message.result] if body == "result" else list(message.results.results)
+                size = sum(len(r.c.data) + RESULT_OVERHEAD_BYTES for r in results)
+                if size > budget_bytes or len(taken) + len(results) > most:
+                    break
+                budget_bytes -= size
+                heapq.heappop(self._heap)
+                taken.extend(results)
+        return taken
 
 
 @dataclass
@@ -300,15 +327,50 @@ class _Session:
     # -- compute ----------------------------------------------------------------------------------
     def _compute_loop(self) -> None:
         while True:
-            item = self.compute_q.get()
+            item: PendingTile | None = self.compute_q.get()
             if item is None or self.closed.is_set():
                 return
-            wait = item.arrived_s - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            self._compute(item)
+            batch: list[pb.TileResult] = []
+            while item is not None:
+                wait = item.arrived_s - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                batch.append(self._compute(item))
+                item = self._next_for_batch(batch)
+            self._post(batch)
 
-    def _compute(self, item: PendingTile) -> None:
+    def _next_for_batch(self, batch: list[pb.TileResult]) -> PendingTile | None:
+        """The next tile to compute before the batch goes out, or None: post the batch now.
+
+        Only a real device batches here, and only tiles that have already arrived: an emulated
+        device's results each leave at their own modelled time (the outbox still merges those
+        that are due together).
+        """
+        if self.agent.model is not None or len(batch) >= MAX_RESULTS_PER_MESSAGE:
+            return None
+        limit = (self.reply.max_message_bytes if self.reply is not None else 0) or (4 << 20)
+        if sum(len(r.c.data) + RESULT_OVERHEAD_BYTES for r in batch) > limit // 4:
+            return None
+        with self.compute_q.mutex:  # peek: take the head only if it has arrived already
+            if not self.compute_q.queue:
+                return None
+            head = self.compute_q.queue[0]
+            if head is None or head.arrived_s > time.monotonic():
+                return None
+            self.compute_q.queue.popleft()
+            self.compute_q.not_full.notify()
+        return head
+
+    def _post(self, batch: list[pb.TileResult]) -> None:
+        """Queue results on the emulated uplink as one message."""
+        if len(batch) == 1:
+            message = pb.DeviceMessage(result=batch[0])
+        else:
+            message = pb.DeviceMessage(results=pb.TileResults(results=batch))
+        size = sum(len(r.c.data) + 64 for r in batch)
+        self.outbox.put(message, self.options.up.deliver_at(size, batch[-1].done_s))
+
+    def _compute(self, item: PendingTile) -> pb.TileResult:
         tile = item.tile
         self.agent.poll_control()
         behaviour = self.options.behaviour
@@ -334,14 +396,27 @@ class _Session:
         if behaviour is not None:
             c, _ = behaviour.apply(c, int(tile.task_id), int(tile.attempt), tile.gemm,
                                    self.options.name)
-        result = pb.DeviceMessage(result=pb.TileResult(
+        self.agent.tiles_done += 1
+        return pb.TileResult(
             task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(c), compute_s=compute_s,
             energy_j=energy_j, lag_s=lag_s, received_s=item.arrived_s, started_s=start,
-            done_s=done))
-        self.agent.tiles_done += 1
-        self.outbox.put(result, self.options.up.deliver_at(c.nbytes + 64, done))
+            done_s=done)
 
     # -- up: what we send -----------------------------------------------------------------------
+    def _batched(self, message: pb.DeviceMessage) -> pb.DeviceMessage:
+        """A result plus the results due right behind it, as one TileResults message."""
+        body = message.WhichOneof("body")
+        if body not in ("result", "results"):
+            return message
+        assert self.reply is not None
+        first = [message.result] if body == "result" else list(message.results.results)
+        limit = self.reply.max_message_bytes or (4 << 20)
+        budget = limit // 2 - sum(len(r.c.data) + RESULT_OVERHEAD_BYTES for r in first)
+        more = self.outbox.take_due_results(budget, MAX_RESULTS_PER_MESSAGE - len(first))
+        if not more:
+            return message
+        return pb.DeviceMessage(results=pb.TileResults(results=[*first, *more]))
+
     def _requests(self) -> Iterator[pb.DeviceMessage]:
         assert self.reply is not None
         yield pb.DeviceMessage(attach=pb.Attach(device_id=self.reply.device_id,
@@ -361,7 +436,7 @@ class _Session:
             now = time.monotonic()
             if message is not None:
                 last_sent = now
-                yield message
+                yield self._batched(message)
             if now - last_sent >= heartbeat_s:
                 last_sent = now
                 yield pb.DeviceMessage(heartbeat=pb.Heartbeat(device_time_s=now))

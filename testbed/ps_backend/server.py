@@ -514,6 +514,13 @@ class PsCore:
         body = msg.WhichOneof("body")
         if body == "result":
             self._on_result(conn, msg.result)
+            self.pump()
+        elif body == "results":
+            # one pump for the whole batch: handing out tiles is the per-message cost batching
+            # saves (bench/ps_throughput.py)
+            for result in msg.results.results:
+                self._on_result(conn, result)
+            self.pump()
         elif body == "credit":
             self.scheduler.set_max_in_flight(conn.device_id, msg.credit.tiles)
             self.pump()
@@ -571,7 +578,6 @@ class PsCore:
                 self.totals.wasted += 1
         else:
             self._accepted(conn, result, outcome, c)
-        self.pump()
 
     def _accepted(self, conn: DeviceConn, result: pb.TileResult, outcome: Outcome,
                   c: np.ndarray) -> None:

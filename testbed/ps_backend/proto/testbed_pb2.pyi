@@ -138,19 +138,27 @@ class Telemetry(_message.Message):
     labels: _containers.ScalarMap[str, str]
     def __init__(self, values: _Optional[_Mapping[str, float]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class TileResults(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TileResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TileResult, _Mapping]]] = ...) -> None: ...
+
 class DeviceMessage(_message.Message):
-    __slots__ = ("attach", "credit", "result", "heartbeat", "telemetry")
+    __slots__ = ("attach", "credit", "result", "heartbeat", "telemetry", "results")
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     attach: Attach
     credit: Credit
     result: TileResult
     heartbeat: Heartbeat
     telemetry: Telemetry
-    def __init__(self, attach: _Optional[_Union[Attach, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., result: _Optional[_Union[TileResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
+    results: TileResults
+    def __init__(self, attach: _Optional[_Union[Attach, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., result: _Optional[_Union[TileResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., results: _Optional[_Union[TileResults, _Mapping]] = ...) -> None: ...
 
 class Operand(_message.Message):
     __slots__ = ("key", "tensor", "version")
