@@ -23,10 +23,14 @@ Measured at the device, per tile: ``(done_s - started_s) / D`` (``TileResult.sta
 ``compute_s``: what the emulator itself controls. The gap between the two figures is the PS's and
 the host's share (a starved PS loop reads results late), not the emulated device's.
 
-Two settings: low load (2 agents, D = 1) and high load (many agents on this machine's cores,
-D = ``auto``: :func:`auto_dilation` of the agents' model rates against a calibrated host rate).
+Settings: low load (2 agents), high load (16 agents on this machine's cores) and 240 agents,
+each with a fixed D (1 at low load, else the formula's :func:`auto_dilation`) and with adaptive
+D (the PS's probe, :func:`testbed.ps_backend.main.run_probe`, then
+:class:`~testbed.emulator.dilation.DilationController` between "steps" of a few GEMMs each, as
+in a run). Per tile the device-side error uses the D it ran at.
 
-    .venv/bin/python bench/emulation_fidelity.py [--profile snapdragon888] [--high-agents 16]
+    .venv/bin/python bench/emulation_fidelity.py [--quick] [--profile snapdragon888]
+        [--high-agents 16] [--many-agents 240] [--target 0.1]
 """
 
 from __future__ import annotations
@@ -51,7 +55,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from testbed.emulator.dilation import auto_dilation, calibrate_host_gflops  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from testbed.emulator.dilation import (  # noqa: E402
+    DilationController,
+    auto_dilation,
+    calibrate_host_gflops,
+    tile_error,
+)
 from testbed.perf_model.profiles import load_profile  # noqa: E402
 from testbed.ps_backend.executor import GemmSpec  # noqa: E402
 from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor  # noqa: E402
@@ -70,6 +81,7 @@ class ResultRecord:
     received_s: float  # when the tile's operands were on the device (agent monotonic clock)
     started_s: float  # when the agent started computing it
     done_s: float  # when the result was ready on the device (the hold over)
+    dilation: float = 1.0  # the D the PS had set when the result arrived
 
 
 class PsHarness:
@@ -97,11 +109,12 @@ class PsHarness:
             if core.totals.tiles > before:  # accepted
                 self.records.append(ResultRecord(arrived, conn.device_id, result.compute_s,
                                                  result.lag_s, result.received_s,
-                                                 result.started_s, result.done_s))
+                                                 result.started_s, result.done_s,
+                                                 core.config.time_dilation))
         core._on_result = recording  # type: ignore[method-assign]
 
     def spawn(self, name: str, kind: str, profile: str = "", seed: int = 0,
-              max_in_flight: int = 3) -> None:
+              max_in_flight: int = 3, cores: set[int] | None = None) -> None:
         """Start one agent process."""
         cmd = [sys.executable, "-m", "testbed.agent", "--ps", f"127.0.0.1:{self.server.port}",
                "--name", name, "--kind", kind, "--seed", str(seed),
@@ -111,8 +124,9 @@ class PsHarness:
         env = dict(os.environ, TESTBED_TOKEN=self.token, OPENBLAS_NUM_THREADS="1",
                    OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
         out = open(self.logdir / f"{name}.log", "w")
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # a host made slow
         self.agents.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            cwd=REPO))
+                                            cwd=REPO, preexec_fn=pin))
 
     def wait_joined(self, count: int, timeout_s: float = 120.0) -> None:
         """Block until count devices are attached (their Work stream open)."""
@@ -187,21 +201,46 @@ def tile_errors(records: list[ResultRecord], dilation: float,
     return np.array(errors), np.array(lags), np.array(starved)
 
 
-def run_setting(label: str, agents: int, dilation: float, profile: str, gemms: int,
-                shape: tuple[int, int, int]) -> dict[str, float]:
-    """One setting: start agents, run GEMMs, return the error figures."""
+GEMMS_PER_STEP = 4  # adaptive mode: D may change after every this many GEMMs
+
+
+def run_setting(label: str, agents: int, dilation: float | None, profile: str, gemms: int,
+                shape: tuple[int, int, int], start: float = 1.0,
+                target: float = 0.1) -> dict[str, float]:
+    """One setting: start agents, run GEMMs, return the error figures (dilation None: adaptive,
+    probing from ``start``)."""
     m, k, n = shape
-    with PsHarness(dilation) as ps:
+    with PsHarness(dilation or start) as ps:
         for i in range(agents):
             ps.spawn(f"emu-{i}", "emulated", profile, seed=i)
-        ps.wait_joined(agents)
+        ps.wait_joined(agents, timeout_s=max(120.0, agents * 1.5))
+        controller = None
+        if dilation is None:
+            from testbed.ps_backend.main import run_probe
+            job = SimpleNamespace(parallelism=SimpleNamespace(tile_m=128, tile_n=128),
+                                  model=SimpleNamespace(hidden=k), dtype="float32")
+            d, _ = run_probe(ps.server, ps.executor, job, agents, start, target, seed=1)
+            ps.server.call(lambda: ps.server.core.set_dilation(d))  # type: ignore[union-attr]
+            controller = DilationController(d, target)
         ps.run_gemms(2, m, k, n, step=0)  # warm-up: operand caches, thermal start
         ps.records.clear()
-        wall_s = ps.run_gemms(gemms, m, k, n, step=0)
-        errors, lags, starved = tile_errors(ps.records, dilation)
-        at_device = np.array([(r.done_s - r.started_s) / dilation / r.compute_s - 1.0
+        wall_s, step = 0.0, 0
+        while step * GEMMS_PER_STEP < gemms:
+            first = len(ps.records)
+            wall_s += ps.run_gemms(min(GEMMS_PER_STEP, gemms - step * GEMMS_PER_STEP), m, k, n,
+                                   step=step + 1)
+            step += 1
+            if controller is not None:  # between steps, as the PS's run loop does
+                controller.observe([tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
+                                    for r in ps.records[first:]])
+                d = controller.between_steps()
+                ps.server.call(lambda d=d: ps.server.core.set_dilation(d))  # type: ignore
+        final_d = ps.server.config.time_dilation
+        errors, lags, starved = tile_errors(ps.records, final_d)
+        at_device = np.array([tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
                               for r in ps.records])
         tiles = len(ps.records)
+        dilation = final_d
     if len(errors) == 0:
         raise RuntimeError(f"{label}: no tiles were observed")
     abs_err = np.abs(errors)
@@ -220,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="snapdragon888", help="device profile of the agents")
     p.add_argument("--low-agents", type=int, default=2)
     p.add_argument("--high-agents", type=int, default=16)
+    p.add_argument("--many-agents", type=int, default=240)
+    p.add_argument("--target", type=float, default=0.1, help="adaptive p95 error target")
+    p.add_argument("--quick", action="store_true", help="fewer GEMMs; 240 agents adaptive only")
+    p.add_argument("--only", default="", help="run only settings whose label contains this")
     p.add_argument("--gemms", type=int, default=24, help="GEMMs per setting (32 tiles each)")
     p.add_argument("--shape", type=int, nargs=3, default=(512, 2048, 1024),
                    metavar=("M", "K", "N"), help="each GEMM; tiles are 128 x K x 128")
@@ -234,11 +277,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile {args.profile}: model rate {model_gflops:.1f} GFLOP/s at tile {tile}; host "
           f"{host['single_thread_gflops']:.1f} GFLOP/s/thread x {host['cores']:.0f} cores; "
           f"auto dilation for {args.high_agents} agents: {d_auto:.2f}")
-    rows = [("low load", run_setting("low", args.low_agents, 1.0, args.profile, args.gemms,
-                                     tuple(args.shape))),
-            ("high load, auto D", run_setting("high", args.high_agents, d_auto, args.profile,
-                                              args.gemms, tuple(args.shape)))]
+    gemms = 8 if args.quick else args.gemms
+    shape = tuple(args.shape)
+    d_many = auto_dilation(args.many_agents * model_gflops, host["host_gflops"])
+    plan = [("low, fixed D", args.low_agents, 1.0, 1.0),
+            ("low, adaptive", args.low_agents, None, 1.0),
+            ("high, fixed D", args.high_agents, d_auto, d_auto),
+            ("high, adaptive", args.high_agents, None, d_auto),
+            ("many, adaptive", args.many_agents, None, d_many)]
+    if not args.quick:
+        plan.insert(4, ("many, fixed D", args.many_agents, d_many, d_many))
+    rows = [(label, run_setting(label, agents, d, args.profile, gemms, shape, start=start,
+                                target=args.target))
+            for label, agents, d, start in plan if args.only in label]
     print("errors of emulated tile time against the model, at the device and as the PS saw it")
+    print(f"adaptive target: device p95 <= {100 * args.target:.0f}%; D shown is the final one")
     print(f"{'setting':<20}{'agents':>7}{'D':>6}{'tiles':>7}{'dev med%':>9}{'dev p95%':>9}"
           f"{'timed':>7}{'median%':>9}"
           f"{'p95%':>8}{'max%':>8}{'bias%':>8}{'lagging':>9}{'p95 lag ms':>11}{'fed late':>9}")

@@ -39,6 +39,11 @@ def render_header(snapshot: dict[str, Any], title: str = "") -> RenderableType:
     ]
     if isinstance(snapshot.get("efficiency"), (int, float)):  # bound / device time, last step
         parts.append(f"eff {snapshot['efficiency']:.2f}")
+    if isinstance(snapshot.get("time_dilation"), (int, float)):
+        parts.append(f"D {snapshot['time_dilation']:.2f}")
+    if isinstance(snapshot.get("tile_error_p95"), (int, float)):  # last step, device side
+        parts.append(f"tile err p50 {100 * (snapshot.get('tile_error_p50') or 0):.1f}% "
+                     f"p95 {100 * snapshot['tile_error_p95']:.1f}%")
     if snapshot.get("sat_out"):  # groups the planner left out, and why
         parts.append("sat out " + ",".join(f"{g}:{w}" for g, w in snapshot["sat_out"].items()))
     return Text.from_markup("  ".join(p for p in parts if p))

@@ -53,7 +53,17 @@ def plot(run_dir: Path) -> Path:
         ax_time.plot([b[0] for b in bounded], [b[1] for b in bounded], marker=".",
                      linestyle="--", label="bound (bound_s)")
     ax_time.set(title="step time", xlabel="step", ylabel="s")
-    ax_time.legend()
+    ax_time.legend(loc="upper left")
+    fid = [(s["step"], s["tile_error_p95"], s.get("time_dilation")) for s in steps
+           if isinstance(s.get("tile_error_p95"), (int, float))]
+    if fid:  # fidelity per step on a second axis: p95 tile-time error and D
+        ax_err = ax_time.twinx()
+        ax_err.plot([f[0] for f in fid], [100 * f[1] for f in fid], color="tab:red",
+                    linestyle="--", label="p95 tile error %")
+        ax_err.plot([f[0] for f in fid], [f[2] or 1 for f in fid], color="tab:gray",
+                    linestyle=":", label="time dilation D")
+        ax_err.set(ylabel="% / D")
+        ax_err.legend(loc="upper right")
     ax_bytes.plot(x, [s["bytes_down"] / 1e6 for s in steps], label="down (PS to devices)")
     ax_bytes.plot(x, [s["bytes_up"] / 1e6 for s in steps], label="up (devices to PS)")
     ax_bytes.set(title="payload per step", xlabel="step", ylabel="MB")
@@ -97,6 +107,20 @@ def _planning_lines(steps: list[dict[str, Any]], summary: dict[str, Any]) -> lis
     return [*lines, ""] if lines else []
 
 
+def fidelity_line(summary: dict[str, Any]) -> str:
+    """The run's emulation fidelity: device-side tile-time error against its target."""
+    p95 = summary.get("tile_error_p95")
+    if not isinstance(p95, (int, float)):
+        return "- emulation fidelity: no emulated tiles"
+    target = summary.get("dilation_target_p95")
+    verdict = "" if not isinstance(target, (int, float)) else \
+        (f" (target {100 * target:.0f}%: " + ("met)" if p95 <= target else "**MISSED**)"))
+    return (f"- emulation fidelity: tile-time error p50 "
+            f"{100 * (summary.get('tile_error_p50') or 0):.1f}%, p95 {100 * p95:.1f}%{verdict}; "
+            f"p95 lag {1e3 * (summary.get('lag_p95_s') or 0):.1f} ms; time dilation "
+            f"{summary.get('dilation_min')}..{summary.get('dilation_max')}")
+
+
 def markdown(run_dir: Path) -> Path:
     """Write report.md for a run directory; return its path."""
     steps, events, summary = _load(run_dir)
@@ -115,6 +139,7 @@ def markdown(run_dir: Path) -> Path:
         f"up {format_bytes(summary.get('bytes_up', 0))}",
         f"- wall time {summary.get('wall_s', 0):.1f} s, time dilation "
         f"{summary.get('time_dilation', 1):.2f}",
+        fidelity_line(summary),
         f"- network: {network.get('backend', '?')} (rate: {network.get('rate', '?')}, "
         f"delay: {network.get('delay', '?')}, loss: {network.get('loss', '?')})",
         "",

@@ -35,7 +35,7 @@ Schema (units are always written out, see :mod:`testbed.units`)::
       validation: {enabled: true, freivalds_vectors: 1, quarantine_after: 3}
       watchdog: {no_progress_s: 120}  # fail the run after this long without progress; 0 = off
     churn: traces/flaky-phones.csv  # optional, relative to the topology file
-    time_dilation: auto             # auto | a number >= 1
+    time_dilation: auto             # auto | {target_p95: 10%} | a number >= 1 (fixed D)
 
 Link directions: ``down`` is PS -> device (the device's downlink), ``up`` is device -> PS. A link's
 ``queue`` is in packets. Rates of behaviours are a share of tiles: a number in [0, 1] or a
@@ -83,6 +83,7 @@ from pydantic import (
 )
 
 from testbed import units
+from testbed.emulator.dilation import DEFAULT_TARGET_P95
 from testbed.errors import InputError
 from testbed.schema import Bool, Float, Int, Schema, Str, parse, scratch, unique
 
@@ -259,8 +260,10 @@ class Topology:
     groups: tuple[DeviceGroup, ...]
     job: JobSpec
     churn: Path | None = None
-    time_dilation: float | None = None  # None = auto
+    time_dilation: float | None = None  # None = adaptive (measured, held during the run)
     extra: dict[str, Any] = field(default_factory=dict)  # top-level sections of other parts (adb)
+    # adaptive dilation's device-side p95 tile-time error target (a fraction)
+    dilation_target_p95: float = DEFAULT_TARGET_P95
 
     @property
     def devices(self) -> tuple[DeviceSpec, ...]:
@@ -280,7 +283,11 @@ class Topology:
 
     def to_yaml(self) -> dict[str, Any]:
         """The resolved topology as plain data (what a run directory records)."""
-        return _plain(dataclasses.asdict(self))
+        out = _plain(dataclasses.asdict(self))
+        target = out.pop("dilation_target_p95")
+        if out["time_dilation"] is None:  # adaptive: written as the topology file says it
+            out["time_dilation"] = {"target_p95": target}
+        return out
 
 
 def _plain(value: Any) -> Any:
@@ -672,7 +679,7 @@ class TopologyFile(Schema):
     devices: Annotated[list[GroupFile], Field(min_length=1)]
     job: JobFile
     churn: ExistingFile | None = None
-    time_dilation: float | None = None  # None = auto
+    time_dilation: float | dict[str, float] | None = None  # None = auto
 
     @model_validator(mode="before")
     @classmethod
@@ -704,15 +711,27 @@ class TopologyFile(Schema):
 
     @field_validator("time_dilation", mode="before")
     @classmethod
-    def _dilation(cls, raw: Any) -> float | None:
+    def _dilation(cls, raw: Any) -> float | dict[str, float] | None:
         if raw == "auto" or raw is None:
             return None
+        if isinstance(raw, dict):
+            unknown = sorted(set(map(str, raw)) - {"target_p95"})
+            if unknown or "target_p95" not in raw:
+                raise ValueError(f"expected {{target_p95: <share, e.g. 10%>}}, got {raw!r}")
+            target = _share(raw["target_p95"])
+            if not target > 0:
+                raise ValueError(f"target_p95 must be above 0, got {raw['target_p95']!r}")
+            return {"target_p95": target}
         if isinstance(raw, (int, float)) and not isinstance(raw, bool) and \
                 1 <= raw <= MAX_DILATION:
             return float(raw)
-        raise ValueError(f"expected 'auto' or a number in [1, {MAX_DILATION:g}], got {raw!r}")
+        raise ValueError(f"expected 'auto', {{target_p95: 10%}} or a number in "
+                         f"[1, {MAX_DILATION:g}], got {raw!r}")
 
     def spec(self, source: Path | None, base_dir: Path) -> Topology:
+        dilation = self.time_dilation if not isinstance(self.time_dilation, dict) else None
+        target = self.time_dilation.get("target_p95") if isinstance(self.time_dilation, dict) \
+            else None
         extra: dict[str, Any] = {}
         for key in SECTIONS:
             if key in self.model_fields_set:
@@ -720,7 +739,8 @@ class TopologyFile(Schema):
                 extra[key] = value.spec() if hasattr(value, "spec") else value
         return Topology(self.name, source, self.seed, self.network.spec(),
                         tuple(g.spec(base_dir) for g in self.devices), self.job.spec(),
-                        self.churn, self.time_dilation, extra)
+                        self.churn, dilation, extra,
+                        target if target is not None else DEFAULT_TARGET_P95)
 
 
 @functools.cache

@@ -39,6 +39,7 @@ import numpy as np
 
 from testbed.agent.behaviour import Behaviour
 from testbed.agent.link import LinkDirection
+from testbed.emulator.dilation import DeviceClock
 from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.proto import testbed_pb2 as pb
 from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
@@ -149,13 +150,18 @@ class Agent:
         self.partitioned = threading.Event()
         self.tiles_done = 0
         self._session: _Session | None = None
-        self._started_s = time.monotonic()
+        self._clock = DeviceClock(time.monotonic())  # device time stays continuous when D changes
         self.slow_factor = 1.0  # compute time multiplier (churn `slow`)
         self._control_mtime = 0.0
 
     def device_time_s(self, wall_s: float, dilation: float) -> float:
-        """Device seconds since the agent started, for a monotonic wall time."""
-        return (wall_s - self._started_s) / dilation
+        """Device seconds since the agent started, for a monotonic wall time (D as set)."""
+        return self._clock.device_s(wall_s)
+
+    def set_dilation(self, dilation: float) -> None:
+        """Follow the PS's D from now on: holds, link times and the device clock."""
+        self._clock.set_dilation(dilation, time.monotonic())
+        self.options.down.dilation = self.options.up.dilation = dilation
 
     def poll_control(self) -> None:
         """Pick up a new slow factor from the control file, if it changed."""
@@ -263,7 +269,7 @@ class _Session:
                 raise JoinRefused(exc.details()) from exc
             raise
         self.dilation = self.reply.time_dilation or 1.0
-        self.options.down.dilation = self.options.up.dilation = self.dilation
+        self.agent.set_dilation(self.dilation)
         log.info("%s joined as %s (dilation %.2f)", self.options.name, self.reply.device_id,
                  self.dilation)
         worker = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
@@ -293,6 +299,10 @@ class _Session:
             self._wait_while_partitioned()  # the cable is out: it arrives once healed
             if message.HasField("invalidate"):
                 self.cache.invalidate(message.invalidate.before_version)
+            if message.time_dilation > 0:  # the PS changed D between steps
+                self.dilation = message.time_dilation
+                self.agent.set_dilation(self.dilation)
+                log.info("%s: time dilation now %.2f", self.options.name, self.dilation)
             if message.HasField("reject"):
                 log.warning("%s: PS rejected task %d: %s", self.options.name,
                             message.reject.task_id, message.reject.reason)

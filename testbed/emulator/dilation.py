@@ -15,7 +15,22 @@ single-thread numpy rate times the usable cores), of which we budget a ``headroo
 
     D = max(1, sum_i G_i / (headroom * H))
 
-Units: GFLOP/s (``_gflops``), seconds (``_s``).
+That formula counts only the devices' compute. It misses the host's scheduling latency (a
+sleeping agent wakes late when 16 processes share 2 cores), the PS's CPU per tile and the agents'
+own overhead, so the formula's D is only the starting point of **adaptive** dilation
+(``time_dilation: auto`` or ``{target_p95: 10%}``): every emulated tile's device-side error is
+
+    tile_error = (done_s - started_s) / (D * compute_s) - 1
+
+(its real hold on the device against the model's time x D). Lateness on a busy host is mostly
+a wall-clock amount that does not grow with D, so the error falls as 1 / D, and
+:func:`next_dilation` scales D by ``p95 / target`` (with a margin) when the p95 error is above the
+target, and lowers it by a bounded factor when there is ample headroom. A short probe before
+training (:func:`probe_dilation`, driven by the PS) applies this rule until the target is met;
+during the run :class:`DilationController` applies it between steps over a window of tiles.
+:class:`DeviceClock` keeps device time continuous when D changes.
+
+Units: GFLOP/s (``_gflops``), seconds (``_s``), errors as fractions.
 """
 
 from __future__ import annotations
@@ -23,13 +38,21 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from collections import deque
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_SHAPE = (128, 1024, 128)  # a typical tile: m, k, n
+DEFAULT_TARGET_P95 = 0.10  # device-side p95 tile-time error adaptive dilation aims for
+MAX_DILATION = 10_000.0
+RAISE_MARGIN = 1.3  # raise D a bit beyond p95/target: lateness is noisy from window to window
+LOWER_BELOW = 0.3  # lower D only when the p95 error is below this share of the target
+LOWER_FACTOR = 0.8  # ... and then by at most this factor per decision (no oscillation)
+MAX_RAISE = 8.0  # at most this factor per decision: a small sample's p95 can be one outlier
+MIN_WINDOW_TILES = 20  # fewer tiles than this say too little about a p95
 
 
 def auto_dilation(total_emulated_gflops: float, host_gflops: float,
@@ -104,10 +127,11 @@ def calibrate_host_gflops(duration_s: float = 0.3, shape: tuple[int, int, int] =
 
 
 def choose_dilation(topology: Any) -> tuple[float, dict[str, Any]]:
-    """The topology's time dilation, or (``time_dilation: auto``) D from a host calibration.
+    """The topology's fixed time dilation, or (adaptive) the starting D from a host calibration.
 
     Each group's rate is its profile's fitted time model at the job's tile shape (the
-    profile's sustained GFLOPS when it has no model); returns (D, how it was chosen).
+    profile's sustained GFLOPS when it has no model); returns (D, how it was chosen). In
+    adaptive mode the PS's probe and controller take it from there.
     """
     if topology.time_dilation is not None:
         return float(topology.time_dilation), {"mode": "fixed"}
@@ -125,5 +149,111 @@ def choose_dilation(topology: Any) -> tuple[float, dict[str, Any]]:
         total += rate * group.count
     host = calibrate_host_gflops()
     dilation = auto_dilation(total, host["host_gflops"])
-    return dilation, {"mode": "auto", "emulated_gflops": round(total, 2),
+    return dilation, {"mode": "adaptive", "target_p95": topology.dilation_target_p95,
+                      "emulated_gflops": round(total, 2),
                       "host_gflops": round(host["host_gflops"], 2)}
+
+
+def tile_error(started_s: float, done_s: float, compute_s: float, dilation: float) -> float:
+    """Device-side relative error of one emulated tile: its hold against compute_s x D."""
+    return (done_s - started_s) / (dilation * compute_s) - 1.0
+
+
+def error_quantiles(errors: Sequence[float]) -> dict[str, float | None]:
+    """p50 and p95 of tile errors (fractions; late tiles count, early ones count as their size)."""
+    if len(errors) == 0:
+        return {"p50": None, "p95": None}
+    values = np.abs(np.asarray(errors, dtype=float))
+    return {"p50": float(np.quantile(values, 0.5)), "p95": float(np.quantile(values, 0.95))}
+
+
+def next_dilation(current: float, p95_error: float, target: float,
+                  max_dilation: float = MAX_DILATION) -> float:
+    """The D to use next, given the p95 tile error measured at D = current.
+
+    Above the target: D x p95/target x margin (lateness is wall time, the error falls as 1/D),
+    at least x1.1 and at most x MAX_RAISE.
+    Far below it (under LOWER_BELOW x target): D x LOWER_FACTOR, never below 1. Else unchanged.
+    """
+    if not target > 0:
+        raise ValueError(f"target must be positive, got {target}")
+    if current < 1:
+        raise ValueError(f"dilation must be >= 1, got {current}")
+    if p95_error > target:
+        factor = min(MAX_RAISE, max(1.1, p95_error / target * RAISE_MARGIN))
+        return min(max_dilation, current * factor)
+    if p95_error < LOWER_BELOW * target and current > 1:
+        return max(1.0, current * LOWER_FACTOR)
+    return current
+
+
+class DilationController:
+    """Adaptive D during a run: a window of tile errors, a decision between steps."""
+
+    def __init__(self, dilation: float, target: float, window_tiles: int = 400,
+                 min_tiles: int = MIN_WINDOW_TILES, max_dilation: float = MAX_DILATION):
+        self.dilation = dilation
+        self.target = target
+        self.min_tiles = min_tiles
+        self.max_dilation = max_dilation
+        self.window: deque[float] = deque(maxlen=window_tiles)
+
+    def observe(self, errors: Sequence[float]) -> None:
+        """Add one step's tile errors (measured at the current D)."""
+        self.window.extend(errors)
+
+    def between_steps(self) -> float:
+        """Call only between steps: the D for the next step (the window restarts on a change)."""
+        if len(self.window) < self.min_tiles:
+            return self.dilation
+        p95 = error_quantiles(list(self.window))["p95"]
+        assert p95 is not None
+        new = next_dilation(self.dilation, p95, self.target, self.max_dilation)
+        if new != self.dilation:
+            self.dilation = new
+            self.window.clear()  # errors measured at the old D say nothing about the new one
+        return self.dilation
+
+
+def probe_dilation(measure: Callable[[float], Sequence[float]], start: float, target: float,
+                   rounds: int = 3, max_dilation: float = MAX_DILATION
+                   ) -> tuple[float, list[dict[str, Any]]]:
+    """Pick D by measurement: ``measure(D)`` runs a few tiles at D and returns their errors.
+
+    Starts at ``start``, applies :func:`next_dilation` until the p95 error meets the target (a
+    raise) or ``rounds`` measurements were made; returns (D, one record per round). When the
+    last round still missed the target, D is raised once more without measuring.
+    """
+    dilation, history = start, []
+    for _ in range(rounds):
+        errors = measure(dilation)
+        q = error_quantiles(errors)
+        history.append({"dilation": round(dilation, 4), "tiles": len(errors),
+                        "p50": None if q["p50"] is None else round(q["p50"], 5),
+                        "p95": None if q["p95"] is None else round(q["p95"], 5)})
+        if q["p95"] is None:
+            break
+        new = next_dilation(dilation, q["p95"], target, max_dilation)
+        if new <= dilation:  # met the target: keep D (lowering is left to the run's headroom)
+            break
+        dilation = new
+    return dilation, history
+
+
+class DeviceClock:
+    """Device time from wall time under a D that may change: continuous across changes."""
+
+    def __init__(self, origin_wall_s: float, dilation: float = 1.0):
+        self.wall0_s = origin_wall_s
+        self.device0_s = 0.0
+        self.dilation = dilation
+
+    def device_s(self, wall_s: float) -> float:
+        """Device seconds since the origin at monotonic wall time wall_s."""
+        return self.device0_s + (wall_s - self.wall0_s) / self.dilation
+
+    def set_dilation(self, dilation: float, wall_s: float) -> None:
+        """From wall_s on, device time runs at 1 / dilation of wall time."""
+        self.device0_s = self.device_s(wall_s)
+        self.wall0_s = wall_s
+        self.dilation = dilation

@@ -17,6 +17,7 @@ serves the journaled tiles of those steps instead of sending them to devices.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from testbed.emulator.dilation import DilationController, error_quantiles, probe_dilation
+from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.server import (
     DEPARTED_SHOWN,
@@ -220,6 +223,89 @@ def no_progress_s(job: Any, override: float | None) -> float:
     return float(value) if value is not None else NO_PROGRESS_S
 
 
+PROBE_STEP = -1  # the probe's GEMMs are named as step -1: never a training step's
+PROBE_TILES_PER_DEVICE = 4
+
+
+def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, start: float,
+              target: float, seed: int) -> tuple[float, list[dict[str, Any]]]:
+    """Before training: a few tiles per device at the job's tile shape, at D = start and then
+    as :func:`probe_dilation` asks; returns the D that met the target and the rounds."""
+    core = server.core
+    assert core is not None
+    tile = job.parallelism
+    m, k, n = tile.tile_m * PROBE_TILES_PER_DEVICE, job.model.hidden, tile.tile_n * max(1, devices)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.float64 if job.dtype == "float64" else torch.float32
+    rounds = iter(range(1000))
+
+    def measure(dilation: float) -> list[float]:
+        server.call(lambda: core.set_dilation(dilation))
+        r = next(rounds)
+        b = torch.randn(k, n, generator=gen, dtype=dtype)
+        handles = [executor.submit(torch.randn(m, k, generator=gen, dtype=dtype), b,
+                                   GemmSpec(f"probe{r}", "forward", PROBE_STEP)) for _ in range(2)]
+        for h in handles:
+            h.result()
+        stats = server.call(core.take_step_stats)
+        return stats.tile_errors
+
+    saved = server.call(lambda: dataclass_copy(core.totals))
+    try:
+        return probe_dilation(measure, start, target)
+    finally:
+        # the probe is no training: its tiles stay out of the run's totals and step plans
+        server.call(lambda: setattr(core, "totals", saved))
+        server.call(core.take_step_plan)
+        executor.local_gemms = 0
+
+
+def dataclass_copy(value: Any) -> Any:
+    """A shallow copy of a dataclass instance."""
+    import dataclasses
+    return dataclasses.replace(value)
+
+
+class Fidelity:
+    """The run's tile errors and lags, for summary.json (one float32 per emulated tile)."""
+
+    def __init__(self, target: float | None):
+        self.target = target
+        self.errors: list[np.ndarray] = []
+        self.lags: list[np.ndarray] = []
+        self.dilations: list[float] = []
+
+    def add(self, errors: list[float], lags_s: list[float], dilation: float) -> dict[str, Any]:
+        """Record one step; return its fields for steps.jsonl."""
+        self.errors.append(np.asarray(errors, dtype=np.float32))
+        self.lags.append(np.asarray(lags_s, dtype=np.float32))
+        self.dilations.append(dilation)
+        return fidelity_fields(errors, lags_s)
+
+    def fields(self) -> dict[str, Any]:
+        """The run's figures: p50/p95 error and lag over every tile, the D range, the verdict."""
+        errors = np.concatenate(self.errors) if self.errors else np.zeros(0)
+        lags = np.concatenate(self.lags) if self.lags else np.zeros(0)
+        out = fidelity_fields(errors.tolist(), lags.tolist())
+        out["dilation_target_p95"] = self.target
+        out["dilation_min"] = round(min(self.dilations), 4) if self.dilations else None
+        out["dilation_max"] = round(max(self.dilations), 4) if self.dilations else None
+        target = self.target if self.target is not None else None
+        p95 = out["tile_error_p95"]
+        out["fidelity_ok"] = None if target is None or p95 is None else bool(p95 <= target)
+        return out
+
+
+def fidelity_fields(errors: Any, lags_s: Any) -> dict[str, Any]:
+    """p50/p95 of tile errors (fractions) and p95 lateness (wall s) of a set of tiles."""
+    q = error_quantiles(errors)
+    lag_p95 = float(np.quantile(np.asarray(lags_s, dtype=float), 0.95)) if len(lags_s) else None
+    return {"tile_error_p50": None if q["p50"] is None else round(q["p50"], 6),
+            "tile_error_p95": None if q["p95"] is None else round(q["p95"], 6),
+            "lag_p95_s": None if lag_p95 is None else round(lag_p95, 6),
+            "emulated_tiles": len(errors)}
+
+
 def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
                       stop: threading.Event) -> int:
     """Wait until `expected` distinct devices are attached; return how many are."""
@@ -245,8 +331,16 @@ def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,
            join_timeout_s: float, dilation: float, stop: threading.Event, resume: bool = False,
            checkpoint_every: int = 1, watchdog_s: float | None = None) -> int:
-    """Train the topology's job with devices; return the process exit code."""
+    """Train the topology's job with devices; return the process exit code.
+
+    With adaptive dilation (``topology.time_dilation`` None) D = ``dilation`` is only where
+    the probe starts; the probe's choice holds from the first step and the controller may
+    change it between steps.
+    """
     job = topology.job
+    adaptive = topology.time_dilation is None
+    target = topology.dilation_target_p95
+    fidelity = Fidelity(target)
     from testbed.ps_backend.engine.trainer import Trainer  # torch-heavy: import after args
 
     runlog = RunLog(run_dir)
@@ -288,6 +382,16 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     try:
         status.fields["state"] = "waiting for devices"
         joined = _wait_for_devices(server, expected_devices, join_timeout_s, stop)
+        if adaptive and joined > 0 and not stop.is_set():
+            status.fields["state"] = "probing time dilation"
+            dilation, probe = run_probe(server, executor, job, joined, dilation, target,
+                                        topology.seed)
+            server.call(lambda: server.core.set_dilation(dilation))  # type: ignore[union-attr]
+            runlog.event("dilation_probe", chosen=round(dilation, 4), target_p95=target,
+                         rounds=probe)
+            log.info("probe: time dilation %.2f for a p95 tile error <= %.0f%% (%s)", dilation,
+                     100 * target, probe)
+        controller = DilationController(dilation, target) if adaptive else None
         runlog.event("training_start", devices=joined, expected_devices=expected_devices)
         status.fields["state"] = "training"
         stop.wait(0)  # a SIGTERM during the wait ends here
@@ -303,7 +407,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                 raise DivergedError(f"the loss of step {result.step} is {result.loss!r}: the "
                                     f"model diverged (check job.optimizer.lr)")
             losses.append(result.loss)
-            device_time_s = wall_s / dilation
+            device_time_s = wall_s / dilation  # D was constant during the step
+            step_fidelity = fidelity.add(stats.tile_errors, stats.tile_lags_s, dilation)
             bound.add(planned_step, device_time_s)
             runlog.step(step=result.step, loss=result.loss, wall_s=round(wall_s, 6),
                         device_time_s=round(device_time_s, 6), **planned_step.fields(),
@@ -316,13 +421,26 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                         device_compute_s=round(stats.device_compute_s, 6),
                         energy_j=round(stats.energy_j, 6), failed_checks=stats.failed_checks,
                         backups=stats.backups, backup_wins=stats.backup_wins,
-                        wasted=stats.wasted, tiles_from_ledger=stats.from_ledger)
+                        wasted=stats.wasted, tiles_from_ledger=stats.from_ledger,
+                        time_dilation=round(dilation, 6), **step_fidelity)
+            if controller is not None:  # between steps: the only place D may change
+                controller.observe(stats.tile_errors)
+                new = controller.between_steps()
+                if new != dilation:
+                    runlog.event("dilation_change", step=result.step + 1, old=round(dilation, 4),
+                                 new=round(new, 4), target_p95=target)
+                    log.info("time dilation %.2f -> %.2f after step %d", dilation, new,
+                             result.step)
+                    dilation = new
+                    server.call(functools.partial(server.core.set_dilation,  # type: ignore
+                                                  new))
             server.call(ledger.sync)
             if trainer.next_step % checkpoint_every == 0 or trainer.next_step == job.steps:
                 _save(trainer, run_dir, losses)
                 server.call(lambda: ledger.compact(trainer.next_step))
             executor.local_gemms = 0
             status.fields.update(step=result.step + 1, loss=result.loss, losses=losses[-200:],
+                                 time_dilation=round(dilation, 4), **step_fidelity,
                                  efficiency=efficiency(planned_step.bound_s, device_time_s),
                                  sat_out=planned_step.sat_out)
             log.info("step %d loss %.4f (%.2f s, %d tiles)", result.step, result.loss, wall_s,
@@ -361,6 +479,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             "bytes_up": totals.bytes_up, "max_lag_s": round(totals.lag_s_max, 6),
             "device_compute_s": round(totals.device_compute_s, 6),
             "energy_j": round(totals.energy_j, 6), **metrics, **bound.fields(),
+            **fidelity.fields(),
             "planner": job.parallelism.planner,
             "devices": server.call(core.device_records) + core.departed_records()}
         try:
@@ -372,11 +491,21 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                       exc)
             server.stop("run " + state)
             write_json_atomic(run_dir / "ps_summary.json", summary)
+        if summary.get("fidelity_ok") is False:
+            log.warning(fidelity_warning(summary))
         runlog.event("ps_stop", state=state)
         server.stop("run " + state)
         ledger.close()
         runlog.close()
     return code
+
+
+def fidelity_warning(summary: dict[str, Any]) -> str:
+    """The one line a run whose emulated tile times missed the target ends with."""
+    return (f"WARNING: emulation fidelity missed its target: p95 tile-time error "
+            f"{100 * summary['tile_error_p95']:.1f}% > {100 * summary['dilation_target_p95']:.0f}%"
+            f" (time dilation {summary.get('dilation_min')}..{summary.get('dilation_max')}); "
+            f"device times of this run are off by that much")
 
 
 def main(argv: list[str] | None = None) -> int:

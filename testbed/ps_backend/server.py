@@ -30,6 +30,7 @@ import grpc
 import numpy as np
 import torch
 
+from testbed.emulator.dilation import tile_error
 from testbed.ps_backend.executor import DoneHandle, GemmHandle, GemmSpec
 from testbed.ps_backend.ledger import Ledger, gemm_digest
 from testbed.ps_backend.proto import testbed_pb2 as pb
@@ -229,6 +230,10 @@ class StepStats:
     backup_wins: int = 0
     wasted: int = 0
     from_ledger: int = 0  # tiles served from the ledger after a restart
+    # per emulated tile of this step (kept on the step's stats only, never on the totals):
+    # device-side error (hold / (D x compute_s) - 1) and lateness in wall seconds
+    tile_errors: list[float] = field(default_factory=list)
+    tile_lags_s: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -591,6 +596,12 @@ class PsCore:
             s.lag_s_max = max(s.lag_s_max, result.lag_s)
             s.device_compute_s += result.compute_s
             s.energy_j += result.energy_j
+        if conn.slot.kind == "emulated" and result.compute_s > 0:
+            dilation = self.config.time_dilation
+            self.stats.tile_errors.append(tile_error(result.started_s, result.done_s,
+                                                     result.compute_s, dilation))
+            self.stats.tile_lags_s.append(result.done_s - result.started_s
+                                          - result.compute_s * dilation)
         if self.ledger is not None:
             self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,
                                task.box.key, c, task.task_id,
@@ -672,6 +683,14 @@ class PsCore:
     def take_step_stats(self) -> StepStats:
         stats, self.stats = self.stats, StepStats()
         return stats
+
+    def set_dilation(self, dilation: float) -> None:
+        """Change D (between steps only): scheduler estimates, new joins, every attached device."""
+        self.config.time_dilation = dilation
+        self.scheduler.dilation = dilation
+        for conn in self.conns.values():
+            if conn.outbox is not None:
+                conn.outbox.put_nowait(pb.ServerMessage(time_dilation=dilation))
 
     def stop_all(self, reason: str) -> None:
         """Tell every device to stop and close the streams."""

@@ -221,16 +221,18 @@ class Stop(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("tiles", "invalidate", "reject", "stop")
+    __slots__ = ("tiles", "invalidate", "reject", "stop", "time_dilation")
     TILES_FIELD_NUMBER: _ClassVar[int]
     INVALIDATE_FIELD_NUMBER: _ClassVar[int]
     REJECT_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    TIME_DILATION_FIELD_NUMBER: _ClassVar[int]
     tiles: _containers.RepeatedCompositeFieldContainer[Tile]
     invalidate: Invalidate
     reject: Reject
     stop: Stop
-    def __init__(self, tiles: _Optional[_Iterable[_Union[Tile, _Mapping]]] = ..., invalidate: _Optional[_Union[Invalidate, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+    time_dilation: float
+    def __init__(self, tiles: _Optional[_Iterable[_Union[Tile, _Mapping]]] = ..., invalidate: _Optional[_Union[Invalidate, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., time_dilation: _Optional[float] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("device_id", "session_key", "reason")

@@ -1,0 +1,104 @@
+"""Adaptive time dilation with real agent processes and a real PS.
+
+* the probe picks a larger D on a host made slow on purpose (every agent pinned to one core
+  that a CPU burner we start also occupies) than on the same host left alone;
+* in a run, D changes only between steps, and each step's device time (wall / D of that step)
+  stays the same job's device time whatever D is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from testbed.ps_backend.main import run_probe
+from testbed.runlog import read_jsonl
+from tests.conftest import run_dir_of, start_up, tiny_topology
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> object:
+    spec = importlib.util.spec_from_file_location("emulation_fidelity",
+                                                  REPO / "bench" / "emulation_fidelity.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def _probe(agents: int, cores: set[int] | None) -> tuple[float, list[dict]]:
+    bench = _bench()
+    job = SimpleNamespace(parallelism=SimpleNamespace(tile_m=64, tile_n=64),
+                          model=SimpleNamespace(hidden=512), dtype="float32")
+    with bench.PsHarness(1.0, tile=64) as ps:  # type: ignore[attr-defined]
+        for i in range(agents):
+            ps.spawn(f"emu-{i}", "emulated", "snapdragon888", seed=i, cores=cores)
+        ps.wait_joined(agents)
+        return run_probe(ps.server, ps.executor, job, agents, 1.0, 0.10, seed=0)
+
+
+def test_probe_picks_a_larger_dilation_on_a_host_made_slow() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    idle_d, idle = _probe(6, None)
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                              preexec_fn=lambda: os.sched_setaffinity(0, {cores[0]}))
+    try:
+        slow_d, slow = _probe(6, {cores[0]})
+    finally:
+        burner.kill()
+        burner.wait()
+    assert idle and slow and all(r["tiles"] > 0 for r in idle + slow)
+    # (the first round at D = 1 is cold on both hosts; the choice is what must differ)
+    assert slow_d > idle_d, (idle_d, idle, slow_d, slow)
+
+
+def _run(tmp_path: Path, name: str, dilation: object, steps: int) -> Path:
+    topology = tiny_topology(tmp_path, name=name, steps=steps, time_dilation=dilation)
+    out = tmp_path / f"runs-{name}"
+    proc = start_up(topology, out)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    return run_dir_of(out)
+
+
+def test_adaptive_d_changes_only_between_steps_and_device_time_holds(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, "adaptive", {"target_p95": "10%"}, 4)
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    events = read_jsonl(run_dir / "events.jsonl")
+    probe = [e for e in events if e["event"] == "dilation_probe"]
+    assert len(probe) == 1 and probe[0]["chosen"] > 1  # 16-wide tiles: model time ~ microseconds
+    assert steps[0]["time_dilation"] == pytest.approx(probe[0]["chosen"], rel=1e-4)
+    changes = {e["step"]: e for e in events if e["event"] == "dilation_change"}
+    for prev, cur in zip(steps, steps[1:]):
+        if cur["step"] in changes:  # a change is announced after one step, before the next
+            assert changes[cur["step"]]["old"] == pytest.approx(prev["time_dilation"], rel=1e-4)
+            assert changes[cur["step"]]["new"] == pytest.approx(cur["time_dilation"], rel=1e-4)
+        else:
+            assert cur["time_dilation"] == prev["time_dilation"]
+    for s in steps:  # one D per step: device time is that step's wall / D
+        assert s["device_time_s"] == pytest.approx(s["wall_s"] / s["time_dilation"], rel=1e-4,
+                                                   abs=1e-6)
+        assert s["emulated_tiles"] == s["tiles"] and s["tile_error_p95"] is not None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tile_error_p95"] is not None and summary["dilation_target_p95"] == 0.1
+
+
+def test_device_time_per_step_is_the_same_at_different_fixed_d(tmp_path: Path) -> None:
+    # The tiny job's step is ~10 ms of device time (316 tiles of ~1 us model time plus the
+    # PS's share); at D = 300 and D = 1200 the host's overhead is a small part of the wall time.
+    low = read_jsonl(_run(tmp_path, "d300", 300, 3) / "steps.jsonl")
+    high = read_jsonl(_run(tmp_path, "d1200", 1200, 3) / "steps.jsonl")
+    for a, b in zip(low[1:], high[1:]):  # step 0 includes the devices' first operand fetches
+        assert a["time_dilation"] == 300 and b["time_dilation"] == 1200
+        # tolerance: 35% of the device time, for a loaded 2-core host
+        assert b["device_time_s"] == pytest.approx(a["device_time_s"], rel=0.35), (a, b)

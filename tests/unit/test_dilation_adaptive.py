@@ -1,0 +1,107 @@
+"""Adaptive time dilation: the decision rule, the probe loop, the controller, the device clock,
+and the topology's ``time_dilation`` forms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.emulator.dilation import (
+    MAX_RAISE,
+    DeviceClock,
+    DilationController,
+    error_quantiles,
+    next_dilation,
+    probe_dilation,
+    tile_error,
+)
+from testbed.errors import InputError
+from testbed.topology import load_topology
+from tests.conftest import tiny_topology
+
+
+def test_tile_error_is_hold_against_model_time_times_d() -> None:
+    assert tile_error(10.0, 10.33, 0.1, 3.0) == pytest.approx(0.1)
+    assert tile_error(10.0, 10.3, 0.1, 3.0) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_next_dilation_raises_by_the_error_ratio_and_lowers_gently() -> None:
+    up = next_dilation(2.0, 0.2, 0.1)
+    assert 2.0 * 2 < up <= 2.0 * 2 * 1.5  # error twice the target: D more than doubles
+    assert next_dilation(2.0, 0.08, 0.1) == 2.0  # within the target, no headroom: unchanged
+    assert next_dilation(2.0, 0.01, 0.1) == pytest.approx(1.6)  # lots of headroom: lower
+    assert next_dilation(1.0, 0.0, 0.1) == 1.0  # never below 1
+    assert next_dilation(1.0, 100.0, 0.1) == MAX_RAISE  # one outlier cannot explode D
+    with pytest.raises(ValueError):
+        next_dilation(0.5, 0.1, 0.1)
+
+
+def _host(lateness_s: float, model_s: float = 0.01):
+    """A host where every tile is lateness_s wall seconds late whatever D is."""
+    def measure(dilation: float) -> list[float]:
+        return [lateness_s / (dilation * model_s)] * 40
+    return measure
+
+
+def test_probe_picks_larger_d_on_a_slower_host_and_meets_the_target() -> None:
+    d_fast, fast = probe_dilation(_host(0.0005), 1.0, 0.1)
+    d_slow, slow = probe_dilation(_host(0.02), 1.0, 0.1)
+    assert d_slow > d_fast
+    for d, lateness in ((d_fast, 0.0005), (d_slow, 0.02)):
+        assert lateness / (d * 0.01) <= 0.1 + 1e-9  # the chosen D meets the target
+    assert [r["dilation"] for r in slow][0] == 1.0 and len(slow) >= 2
+
+
+def test_probe_without_samples_keeps_the_start() -> None:
+    d, history = probe_dilation(lambda _d: [], 3.0, 0.1)
+    assert d == 3.0 and history[0]["p95"] is None
+
+
+def test_controller_changes_d_only_when_asked_and_restarts_its_window() -> None:
+    c = DilationController(1.0, 0.1, min_tiles=10)
+    c.observe([0.5] * 5)
+    assert c.between_steps() == 1.0  # too few tiles to judge
+    c.observe([0.5] * 10)
+    assert c.dilation == 1.0  # observing never changes D by itself
+    new = c.between_steps()
+    assert new > 1.0 and len(c.window) == 0
+    c.observe([0.05] * 20)
+    assert c.between_steps() == new
+
+
+def test_error_quantiles_count_early_tiles_by_size() -> None:
+    q = error_quantiles([0.0] * 90 + [-0.5] * 10)
+    assert q["p50"] == 0.0 and q["p95"] == pytest.approx(0.5)
+    assert error_quantiles([]) == {"p50": None, "p95": None}
+
+
+def test_device_clock_is_continuous_when_d_changes() -> None:
+    clock = DeviceClock(100.0, 2.0)
+    assert clock.device_s(104.0) == pytest.approx(2.0)
+    clock.set_dilation(4.0, 104.0)
+    assert clock.device_s(104.0) == pytest.approx(2.0)  # no jump
+    assert clock.device_s(112.0) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("value,fixed,target", [
+    ("auto", None, 0.10), ({"target_p95": "5%"}, None, 0.05), ({"target_p95": 0.2}, None, 0.2),
+    (3, 3.0, 0.10)])
+def test_topology_time_dilation_forms(tmp_path: Path, value: object, fixed: float | None,
+                                      target: float) -> None:
+    topo = load_topology(tiny_topology(tmp_path, time_dilation=value))
+    assert topo.time_dilation == fixed and topo.dilation_target_p95 == pytest.approx(target)
+    again = tmp_path / "again.yaml"
+    import yaml
+    raw = yaml.safe_load(tiny_topology(tmp_path, name="x", time_dilation=value).read_text())
+    raw["time_dilation"] = topo.to_yaml()["time_dilation"]  # what a run directory records
+    again.write_text(yaml.safe_dump(raw))
+    assert load_topology(again).dilation_target_p95 == pytest.approx(target)
+
+
+@pytest.mark.parametrize("value", [{"target_p95": 0}, {"target": "10%"}, {"target_p95": "150%"},
+                                   0.5, "fast"])
+def test_topology_bad_time_dilation_names_the_field(tmp_path: Path, value: object) -> None:
+    with pytest.raises(InputError) as err:
+        load_topology(tiny_topology(tmp_path, time_dilation=value))
+    assert "time_dilation" in str(err.value)
