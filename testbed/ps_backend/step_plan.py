@@ -109,7 +109,10 @@ class StepPlanner:
         item = job.a.itemsize
         span = [time.monotonic(), math.nan]
         self._spans.append(span)
-        job.done.add_done_callback(lambda _f, span=span: span.__setitem__(1, time.monotonic()))
+        def ended(_done: object, span: list[float] = span) -> None:
+            span[1] = time.monotonic()
+
+        job.done.add_done_callback(ended)
         self._gemms.append(BoundGemm(m, k, n, item, stage_key(job.spec.layer, job.spec.op),
                                      job.a_name, job.b_name))
         down, up, _ = comm_min_bytes(m, k, n, 1, item)
