@@ -427,7 +427,7 @@ class Scheduler:
         out: list[Assignment] = []
         speculate = self.speculate
         while slot.free > 0 and self.pending:
-            task = self._pick(slot)
+            task = self._pick(slot, now_s)
             if task is None:
                 break
             out.append(self._give(slot, task, now_s, backup=False))
@@ -445,11 +445,11 @@ class Scheduler:
             self.pending.popleft().queued = False
         return bool(self.pending)
 
-    def _pick(self, slot: DeviceSlot) -> Task | None:
+    def _pick(self, slot: DeviceSlot, now_s: float) -> Task | None:
         if not self._pending_live():
             return None
         if self.pending[0].owner is not None or self.pending[-1].owner is not None:
-            return self._pick_planned(slot)
+            return self._pick_planned(slot, now_s)
         if self._tail() and self._is_straggler(slot, self.pending[0]):
             return None
         best_i, best_score = 0, -1
@@ -473,7 +473,7 @@ class Scheduler:
         task.queued = False
         return task
 
-    def _pick_planned(self, slot: DeviceSlot) -> Task | None:
+    def _pick_planned(self, slot: DeviceSlot, now_s: float) -> Task | None:
         """Own tasks first, then orphans (owner gone), then steal from a backlogged owner."""
         orphan = steal = None
         backlog: dict[str, int] = {}
@@ -502,7 +502,10 @@ class Scheduler:
             return None
         task = self.pending[steal]
         owner = self.devices[task.owner or ""]
-        theirs = self.finish_wall_s(owner, task.flops) + \
+        # An owner whose tiles are overdue is as far behind as the most overdue of them: a
+        # device that heartbeats but never returns would otherwise keep its planned tiles.
+        overdue_s = max((now_s - c.expected_s for c in owner.in_flight.values()), default=0.0)
+        theirs = self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
             backlog[owner.device_id] * task.flops / max(owner.rate_flops, 1.0) * self.dilation
         mine = self.finish_wall_s(slot, task.flops)
         if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:

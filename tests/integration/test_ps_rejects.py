@@ -40,7 +40,10 @@ def _requests(q: queue.Queue) -> Iterator[pb.DeviceMessage]:
 
 @pytest.mark.slow
 def test_bad_results_are_rejected_and_the_run_goes_on(tmp_path: Path) -> None:
-    topology = tiny_topology(tmp_path, dtype="float64", steps=3)
+    # long enough that the honest devices cannot finish the run before the rogue's last,
+    # oversized message arrives (the run ending first would close the stream with UNAVAILABLE)
+    steps = 20
+    topology = tiny_topology(tmp_path, dtype="float64", steps=steps)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     env = dict(os.environ, TESTBED_TOKEN=TOKEN, OPENBLAS_NUM_THREADS="1")
@@ -124,8 +127,8 @@ def test_bad_results_are_rejected_and_the_run_goes_on(tmp_path: Path) -> None:
                 proc.kill()
             proc.wait(10)
     losses = [s["loss"] for s in read_jsonl(run_dir / "steps.jsonl")]
-    want, _ = reference_losses(topology, 3)
-    assert len(losses) == 3
+    want, _ = reference_losses(topology, steps)
+    assert len(losses) == steps
     for got, w in zip(losses, want):
         assert abs(got - w) <= 1e-8 * abs(w)
     events = read_jsonl(run_dir / "events.jsonl")

@@ -479,3 +479,20 @@ def test_a_planned_task_its_owner_failed_goes_to_another_device() -> None:
                     t.a_block() @ t.b_block()).verdict is Verdict.ACCEPTED
     assert not j.remaining
     np.testing.assert_allclose(j.c, j.a @ j.b, rtol=1e-12)
+
+
+def test_planned_tasks_of_an_owner_that_never_returns_are_taken_by_others() -> None:
+    """An owner that heartbeats but holds its tiles forever must not keep its planned ones."""
+    s = Scheduler()
+    s.add_device(slot("stuck", window=1))
+    s.add_device(slot("honest", window=1))
+    j = job(m=48, k=16, n=16)
+    s.submit(j, 16, 16, owners={(0, 0, 0): "honest", (1, 0, 0): "stuck", (2, 0, 0): "stuck"})
+    (mine,) = s.assign("honest", now_s=0.0)
+    (held,) = s.assign("stuck", now_s=0.0)  # never answered
+    t = mine.task
+    assert s.accept("honest", t.task_id, t.attempt, t.a_block() @ t.b_block(),
+                    now_s=0.01).verdict is Verdict.ACCEPTED
+    (taken,) = s.assign("honest", now_s=1000.0)  # the stuck owner is 1000 s overdue
+    assert taken.task.box.row == 2 and not taken.backup
+    assert held.task.box.row == 1
