@@ -504,7 +504,9 @@ class Scheduler:
         owner = self.devices[task.owner or ""]
         # An owner whose tiles are overdue is as far behind as the most overdue of them: a
         # device that heartbeats but never returns would otherwise keep its planned tiles.
-        overdue_s = max((now_s - c.expected_s for c in owner.in_flight.values()), default=0.0)
+        # Cancelled copies count: they still fill its window until it answers them.
+        overdue_s = max((now_s - c.expected_s for c in itertools.chain(
+            owner.in_flight.values(), owner.cancelled.values())), default=0.0)
         theirs = self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
             backlog[owner.device_id] * task.flops / max(owner.rate_flops, 1.0) * self.dilation
         mine = self.finish_wall_s(slot, task.flops)
