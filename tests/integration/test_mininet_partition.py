@@ -42,7 +42,10 @@ def partition_topology(tmp_path: Path) -> Path:
                              "seq_len": 16},
                    "batch_size": 2, "steps": 2000, "dtype": "float64",
                    "optimizer": {"name": "adamw", "lr": 1e-3},
-                   "parallelism": {"strategy": "tile-tp", "tile": 16, "min_offload_flops": 0}},
+                   # fifo: every device keeps tiles in flight (the planner may leave phones
+                   # out of so small a model), so the partitioned phone surely holds one
+                   "parallelism": {"strategy": "tile-tp", "tile": 16, "min_offload_flops": 0,
+                                   "planner": "fifo"}},
            "churn": str(trace), "time_dilation": 1}
     path = tmp_path / "partition.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -87,7 +90,9 @@ def test_partition_reassigns_tiles_and_heal_brings_the_device_back(tmp_path: Pat
     assert t_part < lease["t"] < t_heal  # noticed during the partition
     # every tile it held went to another device: a backup copy (idle devices back up an overdue
     # tile) had already finished it or was out, or it was re-queued at the expiry
-    assert lease["in_flight"] >= 1
+    # it held a tile when cut off: still in flight, or already beaten by a backup copy (a losing
+    # copy no longer counts as in flight, docs/fault-tolerance.md)
+    assert lease["in_flight"] + lease["cancelled"] >= 1
     assert lease["done_elsewhere"] + lease["backed_up"] + lease["requeued_tiles"] \
         == lease["in_flight"]
     if lease["requeued_tiles"]:
