@@ -35,7 +35,7 @@ Schema (units are always written out, see :mod:`testbed.units`)::
       validation: {enabled: true, freivalds_vectors: 1, quarantine_after: 3}
       watchdog: {no_progress_s: 120}  # fail the run after this long without progress; 0 = off
     churn: traces/flaky-phones.csv  # optional, relative to the topology file
-    time_dilation: auto             # auto | {target_p95: 10%} | a number >= 1 (fixed D)
+    time_dilation: auto             # auto | {target_p95: 10%} (adaptive) | a number >= 1 (fixed)
 
 Link directions: ``down`` is PS -> device (the device's downlink), ``up`` is device -> PS. A link's
 ``queue`` is in packets. Rates of behaviours are a share of tiles: a number in [0, 1] or a
@@ -260,10 +260,14 @@ class Topology:
     groups: tuple[DeviceGroup, ...]
     job: JobSpec
     churn: Path | None = None
-    time_dilation: float | None = None  # None = adaptive (measured, held during the run)
+    time_dilation: float | None = None  # None = chosen at start (auto) or adaptive
     extra: dict[str, Any] = field(default_factory=dict)  # top-level sections of other parts (adb)
-    # adaptive dilation's device-side p95 tile-time error target (a fraction)
+    # the device-side p95 tile-time error target (a fraction): adaptive dilation holds it, every
+    # run reports against it
     dilation_target_p95: float = DEFAULT_TARGET_P95
+    # True for `time_dilation: {target_p95: ...}`: a probe picks D and the PS holds the target
+    # between steps (slower runs); `auto` calibrates D once from the host and only reports
+    dilation_adaptive: bool = False
 
     @property
     def devices(self) -> tuple[DeviceSpec, ...]:
@@ -285,8 +289,9 @@ class Topology:
         """The resolved topology as plain data (what a run directory records)."""
         out = _plain(dataclasses.asdict(self))
         target = out.pop("dilation_target_p95")
-        if out["time_dilation"] is None:  # adaptive: written as the topology file says it
-            out["time_dilation"] = {"target_p95": target}
+        adaptive = out.pop("dilation_adaptive")
+        if out["time_dilation"] is None:  # written as the topology file says it
+            out["time_dilation"] = {"target_p95": target} if adaptive else "auto"
         return out
 
 
@@ -740,7 +745,8 @@ class TopologyFile(Schema):
         return Topology(self.name, source, self.seed, self.network.spec(),
                         tuple(g.spec(base_dir) for g in self.devices), self.job.spec(),
                         self.churn, dilation, extra,
-                        target if target is not None else DEFAULT_TARGET_P95)
+                        target if target is not None else DEFAULT_TARGET_P95,
+                        dilation_adaptive=target is not None)
 
 
 @functools.cache

@@ -333,12 +333,12 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
            checkpoint_every: int = 1, watchdog_s: float | None = None) -> int:
     """Train the topology's job with devices; return the process exit code.
 
-    With adaptive dilation (``topology.time_dilation`` None) D = ``dilation`` is only where
-    the probe starts; the probe's choice holds from the first step and the controller may
-    change it between steps.
+    With adaptive dilation (``time_dilation: {target_p95: ...}``) D = ``dilation`` is only
+    where the probe starts; the probe's choice holds from the first step and the controller may
+    change it between steps. Otherwise D holds for the whole run and fidelity is only reported.
     """
     job = topology.job
-    adaptive = topology.time_dilation is None
+    adaptive = topology.time_dilation is None and topology.dilation_adaptive
     target = topology.dilation_target_p95
     fidelity = Fidelity(target)
     from testbed.ps_backend.engine.trainer import Trainer  # torch-heavy: import after args
