@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -79,17 +79,26 @@ def run_origin_s(run_dir: Path) -> float:
 class RunLog:
     """Appends events, steps and device samples to a run directory; safe across threads."""
 
-    def __init__(self, run_dir: Path, started_s: float | None = None):
+    def __init__(self, run_dir: Path, started_s: float | None = None,
+                 elapsed_s: Callable[[], float] | None = None):
+        """``elapsed_s``: where the run's time comes from (default: the wall clock since the
+        origin); `testbed simulate` passes its virtual clock, so both modes write one format."""
         self.run_dir = run_dir
         self.started_s = started_s if started_s is not None else run_origin_s(run_dir)
+        self._elapsed_s = elapsed_s
         self._lock = threading.Lock()
         self._files = {name: open(run_dir / f"{name}.jsonl", "a", buffering=1)
                        for name in ("events", "steps", "devices")}
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
-        now = time.time()
-        line = json.dumps({"t": round(now, 6), "elapsed_s": round(now - self.started_s, 6),
-                           **record}, default=str)
+        if self._elapsed_s is None:
+            now = time.time()
+            elapsed = now - self.started_s
+        else:
+            elapsed = float(self._elapsed_s())
+            now = self.started_s + elapsed
+        line = json.dumps({"t": round(now, 6), "elapsed_s": round(elapsed, 6), **record},
+                          default=str)
         with self._lock:
             self._files[name].write(line + "\n")
 

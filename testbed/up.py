@@ -387,14 +387,12 @@ def make_run_dir(out: Path, name: str) -> Path:
     raise RuntimeError(f"cannot create a run directory under {out}")
 
 
-def run_up(args: argparse.Namespace) -> int:
-    """The `testbed up` command."""
-    from rich.console import Console
+def load_run_inputs(args: argparse.Namespace) -> tuple[Topology, Path | None, Any] | int:
+    """The topology (with ``--steps``) and churn schedule a run reads, all checked before
+    anything starts: (topology, trace path, schedule), or exit 2 with the problems printed.
 
-    console = Console(stderr=False)
-    resume_dir, saved = _resume_target(args)
-    if isinstance(saved, int):
-        return saved
+    `testbed up` and `testbed simulate` both start here, so they accept and refuse the same.
+    """
     try:
         topology = load_topology(args.topology)
     except TopologyError as exc:
@@ -406,16 +404,32 @@ def run_up(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         topology = topology.with_overrides(steps=args.steps)
     churn = Path(args.churn).resolve() if args.churn else topology.churn
+    schedule = None
     if churn is not None:
         from testbed.churn import TraceError, load_schedule
         try:
-            load_schedule(churn, topology)  # validate before anything starts
+            schedule = load_schedule(churn, topology)
         except TraceError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         except OSError as exc:
             print(f"error: --churn {churn}: {exc.strerror}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    return topology, churn, schedule
+
+
+def run_up(args: argparse.Namespace) -> int:
+    """The `testbed up` command."""
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    resume_dir, saved = _resume_target(args)
+    if isinstance(saved, int):
+        return saved
+    inputs = load_run_inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    topology, churn, _ = inputs
     from testbed import capacity
     from testbed.emulator.dilation import choose_dilation
     from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend

@@ -12,7 +12,6 @@ device time (what the deployment would take) and ``sim_wall_s`` what simulating 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,58 +22,18 @@ import yaml
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
-class VirtualLog:
-    """events/steps/devices.jsonl stamped with virtual time (RunLog's format)."""
-
-    def __init__(self, run_dir: Path, clock: Any):
-        self.run_dir = run_dir
-        self.clock = clock  # object with now_s
-        self.origin_s = time.time()
-        (run_dir / "clock.json").write_text(json.dumps({"started_unix_s": self.origin_s}) + "\n")
-        self._files = {n: open(run_dir / f"{n}.jsonl", "a") for n in ("events", "steps",
-                                                                      "devices")}
-
-    def _write(self, name: str, record: dict[str, Any]) -> None:
-        now = float(self.clock.now_s)
-        self._files[name].write(json.dumps({"t": round(self.origin_s + now, 6),
-                                            "elapsed_s": round(now, 6), **record},
-                                           default=str) + "\n")
-
-    def event(self, kind: str, /, **fields: Any) -> None:
-        """One events.jsonl line."""
-        self._write("events", {"event": kind, **fields})
-
-    def step(self, **fields: Any) -> None:
-        """One steps.jsonl line."""
-        self._write("steps", fields)
-
-    def device(self, **fields: Any) -> None:
-        """One devices.jsonl line."""
-        self._write("devices", fields)
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-
-
-class _Clock:
-    now_s = 0.0
-
-
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
              report: bool = True, progress: Any = None) -> dict[str, Any]:
     """Simulate the topology's job into run_dir; return the summary."""
     from testbed.emulator.energy import topology_energy
     from testbed.ps_backend.main import BoundTotals, efficiency
-    from testbed.runlog import read_jsonl, write_json_atomic
+    from testbed.runlog import RunLog, read_jsonl, write_json_atomic
     from testbed.simulate.sim import Simulation
     from testbed.summary import event_counts
 
-    clock = _Clock()
-    log = VirtualLog(run_dir, clock)
+    sim: Simulation | None = None  # the log's clock: virtual seconds once the simulation exists
+    log = RunLog(run_dir, elapsed_s=lambda: sim.now_s if sim is not None else 0.0)
     sim = Simulation(topology, schedule, event=log.event, noise=noise)
-    clock_ref = sim
-    log.clock = clock_ref
     job = topology.job
     bound = BoundTotals()
     started = time.monotonic()
@@ -139,31 +98,12 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
 
 def run_simulate(args: argparse.Namespace) -> int:
     """The `testbed simulate` command."""
-    from testbed.topology import TopologyError, load_topology
-    from testbed.up import make_run_dir, portable_input
+    from testbed.up import load_run_inputs, make_run_dir, portable_input
 
-    try:
-        topology = load_topology(args.topology)
-    except TopologyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.steps is not None:
-        if args.steps <= 0:
-            print("error: --steps must be positive", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        topology = topology.with_overrides(steps=args.steps)
-    churn = Path(args.churn).resolve() if args.churn else topology.churn
-    schedule = None
-    if churn is not None:
-        from testbed.churn import TraceError, load_schedule
-        try:
-            schedule = load_schedule(churn, topology)
-        except TraceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        except OSError as exc:
-            print(f"error: --churn {churn}: {exc.strerror}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+    inputs = load_run_inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    topology, _, schedule = inputs
     run_dir = make_run_dir(Path(args.out), topology.name)
     (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
     (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(), sort_keys=False))

@@ -74,13 +74,21 @@ def _ip_hex(ip: str) -> str:
     return "".join(f"{int(b):02X}" for b in reversed(ip.split(".")))
 
 
+V4_MAPPED = "0000000000000000FFFF0000"  # ::ffff:0:0/96 as /proc/net/tcp6 writes it
+
+
 def _tcp_established(pid: int) -> list[tuple[str, str]]:
     """(local ip:port, remote ip:port) of the established TCP connections in pid's netns."""
+    def v4(end: str) -> str:  # an IPv4-mapped IPv6 address (::ffff:a.b.c.d) as its IPv4 form
+        addr, _, port = end.partition(":")
+        return f"{addr[-8:]}:{port}" if addr.startswith(V4_MAPPED) else end
+
     rows = []
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-        f = line.split()
-        if f[3] == "01":  # ESTABLISHED
-            rows.append((f[1], f[2]))
+    for table in ("tcp", "tcp6"):  # a dual-stack listener's IPv4 peers show in tcp6
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "01":  # ESTABLISHED
+                rows.append((v4(f[1]), v4(f[2])))
     return rows
 
 
@@ -98,9 +106,6 @@ def _phone_row(run_dir: Path) -> dict[str, Any] | None:
 
 
 @pytest.mark.skipif(shutil.which("mnexec") is None, reason="mnexec not on PATH")
-@pytest.mark.xfail(strict=True, reason="the planner (auto mode, planned topology groups) deals "
-                   "tiles only to topology groups, so the phone (group adb) gets none; "
-                   "test_adb_e2e.py fails the same way on loopback; see docs/adb-bridge.md")
 def test_phone_in_its_own_mininet_host(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
     fake_adb_server.plug(agent_phone(
         SERIAL, tmp_path / "phone", tmp_path / "phone-logs",
