@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from testbed.ps_backend.server import (
     raise_fd_limit,
 )
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
-from testbed.topology import Topology, TopologyError, load_topology
+from testbed.topology import JobSpec, Topology, TopologyError, load_topology
 
 log = logging.getLogger("testbed.ps")
 
@@ -210,17 +211,9 @@ def _restore(trainer: Any, run_dir: Path, runlog: RunLog) -> list[float]:
     return losses
 
 
-def no_progress_s(job: Any, override: float | None) -> float:
-    """The watchdog's time limit: --no-progress-s, else job.watchdog.no_progress_s, else 120.
-
-    Read defensively: the topology schema may not have the key (then the default holds).
-    """
-    if override is not None:
-        return override
-    watchdog = getattr(job, "watchdog", None)
-    value = watchdog.get("no_progress_s") if isinstance(watchdog, dict) else \
-        getattr(watchdog, "no_progress_s", None)
-    return float(value) if value is not None else NO_PROGRESS_S
+def no_progress_s(job: JobSpec, override: float | None) -> float:
+    """The watchdog's time limit: --no-progress-s, else job.watchdog.no_progress_s."""
+    return override if override is not None else job.watchdog.no_progress_s
 
 
 PROBE_STEP = -1  # the probe's GEMMs are named as step -1: never a training step's
@@ -237,7 +230,7 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
     m, k, n = tile.tile_m * PROBE_TILES_PER_DEVICE, job.model.hidden, tile.tile_n * max(1, devices)
     gen = torch.Generator().manual_seed(seed)
     dtype = torch.float64 if job.dtype == "float64" else torch.float32
-    rounds = iter(range(1000))
+    rounds = itertools.count()
 
     def measure(dilation: float) -> list[float]:
         server.call(lambda: core.set_dilation(dilation))
@@ -247,23 +240,15 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
                                    GemmSpec(f"probe{r}", "forward", PROBE_STEP)) for _ in range(2)]
         for h in handles:
             h.result()
-        stats = server.call(core.take_step_stats)
+        # the probe is no training: its tiles stay out of the run's totals
+        stats = server.call(lambda: core.take_step_stats(count=False))
         return stats.tile_errors
 
-    saved = server.call(lambda: dataclass_copy(core.totals))
     try:
         return probe_dilation(measure, start, target)
     finally:
-        # the probe is no training: its tiles stay out of the run's totals and step plans
-        server.call(lambda: setattr(core, "totals", saved))
-        server.call(core.take_step_plan)
+        server.call(core.take_step_plan)  # ... and out of the first step's plan and bound
         executor.local_gemms = 0
-
-
-def dataclass_copy(value: Any) -> Any:
-    """A shallow copy of a dataclass instance."""
-    import dataclasses
-    return dataclasses.replace(value)
 
 
 class Fidelity:
@@ -290,9 +275,9 @@ class Fidelity:
         out["dilation_target_p95"] = self.target
         out["dilation_min"] = round(min(self.dilations), 4) if self.dilations else None
         out["dilation_max"] = round(max(self.dilations), 4) if self.dilations else None
-        target = self.target if self.target is not None else None
         p95 = out["tile_error_p95"]
-        out["fidelity_ok"] = None if target is None or p95 is None else bool(p95 <= target)
+        out["fidelity_ok"] = None if self.target is None or p95 is None else \
+            bool(p95 <= self.target)
         return out
 
 

@@ -12,6 +12,7 @@ is the thin adapter that turns gRPC calls into PsCore calls.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import itertools
 import logging
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 from testbed.emulator.dilation import tile_error
+from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.executor import DoneHandle, GemmHandle, GemmSpec
 from testbed.ps_backend.ledger import Ledger, gemm_digest
 from testbed.ps_backend.proto import testbed_pb2 as pb
@@ -55,6 +57,7 @@ from testbed.ps_backend.validation import (
     result_numbers_problem,
 )
 from testbed.runlog import RunLog
+from testbed.topology import WatchdogSpec
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ PEER_BUCKETS_MAX = 4096  # addresses remembered; beyond, one shared bucket for t
 REFUSAL_EVENT_PERIOD_S = 1.0  # at most one join_refused event per reason in this period
 DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are counted)
 DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
-NO_PROGRESS_S = 120.0  # watchdog default: no tile accepted / no device attached this long
+NO_PROGRESS_S = WatchdogSpec().no_progress_s  # no tile accepted / no device attached
 ALL_QUARANTINED_GRACE_S = 10.0  # every attached device quarantined this long: the run fails
 
 
@@ -210,33 +213,6 @@ class DeviceConn:
 
 
 @dataclass
-class StepStats:
-    """What one training step cost, as the PS saw it."""
-
-    tiles: int = 0
-    recomputed: int = 0
-    requeued: int = 0
-    rejected: int = 0
-    late: int = 0
-    gemms_offloaded: int = 0
-    gemms_local: int = 0
-    bytes_down: int = 0
-    bytes_up: int = 0
-    lag_s_max: float = 0.0
-    device_compute_s: float = 0.0
-    energy_j: float = 0.0
-    failed_checks: int = 0
-    backups: int = 0
-    backup_wins: int = 0
-    wasted: int = 0
-    from_ledger: int = 0  # tiles served from the ledger after a restart
-    # per emulated tile of this step (kept on the step's stats only, never on the totals):
-    # device-side error (hold / (D x compute_s) - 1) and lateness in wall seconds
-    tile_errors: list[float] = field(default_factory=list)
-    tile_lags_s: list[float] = field(default_factory=list)
-
-
-@dataclass
 class Recovery:
     """A departure (or quarantine) whose re-queued tiles are not all handed out again yet."""
 
@@ -278,8 +254,8 @@ class PsCore:
         self.last_progress_s = now  # last accepted tile, or the moment work became outstanding
         self.all_quarantined_since: float | None = None
         self.watchdog_reason: str | None = None
-        self.stats = StepStats()
-        self.totals = StepStats()
+        self.stats = StepStats()  # the step under way; finished steps are summed in _finished
+        self._finished = StepStats()
         self._ids = itertools.count()
         self.stopping = False
         self.version = 0  # newest weight version seen; older cached blocks are invalid
@@ -344,7 +320,6 @@ class PsCore:
         backed_up = [t.task_id for t in held if not t.done and t.holders]
         done_elsewhere = [t.task_id for t in held if t.done]
         self.stats.requeued += len(requeued)
-        self.totals.requeued += len(requeued)
         if conn.outbox is not None:
             conn.outbox.put_nowait(None)
         self.departed.append(self._device_record(
@@ -408,7 +383,6 @@ class PsCore:
         served = self.scheduler.submit(job, tile_m, tile_n, prefilled, k_parts, owners)
         if served:
             self.stats.from_ledger += served
-            self.totals.from_ledger += served
             self._event("ledger_reuse", gemm=job.uid, step=job.spec.step, tiles=served,
                         boxes=sorted(prefilled))
         self.pump()
@@ -486,7 +460,6 @@ class PsCore:
                 conn.outbox.put_nowait(self._tiles_message(conn, assignments))
                 backups = sum(a.backup for a in assignments)
                 self.stats.backups += backups
-                self.totals.backups += backups
                 self._reassigned([a.task.task_id for a in assignments])
 
     def _tiles_message(self, conn: DeviceConn, assignments: list[Assignment]) -> pb.ServerMessage:
@@ -510,7 +483,6 @@ class PsCore:
                     to_tensor(block(), operand.tensor)
                     sent += len(operand.tensor.data)
         self.stats.bytes_down += sent
-        self.totals.bytes_down += sent
         return message
 
     def on_message(self, conn: DeviceConn, msg: pb.DeviceMessage) -> None:
@@ -543,7 +515,6 @@ class PsCore:
     def _reject(self, conn: DeviceConn, task_id: int, reason: str, attempt: int = -1,
                 failed_check: bool = False) -> None:
         self.stats.rejected += 1
-        self.totals.rejected += 1
         self._event("reject", device=conn.slot.name, device_id=conn.device_id, task=task_id,
                     attempt=attempt, failed_check=failed_check, reason=reason)
         if conn.outbox is not None:
@@ -553,7 +524,6 @@ class PsCore:
     def _on_result(self, conn: DeviceConn, result: pb.TileResult) -> None:
         size = len(result.c.data)
         self.stats.bytes_up += size
-        self.totals.bytes_up += size
         problem = result_numbers_problem(result.compute_s, result.energy_j, result.lag_s,
                                          result.received_s, result.started_s, result.done_s)
         try:
@@ -570,17 +540,14 @@ class PsCore:
         if outcome.verdict is Verdict.REJECTED:
             self._reject(conn, result.task_id, outcome.reason, result.attempt,
                          outcome.failed_check)
-            for s in (self.stats, self.totals):
-                s.requeued += outcome.requeued
-                s.failed_checks += outcome.failed_check
+            self.stats.requeued += outcome.requeued
+            self.stats.failed_checks += outcome.failed_check
             if outcome.quarantined is not None:
                 self._quarantined(conn, outcome)
         elif outcome.verdict is Verdict.LATE:
             self.stats.late += 1
-            self.totals.late += 1
             if outcome.task is not None and outcome.task.done and outcome.checked:
                 self.stats.wasted += 1
-                self.totals.wasted += 1
         else:
             self._accepted(conn, result, outcome, c)
 
@@ -589,13 +556,12 @@ class PsCore:
         task = outcome.task
         assert task is not None
         self.last_progress_s = time.monotonic()
-        for s in (self.stats, self.totals):
-            s.tiles += 1
-            s.recomputed += result.attempt > 0
-            s.backup_wins += outcome.backup_won
-            s.lag_s_max = max(s.lag_s_max, result.lag_s)
-            s.device_compute_s += result.compute_s
-            s.energy_j += result.energy_j
+        self.stats.tiles += 1
+        self.stats.recomputed += result.attempt > 0
+        self.stats.backup_wins += outcome.backup_won
+        self.stats.lag_s_max = max(self.stats.lag_s_max, result.lag_s)
+        self.stats.device_compute_s += result.compute_s
+        self.stats.energy_j += result.energy_j
         if conn.slot.kind == "emulated" and result.compute_s > 0:
             dilation = self.config.time_dilation
             self.stats.tile_errors.append(tile_error(result.started_s, result.done_s,
@@ -612,8 +578,7 @@ class PsCore:
     def _quarantined(self, conn: DeviceConn, outcome: Outcome) -> None:
         requeued = outcome.quarantined or []
         self.quarantined[conn.device_id] = conn.slot.name
-        for s in (self.stats, self.totals):
-            s.requeued += len(requeued)
+        self.stats.requeued += len(requeued)
         self._event("quarantine", device=conn.slot.name, device_id=conn.device_id,
                     failed_checks=conn.slot.failed_checks, reason=outcome.reason,
                     requeued_tiles=len(requeued),
@@ -653,11 +618,12 @@ class PsCore:
         """Fault-tolerance figures for status.json and summary.json (see docs)."""
         k = self.scheduler.counters
         rec = sorted(self.recovery_s)
+        totals = self.totals
         return {
             "recovery_s": [round(x, 6) for x in self.recovery_s[-50:]],
             "recovery_p50_s": _quantile(rec, 0.5), "recovery_p95_s": _quantile(rec, 0.95),
             "recoveries": len(rec), "recovering": len(self.recovering),
-            "recomputed_tiles": self.totals.recomputed, "backups": k.backups,
+            "recomputed_tiles": totals.recomputed, "backups": k.backups,
             "backup_wins": k.backup_wins, "wasted_tiles": k.wasted,
             "cancelled_copies": k.cancelled,
             "failed_checks": k.failed_checks, "checks": k.checks,
@@ -674,15 +640,26 @@ class PsCore:
             "validation_cpu_s": round(k.validation_cpu_s, 6),
             "validation_us_per_tile": round(1e6 * k.validation_cpu_s / k.checks, 3)
             if k.checks else None,
-            "tiles_from_ledger": self.totals.from_ledger}
+            "tiles_from_ledger": totals.from_ledger}
 
     def take_step_plan(self) -> StepRecord:
         """The step's bound, minimal traffic and sat-out groups; the next step starts."""
         return self.planner.take_step(self.scheduler.devices.values())
 
-    def take_step_stats(self) -> StepStats:
+    def take_step_stats(self, count: bool = True) -> StepStats:
+        """The figures of the step just finished; the next one starts. ``count=False``: they
+        are not the run's (the dilation probe's GEMMs are no training)."""
         stats, self.stats = self.stats, StepStats()
+        if count:
+            self._finished.add(stats)
         return stats
+
+    @property
+    def totals(self) -> StepStats:
+        """The run's figures so far: the finished steps and the one under way."""
+        out = dataclasses.replace(self._finished, tile_errors=[], tile_lags_s=[])
+        out.add(self.stats)
+        return out
 
     def set_dilation(self, dilation: float) -> None:
         """Change D (between steps only): scheduler estimates, new joins, every attached device."""
@@ -929,17 +906,22 @@ class OperandKeys:
     block as it arrives) and its version counter (an in-place change makes a new key). An
     address is reused only after its tensor is freed, so the key stays only while a weak
     reference to the tensor's root (the base of a view) is alive; a freed root's address gets a
-    fresh key. Keys end with the weight version, and the table is emptied when the step changes.
+    fresh key. Keys end with the step (the weights' version), and the table is emptied when the
+    step changes.
+
+    Each fresh copy is checked for finiteness once (shared copies are not checked again): a
+    non-finite operand raises :class:`DivergedError`, since every honest device's result would
+    be refused for the PS's own divergence and the GEMM would never finish.
     """
 
     def __init__(self) -> None:
         self._keys: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], str,
-                                                  weakref.ref[np.ndarray] | None]] = {}
+                                                  weakref.ref[np.ndarray]]] = {}
         self._serial = itertools.count()
         self._step = -1
 
-    def get(self, t: torch.Tensor, step: int, version: int) -> tuple[str, np.ndarray]:
-        """(key, the PS's own C-ordered copy) of an operand."""
+    def get(self, t: torch.Tensor, step: int) -> tuple[str, np.ndarray]:
+        """(key, the PS's own C-ordered copy) of an operand of a GEMM of this step."""
         if step != self._step:
             self._keys.clear()
             self._step = step
@@ -948,15 +930,19 @@ class OperandKeys:
                  t._version)
         entry = self._keys.get(ident)
         if entry is not None and entry[0]() is root:
-            copy = entry[2]() if entry[2] is not None else None
+            copy = entry[2]()
             if copy is not None:
                 return entry[1], copy
             key = entry[1]
         else:
-            key = f"t{next(self._serial)}@{version}"
+            key = f"t{next(self._serial)}@{step}"
         # Own copies: the engine may change its tensors in place once the GEMM is done (the
         # optimizer steps the weights), and late copies of tiles are still checked against them.
         copy = np.array(t.detach().numpy(), order="C", copy=True)
+        if not np.isfinite(copy).all():
+            raise DivergedError(f"an operand of a step-{step} GEMM ({tuple(t.shape)}) has "
+                                f"non-finite values (NaN or Inf): the model diverged (check "
+                                f"job.optimizer.lr)")
         self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy))
         return key, copy
 
@@ -984,16 +970,9 @@ class TileExecutor:
             self.local_gemms += 1
             return DoneHandle(a @ b)
         self.offloaded_gemms += 1
-        a_key, a_np = self._operands.get(a, spec.step, spec.step)
-        b_ident_key, b_np = self._operands.get(b, spec.step, spec.step)
+        a_key, a_np = self._operands.get(a, spec.step)
+        b_ident_key, b_np = self._operands.get(b, spec.step)
         uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
-        # A non-finite operand makes every honest result non-finite: devices would be refused
-        # (and quarantined) for the PS's own divergence, and the GEMM would never finish.
-        for name, operand in (("A", a_np), ("B", b_np)):
-            if not np.isfinite(operand).all():
-                raise DivergedError(
-                    f"GEMM {uid}: operand {name} has non-finite values (NaN or Inf) at step "
-                    f"{spec.step}: the model diverged (check job.optimizer.lr)")
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
                       a_name=tensor_name(a), b_name=tensor_name(b),
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,

@@ -40,6 +40,7 @@ from testbed.churn.trace import ChurnEvent
 from testbed.emulator.device_model import DeviceModel, device_model_for
 from testbed.emulator.network.base import path_delay_s, path_loss
 from testbed.perf_model.profiles import load_profile
+from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import (
     Assignment,
@@ -122,26 +123,6 @@ class SimDevice:
     sessions: int = 0
 
 
-@dataclass
-class StepTotals:
-    tiles: int = 0
-    recomputed: int = 0
-    requeued: int = 0
-    rejected: int = 0
-    late: int = 0
-    wasted: int = 0
-    bytes_down: int = 0
-    bytes_up: int = 0
-    device_compute_s: float = 0.0
-    energy_j: float = 0.0
-    backups: int = 0
-    backup_wins: int = 0
-
-    def add(self, other: "StepTotals") -> None:
-        for k in self.__dataclass_fields__:
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-
-
 class Simulation:
     """Runs a topology's job in virtual time; reports through ``emit`` callbacks."""
 
@@ -173,8 +154,8 @@ class Simulation:
         self._seq = itertools.count()
         self._ids = itertools.count()
         self.version = 0
-        self.stats = StepTotals()
-        self.totals = StepTotals()
+        self.stats = StepStats()
+        self.totals = StepStats()
         self.by_id: dict[str, SimDevice] = {}
         self.devices = self._build_devices(noise)
         self.departed: list[dict[str, Any]] = []
@@ -442,7 +423,7 @@ class Simulation:
             self._wanted.discard(action.device)
         self._apply(action)
 
-    def run_step(self, step: int) -> tuple[float, StepTotals, StepRecord]:
+    def run_step(self, step: int) -> tuple[float, StepStats, StepRecord]:
         """Run one training step's GEMM chain; (device time, totals, the planner's record)."""
         start_s = self.now_s
         seq = itertools.count()
@@ -460,7 +441,7 @@ class Simulation:
             self._run_until(functools.partial(_zero, left))
         record = self.planner.take_step([d.slot for d in self.devices.values()
                                          if d.slot is not None])
-        stats, self.stats = self.stats, StepTotals()
+        stats, self.stats = self.stats, StepStats()
         self.totals.add(stats)
         return self.now_s - start_s, stats, record
 

@@ -1,0 +1,46 @@
+"""What a step cost, counted once: the PS and `testbed simulate` fill the same object.
+
+A step's :class:`StepStats` is filled as results arrive; at the end of the step the run's
+totals absorb it (:meth:`StepStats.add`), so a figure is never counted in two places.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class StepStats:
+    """What one training step cost, as the PS (or the simulation) counted it."""
+
+    tiles: int = 0
+    recomputed: int = 0
+    requeued: int = 0
+    rejected: int = 0
+    late: int = 0
+    gemms_offloaded: int = 0
+    gemms_local: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    lag_s_max: float = 0.0
+    device_compute_s: float = 0.0
+    energy_j: float = 0.0
+    failed_checks: int = 0
+    backups: int = 0
+    backup_wins: int = 0
+    wasted: int = 0
+    from_ledger: int = 0  # tiles served from the ledger after a restart
+    # per emulated tile of this step (kept on the step's stats only, never on the totals):
+    # device-side error (hold / (D x compute_s) - 1) and lateness in wall seconds
+    tile_errors: list[float] = field(default_factory=list)
+    tile_lags_s: list[float] = field(default_factory=list)
+
+    def add(self, step: StepStats) -> None:
+        """Absorb one step's figures into these totals (sums; the largest lag; per-tile lists
+        stay with the step)."""
+        for f in fields(self):
+            mine = getattr(self, f.name)
+            if isinstance(mine, list):
+                continue
+            theirs = getattr(step, f.name)
+            setattr(self, f.name, max(mine, theirs) if f.name == "lag_s_max" else mine + theirs)
