@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import grpc
+import numpy as np
 
 from testbed.ps_backend.proto import testbed_pb2 as pb
 from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
+from testbed.ps_backend.proto.tensors import from_tensor
 from testbed.runlog import read_jsonl
 from tests.conftest import REPO, reference_losses, wait_for
 
@@ -143,3 +145,14 @@ def job_topology(tmp_path: Path, name: str = "adv", **job: Any) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def tile_operands(tile: pb.Tile, cache: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A tile's A and B blocks as a device holds them: a sent block is cached under its key, a
+    key alone is a hit on the cache (the PS mirrors it exactly)."""
+    blocks = []
+    for op in (tile.a, tile.b):
+        if op.HasField("tensor"):
+            cache[op.key] = from_tensor(op.tensor)
+        blocks.append(cache[op.key])
+    return blocks[0], blocks[1]

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
-from tests.adversarial.psproc import PsProcess, Rogue, job_topology
+from testbed.ps_backend.proto.tensors import to_tensor
+from tests.adversarial.psproc import PsProcess, Rogue, job_topology, tile_operands
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -77,11 +77,7 @@ def test_absurd_numbers_and_names_are_refused_or_bounded(tmp_path: Path) -> None
                 if len(reasons) == len(bad):
                     break
             for tile in message.tiles:
-                ops = []
-                for op in (tile.a, tile.b):
-                    if op.HasField("tensor"):
-                        cache[op.key] = from_tensor(op.tensor)
-                    ops.append(cache[op.key])
+                ops = tile_operands(tile, cache)
                 numbers = bad[len(reasons)] if len(reasons) < len(bad) else {}
                 rogue.send(pb.DeviceMessage(result=pb.TileResult(
                     task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(ops[0] @ ops[1]),
@@ -118,11 +114,7 @@ def test_a_name_hijack_cannot_get_the_honest_device_quarantined(tmp_path: Path) 
             if message.HasField("reject"):
                 break
             for tile in message.tiles:
-                ops = []
-                for op in (tile.a, tile.b):
-                    if op.HasField("tensor"):
-                        cache[op.key] = from_tensor(op.tensor)
-                    ops.append(cache[op.key])
+                ops = tile_operands(tile, cache)
                 rogue.send(pb.DeviceMessage(result=pb.TileResult(
                     task_id=tile.task_id, attempt=tile.attempt,
                     c=to_tensor(ops[0] @ ops[1] + 1.0))))

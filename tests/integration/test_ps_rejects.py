@@ -22,8 +22,9 @@ import pytest
 
 from testbed.ps_backend.proto import testbed_pb2 as pb
 from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
+from testbed.ps_backend.proto.tensors import to_tensor
 from testbed.runlog import read_jsonl
+from tests.adversarial.psproc import tile_operands
 from tests.conftest import REPO, reference_losses, tiny_topology, wait_for
 
 pytestmark = pytest.mark.integration
@@ -87,11 +88,7 @@ def test_bad_results_are_rejected_and_the_run_goes_on(tmp_path: Path) -> None:
                 if len(seen_reasons) == len(cases):
                     break
             for tile in message.tiles:
-                ops = []
-                for op in (tile.a, tile.b):
-                    if op.HasField("tensor"):
-                        cache[op.key] = from_tensor(op.tensor)
-                    ops.append(cache[op.key])
+                ops = tile_operands(tile, cache)
                 c = ops[0] @ ops[1]
                 if sent == 0:  # a task nobody gave it; the real tile is answered next
                     outbox.put(pb.DeviceMessage(result=pb.TileResult(
