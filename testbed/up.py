@@ -61,6 +61,9 @@ from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import DeviceSpec, Topology, TopologyError, load_topology
 
 log = logging.getLogger("testbed.up")
+# tiles an emulated agent may ask to hold at once (the PS sizes its window to its speed);
+# `testbed simulate` gives its devices the same
+EMULATED_MAX_IN_FLIGHT = 8
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 PS_START_TIMEOUT_S = 120.0
@@ -284,7 +287,7 @@ class Run:
                     "--name", name, "--group", device.group.group, "--kind", "emulated",
                     "--profile", str(device.group.profile_path),
                     "--seed", str(self.topology.seed * 1000 + device.index),
-                    "--max-in-flight", "8",
+                    "--max-in-flight", str(EMULATED_MAX_IN_FLIGHT),
                     "--control-file", str(self.run_dir / "agents" / f"{name}.slow"),
                     *behaviour_argv(device, self.run_dir / "agents"), *shaping.argv()]
             self.agents[name] = self._popen(name, argv,

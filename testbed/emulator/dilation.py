@@ -149,7 +149,7 @@ def choose_dilation(topology: Any) -> tuple[float, dict[str, Any]]:
         total += rate * group.count
     host = calibrate_host_gflops()
     dilation = auto_dilation(total, host["host_gflops"])
-    mode = "adaptive" if getattr(topology, "dilation_adaptive", False) else "auto"
+    mode = "adaptive" if topology.dilation_adaptive else "auto"
     return dilation, {"mode": mode, "target_p95": topology.dilation_target_p95,
                       "emulated_gflops": round(total, 2),
                       "host_gflops": round(host["host_gflops"], 2)}

@@ -150,6 +150,22 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
             "planned_groups": tuple(groups)}
 
 
+def ps_config(topology: Topology, **run: Any) -> PsConfig:
+    """The PS's configuration for a topology's job; ``run`` sets the run's own fields (token,
+    run name, dilation, ...). The simulator builds its scheduler and planner from the same."""
+    job = topology.job
+    p, validation = job.parallelism, job.validation
+    fields: dict[str, Any] = dict(
+        token="", run_name=topology.name, dtype=np.dtype(job.dtype), tile_m=p.tile_m,
+        tile_n=p.tile_n, min_offload_flops=p.min_offload_flops,
+        max_message_bytes=PLANNED_MESSAGE_BYTES if p.planner == "auto" else
+        max_message_bytes(p.tile_m, p.tile_n),
+        planner=p.planner, **plan_inputs(topology), check_values=validation.enabled,
+        freivalds_vectors=validation.freivalds_vectors,
+        quarantine_after=validation.quarantine_after)
+    return PsConfig(**{**fields, **run})
+
+
 def efficiency(bound_s: float | None, device_time_s: float) -> float | None:
     """bound / device time (1.0: the schedule reached the bound)."""
     if bound_s is None or not device_time_s > 0 or not bound_s == bound_s:
@@ -329,18 +345,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     from testbed.ps_backend.engine.trainer import Trainer  # torch-heavy: import after args
 
     runlog = RunLog(run_dir)
-    validation = job.validation
-    planned = job.parallelism.planner == "auto"
-    config = PsConfig(token=token, run_name=run_dir.name, dtype=np.dtype(job.dtype),
-                      tile_m=job.parallelism.tile_m, tile_n=job.parallelism.tile_n,
-                      min_offload_flops=job.parallelism.min_offload_flops,
-                      max_message_bytes=PLANNED_MESSAGE_BYTES if planned else
-                      max_message_bytes(job.parallelism.tile_m, job.parallelism.tile_n),
-                      planner=job.parallelism.planner, **plan_inputs(topology),
-                      time_dilation=dilation, check_values=validation.enabled,
-                      freivalds_vectors=validation.freivalds_vectors,
-                      quarantine_after=validation.quarantine_after,
-                      no_progress_s=no_progress_s(job, watchdog_s), fd_limit=raise_fd_limit())
+    config = ps_config(topology, token=token, run_name=run_dir.name, time_dilation=dilation,
+                       no_progress_s=no_progress_s(job, watchdog_s), fd_limit=raise_fd_limit())
     trainer = Trainer(job, topology.seed, None)
     losses: list[float] = _restore(trainer, run_dir, runlog) if resume else []
     ledger = Ledger(run_dir / "ledger")

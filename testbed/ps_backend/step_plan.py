@@ -54,7 +54,7 @@ class StepPlanner:
     """Plans the GEMMs of a run and records each step for its bound."""
 
     def __init__(self, config: Any):
-        self.mode = getattr(config, "planner", "auto")
+        self.mode = config.planner
         self.config = config
         self._plans: dict[tuple[int, int, int, int], GemmPlan] = {}
         self._gemms: list[BoundGemm] = []

@@ -55,11 +55,10 @@ from testbed.ps_backend.tiler import TileBox, gemm_flops
 from testbed.simulate.chain import ChainGemm, step_chain
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
+from testbed.up import EMULATED_MAX_IN_FLIGHT
 
 MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its link (agent.py)
-AGENT_MAX_IN_FLIGHT = 8  # testbed up starts every agent with --max-in-flight 8
 AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
-LEASE_S = 5.0  # PsConfig.lease_s
 
 
 def _zero(counter: list[int]) -> bool:
@@ -86,19 +85,6 @@ class ValuelessScheduler(Scheduler):
 def shape_only(m: int, n: int, dtype: np.dtype) -> np.ndarray:
     """An m x n array of dtype that holds no memory (zero strides): shapes and sizes only."""
     return np.broadcast_to(np.zeros((), dtype=dtype), (m, n))
-
-
-@dataclass
-class SimConfig:
-    """What StepPlanner reads from the PS's config (the same fields, from the same topology)."""
-
-    planner: str
-    tile_m: int
-    tile_n: int
-    max_message_bytes: int
-    group_links: dict[str, tuple[float, float, float]]
-    ps_link_Bps: tuple[float, float]
-    planned_groups: tuple[tuple[str, int, float], ...]
 
 
 @dataclass(eq=False)
@@ -128,7 +114,7 @@ class Simulation:
 
     def __init__(self, topology: Topology, schedule: ChurnSchedule | None = None,
                  event: Callable[..., None] | None = None, noise: bool = True):
-        from testbed.ps_backend.main import PLANNED_MESSAGE_BYTES, max_message_bytes, plan_inputs
+        from testbed.ps_backend.main import ps_config
 
         self.topology = topology
         job = topology.job
@@ -136,17 +122,11 @@ class Simulation:
         self.dtype = np.dtype(job.dtype)
         self.schedule = schedule
         self.emit = event or _no_event
-        planned = job.parallelism.planner == "auto"
-        self.config = SimConfig(
-            planner=job.parallelism.planner, tile_m=job.parallelism.tile_m,
-            tile_n=job.parallelism.tile_n,
-            max_message_bytes=PLANNED_MESSAGE_BYTES if planned else
-            max_message_bytes(job.parallelism.tile_m, job.parallelism.tile_n),
-            **plan_inputs(topology))
-        v = job.validation
+        self.config = ps_config(topology, run_name="simulated", check_values=False)
+        c = self.config
         self.scheduler = ValuelessScheduler(check_values=False,
-                                            freivalds_vectors=v.freivalds_vectors,
-                                            quarantine_after=v.quarantine_after, dilation=1.0)
+                                            freivalds_vectors=c.freivalds_vectors,
+                                            quarantine_after=c.quarantine_after, dilation=1.0)
         self.planner = StepPlanner(self.config)
         self.now_s = 0.0
         self.net = FlowNetwork()
@@ -227,7 +207,7 @@ class Simulation:
         dev.sessions += 1
         dev.busy_until_s = max(dev.busy_until_s, self.now_s)
         slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
-                          predicted_gflops=dev.gflops or 1.0, max_in_flight=AGENT_MAX_IN_FLIGHT,
+                          predicted_gflops=dev.gflops or 1.0, max_in_flight=EMULATED_MAX_IN_FLIGHT,
                           cache_bytes=AGENT_CACHE_BYTES, group=dev.spec.group.group,
                           kind="emulated", profile=dev.spec.group.profile)
         dev.slot = slot
@@ -393,8 +373,9 @@ class Simulation:
 
             def expire() -> None:
                 if dev.session == session and dev.partitioned and dev.present:
-                    self.drop(dev, "lease_expired", f"no message for more than {LEASE_S:g} s")
-            self.at(self.now_s + LEASE_S, expire)
+                    self.drop(dev, "lease_expired",
+                              f"no message for more than {self.config.lease_s:g} s")
+            self.at(self.now_s + self.config.lease_s, expire)
         elif not down and not dev.present and dev.spec.name in self._wanted:
             self.join(dev)  # the agent reconnects once its link is back
         if not down:
