@@ -55,6 +55,7 @@ from typing import Any, Callable
 
 import yaml
 
+from testbed.churn.schedule import ChurnSchedule
 from testbed.emulator.network.base import Network
 from testbed.emulator.network.cleanup import is_testbed_process
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
@@ -128,14 +129,13 @@ class Run:
     """One run of a topology: start() brings it up, stop() removes exactly what it started."""
 
     def __init__(self, topology: Topology, run_dir: Path, network: Network, dilation: float,
-                 join_timeout_s: float = 60.0, churn: Path | None = None, resume: bool = False,
-                 stop: threading.Event | None = None):
+                 join_timeout_s: float = 60.0, schedule: ChurnSchedule | None = None,
+                 resume: bool = False, stop: threading.Event | None = None):
         self.topology = topology
         self.run_dir = run_dir
         self.network = network
         self.dilation = dilation
         self.join_timeout_s = join_timeout_s
-        self.churn_path = churn
         self.resume = resume
         self.stop_requested = stop or threading.Event()
         self.token = secrets.token_hex(16)
@@ -145,7 +145,7 @@ class Run:
         self.agents: dict[str, subprocess.Popen] = {}
         self.devices = {d.name: d for d in topology.devices}
         self.runlog: RunLog | None = None
-        self.schedule: Any = None
+        self.schedule = schedule  # the churn trace, parsed and checked before the run
         self.replay: Any = None  # testbed.churn.replay.Replay, when a trace is replayed
         self.notes: list[str] = []
         self.adb: Any = None  # the ADB bridge (testbed.adb_bridge.run_hook), when enabled
@@ -168,11 +168,9 @@ class Run:
         self.runlog = RunLog(self.run_dir)
         present = list(self.devices)
         replay_from = None
-        if self.churn_path is not None:
-            from testbed.churn import load_schedule
+        if self.schedule is not None:
             from testbed.churn.replay import resume_point
 
-            self.schedule = load_schedule(self.churn_path, self.topology)
             if self.resume:
                 replay_from = resume_point(self.schedule,
                                            read_jsonl(self.run_dir / "events.jsonl"),
@@ -432,7 +430,7 @@ def run_up(args: argparse.Namespace) -> int:
     inputs = load_run_inputs(args)
     if isinstance(inputs, int):
         return inputs
-    topology, churn, _ = inputs
+    topology, churn, schedule = inputs
     from testbed import capacity
     from testbed.emulator.dilation import choose_dilation
     from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend
@@ -487,7 +485,7 @@ def run_up(args: argparse.Namespace) -> int:
         stop.set()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     code = EXIT_FAILURE
-    run = Run(topology, run_dir, network, dilation, args.join_timeout, churn,
+    run = Run(topology, run_dir, network, dilation, args.join_timeout, schedule,
               resume=resume_dir is not None, stop=stop)
     try:
         run.start(progress=lambda s: console.print(s, style="dim"))
