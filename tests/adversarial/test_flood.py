@@ -3,9 +3,11 @@ training with the single-process (quiet run's) losses, and the run directory sta
 
 from __future__ import annotations
 
+import json
 import resource
 import socket
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,12 +17,13 @@ import pytest
 from testbed.ps_backend.proto import testbed_pb2 as pb
 from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
 from tests.adversarial.psproc import PsProcess, job_topology
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.integration
 
 PS_FD_LIMIT = 1024  # the PS runs with soft = hard = this; the attack opens twice as many
 IDLE_CONNECTIONS = 2048
+ATTACK_CONNECTIONS = 20_000  # the issue's figure: more than the PS's fds here (hard limit 20,000)
 # the 6-step tiny run's directory is ~2.2 MB quiet (two checkpoints and a ledger segment);
 # 4,000+ refusals with 4 KiB names used to add ~16 MB to events.jsonl alone
 RUN_DIR_MAX_BYTES = 4 * 1024 * 1024
@@ -63,6 +66,33 @@ def test_idle_connections_beyond_the_fd_limit_do_not_kill_the_ps(tmp_path: Path)
     assert start["max_connections"] < PS_FD_LIMIT
 
 
+def _flood_joins(address: str, seconds: float, name: str) -> int:
+    """About 1,000 Join calls a second with a wrong token for `seconds`; returns how many."""
+    stub = pb_grpc.ParameterServerStub(grpc.insecure_channel(address))
+    sent = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        tick = time.monotonic()
+        calls = [stub.Join.future(pb.JoinRequest(token="wrong", device=pb.DeviceDescriptor(
+            name=name)), timeout=10) for _ in range(100)]
+        for call in calls:
+            try:
+                call.result()
+            except grpc.RpcError:
+                pass
+        sent += len(calls)
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
+    return sent
+
+
+def _assert_refusals_summarized(ps: PsProcess, sent: int) -> None:
+    refused = [e for e in ps.events() if e["event"] == "join_refused"]
+    assert refused and sum(e["refusals"] for e in refused) <= sent
+    assert all(len(e["device"]) <= 70 for e in refused)  # names cut to 64
+    assert (ps.run_dir / "events.jsonl").stat().st_size <= EVENTS_MAX_BYTES
+    assert _run_dir_bytes(ps.run_dir) <= RUN_DIR_MAX_BYTES
+
+
 @pytest.mark.slow
 def test_a_flood_of_refused_joins_keeps_the_run_and_its_logs_small(tmp_path: Path) -> None:
     steps = 6
@@ -71,35 +101,45 @@ def test_a_flood_of_refused_joins_keeps_the_run_and_its_logs_small(tmp_path: Pat
         ps.agent("honest-0")
         ps.agent("honest-1")
         wait_for(lambda: ps.status().get("state") == "training", 120, "training")
-        stub = pb_grpc.ParameterServerStub(grpc.insecure_channel(ps.address))
-        name = "n" * 4096  # each refusal used to write this into events.jsonl
-        sent, done = [0], threading.Event()
-
-        def flood() -> None:  # ~1,000 joins a second with a wrong token, for 4 s
-            end = time.monotonic() + 4.0
-            while time.monotonic() < end:
-                tick = time.monotonic()
-                calls = [stub.Join.future(pb.JoinRequest(
-                    token="wrong", device=pb.DeviceDescriptor(name=name)), timeout=10)
-                    for _ in range(100)]
-                for call in calls:
-                    try:
-                        call.result()
-                    except grpc.RpcError:
-                        pass
-                sent[0] += len(calls)
-                time.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
-            done.set()
-        thread = threading.Thread(target=flood, daemon=True)
-        thread.start()
-        thread.join(60)
+        sent = _flood_joins(ps.address, 4.0, "n" * 4096)  # each refusal used to log this name
         code, output = ps.finish()
         assert code == 0, output
-    assert sent[0] >= 1000
+    assert sent >= 1000
     ps.assert_losses_match(steps)
     refused = [e for e in ps.events() if e["event"] == "join_refused"]
-    assert refused and sum(e["refusals"] for e in refused) <= sent[0]
     assert len(refused) <= 2 * 10  # at most one line per reason per second
-    assert all(len(e["device"]) <= 70 for e in refused)  # names cut to 64
-    assert (ps.run_dir / "events.jsonl").stat().st_size <= EVENTS_MAX_BYTES
-    assert _run_dir_bytes(ps.run_dir) <= RUN_DIR_MAX_BYTES
+    _assert_refusals_summarized(ps, sent)
+
+
+@pytest.mark.slow
+def test_twenty_thousand_idle_connections_and_a_join_flood_at_once(tmp_path: Path) -> None:
+    """The issue's must-show: one client address holds 20,000 idle connections (re-opening
+    each one the PS closes) while another sends ~1,000 refused joins a second; the PS runs
+    with this machine's own file limit. Training goes on with the quiet run's losses."""
+    steps = 8
+    topology = job_topology(tmp_path, steps=steps)
+    with PsProcess(topology, tmp_path / "run", "--expect-devices", "2") as ps:
+        ps.agent("honest-0")
+        ps.agent("honest-1")
+        wait_for(lambda: ps.status().get("state") == "training", 120, "training")
+        # two processes on one address: one process cannot hold 20,000 sockets under a hard
+        # file limit of 20,000 (this machine's), and an attacker is not bound to one process
+        attackers = [subprocess.Popen(
+            [sys.executable, "-m", "tests.adversarial.idle_flood", "127.0.0.1", str(ps.port),
+             str(ATTACK_CONNECTIONS // 2), "600"], cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+        try:
+            sent = 0
+            while ps.proc.poll() is None and sent < 20_000:
+                sent += _flood_joins(ps.address, 2.0, "n" * 4096)
+            code, output = ps.finish()
+        finally:
+            for attacker in attackers:
+                attacker.terminate()
+            reports = [a.communicate(timeout=60)[0] for a in attackers]
+        assert code == 0, output
+    held = [json.loads(r.strip().splitlines()[-1]) for r in reports]
+    assert sum(h["held_max"] for h in held) == ATTACK_CONNECTIONS, held
+    assert sent >= 1000
+    ps.assert_losses_match(steps)
+    _assert_refusals_summarized(ps, sent)
