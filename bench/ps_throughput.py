@@ -2,10 +2,12 @@
 
 Starts the PS server in this process (no training: GEMMs are submitted straight to the tile
 executor, as the engine would) and N real agent processes on loopback that compute each tile
-with numpy and return it at once (``--kind real``: no emulated hold, no link shaping). For each
-(devices, tile edge) it submits GEMMs of M = N = 16 tiles per side and K = tile edge for a fixed
-time and prints tiles/s, payload bytes/s (operand and result bytes that crossed the wire) and the
-PS's CPU time per tile (this process's user+system time over the measured window).
+with numpy (``--kind real``: no emulated hold, no link shaping). For each (devices, tile edge) it
+submits GEMMs of M = N = 16 tiles per side and K = tile edge, cut into tiles of exactly that edge
+(``planner="fifo"``: the traffic-aware planner would cut larger ones), for a fixed time and
+prints tiles/s, payload bytes/s (operand and result bytes that crossed the wire), the PS's CPU
+time per tile (this process's user+system time over the measured window, the engine's side
+included) and tiles per result message (batching: docs/architecture.md).
 
 Then, in the same run, the ceiling: a bare gRPC bidirectional stream per device (same number of
 client processes, same window of 4 tiles) moving the same bytes per tile (down: the PS's
@@ -56,7 +58,8 @@ def start_agents(port: int, count: int) -> list[subprocess.Popen]:
 def measure(devices: int, tile: int, seconds: float) -> dict[str, float]:
     config = PsConfig(token=TOKEN, run_name="bench", dtype=np.dtype("float32"), tile_m=tile,
                       tile_n=tile, min_offload_flops=0,
-                      max_message_bytes=max_message_bytes(tile, tile), lease_s=30)
+                      max_message_bytes=max_message_bytes(tile, tile), lease_s=30,
+                      planner="fifo")  # tiles of exactly tile x tile (the planner cuts larger)
     server = PsServer(config).start()
     agents = start_agents(server.port, devices)
     try:
@@ -67,6 +70,13 @@ def measure(devices: int, tile: int, seconds: float) -> dict[str, float]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(core.conns)} of {devices} agents joined")
             time.sleep(0.1)
+        messages_up = [0]  # results messages the PS handled (a batch counts once)
+        on_message = core.on_message
+
+        def counting(conn, msg):  # type: ignore[no-untyped-def]
+            messages_up[0] += msg.WhichOneof("body") in ("result", "results")
+            on_message(conn, msg)
+        core.on_message = counting  # type: ignore[method-assign]
         executor = TileExecutor(server)
         side = 16 * tile
         rng = np.random.default_rng(0)
@@ -76,6 +86,7 @@ def measure(devices: int, tile: int, seconds: float) -> dict[str, float]:
         before = server.call(lambda: (core.totals.tiles, core.totals.bytes_down,
                                       core.totals.bytes_up))
         cpu0, wall0 = time.process_time(), time.monotonic()
+        messages0 = messages_up[0]
         step = 1
         while time.monotonic() - wall0 < seconds:
             # new weights each round, as after an optimizer step: no stale cache hits
@@ -92,7 +103,8 @@ def measure(devices: int, tile: int, seconds: float) -> dict[str, float]:
         payload = (after[1] - before[1]) + (after[2] - before[2])
         return {"devices": devices, "tile": tile, "tiles_per_s": tiles / wall,
                 "payload_MB_per_s": payload / wall / 1e6, "ps_cpu_us_per_tile": cpu / tiles * 1e6,
-                "tiles": tiles, "down_bytes_per_tile": (after[1] - before[1]) / tiles,
+                "tiles": tiles, "tiles_per_message": tiles / max(messages_up[0] - messages0, 1),
+                "down_bytes_per_tile": (after[1] - before[1]) / tiles,
                 "up_bytes_per_tile": (after[2] - before[2]) / tiles}
     finally:
         server.stop("bench done")
@@ -185,6 +197,9 @@ def measure_ceiling(devices: int, tile: int, down_bytes: int, up_bytes: int,
         wall = time.monotonic() - wall0
         cpu = time.process_time() - cpu0
         tiles = ceiling.replies - replies0
+        if tiles == 0:
+            raise RuntimeError(f"the {devices} ceiling clients moved no tile in {seconds:g} s "
+                               "(did they start? is the machine overloaded?)")
         return {"tiles_per_s": tiles / wall,
                 "payload_MB_per_s": (ceiling.bytes - bytes0) / wall / 1e6,
                 "cpu_us_per_tile": cpu / max(tiles, 1) * 1e6}
@@ -241,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.devices, args.seconds = [4], 3.0
     print(f"{'devices':>7} {'tile':>5} {'tiles/s':>9} {'payload MB/s':>13} "
-          f"{'PS CPU us/tile':>15} {'tiles':>7} {'ceiling tiles/s':>16} {'ceiling MB/s':>13} "
+          f"{'PS CPU us/tile':>15} {'tiles':>7} {'tiles/msg':>9} {'ceiling tiles/s':>16} "
+          f"{'ceiling MB/s':>13} "
           f"{'ceil CPU us/tile':>17} {'share':>6}")
     for devices in args.devices:
         for tile in args.tiles:
@@ -250,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                                 int(r["up_bytes_per_tile"]), args.seconds)
             print(f"{r['devices']:>7} {r['tile']:>5} {r['tiles_per_s']:>9.0f} "
                   f"{r['payload_MB_per_s']:>13.1f} {r['ps_cpu_us_per_tile']:>15.0f} "
-                  f"{r['tiles']:>7} {c['tiles_per_s']:>16.0f} {c['payload_MB_per_s']:>13.1f} "
+                  f"{r['tiles']:>7} {r['tiles_per_message']:>9.2f} {c['tiles_per_s']:>16.0f} "
+                  f"{c['payload_MB_per_s']:>13.1f} "
                   f"{c['cpu_us_per_tile']:>17.0f} "
                   f"{r['tiles_per_s'] / c['tiles_per_s']:>6.0%}", flush=True)
     return 0

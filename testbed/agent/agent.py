@@ -54,6 +54,9 @@ EXIT_OK, EXIT_FAILURE, EXIT_REFUSED = 0, 1, 3
 # Results that are ready together go in one TileResults message: the PS's cost is mostly per
 # message (bench/ps_throughput.py), so batching cuts its CPU per tile.
 MAX_RESULTS_PER_MESSAGE = 64
+# ...but a result waits for the next tile's only while that keeps it at most this much later
+# than it could have left: tiny tiles travel together, a phone's 100 ms tile never waits
+MAX_BATCH_DELAY_S = 0.002
 RESULT_OVERHEAD_BYTES = 128  # a TileResult's fields besides the tensor bytes, generously
 
 
@@ -244,7 +247,9 @@ class _Session:
             ("grpc.max_reconnect_backoff_ms", 2000)])
         self.stub = pb_grpc.ParameterServerStub(self.channel)
         self.outbox = Outbox()
-        self.compute_q: queue.Queue[PendingTile | None] = queue.Queue()
+        # one item per message from the PS: the tiles that arrived together, so a real device
+        # answers a message of n tiles with one message of n results
+        self.compute_q: queue.Queue[list[PendingTile] | None] = queue.Queue()
         self.cache: BlockCache[np.ndarray] = BlockCache(self.options.cache_bytes)
         self.reply: pb.JoinReply | None = None
         self.closed = threading.Event()
@@ -307,11 +312,13 @@ class _Session:
                 log.warning("%s: PS rejected task %d: %s", self.options.name,
                             message.reject.task_id, message.reject.reason)
             now = time.monotonic()
+            delivery = []
             for tile in message.tiles:
                 a, b = self._operand(tile.a), self._operand(tile.b)
                 size = len(tile.a.tensor.data) + len(tile.b.tensor.data) + 64
-                self.compute_q.put(PendingTile(tile, a, b, self.options.down.deliver_at(size,
-                                                                                         now)))
+                delivery.append(PendingTile(tile, a, b, self.options.down.deliver_at(size, now)))
+            if delivery:
+                self.compute_q.put(delivery)
             if message.HasField("stop"):
                 log.info("%s: PS says stop: %s", self.options.name, message.stop.reason)
                 self.agent.stopping.set()
@@ -336,40 +343,46 @@ class _Session:
 
     # -- compute ----------------------------------------------------------------------------------
     def _compute_loop(self) -> None:
+        batch: list[pb.TileResult] = []
         while True:
-            item: PendingTile | None = self.compute_q.get()
-            if item is None or self.closed.is_set():
+            if batch and not self._next_has_arrived():  # nothing else ready: the batch goes
+                self._post(batch)
+                batch = []
+            delivery = self.compute_q.get()
+            if delivery is None or self.closed.is_set():
                 return
-            batch: list[pb.TileResult] = []
-            while item is not None:
+            for item in delivery:
                 wait = item.arrived_s - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
-                batch.append(self._compute(item))
-                item = self._next_for_batch(batch)
-            self._post(batch)
+                result = self._compute(item)
+                if self.agent.model is not None:
+                    # an emulated device's results each leave at their own modelled time (the
+                    # outbox still merges those that are due together)
+                    self._post([result])
+                    continue
+                batch.append(result)
+                if self._batch_full(batch):
+                    self._post(batch)
+                    batch = []
 
-    def _next_for_batch(self, batch: list[pb.TileResult]) -> PendingTile | None:
-        """The next tile to compute before the batch goes out, or None: post the batch now.
-
-        Only a real device batches here, and only tiles that have already arrived: an emulated
-        device's results each leave at their own modelled time (the outbox still merges those
-        that are due together).
-        """
-        if self.agent.model is not None or len(batch) >= MAX_RESULTS_PER_MESSAGE:
-            return None
+    def _batch_full(self, batch: list[pb.TileResult]) -> bool:
+        """Whether a real device's batch goes out now, before the next tile is computed: at
+        MAX_RESULTS_PER_MESSAGE results, when one more result of this size would pass half of
+        the PS's message limit (as `_batched`), or when computing one more tile (taking as
+        long as the last) would hold the first result back more than MAX_BATCH_DELAY_S."""
         limit = (self.reply.max_message_bytes if self.reply is not None else 0) or (4 << 20)
-        if sum(len(r.c.data) + RESULT_OVERHEAD_BYTES for r in batch) > limit // 4:
-            return None
-        with self.compute_q.mutex:  # peek: take the head only if it has arrived already
-            if not self.compute_q.queue:
-                return None
-            head = self.compute_q.queue[0]
-            if head is None or head.arrived_s > time.monotonic():
-                return None
-            self.compute_q.queue.popleft()
-            self.compute_q.not_full.notify()
-        return head
+        size = sum(len(r.c.data) + RESULT_OVERHEAD_BYTES for r in batch)
+        last = batch[-1]
+        held_s = time.monotonic() - batch[0].done_s + (last.done_s - last.started_s)
+        return len(batch) >= MAX_RESULTS_PER_MESSAGE or held_s > MAX_BATCH_DELAY_S or \
+            size + size // len(batch) > limit // 2
+
+    def _next_has_arrived(self) -> bool:
+        """Whether the next message's tiles are already on the device (peek, take nothing)."""
+        with self.compute_q.mutex:
+            head = self.compute_q.queue[0] if self.compute_q.queue else None
+        return head is not None and head[0].arrived_s <= time.monotonic()
 
     def _post(self, batch: list[pb.TileResult]) -> None:
         """Queue results on the emulated uplink as one message."""

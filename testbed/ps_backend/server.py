@@ -261,6 +261,7 @@ class PsCore:
         self.version = 0  # newest weight version seen; older cached blocks are invalid
         self.joined = asyncio.Event()  # set whenever a device joins
         self.planner = StepPlanner(config)  # plans GEMMs, records the step for its bound
+        self._pump_due = False
 
     def _event(self, kind: str, /, **fields: Any) -> None:
         if self.runlog is not None:
@@ -462,6 +463,28 @@ class PsCore:
                 self.stats.backups += backups
                 self._reassigned([a.task.task_id for a in assignments])
 
+    def pump_soon(self) -> None:
+        """Pump once the messages already received have been handled, not after each one.
+
+        Results that arrive together (from many devices, or a batch from one) free window
+        slots together; one pump then fills each device's free slots in one message, and
+        the device answers with one batch. Under load this is what makes messages carry
+        several tiles: the PS's cost is mostly per message (bench/ps_throughput.py). Without
+        a running event loop (unit tests drive the core directly) it pumps at once.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.pump()
+            return
+        if not self._pump_due:
+            self._pump_due = True
+            loop.call_soon(self._deferred_pump)
+
+    def _deferred_pump(self) -> None:
+        self._pump_due = False
+        self.pump()
+
     def _tiles_message(self, conn: DeviceConn, assignments: list[Assignment]) -> pb.ServerMessage:
         message = pb.ServerMessage()
         sent = 0
@@ -491,16 +514,14 @@ class PsCore:
         body = msg.WhichOneof("body")
         if body == "result":
             self._on_result(conn, msg.result)
-            self.pump()
+            self.pump_soon()
         elif body == "results":
-            # one pump for the whole batch: handing out tiles is the per-message cost batching
-            # saves (bench/ps_throughput.py)
             for result in msg.results.results:
                 self._on_result(conn, result)
-            self.pump()
+            self.pump_soon()
         elif body == "credit":
             self.scheduler.set_max_in_flight(conn.device_id, msg.credit.tiles)
-            self.pump()
+            self.pump_soon()
         elif body == "telemetry":
             t = msg.telemetry
             if len(t.values) + len(t.labels) > 4 * MAX_TELEMETRY_KEYS:  # not worth reading
