@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "testbed.churn.cli",
     "testbed.adb_bridge.cli",
     "testbed.emulator.network.cli",
+    "testbed.agent.join",
 )
 
 

@@ -15,6 +15,7 @@ Schema (units are always written out, see :mod:`testbed.units`)::
       links:                        # switch-to-switch links; the first switch is nearer the PS
         - {switches: [core, ap0], down: 1Gbit, up: 1Gbit, delay: 1ms}
       ps: {switch: core, link: {down: 1Gbit, up: 1Gbit, delay: 1ms}}
+      # ps: {listen: 0.0.0.0:50051}  # opt-in: devices on other machines join over TLS
     devices:
       - group: phones               # [a-z0-9-]; device names are <group>-<index>
         profile: snapdragon888      # a profile name (testbed/perf_model/profiles) or a YAML path
@@ -66,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +132,7 @@ class SwitchLink:
 class PsSpec:
     switch: str | None
     link: LinkSpec
+    listen: str | None = None  # HOST:PORT for devices beyond this host (TLS); None: loopback
 
 
 @dataclass(frozen=True)
@@ -442,12 +445,28 @@ class SwitchLinkFile(LinkFile):
         return self
 
 
+def _listen_address(value: str) -> str:
+    """HOST:PORT with a literal IP address (or ``[v6]``) and a port in 0..65535."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT with a port in 0..65535 (0: any), got {value!r}")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise ValueError(f"expected an IP address of this host before the port, got "
+                         f"{host!r} (for example 0.0.0.0:50051 or 192.168.1.10:50051)") from None
+    return value
+
+
 class PsFile(Schema):
     switch: SwitchRef = Field(default=None, validate_default=True)
     link: LinkFile | None = None
+    # devices on other machines (testbed join): an explicit opt-in, served over TLS only
+    listen: Annotated[Str, AfterValidator(_listen_address)] | None = None
 
     def spec(self) -> PsSpec:
-        return PsSpec(self.switch, self.link.spec() if self.link else LinkSpec(1e9, 1e9))
+        return PsSpec(self.switch, self.link.spec() if self.link else LinkSpec(1e9, 1e9),
+                      self.listen)
 
 
 def _none_is_empty(value: Any) -> Any:

@@ -139,6 +139,7 @@ class Run:
         self.resume = resume
         self.stop_requested = stop or threading.Event()
         self.token = secrets.token_hex(16)
+        self.join_command = ""  # printed when the topology opts into LAN devices
         self.env = child_env(self.token)
         self.ps: subprocess.Popen | None = None
         self.ps_port = 0
@@ -185,6 +186,9 @@ class Run:
         self._check_stop()
         progress("PS: starting")
         self._start_ps(expected=len(present) + len(phones))
+        if self.join_command:
+            progress("devices on other machines join with (the token file is readable only "
+                     f"by its owner; copy it over):\n  {self.join_command}")
         progress(f"devices: starting {len(present)} agent(s)")
         for name in present:
             self._check_stop()
@@ -270,7 +274,15 @@ class Run:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the PS did not listen within {PS_START_TIMEOUT_S:g} s")
             time.sleep(0.05)
-        self.ps_port = int(json.loads(ps_json.read_text())["port"])
+        ps_info = json.loads(ps_json.read_text())
+        self.ps_port = int(ps_info["port"])
+        if ps_info.get("lan_address"):  # network.ps.listen: LAN devices join over TLS
+            token_file = self.run_dir / "join-token"
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.token + "\n")
+            self.join_command = (f"testbed join {ps_info['lan_address']} --fingerprint "
+                                 f"{ps_info['fingerprint']} --token-file {token_file}")
 
     def start_agent(self, name: str) -> None:
         """Start (or restart) a device's agent process."""
@@ -439,6 +451,11 @@ def run_up(args: argparse.Namespace) -> int:
         backend = resolve_backend(topology)
     except NetworkUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if topology.network.ps.listen and backend != "loopback":
+        print(f"error: {args.topology}: network.ps.listen (devices on other machines) works "
+              f"with the loopback backend only; this run would use {backend} (set "
+              "network.backend: loopback)", file=sys.stderr)
         return EXIT_BAD_INPUT
     needs, problems = capacity.check(topology, backend)
     if problems:

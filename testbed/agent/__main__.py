@@ -11,6 +11,7 @@ import sys
 from testbed.agent.agent import Agent, AgentOptions
 from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
+from testbed.agent.tls import PinError, normalize
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", default=os.environ.get("TESTBED_TOKEN_FILE", ""),
                    help="read the join token from this file (default: $TESTBED_TOKEN_FILE); "
                         "it wins over --token")
+    p.add_argument("--tls-fingerprint", default=os.environ.get("TESTBED_TLS_FINGERPRINT", ""),
+                   help="the PS's certificate fingerprint (sha256:...), printed by `testbed up` "
+                        "when the topology sets network.ps.listen: connect over TLS and trust "
+                        "only that certificate (default: $TESTBED_TLS_FINGERPRINT; empty: plain "
+                        "gRPC, for loopback and emulated networks)")
     p.add_argument("--name", required=True, help="device name, e.g. phones-3")
     p.add_argument("--group", default="", help="topology group")
     p.add_argument("--kind", choices=("emulated", "real"), default="real")
@@ -93,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     except BehaviourError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.tls_fingerprint:
+        try:
+            args.tls_fingerprint = normalize(args.tls_fingerprint)
+        except PinError as exc:
+            print(f"error: --tls-fingerprint: {exc}", file=sys.stderr)
+            return 2
     model = None
     gflops = args.gflops
     if args.kind == "emulated":
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         ps_address=args.ps, token=token, name=args.name, group=args.group, kind=args.kind,
         profile=args.profile, predicted_gflops=gflops or 1.0, max_in_flight=args.max_in_flight,
         cache_bytes=int(args.cache_mib * 1024 * 1024), control_file=args.control_file,
-        behaviour=behaviour,
+        behaviour=behaviour, tls_fingerprint=args.tls_fingerprint,
         down=LinkDirection(args.down_bps, args.delay_s, args.loss),
         up=LinkDirection(args.up_bps, args.delay_s, args.loss))
     agent = Agent(options, model)

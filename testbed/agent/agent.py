@@ -39,6 +39,7 @@ import numpy as np
 
 from testbed.agent.behaviour import Behaviour
 from testbed.agent.link import LinkDirection
+from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate
 from testbed.emulator.dilation import DeviceClock
 from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.proto import testbed_pb2 as pb
@@ -81,6 +82,7 @@ class AgentOptions:
     telemetry_s: float = 2.0
     control_file: str = ""  # JSON {"slow": factor} written by the churn replay; polled
     behaviour: Behaviour | None = None  # emulated misbehaviour (byzantine, straggler)
+    tls_fingerprint: str = ""  # the PS's certificate pin (testbed join); empty: plain channel
 
 
 class Outbox:
@@ -217,6 +219,9 @@ class Agent:
             except JoinRefused as exc:
                 log.error("%s: join refused: %s", self.options.name, exc)
                 return EXIT_REFUSED
+            except PinError as exc:
+                log.error("%s: %s", self.options.name, exc)
+                return EXIT_REFUSED
             except grpc.RpcError as exc:
                 log.warning("%s: %s: %s; joining again in %.1f s", self.options.name,
                             exc.code().name if hasattr(exc, "code") else "error",
@@ -232,19 +237,31 @@ class Agent:
         return EXIT_OK
 
 
+def _channel(options: AgentOptions) -> grpc.Channel:
+    """The channel to the PS: plain on loopback and in emulated networks; TLS with the PS's
+    pinned certificate when a fingerprint is given (a PS on another machine)."""
+    settings = [
+        ("grpc.max_receive_message_length", 1 << 30),
+        ("grpc.max_send_message_length", 1 << 30),
+        # the agent has its own backoff between sessions; gRPC's own reconnect backoff
+        # (up to 120 s by default) made joins of hundreds of agents time out on a busy host
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2000)]
+    if not options.tls_fingerprint:
+        return grpc.insecure_channel(options.ps_address, options=settings)
+    host, _, port = options.ps_address.rpartition(":")
+    cert = pinned_certificate(host.strip("[]"), int(port), options.tls_fingerprint)
+    return grpc.secure_channel(options.ps_address, grpc.ssl_channel_credentials(cert),
+                               options=[*settings, ("grpc.ssl_target_name_override", CERT_NAME)])
+
+
 class _Session:
     """One join and one Work stream."""
 
     def __init__(self, agent: Agent):
         self.agent = agent
         self.options = agent.options
-        self.channel = grpc.insecure_channel(self.options.ps_address, options=[
-            ("grpc.max_receive_message_length", 1 << 30),
-            ("grpc.max_send_message_length", 1 << 30),
-            # the agent has its own backoff between sessions; gRPC's own reconnect backoff
-            # (up to 120 s by default) made joins of hundreds of agents time out on a busy host
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000)])
+        self.channel = _channel(self.options)
         self.stub = pb_grpc.ParameterServerStub(self.channel)
         self.outbox = Outbox()
         # one item per message from the PS: the tiles that arrived together, so a real device

@@ -45,6 +45,7 @@ from testbed.ps_backend.server import (
     WatchdogError,
     raise_fd_limit,
 )
+from testbed.ps_backend.tls import make_identity, split_host_port
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology
 
@@ -354,17 +355,26 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         reusable = ledger.load(from_step=trainer.next_step)
         runlog.event("ledger_load", from_step=trainer.next_step, tiles=reusable)
         log.info("resuming at step %d with %d journaled tile(s)", trainer.next_step, reusable)
-    server = PsServer(config, runlog, listen, ledger=ledger).start()
+    lan = topology.network.ps.listen  # devices beyond loopback: TLS, an explicit opt-in
+    tls = make_identity(run_dir, split_host_port(lan)[0]) if lan else None
+    server = PsServer(config, runlog, listen, ledger=ledger, tls_listen=lan, tls=tls).start()
     executor = TileExecutor(server, interrupted=stop)  # a signal also ends a GEMM's wait
     status = StatusWriter(run_dir, server, runlog, job.steps)
     server.every_tick(status.tick)
     host = listen.rsplit(":", 1)[0]
-    write_json_atomic(run_dir / "ps.json", {"host": host, "port": server.port, "pid": os.getpid()})
+    ps_json: dict[str, Any] = {"host": host, "port": server.port, "pid": os.getpid()}
+    if lan and tls is not None:
+        lan_address = f"{split_host_port(lan)[0]}:{server.tls_port}"
+        ps_json.update(lan_address=lan_address, fingerprint=tls.fingerprint)
+        log.info("devices beyond this host join over TLS at %s, certificate %s", lan_address,
+                 tls.fingerprint)
+    write_json_atomic(run_dir / "ps.json", ps_json)
     log.info("PS listening on %s:%d; waiting for %d device(s)", host, server.port,
              expected_devices)
     runlog.event("ps_start", address=f"{host}:{server.port}", expected_devices=expected_devices,
                  time_dilation=dilation, fd_limit=config.fd_limit,
-                 max_connections=server.max_connections, no_progress_s=config.no_progress_s)
+                 max_connections=server.max_connections, no_progress_s=config.no_progress_s,
+                 lan_address=ps_json.get("lan_address"), fingerprint=ps_json.get("fingerprint"))
     trainer.executor = executor
     bound = BoundTotals()
     started = time.monotonic()

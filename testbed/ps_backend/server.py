@@ -48,6 +48,7 @@ from testbed.ps_backend.scheduler import (
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import gemm_flops
+from testbed.ps_backend.tls import TlsIdentity
 from testbed.ps_backend.validation import (
     MAX_PLATFORM_CHARS,
     MAX_TELEMETRY_KEYS,
@@ -795,11 +796,15 @@ class PsServer:
     """The gRPC server on its own event-loop thread; start() returns once it listens."""
 
     def __init__(self, config: PsConfig, runlog: RunLog | None = None,
-                 listen: str = "127.0.0.1:0", ledger: Ledger | None = None):
+                 listen: str = "127.0.0.1:0", ledger: Ledger | None = None,
+                 tls_listen: str | None = None, tls: TlsIdentity | None = None):
         self.config = config
         self.runlog = runlog
         self.ledger = ledger
         self.listen = listen
+        # devices beyond loopback (network.ps.listen): a second port, TLS only
+        self.tls_listen, self.tls = tls_listen, tls
+        self.tls_port = 0
         self.loop = asyncio.new_event_loop()
         self.core: PsCore | None = None
         self.port = 0
@@ -839,6 +844,13 @@ class PsServer:
             self.port = self._server.add_insecure_port(self.listen)
             if self.port == 0:
                 raise RuntimeError(f"cannot listen on {self.listen}")
+            if self.tls_listen is not None and self.tls is not None:
+                credentials = grpc.ssl_server_credentials([(self.tls.key_pem, self.tls.cert_pem)])
+                self.tls_port = self._server.add_secure_port(self.tls_listen, credentials)
+                if self.tls_port == 0:
+                    raise RuntimeError(f"cannot listen on {self.tls_listen} "
+                                       "(network.ps.listen): address not on this host, or port "
+                                       "taken")
             await self._server.start()
             self.loop.create_task(self._watch_leases())
         except BaseException as exc:

@@ -1,0 +1,67 @@
+"""The PS's TLS identity for devices beyond loopback: a self-signed certificate made per run.
+
+A device pins the certificate by its SHA-256 fingerprint (printed with the join command), so no
+certificate authority is involved and a certificate from another run is refused. The private
+key stays in the run directory, readable only by its owner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.agent.tls import CERT_NAME, fingerprint_of
+
+VALID_DAYS = 30  # a run, with room for --resume
+
+
+@dataclass(frozen=True)
+class TlsIdentity:
+    cert_pem: bytes
+    key_pem: bytes
+    fingerprint: str  # "sha256:" + hex of the DER certificate
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def make_identity(run_dir: Path, host: str) -> TlsIdentity:
+    """A new ECDSA P-256 key and self-signed certificate for `host`, saved in run_dir."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERT_NAME)])
+    names: list[x509.GeneralName] = [x509.DNSName(CERT_NAME)]
+    try:
+        names.append(x509.IPAddress(ipaddress.ip_address(host)))
+    except ValueError:
+        if host:
+            names.append(x509.DNSName(host))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    key_path = run_dir / "ps-tls.key"
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key_pem)
+    (run_dir / "ps-tls.crt").write_bytes(cert_pem)
+    return TlsIdentity(cert_pem, key_pem,
+                       fingerprint_of(cert.public_bytes(serialization.Encoding.DER)))
