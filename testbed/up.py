@@ -505,7 +505,7 @@ def run_up(args: argparse.Namespace) -> int:
     run = Run(topology, run_dir, network, dilation, args.join_timeout, schedule,
               resume=resume_dir is not None, stop=stop)
     try:
-        run.start(progress=lambda s: console.print(s, style="dim"))
+        run.start(progress=lambda s: console.print(s, style="dim", soft_wrap=True))
         code = _watch(run, stop, console, live=not args.no_live)
         if interrupted:
             code = EXIT_INTERRUPTED
