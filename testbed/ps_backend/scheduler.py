@@ -328,6 +328,16 @@ class BackupIndex:
         self._added = 0
         self._kept = len(self._by_expected)
 
+    def most_remaining_s(self, now_s: float) -> float:
+        """No current copy has more remaining time than this at now_s (-inf: none in flight)."""
+        self._sync(now_s)
+        most = -math.inf
+        if self._by_expected:
+            most = -self._by_expected[0][0] - now_s
+        if self._by_sent:
+            most = max(most, now_s - self._by_sent[0][0])
+        return most
+
     def by_remaining(self, now_s: float) -> Iterator[tuple[float, _Entry]]:
         """(remaining_s, entry) of every current copy, remaining time non-increasing.
 
@@ -885,6 +895,9 @@ class Scheduler:
         mine_min = self.finish_wall_s(slot, index.min_flops)
         floor = STRAGGLER_RATIO * mine_min
         overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most = index.most_remaining_s(now_s)
+        if most <= 0.0 or not most > floor or most - mine_min < MIN_BACKUP_GAIN_S:
+            return None  # not even the longest copy could qualify
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
