@@ -264,12 +264,12 @@ class Simulation:
         sched = self.scheduler
         if not (sched.pending or sched.tasks):
             return
-        ready = [d for d in self.devices.values()
+        ready = [d.slot for d in self.devices.values()
                  if d.slot is not None and not d.partitioned and d.slot.free > 0]
-        ready.sort(key=lambda d: -d.slot.rate_flops)  # type: ignore[union-attr]
-        for dev in ready:
-            assert dev.slot is not None
-            for a in sched.assign(dev.slot.device_id, now_s=self.now_s):
+        ready.sort(key=lambda s: -s.rate_flops)
+        for slot, assignments in sched.assign_each(ready, now_s=self.now_s):
+            dev = self.by_id[slot.device_id]
+            for a in assignments:
                 self._send(dev, a)
 
     def _send(self, dev: SimDevice, a: Assignment) -> None:

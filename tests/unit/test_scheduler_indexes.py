@@ -189,16 +189,18 @@ def _run_pair(seed: int) -> tuple[int, int]:
         elif r < 0.10:
             join()
         elif r < 0.5 or not out:  # pump, fastest first, at this moment
-            order = sorted(pair[0].devices.values(), key=lambda s: (-s.rate_flops, s.device_id))
+            order = sorted((s for s in pair[0].devices.values() if s.free > 0),
+                           key=lambda s: (-s.rate_flops, s.device_id))
+            indexed = {slot.device_id: [(a.task.task_id, a.task.attempt, a.backup, a.send_a,
+                                         a.send_b) for a in got]
+                       for slot, got in pair[0].assign_each(order, now)}
             for slot in order:
-                if slot.free <= 0:
-                    continue
-                got = [[(a.task.task_id, a.task.attempt, a.backup, a.send_a, a.send_b)
-                        for a in s.assign(slot.device_id, now_s=now)] for s in pair]
-                assert got[0] == got[1], (seed, now, slot.device_id)
+                got = [(a.task.task_id, a.task.attempt, a.backup, a.send_a, a.send_b)
+                       for a in pair[1].assign(slot.device_id, now_s=now)]
+                assert indexed.get(slot.device_id, []) == got, (seed, now, slot.device_id)
                 decisions += 1
-                backups += sum(g[2] for g in got[0])
-                for task_id, attempt, *_ in got[0]:
+                backups += sum(g[2] for g in got)
+                for task_id, attempt, *_ in got:
                     due = now + speed[slot.device_id] * rng.uniform(0.5, 2.0)
                     out.append((slot.device_id, task_id, attempt, due))
         else:  # the earliest-due result comes back (or a random one: reordering)
