@@ -96,12 +96,23 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from testbed.ps_backend.ledger import iter_step_records
+
     groups: Counter[str] = Counter()
-    for d in jsonl("devices.jsonl"):
-        groups[d.get("group", "?")] += int(d.get("tiles_done", 0))
+    devices = jsonl("devices.jsonl")
+    steps = jsonl("steps.jsonl")
+    if (run_dir / "ledger").is_dir():  # emulated: the accepted tiles of the training steps
+        # (devices.jsonl's totals also count the time-dilation probe's tiles)
+        group_of = {d["device"]: d.get("group", "?") for d in devices}
+        for step in steps:
+            for record in iter_step_records(run_dir / "ledger", int(step["step"])):
+                groups[group_of.get(record.device, "?")] += 1
+    else:
+        for d in devices:
+            groups[d.get("group", "?")] += int(d.get("tiles_done", 0))
     churn = [(e.get("action"), e.get("device"), e.get("effect")) for e in jsonl("events.jsonl")
              if e.get("kind", e.get("event")) == "churn"]
-    return {"steps": jsonl("steps.jsonl"), "groups": groups, "churn": churn}
+    return {"steps": steps, "groups": groups, "churn": churn}
 
 
 def _ratio(sim: float, emu: float) -> str:
