@@ -331,12 +331,28 @@ class BackupIndex:
     def most_remaining_s(self, now_s: float) -> float:
         """No current copy has more remaining time than this at now_s (-inf: none in flight)."""
         self._sync(now_s)
+        first, second = self._by_expected, self._by_sent
+        self._clean_head(first)
+        self._clean_head(second)
         most = -math.inf
-        if self._by_expected:
-            most = -self._by_expected[0][0] - now_s
-        if self._by_sent:
-            most = max(most, now_s - self._by_sent[0][0])
+        if first:
+            most = -first[0][0] - now_s
+        if second:
+            most = max(most, now_s - second[0][0])
         return most
+
+    def _clean_head(self, entries: list[_Entry]) -> None:
+        """Drop leading entries that are no candidates (gone, or their task has its copies):
+        a stale head would make most_remaining_s a loose bound."""
+        while entries:
+            e = entries[0]
+            if not self.current(e):
+                del entries[0]
+            elif len(e[4].task.holders) >= MAX_COPIES:
+                self.park(e[4], e[5])
+                del entries[0]
+            else:
+                return
 
     def by_remaining(self, now_s: float) -> Iterator[tuple[float, _Entry]]:
         """(remaining_s, entry) of every current copy, remaining time non-increasing.
