@@ -282,7 +282,7 @@ class BackupIndex:
                                     slot))
         self.min_flops = min(self.min_flops, copy.task.flops)
         self._added += 1
-        if self._added > max(4096, 2 * self._kept):
+        if self._added > max(64, 2 * self._kept):  # also keeps min_flops close
             self._compact()
 
     def current(self, entry: _Entry) -> bool:
@@ -545,6 +545,9 @@ class PendingQueue:
         return isinstance(task, Task) and task.queued and any(t is task for t in self)
 
 
+_UNKNOWN = DeviceSlot("", "", 1.0, 1, 0)  # a device whose overhead is not known yet
+
+
 class Verdict(enum.Enum):
     ACCEPTED = "accepted"  # placed into C
     LATE = "late"  # a duplicate, a losing copy or a superseded attempt: dropped
@@ -607,10 +610,6 @@ class Scheduler:
         self.speculate = speculate
         self.counters = SchedulerCounters()
         self._mean_overhead_s: float | None = None  # cache of _overhead_s's fallback
-        # No device's overhead (_overhead_s) is below this while one is known: the smallest
-        # overhead ever set (an EWMA and a mean of EWMAs never go below it). assign_each's bound.
-        self._overhead_floor_s = math.inf
-        self._known_overheads = 0  # registered devices whose overhead is known
 
     @property
     def requeued_total(self) -> int:
@@ -629,10 +628,6 @@ class Scheduler:
         """Register a device and size every window again."""
         old = self.devices.get(slot.device_id)
         slot.order = old.order if old is not None else next(self._orders)  # dict order
-        self._known_overheads += (slot.overhead_s is not None) - \
-            (old is not None and old.overhead_s is not None)
-        if slot.overhead_s is not None:
-            self._overhead_floor_s = min(self._overhead_floor_s, slot.overhead_s)
         self.devices[slot.device_id] = slot
         self.pending.owner_back(slot.device_id)
         self._resize_windows()
@@ -649,7 +644,6 @@ class Scheduler:
         slot = self.devices.pop(device_id, None)
         if slot is None:
             return []
-        self._known_overheads -= slot.overhead_s is not None
         self.pending.owner_gone(device_id)
         requeued = self._release_all(slot)
         self._resize_windows()
@@ -787,24 +781,33 @@ class Scheduler:
         """:meth:`assign` for each device in turn, as the PS pumps: ``slots`` fastest first
         (``rate_flops`` non-increasing). The same assignments; it stops early once nothing is
         pending and no device left in the list could take a backup (a bound: each finishes no
-        sooner than a one-tile device as fast as the next one, with the smallest overhead)."""
+        sooner than a one-tile device as fast as the next one, with the smallest overhead of
+        those left)."""
         out: list[tuple[DeviceSlot, list[Assignment]]] = []
-        for slot in slots:
-            if not self._pending_live() and self._no_backup_below(slot.rate_flops, now_s):
-                break
+        floors: list[float] | None = None  # per position: the least overhead from there on
+        for i, slot in enumerate(slots):
+            if not self._pending_live():
+                if floors is None:
+                    unknown = self._overhead_s(_UNKNOWN)  # what _overhead_s gives those
+                    floors = list(itertools.accumulate(
+                        (unknown if o is None else o
+                         for o in [s.overhead_s for s in reversed(slots)]), min))[::-1]
+                if self._no_backup_below(slot.rate_flops, floors[i], now_s):
+                    break
             got = self.assign(slot.device_id, now_s=now_s)
             if got:
                 out.append((slot, got))
         return out
 
-    def _no_backup_below(self, rate_flops: float, now_s: float) -> bool:
-        """Whether no device at most this fast can take a backup copy now."""
+    def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float) -> bool:
+        """Whether no device at most this fast, with at least this overhead, can take a
+        backup copy now."""
         index = self._backups
         if not self.speculate or math.isinf(index.min_flops):
             return True
-        floor_s = self._overhead_floor_s if self._known_overheads > 0 else 0.0
-        # (1 - 1e-9): a mean of overheads may round a hair below the smallest of them
-        mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + floor_s) * \
+        # the least finish_wall_s of such a device (1 - 1e-9: rounding of the sum can only
+        # make the bound looser, never wrong)
+        mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
             (1 - 1e-9)
         most = index.most_remaining_s(now_s)
         return most <= 0.0 or not most > STRAGGLER_RATIO * mine_min or \
@@ -1048,10 +1051,8 @@ class Scheduler:
             slot.rate_flops = (1 - EWMA_WEIGHT) * slot.rate_flops + EWMA_WEIGHT * rate
             slot.peak_rate_flops = max(slot.peak_rate_flops, rate)
         overhead = max(0.0, now_s - copy.sent_s - copy.compute_wall_s)
-        self._known_overheads += slot.overhead_s is None
         slot.overhead_s = overhead if slot.overhead_s is None else \
             (1 - EWMA_WEIGHT) * slot.overhead_s + EWMA_WEIGHT * overhead
-        self._overhead_floor_s = min(self._overhead_floor_s, slot.overhead_s)
         self._mean_overhead_s = None
 
     def _check(self, task: Task, c: np.ndarray) -> str | None:

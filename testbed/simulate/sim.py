@@ -63,6 +63,10 @@ MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its l
 AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
 
 
+def _rate(slot: DeviceSlot) -> float:
+    return slot.rate_flops
+
+
 def _zero(counter: list[int]) -> bool:
     return counter[0] == 0
 
@@ -145,6 +149,7 @@ class Simulation:
         self.by_id: dict[str, SimDevice] = {}
         self.devices = self._build_devices(noise)
         self.departed: list[dict[str, Any]] = []
+        self._partitioned: set[str] = set()  # names of devices whose links are down
         self.tiles_per_gemm: dict[str, int] = {}
 
     # -- set-up --------------------------------------------------------------------------------
@@ -287,9 +292,11 @@ class Simulation:
         sched = self.scheduler
         if not (sched.pending or sched.tasks):
             return
-        ready = [d.slot for d in self.devices.values()
-                 if d.slot is not None and not d.partitioned and d.slot.free > 0]
-        ready.sort(key=lambda s: -s.rate_flops)
+        ready = [s for s in sched.devices.values() if s.free > 0]
+        if self._partitioned:
+            ready = [s for s in ready if s.name not in self._partitioned]
+        # the devices' join order (sched.devices is in it), then fastest first: stable
+        ready.sort(key=_rate, reverse=True)
         for slot, assignments in sched.assign_each(ready, now_s=self.now_s):
             dev = self.by_id[slot.device_id]
             for a in assignments:
@@ -389,6 +396,10 @@ class Simulation:
 
     def _partition(self, dev: SimDevice, down: bool) -> None:
         dev.partitioned = down
+        if down:
+            self._partitioned.add(dev.spec.name)
+        else:
+            self._partitioned.discard(dev.spec.name)
         for link, rate in zip(dev.own_links, dev.link_Bps):
             self.net.set_capacity(link, 0.0 if down else rate)
         if down and dev.present:
