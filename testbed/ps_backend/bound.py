@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
+
 INF = float("inf")
 
 
@@ -138,13 +140,52 @@ def device_capacity(g: BoundGemm, dev: BoundDevice, window_s: float, held_a: boo
     return min(compute, math.sqrt(max(ab, 0.0) * max(c, 0.0)), g.m * g.k * g.n)
 
 
-def _gemm_window_s(g: BoundGemm, devices: Sequence[BoundDevice], held_a: bool,
+@dataclass(frozen=True)
+class _DeviceArrays:
+    """The devices' rates as arrays: the window search evaluates all of them at once."""
+
+    rate_flops: np.ndarray
+    down_Bps: np.ndarray
+    up_Bps: np.ndarray
+
+    @classmethod
+    def of(cls, devices: Sequence[BoundDevice]) -> _DeviceArrays:
+        return cls(np.array([d.rate_flops for d in devices], dtype=float),
+                   np.array([d.down_Bps for d in devices], dtype=float),
+                   np.array([d.up_Bps for d in devices], dtype=float))
+
+
+def total_capacity(g: BoundGemm, devs: _DeviceArrays, window_s: float, held_a: bool,
+                   held_b: bool) -> float:
+    """Sum over devices of :func:`device_capacity` (the same terms, vectorised)."""
+    s = g.itemsize
+    compute = devs.rate_flops * (window_s / 2.0)
+    x = devs.down_Bps * window_s / s
+    c = np.minimum(devs.up_Bps * window_s / s, g.m * g.n)
+    cap_a, cap_b = float(g.m * g.k), float(g.k * g.n)
+    if held_a and held_b:
+        ab = np.full_like(x, cap_a * cap_b)
+    elif held_a:
+        ab = cap_a * np.minimum(x, cap_b)
+    elif held_b:
+        ab = np.minimum(x, cap_a) * cap_b
+    else:  # _max_ab elementwise
+        lo = min(cap_a, cap_b)
+        half = x / 2
+        ab = np.where(x >= cap_a + cap_b, cap_a * cap_b,
+                      np.where(half <= lo, half * half, lo * (x - lo)))
+    each = np.minimum(compute, np.sqrt(np.maximum(ab, 0.0) * np.maximum(c, 0.0)))
+    return float(np.minimum(each, float(g.m) * g.k * g.n).sum())
+
+
+def _gemm_window_s(g: BoundGemm, devices: Sequence[BoundDevice] | _DeviceArrays, held_a: bool,
                    held_b: bool) -> float:
     """Smallest window in which the devices could do all of g's multiply-adds."""
     need = float(g.m) * g.k * g.n
+    devs = devices if isinstance(devices, _DeviceArrays) else _DeviceArrays.of(devices)
 
     def feasible(w: float) -> bool:
-        return sum(device_capacity(g, d, w, held_a, held_b) for d in devices) >= need
+        return total_capacity(g, devs, w, held_a, held_b) >= need
 
     lo, hi = 0.0, 1e-6
     while not feasible(hi):
@@ -183,7 +224,8 @@ class StepBound:
 
 
 def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: PsLink,
-                held: set[str], stage: str = "") -> StageBound:
+                held: set[str], stage: str = "", arrays: _DeviceArrays | None = None
+                ) -> StageBound:
     """Lower bound on the time of GEMMs that run together, given names devices already hold."""
     if not devices:
         return StageBound(stage, len(gemms), INF, INF, 0.0, {"no devices": INF})
@@ -202,7 +244,8 @@ def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: 
                 new_down[key] = size * g.itemsize
         held_a = bool(g.a_name) and g.a_name in held
         held_b = bool(g.b_name) and g.b_name in held
-        terms[f"gemm{i}"] = _gemm_window_s(g, devices, held_a, held_b)
+        terms[f"gemm{i}"] = _gemm_window_s(g, arrays or _DeviceArrays.of(devices), held_a,
+                                           held_b)
     down_bytes = sum(new_down.values())
     terms["compute"] = flops / rate if rate > 0 else INF
     terms["down"] = down_bytes / down if down > 0 else INF
@@ -230,8 +273,9 @@ def step_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice],
     """Lower bound on a step's device time: the sum of its stages' bounds, in chain order."""
     held: set[str] = set()
     stages = []
+    arrays = _DeviceArrays.of(devices)
     for group in group_stages(gemms):
-        stages.append(stage_bound(group, devices, ps, held, group[0].stage))
+        stages.append(stage_bound(group, devices, ps, held, group[0].stage, arrays))
         for g in group:  # what this stage sent, later stages may find on devices
             held.update(x for x in (g.a_name, g.b_name) if x)
     return StepBound(sum(s.bound_s for s in stages), stages)

@@ -52,14 +52,17 @@ calling thread) is summed in ``validation_cpu_s``.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import heapq
 import itertools
+import math
 import statistics
 import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -121,6 +124,7 @@ class Task:
     holders: set[str] = field(default_factory=set)  # devices with a live (trusted) copy
     queued: bool = False  # in the pending queue
     owner: str | None = None  # the device the plan gave it to (None: anyone, FIFO)
+    qpos: int = -(1 << 62)  # its position in the pending queue while queued (PendingQueue)
     # fixed facts of the tile, computed once: the scheduler reads them on every pick
     flops: float = field(init=False)
     a_block_key: str = field(init=False)
@@ -165,6 +169,8 @@ class Copy:
     sent_s: float
     expected_s: float  # predicted wall time the result is back
     compute_wall_s: float = 0.0  # the compute part of that prediction
+    seq: int = 0  # order of handing out (the backup search breaks ties by it)
+    idx_ver: int = 0  # which of its BackupIndex entries is current
 
 
 @dataclass
@@ -189,6 +195,7 @@ class DeviceSlot:
     group: str = ""
     kind: str = "emulated"
     profile: str = ""
+    order: int = 0  # registration order (the backup search breaks ties by it)
     window: int = 1
     in_flight: dict[int, Copy] = field(default_factory=dict)
     # losing copies: another device's copy of the task won while this one was out. They no
@@ -224,6 +231,321 @@ class DeviceSlot:
         """Predicted device seconds until a new tile of this size would be done (queue first)."""
         per_tile = flops / max(self.rate_flops, 1.0)
         return (len(self.in_flight) + len(self.cancelled) + 1) * per_tile
+
+
+# An entry of the backup index: (key, order, seq, ver, copy, slot); key is -expected_s in the
+# by-return list and sent_s in the overdue list. (order, seq) is unique per copy, so sorting
+# never compares copies.
+_Entry = tuple[float, int, int, int, Copy, DeviceSlot]
+
+
+def _merge(into: list[_Entry], new: list[_Entry]) -> None:
+    """Merge new entries into a sorted list (a few: binary insertion; many: one linear merge)."""
+    if len(new) <= 8:
+        for e in new:
+            bisect.insort(into, e)
+    else:
+        new.sort()
+        into.extend(new)
+        into.sort()  # two sorted runs: timsort merges them in linear time
+    new.clear()
+
+
+class BackupIndex:
+    """The copies in flight, ordered for the backup search (:meth:`Scheduler._backup_candidate`).
+
+    A copy's remaining time is ``expected_s - now`` until it is overdue and ``now - sent_s``
+    after, so at any ``now`` the copies not yet overdue, by ``expected_s`` descending, and the
+    overdue ones, by ``sent_s`` ascending, are two lists each in non-increasing remaining time;
+    merging them walks every copy longest-remaining first, and the search stops as soon as no
+    copy further down could qualify. Copies that leave (a result, a departure, a quarantine) are
+    dropped lazily when met; copies of tasks that already have ``MAX_COPIES`` holders are parked
+    and come back when a holder lets go (``unpark``).
+    """
+
+    def __init__(self, devices: dict[str, DeviceSlot]):
+        self._devices = devices  # the scheduler's own dict (read-only here)
+        self._by_expected: list[_Entry] = []  # sorted: expected_s descending
+        self._by_sent: list[_Entry] = []  # overdue copies, sorted: sent_s ascending
+        self._new: list[_Entry] = []  # added since the last sort
+        self._new_overdue: list[_Entry] = []
+        self._heap: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # not yet overdue
+        self._parked: dict[int, list[tuple[Copy, DeviceSlot]]] = {}
+        self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
+        self._added = 0
+        self._kept = 0
+
+    def add(self, copy: Copy, slot: DeviceSlot) -> None:
+        """Index a copy just handed out."""
+        self._new.append((-copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot))
+        heapq.heappush(self._heap, (copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy,
+                                    slot))
+        self.min_flops = min(self.min_flops, copy.task.flops)
+        self._added += 1
+        if self._added > max(64, 2 * self._kept):  # also keeps min_flops close
+            self._compact()
+
+    def current(self, entry: _Entry) -> bool:
+        """Whether an entry still stands for a copy that counts (else it is dropped)."""
+        copy, slot = entry[4], entry[5]
+        return (entry[3] == copy.idx_ver and self._devices.get(slot.device_id) is slot
+                and not slot.quarantined and slot.in_flight.get(copy.task.task_id) is copy)
+
+    def park(self, copy: Copy, slot: DeviceSlot) -> None:
+        """Out of the search until a holder of its task lets go (its task has enough copies)."""
+        copy.idx_ver += 1
+        self._parked.setdefault(copy.task.task_id, []).append((copy, slot))
+
+    def unpark(self, task: Task) -> None:
+        """A holder of the task let go: its other copies are candidates again."""
+        for copy, slot in self._parked.pop(task.task_id, ()):
+            if slot.in_flight.get(task.task_id) is copy:
+                copy.idx_ver += 1
+                self.add(copy, slot)
+
+    def _sync(self, now_s: float) -> None:
+        _merge(self._by_expected, self._new)
+        heap = self._heap
+        while heap and heap[0][0] <= now_s:  # overdue now: into the by-send-time list
+            expected, order, seq, ver, copy, slot = heapq.heappop(heap)
+            if ver == copy.idx_ver:
+                self._new_overdue.append((copy.sent_s, order, seq, ver, copy, slot))
+        _merge(self._by_sent, self._new_overdue)
+
+    def _compact(self) -> None:
+        self._sync(-math.inf)
+        self._by_expected = [e for e in self._by_expected if self.current(e)]
+        self._by_sent = [e for e in self._by_sent if self.current(e)]
+        self._heap = [h for h in self._heap if self.current(h)]
+        heapq.heapify(self._heap)
+        for task_id in [t for t, copies in self._parked.items()
+                        if not any(s.in_flight.get(t) is c for c, s in copies)]:
+            del self._parked[task_id]
+        self.min_flops = min((e[4].task.flops for e in self._by_expected), default=math.inf)
+        for copies in self._parked.values():
+            for copy, _ in copies:
+                self.min_flops = min(self.min_flops, copy.task.flops)
+        self._added = 0
+        self._kept = len(self._by_expected)
+
+    def most_remaining_s(self, now_s: float) -> float:
+        """No current copy has more remaining time than this at now_s (-inf: none in flight)."""
+        self._sync(now_s)
+        first, second = self._by_expected, self._by_sent
+        self._clean_head(first)
+        self._clean_head(second)
+        most = -math.inf
+        if first:
+            most = -first[0][0] - now_s
+        if second:
+            most = max(most, now_s - second[0][0])
+        return most
+
+    def _clean_head(self, entries: list[_Entry]) -> None:
+        """Drop leading entries that are no candidates (gone, or their task has its copies):
+        a stale head would make most_remaining_s a loose bound."""
+        while entries:
+            e = entries[0]
+            if not self.current(e):
+                del entries[0]
+            elif len(e[4].task.holders) >= MAX_COPIES:
+                self.park(e[4], e[5])
+                del entries[0]
+            else:
+                return
+
+    def by_remaining(self, now_s: float) -> Iterator[tuple[float, _Entry]]:
+        """(remaining_s, entry) of every current copy, remaining time non-increasing.
+
+        Entries that no longer stand for a counting copy are dropped on the way. The caller
+        may stop at any point (and must not add copies before it does).
+        """
+        self._sync(now_s)
+        first, second = self._by_expected, self._by_sent
+        i = j = 0
+        head1: _Entry | None = None
+        head2: _Entry | None = None
+        while True:
+            while head1 is None and i < len(first):
+                e = first[i]
+                if not self.current(e):
+                    del first[i]
+                elif -e[0] > now_s:
+                    head1 = e
+                else:
+                    i = len(first)  # the rest is overdue: the second list has it
+            while head2 is None and j < len(second):
+                e = second[j]
+                if not self.current(e):
+                    del second[j]
+                elif e[4].expected_s <= now_s:
+                    head2 = e
+                else:
+                    j += 1  # not overdue at this (earlier) time: the first list has it
+            if head1 is None and head2 is None:
+                return
+            # the same expressions as Scheduler.remaining_s
+            r1 = head1[4].expected_s - now_s if head1 is not None else -math.inf
+            r2 = now_s - head2[4].sent_s if head2 is not None else -math.inf
+            if r1 >= r2:
+                assert head1 is not None
+                yield r1, head1
+                i += 1
+                head1 = None
+            else:
+                assert head2 is not None
+                yield r2, head2
+                j += 1
+                head2 = None
+
+
+_GONE = -(1 << 62)  # a removed task's position: no queue entry matches it
+
+
+class PendingQueue:
+    """The FIFO of pending tasks: append, appendleft, removal anywhere, and an index by owner.
+
+    Removal is lazy (a removed task's entries stay until they reach an end or the queue is
+    compacted), so taking a task from the middle costs O(1) instead of a scan. Every entry
+    carries its position: appends count up, appendlefts count down, so the positions order the
+    tasks exactly as a deque with the same operations would (deletions do not reorder). The
+    per-owner deques keep each owner's tasks in that same order.
+    """
+
+    def __init__(self, is_dead: Callable[[str], bool] = lambda owner: False) -> None:
+        self._is_dead = is_dead  # whether an owner is gone or quarantined
+        self._dead: set[str] = set()  # owners with (possibly) queued tasks that are dead
+        self._retried: dict[int, Task] = {}  # queued tasks of attempt > 0
+        self._q: deque[tuple[int, Task]] = deque()
+        self._by_owner: dict[str | None, deque[tuple[int, Task]]] = {}
+        self._front = 0
+        self._back = 0
+        self._live = 0
+
+    @staticmethod
+    def _valid(entry: tuple[int, Task]) -> bool:
+        return entry[1].qpos == entry[0]
+
+    def _add(self, task: Task, pos: int, left: bool) -> None:
+        task.queued, task.qpos = True, pos
+        entry = (pos, task)
+        owned = self._by_owner.get(task.owner)
+        if owned is None:
+            owned = self._by_owner[task.owner] = deque()
+        if task.owner is not None and self._is_dead(task.owner):
+            self._dead.add(task.owner)
+        if task.attempt > 0:
+            self._retried[task.task_id] = task
+        if left:
+            self._q.appendleft(entry)
+            owned.appendleft(entry)
+        else:
+            self._q.append(entry)
+            owned.append(entry)
+        self._live += 1
+
+    def append(self, task: Task) -> None:
+        """Queue a task at the back."""
+        self._add(task, self._back, left=False)
+        self._back += 1
+
+    def appendleft(self, task: Task) -> None:
+        """Queue a task at the front."""
+        self._front -= 1
+        self._add(task, self._front, left=True)
+
+    def remove(self, task: Task) -> None:
+        """Take a queued task out (wherever it is)."""
+        if task.qpos == _GONE:
+            raise ValueError(f"task {task.task_id} is not queued")
+        task.queued, task.qpos = False, _GONE
+        self._retried.pop(task.task_id, None)
+        self._live -= 1
+        if len(self._q) > 2 * self._live + 256:
+            self._compact()
+
+    def popleft(self) -> Task:
+        """Take the first task out."""
+        task = self.first()
+        if task is None:
+            raise IndexError("pop from an empty queue")
+        self.remove(task)
+        return task
+
+    def first(self) -> Task | None:
+        """The first task (None: empty)."""
+        q = self._q
+        while q and not self._valid(q[0]):
+            q.popleft()
+        return q[0][1] if q else None
+
+    def last(self) -> Task | None:
+        """The last task (None: empty)."""
+        q = self._q
+        while q and not self._valid(q[-1]):
+            q.pop()
+        return q[-1][1] if q else None
+
+    def _compact(self) -> None:
+        self._q = deque(e for e in self._q if self._valid(e))
+        for owner in list(self._by_owner):
+            kept = deque(e for e in self._by_owner[owner] if self._valid(e))
+            if kept:
+                self._by_owner[owner] = kept
+            else:
+                del self._by_owner[owner]
+                if owner is not None:
+                    self._dead.discard(owner)
+
+    def owned(self, owner: str | None) -> Iterator[Task]:
+        """The queued tasks of one owner, in queue order."""
+        q = self._by_owner.get(owner)
+        if q is None:
+            return
+        while q and not self._valid(q[0]):
+            q.popleft()
+        if not q:
+            del self._by_owner[owner]
+            if owner is not None:
+                self._dead.discard(owner)
+            return
+        for entry in q:
+            if self._valid(entry):
+                yield entry[1]
+
+    def owner_gone(self, owner: str) -> None:
+        """An owner left or was quarantined: its queued tasks are orphans."""
+        if owner in self._by_owner:
+            self._dead.add(owner)
+
+    def owner_back(self, owner: str) -> None:
+        """A device registered under this id (its queued tasks are its own again)."""
+        self._dead.discard(owner)
+
+    def dead_owners(self) -> list[str]:
+        """Dead owners that may have queued tasks."""
+        return list(self._dead)
+
+    def retried(self) -> list[Task]:
+        """Queued tasks that were handed out before (the only ones an owner can have had)."""
+        return list(self._retried.values())
+
+    def __iter__(self) -> Iterator[Task]:
+        for entry in self._q:
+            if self._valid(entry):
+                yield entry[1]
+
+    def __len__(self) -> int:
+        return self._live
+
+    def __bool__(self) -> bool:
+        return self._live > 0
+
+    def __contains__(self, task: object) -> bool:
+        return isinstance(task, Task) and task.queued and any(t is task for t in self)
+
+
+_UNKNOWN = DeviceSlot("", "", 1.0, 1, 0)  # a device whose overhead is not known yet
 
 
 class Verdict(enum.Enum):
@@ -273,8 +595,11 @@ class Scheduler:
     def __init__(self, on_event: Callable[..., None] | None = None, check_values: bool = True,
                  freivalds_vectors: int = 1, quarantine_after: int = 3, dilation: float = 1.0,
                  speculate: bool = True):
-        self.pending: deque[Task] = deque()
         self.devices: dict[str, DeviceSlot] = {}
+        self.pending = PendingQueue(self._owner_dead)
+        self._backups = BackupIndex(self.devices)
+        self._orders = itertools.count()  # registration order of devices
+        self._copy_seq = itertools.count()  # order in which copies are handed out
         self.tasks: dict[int, Task] = {}  # live tasks of unfinished GEMMs
         self._ids = itertools.count()
         self._on_event = on_event or (lambda kind, **fields: None)
@@ -295,9 +620,16 @@ class Scheduler:
         return self.counters.recomputed
 
     # -- devices -------------------------------------------------------------------------------
+    def _owner_dead(self, owner: str) -> bool:
+        slot = self.devices.get(owner)
+        return slot is None or slot.quarantined
+
     def add_device(self, slot: DeviceSlot) -> None:
         """Register a device and size every window again."""
+        old = self.devices.get(slot.device_id)
+        slot.order = old.order if old is not None else next(self._orders)  # dict order
         self.devices[slot.device_id] = slot
+        self.pending.owner_back(slot.device_id)
         self._resize_windows()
 
     def set_max_in_flight(self, device_id: str, tiles: int) -> None:
@@ -312,6 +644,7 @@ class Scheduler:
         slot = self.devices.pop(device_id, None)
         if slot is None:
             return []
+        self.pending.owner_gone(device_id)
         requeued = self._release_all(slot)
         self._resize_windows()
         return requeued
@@ -322,6 +655,7 @@ class Scheduler:
         if slot is None or slot.quarantined:
             return []
         slot.quarantined = True
+        self.pending.owner_gone(device_id)
         self._resize_windows()
         return self._release_all(slot, keep_copies=True)
 
@@ -341,6 +675,8 @@ class Scheduler:
     def _release(self, task: Task, device_id: str, front: bool = True) -> bool:
         """The device's copy no longer counts; re-queue the task if nobody holds it now."""
         task.holders.discard(device_id)
+        if not task.done and task.holders:
+            self._backups.unpark(task)  # its other copy may be backed up again
         if task.done or task.holders or task.queued:
             return False
         task.attempt += 1
@@ -440,89 +776,150 @@ class Scheduler:
                 out.append(self._give(slot, task, now_s, backup=True))
         return out
 
+    def assign_each(self, slots: Sequence[DeviceSlot], now_s: float
+                    ) -> list[tuple[DeviceSlot, list[Assignment]]]:
+        """:meth:`assign` for each device in turn, as the PS pumps: ``slots`` fastest first
+        (``rate_flops`` non-increasing). The same assignments; it stops early once nothing is
+        pending and no device left in the list could take a backup (a bound: each finishes no
+        sooner than a one-tile device as fast as the next one, with the smallest overhead of
+        those left)."""
+        out: list[tuple[DeviceSlot, list[Assignment]]] = []
+        floors: list[float] | None = None  # per position: the least overhead from there on
+        for i, slot in enumerate(slots):
+            if not self._pending_live():
+                if floors is None:
+                    unknown = self._overhead_s(_UNKNOWN)  # what _overhead_s gives those
+                    floors = list(itertools.accumulate(
+                        (unknown if o is None else o
+                         for o in [s.overhead_s for s in reversed(slots)]), min))[::-1]
+                if self._no_backup_below(slot.rate_flops, floors[i], now_s):
+                    break
+            got = self.assign(slot.device_id, now_s=now_s)
+            if got:
+                out.append((slot, got))
+        return out
+
+    def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float) -> bool:
+        """Whether no device at most this fast, with at least this overhead, can take a
+        backup copy now."""
+        index = self._backups
+        if not self.speculate or math.isinf(index.min_flops):
+            return True
+        # the least finish_wall_s of such a device (1 - 1e-9: rounding of the sum can only
+        # make the bound looser, never wrong)
+        mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
+            (1 - 1e-9)
+        most = index.most_remaining_s(now_s)
+        return most <= 0.0 or not most > STRAGGLER_RATIO * mine_min or \
+            most - mine_min < MIN_BACKUP_GAIN_S
+
     def _pending_live(self) -> bool:
-        while self.pending and self.pending[0].done:  # finished by another copy
-            self.pending.popleft().queued = False
-        return bool(self.pending)
+        first = self.pending.first()
+        while first is not None and first.done:  # finished by another copy
+            self.pending.remove(first)
+            first = self.pending.first()
+        return first is not None
 
     def _pick(self, slot: DeviceSlot, now_s: float) -> Task | None:
         if not self._pending_live():
             return None
-        if self.pending[0].owner is not None or self.pending[-1].owner is not None:
+        first, last = self.pending.first(), self.pending.last()
+        assert first is not None and last is not None
+        if first.owner is not None or last.owner is not None:
             return self._pick_planned(slot, now_s)
-        if self._tail() and self._is_straggler(slot, self.pending[0]):
+        if self._tail() and self._is_straggler(slot, first):
             return None
-        best_i, best_score = 0, -1
-        for i, task in enumerate(itertools.islice(self.pending, AFFINITY_SCAN)):
+        best, best_score = first, -1
+        for task in itertools.islice(self.pending, AFFINITY_SCAN):
             if task.done or not self._eligible(slot, task):
                 continue
             score = ((task.a_block_key in slot.cache) * task.a_nbytes
                      + (task.b_block_key in slot.cache) * task.b_nbytes)
             if score > best_score:
-                best_i, best_score = i, score
+                best, best_score = task, score
         if best_score < 0:  # only tasks this device already had (it failed them): leave them
             return None if len(self.pending) <= AFFINITY_SCAN else self._pick_beyond(slot)
-        task = self.pending[best_i]
-        del self.pending[best_i]
-        task.queued = False
+        return self._take(best)
+
+    def _take(self, task: Task) -> Task:
+        self.pending.remove(task)
         return task
 
-    def _take(self, i: int) -> Task:
-        task = self.pending[i]
-        del self.pending[i]
-        task.queued = False
-        return task
+    def _orphaned(self, task: Task) -> bool:
+        """Whether a planned task has no owner to wait for (see _pick_planned)."""
+        owner = self.devices.get(task.owner) if task.owner is not None else None
+        return owner is None or owner.quarantined or task.task_id in owner.given
+
+    def _first_orphan(self, slot: DeviceSlot) -> Task | None:
+        """The first orphan in queue order the device may take.
+
+        Orphans are the tasks without an owner, those of dead owners and those their owner
+        gave back (which were handed out before: attempt > 0); the candidates of each kind are
+        few, so this does not walk the queue.
+        """
+        best: Task | None = None
+
+        def consider(task: Task) -> None:
+            nonlocal best
+            if best is None or task.qpos < best.qpos:
+                best = task
+        for owner in [None, *self.pending.dead_owners()]:
+            for task in self.pending.owned(owner):
+                if not task.done and self._eligible(slot, task) and self._orphaned(task):
+                    consider(task)
+                    break
+        for task in self.pending.retried():
+            if not task.done and self._eligible(slot, task) and self._orphaned(task):
+                consider(task)
+        return best
 
     def _pick_planned(self, slot: DeviceSlot, now_s: float) -> Task | None:
-        """Own tasks first, then orphans (owner gone), then steal from a backlogged owner."""
-        orphan = steal = None
-        backlog: dict[str, int] = {}
-        for i, task in enumerate(self.pending):
-            if task.done or not self._eligible(slot, task):
-                continue
-            if task.owner == slot.device_id:
-                return self._take(i)
-            owner = self.devices.get(task.owner) if task.owner is not None else None
-            # An owner that had this task and gave it back (failed check, refusal, lease) is
-            # no longer its owner: it would not be offered it again while others can take it,
-            # and nobody else would steal it from an owner without a backlog. An orphan.
-            if owner is None or owner.quarantined or task.task_id in owner.given:
-                if orphan is None:
-                    orphan = i
-            else:
-                backlog[owner.device_id] = backlog.get(owner.device_id, 0) + 1
-                if steal is None:
-                    steal = i
+        """Own tasks first, then orphans (owner gone), then steal from a backlogged owner.
+
+        In queue order: the device's first own task; else the first orphan; else the first
+        task of a live owner, stolen (the owner's last one) if that owner's backlog straggles.
+        The queue's per-owner index finds each without walking the whole queue.
+        """
+        for task in self.pending.owned(slot.device_id):
+            if not task.done and self._eligible(slot, task):
+                return self._take(task)
+        # An owner that had a task and gave it back (failed check, refusal, lease) is no
+        # longer its owner: it would not be offered it again while others can take it, and
+        # nobody else would steal it from an owner without a backlog. An orphan.
+        orphan = self._first_orphan(slot)
         if orphan is not None:
-            task = self.pending[orphan]
-            if self._tail() and self._is_straggler(slot, task):
+            if self._tail() and self._is_straggler(slot, orphan):
                 return None
             return self._take(orphan)
-        if steal is None or slot.overhead_s is None:
+        if slot.overhead_s is None:
             return None
-        task = self.pending[steal]
+        steal = next((t for t in self.pending if not t.done and self._eligible(slot, t)
+                      and not self._orphaned(t)), None)
+        if steal is None:
+            return None
+        task = steal
         owner = self.devices[task.owner or ""]
+        backlog = sum(1 for t in self.pending.owned(owner.device_id)
+                      if not t.done and self._eligible(slot, t) and not self._orphaned(t))
         # An owner whose tiles are overdue is as far behind as the most overdue of them: a
         # device that heartbeats but never returns would otherwise keep its planned tiles.
         # Cancelled copies count: they still fill its window until it answers them.
         overdue_s = max((now_s - c.expected_s for c in itertools.chain(
             owner.in_flight.values(), owner.cancelled.values())), default=0.0)
         theirs = self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
-            backlog[owner.device_id] * task.flops / max(owner.rate_flops, 1.0) * self.dilation
+            backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation
         mine = self.finish_wall_s(slot, task.flops)
         if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:
-            for i, t in enumerate(self.pending):  # the owner's last pending task: its run's end
-                if t.owner == owner.device_id and not t.done and self._eligible(slot, t):
-                    steal = i
+            for t in self.pending.owned(owner.device_id):  # its last pending task: its run's end
+                if not t.done and self._eligible(slot, t):
+                    steal = t
             return self._take(steal)
         return None
 
     def _pick_beyond(self, slot: DeviceSlot) -> Task | None:
-        for i, task in enumerate(self.pending):
+        for task in self.pending:
             if not task.done and self._eligible(slot, task):
-                del self.pending[i]
-                task.queued = False
-                return task
+                return self._take(task)
         return None
 
     def _tail(self) -> bool:
@@ -541,25 +938,46 @@ class Scheduler:
         return now_s - copy.sent_s
 
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
+        """The in-flight task with the longest remaining time whose holder straggles behind
+        this device (ties: the first device registered, then the first copy handed out).
+
+        The index walks copies longest-remaining first, so the walk stops at the first copy
+        that could not qualify even at the smallest tile size in flight (``min_flops``): the
+        device's finish only grows with a tile's FLOPs.
+        """
+        index = self._backups
+        if math.isinf(index.min_flops):
+            return None
+        mine_min = self.finish_wall_s(slot, index.min_flops)
+        floor = STRAGGLER_RATIO * mine_min
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most = index.most_remaining_s(now_s)
+        if most <= 0.0 or not most > floor or most - mine_min < MIN_BACKUP_GAIN_S:
+            return None  # not even the longest copy could qualify
         best: Task | None = None
         best_remaining = 0.0
-        overdue_s = OVERDUE_BACKUP_S * self.dilation
-        for other in self.devices.values():
-            if other is slot or other.quarantined:
+        best_key = (0, 0)
+        for remaining, entry in index.by_remaining(now_s):
+            if (remaining < best_remaining or remaining <= 0.0 or not remaining > floor
+                    or remaining - mine_min < MIN_BACKUP_GAIN_S):
+                break  # nor can any copy after it
+            copy, other = entry[4], entry[5]
+            task = copy.task
+            if other is slot:
+                continue
+            if len(task.holders) >= MAX_COPIES:
+                index.park(copy, other)
                 continue
             known = other.overhead_s is not None and slot.overhead_s is not None
-            for copy in other.in_flight.values():
-                task = copy.task
-                if (task.done or len(task.holders) >= MAX_COPIES or task.queued
-                        or other.device_id not in task.holders
-                        or task.task_id in slot.given
-                        or (not known and now_s - copy.expected_s < overdue_s)):
-                    continue
-                remaining = self.remaining_s(copy, now_s)
-                mine = self.finish_wall_s(slot, task.flops)
-                if (remaining > best_remaining and straggles(remaining, mine)
-                        and remaining - mine >= MIN_BACKUP_GAIN_S):
-                    best, best_remaining = task, remaining
+            if (task.done or task.queued or other.device_id not in task.holders
+                    or task.task_id in slot.given
+                    or (not known and now_s - copy.expected_s < overdue_s)):
+                continue
+            mine = self.finish_wall_s(slot, task.flops)
+            if straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S:
+                key = (other.order, copy.seq)
+                if best is None or key < best_key:  # equal remaining: the scan order's first
+                    best, best_remaining, best_key = task, remaining, key
         return best
 
     def _give(self, slot: DeviceSlot, task: Task, now_s: float, backup: bool) -> Assignment:
@@ -567,8 +985,10 @@ class Scheduler:
         expected = now_s + compute_wall_s + (slot.overhead_s or 0.0)
         task.holder, task.sent_s = slot.device_id, now_s
         task.holders.add(slot.device_id)
-        slot.in_flight[task.task_id] = Copy(task, task.attempt, backup, now_s, expected,
-                                            compute_wall_s)
+        copy = Copy(task, task.attempt, backup, now_s, expected, compute_wall_s,
+                    seq=next(self._copy_seq))
+        slot.in_flight[task.task_id] = copy
+        self._backups.add(copy, slot)
         slot.given.add(task.task_id)
         send, keep = [], []
         for key, nbytes in ((task.a_block_key, task.a_nbytes), (task.b_block_key, task.b_nbytes)):

@@ -23,7 +23,8 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
-             report: bool = True, progress: Any = None) -> dict[str, Any]:
+             report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0
+             ) -> dict[str, Any]:
     """Simulate the topology's job into run_dir; return the summary."""
     from testbed.emulator.energy import topology_energy
     from testbed.ps_backend.main import BoundTotals, efficiency
@@ -33,7 +34,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
 
     sim: Simulation | None = None  # the log's clock: virtual seconds once the simulation exists
     log = RunLog(run_dir, elapsed_s=lambda: sim.now_s if sim is not None else 0.0)
-    sim = Simulation(topology, schedule, event=log.event, noise=noise)
+    sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s)
     job = topology.job
     bound = BoundTotals()
     started = time.monotonic()
@@ -41,7 +42,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     steps_done = 0
     try:
         log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
-                  simulated=True)
+                  simulated=True, ps_gemm_s=ps_gemm_s)
         sim.start()
         for step in range(job.steps):
             t0 = time.monotonic()
@@ -82,7 +83,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         "device_compute_s": round(t.device_compute_s, 6), "energy_j": round(t.energy_j, 6),
         "backups": k.backups, "backup_wins": k.backup_wins, "wasted_tiles": k.wasted,
         **bound.fields(), "planner": job.parallelism.planner,
-        "flow_rate_recomputes": sim.net.recomputes,
+        "flow_rate_recomputes": sim.net.recomputes, "ps_gemm_s": ps_gemm_s,
         "network": {"backend": "simulated", "rate": "flow-level max-min fair",
                     "delay": "path delay", "loss": "Mathis cap on the device link"},
         "exit_code": EXIT_OK if state == "done" else EXIT_FAILURE, "devices": devices}
@@ -100,6 +101,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     """The `testbed simulate` command."""
     from testbed.up import load_run_inputs, make_run_dir, portable_input
 
+    if not args.ps_gemm_s >= 0:
+        print(f"error: --ps-gemm-s: expected seconds >= 0, got {args.ps_gemm_s}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     inputs = load_run_inputs(args)
     if isinstance(inputs, int):
         return inputs
@@ -111,7 +116,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     def progress(step: int, device_s: float, wall_s: float) -> None:
         print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)")
-    summary = simulate(topology, run_dir, schedule, progress=progress)
+    summary = simulate(topology, run_dir, schedule, progress=progress,
+                       ps_gemm_s=args.ps_gemm_s)
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
@@ -132,4 +138,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
     p.add_argument("--out", default="runs", help="parent of the run directory (default: runs)")
+    p.add_argument("--ps-gemm-s", type=float, default=0.0,
+                   help="the PS's own time per offloaded GEMM, device seconds (default 0: not "
+                        "modelled; see docs/simulate.md)")
     p.set_defaults(func=run_simulate)

@@ -19,7 +19,9 @@ partition stalls its links and its lease expires after ``lease_s``; heal lets it
 
 Time is device seconds (dilation 1): the scheduler's ``dilation`` is 1, and ``device_time_s`` of
 a step is the virtual time it took. The PS's own work (layer norms, attention, the optimizer, the
-GEMMs below ``min_offload_flops``) takes no virtual time here: the emulated run counts it.
+GEMMs below ``min_offload_flops``, its software per GEMM) takes no virtual time unless
+``ps_gemm_s`` is set: then every offloaded GEMM waits that long of PS time before it goes out
+(a flat per-GEMM cost; ``bench/sim_vs_emu.py`` measures what the emulation host's PS costs).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ from testbed.up import EMULATED_MAX_IN_FLIGHT
 
 MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its link (agent.py)
 AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
+
+
+def _rate(slot: DeviceSlot) -> float:
+    return slot.rate_flops
 
 
 def _zero(counter: list[int]) -> bool:
@@ -113,7 +119,8 @@ class Simulation:
     """Runs a topology's job in virtual time; reports through ``emit`` callbacks."""
 
     def __init__(self, topology: Topology, schedule: ChurnSchedule | None = None,
-                 event: Callable[..., None] | None = None, noise: bool = True):
+                 event: Callable[..., None] | None = None, noise: bool = True,
+                 ps_gemm_s: float = 0.0):
         from testbed.ps_backend.main import ps_config
 
         self.topology = topology
@@ -121,6 +128,9 @@ class Simulation:
         self.job = job
         self.dtype = np.dtype(job.dtype)
         self.schedule = schedule
+        if not ps_gemm_s >= 0:
+            raise ValueError(f"ps_gemm_s must be >= 0 seconds, got {ps_gemm_s}")
+        self.ps_gemm_s = ps_gemm_s  # the PS's own time per offloaded GEMM (see run_step)
         self.emit = event or _no_event
         self.config = ps_config(topology, run_name="simulated", check_values=False)
         c = self.config
@@ -139,6 +149,7 @@ class Simulation:
         self.by_id: dict[str, SimDevice] = {}
         self.devices = self._build_devices(noise)
         self.departed: list[dict[str, Any]] = []
+        self._partitioned: set[str] = set()  # names of devices whose links are down
         self.tiles_per_gemm: dict[str, int] = {}
 
     # -- set-up --------------------------------------------------------------------------------
@@ -180,6 +191,23 @@ class Simulation:
     def at(self, time_s: float, fn: Callable[[], None]) -> None:
         """Run fn at virtual time time_s (ties in the order they were scheduled)."""
         heapq.heappush(self._heap, (time_s, next(self._seq), fn))
+
+    def _pass_time(self, until_s: float) -> None:
+        """Let virtual time run to until_s (the PS is busy; devices and flows go on)."""
+        while True:
+            t_event = self._heap[0][0] if self._heap else math.inf
+            t = min(t_event, self.net.next_drain_s())
+            if t > until_s:
+                break
+            self.now_s = max(self.now_s, t)
+            for flow, arrive_s in self.net.advance(self.now_s):
+                self.at(arrive_s, flow.tag)
+            while self._heap and self._heap[0][0] <= self.now_s:
+                _, _, fn = heapq.heappop(self._heap)
+                fn()
+        for flow, arrive_s in self.net.advance(until_s):
+            self.at(arrive_s, flow.tag)
+        self.now_s = until_s
 
     def _run_until(self, done: Callable[[], bool]) -> None:
         while not done():
@@ -264,12 +292,14 @@ class Simulation:
         sched = self.scheduler
         if not (sched.pending or sched.tasks):
             return
-        ready = [d for d in self.devices.values()
-                 if d.slot is not None and not d.partitioned and d.slot.free > 0]
-        ready.sort(key=lambda d: -d.slot.rate_flops)  # type: ignore[union-attr]
-        for dev in ready:
-            assert dev.slot is not None
-            for a in sched.assign(dev.slot.device_id, now_s=self.now_s):
+        ready = [s for s in sched.devices.values() if s.free > 0]
+        if self._partitioned:
+            ready = [s for s in ready if s.name not in self._partitioned]
+        # the devices' join order (sched.devices is in it), then fastest first: stable
+        ready.sort(key=_rate, reverse=True)
+        for slot, assignments in sched.assign_each(ready, now_s=self.now_s):
+            dev = self.by_id[slot.device_id]
+            for a in assignments:
                 self._send(dev, a)
 
     def _send(self, dev: SimDevice, a: Assignment) -> None:
@@ -366,6 +396,10 @@ class Simulation:
 
     def _partition(self, dev: SimDevice, down: bool) -> None:
         dev.partitioned = down
+        if down:
+            self._partitioned.add(dev.spec.name)
+        else:
+            self._partitioned.discard(dev.spec.name)
         for link, rate in zip(dev.own_links, dev.link_Bps):
             self.net.set_capacity(link, 0.0 if down else rate)
         if down and dev.present:
@@ -417,6 +451,8 @@ class Simulation:
                 if gemm_flops(g.m, g.k, g.n) < self.job.parallelism.min_offload_flops:
                     next(seq)
                     continue  # the PS computes it (no virtual time: see the module docstring)
+                if self.ps_gemm_s > 0:  # the PS's own work before this GEMM goes out
+                    self._pass_time(self.now_s + self.ps_gemm_s)
                 left[0] += 1
                 self.submit(step, next(seq), g, one_done)
             self._run_until(functools.partial(_zero, left))

@@ -101,3 +101,22 @@ def test_step_sums_stages_and_shared_inputs_count_once() -> None:
 
 def test_no_devices_is_infinite() -> None:
     assert math.isinf(stage_bound([BoundGemm(2, 2, 2, 8, "s")], [], PsLink(), set()).bound_s)
+
+
+def test_vectorised_capacity_equals_the_per_device_sum() -> None:
+    import random
+
+    from testbed.ps_backend.bound import _DeviceArrays, device_capacity, total_capacity
+
+    rng = random.Random(5)
+    for _ in range(200):
+        g = BoundGemm(rng.randint(1, 4096), rng.randint(1, 4096), rng.randint(1, 4096),
+                      rng.choice([2, 4]), "s")
+        devs = [BoundDevice(f"d{i}", 10 ** rng.uniform(8, 12), 10 ** rng.uniform(4, 9),
+                            10 ** rng.uniform(4, 9)) for i in range(rng.randint(1, 30))]
+        w = 10 ** rng.uniform(-5, 2)
+        for held_a in (False, True):
+            for held_b in (False, True):
+                each = sum(device_capacity(g, d, w, held_a, held_b) for d in devs)
+                assert total_capacity(g, _DeviceArrays.of(devs), w, held_a, held_b) == \
+                    pytest.approx(each, rel=1e-9)
