@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from testbed.baselines.cost import split_rows
 from testbed.ps_backend.engine.data import BatchSampler, Corpus, load_corpus
 from testbed.ps_backend.engine.model import OptDecoder
 from testbed.ps_backend.engine.offload import OffloadedLinear
@@ -56,19 +57,6 @@ class BaselineStep:
     step: int
     loss: float  # mean cross-entropy over the batch's tokens (of the replicas present), nats
     bytes_sent: dict[str, int]  # what crossed between parties this step: "<from>-><to>": bytes
-
-
-def split_rows(rows: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous [start, end) row ranges, sizes differing by at most one."""
-    if not 1 <= parts <= rows:
-        raise ValueError(f"cannot cut {rows} rows into {parts} non-empty parts")
-    base, extra = divmod(rows, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def even_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
