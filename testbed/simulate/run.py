@@ -111,12 +111,16 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     def progress(step: int, device_s: float, wall_s: float) -> None:
         print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)")
-    summary = simulate(topology, run_dir, schedule, progress=progress)
+    if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
+        from testbed.baselines.run import simulate_baseline
+        summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
+    else:
+        summary = simulate(topology, run_dir, schedule, progress=progress)
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
     print(f"done: {summary['steps_done']} steps, {summary['wall_s']:.3f} s device time, "
-          f"efficiency {summary.get('efficiency')}, energy "
+          f"efficiency {summary.get('efficiency', 'n/a (no bound for this strategy)')}, energy "
           f"{summary['energy']['total']['total_j']:.1f} J")
     return EXIT_OK
 
