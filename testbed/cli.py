@@ -21,6 +21,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 COMMAND_MODULES = (
     "testbed.up",
     "testbed.simulate.run",
+    "testbed.baselines.compare",
     "testbed.report",
     "testbed.perf_model.cli",
     "testbed.churn.cli",

@@ -163,7 +163,8 @@ def _fill(n: _Needs, devs: list[DeviceInfo], layers: int, limit_s: float
                 return None
         else:
             by_mem = math.floor((d.usable_bytes - fixed_mem) / n.layer_mem_bytes)
-            by_time = math.floor((limit_s - fixed_s) / lt * (1 + 1e-12)) if lt > 0 else take
+            by_time = (math.floor((limit_s - fixed_s) / lt * (1 + 1e-12))
+                       if lt > 0 and math.isfinite(limit_s) else take)
             take = min(take, by_mem, by_time)
             if take < 1:
                 return None
