@@ -131,7 +131,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "simulate", help="run a topology's job in virtual time (no processes, no tensors)",
         description="Simulate a topology's job: the PS's scheduler and planner, the devices' "
                     "models, churn and a flow-level network in virtual time. Writes the same "
-                    "run directory as `testbed up`, marked simulated. Exit 2 on bad input.")
+                    "run directory as `testbed up`, marked simulated. A job whose "
+                    "parallelism.strategy is pipeline or data-parallel runs those baselines "
+                    "(docs/baselines.md). Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
