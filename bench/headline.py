@@ -24,8 +24,6 @@ each of the seeds' ratios, the measured value and whether it falls in the claime
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import statistics
 import sys
 import tempfile
 import time
@@ -130,36 +128,37 @@ def main(argv: list[str] | None = None) -> int:
               f"{res['sim_s']:.0f}", flush=True)
     print()
     for model in models:
-        base = results[(15, "10MB/s", model)]["rows"]
-        tile, pipe, gpu = base["tile-tp"], base["pipeline"], base["gpu:a5000"]
-        speed = (pipe["step_s"] / tile["step_s"]) if pipe.get("step_s") and \
-            tile.get("step_s") else None
         times = {s: {n: results[(n, "10MB/s", model)]["rows"][s].get("step_s")
                      for n in sweep} for s in ("tile-tp", "pipeline")}
         n_tile, n_pipe = useful_devices(times["tile-tp"]), useful_devices(times["pipeline"])
         devices = (n_tile / n_pipe) if n_tile and n_pipe else None
-        energy = gpu["energy_j_per_step"] / tile["energy_j_per_step"] \
-            if tile.get("energy_j_per_step") else None
-        carbon = gpu["carbon_g_per_step"] / tile["carbon_g_per_step"] \
-            if tile.get("carbon_g_per_step") else None
-        print(f"{model}, 15 phones at 10 MB/s:")
-        print(f"  tile-tp faster than pipeline: {fmt(speed)}x (claimed 4-10x): "
-              f"{verdict(speed, 4, 10)}"
-              + ("" if pipe.get("step_s") else f" (pipeline: {pipe['state']})"))
-        print(f"  devices still useful: tile-tp {n_tile}, pipeline {n_pipe} -> {fmt(devices)}x "
-              f"(claimed 2-8x): {verdict(devices, 2, 8)}")
-        print(f"  A5000 energy / edge (tile-tp) energy per step: {fmt(energy)}x (claimed "
-              f"1.5-4x): {verdict(energy, 1.5, 4)}")
-        print(f"  A5000 carbon / edge carbon per step: {fmt(carbon)}x (claimed 3.5-8x): "
-              f"{verdict(carbon, 3.5, 8)} (grids {args.gpu_grid_g_per_kwh:g} vs "
-              f"{args.grid_g_per_kwh:g} gCO2e/kWh)")
-        dp = base["data-parallel"]
-        best_edge = min((r["energy_j_per_step"] for r in (tile, pipe, dp)
-                         if r.get("energy_j_per_step")), default=None)
-        if best_edge:
-            print(f"  (best edge strategy's energy per step: {best_edge:.4g} J; the A5000's "
-                  f"{gpu['energy_j_per_step']:.4g} J)")
-    _ = dataclasses, statistics
+        print(f"{model}, N = {', '.join(map(str, sweep))} phones at 10 MB/s: devices still "
+              f"useful: tile-tp {n_tile}, pipeline {n_pipe} -> {fmt(devices)}x (claimed "
+              f"2-8x): {verdict(devices, 2, 8)}")
+        for link in ("10MB/s", "100Mbit"):
+            base = results[(15, link, model)]["rows"]
+            tile, pipe, dp, gpu = (base["tile-tp"], base["pipeline"], base["data-parallel"],
+                                   base["gpu:a5000"])
+            speed = (pipe["step_s"] / tile["step_s"]) if pipe.get("step_s") and \
+                tile.get("step_s") else None
+            energy = gpu["energy_j_per_step"] / tile["energy_j_per_step"] \
+                if tile.get("energy_j_per_step") else None
+            carbon = gpu["carbon_g_per_step"] / tile["carbon_g_per_step"] \
+                if tile.get("carbon_g_per_step") else None
+            print(f"{model}, 15 phones at {link}:")
+            print(f"  tile-tp faster than pipeline: {fmt(speed)}x (claimed 4-10x): "
+                  f"{verdict(speed, 4, 10)}"
+                  + ("" if pipe.get("step_s") else f" (pipeline: {pipe['state']})"))
+            print(f"  A5000 energy / edge (tile-tp) energy per step: {fmt(energy)}x (claimed "
+                  f"1.5-4x): {verdict(energy, 1.5, 4)}")
+            print(f"  A5000 carbon / edge carbon per step: {fmt(carbon)}x (claimed 3.5-8x): "
+                  f"{verdict(carbon, 3.5, 8)} (grids {args.gpu_grid_g_per_kwh:g} vs "
+                  f"{args.grid_g_per_kwh:g} gCO2e/kWh)")
+            best_edge = min((r["energy_j_per_step"] for r in (tile, pipe, dp)
+                             if r.get("energy_j_per_step")), default=None)
+            if best_edge:
+                print(f"  (best edge strategy's energy per step: {best_edge:.4g} J; the "
+                      f"A5000's {gpu['energy_j_per_step']:.4g} J)")
     return 0
 
 
