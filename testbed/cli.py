@@ -37,7 +37,8 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{args.topology}: ok ({len(topology.devices)} devices in {len(topology.groups)} "
-          f"groups, {topology.job.steps} steps, backend {topology.network.backend})")
+          f"groups, {topology.job.steps} steps, backend {topology.network.backend}, "
+          f"strategy {topology.job.parallelism.strategy})")
     return EXIT_OK
 
 
