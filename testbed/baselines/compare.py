@@ -31,10 +31,9 @@ from testbed.baselines.gpu import GpuProfile, gpu_step, load_gpu
 from testbed.baselines.memory import gib
 from testbed.baselines.placement import (
     FitError,
-    _fill,
-    _needs,
     device_infos,
     fit_problems,
+    pipeline_fits,
     plan_data_parallel,
 )
 from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
@@ -85,11 +84,7 @@ def fits(topology: Topology, strategy: str, job: JobSpec, ps_memory_bytes: int,
             return True
     except FitError:
         return False
-    # pipeline: more stages never need more memory per stage, so the most stages over the
-    # devices with the most memory decide
-    ordered = sorted(devices, key=lambda d: -d.usable_bytes)[:job.model.layers]
-    return _fill(_needs(job, job.parallelism.micro_batches), ordered, job.model.layers,
-                 float("inf")) is not None
+    return pipeline_fits(job, devices)
 
 
 def largest_model(topology: Topology, strategy: str, ps_memory_bytes: int,

@@ -222,6 +222,16 @@ def plan_pipeline(job: JobSpec, devices: list[DeviceInfo]) -> PipelinePlan:
     return best
 
 
+def pipeline_fits(job: JobSpec, devices: list[DeviceInfo]) -> bool:
+    """Whether any contiguous cut fits the devices' memory (speed aside).
+
+    More stages never need more memory per stage, so the most stages over the devices with the
+    most memory decide."""
+    ordered = sorted(devices, key=lambda d: -d.usable_bytes)[:job.model.layers]
+    return bool(ordered) and _fill(_needs(job, job.parallelism.micro_batches), ordered,
+                                   job.model.layers, math.inf) is not None
+
+
 def plan_data_parallel(job: JobSpec, devices: list[DeviceInfo]) -> DataParallelPlan:
     """Every device that holds a whole replica, at most one per sequence; FitError if none."""
     ordered = _order(devices)
