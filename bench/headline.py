@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         (n_tile, open_tile), (n_pipe, open_pipe) = (useful_devices(times["tile-tp"]),
                                                     useful_devices(times["pipeline"]))
         devices = (n_tile / n_pipe) if n_tile and n_pipe else None
-        at_least = ">= " if open_tile and not open_pipe else ""
+        at_least = ">= " if open_tile and not open_pipe and devices is not None else ""
         print(f"{model}, N = {', '.join(map(str, sweep))} phones at 10 MB/s: devices still "
               f"useful: tile-tp {'>= ' if open_tile else ''}{n_tile}, pipeline "
               f"{'>= ' if open_pipe else ''}{n_pipe} -> {at_least}{fmt(devices)}x (claimed "
@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             carbon = gpu["carbon_g_per_step"] / tile["carbon_g_per_step"] \
                 if tile.get("carbon_g_per_step") else None
             print(f"{model}, 15 phones at {link}:")
+            if tile.get("step_s") and not pipe.get("step_s"):
+                print(f"  larger models: tile-tp trains {model}, the pipeline "
+                      f"({pipe['state']}) and data-parallel ({dp['state']}) cannot: "
+                      f"reproduced (Cleave: tile-parallel trains larger models)")
             print(f"  tile-tp faster than pipeline: {fmt(speed)}x (claimed 4-10x): "
                   f"{verdict(speed, 4, 10)}"
                   + ("" if pipe.get("step_s") else f" (pipeline: {pipe['state']})"))
