@@ -55,8 +55,10 @@ class StepOutcome:
 class PipelineSim:
     """Runs the topology's job as a GPipe pipeline; :meth:`run` yields each executed step."""
 
-    def __init__(self, topology: Topology, world: BaselineWorld) -> None:
+    def __init__(self, topology: Topology, world: BaselineWorld,
+                 plan: PipelinePlan | None = None) -> None:
         self.topology = topology
+        self._first_plan = plan  # a fixed first placement (experiments); restarts re-plan
         self.job = topology.job
         self.world = world
         world.on_lost = self._lost
@@ -78,6 +80,10 @@ class PipelineSim:
         w = self.world
         while True:
             names = {d.name for d in w.present()}
+            if self._first_plan is not None and set(self._first_plan.devices) <= names:
+                self.plan, self._first_plan = self._first_plan, None
+                break
+            self._first_plan = None
             try:
                 self.plan = plan_pipeline(self.job, device_infos(self.topology, names))
                 break

@@ -210,11 +210,12 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
                                                                        / targets.numel()))
         for j in reversed(range(m)):
             x, out = saved[j]
-            t0 = time.monotonic()
             if last:
+                t0 = time.monotonic()
                 step_losses[j].backward()
             else:
                 g = recv(s + 1, GRAD, step, j, tuple(out.shape)).to(dtype)
+                t0 = time.monotonic()  # the hold starts when the gradient is here
                 out.backward(g)
             hold(t0, *work("B", j))
             if not first:
