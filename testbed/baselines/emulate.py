@@ -91,3 +91,76 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
             if proc.poll() is None:
                 proc.kill()
         net.stop()
+
+
+def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int | None = None,
+                          replicas: Sequence[str] | None = None, dilation: float = 1.0,
+                          timeout_s: float = 600.0) -> dict[str, Any]:
+    """Run the topology's job as synchronous data parallelism on Mininet: one replica process
+    per replica device, the averaging PS process on the PS's node."""
+    from testbed.baselines.cost import split_rows
+    from testbed.baselines.placement import plan_data_parallel
+    from testbed.emulator.network.mininet import MininetNetwork
+
+    topo = load_topology(topology_path)
+    job = topo.job
+    if job.parallelism.local_steps != 1:
+        raise ValueError("the emulated data-parallel run averages every step (local_steps: 1); "
+                         "DiLoCo rounds run in the simulator only so far")
+    if replicas is None:
+        replicas = plan_data_parallel(job, device_infos(topo)).replicas
+    names = list(replicas)
+    net = MininetNetwork(topo, dilation=dilation)
+    world = BaselineWorld(topo, noise=False)
+    app_delay = not net.caps.netem
+    delay_s = [world.path("ps", d)[1] * dilation if app_delay else 0.0 for d in names]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    procs: list[tuple[str, subprocess.Popen]] = []
+    net.start()
+    try:
+        plan_doc = {"topology": str(Path(topology_path).resolve()), "devices": names,
+                    "rows": [list(r) for r in split_rows(job.batch_size, len(names))],
+                    "steps": steps or job.steps, "dilation": dilation, "dtype": job.dtype,
+                    "ps_ip": net.host_ip(None), "delay_s": delay_s}
+        plan_path = run_dir / "data_parallel_plan.json"
+        plan_path.write_text(json.dumps(plan_doc, indent=2))
+        nodes: list[str | None] = [None, *names]
+        before = {n: net.interface_counters(n) for n in nodes}
+        t0 = time.monotonic()
+        base = [sys.executable, "-m", "testbed.baselines.replica_proc", "--plan", str(plan_path)]
+        for i, node in enumerate(nodes):
+            tag = "ps" if node is None else f"replica{i - 1}"
+            role = ["--role", "ps"] if node is None else ["--role", "replica", "--replica",
+                                                          str(i - 1)]
+            log = (run_dir / f"{tag}.log").open("w")
+            procs.append((tag, net.popen(node, [*base, *role, "--out",
+                                                str(run_dir / f"{tag}.json")],
+                                         stdout=log, stderr=subprocess.STDOUT)))
+        deadline = time.monotonic() + timeout_s
+        failed = []
+        for tag, proc in procs:
+            try:
+                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = -9
+            if code != 0:
+                failed.append(f"{tag} exited {code} (see {run_dir / f'{tag}.log'})")
+        wall_s = time.monotonic() - t0
+        after = {n: net.interface_counters(n) for n in nodes}
+        if failed:
+            raise RuntimeError("; ".join(failed))
+        reports = {tag: json.loads((run_dir / f"{tag}.json").read_text()) for tag, _ in procs}
+        out = {"replicas": names, "rows": plan_doc["rows"], "wall_s": wall_s,
+               "losses": reports["ps"]["losses"], "reports": reports,
+               "network": net.describe(),
+               "links": {("ps" if n is None else n): {
+                   "tx_bytes": after[n]["tx_bytes"] - before[n]["tx_bytes"],
+                   "rx_bytes": after[n]["rx_bytes"] - before[n]["rx_bytes"]} for n in nodes}}
+        (run_dir / "data_parallel_emulated.json").write_text(json.dumps(out, indent=2))
+        return out
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        net.stop()

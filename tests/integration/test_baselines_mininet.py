@@ -80,3 +80,34 @@ def test_pipeline_on_mininet_moves_its_activations_over_the_stage_links(tmp_path
         assert payload_out <= link["tx_bytes"] <= payload_out * OVERHEAD + SLACK_BYTES, (d, link)
         assert payload_in <= link["rx_bytes"] <= payload_in * OVERHEAD + SLACK_BYTES, (d, link)
     assert res["network"]["backend"] == "mininet"
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_data_parallel_on_mininet_averages_through_the_ps_over_real_links(
+        tmp_path: Path) -> None:
+    from testbed.baselines import cost
+    from testbed.baselines.emulate import emulate_data_parallel
+
+    path = write_topology(tmp_path)
+    replicas = ["phones-0", "phones-1", "phones-2"]
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=replicas, timeout_s=300)
+    topo = load_topology(path)
+    torch.set_num_threads(1)
+    want = [r.loss for r in Trainer(topo.job, seed=3, corpus=load_corpus(topo.job.data))
+            .run(STEPS)]
+    assert len(res["losses"]) == STEPS
+    for got, w in zip(res["losses"], want):
+        assert abs(got - w) <= 1e-8 * max(1.0, abs(w))
+    grad_bytes = cost.model_params(topo.job.model) * 8  # float64
+    for r, d in enumerate(replicas):
+        sent = res["reports"][f"replica{r}"]["sent_bytes"]
+        assert sent == STEPS * (grad_bytes + 8)  # its gradient and its loss, every step
+        link = res["links"][d]
+        assert sent <= link["tx_bytes"] <= sent * OVERHEAD + SLACK_BYTES, (d, link)
+        back = STEPS * grad_bytes  # the summed gradient
+        assert back <= link["rx_bytes"] <= back * OVERHEAD + SLACK_BYTES, (d, link)
+    ps = res["links"]["ps"]
+    assert 3 * STEPS * grad_bytes <= ps["rx_bytes"] <= 3 * STEPS * (grad_bytes + 8) * OVERHEAD \
+        + SLACK_BYTES
+    assert res["links"].get("phones-3") is None  # not a replica: not watched
