@@ -50,6 +50,8 @@ class DataParallelSim:
         self.dropped: set[str] = set()
         self.has_weights: set[str] = set()
         self.dropped_replica_steps = 0
+        self.out_this_round: set[str] = set()  # dropped replicas wait for the next round
+        self.replicas_last_step = 0
         self._recheck: Callable[[], None] = lambda: None
 
     def _lost(self, dev: Device, reason: str) -> None:
@@ -94,12 +96,23 @@ class DataParallelSim:
         w, job, b = self.world, self.job, self.b
         H = job.parallelism.local_steps
         if step % H == 0:
+            self.out_this_round = set()
             self._replan()
         plan = self.plan
         assert plan is not None
         sync = (step + 1) % H == 0
-        pending = {name for name in plan.replicas}
-        self.live = {name: [] for name in plan.replicas}
+        here = {d.name for d in w.present()}
+        active = [(n, rows) for n, rows in zip(plan.replicas, plan.rows)
+                  if n in here and n not in self.out_this_round]
+        if not active:  # every replica of the round is gone: place again now
+            self.out_this_round = set()
+            self._replan()
+            plan = self.plan
+            assert plan is not None
+            active = list(zip(plan.replicas, plan.rows))
+        pending = {name for name, _ in active}
+        self.replicas_last_step = len(active)
+        self.live = {name: [] for name, _ in active}
         self.dropped = set()
 
         def gone(name: str) -> bool:
@@ -141,7 +154,7 @@ class DataParallelSim:
                 self._up(name, b, at_ps)
 
         self._recheck = recheck
-        for name, rows in zip(plan.replicas, plan.rows):
+        for name, rows in active:
             dev = w.devices[name]
             start: Callable[[], None]
             if name not in self.has_weights:  # a new replica first gets the parameters
@@ -157,6 +170,7 @@ class DataParallelSim:
         if not ok:
             raise NoPlacement(f"data-parallel step {step} stalled at t={w.now_s:.3f} s")
         self.dropped_replica_steps += len(self.dropped)
+        self.out_this_round |= self.dropped
         self.live = {}
         self._recheck = lambda: None
 
@@ -195,6 +209,6 @@ class DataParallelSim:
                                 sum(d.bytes_up for d in ds) - before[1],
                                 sum(d.compute_s for d in ds) - before[2],
                                 sum(d.energy_j for d in ds) - before[3], redo=False,
-                                fields={"replicas": len(self.plan.replicas),
+                                fields={"replicas": self.replicas_last_step,
                                         "local_steps": self.job.parallelism.local_steps,
                                         "dropped_replicas": len(self.dropped)}))

@@ -302,12 +302,14 @@ class PipelineSim:
     def _recover(self) -> float:
         """Place and restore until both succeed; returns the restore seconds."""
         while True:
+            # no placement while placing: a device lost meanwhile is simply not chosen
+            self.plan, self.failed = None, None
             self._place()
             restore_s = self._restore()
             self.restore_s += restore_s
             if self.failed is None:
                 return restore_s
-            self.failed = None  # a new stage was lost while restoring: place again
+            # a new stage was lost while restoring: place again
 
     def _snapshot(self) -> tuple[int, int, float, float]:
         ds = self.world.devices.values()

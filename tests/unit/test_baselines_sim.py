@@ -176,3 +176,22 @@ def test_device_to_device_paths_skip_the_ps_link() -> None:
     links, _ = world.path(PS, "phones-0")
     assert [world.net.names[i] for i in links] == ["ps:up", "phones-0:down"]
     _ = dataclasses  # keep the import for typed helpers above
+
+
+def test_diloco_drops_a_lost_replica_for_the_rest_of_its_round(tmp_path: Path) -> None:
+    t = topo("data-parallel", count=3, steps=6, local_steps=3)
+    ends: list[float] = []
+    probe = BaselineWorld(t, noise=False)
+    probe.start()
+    DataParallelSim(t, probe).run(6, lambda o: ends.append(probe.now_s))
+    crash_s = ends[0] / 2  # phones-2 crashes during the first inner step
+    trace = tmp_path / "crash.csv"
+    trace.write_text(f"time_s,device,event,arg\n{crash_s:.6f},phones-2,crash,\n")
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False)
+    sim = DataParallelSim(t, world)
+    out = run(sim, 6)
+    assert [o.fields["replicas"] for o in out] == [3, 2, 2, 2, 2, 2]
+    assert sim.dropped_replica_steps == 1
+    params = cost.model_params(t.job.model)
+    # the round's end: the two replicas left send their parameters and get the new ones
+    assert out[2].bytes_up == 2 * params * 8 and out[5].bytes_up == 2 * params * 8
