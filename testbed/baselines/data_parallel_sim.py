@@ -75,9 +75,9 @@ class DataParallelSim:
                 break
             except FitError as exc:
                 if not w.run_until(functools.partial(self._changed, names)):
+                    why = exc.problems[0] if names else "every device has left"
                     raise NoPlacement(f"no device present holds a replica at "
-                                      f"t={w.now_s:.1f} s and none joins later: "
-                                      f"{exc.problems[0]}") from None
+                                      f"t={w.now_s:.1f} s and none joins later: {why}") from None
         if self.plan is None or plan.replicas != self.plan.replicas:
             w.emit("placement", replicas=list(plan.replicas), rows=list(plan.rows),
                    replica_bytes=plan.replica_bytes, left_out=len(plan.left_out))

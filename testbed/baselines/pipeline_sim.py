@@ -90,9 +90,10 @@ class PipelineSim:
             except FitError as exc:
                 waiting = self._wait_for_change(names)
                 if not waiting:
+                    why = exc.problems[0] if names else "every device has left"
                     raise NoPlacement(f"no pipeline placement fits the devices present at "
                                       f"t={w.now_s:.1f} s and no device joins later: "
-                                      f"{exc.problems[0]}") from None
+                                      f"{why}") from None
         used = set(self.plan.devices)
         for d in w.devices.values():
             if d.name in used:

@@ -195,3 +195,16 @@ def test_diloco_drops_a_lost_replica_for_the_rest_of_its_round(tmp_path: Path) -
     params = cost.model_params(t.job.model)
     # the round's end: the two replicas left send their parameters and get the new ones
     assert out[2].bytes_up == 2 * params * 8 and out[5].bytes_up == 2 * params * 8
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data-parallel"])
+def test_a_run_whose_devices_all_leave_fails_saying_so(tmp_path: Path, strategy: str) -> None:
+    t = topo(strategy, count=2, steps=50)
+    trace = tmp_path / "gone.csv"
+    trace.write_text("time_s,device,event,arg\n0.2,phones-0,crash,\n0.2,phones-1,crash,\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    summary = simulate_baseline(t, out, load_schedule(trace, t), report=False)
+    assert summary["state"] == "failed" and summary["exit_code"] == 1
+    assert "every device has left" in summary["error"]
+    assert 0 < summary["steps_done"] < 50
