@@ -3,9 +3,11 @@
 Runs the topology's job once per strategy (``tile-tp``, ``pipeline``, ``data-parallel``) on the
 same devices, device models, network and churn trace, each into its own run directory, and
 writes beside them a comparison: ``comparison.md``, ``comparison.csv``, ``comparison.json`` and
-``comparison.png``, with a cloud GPU reference row (``--gpu``, A5000 by default). For now every
-strategy runs in virtual time (``--simulate``, required); the emulated comparison (real
-processes on Mininet) is not built yet.
+``comparison.png``, with a cloud GPU reference row (``--gpu``, A5000 by default). With
+``--simulate`` every strategy runs in virtual time (churn included). Without it they run on
+Mininet (root): tile-tp through ``testbed up``, the pipeline and synchronous data parallelism
+as stage and replica processes (:mod:`testbed.baselines.emulate`); churn and DiLoCo rounds are
+not emulated yet (refused, or a "not built" row).
 
 Columns: median device time per executed step; wall time of the whole run (restarts and
 restores included); bytes per participating device per step, each way; energy and carbon per
@@ -153,23 +155,136 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
         row = _row(strategy, summary, steps, grid_g_per_kwh)
         row["largest_model"] = largest
         rows.append(row)
-    g = gpu_step(topology.job, gpu, pue)
+    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
     steps_n = topology.job.steps
-    rows.append({"strategy": f"gpu:{gpu.name}", "state": "reference", "devices_used": 1,
-                 "steps_done": steps_n, "step_s": g.step_s, "wall_s": g.step_s * steps_n,
-                 "down_bytes_per_device_step": 0, "up_bytes_per_device_step": 0,
-                 "energy_j_per_step": g.energy_j,
-                 "carbon_g_per_step": carbon_g(g.energy_j, gpu_grid_g_per_kwh),
-                 "energy_j": g.energy_j * steps_n,
-                 "carbon_g": carbon_g(g.energy_j * steps_n, gpu_grid_g_per_kwh),
-                 "steps_redone": 0, "restarts": 0, "lost_work": "",
-                 "largest_model": largest_model(topology, "gpu", ps_memory_bytes, gpu),
-                 "note": "" if g.fits else f"the job needs {gib(g.need_bytes)}, more than the "
-                                           f"GPU's {gib(gpu.memory_bytes)}"})
     inputs = {"topology": topology.name, "steps": steps_n, "churn": str(topology.churn or ""),
               "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
               "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
               "mode": "simulated"}
+    write_comparison(out_dir, rows, inputs)
+    return rows
+
+
+def _gpu_row(topology: Topology, gpu: GpuProfile, gpu_grid_g_per_kwh: float, pue: float,
+             ps_memory_bytes: int) -> dict[str, Any]:
+    g = gpu_step(topology.job, gpu, pue)
+    steps_n = topology.job.steps
+    return {"strategy": f"gpu:{gpu.name}", "state": "reference", "devices_used": 1,
+            "steps_done": steps_n, "step_s": g.step_s, "wall_s": g.step_s * steps_n,
+            "down_bytes_per_device_step": 0, "up_bytes_per_device_step": 0,
+            "energy_j_per_step": g.energy_j,
+            "carbon_g_per_step": carbon_g(g.energy_j, gpu_grid_g_per_kwh),
+            "energy_j": g.energy_j * steps_n,
+            "carbon_g": carbon_g(g.energy_j * steps_n, gpu_grid_g_per_kwh),
+            "steps_redone": 0, "restarts": 0, "lost_work": "",
+            "largest_model": largest_model(topology, "gpu", ps_memory_bytes, gpu),
+            "note": "" if g.fits else f"the job needs {gib(g.need_bytes)}, more than the "
+                                      f"GPU's {gib(gpu.memory_bytes)}"}
+
+
+def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilation: float,
+                  grid: float) -> dict[str, Any]:
+    """A comparison row from an emulated pipeline or data-parallel run on Mininet."""
+    from testbed.emulator.energy import run_energy
+    from testbed.perf_model.profiles import load_profile
+
+    reports = res["stages"] if strategy == "pipeline" else \
+        [r for k, r in res["reports"].items() if k != "ps"]
+    steps_n = len(reports[0]["step_s"])
+    step_s = [max(r["step_s"][i] for r in reports) / dilation for i in range(steps_n)]
+    end_s = sum(step_s)
+    specs = {d.name: d for d in topology.devices}
+    devices, power, links = [], {}, {}
+    for r in reports:
+        d = specs[r["device"]]
+        link = res["links"][d.name]
+        devices.append({"device": d.name, "compute_s": r["device_s"], "energy_j": r["energy_j"],
+                        "tiles_done": 0, "bytes_down": link["rx_bytes"],
+                        "bytes_up": link["tx_bytes"]})
+        power[d.name] = load_profile(str(d.group.profile_path), check=False).power
+        links[d.name] = (d.link.down_bps, d.link.up_bps)
+    events = [{"device": d["device"], "event": "join", "elapsed_s": 0.0} for d in devices]
+    energy = run_energy(devices, events, power, links, 1.0, end_s, grid)
+    total_j = float(energy["total"]["total_j"])
+    n = len(devices)
+    return {"strategy": strategy, "state": "done", "devices_used": n, "steps_done": steps_n,
+            "step_s": statistics.median(step_s), "wall_s": end_s,
+            "down_bytes_per_device_step": sum(d["bytes_down"] for d in devices) / n / steps_n,
+            "up_bytes_per_device_step": sum(d["bytes_up"] for d in devices) / n / steps_n,
+            "energy_j_per_step": total_j / steps_n, "carbon_g_per_step":
+            carbon_g(total_j, grid) / steps_n, "energy_j": total_j,
+            "carbon_g": carbon_g(total_j, grid), "steps_redone": 0, "restarts": 0,
+            "lost_work": "no churn in emulated baselines yet",
+            "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
+                    f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
+
+
+def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
+                     strategies: list[str], gpu: GpuProfile,
+                     grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
+                     gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
+                     ps_memory_bytes: int = 64 * 2**30) -> list[dict[str, Any]]:
+    """Each strategy on Mininet: tile-tp through `testbed up`, the baselines as stage and
+    replica processes (testbed/baselines/emulate.py); then the comparison files."""
+    import subprocess
+
+    import yaml
+
+    from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
+    from testbed.runlog import read_jsonl
+    from testbed.up import portable_input
+
+    raw = yaml.safe_load(portable_input(topology_path))
+    raw.setdefault("network", {})["backend"] = "mininet"
+    raw["job"]["steps"] = topology.job.steps
+    dilation = topology.time_dilation or 1.0
+    rows: list[dict[str, Any]] = []
+    for strategy in strategies:
+        topo = with_strategy(topology, strategy)
+        largest = largest_model(topo, strategy, ps_memory_bytes)
+        problems = fit_problems(topo)
+        if problems:
+            rows.append({"strategy": strategy, "state": "does not fit", "largest_model": largest,
+                         "note": " ".join(problems)})
+            continue
+        raw["job"].setdefault("parallelism", {})["strategy"] = strategy
+        path = out_dir / f"{strategy}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        row: dict[str, Any]
+        try:
+            if strategy == "tile-tp":
+                runs = out_dir / "tile-tp"
+                done = subprocess.run([sys.executable, "-m", "testbed.cli", "up", str(path),
+                                       "--no-live", "--out", str(runs)],
+                                      capture_output=True, text=True)
+                (run_dir,) = list(runs.iterdir())
+                summary = json.loads((run_dir / "summary.json").read_text())
+                if done.returncode != 0:
+                    raise RuntimeError(f"testbed up exited {done.returncode}: "
+                                       f"{done.stderr.strip()[-300:]}")
+                row = _row(strategy, summary, read_jsonl(run_dir / "steps.jsonl"),
+                           grid_g_per_kwh)
+                losses = ", ".join(f"{x:.6f}" for x in summary.get("losses") or [])
+                row["note"] = f"Mininet via testbed up ({run_dir.name}); losses {losses}"
+            elif strategy == "pipeline":
+                res = emulate_pipeline(path, out_dir / strategy, dilation=dilation)
+                row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
+            elif topo.job.parallelism.local_steps != 1:
+                row = {"strategy": strategy, "state": "not built",
+                       "note": "emulated DiLoCo rounds (local_steps > 1) are not built; "
+                               "use --simulate"}
+            else:
+                res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation)
+                row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
+        except (RuntimeError, OSError, ValueError) as exc:
+            row = {"strategy": strategy, "state": "failed", "note": str(exc)}
+        row["largest_model"] = largest
+        rows.append(row)
+    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
+    inputs = {"topology": topology.name, "steps": topology.job.steps, "churn": "",
+              "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
+              "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
+              "mode": f"emulated on Mininet, D = {dilation:g}"}
     write_comparison(out_dir, rows, inputs)
     return rows
 
@@ -225,8 +340,8 @@ def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str
               f"{gpu['name']}: {gpu['peak_fp32_flops'] / 1e12:g} TFLOPS fp32 peak x "
               f"{gpu['sustained_fraction']:g}, {gpu['board_power_w']:g} W, "
               f"{gib(gpu['memory_bytes'])} (sources: testbed/baselines/data/); tile-tp's PS "
-              f"memory {gib(inputs['ps_memory_bytes'])}. Largest model: memory only. The "
-              f"emulated comparison is not built yet (docs/baselines.md)."]
+              f"memory {gib(inputs['ps_memory_bytes'])}. Largest model: memory only "
+              f"(docs/baselines.md)."]
     (out_dir / "comparison.md").write_text("\n".join(lines) + "\n")
     _plot(out_dir, rows)
 
@@ -267,9 +382,18 @@ def run_compare(args: argparse.Namespace) -> int:
     from testbed.up import make_run_dir
 
     if not args.simulate:
-        print("error: only --simulate is built so far: the emulated comparison (real processes "
-              "on Mininet) is not (docs/baselines.md)", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        from testbed.emulator.network.probe import probe
+
+        missing = probe().missing()
+        if missing:
+            print(f"error: the emulated comparison runs on Mininet, which cannot run here "
+                  f"(missing: {'; '.join(missing)}); --simulate runs in virtual time",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if args.churn:
+            print("error: --churn: the emulated baselines do not replay churn yet; use "
+                  "--simulate (docs/baselines.md)", file=sys.stderr)
+            return EXIT_BAD_INPUT
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
@@ -301,12 +425,21 @@ def run_compare(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not args.simulate and topology.churn is not None:
+        print(f"error: {args.topology}: churn: the emulated baselines do not replay churn yet; "
+              f"use --simulate (docs/baselines.md)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     out_dir = make_run_dir(Path(args.out), f"{topology.name}-compare")
-    print(f"comparison directory: {out_dir} (simulated)")
-    rows = compare(topology, out_dir, strategies,
-                   lambda t: schedules.get(t.job.parallelism.strategy), gpu,
-                   args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue, ps_memory,
-                   report=not args.no_report)
+    print(f"comparison directory: {out_dir} ({'simulated' if args.simulate else 'Mininet'})")
+    if args.simulate:
+        rows = compare(topology, out_dir, strategies,
+                       lambda t: schedules.get(t.job.parallelism.strategy), gpu,
+                       args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue, ps_memory,
+                       report=not args.no_report)
+    else:
+        rows = compare_emulated(Path(args.topology), topology, out_dir, strategies, gpu,
+                                args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue,
+                                ps_memory)
     print((out_dir / "comparison.md").read_text())
     failed = [r["strategy"] for r in rows if r["state"] == "failed"]
     return EXIT_FAILURE if failed else EXIT_OK
@@ -321,14 +454,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "DT-FM, data parallelism or DiLoCo) on the same devices, device models, "
                     "network and churn, and write a comparison directory: comparison.md, .csv, "
                     ".json, .png and one run directory per strategy, plus a cloud GPU "
-                    "reference row. Only --simulate is built so far (virtual time, testbed "
-                    "simulate's models); the emulated comparison is not. Exit 2 on bad input.")
+                    "reference row. --simulate: virtual time (testbed simulate's models, "
+                    "churn included). Without it: on Mininet (root), tile-tp through testbed "
+                    "up, the pipeline and data-parallel as real stage and replica processes; "
+                    "churn and DiLoCo are not emulated yet. Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="comma-separated strategies (default: all three)")
     p.add_argument("--simulate", action="store_true",
-                   help="run in virtual time (required for now)")
+                   help="run in virtual time (default: on Mininet, needs root)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
     p.add_argument("--out", default="runs", help="parent of the comparison directory")
     p.add_argument("--gpu", default="a5000",

@@ -117,11 +117,15 @@ def run_replica(plan: dict[str, Any], r: int) -> dict[str, Any]:
     mem = spec.layers * (ef + eb) + hef + heb
     n_params = sum(p.numel() for p in params)
     now_s = [0.0]
+    energy_j = [0.0]  # compute energy: the device model's joules, memory-bound work at busy power
+    busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
     lag_s: list[float] = []
 
     def hold(started: float, work: list[cost.Gemm], nbytes: float) -> None:
-        seconds = sum(device.tile_cost(g.m, g.k, g.n, g.op, now_s[0]).seconds for g in work)
-        seconds += nbytes / bandwidth
+        costs = [device.tile_cost(g.m, g.k, g.n, g.op, now_s[0]) for g in work]
+        mem_s = nbytes / bandwidth
+        seconds = sum(c.seconds for c in costs) + mem_s
+        energy_j[0] += sum(c.joules for c in costs) + busy_w * mem_s
         now_s[0] += seconds
         wait = started + seconds * dilation - time.monotonic()
         lag_s.append(max(0.0, -wait))
@@ -160,7 +164,7 @@ def run_replica(plan: dict[str, Any], r: int) -> dict[str, Any]:
     ps.close()
     lag = sorted(lag_s)
     return {"role": "replica", "replica": r, "device": plan["devices"][r], "sent_bytes": sent,
-            "device_s": now_s[0], "step_s": step_s,
+            "device_s": now_s[0], "energy_j": energy_j[0], "step_s": step_s,
             "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
 
 

@@ -141,12 +141,16 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         _, _, _, hello = recv_frame(conn, 0.0)
         peers[struct.unpack("!I", hello)[0]] = conn
     sent: dict[str, int] = {}
-    now_s = [0.0]  # device time for the device model (thermal, energy)
+    now_s = [0.0]
+    energy_j = [0.0]  # compute energy: the device model's joules, memory-bound work at busy power
+    busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
     lag_s: list[float] = []
 
     def hold(started: float, gemms: list[cost.Gemm], mem_bytes: float) -> None:
-        seconds = sum(device.tile_cost(g.m, g.k, g.n, g.op, now_s[0]).seconds for g in gemms)
-        seconds += mem_bytes / bandwidth
+        costs = [device.tile_cost(g.m, g.k, g.n, g.op, now_s[0]) for g in gemms]
+        mem_s = mem_bytes / bandwidth
+        seconds = sum(c.seconds for c in costs) + mem_s
+        energy_j[0] += sum(c.joules for c in costs) + busy_w * mem_s
         now_s[0] += seconds
         wait = started + seconds * dilation - time.monotonic()
         lag_s.append(max(0.0, -wait))
@@ -245,7 +249,7 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
     listener.close()
     lag = sorted(lag_s)
     return {"stage": s, "device": plan["devices"][s], "losses": losses, "sent_bytes": sent,
-            "step_s": step_s, "device_s": now_s[0],
+            "step_s": step_s, "device_s": now_s[0], "energy_j": energy_j[0],
             "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
 
 

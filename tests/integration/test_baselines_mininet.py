@@ -111,3 +111,32 @@ def test_data_parallel_on_mininet_averages_through_the_ps_over_real_links(
     assert 3 * STEPS * grad_bytes <= ps["rx_bytes"] <= 3 * STEPS * (grad_bytes + 8) * OVERHEAD \
         + SLACK_BYTES
     assert res["links"].get("phones-3") is None  # not a replica: not watched
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_compare_on_mininet_runs_every_strategy_with_the_same_losses(tmp_path: Path) -> None:
+    import csv
+    import json
+
+    from testbed.cli import main
+
+    path = write_topology(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["job"]["model"]["seq_len"] = 32
+    raw["job"]["parallelism"] = {"tile": 32, "micro_batches": 4}
+    raw["time_dilation"] = 2
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    assert main(["compare", str(path), "--out", str(out)]) == 0
+    (cmp_dir,) = out.iterdir()
+    rows = {r["strategy"]: r for r in csv.DictReader((cmp_dir / "comparison.csv").open())}
+    assert all(rows[s]["state"] == "done" for s in ("tile-tp", "pipeline", "data-parallel"))
+    data = json.loads((cmp_dir / "comparison.json").read_text())
+    assert data["inputs"]["mode"].startswith("emulated on Mininet")
+    # float64: three executors on real processes, one set of losses
+    notes = {r["strategy"]: r["note"] for r in data["rows"]}
+    losses = {s: notes[s].rsplit("losses ", 1)[1] for s in ("tile-tp", "pipeline",
+                                                            "data-parallel")}
+    assert len(set(losses.values())) == 1, losses
+    assert float(rows["data-parallel"]["up_bytes_per_device_step"]) > 0
