@@ -24,6 +24,28 @@ from testbed.baselines.sim_core import BaselineWorld
 from testbed.topology import load_topology
 
 
+def _wait_all(procs: Sequence[tuple[Any, subprocess.Popen]], timeout_s: float,
+              log_of: Any) -> list[str]:
+    """Wait for every process; on the first failure (or the deadline) kill the others, whose
+    peers are gone (they would wait on a socket until the deadline). Returns the failures."""
+    deadline = time.monotonic() + timeout_s
+    failed: list[str] = []
+    while True:
+        running = [(tag, p) for tag, p in procs if p.poll() is None]
+        failed = [f"{tag} exited {p.returncode} (see {log_of(tag)})" for tag, p in procs
+                  if p.returncode not in (None, 0)]
+        if not running or failed or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for tag, p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            if not failed:
+                failed.append(f"{tag} did not finish within {timeout_s:g} s")
+    return failed
+
+
 def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None = None,
                      devices: Sequence[str] | None = None,
                      bounds: Sequence[tuple[int, int]] | None = None,
@@ -62,16 +84,8 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                                            "--plan", str(plan_path), "--stage", str(s),
                                            "--out", str(run_dir / f"stage{s}.json")],
                                        stdout=log, stderr=subprocess.STDOUT)))
-        deadline = time.monotonic() + timeout_s
-        failed = []
-        for s, proc in procs:
-            try:
-                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = -9
-            if code != 0:
-                failed.append(f"stage {s} exited {code} (see {run_dir / f'stage{s}.log'})")
+        failed = _wait_all([(f"stage{s}", p) for s, p in procs], timeout_s,
+                           lambda tag: run_dir / f"{tag}.log")
         wall_s = time.monotonic() - t0
         after = {d: net.interface_counters(d) for d in devices}
         if failed:
@@ -136,16 +150,7 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
             procs.append((tag, net.popen(node, [*base, *role, "--out",
                                                 str(run_dir / f"{tag}.json")],
                                          stdout=log, stderr=subprocess.STDOUT)))
-        deadline = time.monotonic() + timeout_s
-        failed = []
-        for tag, proc in procs:
-            try:
-                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = -9
-            if code != 0:
-                failed.append(f"{tag} exited {code} (see {run_dir / f'{tag}.log'})")
+        failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log")
         wall_s = time.monotonic() - t0
         after = {n: net.interface_counters(n) for n in nodes}
         if failed:

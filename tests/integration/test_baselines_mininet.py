@@ -140,3 +140,18 @@ def test_compare_on_mininet_runs_every_strategy_with_the_same_losses(tmp_path: P
                                                             "data-parallel")}
     assert len(set(losses.values())) == 1, losses
     assert float(rows["data-parallel"]["up_bytes_per_device_step"]) > 0
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_failing_stage_ends_the_run_at_once_and_says_where(tmp_path: Path) -> None:
+    import time
+
+    path = write_topology(tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"stage\d exited 1 \(see .*stage\d\.log\)"):
+        # 16 micro-batches of a batch of 8: every stage refuses to start
+        emulate_pipeline(path, tmp_path / "run", devices=["phones-1", "phones-2"],
+                         bounds=[(0, 2), (2, 4)], micro_batches=16, timeout_s=300)
+    assert time.monotonic() - t0 < 120  # not the 300 s deadline
+    assert "cannot cut 8 rows into 16" in (tmp_path / "run" / "stage0.log").read_text()
