@@ -21,6 +21,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 COMMAND_MODULES = (
     "testbed.up",
     "testbed.simulate.run",
+    "testbed.baselines.compare",
     "testbed.report",
     "testbed.perf_model.cli",
     "testbed.churn.cli",
@@ -37,7 +38,8 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{args.topology}: ok ({len(topology.devices)} devices in {len(topology.groups)} "
-          f"groups, {topology.job.steps} steps, backend {topology.network.backend})")
+          f"groups, {topology.job.steps} steps, backend {topology.network.backend}, "
+          f"strategy {topology.job.parallelism.strategy})")
     return EXIT_OK
 
 

@@ -33,6 +33,9 @@ Schema (units are always written out, see :mod:`testbed.units`)::
       dtype: float32                # float32 | float64 (parity tests use float64)
       optimizer: {name: adamw, lr: 3e-4, weight_decay: 0.0}
       parallelism: {strategy: tile-tp, tile: 128, min_offload_flops: 1e6, planner: auto}
+        # strategy: tile-tp | pipeline | data-parallel (docs/baselines.md); the baselines add
+        # micro_batches (GPipe, default min(4, batch_size)), local_steps (data-parallel: 1 =
+        # average every step, H > 1 = DiLoCo) and checkpoint_every (pipeline, steps)
       validation: {enabled: true, freivalds_vectors: 1, quarantine_after: 3}
       watchdog: {no_progress_s: 120}  # fail the run after this long without progress; 0 = off
     churn: traces/flaky-phones.csv  # optional, relative to the topology file
@@ -227,6 +230,11 @@ class ParallelismSpec:
     tile_n: int = 128
     min_offload_flops: float = 1e6  # GEMMs with fewer FLOPs (2*M*N*K) run on the PS
     planner: str = "auto"  # auto: the tile planner (docs/planning.md); fifo: fixed tiles, FIFO
+    # pipeline and data-parallel (docs/baselines.md): GPipe micro-batches per step; local steps
+    # between data-parallel averages (1: every step; H > 1: DiLoCo); pipeline checkpoint period
+    micro_batches: int = 4
+    local_steps: int = 1
+    checkpoint_every: int = 10
 
 
 @dataclass(frozen=True)
@@ -633,10 +641,13 @@ class OptimizerFile(Schema):
 
 
 class ParallelismFile(Schema):
-    strategy: Literal["tile-tp"] = "tile-tp"
+    strategy: Literal["tile-tp", "pipeline", "data-parallel"] = "tile-tp"
     tile: tuple[int, int] = (128, 128)
     min_offload_flops: Annotated[Float, Field(ge=0)] = 1e6
     planner: Literal["auto", "fifo"] = "auto"
+    micro_batches: Annotated[Int, Field(ge=1, le=MAX_BATCH)] | None = None  # None: min(4, batch)
+    local_steps: Annotated[Int, Field(ge=1, le=MAX_STEPS)] = 1
+    checkpoint_every: Annotated[Int, Field(ge=1, le=MAX_STEPS)] = 10
 
     @field_validator("tile", mode="before")
     @classmethod
@@ -650,9 +661,10 @@ class ParallelismFile(Schema):
             return raw[0], raw[1]
         raise ValueError(f"expected a tile edge in 1..{MAX_TILE} or [rows, cols], got {raw!r}")
 
-    def spec(self) -> ParallelismSpec:
+    def spec(self, batch_size: int = 8) -> ParallelismSpec:
+        micro = self.micro_batches if self.micro_batches is not None else min(4, batch_size)
         return ParallelismSpec(self.strategy, self.tile[0], self.tile[1], self.min_offload_flops,
-                               self.planner)
+                               self.planner, micro, self.local_steps, self.checkpoint_every)
 
 
 class ValidationFile(Schema):
@@ -682,9 +694,17 @@ class JobFile(Schema):
     validation: Annotated[ValidationFile, BeforeValidator(_none_is_empty)] = ValidationFile()
     watchdog: Annotated[WatchdogFile, BeforeValidator(_none_is_empty)] = WatchdogFile()
 
+    @model_validator(mode="after")
+    def _micro_batches(self) -> JobFile:
+        micro = self.parallelism.micro_batches
+        if micro is not None and micro > self.batch_size:
+            raise ValueError(f"parallelism.micro_batches: {micro} micro-batches need at least "
+                             f"as many sequences, batch_size is {self.batch_size}")
+        return self
+
     def spec(self) -> JobSpec:
         return JobSpec(self.model.spec(), self.data.spec(), self.batch_size, self.steps,
-                       self.dtype, self.optimizer.spec(), self.parallelism.spec(),
+                       self.dtype, self.optimizer.spec(), self.parallelism.spec(self.batch_size),
                        self.validation.spec(), self.watchdog.spec())
 
 
@@ -788,7 +808,14 @@ def parse_topology(raw: Any, source: str = "<topology>", base_dir: Path | None =
     present = frozenset(k for k in raw if k in SECTIONS) if isinstance(raw, dict) else frozenset()
     file = parse(_file_model(present), raw, source, error=TopologyError,
                  context={"base_dir": base})
-    return file.spec(Path(source).resolve() if base_dir else None, base)
+    topology = file.spec(Path(source).resolve() if base_dir else None, base)
+    if topology.job.parallelism.strategy != "tile-tp":  # a stage or replica must fit in memory
+        from testbed.baselines.placement import fit_problems
+
+        problems = fit_problems(topology)
+        if problems:
+            raise TopologyError(source, problems)
+    return topology
 
 
 def load_topology(path: str | Path) -> Topology:

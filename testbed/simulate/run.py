@@ -116,13 +116,17 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     def progress(step: int, device_s: float, wall_s: float) -> None:
         print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)")
-    summary = simulate(topology, run_dir, schedule, progress=progress,
-                       ps_gemm_s=args.ps_gemm_s)
+    if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
+        from testbed.baselines.run import simulate_baseline
+        summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
+    else:
+        summary = simulate(topology, run_dir, schedule, progress=progress,
+                           ps_gemm_s=args.ps_gemm_s)
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
     print(f"done: {summary['steps_done']} steps, {summary['wall_s']:.3f} s device time, "
-          f"efficiency {summary.get('efficiency')}, energy "
+          f"efficiency {summary.get('efficiency', 'n/a (no bound for this strategy)')}, energy "
           f"{summary['energy']['total']['total_j']:.1f} J")
     return EXIT_OK
 
@@ -133,7 +137,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "simulate", help="run a topology's job in virtual time (no processes, no tensors)",
         description="Simulate a topology's job: the PS's scheduler and planner, the devices' "
                     "models, churn and a flow-level network in virtual time. Writes the same "
-                    "run directory as `testbed up`, marked simulated. Exit 2 on bad input.")
+                    "run directory as `testbed up`, marked simulated. A job whose "
+                    "parallelism.strategy is pipeline or data-parallel runs those baselines "
+                    "(docs/baselines.md). Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")

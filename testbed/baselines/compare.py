@@ -1,0 +1,484 @@
+"""``testbed compare TOPOLOGY [--churn TRACE] [--strategies ...] --simulate [--out DIR]``.
+
+Runs the topology's job once per strategy (``tile-tp``, ``pipeline``, ``data-parallel``) on the
+same devices, device models, network and churn trace, each into its own run directory, and
+writes beside them a comparison: ``comparison.md``, ``comparison.csv``, ``comparison.json`` and
+``comparison.png``, with a cloud GPU reference row (``--gpu``, A5000 by default). With
+``--simulate`` every strategy runs in virtual time (churn included). Without it they run on
+Mininet (root): tile-tp through ``testbed up``, the pipeline and synchronous data parallelism
+as stage and replica processes (:mod:`testbed.baselines.emulate`); churn and DiLoCo rounds are
+not emulated yet (refused, or a "not built" row).
+
+Columns: median device time per executed step; wall time of the whole run (restarts and
+restores included); bytes per participating device per step, each way; energy and carbon per
+step and in total (edge devices: compute, idle while participating, radio; the GPU: board
+power x PUE); steps redone (pipeline restarts), lost work (tile-tp: re-queued tiles;
+data-parallel: replica-steps dropped); the largest OPT shape (Zhang et al. 2022, Table 1)
+each strategy could train on these devices' memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.baselines import cost
+from testbed.baselines.gpu import GpuProfile, gpu_step, load_gpu
+from testbed.baselines.memory import gib
+from testbed.baselines.placement import (
+    FitError,
+    device_infos,
+    fit_problems,
+    pipeline_fits,
+    plan_data_parallel,
+)
+from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
+from testbed.errors import InputError
+from testbed.topology import JobSpec, Topology
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+STRATEGIES = ("tile-tp", "pipeline", "data-parallel")
+DEFAULT_PS_MEMORY = "64GiB"  # assumption: a workstation-class PS (the seeds' PS is a server)
+# OPT shapes (Zhang et al. 2022, arXiv 2205.01068, Table 1): layers, hidden, heads; ffn = 4h
+OPT_SHAPES = {"OPT-125m": (12, 768, 12), "OPT-350m": (24, 1024, 16),
+              "OPT-1.3B": (24, 2048, 32), "OPT-2.7B": (32, 2560, 32),
+              "OPT-6.7B": (32, 4096, 32), "OPT-13B": (40, 5120, 40),
+              "OPT-30B": (48, 7168, 56), "OPT-66B": (64, 9216, 72),
+              "OPT-175B": (96, 12288, 96)}
+COLUMNS = ("strategy", "state", "devices_used", "steps_done", "step_s", "wall_s",
+           "down_bytes_per_device_step", "up_bytes_per_device_step", "energy_j_per_step",
+           "carbon_g_per_step", "energy_j", "carbon_g", "steps_redone", "restarts",
+           "lost_work", "largest_model", "note")
+
+
+def with_strategy(topology: Topology, strategy: str) -> Topology:
+    """The topology with job.parallelism.strategy replaced."""
+    job = topology.job
+    return dataclasses.replace(topology, job=dataclasses.replace(
+        job, parallelism=dataclasses.replace(job.parallelism, strategy=strategy)))
+
+
+def opt_job(job: JobSpec, name: str) -> JobSpec:
+    """The job with an OPT shape's model (the job's vocabulary and sequence length)."""
+    layers, hidden, heads = OPT_SHAPES[name]
+    return dataclasses.replace(job, model=dataclasses.replace(
+        job.model, hidden=hidden, layers=layers, heads=heads, ffn=4 * hidden))
+
+
+def fits(topology: Topology, strategy: str, job: JobSpec, ps_memory_bytes: int,
+         gpu: GpuProfile | None = None) -> bool:
+    """Whether ``strategy`` can hold ``job``'s model on the topology's devices (or the GPU)."""
+    if strategy == "gpu":
+        assert gpu is not None
+        return cost.replica_bytes(job, job.batch_size) <= gpu.memory_bytes
+    if strategy == "tile-tp":  # devices hold tiles; the PS holds the model and the batch
+        return cost.replica_bytes(job, job.batch_size) <= ps_memory_bytes
+    devices = device_infos(topology)
+    try:
+        if strategy == "data-parallel":
+            plan_data_parallel(job, devices)
+            return True
+    except FitError:
+        return False
+    return pipeline_fits(job, devices)
+
+
+def largest_model(topology: Topology, strategy: str, ps_memory_bytes: int,
+                  gpu: GpuProfile | None = None) -> str:
+    """The largest OPT shape the strategy could train on these devices (memory only)."""
+    best = "none of OPT-125m..175B"
+    for name in OPT_SHAPES:
+        if not fits(topology, strategy, opt_job(topology.job, name), ps_memory_bytes, gpu):
+            break
+        best = name
+    return best
+
+
+def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
+         grid: float) -> dict[str, Any]:
+    devices = [d for d in summary.get("devices", []) if d.get("compute_s") or
+               d.get("bytes_down") or d.get("bytes_up")]
+    names = {d["device"] for d in devices}
+    executed = max(len(steps), 1)
+    down = sum(d.get("bytes_down", 0) for d in devices)
+    up = sum(d.get("bytes_up", 0) for d in devices)
+    energy = float(summary["energy"]["total"]["total_j"])
+    done = max(int(summary.get("steps_done", 0)), 1)
+    lost = {"tile-tp": f"{summary.get('requeued_tiles', 0)} tiles re-queued, "
+                       f"{summary.get('recomputed_tiles', 0)} recomputed",
+            "pipeline": f"{summary.get('steps_redone', 0)} steps redone after "
+                        f"{summary.get('restarts', 0)} restart(s)",
+            "data-parallel": f"{summary.get('dropped_replica_steps', 0)} replica-steps "
+                             f"dropped"}[strategy]
+    return {"strategy": strategy, "state": summary["state"], "devices_used": len(names),
+            "steps_done": summary.get("steps_done", 0),
+            "step_s": statistics.median(s["device_time_s"] for s in steps) if steps else None,
+            "wall_s": summary["wall_s"],
+            "down_bytes_per_device_step": down / max(len(names), 1) / executed,
+            "up_bytes_per_device_step": up / max(len(names), 1) / executed,
+            "energy_j_per_step": energy / done, "carbon_g_per_step": carbon_g(energy, grid) / done,
+            "energy_j": energy, "carbon_g": carbon_g(energy, grid),
+            "steps_redone": summary.get("steps_redone", 0), "restarts": summary.get("restarts", 0),
+            "lost_work": lost, "note": summary.get("error") or ""}
+
+
+def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_for: Any,
+            gpu: GpuProfile, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
+            gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
+            ps_memory_bytes: int = 64 * 2**30, report: bool = False) -> list[dict[str, Any]]:
+    """Run each strategy into out_dir/<strategy>/ and write the comparison; return the rows."""
+    from testbed.baselines.run import simulate_baseline
+    from testbed.runlog import read_jsonl
+    from testbed.simulate.run import simulate
+
+    rows: list[dict[str, Any]] = []
+    for strategy in strategies:
+        topo = with_strategy(topology, strategy)
+        largest = largest_model(topo, strategy, ps_memory_bytes)
+        problems = fit_problems(topo)
+        if problems:
+            rows.append({"strategy": strategy, "state": "does not fit", "largest_model": largest,
+                         "note": " ".join(problems)})
+            continue
+        run_dir = out_dir / strategy
+        run_dir.mkdir(parents=True)
+        schedule = schedule_for(topo)
+        summary = (simulate(topo, run_dir, schedule, report=report) if strategy == "tile-tp"
+                   else simulate_baseline(topo, run_dir, schedule, report=report))
+        steps = [s for s in read_jsonl(run_dir / "steps.jsonl")]
+        row = _row(strategy, summary, steps, grid_g_per_kwh)
+        row["largest_model"] = largest
+        rows.append(row)
+    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
+    steps_n = topology.job.steps
+    inputs = {"topology": topology.name, "steps": steps_n, "churn": str(topology.churn or ""),
+              "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
+              "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
+              "mode": "simulated"}
+    write_comparison(out_dir, rows, inputs)
+    return rows
+
+
+def _gpu_row(topology: Topology, gpu: GpuProfile, gpu_grid_g_per_kwh: float, pue: float,
+             ps_memory_bytes: int) -> dict[str, Any]:
+    g = gpu_step(topology.job, gpu, pue)
+    steps_n = topology.job.steps
+    return {"strategy": f"gpu:{gpu.name}", "state": "reference", "devices_used": 1,
+            "steps_done": steps_n, "step_s": g.step_s, "wall_s": g.step_s * steps_n,
+            "down_bytes_per_device_step": 0, "up_bytes_per_device_step": 0,
+            "energy_j_per_step": g.energy_j,
+            "carbon_g_per_step": carbon_g(g.energy_j, gpu_grid_g_per_kwh),
+            "energy_j": g.energy_j * steps_n,
+            "carbon_g": carbon_g(g.energy_j * steps_n, gpu_grid_g_per_kwh),
+            "steps_redone": 0, "restarts": 0, "lost_work": "",
+            "largest_model": largest_model(topology, "gpu", ps_memory_bytes, gpu),
+            "note": "" if g.fits else f"the job needs {gib(g.need_bytes)}, more than the "
+                                      f"GPU's {gib(gpu.memory_bytes)}"}
+
+
+def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilation: float,
+                  grid: float) -> dict[str, Any]:
+    """A comparison row from an emulated pipeline or data-parallel run on Mininet."""
+    from testbed.emulator.energy import run_energy
+    from testbed.perf_model.profiles import load_profile
+
+    reports = res["stages"] if strategy == "pipeline" else \
+        [r for k, r in res["reports"].items() if k != "ps"]
+    steps_n = len(reports[0]["step_s"])
+    step_s = [max(r["step_s"][i] for r in reports) / dilation for i in range(steps_n)]
+    end_s = sum(step_s)
+    specs = {d.name: d for d in topology.devices}
+    devices, power, links = [], {}, {}
+    for r in reports:
+        d = specs[r["device"]]
+        link = res["links"][d.name]
+        devices.append({"device": d.name, "compute_s": r["device_s"], "energy_j": r["energy_j"],
+                        "tiles_done": 0, "bytes_down": link["rx_bytes"],
+                        "bytes_up": link["tx_bytes"]})
+        power[d.name] = load_profile(str(d.group.profile_path), check=False).power
+        links[d.name] = (d.link.down_bps, d.link.up_bps)
+    events = [{"device": d["device"], "event": "join", "elapsed_s": 0.0} for d in devices]
+    energy = run_energy(devices, events, power, links, 1.0, end_s, grid)
+    total_j = float(energy["total"]["total_j"])
+    n = len(devices)
+    return {"strategy": strategy, "state": "done", "devices_used": n, "steps_done": steps_n,
+            "step_s": statistics.median(step_s), "wall_s": end_s,
+            "down_bytes_per_device_step": sum(d["bytes_down"] for d in devices) / n / steps_n,
+            "up_bytes_per_device_step": sum(d["bytes_up"] for d in devices) / n / steps_n,
+            "energy_j_per_step": total_j / steps_n, "carbon_g_per_step":
+            carbon_g(total_j, grid) / steps_n, "energy_j": total_j,
+            "carbon_g": carbon_g(total_j, grid), "steps_redone": 0, "restarts": 0,
+            "lost_work": "no churn in emulated baselines yet",
+            "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
+                    f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
+
+
+def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
+                     strategies: list[str], gpu: GpuProfile,
+                     grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
+                     gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
+                     ps_memory_bytes: int = 64 * 2**30) -> list[dict[str, Any]]:
+    """Each strategy on Mininet: tile-tp through `testbed up`, the baselines as stage and
+    replica processes (testbed/baselines/emulate.py); then the comparison files."""
+    import subprocess
+
+    import yaml
+
+    from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
+    from testbed.runlog import read_jsonl
+    from testbed.up import portable_input
+
+    raw = yaml.safe_load(portable_input(topology_path))
+    raw.setdefault("network", {})["backend"] = "mininet"
+    raw["job"]["steps"] = topology.job.steps
+    dilation = topology.time_dilation or 1.0
+    rows: list[dict[str, Any]] = []
+    for strategy in strategies:
+        topo = with_strategy(topology, strategy)
+        largest = largest_model(topo, strategy, ps_memory_bytes)
+        problems = fit_problems(topo)
+        if problems:
+            rows.append({"strategy": strategy, "state": "does not fit", "largest_model": largest,
+                         "note": " ".join(problems)})
+            continue
+        raw["job"].setdefault("parallelism", {})["strategy"] = strategy
+        path = out_dir / f"{strategy}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        row: dict[str, Any]
+        try:
+            if strategy == "tile-tp":
+                runs = out_dir / "tile-tp"
+                done = subprocess.run([sys.executable, "-m", "testbed.cli", "up", str(path),
+                                       "--no-live", "--out", str(runs)],
+                                      capture_output=True, text=True)
+                (run_dir,) = list(runs.iterdir())
+                summary = json.loads((run_dir / "summary.json").read_text())
+                if done.returncode != 0:
+                    raise RuntimeError(f"testbed up exited {done.returncode}: "
+                                       f"{done.stderr.strip()[-300:]}")
+                row = _row(strategy, summary, read_jsonl(run_dir / "steps.jsonl"),
+                           grid_g_per_kwh)
+                losses = ", ".join(f"{x:.6f}" for x in summary.get("losses") or [])
+                row["note"] = f"Mininet via testbed up ({run_dir.name}); losses {losses}"
+            elif strategy == "pipeline":
+                res = emulate_pipeline(path, out_dir / strategy, dilation=dilation)
+                row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
+            elif topo.job.parallelism.local_steps != 1:
+                row = {"strategy": strategy, "state": "not built",
+                       "note": "emulated DiLoCo rounds (local_steps > 1) are not built; "
+                               "use --simulate"}
+            else:
+                res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation)
+                row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
+        except (RuntimeError, OSError, ValueError) as exc:
+            row = {"strategy": strategy, "state": "failed", "note": str(exc)}
+        row["largest_model"] = largest
+        rows.append(row)
+    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
+    inputs = {"topology": topology.name, "steps": topology.job.steps, "churn": "",
+              "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
+              "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
+              "mode": f"emulated on Mininet, D = {dilation:g}"}
+    write_comparison(out_dir, rows, inputs)
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str, Any]) -> None:
+    """comparison.csv, .json, .md and .png in out_dir."""
+    with (out_dir / "comparison.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in COLUMNS})
+    (out_dir / "comparison.json").write_text(json.dumps({"inputs": inputs, "rows": rows},
+                                                        indent=2, default=str) + "\n")
+    heads = ["strategy", "state", "devices", "s/step", "wall s", "MB down/dev/step",
+             "MB up/dev/step", "J/step", "gCO2e/step", "redone", "lost work", "largest model"]
+    lines = [f"# Comparison: {inputs['topology']} ({inputs['mode']}, {inputs['steps']} steps"
+             f"{', churn ' + inputs['churn'] if inputs['churn'] else ''})", "",
+             "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in rows:
+        mb = [(r.get(k) or 0) / 1e6 if r.get("step_s") is not None else None
+              for k in ("down_bytes_per_device_step", "up_bytes_per_device_step")]
+        lines.append("| " + " | ".join(_fmt(v) for v in (
+            r["strategy"], r["state"], r.get("devices_used"), r.get("step_s"), r.get("wall_s"),
+            mb[0], mb[1], r.get("energy_j_per_step"), r.get("carbon_g_per_step"),
+            r.get("steps_redone"), r.get("lost_work"), r.get("largest_model"))) + " |")
+    base = next((r for r in rows if r["strategy"] == "tile-tp" and r.get("step_s")), None)
+    ref = rows[-1]
+    lines += ["", "Ratios (time per step against tile-tp; energy and carbon per step against "
+              f"{ref['strategy']}):", ""]
+    for r in rows[:-1]:
+        if not r.get("step_s"):
+            continue
+        parts = [f"- {r['strategy']}:"]
+        if base is not None:
+            parts.append(f"{r['step_s'] / base['step_s']:.3g}x tile-tp's time per step;")
+        parts.append(f"{r['energy_j_per_step'] / ref['energy_j_per_step']:.3g}x the GPU's energy, "
+                     f"{r['carbon_g_per_step'] / ref['carbon_g_per_step']:.3g}x its carbon")
+        lines.append(" ".join(parts))
+    notes = [f"- {r['strategy']}: {r['note']}" for r in rows if r.get("note")]
+    if notes:
+        lines += ["", "Notes:", "", *notes]
+    gpu = inputs["gpu"]
+    lines += ["", f"Inputs: edge grid {inputs['grid_g_per_kwh']:g} gCO2e/kWh, GPU grid "
+              f"{inputs['gpu_grid_g_per_kwh']:g} gCO2e/kWh, PUE {inputs['pue']:g}; GPU "
+              f"{gpu['name']}: {gpu['peak_fp32_flops'] / 1e12:g} TFLOPS fp32 peak x "
+              f"{gpu['sustained_fraction']:g}, {gpu['board_power_w']:g} W, "
+              f"{gib(gpu['memory_bytes'])} (sources: testbed/baselines/data/); tile-tp's PS "
+              f"memory {gib(inputs['ps_memory_bytes'])}. Largest model: memory only "
+              f"(docs/baselines.md)."]
+    (out_dir / "comparison.md").write_text("\n".join(lines) + "\n")
+    _plot(out_dir, rows)
+
+
+def _plot(out_dir: Path, rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [r for r in rows if r.get("step_s")]
+    names = [r["strategy"] for r in ran]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    axes[0].bar(names, [r["step_s"] for r in ran])
+    axes[0].set_ylabel("device seconds per step")
+    axes[1].bar(names, [r["energy_j_per_step"] for r in ran])
+    axes[1].set_ylabel("J per step")
+    x = range(len(ran))
+    axes[2].bar([i - 0.2 for i in x], [r["down_bytes_per_device_step"] / 1e6 for r in ran],
+                width=0.4, label="down")
+    axes[2].bar([i + 0.2 for i in x], [r["up_bytes_per_device_step"] / 1e6 for r in ran],
+                width=0.4, label="up")
+    axes[2].set_xticks(list(x), names)
+    axes[2].set_ylabel("MB per device per step")
+    axes[2].legend()
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    fig.savefig(out_dir / "comparison.png", dpi=100)
+    plt.close(fig)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """The `testbed compare` command."""
+    from testbed import units
+    from testbed.churn import TraceError, load_schedule
+    from testbed.topology import TopologyError, load_topology
+    from testbed.up import make_run_dir
+
+    if not args.simulate:
+        from testbed.emulator.network.probe import probe
+
+        missing = probe().missing()
+        if missing:
+            print(f"error: the emulated comparison runs on Mininet, which cannot run here "
+                  f"(missing: {'; '.join(missing)}); --simulate runs in virtual time",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if args.churn:
+            print("error: --churn: the emulated baselines do not replay churn yet; use "
+                  "--simulate (docs/baselines.md)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad or not strategies:
+        print(f"error: --strategies: unknown {bad or 'empty list'}; expected a comma-separated "
+              f"subset of {','.join(STRATEGIES)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        topology = load_topology(args.topology)
+        if args.steps is not None:
+            if args.steps <= 0:
+                raise InputError("--steps", ["must be positive"])
+            topology = topology.with_overrides(steps=args.steps)
+        gpu = load_gpu(args.gpu)
+        ps_memory = units.parse_size_bytes(args.ps_memory)
+        for flag, value in (("--grid-g-per-kwh", args.grid_g_per_kwh),
+                            ("--gpu-grid-g-per-kwh", args.gpu_grid_g_per_kwh),
+                            ("--pue", args.pue)):
+            if not 0 <= value < 1e5 or (flag == "--pue" and value < 1):
+                raise InputError(flag, [f"out of range: {value}"])
+        churn = Path(args.churn).resolve() if args.churn else topology.churn
+        topology = dataclasses.replace(topology, churn=churn)
+        schedules = {}
+        if churn is not None:
+            for s in strategies:  # checked before anything runs
+                schedules[s] = load_schedule(churn, with_strategy(topology, s))
+    except (TopologyError, InputError, TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not args.simulate and topology.churn is not None:
+        print(f"error: {args.topology}: churn: the emulated baselines do not replay churn yet; "
+              f"use --simulate (docs/baselines.md)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out_dir = make_run_dir(Path(args.out), f"{topology.name}-compare")
+    print(f"comparison directory: {out_dir} ({'simulated' if args.simulate else 'Mininet'})")
+    if args.simulate:
+        rows = compare(topology, out_dir, strategies,
+                       lambda t: schedules.get(t.job.parallelism.strategy), gpu,
+                       args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue, ps_memory,
+                       report=not args.no_report)
+    else:
+        rows = compare_emulated(Path(args.topology), topology, out_dir, strategies, gpu,
+                                args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue,
+                                ps_memory)
+    print((out_dir / "comparison.md").read_text())
+    failed = [r["strategy"] for r in rows if r["state"] == "failed"]
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `testbed compare`."""
+    p = sub.add_parser(
+        "compare", help="run tile-tp, pipeline and data-parallel on one topology side by side, "
+                        "with a cloud GPU reference (virtual time for now)",
+        description="Run the topology's job with each strategy (tile-tp, a GPipe pipeline as "
+                    "DT-FM, data parallelism or DiLoCo) on the same devices, device models, "
+                    "network and churn, and write a comparison directory: comparison.md, .csv, "
+                    ".json, .png and one run directory per strategy, plus a cloud GPU "
+                    "reference row. --simulate: virtual time (testbed simulate's models, "
+                    "churn included). Without it: on Mininet (root), tile-tp through testbed "
+                    "up, the pipeline and data-parallel as real stage and replica processes; "
+                    "churn and DiLoCo are not emulated yet. Exit 2 on bad input.")
+    p.add_argument("topology", help="the topology YAML file")
+    p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help="comma-separated strategies (default: all three)")
+    p.add_argument("--simulate", action="store_true",
+                   help="run in virtual time (default: on Mininet, needs root)")
+    p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
+    p.add_argument("--out", default="runs", help="parent of the comparison directory")
+    p.add_argument("--gpu", default="a5000",
+                   help="GPU reference: a shipped name (a5000) or a YAML file of the same keys")
+    p.add_argument("--grid-g-per-kwh", type=float, default=DEFAULT_GRID_G_PER_KWH,
+                   help="the edge devices' grid carbon intensity, gCO2e/kWh (default "
+                        f"{DEFAULT_GRID_G_PER_KWH:g}: world average, IEA 2019)")
+    p.add_argument("--gpu-grid-g-per-kwh", type=float, default=DEFAULT_GRID_G_PER_KWH,
+                   help="the datacenter's grid carbon intensity, gCO2e/kWh (same default)")
+    p.add_argument("--pue", type=float, default=1.0,
+                   help="datacenter power usage effectiveness applied to the GPU (default 1: "
+                        "the board alone, as the edge side counts devices alone)")
+    p.add_argument("--ps-memory", default=DEFAULT_PS_MEMORY,
+                   help="tile-tp's PS memory for the largest-model column (default 64GiB, "
+                        "an assumption)")
+    p.add_argument("--no-report", action="store_true",
+                   help="skip each run's report.png/report.md")
+    p.set_defaults(func=run_compare)

@@ -1,0 +1,311 @@
+"""What the baselines' simulations share with ``testbed simulate``: devices, network, churn.
+
+The same parts as :mod:`testbed.simulate.sim`, assembled for strategies whose bytes travel
+device to device rather than PS to device:
+
+* **Devices**: ``device_model_for(profile, seed = topology seed x 1000 + index)`` (the seeds
+  ``testbed up`` and ``testbed simulate`` give the same device), so regression times, noise,
+  thermal throttling and energy are the tile simulation's. A device runs its work one piece
+  after another; a GEMM is timed by ``tile_cost(m, k, n, op, start)``; memory-bound work
+  (:mod:`testbed.baselines.cost`) takes ``bytes / memory bandwidth`` at busy power. A churn
+  ``slow`` multiplies both.
+* **Network**: the topology's links in a :class:`~testbed.simulate.network.FlowNetwork`
+  (max-min fair flows, loss folded into each device link by Mathis' cap as the emulator does).
+  A transfer from device A to device B goes up A's link and the switch links to the lowest
+  switch both hang under, then down to B: two phones on one access point share only the
+  access point's switching, never the PS's link. PS <-> device paths are the tile
+  simulation's. The last byte arrives after the path's one-way delay (sum of its links').
+* **Churn**: the schedule's actions at their times from the start of training; ``leave`` and
+  ``crash`` take the device away at once (a broken stream is seen at once, as in the tile
+  simulation), ``partition`` cuts its links and the device is declared lost after the lease
+  (5 s, the PS's), ``heal`` brings it back, ``join`` adds it, ``slow`` scales its compute.
+  The strategy reacts through :meth:`BaselineWorld.on_lost` / :meth:`on_back`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from testbed.agent.link import mathis_rate_bps
+from testbed.baselines.cost import Gemm
+from testbed.baselines.placement import DEFAULT_MEMORY_BYTES_S
+from testbed.churn.schedule import ChurnAction, ChurnSchedule
+from testbed.churn.trace import ChurnEvent
+from testbed.emulator.device_model import DeviceModel, device_model_for
+from testbed.emulator.network.base import path_loss
+from testbed.perf_model.profiles import PowerParams, load_profile
+from testbed.simulate.network import FlowNetwork
+from testbed.topology import DeviceSpec, Topology
+
+LEASE_S = 5.0  # the PS's lease (testbed/ps_backend/server.py PsConfig.lease_s)
+MESSAGE_OVERHEAD_BYTES = 64  # per transfer, as the tile simulation adds per message
+PS = "ps"
+
+
+@dataclass(eq=False)
+class Device:
+    """One device as the baselines' simulation sees it."""
+
+    spec: DeviceSpec
+    model: DeviceModel
+    power: PowerParams | None
+    memory_bytes_s: float
+    own: tuple[int, int]  # its down and up links
+    link_Bps: tuple[float, float]
+    switch: str | None
+    present: bool = False
+    partitioned: bool = False
+    slow: float = 1.0
+    busy_until_s: float = 0.0
+    compute_s: float = 0.0
+    energy_j: float = 0.0
+    bytes_down: int = 0  # received
+    bytes_up: int = 0  # sent
+    joined: bool = False  # has a join event in the log (a participant)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass
+class Transfer:
+    flow_id: int
+    src: str
+    dst: str
+
+
+@dataclass
+class BaselineWorld:
+    """The event queue, the network and the devices; strategies drive it."""
+
+    topology: Topology
+    schedule: ChurnSchedule | None = None
+    emit: Callable[..., None] = lambda *_a, **_k: None
+    noise: bool = True
+    now_s: float = 0.0
+    net: FlowNetwork = field(default_factory=FlowNetwork)
+    devices: dict[str, Device] = field(default_factory=dict)
+    on_lost: Callable[[Device, str], None] = lambda _d, _r: None
+    on_back: Callable[[Device], None] = lambda _d: None
+
+    def __post_init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._build()
+        self.wanted: set[str] = set()
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        topo, net = self.topology, self.net
+        ps = topo.network.ps.link
+        self._ps_links = (net.add_link(ps.down_bps / 8, "ps:down"),
+                          net.add_link(ps.up_bps / 8, "ps:up"))
+        self._ps_delay = ps.delay_s
+        self._ps_switch = topo.network.ps.switch
+        self._parent: dict[str, tuple[str, int, int, float]] = {}
+        for sl in topo.network.links:
+            self._parent[sl.lower] = (sl.upper, net.add_link(sl.link.down_bps / 8,
+                                                              f"{sl.lower}:down"),
+                                      net.add_link(sl.link.up_bps / 8, f"{sl.lower}:up"),
+                                      sl.link.delay_s)
+        profiles = {g.group: load_profile(str(g.profile_path), check=False) for g in topo.groups}
+        for d in topo.devices:
+            cap = mathis_rate_bps(d.link.delay_s, path_loss(topo, d))
+            down_Bps, up_Bps = min(d.link.down_bps, cap) / 8, min(d.link.up_bps, cap) / 8
+            own = (net.add_link(down_Bps, f"{d.name}:down"), net.add_link(up_Bps, f"{d.name}:up"))
+            p = profiles[d.group.group]
+            bw = p.model.bandwidth_bytes_s if p.model is not None else DEFAULT_MEMORY_BYTES_S
+            self.devices[d.name] = Device(
+                d, device_model_for(p, seed=topo.seed * 1000 + d.index, noise=self.noise),
+                p.power, bw, own, (down_Bps, up_Bps), d.group.switch)
+
+    def _chain(self, switch: str | None) -> list[str | None]:
+        out = [switch]
+        while switch in self._parent:
+            switch = self._parent[switch][0]
+            out.append(switch)
+        return out
+
+    def path(self, src: str, dst: str) -> tuple[list[int], float]:
+        """Links and one-way delay from src to dst (device names or :data:`PS`)."""
+        links: list[int] = []
+        delay = 0.0
+        a = self.devices.get(src)
+        b = self.devices.get(dst)
+        up_chain = self._chain(a.switch) if a else [self._ps_switch]
+        down_chain = self._chain(b.switch) if b else [self._ps_switch]
+        common = next((s for s in up_chain if s in down_chain), None)
+        if a is not None:
+            links.append(a.own[1])
+            delay += a.spec.link.delay_s
+        else:
+            links.append(self._ps_links[1])
+            delay += self._ps_delay
+        for s in up_chain:
+            if s == common or s not in self._parent:
+                break
+            links.append(self._parent[s][2])
+            delay += self._parent[s][3]
+        down: list[int] = []
+        for s in down_chain:
+            if s == common or s not in self._parent:
+                break
+            down.append(self._parent[s][1])
+            delay += self._parent[s][3]
+        links.extend(reversed(down))
+        if b is not None:
+            links.append(b.own[0])
+            delay += b.spec.link.delay_s
+        else:
+            links.append(self._ps_links[0])
+            delay += self._ps_delay
+        return links, delay
+
+    # -- the event queue -----------------------------------------------------------------------
+    def at(self, time_s: float, fn: Callable[[], None]) -> None:
+        """Run fn at virtual time time_s."""
+        heapq.heappush(self._heap, (time_s, next(self._seq), fn))
+
+    def run_until(self, done: Callable[[], bool], horizon_s: float = math.inf) -> bool:
+        """Advance until done() (True) or nothing can happen before horizon_s (False)."""
+        while not done():
+            t_event = self._heap[0][0] if self._heap else math.inf
+            t = min(t_event, self.net.next_drain_s())
+            if math.isinf(t) or t > horizon_s:
+                return False
+            self.now_s = max(self.now_s, t)
+            for flow, arrive_s in self.net.advance(self.now_s):
+                self.at(arrive_s, flow.tag)
+            while self._heap and self._heap[0][0] <= self.now_s:
+                _, _, fn = heapq.heappop(self._heap)
+                fn()
+                if done():
+                    return True
+        return True
+
+    # -- work ----------------------------------------------------------------------------------
+    def send(self, src: str, dst: str, nbytes: float, then: Callable[[], None]) -> Transfer:
+        """Move nbytes from src to dst over the network; ``then`` runs when they have arrived."""
+        links, delay = self.path(src, dst)
+        for name, attr in ((src, "bytes_up"), (dst, "bytes_down")):
+            dev = self.devices.get(name)
+            if dev is not None:
+                setattr(dev, attr, getattr(dev, attr) + int(nbytes))
+        flow = self.net.start(nbytes + MESSAGE_OVERHEAD_BYTES, links, delay, then)
+        return Transfer(flow.flow_id, src, dst)
+
+    def cancel(self, transfer: Transfer) -> None:
+        """Stop a transfer (an endpoint is gone or the step was abandoned)."""
+        self.net.cancel(transfer.flow_id)
+
+    def compute(self, dev: Device, gemms: list[Gemm], memory_bytes: float,
+                then: Callable[[], None]) -> float:
+        """Queue work on a device after what it is doing; ``then`` runs when it ends.
+
+        Returns the work's device seconds."""
+        start = max(self.now_s, dev.busy_until_s)
+        t = start
+        joules = 0.0
+        for g in gemms:
+            c = dev.model.tile_cost(g.m, g.k, g.n, g.op, t)
+            t += c.seconds * dev.slow
+            joules += c.joules * dev.slow
+        mem_s = memory_bytes / dev.memory_bytes_s * dev.slow
+        if dev.power is not None:
+            joules += dev.power.busy_w(1.0) * mem_s
+        t += mem_s
+        dev.busy_until_s = t
+        dev.compute_s += t - start
+        dev.energy_j += joules
+        self.at(t, then)
+        return t - start
+
+    def stop_work(self, dev: Device) -> None:
+        """The device drops what it was computing (its step was abandoned)."""
+        dev.busy_until_s = min(dev.busy_until_s, self.now_s)
+
+    # -- membership ----------------------------------------------------------------------------
+    def participate(self, dev: Device) -> None:
+        """Log the device's join the first time a strategy uses it (energy counts from here)."""
+        if not dev.joined:
+            dev.joined = True
+            self.emit("join", device=dev.name, group=dev.spec.group.group, kind="emulated",
+                      profile=dev.spec.group.profile)
+
+    def retire(self, dev: Device, kind: str, reason: str) -> None:
+        """Log the device's departure from the strategy's run (energy stops counting)."""
+        if dev.joined:
+            dev.joined = False
+            self.emit(kind, device=dev.name, reason=reason)
+
+    def present(self) -> list[Device]:
+        """Devices present and reachable now."""
+        return [d for d in self.devices.values() if d.present and not d.partitioned]
+
+    def start(self) -> None:
+        """Devices present at the start are there; churn actions are queued at their times."""
+        names = self.schedule.initially_present if self.schedule is not None else \
+            frozenset(self.devices)
+        for name in names:
+            self.devices[name].present = True
+            self.wanted.add(name)
+        if self.schedule is not None:
+            self.emit("churn_clock_start", actions=len(self.schedule.actions),
+                      already_applied=0, offset_s=0.0)
+            for action in self.schedule.actions:
+                self.at(action.time_s, lambda a=action: self._apply(a))  # type: ignore[misc]
+
+    def _apply(self, action: ChurnAction) -> None:
+        dev = self.devices[action.device]
+        event = action.event
+        effect = "absent"
+        if event is ChurnEvent.JOIN:
+            self.wanted.add(dev.name)
+            if not dev.present:
+                dev.present = True
+                effect = "applied"
+                if not dev.partitioned:
+                    self.on_back(dev)
+        elif event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
+            self.wanted.discard(dev.name)
+            if dev.present:
+                effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
+                dev.present = False
+                self.on_lost(dev, "left" if event is ChurnEvent.LEAVE else "stream broken")
+        elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
+            down = event is ChurnEvent.PARTITION
+            dev.partitioned = down
+            for link, rate in zip(dev.own, dev.link_Bps):
+                self.net.set_capacity(link, 0.0 if down else rate)
+            effect = "link down" if down else "link up"
+            if down and dev.present:
+                def expire(dev: Device = dev) -> None:
+                    if dev.partitioned and dev.present:
+                        self.on_lost(dev, f"no message for more than {LEASE_S:g} s")
+                self.at(self.now_s + LEASE_S, expire)
+            elif not down and dev.present:
+                self.on_back(dev)
+        else:
+            dev.slow = float(action.factor or 1.0)
+            effect = f"compute x{action.factor}"
+        record = action.to_dict()
+        self.emit("churn", **{k: v for k, v in record.items() if k != "event"},
+                  action=record["event"], effect=effect)
+
+    def device_records(self) -> list[dict[str, Any]]:
+        """Final per-device records in the PS's shape (devices.jsonl, summary.json, energy)."""
+        out = []
+        for d in self.devices.values():
+            if not (d.compute_s or d.bytes_down or d.bytes_up):
+                continue
+            out.append({"device": d.name, "group": d.spec.group.group, "kind": "emulated",
+                        "profile": d.spec.group.profile, "state": "idle" if d.present else "left",
+                        "tiles_done": 0, "bytes_down": d.bytes_down, "bytes_up": d.bytes_up,
+                        "compute_s": round(d.compute_s, 6), "energy_j": round(d.energy_j, 6),
+                        "telemetry": d.model.telemetry(self.now_s)})
+        return out

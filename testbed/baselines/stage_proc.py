@@ -1,0 +1,257 @@
+"""One pipeline stage as a real process on its device's node (emulated pipeline, GPipe).
+
+``python -m testbed.baselines.stage_proc --plan PLAN.json --stage S --out REPORT.json``
+
+The stage builds the job's model exactly as the single-process trainer does (same seed), keeps
+its own layers (:class:`~testbed.baselines.engine.Stage`), and trains with its neighbours over
+TCP: activations go to stage ``S+1``, their gradients come back, the first and last stage
+exchange the tied embedding's gradient, each stage steps its own AdamW. The arithmetic is real
+and happens here, on the host's CPU inside the device's namespace; each piece of work then holds
+until the device model's time for it (x dilation) has passed since it started, as an emulated
+tile-tp agent holds a tile. Stage 0 and the last stage read the batch's tokens and targets from
+the corpus themselves (data on the devices, as DT-FM assumes), so only activations, gradients
+and the tied gradient cross links, with their real sizes.
+
+Wire format, one frame per tensor: a header ``!BIIQd`` (kind, step, micro-batch, payload bytes,
+sender's clock in seconds) then the raw little-endian tensor bytes. Kinds: 1 activation,
+2 activation gradient, 3 tied-embedding gradient, 9 hello (payload: the sender's stage index).
+Without netem the kernel shapes rates (HTB) but not delay: the receiver then waits until the
+sender's clock plus the path's one-way delay (all namespaces share the host's clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HEADER = struct.Struct("!BIIQd")
+ACT, GRAD, TIED, HELLO = 1, 2, 3, 9
+PORT = 47100
+
+
+def send_frame(sock: socket.socket, kind: int, step: int, micro: int, payload: bytes) -> None:
+    """One frame: header then payload."""
+    sock.sendall(HEADER.pack(kind, step, micro, len(payload), time.time()) + payload)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly n bytes (ConnectionError if the peer closes first)."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise ConnectionError("peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket, delay_s: float) -> tuple[int, int, int, bytes]:
+    """The next frame; held until the sender's clock + delay_s (the path's one-way delay)."""
+    kind, step, micro, n, sent = HEADER.unpack(recv_exact(sock, HEADER.size))
+    payload = recv_exact(sock, n)
+    wait = sent + delay_s - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    return kind, step, micro, payload
+
+
+def _connect(host: str, port: int, timeout_s: float = 60.0) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=5.0)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one stage; write its report (losses on the last stage, bytes, holds)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plan", required=True, help="the runner's plan JSON")
+    p.add_argument("--stage", type=int, required=True)
+    p.add_argument("--out", required=True, help="where to write this stage's report (JSON)")
+    args = p.parse_args(argv)
+    plan: dict[str, Any] = json.loads(Path(args.plan).read_text())
+    report = run_stage(plan, args.stage)
+    Path(args.out).write_text(json.dumps(report))
+    return 0
+
+
+def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
+    """Train plan['steps'] steps as stage s of the plan."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from testbed.baselines import cost
+    from testbed.baselines.engine import Stage, _adamw, _reference_model
+    from testbed.emulator.device_model import device_model_for
+    from testbed.perf_model.profiles import load_profile
+    from testbed.ps_backend.engine.data import BatchSampler, load_corpus
+    from testbed.topology import load_topology
+
+    torch.set_num_threads(1)
+    topo = load_topology(plan["topology"])
+    job = topo.job
+    S = len(plan["devices"])
+    first, last = s == 0, s == S - 1
+    a, e = plan["bounds"][s]
+    m = plan["micro_batches"]
+    rows = [hi - lo for lo, hi in cost.split_rows(job.batch_size, m)]
+    model = _reference_model(job, topo.seed)
+    stage = Stage(model, a, e, first, last)
+    del model
+    opt = _adamw(list(stage.parameters()), job)
+    dtype = torch.float64 if job.dtype == "float64" else torch.float32
+    npdtype = np.float64 if job.dtype == "float64" else np.float32
+    b = cost.DTYPE_BYTES[job.dtype]
+    spec = job.model
+    me = next(d for d in topo.devices if d.name == plan["devices"][s])
+    profile = load_profile(str(me.group.profile_path), check=False)
+    device = device_model_for(profile, seed=topo.seed * 1000 + me.index)
+    bandwidth = profile.model.bandwidth_bytes_s if profile.model is not None else 10e9
+    dilation = float(plan.get("dilation", 1.0))
+    sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed) \
+        if first or last else None
+    delays = plan["delay_s"][s]  # one-way delay from each other stage to this one
+    listener = socket.create_server((plan["ips"][s], PORT), backlog=4)
+    peers: dict[int, socket.socket] = {}
+    if not last:
+        peers[s + 1] = _connect(plan["ips"][s + 1], PORT)
+        send_frame(peers[s + 1], HELLO, 0, 0, struct.pack("!I", s))
+    if first and S > 2:
+        peers[S - 1] = _connect(plan["ips"][S - 1], PORT)
+        send_frame(peers[S - 1], HELLO, 0, 0, struct.pack("!I", s))
+    expected = (1 if s > 0 else 0) + (1 if last and S > 2 else 0)
+    for _ in range(expected):
+        conn, _addr = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _, _, _, hello = recv_frame(conn, 0.0)
+        peers[struct.unpack("!I", hello)[0]] = conn
+    sent: dict[str, int] = {}
+    now_s = [0.0]
+    energy_j = [0.0]  # compute energy: the device model's joules, memory-bound work at busy power
+    busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
+    lag_s: list[float] = []
+
+    def hold(started: float, gemms: list[cost.Gemm], mem_bytes: float) -> None:
+        costs = [device.tile_cost(g.m, g.k, g.n, g.op, now_s[0]) for g in gemms]
+        mem_s = mem_bytes / bandwidth
+        seconds = sum(c.seconds for c in costs) + mem_s
+        energy_j[0] += sum(c.joules for c in costs) + busy_w * mem_s
+        now_s[0] += seconds
+        wait = started + seconds * dilation - time.monotonic()
+        lag_s.append(max(0.0, -wait))
+        if wait > 0:
+            time.sleep(wait)
+
+    def work(kind: str, j: int) -> tuple[list[cost.Gemm], float]:
+        lf, lb = cost.layer_gemms(spec, rows[j])
+        ef, eb = cost.layer_elementwise_bytes(spec, rows[j], b)
+        gemms = (lf if kind == "F" else lb) * (e - a)
+        mem = (ef if kind == "F" else eb) * (e - a)
+        if last:
+            hf, hb = cost.head_gemms(spec, rows[j])
+            hef, heb = cost.head_elementwise_bytes(spec, rows[j], b)
+            gemms = gemms + (hf if kind == "F" else hb)
+            mem += hef if kind == "F" else heb
+        return gemms, mem
+
+    def send(to: int, kind: int, step: int, j: int, t: torch.Tensor) -> None:
+        payload = t.detach().contiguous().numpy().tobytes()
+        send_frame(peers[to], kind, step, j, payload)
+        key = f"stage{s}->stage{to}"
+        sent[key] = sent.get(key, 0) + len(payload)
+
+    def recv(frm: int, kind: int, step: int, j: int, shape: tuple[int, ...]) -> torch.Tensor:
+        k, st, mj, payload = recv_frame(peers[frm], delays[frm])
+        if (k, st, mj) != (kind, step, j):
+            raise RuntimeError(f"stage {s}: expected frame {(kind, step, j)}, got {(k, st, mj)}")
+        return torch.from_numpy(np.frombuffer(payload, dtype=npdtype).reshape(shape).copy())
+
+    losses: list[float] = []
+    step_s: list[float] = []
+    for step in range(plan["steps"]):
+        t_step = time.monotonic()
+        inputs = targets = None
+        if sampler is not None:
+            inputs, targets = sampler.batch(step)
+        opt.zero_grad(set_to_none=True)
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        step_losses: list[torch.Tensor] = []
+        offsets = cost.split_rows(job.batch_size, m)
+        for j in range(m):
+            lo, hi = offsets[j]
+            shape = (rows[j], spec.seq_len, spec.hidden)
+            if first:
+                assert inputs is not None
+                x: torch.Tensor = inputs[lo:hi]
+            else:
+                x = recv(s - 1, ACT, step, j, shape).to(dtype).requires_grad_(True)
+            t0 = time.monotonic()
+            out = stage(x)
+            hold(t0, *work("F", j))
+            saved.append((x, out))
+            if not last:
+                send(s + 1, ACT, step, j, out)
+            else:
+                assert targets is not None
+                tgt = targets[lo:hi]
+                step_losses.append(F.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                                   tgt.reshape(-1)) * (tgt.numel()
+                                                                       / targets.numel()))
+        for j in reversed(range(m)):
+            x, out = saved[j]
+            if last:
+                t0 = time.monotonic()
+                step_losses[j].backward()
+            else:
+                g = recv(s + 1, GRAD, step, j, tuple(out.shape)).to(dtype)
+                t0 = time.monotonic()  # the hold starts when the gradient is here
+                out.backward(g)
+            hold(t0, *work("B", j))
+            if not first:
+                assert x.grad is not None
+                send(s - 1, GRAD, step, j, x.grad)
+        if S > 1 and (first or last):  # exchange the tied embedding's gradient
+            w = stage.embed_tokens.weight if first else stage.lm_head.weight  # type: ignore[union-attr]
+            assert w.grad is not None
+            other = S - 1 if first else 0
+            mine = w.grad.clone()
+            # both ends send at once: send from a thread so that neither blocks on a full
+            # socket buffer while the other does too
+            sender = threading.Thread(target=send, args=(other, TIED, step, 0, mine))
+            sender.start()
+            theirs = recv(other, TIED, step, 0, tuple(mine.shape)).to(dtype)
+            sender.join()
+            w.grad = mine + theirs if first else theirs + mine
+        t0 = time.monotonic()
+        opt.step()
+        params = sum(p.numel() for p in stage.parameters())
+        hold(t0, [], cost.optimizer_bytes(params, b))
+        if last:
+            losses.append(float(sum(float(x.detach()) for x in step_losses)))
+        step_s.append(time.monotonic() - t_step)
+    for sock in peers.values():
+        sock.close()
+    listener.close()
+    lag = sorted(lag_s)
+    return {"stage": s, "device": plan["devices"][s], "losses": losses, "sent_bytes": sent,
+            "step_s": step_s, "device_s": now_s[0], "energy_j": energy_j[0],
+            "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

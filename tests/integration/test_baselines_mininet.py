@@ -1,0 +1,157 @@
+"""A pipeline on Mininet: stage processes on the stage hosts, bytes measured on their links.
+
+Needs root and the Mininet backend (skips naming what is missing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from testbed.baselines.emulate import emulate_pipeline
+from testbed.baselines.engine import PipelineTrainer
+from testbed.emulator.network.probe import probe
+from testbed.ps_backend.engine.data import load_corpus
+from testbed.ps_backend.engine.trainer import Trainer
+from testbed.topology import load_topology
+
+pytestmark = pytest.mark.integration
+
+_missing = probe().missing()
+needs_mininet = pytest.mark.skipif(bool(_missing), reason="Mininet backend unavailable, missing: "
+                                                          + "; ".join(_missing))
+BOUNDS = [(0, 1), (1, 3), (3, 4)]
+STEPS = 2
+# per packet of at most 1448 payload bytes, Ethernet + IP + TCP with timestamps add 66 bytes
+# (4.6%); pure ACKs, the hellos, the handshake and IPv6 neighbour discovery add a few kB
+OVERHEAD = 1.07
+SLACK_BYTES = 64 * 1024
+
+
+def write_topology(tmp_path: Path) -> Path:
+    raw = {"name": "pipe", "seed": 3,
+           "network": {"backend": "mininet", "switches": ["ap0"],
+                       "ps": {"switch": "ap0", "link": {"down": "1Gbit", "up": "1Gbit"}}},
+           "devices": [{"group": "phones", "profile": "snapdragon888", "count": 4,
+                        "switch": "ap0", "link": {"down": "100Mbit", "up": "50Mbit",
+                                                  "delay": "2ms"}}],
+           "job": {"model": {"hidden": 64, "layers": 4, "heads": 2, "ffn": 128, "seq_len": 64},
+                   "batch_size": 8, "steps": STEPS, "dtype": "float64",
+                   "optimizer": {"lr": 1e-3},
+                   "parallelism": {"strategy": "pipeline", "micro_batches": 4}}}
+    path = tmp_path / "pipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_pipeline_on_mininet_moves_its_activations_over_the_stage_links(tmp_path: Path) -> None:
+    path = write_topology(tmp_path)
+    devices = ["phones-1", "phones-2", "phones-3"]  # phones-0 stays idle: its link is quiet
+    res = emulate_pipeline(path, tmp_path / "run", devices=devices, bounds=BOUNDS,
+                           timeout_s=300)
+    topo = load_topology(path)
+    torch.set_num_threads(1)
+    corpus = load_corpus(topo.job.data)
+    # the real arithmetic: the last stage's losses are the single-process run's
+    want = [r.loss for r in Trainer(topo.job, seed=3, corpus=corpus).run(STEPS)]
+    assert len(res["losses"]) == STEPS
+    for got, w in zip(res["losses"], want):
+        assert abs(got - w) <= 1e-8 * max(1.0, abs(w))
+    # the payload each stage sent is what the in-process pipeline sends, boundary by boundary
+    pipe = PipelineTrainer(topo.job, seed=3, bounds=BOUNDS, micro_batches=4, corpus=corpus)
+    engine: dict[str, int] = {}
+    for _ in range(STEPS):
+        for k, v in pipe.step().bytes_sent.items():
+            engine[k] = engine.get(k, 0) + v
+    sent: dict[str, int] = {}
+    for st in res["stages"]:
+        sent.update(st["sent_bytes"])
+    assert sent == engine
+    # and those bytes crossed the stage hosts' own links (kernel counters of each host's e0)
+    for s, d in enumerate(devices):
+        payload_out = sum(v for k, v in sent.items() if k.startswith(f"stage{s}->"))
+        payload_in = sum(v for k, v in sent.items() if k.endswith(f"->stage{s}"))
+        link = res["links"][d]
+        assert payload_out <= link["tx_bytes"] <= payload_out * OVERHEAD + SLACK_BYTES, (d, link)
+        assert payload_in <= link["rx_bytes"] <= payload_in * OVERHEAD + SLACK_BYTES, (d, link)
+    assert res["network"]["backend"] == "mininet"
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_data_parallel_on_mininet_averages_through_the_ps_over_real_links(
+        tmp_path: Path) -> None:
+    from testbed.baselines import cost
+    from testbed.baselines.emulate import emulate_data_parallel
+
+    path = write_topology(tmp_path)
+    replicas = ["phones-0", "phones-1", "phones-2"]
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=replicas, timeout_s=300)
+    topo = load_topology(path)
+    torch.set_num_threads(1)
+    want = [r.loss for r in Trainer(topo.job, seed=3, corpus=load_corpus(topo.job.data))
+            .run(STEPS)]
+    assert len(res["losses"]) == STEPS
+    for got, w in zip(res["losses"], want):
+        assert abs(got - w) <= 1e-8 * max(1.0, abs(w))
+    grad_bytes = cost.model_params(topo.job.model) * 8  # float64
+    for r, d in enumerate(replicas):
+        sent = res["reports"][f"replica{r}"]["sent_bytes"]
+        assert sent == STEPS * (grad_bytes + 8)  # its gradient and its loss, every step
+        link = res["links"][d]
+        assert sent <= link["tx_bytes"] <= sent * OVERHEAD + SLACK_BYTES, (d, link)
+        back = STEPS * grad_bytes  # the summed gradient
+        assert back <= link["rx_bytes"] <= back * OVERHEAD + SLACK_BYTES, (d, link)
+    ps = res["links"]["ps"]
+    assert 3 * STEPS * grad_bytes <= ps["rx_bytes"] <= 3 * STEPS * (grad_bytes + 8) * OVERHEAD \
+        + SLACK_BYTES
+    assert res["links"].get("phones-3") is None  # not a replica: not watched
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_compare_on_mininet_runs_every_strategy_with_the_same_losses(tmp_path: Path) -> None:
+    import csv
+    import json
+
+    from testbed.cli import main
+
+    path = write_topology(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["job"]["model"]["seq_len"] = 32
+    raw["job"]["parallelism"] = {"tile": 32, "micro_batches": 4}
+    raw["time_dilation"] = 2
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    assert main(["compare", str(path), "--out", str(out)]) == 0
+    (cmp_dir,) = out.iterdir()
+    rows = {r["strategy"]: r for r in csv.DictReader((cmp_dir / "comparison.csv").open())}
+    assert all(rows[s]["state"] == "done" for s in ("tile-tp", "pipeline", "data-parallel"))
+    data = json.loads((cmp_dir / "comparison.json").read_text())
+    assert data["inputs"]["mode"].startswith("emulated on Mininet")
+    # float64: three executors on real processes, one set of losses
+    notes = {r["strategy"]: r["note"] for r in data["rows"]}
+    losses = {s: notes[s].rsplit("losses ", 1)[1] for s in ("tile-tp", "pipeline",
+                                                            "data-parallel")}
+    assert len(set(losses.values())) == 1, losses
+    assert float(rows["data-parallel"]["up_bytes_per_device_step"]) > 0
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_failing_stage_ends_the_run_at_once_and_says_where(tmp_path: Path) -> None:
+    import time
+
+    path = write_topology(tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"stage\d exited 1 \(see .*stage\d\.log\)"):
+        # 16 micro-batches of a batch of 8: every stage refuses to start
+        emulate_pipeline(path, tmp_path / "run", devices=["phones-1", "phones-2"],
+                         bounds=[(0, 2), (2, 4)], micro_batches=16, timeout_s=300)
+    assert time.monotonic() - t0 < 120  # not the 300 s deadline
+    assert "cannot cut 8 rows into 16" in (tmp_path / "run" / "stage0.log").read_text()

@@ -1,0 +1,210 @@
+"""Pipeline and data-parallel jobs in virtual time: bytes, restarts under churn, run directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from testbed.baselines import cost, pipeline_sim
+from testbed.baselines.data_parallel_sim import DataParallelSim
+from testbed.baselines.engine import PipelineTrainer
+from testbed.baselines.pipeline_sim import PipelineSim, StepOutcome
+from testbed.baselines.placement import PipelinePlan
+from testbed.baselines.run import simulate_baseline
+from testbed.baselines.sim_core import PS, BaselineWorld
+from testbed.churn import load_schedule
+from testbed.cli import main
+from testbed.ps_backend.engine.data import builtin_corpus
+from testbed.topology import Topology, parse_topology
+
+
+def topo(strategy: str, count: int = 4, steps: int = 6, **parallelism: Any) -> Topology:
+    return parse_topology({
+        "name": "bl", "seed": 3, "network": {"switches": ["ap0"],
+                                             "ps": {"switch": "ap0",
+                                                    "link": {"down": "1Gbit", "up": "1Gbit"}}},
+        "devices": [{"group": "phones", "profile": "snapdragon888", "count": count,
+                     "switch": "ap0", "link": {"down": "100Mbit", "up": "20Mbit",
+                                               "delay": "10ms"}}],
+        "job": {"model": {"hidden": 32, "layers": 4, "heads": 2, "ffn": 64, "seq_len": 16},
+                "batch_size": 6, "steps": steps, "dtype": "float64",
+                "parallelism": {"strategy": strategy, **parallelism}}})
+
+
+def fixed_plan(monkeypatch: pytest.MonkeyPatch, devices: tuple[str, ...],
+               bounds: tuple[tuple[int, int], ...], micro: int) -> None:
+    """Pin the placement (the planner would put a tiny model on one phone)."""
+    def plan(job: Any, infos: Any) -> PipelinePlan:
+        present = {i.name for i in infos}
+        chosen = tuple(d for d in devices if d in present)
+        spare = [i.name for i in infos if i.name not in devices]
+        chosen = chosen + tuple(spare[:len(devices) - len(chosen)])
+        return PipelinePlan(chosen, bounds, micro, (0,) * len(bounds), 1.0)
+    monkeypatch.setattr(pipeline_sim, "plan_pipeline", plan)
+
+
+def run(sim: Any, steps: int) -> list[StepOutcome]:
+    out: list[StepOutcome] = []
+    sim.world.start()
+    sim.run(steps, out.append)
+    return out
+
+
+def test_pipeline_moves_what_the_real_pipeline_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device-to-device bytes of the simulated step = bytes the executed pipeline sent."""
+    bounds = ((0, 1), (1, 3), (3, 4))
+    t = topo("pipeline", micro_batches=3)
+    fixed_plan(monkeypatch, ("phones-0", "phones-1", "phones-2"), bounds, 3)
+    world = BaselineWorld(t, noise=False)
+    sent: list[tuple[str, str, float]] = []
+    real_send = world.send
+
+    def spy(src: str, dst: str, nbytes: float, then: Any) -> Any:
+        sent.append((src, dst, nbytes))
+        return real_send(src, dst, nbytes, then)
+    world.send = spy  # type: ignore[method-assign]
+    sim = PipelineSim(t, world)
+    run(sim, 1)
+    torch.set_num_threads(1)
+    executed = PipelineTrainer(t.job, seed=3, bounds=list(bounds), micro_batches=3,
+                               corpus=builtin_corpus(cap_bytes=64 * 1024)).step().bytes_sent
+    stage = {"phones-0": 0, "phones-1": 1, "phones-2": 2}
+    simulated: dict[str, float] = {}
+    for src, dst, n in sent:
+        if PS in (src, dst):
+            continue
+        key = f"stage{stage[src]}->stage{stage[dst]}"
+        simulated[key] = simulated.get(key, 0) + n
+    assert simulated == {k: float(v) for k, v in executed.items()}
+    # and the PS sent the tokens to the first stage and the targets to the last
+    tokens = sum(n for s, d, n in sent if s == PS and d == "phones-0")
+    restore = 3 * sim._stage_params(0) * 8
+    assert tokens == restore + 6 * 16 * cost.TOKEN_BYTES
+
+
+def test_a_lost_stage_restarts_from_the_checkpoint_and_counts_redone_steps(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    t = topo("pipeline", count=5, steps=8, micro_batches=2, checkpoint_every=3)
+    fixed_plan(monkeypatch, ("phones-0", "phones-1"), ((0, 2), (2, 4)), 2)
+    probe = BaselineWorld(t, noise=False)
+    ends: list[float] = []
+    steps: list[StepOutcome] = []
+    probe.start()
+    PipelineSim(t, probe).run(8, lambda o: (steps.append(o), ends.append(probe.now_s)))
+    # phones-1 crashes in the middle of step 4 (checkpointed at the end of step 2)
+    crash_s = ends[3] + steps[4].device_s / 2
+    trace = tmp_path / "crash.csv"
+    trace.write_text(f"time_s,device,event,arg\n{crash_s:.6f},phones-1,crash,\n")
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False)
+    sim = PipelineSim(t, world)
+    out = run(sim, 8)
+    assert sim.restarts == 1
+    assert sim.steps_redone == 2  # step 3 (done since the checkpoint) and step 4 (aborted)
+    assert [o.step for o in out] == [0, 1, 2, 3, 3, 4, 5, 6, 7]
+    assert [o.redo for o in out].count(True) == 1
+    assert sim.plan is not None and "phones-1" not in sim.plan.devices
+    assert world.now_s > sum(s.device_s for s in steps) + sim.restore_s - 1e-9
+
+
+def test_data_parallel_drops_a_departed_replica_for_the_round(tmp_path: Path) -> None:
+    t = topo("data-parallel", count=3, steps=4)
+    base = BaselineWorld(t, noise=False)
+    steps = run(DataParallelSim(t, base), 4)
+    assert all(o.fields["replicas"] == 3 for o in steps)
+    params = cost.model_params(t.job.model)
+    # every replica sends its gradient up and gets the average back: P*8 bytes each way
+    assert steps[1].bytes_up == 3 * params * 8 and steps[1].bytes_down == 3 * params * 8
+    crash_s = steps[0].device_s + steps[1].device_s * 0.3
+    trace = tmp_path / "crash.csv"
+    trace.write_text(f"time_s,device,event,arg\n{crash_s:.6f},phones-2,crash,\n")
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False)
+    sim = DataParallelSim(t, world)
+    out = run(sim, 4)
+    assert [o.step for o in out] == [0, 1, 2, 3]  # nothing redone
+    assert out[1].fields["dropped_replicas"] == 1 and sim.dropped_replica_steps == 1
+    assert out[2].fields["replicas"] == 2
+
+
+def test_diloco_talks_to_the_ps_every_h_steps() -> None:
+    t = topo("data-parallel", count=3, steps=6, local_steps=3)
+    out = run(DataParallelSim(t, BaselineWorld(t, noise=False)), 6)
+    ups = [o.bytes_up for o in out]
+    assert ups[0] == ups[1] == ups[3] == ups[4] == 0 and ups[2] == ups[5] > 0
+
+
+def test_simulate_writes_a_run_directory_for_each_strategy(tmp_path: Path) -> None:
+    for strategy in ("pipeline", "data-parallel"):
+        t = topo(strategy, steps=3)
+        out = tmp_path / strategy
+        out.mkdir()
+        summary = simulate_baseline(t, out, report=False)
+        assert summary["state"] == "done" and summary["strategy"] == strategy
+        lines = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in lines] == [0, 1, 2]
+        assert summary["energy"]["total"]["total_j"] > 0
+        assert summary["energy"]["total"]["carbon_g"] > 0
+        # the pipeline's first placement ships the stages their weights before step 0
+        assert summary["wall_s"] == pytest.approx(
+            sum(x["wall_s"] for x in lines) + summary.get("restore_s", 0.0), abs=1e-5)
+
+
+def test_testbed_simulate_dispatches_on_strategy(tmp_path: Path) -> None:
+    raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "tiny.yaml").read_text())
+    raw["job"]["parallelism"] = {"strategy": "pipeline", "micro_batches": 2}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["simulate", str(path), "--steps", "2", "--out", str(tmp_path / "runs")]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["strategy"] == "pipeline" and summary["steps_done"] == 2
+    assert (run_dir / "report.md").is_file()
+    assert main(["up", str(path), "--out", str(tmp_path / "up")]) == 2
+
+
+def test_device_to_device_paths_skip_the_ps_link() -> None:
+    t = topo("pipeline")
+    world = BaselineWorld(t)
+    links, delay = world.path("phones-0", "phones-1")
+    names = [world.net.names[i] for i in links]
+    assert names == ["phones-0:up", "phones-1:down"] and delay == pytest.approx(0.02)
+    links, _ = world.path(PS, "phones-0")
+    assert [world.net.names[i] for i in links] == ["ps:up", "phones-0:down"]
+    _ = dataclasses  # keep the import for typed helpers above
+
+
+def test_diloco_drops_a_lost_replica_for_the_rest_of_its_round(tmp_path: Path) -> None:
+    t = topo("data-parallel", count=3, steps=6, local_steps=3)
+    ends: list[float] = []
+    probe = BaselineWorld(t, noise=False)
+    probe.start()
+    DataParallelSim(t, probe).run(6, lambda o: ends.append(probe.now_s))
+    crash_s = ends[0] / 2  # phones-2 crashes during the first inner step
+    trace = tmp_path / "crash.csv"
+    trace.write_text(f"time_s,device,event,arg\n{crash_s:.6f},phones-2,crash,\n")
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False)
+    sim = DataParallelSim(t, world)
+    out = run(sim, 6)
+    assert [o.fields["replicas"] for o in out] == [3, 2, 2, 2, 2, 2]
+    assert sim.dropped_replica_steps == 1
+    params = cost.model_params(t.job.model)
+    # the round's end: the two replicas left send their parameters and get the new ones
+    assert out[2].bytes_up == 2 * params * 8 and out[5].bytes_up == 2 * params * 8
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data-parallel"])
+def test_a_run_whose_devices_all_leave_fails_saying_so(tmp_path: Path, strategy: str) -> None:
+    t = topo(strategy, count=2, steps=50)
+    trace = tmp_path / "gone.csv"
+    trace.write_text("time_s,device,event,arg\n0.2,phones-0,crash,\n0.2,phones-1,crash,\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    summary = simulate_baseline(t, out, load_schedule(trace, t), report=False)
+    assert summary["state"] == "failed" and summary["exit_code"] == 1
+    assert "every device has left" in summary["error"]
+    assert 0 < summary["steps_done"] < 50
