@@ -6,8 +6,8 @@ writes beside them a comparison: ``comparison.md``, ``comparison.csv``, ``compar
 ``comparison.png``, with a cloud GPU reference row (``--gpu``, A5000 by default). With
 ``--simulate`` every strategy runs in virtual time (churn included). Without it they run on
 Mininet (root): tile-tp through ``testbed up``, the pipeline and synchronous data parallelism
-as stage and replica processes (:mod:`testbed.baselines.emulate`); churn and DiLoCo rounds are
-not emulated yet (refused, or a "not built" row).
+as stage and replica processes (:mod:`testbed.baselines.emulate`); tile-tp and the pipeline
+replay churn there, data-parallel under churn and DiLoCo rounds are "not built" rows.
 
 Columns: median device time per executed step; wall time of the whole run (restarts and
 restores included); bytes per participating device per step, each way; energy and carbon per
@@ -192,13 +192,17 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
         [r for k, r in res["reports"].items() if k != "ps"]
     steps_n = len(reports[0]["step_s"])
     step_s = [max(r["step_s"][i] for r in reports) / dilation for i in range(steps_n)]
-    end_s = sum(step_s)
+    end_s = res["wall_s"] / dilation if res.get("restarts") else sum(step_s)
     specs = {d.name: d for d in topology.devices}
+    work: dict[str, tuple[float, float]] = {}  # device -> (busy s, J), every attempt's stages
+    for r in res.get("attempt_reports") or reports:
+        busy, joules = work.get(r["device"], (0.0, 0.0))
+        work[r["device"]] = (busy + r["device_s"], joules + r["energy_j"])
     devices, power, links = [], {}, {}
-    for r in reports:
-        d = specs[r["device"]]
+    for name, (busy, joules) in work.items():
+        d = specs[name]
         link = res["links"][d.name]
-        devices.append({"device": d.name, "compute_s": r["device_s"], "energy_j": r["energy_j"],
+        devices.append({"device": d.name, "compute_s": busy, "energy_j": joules,
                         "tiles_done": 0, "bytes_down": link["rx_bytes"],
                         "bytes_up": link["tx_bytes"]})
         power[d.name] = load_profile(str(d.group.profile_path), check=False).power
@@ -213,8 +217,11 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
             "up_bytes_per_device_step": sum(d["bytes_up"] for d in devices) / n / steps_n,
             "energy_j_per_step": total_j / steps_n, "carbon_g_per_step":
             carbon_g(total_j, grid) / steps_n, "energy_j": total_j,
-            "carbon_g": carbon_g(total_j, grid), "steps_redone": 0, "restarts": 0,
-            "lost_work": "no churn in emulated baselines yet",
+            "carbon_g": carbon_g(total_j, grid), "steps_redone": res.get("steps_redone", 0),
+            "restarts": res.get("restarts", 0),
+            "lost_work": (f"{res.get('steps_redone', 0)} steps redone after "
+                          f"{res.get('restarts', 0)} restart(s)" if strategy == "pipeline"
+                          else "no churn replayed"),
             "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
                     f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
 
@@ -223,9 +230,12 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                      strategies: list[str], gpu: GpuProfile,
                      grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
                      gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
-                     ps_memory_bytes: int = 64 * 2**30) -> list[dict[str, Any]]:
+                     ps_memory_bytes: int = 64 * 2**30,
+                     schedule_for: Any = None) -> list[dict[str, Any]]:
     """Each strategy on Mininet: tile-tp through `testbed up`, the baselines as stage and
-    replica processes (testbed/baselines/emulate.py); then the comparison files."""
+    replica processes (testbed/baselines/emulate.py); then the comparison files. With churn
+    (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): tile-tp and the
+    pipeline replay it; data-parallel under churn is not emulated yet (a "not built" row)."""
     import subprocess
 
     import yaml
@@ -252,10 +262,11 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         row: dict[str, Any]
         try:
+            churn = ["--churn", str(topology.churn)] if topology.churn else []
             if strategy == "tile-tp":
                 runs = out_dir / "tile-tp"
                 done = subprocess.run([sys.executable, "-m", "testbed.cli", "up", str(path),
-                                       "--no-live", "--out", str(runs)],
+                                       "--no-live", "--out", str(runs), *churn],
                                       capture_output=True, text=True)
                 (run_dir,) = list(runs.iterdir())
                 summary = json.loads((run_dir / "summary.json").read_text())
@@ -267,12 +278,14 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 losses = ", ".join(f"{x:.6f}" for x in summary.get("losses") or [])
                 row["note"] = f"Mininet via testbed up ({run_dir.name}); losses {losses}"
             elif strategy == "pipeline":
-                res = emulate_pipeline(path, out_dir / strategy, dilation=dilation)
+                schedule = schedule_for(topo) if schedule_for and topology.churn else None
+                res = emulate_pipeline(path, out_dir / strategy, dilation=dilation,
+                                       schedule=schedule)
                 row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
-            elif topo.job.parallelism.local_steps != 1:
+            elif topo.job.parallelism.local_steps != 1 or topology.churn:
                 row = {"strategy": strategy, "state": "not built",
-                       "note": "emulated DiLoCo rounds (local_steps > 1) are not built; "
-                               "use --simulate"}
+                       "note": "emulated DiLoCo rounds (local_steps > 1) and emulated "
+                               "data-parallel under churn are not built; use --simulate"}
             else:
                 res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation)
                 row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
@@ -281,7 +294,8 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
         row["largest_model"] = largest
         rows.append(row)
     rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
-    inputs = {"topology": topology.name, "steps": topology.job.steps, "churn": "",
+    inputs = {"topology": topology.name, "steps": topology.job.steps,
+              "churn": str(topology.churn or ""),
               "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
               "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
               "mode": f"emulated on Mininet, D = {dilation:g}"}
@@ -390,10 +404,6 @@ def run_compare(args: argparse.Namespace) -> int:
                   f"(missing: {'; '.join(missing)}); --simulate runs in virtual time",
                   file=sys.stderr)
             return EXIT_BAD_INPUT
-        if args.churn:
-            print("error: --churn: the emulated baselines do not replay churn yet; use "
-                  "--simulate (docs/baselines.md)", file=sys.stderr)
-            return EXIT_BAD_INPUT
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
@@ -425,10 +435,6 @@ def run_compare(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if not args.simulate and topology.churn is not None:
-        print(f"error: {args.topology}: churn: the emulated baselines do not replay churn yet; "
-              f"use --simulate (docs/baselines.md)", file=sys.stderr)
-        return EXIT_BAD_INPUT
     out_dir = make_run_dir(Path(args.out), f"{topology.name}-compare")
     print(f"comparison directory: {out_dir} ({'simulated' if args.simulate else 'Mininet'})")
     if args.simulate:
@@ -439,7 +445,7 @@ def run_compare(args: argparse.Namespace) -> int:
     else:
         rows = compare_emulated(Path(args.topology), topology, out_dir, strategies, gpu,
                                 args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue,
-                                ps_memory)
+                                ps_memory, lambda t: schedules.get(t.job.parallelism.strategy))
     print((out_dir / "comparison.md").read_text())
     failed = [r["strategy"] for r in rows if r["state"] == "failed"]
     return EXIT_FAILURE if failed else EXIT_OK
@@ -456,8 +462,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     ".json, .png and one run directory per strategy, plus a cloud GPU "
                     "reference row. --simulate: virtual time (testbed simulate's models, "
                     "churn included). Without it: on Mininet (root), tile-tp through testbed "
-                    "up, the pipeline and data-parallel as real stage and replica processes; "
-                    "churn and DiLoCo are not emulated yet. Exit 2 on bad input.")
+                    "up, the pipeline and data-parallel as real stage and replica processes "
+                    "(churn: tile-tp and the pipeline; data-parallel under churn and DiLoCo "
+                    "are simulated only). Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),

@@ -50,54 +50,119 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                      devices: Sequence[str] | None = None,
                      bounds: Sequence[tuple[int, int]] | None = None,
                      micro_batches: int | None = None, dilation: float = 1.0,
-                     timeout_s: float = 600.0) -> dict[str, Any]:
-    """Run the topology's job as a GPipe pipeline on Mininet; return what was measured."""
+                     timeout_s: float = 600.0, schedule: Any = None) -> dict[str, Any]:
+    """Run the topology's job as a GPipe pipeline on Mininet; return what was measured.
+
+    With a churn ``schedule`` (trace time 0 = training start: every stage of the first
+    placement connected; times x dilation): a stage's
+    device that leaves, crashes or is partitioned has its process killed; the runner then ends
+    the other stages, places the model again on the devices left, and restarts every stage from
+    the last checkpoint all stages wrote (``job.parallelism.checkpoint_every``). Steps finished
+    since that checkpoint and the aborted one are counted as redone. Joins and heals bring a
+    device back for the next placement; ``slow`` is not emulated."""
+    from testbed.churn.trace import ChurnEvent
     from testbed.emulator.network.mininet import MininetNetwork
 
     topo = load_topology(topology_path)
     job = topo.job
-    if devices is None or bounds is None:
-        plan = plan_pipeline(job, device_infos(topo))
-        devices, bounds = plan.devices, plan.bounds
+    total_steps = steps or job.steps
     m = micro_batches or job.parallelism.micro_batches
+    every = job.parallelism.checkpoint_every if schedule is not None else 0
+    names = [d.name for d in topo.devices]
+    gone: set[str] = set(names) - set(schedule.initially_present) if schedule else set()
+    actions = sorted(schedule.actions, key=lambda a: a.time_s) if schedule else []
     net = MininetNetwork(topo, dilation=dilation)
     world = BaselineWorld(topo, noise=False)  # for the paths' one-way delays only
     app_delay = not net.caps.netem  # without netem the stages apply the delay themselves
-    delay_s = [[world.path(src, dst)[1] * dilation if app_delay and src != dst else 0.0
-                for src in devices] for dst in devices]
     run_dir.mkdir(parents=True, exist_ok=True)
-    procs: list[tuple[int, subprocess.Popen]] = []
-    out: dict[str, Any] = {}
+    procs: list[tuple[str, subprocess.Popen]] = []
+    executed: list[dict[str, Any]] = []
+    restarts, redone, start_step, attempt = 0, 0, 0, 0
+    resume_files: list[str] = []
     net.start()
     try:
-        plan_doc = {"topology": str(Path(topology_path).resolve()), "devices": list(devices),
-                    "bounds": [list(b) for b in bounds], "micro_batches": m,
-                    "steps": steps or job.steps, "dilation": dilation,
-                    "ips": [net.host_ip(d) for d in devices], "delay_s": delay_s}
-        plan_path = run_dir / "pipeline_plan.json"
-        plan_path.write_text(json.dumps(plan_doc, indent=2))
-        before = {d: net.interface_counters(d) for d in devices}
+        before = {d: net.interface_counters(d) for d in names}
         t0 = time.monotonic()
-        for s, d in enumerate(devices):
-            log = (run_dir / f"stage{s}.log").open("w")
-            procs.append((s, net.popen(d, [sys.executable, "-m", "testbed.baselines.stage_proc",
-                                           "--plan", str(plan_path), "--stage", str(s),
-                                           "--out", str(run_dir / f"stage{s}.json")],
-                                       stdout=log, stderr=subprocess.STDOUT)))
-        failed = _wait_all([(f"stage{s}", p) for s, p in procs], timeout_s,
-                           lambda tag: run_dir / f"{tag}.log")
+        while True:
+            alive = [n for n in names if n not in gone]
+            if attempt == 0 and devices is not None and bounds is not None:
+                use, cuts = list(devices), [tuple(b) for b in bounds]
+            else:
+                plan = plan_pipeline(job, device_infos(topo, set(alive)))
+                use, cuts = list(plan.devices), list(plan.bounds)
+            delay_s = [[world.path(src, dst)[1] * dilation if app_delay and src != dst else 0.0
+                        for src in use] for dst in use]
+            progress = run_dir / f"progress{attempt}.jsonl"
+            ready_dir = run_dir / f"ready{attempt}"
+            ready_dir.mkdir(exist_ok=True)
+            ckpt_dir = run_dir / "checkpoints" / f"attempt{attempt}"
+            plan_doc = {"topology": str(Path(topology_path).resolve()), "devices": use,
+                        "bounds": [list(b) for b in cuts], "micro_batches": m,
+                        "steps": total_steps, "dilation": dilation,
+                        "ips": [net.host_ip(d) for d in use], "delay_s": delay_s,
+                        "start_step": start_step, "resume_files": resume_files,
+                        "checkpoint_every": every, "ckpt_dir": str(ckpt_dir),
+                        "progress": str(progress), "ready_dir": str(ready_dir),
+                        "report_pattern": str(run_dir / f"stage{{}}-attempt{attempt}.json")}
+            plan_path = run_dir / f"pipeline_plan{attempt}.json"
+            plan_path.write_text(json.dumps(plan_doc, indent=2))
+            procs = []
+            for s, d in enumerate(use):
+                log = (run_dir / f"stage{s}.log").open("w")
+                procs.append((d, net.popen(d, [sys.executable, "-m",
+                                               "testbed.baselines.stage_proc",
+                                               "--plan", str(plan_path), "--stage", str(s),
+                                               "--out",
+                                               str(run_dir / f"stage{s}-attempt{attempt}.json")],
+                                           stdout=log, stderr=subprocess.STDOUT)))
+            deadline = time.monotonic() + timeout_s
+            if attempt == 0:  # the churn clock starts when training does
+                while len(list(ready_dir.iterdir())) < len(use) and time.monotonic() < deadline \
+                        and all(p.poll() is None for _, p in procs):
+                    time.sleep(0.02)
+                t0 = time.monotonic()
+            killed = _supervise(procs, actions, t0, dilation, gone, ChurnEvent, deadline)
+            this_attempt: list[int] = []
+            if progress.exists():
+                for line in progress.read_text().splitlines():
+                    rec = json.loads(line)
+                    rec["redo"] = any(e["step"] == rec["step"] for e in executed)
+                    executed.append(rec)
+                    this_attempt.append(rec["step"])
+            if killed is None:
+                failed = [f"stage{s} exited {p.returncode} (see {run_dir / f'stage{s}.log'})"
+                          for s, (_, p) in enumerate(procs) if p.returncode != 0]
+                if failed:
+                    raise RuntimeError("; ".join(failed))
+                break
+            # DT-FM: back to the last checkpoint every stage finished, on a new placement
+            finished = max(this_attempt, default=start_step - 1)
+            if finished == total_steps - 1:  # lost after its last step: nothing to redo
+                break
+            saved = sorted((int(d.name[4:]), d) for d in ckpt_dir.glob("step*")
+                           if len(list(d.glob("stage*.pt"))) == len(use))
+            if saved:
+                start_step, resume = saved[-1][0], saved[-1][1]
+                resume_files = [str(f) for f in sorted(resume.glob("stage*.pt"))]
+            redone += max(0, finished - start_step + 1) + 1
+            restarts += 1
+            attempt += 1
         wall_s = time.monotonic() - t0
-        after = {d: net.interface_counters(d) for d in devices}
-        if failed:
-            raise RuntimeError("; ".join(failed))
-        stages = [json.loads((run_dir / f"stage{s}.json").read_text())
-                  for s in range(len(devices))]
-        out = {"devices": list(devices), "bounds": [list(b) for b in bounds],
-               "micro_batches": m, "wall_s": wall_s, "stages": stages,
-               "losses": stages[-1]["losses"], "network": net.describe(),
+        after = {d: net.interface_counters(d) for d in names}
+        stages = [json.loads((run_dir / f"stage{s}-attempt{attempt}.json").read_text())
+                  for s in range(len(use))]
+        every_attempt = [json.loads(f.read_text())
+                         for f in sorted(run_dir.glob("stage*-attempt*.json"))]
+        final: dict[int, float] = {}
+        for e in executed:
+            final[e["step"]] = e["loss"]
+        out = {"devices": use, "bounds": [list(b) for b in cuts], "micro_batches": m,
+               "wall_s": wall_s, "stages": stages, "attempt_reports": every_attempt,
+               "losses": [final[k] for k in sorted(final)], "executed": executed,
+               "restarts": restarts, "steps_redone": redone, "network": net.describe(),
                "links": {d: {"tx_bytes": after[d]["tx_bytes"] - before[d]["tx_bytes"],
                              "rx_bytes": after[d]["rx_bytes"] - before[d]["rx_bytes"]}
-                         for d in devices}}
+                         for d in names}}
         (run_dir / "pipeline_emulated.json").write_text(json.dumps(out, indent=2))
         return out
     finally:
@@ -105,6 +170,38 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
             if proc.poll() is None:
                 proc.kill()
         net.stop()
+
+
+def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0: float,
+               dilation: float, gone: set[str], events: Any, deadline: float) -> str | None:
+    """Wait for the stages while replaying churn; the device whose stage was lost, or None
+    when every stage ended by itself. A lost stage ends the others."""
+    stage_of = {d: p for d, p in procs}
+    while True:
+        now = time.monotonic()
+        while actions and t0 + actions[0].time_s * dilation <= now:
+            a = actions.pop(0)
+            if a.event in (events.LEAVE, events.CRASH, events.PARTITION):
+                gone.add(a.device)
+                p = stage_of.get(a.device)
+                if p is not None and p.poll() is None:
+                    p.kill()  # a lost stage: its device is gone (crash) or unreachable
+                    for _, q in procs:
+                        if q.poll() is None:
+                            q.kill()
+                        q.wait()
+                    return a.device
+            elif a.event in (events.JOIN, events.HEAL):
+                gone.discard(a.device)
+        if all(p.poll() is not None for _, p in procs):
+            return None
+        if any(p.poll() not in (None, 0) for _, p in procs) or now > deadline:
+            for _, q in procs:
+                if q.poll() is None:
+                    q.kill()
+                q.wait()
+            return None
+        time.sleep(0.02)
 
 
 def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int | None = None,

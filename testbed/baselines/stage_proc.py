@@ -76,6 +76,52 @@ def _connect(host: str, port: int, timeout_s: float = 60.0) -> socket.socket:
             time.sleep(0.05)
 
 
+def global_name(name: str, first_layer: int) -> str:
+    """A stage parameter's name in the whole model (``layers.<i>`` counted from layer 0)."""
+    if name.startswith("layers."):
+        _, idx, rest = name.split(".", 2)
+        return f"layers.{first_layer + int(idx)}.{rest}"
+    return name
+
+
+def save_checkpoint(stage: Any, opt: Any, path: Path) -> None:
+    """This stage's parameters and AdamW state by their names in the whole model (atomic)."""
+    import torch
+
+    params = {global_name(n, stage.first): p for n, p in stage.named_parameters()}
+    state = {"params": {n: p.detach().clone() for n, p in params.items()},
+             "adam": {n: {k: (v.clone() if hasattr(v, "clone") else v)
+                          for k, v in opt.state[p].items()}
+                      for n, p in params.items() if p in opt.state}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(stage: Any, opt: Any, files: list[Path]) -> None:
+    """Set this stage's parameters and AdamW state from the stages' files of one checkpoint.
+
+    The tied LM head of a last stage falls back to the token embedding's entry (a one-stage
+    pipeline saves the tied weight once, under that name)."""
+    import torch
+
+    params: dict[str, Any] = {}
+    adam: dict[str, Any] = {}
+    for f in files:
+        state = torch.load(f, weights_only=True)
+        params.update(state["params"])
+        adam.update(state["adam"])
+    with torch.no_grad():
+        for n, p in stage.named_parameters():
+            name = global_name(n, stage.first)
+            key = name if name in params or name != "lm_head.weight" else "embed_tokens.weight"
+            p.copy_(params[key])
+            if key in adam:
+                opt.state[p] = {k: (v.clone() if hasattr(v, "clone") else v)
+                                for k, v in adam[key].items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one stage; write its report (losses on the last stage, bytes, holds)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -140,6 +186,8 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _, _, _, hello = recv_frame(conn, 0.0)
         peers[struct.unpack("!I", hello)[0]] = conn
+    if plan.get("ready_dir"):  # connected: training can start (the runner's churn clock)
+        Path(plan["ready_dir"], f"stage{s}").touch()
     sent: dict[str, int] = {}
     now_s = [0.0]
     energy_j = [0.0]  # compute energy: the device model's joules, memory-bound work at busy power
@@ -183,7 +231,12 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
 
     losses: list[float] = []
     step_s: list[float] = []
-    for step in range(plan["steps"]):
+    start = int(plan.get("start_step", 0))
+    if start > 0:  # a restart: resume from the checkpoint the runner names
+        load_checkpoint(stage, opt, [Path(f) for f in plan["resume_files"]])
+    every = int(plan.get("checkpoint_every", 0))
+    progress = Path(plan["progress"]) if last and plan.get("progress") else None
+    for step in range(start, plan["steps"]):
         t_step = time.monotonic()
         inputs = targets = None
         if sampler is not None:
@@ -241,16 +294,37 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         opt.step()
         params = sum(p.numel() for p in stage.parameters())
         hold(t0, [], cost.optimizer_bytes(params, b))
+        if every and (step + 1) % every == 0:
+            save_checkpoint(stage, opt, Path(plan["ckpt_dir"]) / f"step{step + 1}" /
+                            f"stage{s}.pt")
         if last:
             losses.append(float(sum(float(x.detach()) for x in step_losses)))
+            if progress is not None:  # the runner reads it when a restart interrupts the run
+                with progress.open("a") as fh:
+                    fh.write(json.dumps({"step": step, "loss": losses[-1]}) + "\n")
         step_s.append(time.monotonic() - t_step)
+        if plan.get("report_pattern"):  # so far, in case the runner ends this process
+            _write_report(Path(plan["report_pattern"].format(s)),
+                          _report(s, plan, losses, sent, step_s, now_s[0], energy_j[0], lag_s))
     for sock in peers.values():
         sock.close()
     listener.close()
+    return _report(s, plan, losses, sent, step_s, now_s[0], energy_j[0], lag_s)
+
+
+def _report(s: int, plan: dict[str, Any], losses: list[float], sent: dict[str, int],
+            step_s: list[float], device_s: float, energy_j: float,
+            lag_s: list[float]) -> dict[str, Any]:
     lag = sorted(lag_s)
     return {"stage": s, "device": plan["devices"][s], "losses": losses, "sent_bytes": sent,
-            "step_s": step_s, "device_s": now_s[0], "energy_j": energy_j[0],
+            "step_s": step_s, "device_s": device_s, "energy_j": energy_j,
             "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
+
+
+def _write_report(path: Path, report: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report))
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -155,3 +155,37 @@ def test_a_failing_stage_ends_the_run_at_once_and_says_where(tmp_path: Path) -> 
                          bounds=[(0, 2), (2, 4)], micro_batches=16, timeout_s=300)
     assert time.monotonic() - t0 < 120  # not the 300 s deadline
     assert "cannot cut 8 rows into 16" in (tmp_path / "run" / "stage0.log").read_text()
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_lost_stage_restarts_from_its_checkpoint_with_the_same_losses(tmp_path: Path) -> None:
+    from testbed.churn import load_schedule
+
+    path = write_topology(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    # slow links (about 1 s a step at D = 2) so that the crash lands inside the run
+    raw["devices"][0]["link"] = {"down": "10Mbit", "up": "5Mbit", "delay": "2ms"}
+    raw["job"]["steps"] = 8
+    raw["job"]["parallelism"]["checkpoint_every"] = 2
+    path.write_text(yaml.safe_dump(raw))
+    trace = tmp_path / "crash.csv"
+    trace.write_text("time_s,device,event,arg\n3.5,phones-2,crash,\n")
+    topo = load_topology(path)
+    res = emulate_pipeline(path, tmp_path / "run", devices=["phones-1", "phones-2"],
+                           bounds=[(0, 2), (2, 4)], dilation=2.0,
+                           schedule=load_schedule(trace, topo), timeout_s=300)
+    assert res["restarts"] == 1 and "phones-2" not in res["devices"]
+    redo = [e for e in res["executed"] if e["redo"]]
+    # the steps finished since the checkpoint ran again; the aborted one counts too
+    assert res["steps_redone"] == len(redo) + 1
+    assert len(res["executed"]) == 8 + len(redo)
+    torch.set_num_threads(1)
+    want = [r.loss for r in Trainer(topo.job, seed=3, corpus=load_corpus(topo.job.data))
+            .run(8)]
+    assert len(res["losses"]) == 8  # resumed from the checkpoint on another placement ...
+    for got, w in zip(res["losses"], want):  # ... and still the single-process run
+        assert abs(got - w) <= 1e-8 * max(1.0, abs(w))
+    for e in redo:  # a redone step computes the same loss again
+        first = next(x for x in res["executed"] if x["step"] == e["step"])
+        assert abs(first["loss"] - e["loss"]) <= 1e-12 * max(1.0, abs(e["loss"]))

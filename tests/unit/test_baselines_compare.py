@@ -98,16 +98,15 @@ def test_compare_refuses_bad_input_before_running(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     path = write_topology(tmp_path)
     out = tmp_path / "out"
-    trace = tmp_path / "t.csv"
-    trace.write_text("time_s,device,event,arg\n1,phones-0,crash,\n")
-    # the emulated comparison does not replay churn (or, without Mininet, cannot run at all)
-    assert main(["compare", str(path), "--churn", str(trace), "--out", str(out)]) == 2
+    # a missing trace is refused before anything runs, emulated or simulated
+    assert main(["compare", str(path), "--churn", str(tmp_path / "none.csv"),
+                 "--out", str(out)]) == 2
     assert main(["compare", str(path), "--simulate", "--strategies", "zero",
                  "--out", str(out)]) == 2
     assert main(["compare", str(path), "--simulate", "--pue", "0.5", "--out", str(out)]) == 2
     assert main(["compare", str(path), "--simulate", "--gpu", "h100", "--out", str(out)]) == 2
     assert not out.exists()
-    assert "--simulate" in capsys.readouterr().err
+    assert "none.csv" in capsys.readouterr().err
 
 
 def test_a_strategy_that_does_not_fit_is_a_row_not_a_crash(tmp_path: Path) -> None:
