@@ -78,12 +78,14 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
     raw["model"] = model.to_dict()
     raw["evaluation"] = {"calibration": {
         "shapes": len(y), "leave_one_out": as_plain({"x": {"loo": loo}})["x"]["loo"],
+        "shape_curve": fitted.selected_,
         "note": "each measured shape predicted by the level and overhead fitted on the others"}}
     base_prov = base.provenance.get("model", "") if base.provenance else ""
     raw["provenance"] = {
         **{k: v for k, v in (base.provenance or {}).items() if k != "model"},
         "model": (f"calibrated with `testbed perf calibrate {base.name} {source}`: shape curve "
-                  f"(half_m, half_k, half_n) = {tuple(model.coef)} from {base.name} "
+                  f"(half_m, half_k, half_n) = {tuple(model.coef)} ({fitted.selected_}) from "
+                  f"{base.name} "
                   f"({base_prov[:300]}); level peak_flops = {model.peak_flops / 1e9:.2f} GFLOP/s "
                   f"and overhead {model.overhead_s * 1e6:.1f} us fitted on {len(y)} shapes of "
                   f"{rows[0].device} ({rows[0].provenance})"),
@@ -93,7 +95,8 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
     header = (f"# Calibrated by `testbed perf calibrate {base.name} {source}` from "
               f"{len(y)} shapes\n")
     text = header + yaml.safe_dump(raw, sort_keys=False, width=100)
-    summary = (f"{new_name}: peak {model.peak_flops / 1e9:.2f} GFLOP/s, overhead "
+    summary = (f"{new_name}: {fitted.selected_}, peak {model.peak_flops / 1e9:.2f} GFLOP/s, "
+               f"overhead "
                f"{model.overhead_s * 1e6:.1f} us, {raw['sustained_gflops']} GFLOP/s at "
                f"{REFERENCE_TILE}; leave-one-out over {len(y)} shapes: {loo.within_10:.0f}% "
                f"within ±10%, {loo.within_25:.0f}% within ±25%, {loo.within_50:.0f}% within "

@@ -433,10 +433,23 @@ class OverheadRateRegressor(RegressorMixin, BaseEstimator):
 
 
 def calibrate(base: ExportedTimeModel, X: np.ndarray, y: np.ndarray,
-              peak_flops: float | None = None) -> OverheadRateRegressor:
+              peak_flops: float | None = None, select: bool = True) -> OverheadRateRegressor:
     """A device's own level and overhead on the base profile's shape curve, from >= 3 shapes.
 
-    A base without the ``rate`` form (an older profile) is calibrated as a constant rate.
+    With ``select`` (the default) the constant-rate baseline is calibrated on the same shapes
+    too and kept instead when its leave-one-out error (mean |log(measured / predicted)|) is
+    lower: a curve learned on other libraries can be wrong for this one (MNN's 4-thread fp16
+    rates are flat in m where single-thread fp32 sets are not; docs/perf-models.md), and the
+    device's own shapes are the only evidence. A base without the ``rate`` form (an older
+    profile) is calibrated as a constant rate. The result's ``selected_`` says which won.
     """
     halves = tuple(base.coef) if base.form == "rate" else (0.0, 0.0, 0.0)
-    return OverheadRateRegressor(halves=halves, peak_flops=peak_flops).fit(X, y)  # type: ignore[arg-type]
+    curve = OverheadRateRegressor(halves=halves, peak_flops=peak_flops).fit(X, y)  # type: ignore[arg-type]
+    curve.selected_ = "base curve"
+    if not select or not any(halves):
+        return curve
+    constant = OverheadRateRegressor(constant=True, peak_flops=peak_flops).fit(X, y)
+    if np.mean(np.abs(constant.loo_log_residuals_)) < np.mean(np.abs(curve.loo_log_residuals_)):
+        constant.selected_ = "constant rate (beat the base curve on leave-one-out)"
+        return constant
+    return curve

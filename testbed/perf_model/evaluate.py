@@ -16,8 +16,11 @@ Leave one set out (:func:`leave_one_set_out`): the per-shape sets are the groups
 (device, backend, dtype, threads). For each held-out set S the family's shape curve is fitted on
 every other float set; then
 
-* ``calibrated-5``: S's level and overhead from 5 of its shapes (spread over its FLOP range,
-  :func:`calibration_picks`), scored on S's other shapes;
+* ``calibrated-5``: what ``testbed perf calibrate`` does: S's level and overhead from 5 of its
+  shapes (spread over its FLOP range, :func:`calibration_picks`) on the family curve, or the
+  constant rate when that wins leave-one-out on those 5 (:func:`estimators.calibrate`), scored on
+  S's other shapes;
+* ``curve-5``: the family curve calibrated on the same 5 shapes, never replaced;
 * ``constant-5``: the constant-rate-plus-overhead baseline calibrated on the same 5 shapes;
 * ``roofline-5``: the plain roofline at the best rate of the same 5 shapes;
 * ``from <T>``: uncalibrated, the profile one would ship for set T (curve without S, level and
@@ -36,6 +39,8 @@ from testbed.perf_model.estimators import (
     GemmTimeRegressor,
     OverheadRateRegressor,
     RooflineRegressor,
+    _export_rate,
+    calibrate,
     fit_halves,
 )
 
@@ -180,10 +185,14 @@ def leave_one_set_out(sets: dict[SetKey, tuple[np.ndarray, np.ndarray]], calibra
         picks = calibration_picks(X, calibrate_n)
         rest = np.setdiff1d(np.arange(len(y)), picks)
         figures: dict[str, Scores] = {}
-        for name, model in (("calibrated-5", OverheadRateRegressor(halves=halves)),
-                            ("constant-5", OverheadRateRegressor(constant=True)),
-                            ("roofline-5", RooflineRegressor())):
-            fitted = model.fit(X[picks], y[picks])
+        base = _export_rate(halves, 0.0, 1.0, np.zeros(0))
+        Xp, yp = X[picks], y[picks]
+        fitted_models = {
+            "calibrated-5": calibrate(base, Xp, yp),
+            "curve-5": OverheadRateRegressor(halves=halves).fit(Xp, yp),
+            "constant-5": OverheadRateRegressor(constant=True).fit(Xp, yp),
+            "roofline-5": RooflineRegressor().fit(Xp, yp)}
+        for name, fitted in fitted_models.items():
             figures[name] = scores(fitted.predict(X[rest]), y[rest])
         for key, (Xo, yo) in sets.items():
             if key == held:

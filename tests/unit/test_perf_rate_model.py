@@ -13,7 +13,7 @@ import yaml
 
 from testbed.cli import main as run_cli
 from testbed.emulator.device_model import device_model_for
-from testbed.perf_model.estimators import OverheadRateRegressor, calibrate
+from testbed.perf_model.estimators import OverheadRateRegressor, _export_rate, calibrate
 from testbed.perf_model.features import RATE_FEATURES, ExportedTimeModel, rate_flops
 from testbed.perf_model.measurements import Measurement, write_measurements
 from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
@@ -200,3 +200,20 @@ def test_agent_process_reads_profiles_without_pydantic() -> None:
             "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'sklearn')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_calibrate_keeps_the_constant_rate_when_the_base_curve_is_wrong_for_the_device() -> None:
+    # the base curve says small m is slow; this device (like MNN's 4-thread fp16 rows) is flat
+    base = _export_rate((64.0, 0.0, 0.0), 0.0, 1.0, np.zeros(0))
+    shapes = np.array([(8, 2560, 1024), (32, 2560, 4096), (128, 4096, 2560),
+                       (512, 2560, 1024), (16, 1024, 1024)], dtype=np.float64)
+    flat = 2.0 * shapes.prod(axis=1) / 300e9 * np.array([1.02, 0.98, 1.01, 0.99, 1.0])
+    chosen = calibrate(base, shapes, flat)
+    assert chosen.halves_ == (0.0, 0.0, 0.0)
+    assert chosen.selected_.startswith("constant rate")
+    assert 2.0 * 128 * 1024 * 128 / chosen.predict(np.array([[128, 1024, 128]]))[0] == \
+        pytest.approx(300e9, rel=0.05)
+    # on data that follows the curve, the curve is kept
+    curved = base.predict_seconds(shapes) / 300e9 * 1.0
+    kept = calibrate(base, shapes, curved)
+    assert kept.halves_ == (64.0, 0.0, 0.0) and kept.selected_ == "base curve"
