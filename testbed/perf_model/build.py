@@ -31,7 +31,14 @@ from testbed.perf_model.estimators import (
     _export_rate,
     fit_halves,
 )
-from testbed.perf_model.evaluate import as_plain, evaluate, group_sets, scores, set_label
+from testbed.perf_model.evaluate import (
+    as_plain,
+    evaluate,
+    group_sets,
+    leave_one_set_out,
+    scores,
+    set_label,
+)
 from testbed.perf_model.features import ExportedTimeModel
 from testbed.perf_model.importers import (
     MLX_ATTRIBUTION,
@@ -102,26 +109,86 @@ def arm_halves() -> tuple[tuple[float, float, float], str]:
     return halves, how
 
 
-def vit_check(model: ExportedTimeModel) -> dict[str, Any]:
-    """Predicted ncnn vision_transformer GEMM time against the Snapdragon rows of ncnn."""
-    gemms = ncnn_gemms(SHARED / "ncnn" / "params" / "vision_transformer.param")
-    predicted_ms = 1e3 * sum(model.predict_one(m, k, n) for _, m, k, n in gemms)
-    rows = [r for r in import_ncnn(SHARED / "ncnn" / "ncnn_benchmark_parsed.csv")
+VIT_PHONES = ("Snapdragon 888", "Snapdragon 855+", "Snapdragon 8 Gen 2", "Dimensity 9300")
+
+
+def vit_gemms() -> list[tuple[str, int, int, int]]:
+    """(layer, m, k, n) of ncnn's vision_transformer, from its layer file."""
+    return ncnn_gemms(SHARED / "ncnn" / "params" / "vision_transformer.param")
+
+
+def vit_rows() -> list:
+    """ncnn's CPU vision_transformer rows of the phones in :data:`VIT_PHONES`."""
+    return [r for r in import_ncnn(SHARED / "ncnn" / "ncnn_benchmark_parsed.csv")
             if r.model == "vision_transformer" and r.cores != "gpu"
-            and ("Snapdragon 888" in r.device or "Snapdragon 855" in r.device)]
-    out: dict[str, Any] = {"predicted_gemm_ms": round(predicted_ms, 1),
+            and any(chip in r.device for chip in VIT_PHONES)]
+
+
+def vit_check(model: ExportedTimeModel, one_core_share: float, fitted_on: str = ""
+              ) -> dict[str, Any]:
+    """Predicted ncnn vision_transformer GEMM time against the phones' ncnn CPU rows.
+
+    The profile models its big cores together (4 threads); a 1-thread row is predicted with
+    the level scaled by ``one_core_share`` (the fastest core's share of the big cores' peak).
+    ``fitted_on``: the row the level came from (marked in-sample).
+    """
+    gemms = vit_gemms()
+    four_ms = 1e3 * sum(model.predict_one(m, k, n) for _, m, k, n in gemms)
+    one = ExportedTimeModel.from_dict({**model.to_dict(),
+                                       "peak_flops": model.peak_flops * one_core_share})
+    one_ms = 1e3 * sum(one.predict_one(m, k, n) for _, m, k, n in gemms)
+    out: dict[str, Any] = {"predicted_gemm_ms": {"big cores (>= 4 threads)": round(four_ms, 1),
+                                                 "1 thread": round(one_ms, 1)},
                            "gemms": len(gemms),
                            "gflop": round(sum(2.0 * m * k * n for _, m, k, n in gemms) / 1e9, 2)}
-    for r in rows:
-        chip = "SD888" if "888" in r.device else "SD855+"
-        out[f"ncnn {chip} {r.threads} threads ({r.cores} cores)"] = {
-            "measured_ms": r.avg_ms, "spread_ms": [r.min_ms, r.max_ms],
-            "predicted_over_measured": round(predicted_ms / r.avg_ms, 2)}
-    out["note"] = ("ncnn runs fp16 on these Armv8.2 CPUs and its time includes attention "
-                   "softmax, layer norms and GELU; the SD888 has only an 8-thread big-core "
-                   "row (no 1- or 4-thread rows in the data), the SD855+ has 1 and 4. "
-                   f"Source: {NCNN_ATTRIBUTION}")
+    for r in vit_rows():
+        chip = next(c for c in VIT_PHONES if c in r.device)
+        predicted = one_ms if r.threads == 1 else four_ms
+        label = f"ncnn {chip} {r.threads} threads ({r.cores} cores)"
+        out[label] = {"measured_ms": r.avg_ms, "spread_ms": [r.min_ms, r.max_ms],
+                      "predicted_over_measured": round(predicted / r.avg_ms, 2),
+                      "as_fp16_over_measured": round(predicted / HP_OVER_SP / r.avg_ms, 2),
+                      **({"in_sample": True} if label == fitted_on else {})}
+    out["note"] = ("ncnn runs fp16 on these Armv8.2+ CPUs; the profile is fp32, so "
+                   "as_fp16_over_measured divides its prediction by the HP/SP peak ratio "
+                   f"{HP_OVER_SP:.2f}; ncnn's time also "
+                   "holds attention softmax, layer norms and GELU; the SD888 has only an 8-thread "
+                   "big-core row. Generations: SD855+ 2019, SD888 2020, 8 Gen 2 2022, "
+                   f"Dimensity 9300 2023. Source: {NCNN_ATTRIBUTION}")
     return out
+
+
+SD888_VIT_ROW = "ncnn Snapdragon 888 8 threads (big cores)"
+HP_OVER_SP = 205.873 / 97.936  # vfpbench Pixel 7a X1 cluster, multi-thread HP and SP peaks
+
+
+def sd888_level(halves: tuple[float, float, float]) -> tuple[float, float, str]:
+    """(fp32 level P in FLOP/s, 1-thread share, how): from ncnn's SD888 vision_transformer row.
+
+    P_fp16 solves sum(o + 2mkn / R_P(m, k, n)) = the measured time over the ViT's GEMMs (all of
+    the time given to GEMMs, so this is a lower bound of the GEMM rate); the fp32 level divides
+    it by the HP/SP peak ratio of the same cores (vfpbench, Pixel 7a X1 cluster).
+    """
+    row = next(r for r in vit_rows() if "Snapdragon 888" in r.device and r.cores == "big")
+    gemms = vit_gemms()
+    work = sum(2.0 * m * k * n * (1 + halves[0] / m + halves[1] / k + halves[2] / n)
+               for _, m, k, n in gemms)
+    p16 = work / (row.avg_ms / 1e3 - len(gemms) * PHONE_OVERHEAD_S)
+    log_7a = (SHARED / "vfpbench" / "log" / "Google Tensor G2 Pixel 7a.txt").read_text()
+    assert "205.873" in log_7a and "97.936" in log_7a, "vfpbench Pixel 7a log changed"
+    hp_over_sp = HP_OVER_SP
+    peak, _ = sd888_peak_gflops()
+    a78 = 74.806 / 2 * 2.42 / 2.348
+    share = 55.1 / (55.1 + 3 * a78)
+    how = (f"{p16 / hp_over_sp / 1e9:.1f} GFLOP/s fp32 = {p16 / 1e9:.1f} GFLOP/s fp16 (ncnn "
+           f"vision_transformer on the SD888's big cores, {row.threads} threads, "
+           f"{row.avg_ms} ms for {len(gemms)} GEMMs from its layer file, every ms given to "
+           f"GEMMs, on the family curve with {PHONE_OVERHEAD_S * 1e6:.0f} us per call) / "
+           f"{hp_over_sp:.2f} (HP/SP multi-thread peak of the X1 cluster of the Pixel 7a, "
+           f"{VFPBENCH_ATTRIBUTION}); {NCNN_ATTRIBUTION}. It was 20 GFLOP/s (Das et al. "
+           f"15-30, arXiv 2202.10100) before; now {100 * p16 / hp_over_sp / 1e9 / peak:.0f}% of "
+           f"the derived {peak:.0f} GFLOPS peak")
+    return p16 / hp_over_sp, share, how
 
 
 def arm_efficiency() -> ShapeEfficiencyRegressor:
@@ -246,28 +313,29 @@ def phone_thermal() -> dict[str, Any]:
 def phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
     """Snapdragon 888 class phone or Pixel 7a, derived (no per-shape float32 data exists)."""
     sd_peak, sd_how = sd888_peak_gflops()
-    sd_sustained = 20.0
+    halves, curve_how = efficiency
+    sd_level, one_core, sd_level_how = sd888_level(halves)
+    sd_sustained = sd_level / 1e9
     if name == "snapdragon888":
         sustained, desc = sd_sustained, "Snapdragon 888 class Android phone (e.g. Galaxy S21)"
-        how = (f"{sd_sustained} GFLOP/s: middle of the 15-30 GFLOPS sustained training on "
-               f"Snapdragon 8-series CPUs (Das et al., arXiv 2202.10100); that is "
-               f"{100 * sd_sustained / sd_peak:.1f}% of the derived peak {sd_how}")
+        how = f"{sd_level_how}; peak: {sd_how}"
     elif name == "pixel7a":
         peak = vfpbench_peak(SHARED / "vfpbench" / "log" / "Google Tensor G2 Pixel 7a.txt")
         sustained, desc = sd_sustained * peak / sd_peak, "Google Pixel 7a (Tensor G2)"
-        how = (f"{sustained:.1f} GFLOP/s = the SD888 share of peak ({sd_sustained} of "
+        how = (f"{sustained:.1f} GFLOP/s = the SD888 share of peak ({sd_sustained:.1f} of "
                f"{sd_peak:.1f}) applied to the Pixel 7a's measured multi-thread SP peak {peak} "
-               f"GFLOPS ({VFPBENCH_ATTRIBUTION}); SD888 peak: {sd_how}")
+               f"GFLOPS ({VFPBENCH_ATTRIBUTION}); SD888 level: {sd_level_how}; SD888 peak: "
+               f"{sd_how}")
     else:
         raise ValueError(name)
-    halves, curve_how = efficiency
     # noise: the ARM sets' own spread around the family curve (each set's leave-one-out)
     residuals = np.concatenate([
         OverheadRateRegressor(halves=halves).fit(X, y).loo_log_residuals_
         for X, y in group_sets([r for r in shape_sets() if r.backend in ARM_BACKENDS]).values()])
     model = _export_rate(halves, PHONE_OVERHEAD_S, sustained * 1e9, residuals)
     evaluation: dict[str, Any] = {
-        "held_out": {"ncnn vision_transformer (model level)": vit_check(model)},
+        "held_out": {"ncnn vision_transformer (model level)": vit_check(
+            model, one_core, SD888_VIT_ROW if name == "snapdragon888" else "")},
         "note": "no per-shape fp32 measurements of this phone exist in the shared data; "
                 "`testbed perf calibrate` it from 5 shapes measured with `testbed adb measure`"}
     return {
@@ -277,8 +345,9 @@ def phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
         "model": model.to_dict(),
         "thermal": phone_thermal(),
         "power": {"active_w": 5.0, "idle_w": 0.5, "radio_w": 0.5},
-        "assumes": {"precision": "float32", "library": "a NEON GEMM (ruy/MNN-class)",
-                    "threads": "the big cores (4 on the SD888)"},
+        "assumes": {"precision": "float32 (level from an fp16 ncnn row / the HP:SP peak ratio)",
+                    "library": "ncnn-class NEON GEMM",
+                    "threads": "the big cores together (X1 + 3 A78 on the SD888)"},
         "evaluation": evaluation,
         "provenance": {
             "model": f"t = o + 2mkn / R, R = P / (1 + h_m/m + h_k/k + h_n/n); P = {how}; "
@@ -297,6 +366,67 @@ def phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
     }
 
 
+MEASURED_PHONES = {  # profile -> (set key in shape_sets, description, assumes)
+    "sd8gen5-mnn": (("Snapdragon 8 Gen5", "mnn-cpu", "float16", 4),
+                    "Snapdragon 8 Gen 5 phone, MNN CPU GEMMs",
+                    {"precision": "float16 (MNN precision 2; an fp32 GEMM is about 2x slower "
+                                  "on NEON)", "library": "MNN", "threads": 4}),
+    "sd835-eigen": (("Snapdragon 835", "tf-eigen-cpu", "float32", 0),
+                    "Snapdragon 835 phone, TensorFlow Eigen CPU MatMul",
+                    {"precision": "float32", "library": "TensorFlow Eigen (times include TF op "
+                                  "overhead)", "threads": "not stated upstream (TF default)"}),
+}
+
+
+def measured_phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
+    """A phone profile fitted on its own per-shape set (family curve or constant, by LOO)."""
+    key, desc, assumes = MEASURED_PHONES[name]
+    sets = group_sets(shape_sets())
+    X, y = sets[key]
+    halves, curve_how = efficiency
+    curve = OverheadRateRegressor(halves=halves).fit(X, y)
+    constant = OverheadRateRegressor(constant=True).fit(X, y)
+    use_constant = np.mean(np.abs(constant.loo_log_residuals_)) < \
+        np.mean(np.abs(curve.loo_log_residuals_))
+    chosen = constant if use_constant else curve
+    model = chosen.export()
+    loo = scores(y * np.exp(-chosen.loo_log_residuals_), y)
+    loso = leave_one_set_out(sets)[set_label(key)]
+    held = {
+        f"leave-one-out over its own {len(y)} shapes (each predicted by a fit without it)":
+            as_plain({"x": {"y": loo}})["x"]["y"],
+        "calibrated from 5 of its shapes, the other shapes (perf eval --leave-one-set-out)":
+            as_plain({"x": {"y": loso["calibrated-5"]}})["x"]["y"],
+    }
+    source = MNN_ATTRIBUTION if key[1] == "mnn-cpu" else TF835_ATTRIBUTION
+    return {
+        "name": name, "kind": "phone", "description": f"{desc}, {key[2]}",
+        "sustained_gflops": round(_rate_gflops(model), 2),
+        "tile_overhead_s": float(model.overhead_s),
+        "model": model.to_dict(),
+        "thermal": phone_thermal(),
+        "power": {"active_w": 5.0, "idle_w": 0.5, "radio_w": 0.5},
+        "assumes": assumes,
+        "evaluation": {"held_out": held,
+                       "shipped_form": "constant rate (it beat the shape curve on leave-one-out)"
+                       if use_constant else "family shape curve (it beat the constant rate)"},
+        "provenance": {
+            "model": f"t = o + 2mkn / R, R = P / (1 + h_m/m + h_k/k + h_n/n); level P = "
+                     f"{model.peak_flops / 1e9:.1f} GFLOP/s and overhead o fitted on the {len(y)} "
+                     f"shapes of {source}; "
+                     + ("constant rate (h = 0): it beat the family curve on leave-one-out"
+                        if use_constant else f"shape curve {curve_how}"),
+            "sustained_gflops": f"the model's rate at the {REFERENCE_TILE} tile",
+            "tile_overhead_s": "fitted with the level (per-call overhead)",
+            "noise": "spread of the leave-one-out log(measured / predicted), centred",
+            "thermal": "as snapdragon888: sustained load settles at a 20% throughput loss "
+                       "(Galaxy S21 Ultra, Notebookcheck) -- not measured on this phone",
+            "power": "assumed: 5 W CPU under all-core load, 0.5 W idle; radio 0.5 W Wi-Fi "
+                     "(HotCarbon'25, arXiv 2507.01803)",
+        },
+    }
+
+
 def build_all(out_dir: Path = PROFILE_DIR) -> list[Path]:
     """Write every shipped profile; return the paths."""
     write_sets()
@@ -305,6 +435,7 @@ def build_all(out_dir: Path = PROFILE_DIR) -> list[Path]:
     profiles = [host_profile()]
     profiles += [m_series_profile(name, efficiency, mlx_rows) for name in M_SERIES]
     profiles += [phone_profile(name, efficiency) for name in ("snapdragon888", "pixel7a")]
+    profiles += [measured_phone_profile(name, efficiency) for name in MEASURED_PHONES]
     paths = []
     for profile in profiles:
         profile = {k: v for k, v in profile.items() if v is not None}

@@ -344,6 +344,15 @@ def _show(args: argparse.Namespace) -> int:
                 print(f"  {label}: n {fig.get('n')}, ±10% {fig.get('within_10')}%, ±25% "
                       f"{fig.get('within_25')}%, ±50% {fig.get('within_50')}%, median p/t "
                       f"{fig.get('median_ratio')}")
+            elif isinstance(fig, dict):  # model level: one line per measured row
+                print(f"  {label}:")
+                for row, val in fig.items():
+                    if isinstance(val, dict) and "measured_ms" in val:
+                        extra = ", ".join(f"{k} {v}" for k, v in val.items()
+                                          if k not in ("measured_ms", "spread_ms"))
+                        print(f"    {row}: measured {val['measured_ms']} ms, {extra}")
+                    else:
+                        print(f"    {row}: {val}")
             else:
                 print(f"  {label}: {fig}")
     else:

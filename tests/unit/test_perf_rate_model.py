@@ -217,3 +217,18 @@ def test_calibrate_keeps_the_constant_rate_when_the_base_curve_is_wrong_for_the_
     curved = base.predict_seconds(shapes) / 300e9 * 1.0
     kept = calibrate(base, shapes, curved)
     assert kept.halves_ == (64.0, 0.0, 0.0) and kept.selected_ == "base curve"
+
+
+@pytest.mark.parametrize("name", ["sd8gen5-mnn", "sd835-eigen", "snapdragon888"])
+def test_perf_show_prints_the_phone_profiles_held_out_accuracy(name: str, capsys) -> None:
+    assert run_cli(["perf", "show", name]) == 0
+    out = capsys.readouterr().out
+    section = out.split("accuracy on data it was not fitted on:")[1].split("provenance:")[0]
+    assert "none measured" not in section
+    profile = load_profile(name)
+    assert {"precision", "library", "threads"} <= set(profile.raw["assumes"])
+    if name == "snapdragon888":  # model level: the ViT rows, the SD888's own marked in-sample
+        assert "ncnn Snapdragon 888 8 threads (big cores): measured 614.47 ms" in section
+        assert "in_sample True" in section and "Snapdragon 855+ 4 threads" in section
+    else:
+        assert "leave-one-out over its own" in section and "±25%" in section
