@@ -153,7 +153,8 @@ def _measure(args: argparse.Namespace) -> int:
             return EXIT_FAILURE
         runner = AdbGemmRunner(server.device(args.serial))
         shapes = sweep_shapes(args.size, seed=args.seed)[: args.limit or None]
-        rows = measure(shapes, runner, dtype=args.dtype, repeats=args.repeats)
+        rows = measure(shapes, runner, dtype=args.dtype, repeats=args.repeats,
+                       passes=args.passes)
     except PhoneCannotMeasure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -203,7 +204,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--size", choices=("quick", "full"), default="quick", help="sweep size")
     p.add_argument("--limit", type=int, default=0, help="time only the first N shapes")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--repeats", type=int, default=5, help="samples per shape")
+    p.add_argument("--repeats", type=int, default=5, help="samples per shape and pass")
+    p.add_argument("--passes", type=int, default=2,
+                   help="sweeps over all shapes; each shape's figure is the fastest sample of "
+                        "all passes, so a burst of other work on the phone hits one pass only")
     p.add_argument("--seed", type=int, default=0, help="seed of the shape sweep")
     p.add_argument("--out", default="adb_measurements.csv", help="output CSV")
     p.set_defaults(func=_measure)

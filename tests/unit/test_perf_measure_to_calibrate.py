@@ -83,7 +83,8 @@ def test_adb_measure_output_calibrates(fake_adb_server: FakeAdbServer, tmp_path:
     fake_adb_server.plug(recorded_phone("PHONE1", root_dir=root, exec_hook=hook))
     measured = tmp_path / "adb.csv"
     assert main(["adb", "measure", "PHONE1", "--adb", f"127.0.0.1:{fake_adb_server.port}",
-                 "--limit", "4", "--repeats", "2", "--out", str(measured)]) == 0
+                 "--limit", "4", "--repeats", "2", "--passes", "3",
+                 "--out", str(measured)]) == 0
     rows = read_measurements(measured)
     assert len(rows) == 4 and {r.device for r in rows} == {"adb-phone1"}
     _calibrate_and_predict(measured, tmp_path / "phone-calibrated.yaml", capsys)
