@@ -102,7 +102,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     devices = jsonl("devices.jsonl")
     steps = jsonl("steps.jsonl")
     if (run_dir / "ledger").is_dir():  # emulated: the accepted tiles of the training steps
-        # (devices.jsonl's totals also count the time-dilation probe's tiles)
+        # the ledger keeps (devices.jsonl's totals also count the time-dilation probe's tiles)
         group_of = {d["device"]: d.get("group", "?") for d in devices}
         for step in steps:
             for record in iter_step_records(run_dir / "ledger", int(step["step"])):
@@ -147,8 +147,11 @@ def compare(name: str, emu: dict[str, Any], sim: dict[str, Any],
               f"{e['bytes_down'] / 1e6:>7.2f}/{s['bytes_down'] / 1e6:<7.2f} "
               f"{e['bytes_up'] / 1e6:>7.2f}/{s['bytes_up'] / 1e6:<7.2f}")
     groups = sorted(set(emu["groups"]) | set(sim["groups"]))
-    print("tiles per group (emulated/simulated): " + ", ".join(
-        f"{g} {emu['groups'][g]}/{sim['groups'][g]}" for g in groups))
+    emu_n, sim_n = max(1, sum(emu["groups"].values())), max(1, sum(sim["groups"].values()))
+    print(f"share of tiles per group, emulated ({emu_n} tiles of the steps its ledger keeps) / "
+          f"simulated ({sim_n} tiles of all steps): " + ", ".join(
+              f"{g} {100 * emu['groups'][g] / emu_n:.0f}%/{100 * sim['groups'][g] / sim_n:.0f}%"
+              for g in groups))
     if emu["churn"] or sim["churn"]:
         n = min(len(emu["churn"]), len(sim["churn"]))
         same = emu["churn"][:n] == sim["churn"][:n]

@@ -43,6 +43,13 @@ when that owner's backlog straggles behind its own finish. A GEMM without owners
 Affinity: among the first ``AFFINITY_SCAN`` pending tasks, a device gets the one whose operands it
 already caches most of (on a hit only the other block travels).
 
+**Indexes, not scans.** The queue (:class:`PendingQueue`) keeps positions and an index by owner,
+and the copies in flight are indexed by remaining time (:class:`BackupIndex`), so a pick or a
+backup search does not walk every task or every device; the choices are those of the plain
+scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a reference).
+:meth:`Scheduler.assign_each` offers work to devices fastest first, as the PS pumps, and stops
+once no device left could take anything.
+
 **Checks and quarantine.** Every result is checked (:mod:`testbed.ps_backend.validation`). A
 device that fails ``quarantine_after`` checks (0: never) is quarantined: it gets no more work, its
 copies stop counting (their tasks are re-queued unless another device holds a copy), and the
