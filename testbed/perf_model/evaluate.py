@@ -187,7 +187,8 @@ def leave_one_set_out(sets: dict[SetKey, tuple[np.ndarray, np.ndarray]], calibra
         figures: dict[str, Scores] = {}
         base = _export_rate(halves, 0.0, 1.0, np.zeros(0))
         Xp, yp = X[picks], y[picks]
-        fitted_models = {
+        # each a scikit-learn-style regressor: predict(X) -> seconds
+        fitted_models: dict[str, OverheadRateRegressor | RooflineRegressor] = {
             "calibrated-5": calibrate(base, Xp, yp),
             "curve-5": OverheadRateRegressor(halves=halves).fit(Xp, yp),
             "constant-5": OverheadRateRegressor(constant=True).fit(Xp, yp),
