@@ -5,13 +5,12 @@ same YAML. Every figure in a profile carries a provenance entry; derived figures
 
 * host profile: :class:`BlasCostRegressor` fitted on ``tests/data/perf_host.csv`` (measured here
   with ``testbed perf measure``, min of 60 x 3 samples per shape).
-* Apple M-series: sustained rate = the best rate of the device's PyTorch-CPU rows in
-  mlx-benchmark; shape efficiency = the ARM curve (below). Evaluated against its own rows.
-* Phones (no per-shape float32 data exists): sustained rate from a cited figure (Snapdragon 888)
-  or scaled by vfpbench peaks (Pixel 7a); shape efficiency = the ARM curve.
-* ARM shape-efficiency curve: :class:`ShapeEfficiencyRegressor` on the DeepBench int8 GEMMs of
-  iPhone 6 (A8), iPhone 7 (A10) and Raspberry Pi 3 with n >= 16 (tiles are never GEMVs), each
-  device's rates relative to its own best, so only the effect of the shape is carried over.
+* Apple M-series and phones: the overhead-plus-rate family, t = o + 2mkn / R(m, k, n); the
+  shape curve R / P is shared, fitted on the NEON float per-shape sets of ../shared/data (MNN
+  Snapdragon 8 Gen 5, mmperf M1 / M1 Max ruy, TF Eigen Snapdragon 835; never int8 data), and
+  each device has its own level P and overhead o from its own rows (M-series: mlx-benchmark's
+  PyTorch-CPU rows) or a cited figure (Snapdragon 888: ncnn's ViT row; Pixel 7a: vfpbench's
+  peak). docs/perf-models.md has the figures and the held-out accuracy of each.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from testbed.emulator.thermal import ThermalParams, conductance_for_slowdown, st
 from testbed.perf_model.estimators import (
     BlasCostRegressor,
     OverheadRateRegressor,
-    ShapeEfficiencyRegressor,
     _export_rate,
     fit_halves,
 )
@@ -47,7 +45,6 @@ from testbed.perf_model.importers import (
     NCNN_ATTRIBUTION,
     TF835_ATTRIBUTION,
     VFPBENCH_ATTRIBUTION,
-    import_deepbench,
     import_mlx,
     import_mmperf,
     import_mnn,
@@ -189,14 +186,6 @@ def sd888_level(halves: tuple[float, float, float]) -> tuple[float, float, str]:
            f"15-30, arXiv 2202.10100) before; now {100 * p16 / hp_over_sp / 1e9 / peak:.0f}% of "
            f"the derived {peak:.0f} GFLOPS peak")
     return p16 / hp_over_sp, share, how
-
-
-def arm_efficiency() -> ShapeEfficiencyRegressor:
-    """The ARM shape-efficiency curve from DeepBench (n >= 16 rows)."""
-    rows = [r for r in import_deepbench(SHARED / "deepbench" / "device_gemm.csv") if r.n >= 16]
-    X, y = as_arrays(rows)
-    groups = np.array([r.device for r in rows])
-    return ShapeEfficiencyRegressor().fit(X, y, groups)
 
 
 def _rate_gflops(model: ExportedTimeModel, shape: tuple[int, int, int] = REFERENCE_TILE) -> float:
