@@ -5,9 +5,10 @@ same devices, device models, network and churn trace, each into its own run dire
 writes beside them a comparison: ``comparison.md``, ``comparison.csv``, ``comparison.json`` and
 ``comparison.png``, with a cloud GPU reference row (``--gpu``, A5000 by default). With
 ``--simulate`` every strategy runs in virtual time (churn included). Without it they run on
-Mininet (root): tile-tp through ``testbed up``, the pipeline and synchronous data parallelism
-as stage and replica processes (:mod:`testbed.baselines.emulate`); tile-tp and the pipeline
-replay churn there, data-parallel under churn and DiLoCo rounds are "not built" rows.
+Mininet (root): tile-tp through ``testbed up``, the pipeline and data parallelism
+(synchronous or DiLoCo) as stage and replica processes (:mod:`testbed.baselines.emulate`);
+tile-tp, the pipeline and data-parallel replay churn there; DiLoCo rounds under churn are a
+"not built" row.
 
 Columns: median device time per executed step; wall time of the whole run (restarts and
 restores included); bytes per participating device per step, each way; energy and carbon per
@@ -188,11 +189,16 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
     from testbed.emulator.energy import run_energy
     from testbed.perf_model.profiles import load_profile
 
-    reports = res["stages"] if strategy == "pipeline" else \
-        [r for k, r in res["reports"].items() if k != "ps"]
-    steps_n = len(reports[0]["step_s"])
-    step_s = [max(r["step_s"][i] for r in reports) / dilation for i in range(steps_n)]
-    end_s = res["wall_s"] / dilation if res.get("restarts") else sum(step_s)
+    if strategy == "pipeline":
+        reports = res["stages"]
+        steps_n = len(reports[0]["step_s"])
+        step_s = [max(r["step_s"][i] for r in reports) / dilation for i in range(steps_n)]
+    else:  # the PS's step times: replicas come and go under churn
+        reports = [r for k, r in res["reports"].items() if k != "ps"]
+        step_s = [x / dilation for x in res["reports"]["ps"]["step_s"]]
+        steps_n = len(step_s)
+    end_s = res["wall_s"] / dilation if res.get("restarts") or res.get("churn") \
+        else sum(step_s)
     specs = {d.name: d for d in topology.devices}
     work: dict[str, tuple[float, float]] = {}  # device -> (busy s, J), every attempt's stages
     for r in res.get("attempt_reports") or reports:
@@ -221,7 +227,8 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
             "restarts": res.get("restarts", 0),
             "lost_work": (f"{res.get('steps_redone', 0)} steps redone after "
                           f"{res.get('restarts', 0)} restart(s)" if strategy == "pipeline"
-                          else "no churn replayed"),
+                          else f"{res.get('dropped_replica_steps', 0)} replica-steps dropped"
+                          if res.get("churn") else "no churn replayed"),
             "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
                     f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
 
@@ -234,8 +241,8 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                      schedule_for: Any = None) -> list[dict[str, Any]]:
     """Each strategy on Mininet: tile-tp through `testbed up`, the baselines as stage and
     replica processes (testbed/baselines/emulate.py); then the comparison files. With churn
-    (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): tile-tp and the
-    pipeline replay it; data-parallel under churn is not emulated yet (a "not built" row)."""
+    (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): every strategy replays
+    it except DiLoCo rounds (``local_steps > 1``), a "not built" row."""
     import subprocess
 
     import yaml
@@ -282,12 +289,14 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 res = emulate_pipeline(path, out_dir / strategy, dilation=dilation,
                                        schedule=schedule)
                 row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
-            elif topo.job.parallelism.local_steps != 1 or topology.churn:
+            elif topo.job.parallelism.local_steps != 1 and topology.churn:
                 row = {"strategy": strategy, "state": "not built",
-                       "note": "emulated DiLoCo rounds (local_steps > 1) and emulated "
-                               "data-parallel under churn are not built; use --simulate"}
+                       "note": "emulated DiLoCo rounds (local_steps > 1) under churn are not "
+                               "built; use --simulate"}
             else:
-                res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation)
+                schedule = schedule_for(topo) if schedule_for and topology.churn else None
+                res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation,
+                                            schedule=schedule)
                 row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
         except (RuntimeError, OSError, ValueError) as exc:
             row = {"strategy": strategy, "state": "failed", "note": str(exc)}
@@ -463,8 +472,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "reference row. --simulate: virtual time (testbed simulate's models, "
                     "churn included). Without it: on Mininet (root), tile-tp through testbed "
                     "up, the pipeline and data-parallel as real stage and replica processes "
-                    "(churn: tile-tp and the pipeline; data-parallel under churn and DiLoCo "
-                    "are simulated only). Exit 2 on bad input.")
+                    "(churn replayed by all; DiLoCo, local_steps > 1, under churn is "
+                    "simulated only). Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),

@@ -6,8 +6,9 @@ reads each stage host's interface counters before and after: the bytes that cros
 between stage hosts, next to the payload bytes the stages say they sent. The losses are real
 (the last stage's), so the run can be checked against the single-process trainer.
 
-This is the first piece of the emulated baselines: no churn, no PS process (the stages read
-their data), not yet behind ``testbed up`` or ``testbed compare`` (docs/baselines.md).
+:func:`emulate_data_parallel` does the same for data parallelism (replicas and the PS's
+process), synchronous or DiLoCo, with churn for the synchronous kind. Not yet behind
+``testbed up`` (docs/baselines.md).
 """
 
 from __future__ import annotations
@@ -206,21 +207,39 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
 
 def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int | None = None,
                           replicas: Sequence[str] | None = None, dilation: float = 1.0,
-                          timeout_s: float = 600.0) -> dict[str, Any]:
-    """Run the topology's job as synchronous data parallelism on Mininet: one replica process
-    per replica device, the averaging PS process on the PS's node."""
+                          timeout_s: float = 600.0, schedule: Any = None) -> dict[str, Any]:
+    """Run the topology's job as data parallelism on Mininet: one replica process per replica
+    device, the PS process on the PS's node; every step averaged (``local_steps: 1``) or DiLoCo
+    rounds (``local_steps: H > 1``).
+
+    With a churn ``schedule`` (``local_steps: 1``; trace time 0 = every replica present at the
+    start connected to the PS; times x dilation): a replica's device that leaves, crashes or is
+    partitioned has its process killed, and the PS drops it from the step it was gathering and
+    from every later one; a join or heal of a replica's device starts its process again, which
+    takes the parameters and AdamW state from the PS at its next step. The replicas are the
+    ones placed at the start (their rows fixed: a dropped replica's rows are not trained while
+    it is away); devices that were not replicas stay out. ``took_part`` says, per step, which
+    replicas the step averaged over."""
     from testbed.baselines.cost import split_rows
     from testbed.baselines.placement import plan_data_parallel
+    from testbed.churn.trace import ChurnEvent
     from testbed.emulator.network.mininet import MininetNetwork
 
     topo = load_topology(topology_path)
     job = topo.job
-    if job.parallelism.local_steps != 1:
-        raise ValueError("the emulated data-parallel run averages every step (local_steps: 1); "
-                         "DiLoCo rounds run in the simulator only so far")
+    H = job.parallelism.local_steps
+    if H != 1 and schedule is not None:
+        raise ValueError("emulated DiLoCo rounds (local_steps > 1) under churn are not built: "
+                         "a replica's process killed loses its inner AdamW state, which the "
+                         "DiLoCo semantics keep; run them without churn or with --simulate")
     if replicas is None:
         replicas = plan_data_parallel(job, device_infos(topo)).replicas
     names = list(replicas)
+    present0 = set(schedule.initially_present) if schedule is not None else set(names)
+    initial = [r for r, d in enumerate(names) if d in present0]
+    if not initial:
+        raise ValueError("no replica's device is present when the churn trace starts")
+    actions = sorted(schedule.actions, key=lambda a: a.time_s) if schedule else []
     net = MininetNetwork(topo, dilation=dilation)
     world = BaselineWorld(topo, noise=False)
     app_delay = not net.caps.netem
@@ -229,32 +248,52 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     procs: list[tuple[str, subprocess.Popen]] = []
     net.start()
     try:
+        total_steps = steps or job.steps
         plan_doc = {"topology": str(Path(topology_path).resolve()), "devices": names,
                     "rows": [list(r) for r in split_rows(job.batch_size, len(names))],
-                    "steps": steps or job.steps, "dilation": dilation, "dtype": job.dtype,
-                    "ps_ip": net.host_ip(None), "delay_s": delay_s}
+                    "steps": total_steps, "dilation": dilation, "dtype": job.dtype,
+                    "ps_ip": net.host_ip(None), "delay_s": delay_s, "local_steps": H,
+                    "initial": initial, "keep_state": schedule is not None,
+                    "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s}
         plan_path = run_dir / "data_parallel_plan.json"
         plan_path.write_text(json.dumps(plan_doc, indent=2))
         nodes: list[str | None] = [None, *names]
         before = {n: net.interface_counters(n) for n in nodes}
         t0 = time.monotonic()
         base = [sys.executable, "-m", "testbed.baselines.replica_proc", "--plan", str(plan_path)]
-        for i, node in enumerate(nodes):
-            tag = "ps" if node is None else f"replica{i - 1}"
-            role = ["--role", "ps"] if node is None else ["--role", "replica", "--replica",
-                                                          str(i - 1)]
+        started = {r: 0 for r in range(len(names))}  # processes started per replica
+
+        def start(r: int | None, join: bool = False) -> subprocess.Popen:
+            if r is None:
+                tag, role = "ps", ["--role", "ps"]
+            else:
+                tag = f"replica{r}" + (f"-{started[r]}" if started[r] else "")
+                role = ["--role", "replica", "--replica", str(r), *(["--join"] if join else [])]
+                started[r] += 1
             log = (run_dir / f"{tag}.log").open("w")
-            procs.append((tag, net.popen(node, [*base, *role, "--out",
-                                                str(run_dir / f"{tag}.json")],
-                                         stdout=log, stderr=subprocess.STDOUT)))
-        failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log")
+            proc = net.popen(None if r is None else names[r],
+                             [*base, *role, "--out", str(run_dir / f"{tag}.json")],
+                             stdout=log, stderr=subprocess.STDOUT)
+            procs.append((tag, proc))
+            return proc
+        ps = start(None)
+        alive = {r: start(r) for r in initial}
+        if schedule is None:
+            failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log")
+        else:
+            churn, failed = _supervise_replicas(ps, alive, names, start, actions, dilation,
+                                                ChurnEvent, run_dir, timeout_s)
         wall_s = time.monotonic() - t0
         after = {n: net.interface_counters(n) for n in nodes}
         if failed:
             raise RuntimeError("; ".join(failed))
-        reports = {tag: json.loads((run_dir / f"{tag}.json").read_text()) for tag, _ in procs}
-        out = {"replicas": names, "rows": plan_doc["rows"], "wall_s": wall_s,
-               "losses": reports["ps"]["losses"], "reports": reports,
+        reports = {tag: json.loads((run_dir / f"{tag}.json").read_text()) for tag, _ in procs
+                   if (run_dir / f"{tag}.json").exists()}
+        took_part = reports["ps"]["took_part"]
+        out = {"replicas": names, "rows": plan_doc["rows"], "local_steps": H, "wall_s": wall_s,
+               "losses": reports["ps"]["losses"], "took_part": took_part,
+               "dropped_replica_steps": sum(len(names) - len(t) for t in took_part),
+               "churn": churn if schedule is not None else [], "reports": reports,
                "network": net.describe(),
                "links": {("ps" if n is None else n): {
                    "tx_bytes": after[n]["tx_bytes"] - before[n]["tx_bytes"],
@@ -266,3 +305,63 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
             if proc.poll() is None:
                 proc.kill()
         net.stop()
+
+
+def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen],
+                        names: list[str], start: Any, actions: list[Any], dilation: float,
+                        events: Any, run_dir: Path,
+                        timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """Replay churn on the replicas until the PS ends: kill a departed replica's process, start
+    a returning one's again (``--join``). Returns the churn applied and the failures."""
+    ready = run_dir / "ps.ready"
+    deadline = time.monotonic() + timeout_s
+    while not ready.exists() and ps.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()  # the churn clock starts when training does
+    index = {d: r for r, d in enumerate(names)}
+    applied: list[dict[str, Any]] = []
+    killed: set[int] = set()
+    failed: list[str] = []
+    while ps.poll() is None and time.monotonic() < deadline:
+        now = time.monotonic()
+        while actions and t0 + actions[0].time_s * dilation <= now:
+            a = actions.pop(0)
+            r = index.get(a.device)
+            if r is None:
+                continue  # not a replica: nothing runs there
+            proc = alive.get(r)
+            if a.event in (events.LEAVE, events.CRASH, events.PARTITION):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()  # its device is gone or unreachable
+                    proc.wait()
+                    killed.add(id(proc))
+                    applied.append({"time_s": now - t0, "device": a.device,
+                                    "event": a.event.value, "replica": r})
+            elif a.event in (events.JOIN, events.HEAL) and (proc is None or
+                                                            proc.poll() is not None):
+                alive[r] = start(r, join=True)
+                applied.append({"time_s": now - t0, "device": a.device,
+                                "event": a.event.value, "replica": r})
+        for r, proc in alive.items():
+            if proc.poll() not in (None, 0) and id(proc) not in killed:
+                failed.append(f"replica {r} ({names[r]}) exited {proc.returncode} "
+                              f"(see {run_dir}/replica{r}*.log)")
+        if failed:
+            break
+        time.sleep(0.02)
+    if ps.poll() is None:
+        ps.kill()
+        ps.wait()
+        if not failed:
+            failed.append(f"the PS did not finish within {timeout_s:g} s")
+    elif ps.returncode != 0:
+        failed.append(f"the PS exited {ps.returncode} (see {run_dir / 'ps.log'})")
+    for r, proc in alive.items():  # the replicas present end after the PS's last step
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.returncode != 0 and id(proc) not in killed and not failed:
+            failed.append(f"replica {r} ({names[r]}) exited {proc.returncode}")
+    return applied, failed

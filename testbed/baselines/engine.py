@@ -26,7 +26,11 @@ update (synchronous data parallelism). ``local_steps = H > 1`` (DiLoCo, Douillar
 arXiv 2311.08105): each replica takes H AdamW steps on its own shares alone; then the PS
 averages the replicas' parameter changes ``θ_global - θ_r`` as an outer gradient, steps an outer
 SGD with Nesterov momentum (DiLoCo's: lr 0.7, momentum 0.9) and sends ``θ_global`` back. A
-replica absent for a step or round (churn) is dropped from that average.
+replica absent for a step or round (churn) is dropped from that average: the step's gradient
+(H = 1) or the round's outer gradient (H > 1) and the loss average over the replicas present,
+weighted by their rows (the absent replicas' rows are not trained that step). With H = 1 a
+replica back after missing a step first takes the parameters and AdamW state of one that took
+part (a rejoining device receives them), so the replicas present always agree.
 """
 
 from __future__ import annotations
@@ -235,6 +239,7 @@ class DataParallelTrainer:
                                     job.batch_size, job.model.seq_len, seed)
         self.next_step = 0
         self._absent_this_round: set[int] = set()
+        self._absent_last: set[int] = set()  # replicas absent at the previous step
 
     def _param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.global_model.parameters())
@@ -250,6 +255,10 @@ class DataParallelTrainer:
         sync = self.local_steps == 1
         loss = 0.0
         sent: dict[str, int] = {}
+        if sync:
+            self._refresh([r for r in range(len(here)) if here[r] and r in self._absent_last],
+                          [r for r in range(len(here)) if r not in self._absent_last])
+        self._absent_last = {r for r in range(len(here)) if not here[r]}
         for r, (model, opt, (a, b)) in enumerate(zip(self.replicas, self.optimizers, self.rows)):
             if not here[r]:
                 continue
@@ -289,6 +298,19 @@ class DataParallelTrainer:
                 sent[f"replica{r}->ps"] = self._param_bytes()
                 sent[f"ps->replica{r}"] = self._param_bytes()
         return BaselineStep(step, loss, sent)
+
+    def _refresh(self, back: list[int], source: list[int]) -> None:
+        """Synchronous: a replica back after missing a step takes the parameters and AdamW state
+        of one that took part in it (they all hold the same), as a rejoining device would."""
+        if not back or not source:
+            return
+        src = source[0]
+        state = copy.deepcopy(self.optimizers[src].state_dict())
+        with torch.no_grad():
+            for r in back:
+                for q, p in zip(self.replicas[r].parameters(), self.replicas[src].parameters()):
+                    q.copy_(p)
+                self.optimizers[r].load_state_dict(copy.deepcopy(state))
 
     def _outer_step(self, live: list[int]) -> None:
         """DiLoCo's outer step over the replicas present; every replica restarts from it."""

@@ -1,18 +1,30 @@
-"""Synchronous data-parallel training as real processes: replicas on device nodes, the PS
-averaging their gradients on its node (emulated data-parallel, ``local_steps: 1``).
+"""Data-parallel training as real processes: replicas on device nodes, the PS on its node
+(emulated data-parallel: synchronous with ``local_steps: 1``, DiLoCo rounds with H > 1).
 
 ``python -m testbed.baselines.replica_proc --plan PLAN.json --role ps|replica [--replica R]
---out REPORT.json``
+[--join] --out REPORT.json``
 
 Each replica builds the job's model as the single-process trainer does (same seed), trains on
-its rows of every batch (read from the corpus itself, as the pipeline's stages do), holds the
-forward and backward for its device model's time (x dilation), sends its gradient weighted by
-its share of the rows to the PS (one frame: every parameter's gradient in ``named_parameters``
-order, raw bytes), receives the sum, and runs AdamW (held for its modelled time). The PS sums
-the replicas' gradients in replica order (as :class:`~testbed.baselines.engine.
-DataParallelTrainer` does, so the result is the in-process one bit for bit), sends the sum
-back, and adds up the replicas' weighted losses: the step's loss. Frames as
-:mod:`testbed.baselines.stage_proc` (kinds: 4 gradient, 5 loss, 9 hello).
+its rows of every batch (read from the corpus itself, as the pipeline's stages do) and holds
+each piece of work for its device model's time (x dilation).
+
+* ``local_steps: 1``: a replica sends its gradient weighted by its share of the batch's rows
+  (one frame: every parameter's gradient in ``named_parameters`` order, raw bytes) and its
+  mean cross-entropy, receives the sum, and runs AdamW. The PS sums the gradients of the
+  replicas that delivered one, in replica order (as :class:`~testbed.baselines.engine.
+  DataParallelTrainer` does); when a replica is missing (churn) the sum is rescaled by
+  ``batch rows / rows present`` so it is the average over the rows present, and the step's loss
+  is the present replicas' cross-entropies weighted by their rows.
+* ``local_steps: H > 1`` (DiLoCo): a replica runs AdamW itself every step and sends its loss;
+  every H-th step it sends its parameters, the PS averages ``θ_global - θ_r`` and steps its outer
+  Nesterov SGD, and sends ``θ_global`` back.
+
+Churn (``local_steps: 1``): the runner kills a departed replica's process; the PS drops a
+replica whose connection breaks from the step it was gathering. A replica process started again
+(``--join``) connects, and at the start of the PS's next step receives the parameters and AdamW
+moments (the PS keeps a copy, updated as every replica is) and the step to continue from.
+Frames as :mod:`testbed.baselines.stage_proc` (kinds: 4 gradient, 5 loss, 6 parameters,
+7 state, 9 hello).
 """
 
 from __future__ import annotations
@@ -29,56 +41,201 @@ from typing import Any
 
 from testbed.baselines.stage_proc import HELLO, PORT, _connect, recv_frame, send_frame
 
-GRADS, LOSS = 4, 5
+GRADS, LOSS, PARAMS, STATE = 4, 5, 6, 7
+
+
+def _flat(tensors: Any) -> bytes:
+    """Tensors as one frame's raw bytes, in order."""
+    import torch
+
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).numpy().tobytes()
+
+
+def _unflat(payload: bytes, like: list[Any], dtype: Any) -> list[Any]:
+    """Raw bytes back into tensors shaped as ``like`` (copies)."""
+    import numpy as np
+    import torch
+
+    flat = torch.from_numpy(np.frombuffer(payload, dtype=dtype).copy())
+    out, offset = [], 0
+    for p in like:
+        k = p.numel()
+        out.append(flat[offset:offset + k].reshape(p.shape))
+        offset += k
+    return out
+
+
+def _send_quietly(sock: socket.socket, kind: int, step: int, payload: bytes) -> None:
+    """Send a frame; a replica gone after delivering counted for this step, not the next."""
+    try:
+        send_frame(sock, kind, step, 0, payload)
+    except OSError:
+        pass
 
 
 def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
-    """Average the replicas' gradients for plan['steps'] steps; return the losses."""
+    """Gather the replicas for plan['steps'] steps (churn: the ones that deliver); return the
+    losses and, per step, which replicas took part."""
     import numpy as np
+    import torch
 
+    from testbed.baselines.engine import (
+        DILOCO_OUTER_LR,
+        DILOCO_OUTER_MOMENTUM,
+        _adamw,
+        _reference_model,
+    )
+    from testbed.topology import load_topology
+
+    torch.set_num_threads(1)
+    topo = load_topology(plan["topology"])
+    job = topo.job
     npdtype = np.float64 if plan["dtype"] == "float64" else np.float32
-    n = len(plan["devices"])
-    listener = socket.create_server((plan["ps_ip"], PORT), backlog=n + 4)
-    peers: dict[int, socket.socket] = {}
-    while len(peers) < n:
-        conn, _ = listener.accept()
+    H = int(plan.get("local_steps", 1))
+    keep_state = bool(plan.get("keep_state", False))
+    rows = [b - a for a, b in plan["rows"]]
+    batch = sum(rows)
+    initial = set(plan.get("initial", range(len(rows))))
+    model = _reference_model(job, topo.seed) if keep_state or H > 1 else None
+    params = [p for _, p in model.named_parameters()] if model is not None else []
+    opt = _adamw(params, job) if keep_state else None
+    outer = (torch.optim.SGD(params, lr=DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM,
+                             nesterov=True) if H > 1 else None)
+    listener = socket.create_server((plan["ps_ip"], PORT), backlog=len(rows) + 8)
+    lock = threading.Lock()
+    pending: list[tuple[int, socket.socket]] = []
+
+    def hello(conn: socket.socket) -> tuple[int, socket.socket]:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _, _, _, hello = recv_frame(conn, 0.0)
-        peers[struct.unpack("!I", hello)[0]] = conn
+        _, _, _, msg = recv_frame(conn, 0.0)
+        return struct.unpack("!I", msg)[0], conn
+
+    members: dict[int, socket.socket] = {}
+    while len(members) < len(initial):
+        r, conn = hello(listener.accept()[0])
+        members[r] = conn
+    if plan.get("ready"):
+        Path(plan["ready"]).write_text("ready")  # the churn clock starts now
+
+    def accept_joiners() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+                joined = hello(conn)
+            except OSError:
+                return  # the listener closed: the run is over
+            with lock:
+                pending.append(joined)
+    threading.Thread(target=accept_joiners, daemon=True).start()
     delays = plan["delay_s"]
     losses: list[float] = []
-    received = 0
+    took_part: list[list[int]] = []
+    step_s: list[float] = []
+    received = sent_total = state_bytes = 0
+    deadline = time.monotonic() + float(plan.get("timeout_s", 600.0))
+
+    def drop(r: int) -> None:
+        sock = members.pop(r, None)
+        if sock is not None:
+            sock.close()
+    t_prev = time.monotonic()
     for step in range(plan["steps"]):
-        grads: list[np.ndarray] = []
-        loss = 0.0
-        for r in range(n):  # replica order: the in-process trainer's summation order
-            kind, st, _, payload = recv_frame(peers[r], delays[r])
-            if (kind, st) != (GRADS, step):
-                raise RuntimeError(f"PS: expected replica {r}'s gradient of step {step}")
-            grads.append(np.frombuffer(payload, dtype=npdtype))
-            received += len(payload)
-            kind, st, _, payload = recv_frame(peers[r], delays[r])
-            loss += struct.unpack("!d", payload)[0]
-        total = grads[0]
-        for g in grads[1:]:
-            total = total + g
-        out = total.tobytes()
-        senders = [threading.Thread(target=send_frame, args=(peers[r], GRADS, step, 0, out))
-                   for r in range(n)]
-        for t in senders:
-            t.start()
-        for t in senders:
-            t.join()
-        losses.append(loss)
-    for sock in peers.values():
+        while True:
+            with lock:
+                joiners, pending[:] = list(pending), []
+            for r, conn in joiners:  # a replica back: the parameters and AdamW state first
+                drop(r)
+                moments: list[Any] = []
+                if opt is not None and step > 0:
+                    states = [opt.state[p] for p in params]
+                    moments = ([s["exp_avg"] for s in states]
+                               + [s["exp_avg_sq"] for s in states])
+                payload = _flat([*params, *moments]) if params else b""
+                try:
+                    send_frame(conn, STATE, step, 1 if moments else 0, payload)
+                except OSError:
+                    conn.close()
+                    continue
+                state_bytes += len(payload)
+                members[r] = conn
+            if members:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PS: no replica present at step {step}")
+            time.sleep(0.02)  # every replica is gone: wait for one to join
+        sync = H == 1 or (step + 1) % H == 0
+        grads: dict[int, Any] = {}
+        ce: dict[int, float] = {}
+        for r in sorted(members):  # replica order: the in-process trainer's summation order
+            try:
+                kind, st, _, payload = recv_frame(members[r], delays[r])
+                if (kind, st) != (LOSS, step):
+                    raise RuntimeError(f"PS: expected replica {r}'s loss of step {step}")
+                ce[r] = struct.unpack("!d", payload)[0]
+                if sync:
+                    kind, st, _, payload = recv_frame(members[r], delays[r])
+                    if (kind, st) != (GRADS if H == 1 else PARAMS, step):
+                        raise RuntimeError(f"PS: expected replica {r}'s frame of step {step}")
+                    grads[r] = np.frombuffer(payload, dtype=npdtype)
+                    received += len(payload)
+            except (ConnectionError, OSError):  # its process is gone: dropped from this step
+                ce.pop(r, None)
+                drop(r)
+        here = sorted(ce)
+        if not here:
+            raise RuntimeError(f"PS: every replica was lost during step {step}")
+        rows_here = sum(rows[r] for r in here)
+        losses.append(sum(ce[r] * (rows[r] / rows_here) for r in here))
+        took_part.append(here)
+        out = b""
+        if H == 1:
+            total = grads[here[0]]
+            for r in here[1:]:
+                total = total + grads[r]
+            if rows_here != batch:  # the replicas sent rows/batch-weighted gradients
+                total = total * (batch / rows_here)
+            out = total.tobytes()
+            if opt is not None:  # the PS's copy takes the same AdamW step as every replica
+                for p, g in zip(params, _unflat(out, params, npdtype)):
+                    p.grad = g.clone()
+                opt.step()
+        elif sync:
+            assert outer is not None
+            outer.zero_grad(set_to_none=True)
+            reps = [_unflat(grads[r].tobytes(), params, npdtype) for r in here]
+            with torch.no_grad():
+                for i, p in enumerate(params):  # as DataParallelTrainer._outer_step
+                    delta = torch.zeros_like(p)
+                    for rep in reps:
+                        delta += p - rep[i]
+                    p.grad = delta / len(reps)
+            outer.step()
+            out = _flat(params)
+        if out:
+            kind_back = GRADS if H == 1 else PARAMS
+            senders = [threading.Thread(target=_send_quietly,
+                                        args=(members[r], kind_back, step, out))
+                       for r in here if r in members]
+            for t in senders:
+                t.start()
+            for t in senders:
+                t.join()
+            sent_total += len(out) * len(senders)
+        now = time.monotonic()
+        step_s.append(now - t_prev)
+        t_prev = now
+    for sock in members.values():
         sock.close()
     listener.close()
-    return {"role": "ps", "losses": losses, "received_bytes": received,
-            "sent_bytes": len(out) * n * plan["steps"] if plan["steps"] else 0}
+    return {"role": "ps", "losses": losses, "took_part": took_part, "step_s": step_s,
+            "received_bytes": received, "sent_bytes": sent_total, "state_bytes": state_bytes}
 
 
-def run_replica(plan: dict[str, Any], r: int) -> dict[str, Any]:
-    """Train as replica r; return what it sent and its device time."""
+def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
+                join: bool = False) -> dict[str, Any]:
+    """Train as replica r (``join``: a process started again, which first takes the state from
+    the PS); return what it sent and its device time (also written to ``out`` every step, so a
+    killed replica's work is still counted)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -93,9 +250,10 @@ def run_replica(plan: dict[str, Any], r: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     topo = load_topology(plan["topology"])
     job, spec = topo.job, topo.job.model
+    H = int(plan.get("local_steps", 1))
     model = _reference_model(job, topo.seed)
-    opt = _adamw(list(model.parameters()), job)
     params = [p for _, p in model.named_parameters()]
+    opt = _adamw(params, job)
     npdtype = np.float64 if job.dtype == "float64" else np.float32
     b = cost.DTYPE_BYTES[job.dtype]
     lo, hi = plan["rows"][r]
@@ -108,6 +266,24 @@ def run_replica(plan: dict[str, Any], r: int) -> dict[str, Any]:
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed)
     ps = _connect(plan["ps_ip"], PORT)
     send_frame(ps, HELLO, 0, 0, struct.pack("!I", r))
+    first_step, received = 0, 0
+    if join:  # a replica back: the PS's parameters and AdamW moments, and where to go on
+        kind, first_step, has_moments, payload = recv_frame(ps, plan["delay_s"][r])
+        if kind != STATE:
+            raise RuntimeError(f"replica {r}: expected the state from the PS")
+        received += len(payload)
+        like = params + (params + params if has_moments else [])
+        parts = _unflat(payload, like, npdtype)
+        with torch.no_grad():
+            for p, v in zip(params, parts):
+                p.copy_(v)
+        if has_moments:
+            n = len(params)
+            sd = opt.state_dict()
+            sd["state"] = {i: {"step": torch.tensor(float(first_step)),
+                               "exp_avg": parts[n + i].clone(),
+                               "exp_avg_sq": parts[2 * n + i].clone()} for i in range(n)}
+            opt.load_state_dict(sd)
     rows = hi - lo
     lf, lb = cost.layer_gemms(spec, rows)
     hf, hb = cost.head_gemms(spec, rows)
@@ -134,38 +310,53 @@ def run_replica(plan: dict[str, Any], r: int) -> dict[str, Any]:
 
     sent = 0
     step_s: list[float] = []
-    for step in range(plan["steps"]):
+
+    def report() -> dict[str, Any]:
+        lag = sorted(lag_s)
+        return {"role": "replica", "replica": r, "device": plan["devices"][r],
+                "first_step": first_step, "sent_bytes": sent, "received_bytes": received,
+                "device_s": now_s[0], "energy_j": energy_j[0], "step_s": step_s,
+                "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
+    for step in range(first_step, plan["steps"]):
         t_step = time.monotonic()
         inputs, targets = sampler.batch(step)
         opt.zero_grad(set_to_none=True)
         t0 = time.monotonic()
         logits = model(inputs[lo:hi])
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[lo:hi].reshape(-1))
-        (ce * share).backward()
+        (ce * share if H == 1 else ce).backward()
         hold(t0, gemms, mem)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
-        payload = flat.detach().numpy().tobytes()
-        send_frame(ps, GRADS, step, 0, payload)
-        send_frame(ps, LOSS, step, 0, struct.pack("!d", float(ce.detach()) * share))
-        sent += len(payload) + 8
-        kind, st, _, back = recv_frame(ps, plan["delay_s"][r])
-        if (kind, st) != (GRADS, step):
-            raise RuntimeError(f"replica {r}: expected the summed gradient of step {step}")
-        total = torch.from_numpy(np.frombuffer(back, dtype=npdtype).copy())
-        offset = 0
-        for p in params:
-            k = p.numel()
-            p.grad = total[offset:offset + k].reshape(p.shape).clone()
-            offset += k
+        send_frame(ps, LOSS, step, 0, struct.pack("!d", float(ce.detach())))
+        sent += 8
+        if H == 1:
+            payload = _flat(p.grad for p in params)  # type: ignore[misc]
+            send_frame(ps, GRADS, step, 0, payload)
+            sent += len(payload)
+            kind, st, _, back = recv_frame(ps, plan["delay_s"][r])
+            if (kind, st) != (GRADS, step):
+                raise RuntimeError(f"replica {r}: expected the summed gradient of step {step}")
+            received += len(back)
+            for p, g in zip(params, _unflat(back, params, npdtype)):
+                p.grad = g.clone()
         t0 = time.monotonic()
         opt.step()
         hold(t0, [], cost.optimizer_bytes(n_params, b))
+        if H > 1 and (step + 1) % H == 0:  # DiLoCo: the round's parameters up, θ_global back
+            payload = _flat(params)
+            send_frame(ps, PARAMS, step, 0, payload)
+            sent += len(payload)
+            kind, st, _, back = recv_frame(ps, plan["delay_s"][r])
+            if (kind, st) != (PARAMS, step):
+                raise RuntimeError(f"replica {r}: expected θ_global after step {step}")
+            received += len(back)
+            with torch.no_grad():
+                for p, v in zip(params, _unflat(back, params, npdtype)):
+                    p.copy_(v)
         step_s.append(time.monotonic() - t_step)
+        if out is not None:
+            out.write_text(json.dumps(report()))
     ps.close()
-    lag = sorted(lag_s)
-    return {"role": "replica", "replica": r, "device": plan["devices"][r], "sent_bytes": sent,
-            "device_s": now_s[0], "energy_j": energy_j[0], "step_s": step_s,
-            "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
+    return report()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,10 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", required=True)
     p.add_argument("--role", choices=("ps", "replica"), required=True)
     p.add_argument("--replica", type=int, default=0)
+    p.add_argument("--join", action="store_true",
+                   help="a replica started again: take the state from the PS first")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     plan: dict[str, Any] = json.loads(Path(args.plan).read_text())
-    report = run_ps(plan) if args.role == "ps" else run_replica(plan, args.replica)
+    report = (run_ps(plan) if args.role == "ps"
+              else run_replica(plan, args.replica, Path(args.out), args.join))
     Path(args.out).write_text(json.dumps(report))
     return 0
 

@@ -143,3 +143,19 @@ def test_split_rows_and_bounds() -> None:
         split_rows(2, 3)
     with pytest.raises(ValueError, match="contiguous"):
         PipelineTrainer(job(), seed=3, bounds=[(0, 2), (3, 4)], micro_batches=1)
+
+
+def test_a_synchronous_replica_back_after_a_step_away_takes_a_present_ones_state(
+        corpus) -> None:  # type: ignore[no-untyped-def]
+    dp = DataParallelTrainer(job(), seed=3, replicas=3, corpus=corpus)
+    dp.step()
+    dp.step(present=[True, False, True])  # replica 1 misses step 1: its weights fall behind
+    stale = [p.detach().clone() for p in dp.replicas[1].parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(stale, dp.replicas[0].parameters()))
+    dp.step()  # back: it first took replica 0's parameters and AdamW state
+    for a, b in zip(dp.replicas[1].parameters(), dp.replicas[0].parameters()):
+        assert torch.equal(a, b)
+    s0, s1 = dp.optimizers[0].state_dict()["state"], dp.optimizers[1].state_dict()["state"]
+    for k in s0:
+        assert torch.equal(s0[k]["exp_avg_sq"], s1[k]["exp_avg_sq"])
+        assert float(s0[k]["step"]) == float(s1[k]["step"]) == 3.0

@@ -1,0 +1,112 @@
+"""Data parallelism on Mininet under churn and as DiLoCo rounds: the replicas' and the PS's
+real processes give the in-process engine's float64 losses.
+
+Needs root and the Mininet backend (skips naming what is missing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from testbed.baselines import cost
+from testbed.baselines.emulate import emulate_data_parallel
+from testbed.baselines.engine import DataParallelTrainer
+from testbed.emulator.network.probe import probe
+from testbed.ps_backend.engine.data import load_corpus
+from testbed.topology import load_topology
+
+pytestmark = pytest.mark.integration
+
+_missing = probe().missing()
+needs_mininet = pytest.mark.skipif(bool(_missing), reason="Mininet backend unavailable, missing: "
+                                                          + "; ".join(_missing))
+REPLICAS = ["phones-0", "phones-1", "phones-2"]
+OVERHEAD = 1.07  # Ethernet + IP + TCP per full packet (as test_baselines_mininet.py)
+SLACK_BYTES = 64 * 1024
+
+
+def write_topology(tmp_path: Path, steps: int, local_steps: int = 1,
+                   link: dict[str, str] | None = None) -> Path:
+    raw = {"name": "dp", "seed": 3,
+           "network": {"backend": "mininet", "switches": ["ap0"],
+                       "ps": {"switch": "ap0", "link": {"down": "1Gbit", "up": "1Gbit"}}},
+           "devices": [{"group": "phones", "profile": "snapdragon888", "count": 3,
+                        "switch": "ap0",
+                        "link": link or {"down": "100Mbit", "up": "50Mbit", "delay": "2ms"}}],
+           "job": {"model": {"hidden": 64, "layers": 2, "heads": 2, "ffn": 128, "seq_len": 32},
+                   "batch_size": 6, "steps": steps, "dtype": "float64",
+                   "optimizer": {"lr": 1e-3},
+                   "parallelism": {"strategy": "data-parallel", "local_steps": local_steps}}}
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def close(got: list[float], want: list[float]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-8 * max(1.0, abs(w)), (got, want)
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_departed_replica_is_dropped_and_rejoins_with_the_engines_losses(
+        tmp_path: Path) -> None:
+    from testbed.churn import load_schedule
+
+    steps = 8
+    # slow links (a step of about 0.5 s at D = 2) so that the churn lands inside the run
+    path = write_topology(tmp_path, steps, link={"down": "10Mbit", "up": "5Mbit",
+                                                 "delay": "2ms"})
+    trace = tmp_path / "churn.csv"
+    trace.write_text("time_s,device,event,arg\n0.6,phones-1,crash,\n1.6,phones-1,join,\n")
+    topo = load_topology(path)
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS, dilation=2.0,
+                                schedule=load_schedule(trace, topo), timeout_s=240)
+    took = res["took_part"]
+    assert [c["event"] for c in res["churn"]] == ["crash", "join"]
+    assert any(1 not in t for t in took), took  # replica 1 was dropped for some steps ...
+    assert 1 in took[-1], took  # ... and back before the end
+    assert all(0 in t and 2 in t for t in took)
+    assert res["dropped_replica_steps"] == sum(3 - len(t) for t in took) > 0
+    # the engine with the same replicas dropped for the same steps: the same losses
+    torch.set_num_threads(1)
+    dp = DataParallelTrainer(topo.job, seed=3, replicas=3, corpus=load_corpus(topo.job.data))
+    want = [dp.step(present=[r in t for r in range(3)]).loss for t in took]
+    close(res["losses"], want)
+    # the rejoined replica first received the parameters and both AdamW moments
+    back_at = next(i for i in range(1, steps) if 1 in took[i] and 1 not in took[i - 1])
+    joined = res["reports"]["replica1-1"]
+    assert joined["first_step"] == back_at
+    p_bytes = cost.model_params(topo.job.model) * 8
+    assert res["reports"]["ps"]["state_bytes"] == 3 * p_bytes
+    assert joined["received_bytes"] == 3 * p_bytes + (steps - back_at) * p_bytes
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_diloco_rounds_on_mininet_give_the_engines_losses(tmp_path: Path) -> None:
+    steps, H = 4, 2
+    path = write_topology(tmp_path, steps, local_steps=H)
+    topo = load_topology(path)
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS, timeout_s=240)
+    torch.set_num_threads(1)
+    dp = DataParallelTrainer(topo.job, seed=3, replicas=3, local_steps=H,
+                             corpus=load_corpus(topo.job.data))
+    close(res["losses"], [s.loss for s in dp.run(steps)])
+    assert res["took_part"] == [[0, 1, 2]] * steps
+    p_bytes = cost.model_params(topo.job.model) * 8
+    for r, d in enumerate(REPLICAS):
+        rep = res["reports"][f"replica{r}"]
+        # its loss every step, its parameters once a round; θ_global back once a round
+        assert rep["sent_bytes"] == steps * 8 + (steps // H) * p_bytes
+        assert rep["received_bytes"] == (steps // H) * p_bytes
+        link = res["links"][d]
+        assert rep["sent_bytes"] <= link["tx_bytes"] <= rep["sent_bytes"] * OVERHEAD \
+            + SLACK_BYTES, (d, link)
+        assert rep["received_bytes"] <= link["rx_bytes"] <= rep["received_bytes"] * OVERHEAD \
+            + SLACK_BYTES, (d, link)
