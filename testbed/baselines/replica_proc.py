@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.baselines.stage_proc import HELLO, PORT, _connect, recv_frame, send_frame
+from testbed.baselines.stage_proc import HELLO, PORT, HeldDevice, _connect, recv_frame, send_frame
 
 GRADS, LOSS, PARAMS, STATE = 4, 5, 6, 7
 
@@ -242,8 +242,6 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
 
     from testbed.baselines import cost
     from testbed.baselines.engine import _adamw, _reference_model
-    from testbed.emulator.device_model import device_model_for
-    from testbed.perf_model.profiles import load_profile
     from testbed.ps_backend.engine.data import BatchSampler, load_corpus
     from testbed.topology import load_topology
 
@@ -258,11 +256,7 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     b = cost.DTYPE_BYTES[job.dtype]
     lo, hi = plan["rows"][r]
     share = (hi - lo) / job.batch_size
-    me = next(d for d in topo.devices if d.name == plan["devices"][r])
-    profile = load_profile(str(me.group.profile_path), check=False)
-    device = device_model_for(profile, seed=topo.seed * 1000 + me.index)
-    bandwidth = profile.model.bandwidth_bytes_s if profile.model is not None else 10e9
-    dilation = float(plan.get("dilation", 1.0))
+    device = HeldDevice(topo, plan["devices"][r], float(plan.get("dilation", 1.0)))
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed)
     ps = _connect(plan["ps_ip"], PORT)
     send_frame(ps, HELLO, 0, 0, struct.pack("!I", r))
@@ -292,31 +286,14 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     gemms = lf * spec.layers + hf + hb + lb * spec.layers
     mem = spec.layers * (ef + eb) + hef + heb
     n_params = sum(p.numel() for p in params)
-    now_s = [0.0]
-    energy_j = [0.0]  # compute energy: the device model's joules, memory-bound work at busy power
-    busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
-    lag_s: list[float] = []
-
-    def hold(started: float, work: list[cost.Gemm], nbytes: float) -> None:
-        costs = [device.tile_cost(g.m, g.k, g.n, g.op, now_s[0]) for g in work]
-        mem_s = nbytes / bandwidth
-        seconds = sum(c.seconds for c in costs) + mem_s
-        energy_j[0] += sum(c.joules for c in costs) + busy_w * mem_s
-        now_s[0] += seconds
-        wait = started + seconds * dilation - time.monotonic()
-        lag_s.append(max(0.0, -wait))
-        if wait > 0:
-            time.sleep(wait)
-
     sent = 0
     step_s: list[float] = []
 
     def report() -> dict[str, Any]:
-        lag = sorted(lag_s)
         return {"role": "replica", "replica": r, "device": plan["devices"][r],
                 "first_step": first_step, "sent_bytes": sent, "received_bytes": received,
-                "device_s": now_s[0], "energy_j": energy_j[0], "step_s": step_s,
-                "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
+                "device_s": device.device_s, "energy_j": device.energy_j, "step_s": step_s,
+                "lag_p95_s": device.lag_p95_s()}
     for step in range(first_step, plan["steps"]):
         t_step = time.monotonic()
         inputs, targets = sampler.batch(step)
@@ -325,7 +302,7 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         logits = model(inputs[lo:hi])
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[lo:hi].reshape(-1))
         (ce * share if H == 1 else ce).backward()
-        hold(t0, gemms, mem)
+        device.hold(t0, gemms, mem)
         send_frame(ps, LOSS, step, 0, struct.pack("!d", float(ce.detach())))
         sent += 8
         if H == 1:
@@ -340,7 +317,7 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
                 p.grad = g.clone()
         t0 = time.monotonic()
         opt.step()
-        hold(t0, [], cost.optimizer_bytes(n_params, b))
+        device.hold(t0, [], cost.optimizer_bytes(n_params, b))
         if H > 1 and (step + 1) % H == 0:  # DiLoCo: the round's parameters up, θ_global back
             payload = _flat(params)
             send_frame(ps, PARAMS, step, 0, payload)

@@ -29,7 +29,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported lazily at run time (torch-heavy modules)
+    from testbed.baselines.cost import Gemm
+    from testbed.topology import Topology
 
 HEADER = struct.Struct("!BIIQd")
 ACT, GRAD, TIED, HELLO = 1, 2, 3, 9
@@ -143,8 +147,6 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
 
     from testbed.baselines import cost
     from testbed.baselines.engine import Stage, _adamw, _reference_model
-    from testbed.emulator.device_model import device_model_for
-    from testbed.perf_model.profiles import load_profile
     from testbed.ps_backend.engine.data import BatchSampler, load_corpus
     from testbed.topology import load_topology
 
@@ -164,11 +166,7 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
     npdtype = np.float64 if job.dtype == "float64" else np.float32
     b = cost.DTYPE_BYTES[job.dtype]
     spec = job.model
-    me = next(d for d in topo.devices if d.name == plan["devices"][s])
-    profile = load_profile(str(me.group.profile_path), check=False)
-    device = device_model_for(profile, seed=topo.seed * 1000 + me.index)
-    bandwidth = profile.model.bandwidth_bytes_s if profile.model is not None else 10e9
-    dilation = float(plan.get("dilation", 1.0))
+    device = HeldDevice(topo, plan["devices"][s], float(plan.get("dilation", 1.0)))
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed) \
         if first or last else None
     delays = plan["delay_s"][s]  # one-way delay from each other stage to this one
@@ -189,22 +187,6 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
     if plan.get("ready_dir"):  # connected: training can start (the runner's churn clock)
         Path(plan["ready_dir"], f"stage{s}").touch()
     sent: dict[str, int] = {}
-    now_s = [0.0]
-    energy_j = [0.0]  # compute energy: the device model's joules, memory-bound work at busy power
-    busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
-    lag_s: list[float] = []
-
-    def hold(started: float, gemms: list[cost.Gemm], mem_bytes: float) -> None:
-        costs = [device.tile_cost(g.m, g.k, g.n, g.op, now_s[0]) for g in gemms]
-        mem_s = mem_bytes / bandwidth
-        seconds = sum(c.seconds for c in costs) + mem_s
-        energy_j[0] += sum(c.joules for c in costs) + busy_w * mem_s
-        now_s[0] += seconds
-        wait = started + seconds * dilation - time.monotonic()
-        lag_s.append(max(0.0, -wait))
-        if wait > 0:
-            time.sleep(wait)
-
     def work(kind: str, j: int) -> tuple[list[cost.Gemm], float]:
         lf, lb = cost.layer_gemms(spec, rows[j])
         ef, eb = cost.layer_elementwise_bytes(spec, rows[j], b)
@@ -255,7 +237,7 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
                 x = recv(s - 1, ACT, step, j, shape).to(dtype).requires_grad_(True)
             t0 = time.monotonic()
             out = stage(x)
-            hold(t0, *work("F", j))
+            device.hold(t0, *work("F", j))
             saved.append((x, out))
             if not last:
                 send(s + 1, ACT, step, j, out)
@@ -274,7 +256,7 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
                 g = recv(s + 1, GRAD, step, j, tuple(out.shape)).to(dtype)
                 t0 = time.monotonic()  # the hold starts when the gradient is here
                 out.backward(g)
-            hold(t0, *work("B", j))
+            device.hold(t0, *work("B", j))
             if not first:
                 assert x.grad is not None
                 send(s - 1, GRAD, step, j, x.grad)
@@ -293,7 +275,7 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         t0 = time.monotonic()
         opt.step()
         params = sum(p.numel() for p in stage.parameters())
-        hold(t0, [], cost.optimizer_bytes(params, b))
+        device.hold(t0, [], cost.optimizer_bytes(params, b))
         if every and (step + 1) % every == 0:
             save_checkpoint(stage, opt, Path(plan["ckpt_dir"]) / f"step{step + 1}" /
                             f"stage{s}.pt")
@@ -305,20 +287,59 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         step_s.append(time.monotonic() - t_step)
         if plan.get("report_pattern"):  # so far, in case the runner ends this process
             _write_report(Path(plan["report_pattern"].format(s)),
-                          _report(s, plan, losses, sent, step_s, now_s[0], energy_j[0], lag_s))
+                          _report(s, plan, losses, sent, step_s, device))
     for sock in peers.values():
         sock.close()
     listener.close()
-    return _report(s, plan, losses, sent, step_s, now_s[0], energy_j[0], lag_s)
+    return _report(s, plan, losses, sent, step_s, device)
+
+
+
+class HeldDevice:
+    """The emulated device a stage or replica process runs on.
+
+    Each piece of work (its GEMMs from the device model, its memory-bound bytes at the profile's
+    bandwidth) is held until its modelled time x D has passed since it started; the device's
+    time, its compute energy (the model's joules, memory-bound work at busy power) and how late
+    each hold ended (lag) add up as it goes.
+    """
+
+    def __init__(self, topology: Topology, name: str, dilation: float):
+        from testbed.emulator.device_model import device_model_for
+        from testbed.perf_model.profiles import load_profile
+
+        me = next(d for d in topology.devices if d.name == name)
+        profile = load_profile(str(me.group.profile_path), check=False)
+        self.model = device_model_for(profile, seed=topology.seed * 1000 + me.index)
+        self.bandwidth = profile.model.bandwidth_bytes_s if profile.model is not None else 10e9
+        self.busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
+        self.dilation = dilation
+        self.device_s = 0.0
+        self.energy_j = 0.0
+        self.lag_s: list[float] = []
+
+    def hold(self, started: float, gemms: list[Gemm], mem_bytes: float) -> None:
+        """Wait until this work's modelled time x D has passed since `started`."""
+        costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, self.device_s) for g in gemms]
+        mem_s = mem_bytes / self.bandwidth
+        seconds = sum(c.seconds for c in costs) + mem_s
+        self.energy_j += sum(c.joules for c in costs) + self.busy_w * mem_s
+        self.device_s += seconds
+        wait = started + seconds * self.dilation - time.monotonic()
+        self.lag_s.append(max(0.0, -wait))
+        if wait > 0:
+            time.sleep(wait)
+
+    def lag_p95_s(self) -> float:
+        lag = sorted(self.lag_s)
+        return lag[int(0.95 * (len(lag) - 1))] if lag else 0.0
 
 
 def _report(s: int, plan: dict[str, Any], losses: list[float], sent: dict[str, int],
-            step_s: list[float], device_s: float, energy_j: float,
-            lag_s: list[float]) -> dict[str, Any]:
-    lag = sorted(lag_s)
+            step_s: list[float], device: HeldDevice) -> dict[str, Any]:
     return {"stage": s, "device": plan["devices"][s], "losses": losses, "sent_bytes": sent,
-            "step_s": step_s, "device_s": device_s, "energy_j": energy_j,
-            "lag_p95_s": lag[int(0.95 * (len(lag) - 1))] if lag else 0.0}
+            "step_s": step_s, "device_s": device.device_s, "energy_j": device.energy_j,
+            "lag_p95_s": device.lag_p95_s()}
 
 
 def _write_report(path: Path, report: dict[str, Any]) -> None:
