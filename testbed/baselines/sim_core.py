@@ -24,9 +24,6 @@ device to device rather than PS to device:
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,6 +35,7 @@ from testbed.churn.trace import ChurnEvent
 from testbed.emulator.device_model import DeviceModel, device_model_for
 from testbed.emulator.network.base import path_loss
 from testbed.perf_model.profiles import PowerParams, load_profile
+from testbed.simulate.events import EventLoop
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
 
@@ -80,7 +78,7 @@ class Transfer:
 
 
 @dataclass
-class BaselineWorld:
+class BaselineWorld(EventLoop):
     """The event queue, the network and the devices; strategies drive it."""
 
     topology: Topology
@@ -94,8 +92,7 @@ class BaselineWorld:
     on_back: Callable[[Device], None] = lambda _d: None
 
     def __post_init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
+        self._start_events()
         self._build()
         self.wanted: set[str] = set()
 
@@ -167,27 +164,6 @@ class BaselineWorld:
         return links, delay
 
     # -- the event queue -----------------------------------------------------------------------
-    def at(self, time_s: float, fn: Callable[[], None]) -> None:
-        """Run fn at virtual time time_s."""
-        heapq.heappush(self._heap, (time_s, next(self._seq), fn))
-
-    def run_until(self, done: Callable[[], bool], horizon_s: float = math.inf) -> bool:
-        """Advance until done() (True) or nothing can happen before horizon_s (False)."""
-        while not done():
-            t_event = self._heap[0][0] if self._heap else math.inf
-            t = min(t_event, self.net.next_drain_s())
-            if math.isinf(t) or t > horizon_s:
-                return False
-            self.now_s = max(self.now_s, t)
-            for flow, arrive_s in self.net.advance(self.now_s):
-                self.at(arrive_s, flow.tag)
-            while self._heap and self._heap[0][0] <= self.now_s:
-                _, _, fn = heapq.heappop(self._heap)
-                fn()
-                if done():
-                    return True
-        return True
-
     # -- work ----------------------------------------------------------------------------------
     def send(self, src: str, dst: str, nbytes: float, then: Callable[[], None]) -> Transfer:
         """Move nbytes from src to dst over the network; ``then`` runs when they have arrived."""

@@ -27,9 +27,7 @@ GEMMs below ``min_offload_flops``, its software per GEMM) takes no virtual time 
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
-import math
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -55,6 +53,7 @@ from testbed.ps_backend.scheduler import (
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import TileBox, gemm_flops
 from testbed.simulate.chain import ChainGemm, step_chain
+from testbed.simulate.events import EventLoop
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
 from testbed.up import EMULATED_MAX_IN_FLIGHT
@@ -115,7 +114,7 @@ class SimDevice:
     sessions: int = 0
 
 
-class Simulation:
+class Simulation(EventLoop):
     """Runs a topology's job in virtual time; reports through ``emit`` callbacks."""
 
     def __init__(self, topology: Topology, schedule: ChurnSchedule | None = None,
@@ -140,8 +139,7 @@ class Simulation:
         self.planner = StepPlanner(self.config)
         self.now_s = 0.0
         self.net = FlowNetwork()
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
+        self._start_events()
         self._ids = itertools.count()
         self.version = 0
         self.stats = StepStats()
@@ -188,44 +186,11 @@ class Simulation:
         return out
 
     # -- the event queue -----------------------------------------------------------------------
-    def at(self, time_s: float, fn: Callable[[], None]) -> None:
-        """Run fn at virtual time time_s (ties in the order they were scheduled)."""
-        heapq.heappush(self._heap, (time_s, next(self._seq), fn))
-
-    def _pass_time(self, until_s: float) -> None:
-        """Let virtual time run to until_s (the PS is busy; devices and flows go on)."""
-        while True:
-            t_event = self._heap[0][0] if self._heap else math.inf
-            t = min(t_event, self.net.next_drain_s())
-            if t > until_s:
-                break
-            self.now_s = max(self.now_s, t)
-            for flow, arrive_s in self.net.advance(self.now_s):
-                self.at(arrive_s, flow.tag)
-            while self._heap and self._heap[0][0] <= self.now_s:
-                _, _, fn = heapq.heappop(self._heap)
-                fn()
-        for flow, arrive_s in self.net.advance(until_s):
-            self.at(arrive_s, flow.tag)
-        self.now_s = until_s
-
     def _run_until(self, done: Callable[[], bool]) -> None:
-        while not done():
-            t_event = self._heap[0][0] if self._heap else math.inf
-            t_flow = self.net.next_drain_s()
-            t = min(t_event, t_flow)
-            if math.isinf(t):
-                raise RuntimeError(f"simulation stalled at t={self.now_s:.6f} s: "
-                                   f"{len(self.scheduler.tasks)} tiles outstanding, no device "
-                                   "can make progress")
-            self.now_s = max(self.now_s, t)
-            for flow, arrive_s in self.net.advance(self.now_s):
-                self.at(arrive_s, flow.tag)
-            while self._heap and self._heap[0][0] <= self.now_s:
-                _, _, fn = heapq.heappop(self._heap)
-                fn()
-                if done():
-                    return
+        if not self.run_until(done):
+            raise RuntimeError(f"simulation stalled at t={self.now_s:.6f} s: "
+                               f"{len(self.scheduler.tasks)} tiles outstanding, no device "
+                               "can make progress")
 
     # -- membership ----------------------------------------------------------------------------
     def join(self, dev: SimDevice) -> None:
@@ -452,7 +417,7 @@ class Simulation:
                     next(seq)
                     continue  # the PS computes it (no virtual time: see the module docstring)
                 if self.ps_gemm_s > 0:  # the PS's own work before this GEMM goes out
-                    self._pass_time(self.now_s + self.ps_gemm_s)
+                    self.pass_time(self.now_s + self.ps_gemm_s)
                 left[0] += 1
                 self.submit(step, next(seq), g, one_done)
             self._run_until(functools.partial(_zero, left))
