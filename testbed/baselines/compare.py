@@ -129,6 +129,15 @@ def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
             "lost_work": lost, "note": summary.get("error") or ""}
 
 
+
+def _does_not_fit(topo: Topology, strategy: str, largest: str) -> dict[str, Any] | None:
+    """The comparison row of a strategy the job does not fit on these devices, else None."""
+    problems = fit_problems(topo)
+    if not problems:
+        return None
+    return {"strategy": strategy, "state": "does not fit", "largest_model": largest,
+            "note": " ".join(problems)}
+
 def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_for: Any,
             gpu: GpuProfile, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
             gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
@@ -142,10 +151,9 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
     for strategy in strategies:
         topo = with_strategy(topology, strategy)
         largest = largest_model(topo, strategy, ps_memory_bytes)
-        problems = fit_problems(topo)
-        if problems:
-            rows.append({"strategy": strategy, "state": "does not fit", "largest_model": largest,
-                         "note": " ".join(problems)})
+        unfit = _does_not_fit(topo, strategy, largest)
+        if unfit is not None:
+            rows.append(unfit)
             continue
         run_dir = out_dir / strategy
         run_dir.mkdir(parents=True)
@@ -259,10 +267,9 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     for strategy in strategies:
         topo = with_strategy(topology, strategy)
         largest = largest_model(topo, strategy, ps_memory_bytes)
-        problems = fit_problems(topo)
-        if problems:
-            rows.append({"strategy": strategy, "state": "does not fit", "largest_model": largest,
-                         "note": " ".join(problems)})
+        unfit = _does_not_fit(topo, strategy, largest)
+        if unfit is not None:
+            rows.append(unfit)
             continue
         raw["job"].setdefault("parallelism", {})["strategy"] = strategy
         path = out_dir / f"{strategy}.yaml"
