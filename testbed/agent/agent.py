@@ -39,7 +39,7 @@ import numpy as np
 
 from testbed.agent.behaviour import Behaviour
 from testbed.agent.link import LinkDirection
-from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate
+from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate, split_host_port
 from testbed.emulator.dilation import DeviceClock
 from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.proto import testbed_pb2 as pb
@@ -249,8 +249,7 @@ def _channel(options: AgentOptions) -> grpc.Channel:
         ("grpc.max_reconnect_backoff_ms", 2000)]
     if not options.tls_fingerprint:
         return grpc.insecure_channel(options.ps_address, options=settings)
-    host, _, port = options.ps_address.rpartition(":")
-    cert = pinned_certificate(host.strip("[]"), int(port), options.tls_fingerprint)
+    cert = pinned_certificate(*split_host_port(options.ps_address), options.tls_fingerprint)
     return grpc.secure_channel(options.ps_address, grpc.ssl_channel_credentials(cert),
                                options=[*settings, ("grpc.ssl_target_name_override", CERT_NAME)])
 

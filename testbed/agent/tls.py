@@ -19,6 +19,12 @@ class PinError(Exception):
     not a fingerprint): retrying will not help."""
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def fingerprint_of(der: bytes) -> str:
     """``sha256:`` and the lowercase hex SHA-256 of a DER certificate."""
     return "sha256:" + hashlib.sha256(der).hexdigest()

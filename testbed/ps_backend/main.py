@@ -45,7 +45,7 @@ from testbed.ps_backend.server import (
     WatchdogError,
     raise_fd_limit,
 )
-from testbed.ps_backend.tls import make_identity, split_host_port
+from testbed.ps_backend.tls import make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology
 
@@ -356,7 +356,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         runlog.event("ledger_load", from_step=trainer.next_step, tiles=reusable)
         log.info("resuming at step %d with %d journaled tile(s)", trainer.next_step, reusable)
     lan = topology.network.ps.listen  # devices beyond loopback: TLS, an explicit opt-in
-    tls = make_identity(run_dir, split_host_port(lan)[0]) if lan else None
+    tls = make_identity(run_dir, lan) if lan else None
     server = PsServer(config, runlog, listen, ledger=ledger, tls_listen=lan, tls=tls).start()
     executor = TileExecutor(server, interrupted=stop)  # a signal also ends a GEMM's wait
     status = StatusWriter(run_dir, server, runlog, job.steps)
@@ -364,7 +364,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     host = listen.rsplit(":", 1)[0]
     ps_json: dict[str, Any] = {"host": host, "port": server.port, "pid": os.getpid()}
     if lan and tls is not None:
-        lan_address = f"{split_host_port(lan)[0]}:{server.tls_port}"
+        lan_address = f"{lan.rpartition(':')[0]}:{server.tls_port}"  # the port bound
         ps_json.update(lan_address=lan_address, fingerprint=tls.fingerprint)
         log.info("devices beyond this host join over TLS at %s, certificate %s", lan_address,
                  tls.fingerprint)

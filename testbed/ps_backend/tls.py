@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.agent.tls import CERT_NAME, fingerprint_of
+from testbed.agent.tls import CERT_NAME, fingerprint_of, split_host_port
 
 VALID_DAYS = 30  # a run, with room for --resume
 
@@ -25,19 +25,15 @@ class TlsIdentity:
     fingerprint: str  # "sha256:" + hex of the DER certificate
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def make_identity(run_dir: Path, host: str) -> TlsIdentity:
-    """A new ECDSA P-256 key and self-signed certificate for `host`, saved in run_dir."""
+def make_identity(run_dir: Path, listen: str) -> TlsIdentity:
+    """A new ECDSA P-256 key and self-signed certificate for the host of `listen` (HOST:PORT),
+    saved in run_dir."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    host = split_host_port(listen)[0]
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERT_NAME)])
     names: list[x509.GeneralName] = [x509.DNSName(CERT_NAME)]

@@ -115,8 +115,8 @@ def test_a_lan_device_joins_over_tls_with_the_pinned_certificate(tmp_path: Path)
         records = {r["device"]: r for r in read_jsonl(ps.run_dir / "devices.jsonl")}
         assert records["lan-0"]["kind"] == "real"
         assert records["lan-0"]["tiles_done"] > 0
-        peers = [e for e in ps.events() if e["event"] == "join" and e.get("device") == "lan-0"]
-        assert peers, "the LAN device's join is logged"
+        joins = [e for e in ps.events() if e["event"] == "join" and e.get("device") == "lan-0"]
+        assert joins, "the LAN device's join is logged"
     finally:
         ns.close()
 
