@@ -1,7 +1,11 @@
 """The same small topology emulated (`testbed up`, real processes) and simulated.
 
-Equal: tiles per GEMM (the same planner cuts the same GEMMs), bytes up (every result tile once),
-the devices' summed compute time (the same device models with the same seeds). Device time: the
+Equal: tiles per GEMM (the same planner cuts the same GEMMs), bytes up (every result tile once).
+The devices' summed compute time (the same device models with the same seeds) is equal when both
+runs gave each device the same number of tiles, as on a quiet machine. Placement follows observed
+timing, so under host load the emulation may shift tiles between devices (CI once saw the laptop
+sit out a GEMM), and the sum then differs by the cost spread between tiles, which 10% bounds here
+(a tile costs 40-70 us on every device of this topology). Device time: the
 simulation leaves out the PS's own software time (Python, torch, gRPC per GEMM), which on this
 tiny job at dilation 1 is most of the emulated step, so the simulated device time must lie
 between the devices' compute and the emulated device time (docs/simulate.md states the gap).
@@ -9,6 +13,7 @@ between the devices' compute and the emulated device time (docs/simulate.md stat
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -46,9 +51,15 @@ def test_tiny_topology_emulated_and_simulated(tmp_path: Path) -> None:
         emu = emu_steps[step]
         assert stats.tiles == emu["tiles"]
         assert stats.bytes_up == emu["bytes_up"]
-        assert stats.device_compute_s == pytest.approx(emu["device_compute_s"], rel=0.02)
+        assert stats.device_compute_s == pytest.approx(emu["device_compute_s"], rel=0.10)
         assert stats.device_compute_s / len(topology.devices) <= device_s
         assert device_s <= emu["device_time_s"] * 1.10
+    emu_summary = json.loads((run_dir / "summary.json").read_text())
+    emu_placement = {d["device"]: d["tiles_done"] for d in emu_summary["devices"]}
+    sim_placement = {r["device"]: r["tiles_done"] for r in sim.device_records()}
+    same_placement = emu_placement == sim_placement
+    assert sim.totals.device_compute_s == pytest.approx(
+        emu_summary["device_compute_s"], rel=1e-3 if same_placement else 0.10)
     sim_tiles = Counter()
     for uid, n in sim.tiles_per_gemm.items():
         if uid.startswith(f"s{last}/"):
