@@ -41,8 +41,15 @@ def rate_gflops(model: ExportedTimeModel, shape: tuple[int, int, int] = REFERENC
 
 
 def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
-                      device: str | None = None, name: str | None = None) -> tuple[str, str]:
+                      device: str | None = None, name: str | None = None,
+                      backend: str | None = None) -> tuple[str, str]:
     """(profile YAML text, one-line summary) of ``base`` calibrated on ``rows``."""
+    if backend is not None:
+        backends = sorted({r.backend for r in rows})
+        rows = [r for r in rows if r.backend == backend]
+        if not rows:
+            raise MeasurementError(source, [f"no rows of backend {backend!r}; the file has "
+                                            f"{', '.join(backends)}"])
     devices = sorted({r.device for r in rows})
     if device is not None:
         rows = [r for r in rows if r.device == device]
@@ -52,6 +59,14 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
     elif len(devices) > 1:
         raise MeasurementError(source, [f"rows of {len(devices)} devices "
                                         f"({', '.join(devices)}); choose one with --device"])
+    # one device measured with two libraries (or precisions, thread counts) is two devices to
+    # the model: a level fitted across them would fit neither
+    sets = sorted({(r.backend, r.dtype, str(r.threads)) for r in rows})
+    if len(sets) > 1:
+        raise MeasurementError(source, [
+            f"rows of {len(sets)} (backend, dtype, threads) sets of {rows[0].device}: "
+            f"{'; '.join('/'.join(s) for s in sets)}; calibrate from one set (--backend "
+            f"chooses the library; keep one dtype and thread count in the file)"])
     X, y = as_arrays(rows)
     if len(y) < MIN_SHAPES:
         raise MeasurementError(source, [f"{len(y)} measured shape(s); calibration needs at "

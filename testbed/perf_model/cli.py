@@ -223,7 +223,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         base = load_profile(args.base_profile)
         rows = read_measurements(args.measurements)
         text, summary = calibrate_profile(base, rows, args.measurements, device=args.device,
-                                          name=args.name)
+                                          name=args.name or Path(args.out).stem,
+                                          backend=args.backend)
         _write_atomic(args.out, text)
     except (InputError, MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -336,7 +337,13 @@ def _show(args: argparse.Namespace) -> int:
         print(f"  expected error band (5-95% of held-out measured/predicted): "
               f"{100 * (low - 1):+.0f}% .. {100 * (high - 1):+.0f}%; emulated tiles draw "
               f"their noise from it")
-    held = profile.evaluation.get("held_out") if isinstance(profile.evaluation, dict) else None
+    evaluation = profile.evaluation if isinstance(profile.evaluation, dict) else {}
+    held = dict(evaluation.get("held_out") or {})
+    calibration = evaluation.get("calibration")
+    if isinstance(calibration, dict) and isinstance(calibration.get("leave_one_out"), dict):
+        # a `perf calibrate` profile: each calibration shape predicted without it
+        held[f"leave-one-out over the {calibration.get('shapes')} calibration shapes "
+             f"({calibration.get('shape_curve')})"] = calibration["leave_one_out"]
     if held:
         print("accuracy on data it was not fitted on:")
         for label, fig in held.items():
@@ -428,6 +435,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("measurements", help="measurement CSV (testbed perf measure / adb measure)")
     p.add_argument("--out", required=True, help="profile YAML to write")
     p.add_argument("--device", help="only rows of this device (default: the file's only one)")
+    p.add_argument("--backend", help="only rows of this backend/library (a file may hold "
+                                     "several of one device, e.g. mmperf's)")
     p.add_argument("--name", help="name of the new profile (default: the --out file's stem)")
     p.set_defaults(func=_calibrate)
 

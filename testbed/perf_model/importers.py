@@ -105,14 +105,20 @@ def _records(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[
 
 
 def _positive_int(text: str, what: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0  # reported below with the column and what was expected
     if value < 1:
         raise ValueError(f"{what}: expected a positive integer, got {text!r}")
     return value
 
 
 def _positive_time(text: str, what: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan  # reported below with the column and what was expected
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what}: expected a positive finite time, got {text!r}")
     return value

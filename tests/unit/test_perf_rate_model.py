@@ -232,3 +232,33 @@ def test_perf_show_prints_the_phone_profiles_held_out_accuracy(name: str, capsys
         assert "in_sample True" in section and "Snapdragon 855+ 4 threads" in section
     else:
         assert "leave-one-out over its own" in section and "±25%" in section
+
+
+def test_perf_calibrate_takes_one_library_of_a_device_and_show_prints_its_held_out_figures(
+        tmp_path: Path, capsys) -> None:
+    truth = synthetic_device(31e9, 3e-4, halves=tuple(load_profile("snapdragon888").model.coef))
+    shapes = [(16, 128, 16), (64, 512, 64), (128, 1024, 128), (256, 1024, 256), (512, 2048, 64)]
+    slow = synthetic_device(9e9, 3e-4, halves=tuple(load_profile("snapdragon888").model.coef))
+    rows = rows_of(truth, shapes) + [
+        Measurement(**{**r.__dict__, "backend": "other-lib"}) for r in rows_of(slow, shapes)]
+    csv_path = tmp_path / "two_libs.csv"
+    write_measurements(csv_path, rows)
+    out = tmp_path / "mine.yaml"
+    # two libraries of one device: a level across both would fit neither; refused, nothing written
+    assert run_cli(["perf", "calibrate", "snapdragon888", str(csv_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "rows of 2 (backend, dtype, threads) sets of phone-x" in err and "--backend" in err
+    assert not out.exists()
+    assert run_cli(["perf", "calibrate", "snapdragon888", str(csv_path), "--out", str(out),
+                    "--backend", "nope"]) == 2
+    assert "no rows of backend 'nope'; the file has numpy, other-lib" in capsys.readouterr().err
+    assert run_cli(["perf", "calibrate", "snapdragon888", str(csv_path), "--out", str(out),
+                    "--backend", "numpy"]) == 0
+    capsys.readouterr()
+    profile = load_profile(str(out))
+    assert profile.name == "mine"  # the --out file's stem, as --help says
+    assert profile.model.peak_flops == pytest.approx(31e9, rel=0.01)
+    assert run_cli(["perf", "show", str(out)]) == 0
+    section = capsys.readouterr().out.split("accuracy on data it was not fitted on:")[1]
+    section = section.split("provenance:")[0]
+    assert "leave-one-out over the 5 calibration shapes" in section and "±25% 100.0%" in section
