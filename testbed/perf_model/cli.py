@@ -205,7 +205,7 @@ def _eval(args: argparse.Namespace) -> int:
                     f"shapes, found {len(sets)}"])
             result = leave_one_set_out(sets)
             print(json.dumps(as_plain(result), indent=1) if args.json
-                  else format_sets_table(result))
+                  else format_sets_table(result) + "\n" + format_model_level())
             return EXIT_OK
         X, y = _load(args.measurements, args.device)
         result = evaluate(X, y, seed=args.seed)
@@ -214,6 +214,31 @@ def _eval(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     print(json.dumps(as_plain(result), indent=1) if args.json else format_table(result))
     return EXIT_OK
+
+
+MODEL_LEVEL = "ncnn vision_transformer (model level)"
+
+
+def format_model_level(names: tuple[str, ...] = ("snapdragon888", "pixel7a")) -> str:
+    """The shipped derived phone profiles' model-level check (stored in their evaluation)."""
+    lines = []
+    for name in names:
+        check = load_profile(name).evaluation.get("held_out", {}).get(MODEL_LEVEL)
+        if not isinstance(check, dict):
+            continue
+        predicted = check.get("predicted_gemm_ms", {})
+        lines.append(f"model level, profile {name}: {MODEL_LEVEL}, {check.get('gemms')} GEMMs, "
+                     f"{check.get('gflop')} GFLOP; predicted fp32 GEMM ms "
+                     + ", ".join(f"{k} {v}" for k, v in predicted.items()))
+        lines.append(f"  {'ncnn CPU row':<52}{'measured ms':>12}{'pred/meas (fp16-eq)':>21}")
+        for label, row in check.items():
+            if isinstance(row, dict) and "measured_ms" in row:
+                mark = "  in-sample" if row.get("in_sample") else ""
+                lines.append(f"  {label[:52]:<52}{row['measured_ms']:>12.1f}"
+                             f"{row['as_fp16_over_measured']:>21.2f}{mark}")
+        if "in_the_data" in check:
+            lines.append(f"  in the data: {check['in_the_data']}")
+    return "\n".join(lines)
 
 
 def _calibrate(args: argparse.Namespace) -> int:

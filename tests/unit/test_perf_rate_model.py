@@ -262,3 +262,29 @@ def test_perf_calibrate_takes_one_library_of_a_device_and_show_prints_its_held_o
     section = capsys.readouterr().out.split("accuracy on data it was not fitted on:")[1]
     section = section.split("provenance:")[0]
     assert "leave-one-out over the 5 calibration shapes" in section and "±25% 100.0%" in section
+
+
+def test_perf_eval_leave_one_set_out_prints_every_set_and_the_model_level_check(
+        tmp_path: Path, capsys) -> None:
+    sets_csv = REPO / "tests" / "data" / "perf_sets.csv"
+    assert run_cli(["perf", "eval", str(sets_csv), "--leave-one-set-out"]) == 0
+    out = capsys.readouterr().out
+    blocks = out.split("held out: ")[1:]
+    assert len(blocks) == 9  # MNN, 3 x M1, 3 x M1 Max, SD835, host
+    for block in blocks:
+        names = [line.split()[0] for line in block.splitlines()[2:6]]
+        assert names == ["calibrated-5", "curve-5", "constant-5", "roofline-5"], block
+    ruy = next(b for b in blocks if b.startswith("Apple M1 Max/mmperf-ruy"))
+    within_25 = float(ruy.splitlines()[2].split()[3])
+    assert within_25 >= 80.0, ruy  # where the data are smooth, 5 shapes are enough
+    # the model-level check says what the data hold for the SD888 and what stands in for it
+    assert "model level, profile snapdragon888" in out
+    assert "no SD888 row at 1 or 4 threads" in out
+    assert "ncnn Snapdragon 888 8 threads (big cores)" in out and "in-sample" in out
+    # a file with a single per-shape set cannot be left out against anything: exit 2
+    one = tmp_path / "one.csv"
+    lines = sets_csv.read_text().splitlines()
+    one.write_text("\n".join([lines[5]] + [x for x in lines if x.startswith("Apple M1,mmperf-ruy")])
+                   + "\n")
+    assert run_cli(["perf", "eval", str(one), "--leave-one-set-out"]) == 2
+    assert "needs at least two per-shape float sets" in capsys.readouterr().err
