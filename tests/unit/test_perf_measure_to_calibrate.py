@@ -78,8 +78,12 @@ def test_adb_measure_output_calibrates(fake_adb_server: FakeAdbServer, tmp_path:
         return [sys.executable, str(root / PHONE_DIR.lstrip("/") / "time_gemm.py"),
                 *match.group(1).split()]  # type: ignore[attr-defined]
 
+    # one BLAS thread, as a phone agent computes: the timing script leaves the thread count to
+    # the BLAS, and an all-cores OpenBLAS on a loaded 2-core CI machine ran the larger shapes
+    # 10-16x slower than the small single-threaded ones (no model fits that, nor should it)
     hook = LocalProcessCommand(r"^sh /data/local/tmp/testbed/run-python\.sh \S+time_gemm\.py "
-                               r"(.*)$", argv, wait=True)
+                               r"(.*)$", argv, wait=True,
+                               env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
     fake_adb_server.plug(recorded_phone("PHONE1", root_dir=root, exec_hook=hook))
     measured = tmp_path / "adb.csv"
     assert main(["adb", "measure", "PHONE1", "--adb", f"127.0.0.1:{fake_adb_server.port}",
