@@ -233,7 +233,15 @@ def host_profile() -> dict[str, Any]:
         "tile_overhead_s": float(model.overhead_s),
         "model": model.to_dict(),
         "power": {"active_w": 15.0, "idle_w": 5.0, "radio_w": 0.5},
-        "evaluation": as_plain(result),
+        "evaluation": {
+            **as_plain(result),
+            # the shipped model's figures on shapes it was not fitted on, for `perf show`
+            "held_out": {
+                "random 25% of its shapes (seed 0), fitted on the other 75%":
+                    as_plain({"x": {"y": result["random"]["fitted"]}})["x"]["y"],
+                "the 30% of its shapes with the most FLOPs, fitted on the other 70% "
+                "(extrapolation)":
+                    as_plain({"x": {"y": result["extrapolation"]["fitted"]}})["x"]["y"]}},
         "provenance": {
             "model": f"BlasCostRegressor (blocked-BLAS cost model, OpenBLAS 16x4 kernel, "
                      f"small-matrix regime below m*n*k = 1e6, L2 2 MiB) fitted on "

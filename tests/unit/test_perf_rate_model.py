@@ -288,3 +288,13 @@ def test_perf_eval_leave_one_set_out_prints_every_set_and_the_model_level_check(
                    + "\n")
     assert run_cli(["perf", "eval", str(one), "--leave-one-set-out"]) == 2
     assert "needs at least two per-shape float sets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list_profiles())
+def test_every_shipped_profile_shows_accuracy_on_data_it_was_not_fitted_on(name: str,
+                                                                            capsys) -> None:
+    assert run_cli(["perf", "show", name]) == 0
+    section = capsys.readouterr().out.split("accuracy on data it was not fitted on:")[1]
+    section = section.split("provenance:")[0]
+    assert "none measured" not in section
+    assert ("±25%" in section) or ("measured" in section and "ms" in section), section
