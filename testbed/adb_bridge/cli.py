@@ -194,7 +194,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--push", action="store_true",
                    help="push this checkout's agent when the phone's differs")
     p.add_argument("--phone-port", type=int, default=7700,
-                   help="phone port for the join check (default 7700; the probe uses +1)")
+                   help="phone port for the join check (default 7700; the probe uses +1, the "
+                        "Termux listener's control port +2)")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")

@@ -29,6 +29,16 @@ which may really start a local process: that is how a test runs the real device 
 A reverse rule ``tcp:D -> tcp:H`` is real: the fake opens a listener on 127.0.0.1:<L> standing for
 the phone's port D and relays every connection to 127.0.0.1:H on the host, as adbd and the adb
 server do together. ``phone.reverse_ports[D] == L``.
+With ``phone.same_ports`` L is D itself, so a process "on the phone" can dial a phone port
+before the rule exists (refused until then), as Termux's listener does.
+
+Termux (:class:`FakeTermux`) answers the RUN_COMMAND intent; :meth:`FakeAdbServer.termux_serve`
+is the user typing ``sh /data/local/tmp/testbed/termux-agent.sh serve`` in it (the pushed script
+runs, as Termux), and :meth:`FakeAdbServer.run_app` runs another app. ``pm list packages -U
+com.termux`` and ``cat /proc/net/tcp /proc/net/tcp6`` answer from this host's socket tables,
+restricted to the phone's reverse ports, with each socket's uid found from its owner: Termux's
+uid for what Termux runs, the shell's (2000) for adbd and what the adb shell started,
+``OTHER_APP_UID`` for anything else (see :func:`phone_proc_net_tcp`).
 
 Simplifications (documented, deliberate): one process plays both adb server and adbd; unplug,
 offline and restart end the phone's local processes (a real phone's agent would only lose its

@@ -5,7 +5,11 @@ listener")."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -107,3 +111,80 @@ def test_listener_refuses_a_start_without_a_token(serve: ModuleType, tmp_path: P
     assert reply["id"] == 3 and not reply["ok"] and "token" in reply["error"]
     assert listener.handle({"id": 4, "cmd": "launch"})["error"] == "unknown cmd 'launch'"
     assert listener.agent is None
+
+
+def _control(table: str, uid_text: str = "package:com.termux uid:10234\n"
+             ) -> tuple[tc.TermuxControl, list[tuple[str, dict]]]:
+    """A TermuxControl whose phone answers from canned text (no adb needed)."""
+    answers = {tc.UID_COMMAND: (0, uid_text), tc.UID_FALLBACK_COMMAND: (0, ""),
+               tc.SOCKETS_COMMAND: (0, table)}
+    events: list[tuple[str, dict]] = []
+    control = tc.TermuxControl(lambda c: answers[c], 7702,
+                               lambda kind, data: events.append((kind, data)))
+    control.start()
+    return control, events
+
+
+def _dial(control: tc.TermuxControl, hello: dict) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", control.port), timeout=10)
+    s.sendall((json.dumps(hello) + "\n").encode())
+    return s
+
+
+HELLO = {"hello": "testbed-termux", "protocol": 1, "uid": 10234, "numpy": "2.1", "grpc": "1.6"}
+
+
+@pytest.mark.parametrize("table, hello, uid_text, reason", [
+    (TCP + TCP6, HELLO, None, "uid 10999 (not Termux, uid 10234) is connected"),
+    ("", HELLO, None, "cannot read the phone's /proc/net/tcp"),
+    (TCP, {**HELLO, "protocol": 0}, None, "speaks protocol 0"),
+    (TCP, {"hi": 1}, None, "did not say hello"),
+    (TCP, HELLO, "", "cannot find Termux's uid"),
+    (TCP.replace(" 10234 ", " 10235 ", 1), HELLO, None, "uid 10235 (not Termux"),
+])
+def test_control_refuses_and_says_why(table: str, hello: dict, uid_text: str | None,
+                                      reason: str) -> None:
+    control, events = _control(table, *(() if uid_text is None else (uid_text,)))
+    try:
+        with _dial(control, hello) as s:
+            assert s.recv(100) == b""  # closed, nothing sent
+        assert not control.connected()
+        kinds = [k for k, _ in events]
+        assert kinds == ["listener-refused"] and reason in events[0][1]["reason"], events
+    finally:
+        control.stop()
+
+
+def test_control_admits_termux_and_carries_requests() -> None:
+    control, events = _control(TCP)
+    try:
+        with _dial(control, HELLO) as s:
+            assert control.wait_connected(10) and control.hello["numpy"] == "2.1"
+            reader = s.makefile("rb")
+            replies: list[dict] = []
+
+            def answer() -> None:
+                request = json.loads(reader.readline())
+                replies.append(request)
+                s.sendall((json.dumps({"event": "agent-exited", "pid": 7, "code": 1,
+                                       "log_tail": "boom"}) + "\n").encode())
+                s.sendall((json.dumps({"id": request["id"], "ok": True, "pid": 42})
+                           + "\n").encode())
+
+            thread = threading.Thread(target=answer)
+            thread.start()
+            reply = control.request("start", argv=["--ps", "127.0.0.1:7700"], token="t0k")
+            thread.join(10)
+            assert reply["ok"] and reply["pid"] == 42
+            assert replies[0]["cmd"] == "start" and replies[0]["token"] == "t0k"
+            assert ("agent-exited", {"event": "agent-exited", "pid": 7, "code": 1,
+                                     "log_tail": "boom"}) in events
+            reader.close()  # else the socket's file stays open after s.close()
+        deadline = time.monotonic() + 10
+        while control.connected() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not control.connected() and events[-1][0] == "listener-lost"
+        with pytest.raises(tc.ControlError, match="no Termux listener"):
+            control.request("status")
+    finally:
+        control.stop()
