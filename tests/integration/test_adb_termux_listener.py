@@ -12,6 +12,7 @@ client reads the same table and the reverse rules from the fake.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -27,6 +28,8 @@ import pytest
 from testbed.adb_bridge import AdbBridge, agent_package
 from testbed.adb_bridge.doctor import ThrowawayPS
 from testbed.adb_bridge.termux_control import parse_proc_net_tcp
+from testbed.runlog import read_jsonl
+from tests.conftest import reference_losses, run_dir_of, start_up, tiny_topology, wait_for
 from tests.fakes.adb_phones import termux_phone
 from tests.fakes.fake_adb import OTHER_APP_UID, TERMUX_UID, FakeAdbServer, phone_pids
 
@@ -218,3 +221,57 @@ def test_bridge_waits_for_the_listener_runs_the_agent_and_refuses_an_impostor(
     assert not got.exists() or token.encode() not in got.read_bytes()
     assert phone.termux.intents == []  # Android refused the intent: all went by the listener
     assert agent_package.PHONE_DIR + "/termux_serve.py" in phone.files
+
+
+@pytest.mark.slow
+def test_testbed_up_with_a_stock_phone_through_the_listener(fake_adb_server: FakeAdbServer,
+                                                            tmp_path: Path) -> None:
+    """`testbed up` as a user runs it: the phone waits, the user starts the listener, the phone
+    joins the running job's start and computes tiles, the losses are the one-process ones."""
+    phone = plug(fake_adb_server, tmp_path)
+    base = free_port_base()
+    steps = 4
+    topology = tiny_topology(
+        tmp_path, dtype="float64", steps=steps,
+        adb={"enabled": True, "server": f"127.0.0.1:{fake_adb_server.port}",
+             "phone_port": base, "telemetry_interval": "300ms"})
+    out = tmp_path / "runs"
+    proc = start_up(topology, out, "--join-timeout", "120")
+    try:
+        run_dir = run_dir_of(out)
+
+        def event(kind: str) -> dict[str, Any] | None:
+            path = run_dir / "events.jsonl"
+            found = [e for e in read_jsonl(path) if e["event"] == kind] if path.exists() else []
+            return found[0] if found else None
+
+        waiting = wait_for(lambda: event("adb_agent_waiting"), 90, "the phone to wait")
+        assert waiting["command"].endswith(f"serve 127.0.0.1:{base + 2}")
+        fake_adb_server.termux_serve(SERIAL, f"127.0.0.1:{base + 2}")
+        started = wait_for(lambda: event("adb_agent_started"), 60, "the agent to start")
+        assert started["launcher"] == "termux-serve"
+        # The run's token reached the agent in its environment, and no command line.
+        environ = Path(f"/proc/{started['pid']}/environ").read_bytes().split(b"\0")
+        token = next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"TESTBED_TOKEN="))
+        assert len(token) == 32 and not [c for c in all_cmdlines() if token.decode() in c]
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output
+    events = read_jsonl(run_dir / "events.jsonl")
+    name = f"adb-{SERIAL.lower()}"
+    start = next(e for e in events if e["event"] == "training_start")
+    assert start["devices"] == start["expected_devices"] == 5  # 4 emulated + the phone
+    joins = [e for e in events if e["event"] == "join" and e["device"] == name]
+    assert joins and joins[0]["kind"] == "real" and joins[0]["group"] == "adb"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "done"
+    assert sum(d["tiles_done"] for d in summary["devices"] if d["device"] == name) > 0
+    want, _ = reference_losses(topology, steps)
+    got = [s["loss"] for s in read_jsonl(run_dir / "steps.jsonl")]
+    assert len(got) == steps
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-8 * abs(w), (g, w)
+    assert phone.termux.intents == []
