@@ -155,6 +155,27 @@ def test_doctor_names_an_app_that_holds_the_control_port(
     assert not got.exists() or got.read_bytes() == b""  # refused: it was sent nothing
 
 
+def test_measure_through_the_listener(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+    plug(fake_adb_server, tmp_path)
+    base = free_port_base()
+    out = tmp_path / "phone.csv"
+    argv = [sys.executable, "-m", "testbed.cli", "adb", "measure", SERIAL, "--phone-port",
+            str(base), "--limit", "2", "--repeats", "1", "--passes", "1", "--out", str(out)]
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(fake_adb_server.port))
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert first.returncode == 1 and not out.exists(), first.stdout + first.stderr
+    assert ("no Python that the adb shell can run on this phone, and no Termux listener "
+            "connected") in first.stderr
+    assert f"in Termux run `sh /data/local/tmp/testbed/termux-agent.sh serve 127.0.0.1:" \
+           f"{base + 2}`" in first.stderr
+    fake_adb_server.termux_serve(SERIAL, f"127.0.0.1:{base + 2}")
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"2 shapes measured on {SERIAL}" in second.stdout
+    rows = [line for line in out.read_text().splitlines() if line and not line.startswith("#")]
+    assert len(rows) == 3 and "numpy-" in out.read_text()  # header + 2 shapes; the phone's numpy
+
+
 def test_bridge_waits_for_the_listener_runs_the_agent_and_refuses_an_impostor(
         fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
     phone = plug(fake_adb_server, tmp_path)

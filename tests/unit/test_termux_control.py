@@ -188,3 +188,12 @@ def test_control_admits_termux_and_carries_requests() -> None:
             control.request("status")
     finally:
         control.stop()
+
+
+def test_listener_checks_gemm_arguments(serve: ModuleType) -> None:
+    assert serve.check_gemm_args(["describe"]) is None
+    assert serve.check_gemm_args(["64", "128", "32", "float32", "2", "5", "0.001"]) is None
+    for bad in (["64", "128", "32", "float16", "2", "5", "0.001"],
+                ["64", "128", "32", "float32", "2", "5", "0.001", "--x"],
+                ["64", "128", "32", "float32", "2", "5", "1e-3; rm -rf ~"], "describe"):
+        assert "gemm args must be" in serve.check_gemm_args(bad), bad

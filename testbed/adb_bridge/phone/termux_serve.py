@@ -11,8 +11,10 @@ Protocol: JSON, one object per line, both ways (docs/adb-bridge.md, "The Termux 
 * listener -> bridge, first: ``{"hello": "testbed-termux", "protocol": 1, "uid", "pid",
   "python", "numpy", "grpc", "numpy_error", "grpc_error", "agent_pid"}``;
 * bridge -> listener: ``{"id": N, "cmd": "start", "argv": [...], "token": "..."}``,
-  ``{"id": N, "cmd": "stop"}``, ``{"id": N, "cmd": "status"}``; the listener answers each with
-  ``{"id": N, "ok": true|false, "error": "...", "pid": P}``;
+  ``{"id": N, "cmd": "stop"}``, ``{"id": N, "cmd": "status"}``, ``{"id": N, "cmd": "gemm",
+  "args": [...]}`` (``time_gemm.py`` with checked arguments, for ``testbed adb measure``); the
+  listener answers each with ``{"id": N, "ok": true|false, "error": "...", "pid": P}`` (``gemm``:
+  ``"result"``, the script's JSON line);
 * listener -> bridge, any time: ``{"event": "agent-exited", "pid": P, "code": C, "log_tail"}``.
 
 Any app on the phone can connect to the phone's loopback, so the bridge authenticates this
@@ -57,6 +59,9 @@ ALLOWED_OPTIONS = {
     "--cache-mib": NUMBER,
 }
 TOKEN = r"[\x21-\x7e]{1,512}"
+GEMM_ARGS = (r"[0-9]{1,5}", r"[0-9]{1,5}", r"[0-9]{1,5}", r"float32|float64", r"[0-9]{1,3}",
+             r"[0-9]{1,3}", NUMBER)  # M K N DTYPE WARMUP REPEATS MIN_SAMPLE_S
+GEMM_TIMEOUT_S = 600.0
 
 
 def check_argv(argv: object) -> str | None:
@@ -73,6 +78,17 @@ def check_argv(argv: object) -> str | None:
             return f"{option} {value!r} does not match {pattern}"
     if "--ps" not in argv[::2] or "--name" not in argv[::2]:
         return "argv needs --ps and --name"
+    return None
+
+
+def check_gemm_args(args: object) -> str | None:
+    """Why these time_gemm.py arguments are refused, or None."""
+    if args == ["describe"]:
+        return None
+    if not isinstance(args, list) or len(args) != len(GEMM_ARGS) or not all(
+            isinstance(a, str) and re.fullmatch(p, a) for a, p in zip(args, GEMM_ARGS)):
+        return f"gemm args must be ['describe'] or M K N DTYPE WARMUP REPEATS MIN_SAMPLE_S, " \
+               f"got {args!r}"
     return None
 
 
@@ -94,6 +110,7 @@ class Listener:
 
     def __init__(self, agent_dir: str, state_dir: str):
         self.agent_zip = os.path.join(agent_dir, "agent.zip")
+        self.time_gemm = os.path.join(agent_dir, "time_gemm.py")
         self.state_dir = state_dir
         self.log_path = os.path.join(state_dir, "agent.log")
         self.agent: subprocess.Popen[bytes] | None = None
@@ -169,6 +186,25 @@ class Listener:
                 pass
         return {"ok": True, "pid": pid}
 
+    def gemm(self, args: object) -> dict[str, object]:
+        """Run time_gemm.py (pushed next to the agent) and return its JSON line."""
+        problem = check_gemm_args(args)
+        if problem is not None:
+            return {"ok": False, "error": problem}
+        try:
+            done = subprocess.run([sys.executable, self.time_gemm, *args],  # type: ignore[misc]
+                                  capture_output=True, timeout=GEMM_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"ok": False, "error": f"time_gemm.py: {exc}"}
+        lines = done.stdout.decode(errors="replace").strip().splitlines()
+        if done.returncode != 0 or not lines:
+            tail = done.stderr.decode(errors="replace").strip()[-500:]
+            return {"ok": False, "error": f"time_gemm.py exited {done.returncode}: {tail}"}
+        try:
+            return {"ok": True, "result": json.loads(lines[-1])}
+        except ValueError:
+            return {"ok": False, "error": f"unreadable time_gemm.py output {lines[-1][:200]!r}"}
+
     def handle(self, message: dict[str, object]) -> dict[str, object]:
         """Answer one request from the bridge."""
         cmd = message.get("cmd")
@@ -178,6 +214,8 @@ class Listener:
             reply = self.stop()
         elif cmd == "status":
             reply = {"ok": True, "pid": self.agent_pid()}
+        elif cmd == "gemm":
+            reply = self.gemm(message.get("args"))
         else:
             reply = {"ok": False, "error": f"unknown cmd {cmd!r}"}
         return {"id": message.get("id"), **reply}
