@@ -296,3 +296,45 @@ def test_testbed_up_with_a_stock_phone_through_the_listener(fake_adb_server: Fak
     for g, w in zip(got, want):
         assert abs(g - w) <= 1e-8 * abs(w), (g, w)
     assert phone.termux.intents == []
+
+
+def test_listener_outlives_a_dead_agent_and_a_replug(fake_adb_server: FakeAdbServer,
+                                                     tmp_path: Path) -> None:
+    """The agent dies: the bridge restarts it through the listener. The cable is pulled and
+    plugged back: the listener (still running in Termux) dials the new control port and the
+    bridge starts the agent again, without the user doing anything."""
+    phone = plug(fake_adb_server, tmp_path)
+    base = free_port_base()
+    token = "t0ken-" + "4" * 26
+    ps = ThrowawayPS(token, hold=True).start()
+    events: list[Any] = []
+    bridge = AdbBridge("127.0.0.1", fake_adb_server.port, f"127.0.0.1:{ps.port}", token,
+                       phone_port=base, telemetry_interval_s=0.3, agent_grace_s=15,
+                       listener_grace_s=0.5, on_event=events.append)
+
+    def started() -> list[Any]:
+        return [e for e in events if e.kind == "agent-started"]
+
+    try:
+        bridge.start()
+        serve = fake_adb_server.termux_serve(SERIAL, f"127.0.0.1:{base + 2}")  # once pushed
+        wait_for(lambda: len(started()) == 1, 60, "the agent to start")
+        first = started()[0].data["pid"]
+        os.kill(first, 9)  # the agent dies; Termux's listener stays
+        wait_for(lambda: len(started()) == 2, 60, "the agent to be restarted")
+        exited = next(e for e in events if e.kind == "agent-exited")
+        assert exited.data["pid"] == first
+        fake_adb_server.unplug(SERIAL)
+        wait_for(lambda: "unplugged" in [e.kind for e in events], 30, "the unplug")
+        assert serve.poll() is None  # unplugging the phone does not end Termux's listener
+        fake_adb_server.plug(phone)
+        wait_for(lambda: len(started()) == 3, 60, "the agent to start after the replug")
+        assert [e.data["launcher"] for e in started()] == ["termux-serve"] * 3
+        connects = [e for e in events if e.kind == "listener-connected"]
+        assert len(connects) == 2  # one per plug: the listener dialled the new rule by itself
+        last = started()[-1].data["pid"]
+        wait_for(lambda: last in phone_pids(phone), 10, "the new agent in the process list")
+    finally:
+        bridge.stop()
+        ps.stop()
+    assert last not in phone_pids(phone)
