@@ -201,9 +201,15 @@ class _PhoneSession:
     def _ensure_control(self) -> TermuxControl:
         """The phone's Termux control port: listening here, reversed from the phone."""
         if self.control is None:
-            self.control = TermuxControl(self.shell, self.control_port, self._on_control)
-            self.control.start()
-            self.device.reverse(*self._control_rule())
+            control = TermuxControl(self.shell, self.control_port, self._on_control)
+            control.start()
+            try:
+                self.device.reverse(f"tcp:{self.control_port}", f"tcp:{control.port}")
+            except AdbError as exc:
+                control.stop()
+                raise ControlError(termux_control.reverse_failed(self.control_port, exc)) \
+                    from exc
+            self.control = control
         return self.control
 
     def _on_control(self, kind: str, data: dict[str, Any]) -> None:
@@ -323,7 +329,10 @@ class _PhoneSession:
         self.device.sync.push(termux.SCRIPT.read_bytes(), script, mode=0o644)
         self.device.sync.push(termux.SERVE_PY.read_bytes(),
                               f"{agent_package.PHONE_DIR}/{termux_control.SERVE_PY}", mode=0o644)
-        control = self._ensure_control()
+        try:
+            control = self._ensure_control()
+        except ControlError as exc:
+            return str(exc)
         # The listener dials every second: give one that runs a moment to find the new rule.
         if control.wait_connected(b.listener_grace_s):
             return self._start_via_listener()

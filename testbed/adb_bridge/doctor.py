@@ -184,9 +184,15 @@ class Doctor:
         """The Termux listener: True/False when it decided, None to try the intent instead."""
         control = TermuxControl(lambda c: self._shell(c), self.control_port)
         control.start()
-        self.control = control
-        self.device.reverse(f"tcp:{self.control_port}", f"tcp:{control.port}")
         command = termux_control.serve_command(self.control_port)
+        try:
+            self.device.reverse(f"tcp:{self.control_port}", f"tcp:{control.port}")
+        except AdbError as exc:
+            control.stop()
+            problem, _, fix = termux_control.reverse_failed(self.control_port, exc).partition(
+                "; ")
+            return self._add("termux listener", False, problem, fix)
+        self.control = control
         if control.wait_connected(self.listener_timeout_s):
             hello = control.hello
             self.launcher = "termux-serve"

@@ -133,6 +133,14 @@ class ControlError(Exception):
     """The listener is not there, refused, or did not answer."""
 
 
+def reverse_failed(control_port: int, exc: Exception) -> str:
+    """Why ``adb reverse tcp:<control_port>`` failed, and what to do."""
+    return (f"adb reverse tcp:{control_port} failed ({exc}): something on the phone already "
+            f"listens on 127.0.0.1:{control_port} (another app), and whatever listens there "
+            f"would talk to the Termux listener; stop that app, or move the ports (the phone "
+            f"port, --phone-port or adb.phone_port; the control port is it + 2)")
+
+
 Shell = Callable[[str], "tuple[int, str]"]
 
 

@@ -155,6 +155,29 @@ def test_doctor_names_an_app_that_holds_the_control_port(
     assert not got.exists() or got.read_bytes() == b""  # refused: it was sent nothing
 
 
+def test_doctor_names_an_app_that_took_the_control_port_first(
+        fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+    plug(fake_adb_server, tmp_path)
+    base = free_port_base()
+    squat = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); "
+             "time.sleep(600)" % (base + 2))
+    fake_adb_server.run_app(SERIAL, [sys.executable, "-c", squat])
+    wait_for(lambda: _accepts(base + 2), 30, "the app to listen on the control port")
+    done = doctor(fake_adb_server.port, base, "--push")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (f"[FAIL] termux listener: adb reverse tcp:{base + 2} failed (") in done.stdout
+    assert f"something on the phone already listens on 127.0.0.1:{base + 2}" in done.stdout
+    assert "fix: stop that app, or move the ports" in done.stdout, done.stdout
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_measure_through_the_listener(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
     plug(fake_adb_server, tmp_path)
     base = free_port_base()
