@@ -6,7 +6,11 @@
   ``python <pushed agent.zip> ARGS`` as a local process (files pushed with sync land under
   ``root_dir``), with the phone port ``127.0.0.1:<phone_port>`` replaced by the fake's local port
   for that reverse rule: the agent reaches the host only through the phone's ``adb reverse``;
-* :func:`termux_phone`: an unrooted phone, whose agent runs only through Termux's RUN_COMMAND.
+* :func:`termux_phone`: an unrooted phone: its adb shell has no python (``start-agent.sh`` and
+  ``run-python.sh`` exit 3), so its agent runs only inside Termux, through the RUN_COMMAND
+  intent or (with ``shell_may_send=False``, a stock phone) through the Termux listener, which
+  a test starts with :meth:`~tests.fakes.fake_adb.FakeAdbServer.termux_serve` on a phone with
+  ``same_ports``.
 """
 
 from __future__ import annotations
