@@ -296,6 +296,9 @@ class _PhoneSession:
         argv = self._agent_argv("")
         i = argv.index("--token-file")
         del argv[i:i + 2]  # the token travels over the verified connection, into the env
+        if "--profile" in argv:  # the listener takes plain names: a profile file goes by its name
+            j = argv.index("--profile") + 1
+            argv[j] = Path(argv[j]).stem if "/" in argv[j] else argv[j]
         try:
             reply = self.control.request("start", argv=argv, token=self.bridge.token)
         except ControlError as exc:

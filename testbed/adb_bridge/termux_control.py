@@ -305,7 +305,12 @@ class TermuxControl:
                 raise ControlError(f"the Termux listener speaks protocol "
                                    f"{hello.get('protocol')}, the bridge {PROTOCOL}: it pushes "
                                    f"the new script; end the listener (Ctrl-C) and start it again")
-            problem = self.verify()
+            try:
+                problem = self.verify()
+            except (ControlError, OSError, ValueError):
+                raise
+            except Exception as exc:  # the adb client's errors: the phone went away meanwhile
+                problem = f"cannot read the phone's socket table over adb: {exc}"
             if problem is not None:
                 raise ControlError(problem)
         except (ControlError, OSError, ValueError) as exc:
