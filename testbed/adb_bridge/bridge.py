@@ -11,7 +11,12 @@ Names and numbers, written down once:
   apps cannot list it); the join token goes there as ``token-<random>`` for ``--token-file``,
   never on a command line, and is removed once the agent has dialled the PS;
 * the agent is started by the adb shell's own python (``launcher: shell``) or, when the shell
-  has none, by Termux through its RUN_COMMAND intent (``launcher: termux``, see termux.py);
+  has none, inside Termux: by the listener the user started there once (``termux-agent.sh
+  serve``, ``launcher: termux-serve``), which dials ``127.0.0.1:<phone_port + 2>`` on the phone,
+  carried by ``adb reverse`` to the phone's :class:`~.termux_control.TermuxControl` (verified by
+  uid before the token goes to it; see termux_control.py), or else by Termux's RUN_COMMAND
+  intent (``launcher: termux``, see termux.py), which stock phones refuse to the adb shell;
+  with neither, the phone waits (``agent-waiting``) until the user starts the listener;
 * telemetry is polled every ``telemetry_interval_s`` seconds; each poll also checks that the
   reverse rule is still there (re-applied if not) and that the agent process is still alive.
 
@@ -19,6 +24,7 @@ Life of a phone (each step is a :class:`BridgeEvent` of that ``kind``)::
 
     plugged -> [state: unauthorized -> device] -> ready (properties, profile, relay, reverse)
       -> agent-started | agent-failed (the reason says why the phone cannot run the agent)
+         | agent-waiting (start the Termux listener; agent-started follows once it connects)
       -> telemetry ... [reverse-reapplied] [agent-exited -> agent-started]
       -> unplugged | offline (the relay closes its PS connections: the PS re-queues the
          phone's in-flight tiles) | stopped (the bridge stopped: agent gets SIGTERM, leaves)
@@ -46,11 +52,12 @@ from typing import Any, Callable
 
 from adbutils.errors import AdbError
 
-from testbed.adb_bridge import agent_package, parsers, telemetry, termux
+from testbed.adb_bridge import agent_package, parsers, telemetry, termux, termux_control
 from testbed.adb_bridge.client import AdbServer, DeviceTracker, diff_states
 from testbed.adb_bridge.config import device_name
 from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
 from testbed.adb_bridge.relay import PhoneRelay, RelayShaping
+from testbed.adb_bridge.termux_control import ControlError, TermuxControl
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +106,10 @@ class PhoneStatus:
     relay_port: int | None = None
     reverse_ok: bool = False
     agent_pid: int | None = None
-    launcher: str = ""  # "shell" (the adb shell runs python) or "termux" (RUN_COMMAND intent)
+    launcher: str = ""  # "shell" (the adb shell's python), "termux-serve" (the listener the
+    # user started in Termux) or "termux" (Termux's RUN_COMMAND intent)
     problem: str = ""  # why the agent does not run, when it does not
+    waiting: str = ""  # what the user must do before the agent can start (the Termux listener)
     last_telemetry: dict[str, Any] = field(default_factory=dict)
 
 
@@ -112,6 +121,8 @@ class _PhoneSession:
         self.serial = serial
         self.status = PhoneStatus(serial, "device", device_name(serial))
         self.relay: PhoneRelay | None = None
+        self.control: TermuxControl | None = None  # the Termux listener's side, once needed
+        self.last_exit_log = ""  # the end of the agent's log, as the Termux listener sent it
         self.stop_event = threading.Event()
         self.restarts = 0
         self.token_path: str | None = None  # on the phone until the agent has dialled the PS
@@ -167,11 +178,54 @@ class _PhoneSession:
     def _apply_reverse(self) -> None:
         assert self.relay is not None
         self.device.reverse(f"tcp:{self.bridge.phone_port}", f"tcp:{self.relay.port}")
+        if self.control is not None:
+            self.device.reverse(*self._control_rule())
         self.status.reverse_ok = True
 
     def _reverse_present(self) -> bool:
         want = (f"tcp:{self.bridge.phone_port}", f"tcp:{self.status.relay_port}")
-        return any((r.remote, r.local) == want for r in self.device.reverse_list())
+        rules = {(r.remote, r.local) for r in self.device.reverse_list()}
+        if self.control is not None and self._control_rule() not in rules:
+            return False
+        return want in rules
+
+    @property
+    def control_port(self) -> int:
+        """The phone port the Termux listener dials."""
+        return self.bridge.phone_port + termux_control.CONTROL_PORT_OFFSET
+
+    def _control_rule(self) -> tuple[str, str]:
+        assert self.control is not None
+        return f"tcp:{self.control_port}", f"tcp:{self.control.port}"
+
+    def _ensure_control(self) -> TermuxControl:
+        """The phone's Termux control port: listening here, reversed from the phone."""
+        if self.control is None:
+            control = TermuxControl(self.shell, self.control_port, self._on_control)
+            control.start()
+            try:
+                self.device.reverse(f"tcp:{self.control_port}", f"tcp:{control.port}")
+            except AdbError as exc:
+                control.stop()
+                raise ControlError(termux_control.reverse_failed(self.control_port, exc)) \
+                    from exc
+            self.control = control
+        return self.control
+
+    def _on_control(self, kind: str, data: dict[str, Any]) -> None:
+        b = self.bridge
+        if kind == "listener-connected":
+            b._emit("listener-connected", self.serial, uid=data.get("uid"),
+                    python=data.get("python"), numpy=data.get("numpy"), grpc=data.get("grpc"))
+        elif kind == "listener-refused":
+            if self.status.agent_pid is None:
+                self.status.waiting = (f"the bridge refused a connection to the Termux control "
+                                       f"port: {data.get('reason')}")
+            b._emit("listener-refused", self.serial, **data)
+        elif kind == "listener-lost":
+            b._emit("listener-lost", self.serial)
+        elif kind == "agent-exited":
+            self.last_exit_log = str(data.get("log_tail") or "")[-500:]
 
     def _cannot_run(self, reason: str) -> None:
         self.status.problem = reason
@@ -236,18 +290,64 @@ class _PhoneSession:
             self._cannot_run(problem if b.launcher == "termux" else
                              f"no Python that the adb shell can run, and Termux: {problem}")
 
+    def _start_via_listener(self) -> str | None:
+        """Start the agent through the Termux listener; None when it runs, else why not."""
+        assert self.control is not None
+        argv = self._agent_argv("")
+        i = argv.index("--token-file")
+        del argv[i:i + 2]  # the token travels over the verified connection, into the env
+        if "--profile" in argv:  # the listener takes plain names: a profile file goes by its name
+            j = argv.index("--profile") + 1
+            argv[j] = Path(argv[j]).stem if "/" in argv[j] else argv[j]
+        try:
+            reply = self.control.request("start", argv=argv, token=self.bridge.token)
+        except ControlError as exc:
+            return str(exc)
+        if not reply.get("ok") or not isinstance(reply.get("pid"), int):
+            fix = (f" Fix: {termux.PACKAGES_FIX}" if "cannot import" in str(reply.get("error"))
+                   else "")
+            return f"the Termux listener refused to start the agent: {reply.get('error')}.{fix}"
+        self.status.waiting = ""
+        self._started(int(reply["pid"]), "termux-serve")
+        return None
+
+    def _wait_for_listener(self, why: str) -> None:
+        """No way to start the agent until the user starts the listener in Termux: say so."""
+        command = termux_control.serve_command(self.control_port)
+        self.status.waiting = (f"in Termux run `{command}` (once; leave it running){why}")
+        log.warning("phone %s (%s): waiting for the Termux listener: %s", self.serial,
+                    self.status.model, self.status.waiting)
+        self.bridge._emit("agent-waiting", self.serial, reason=self.status.waiting,
+                          command=command)
+
     def _start_in_termux(self) -> str | None:
-        """Start the agent with Termux's RUN_COMMAND intent; None when it runs, else why not."""
+        """Start the agent in Termux: through the listener the user started there, else with
+        Termux's RUN_COMMAND intent; None when it runs or waits for the listener, else why not."""
         b = self.bridge
+        self._remove_token()  # the adb shell's (it has no python); Termux gets its own
         if not self.shell(f"pm path {termux.PACKAGE}")[1].strip().startswith("package:"):
             return ("Termux (com.termux) is not installed; install it from F-Droid or Termux's "
                     "GitHub releases, then run `testbed adb doctor SERIAL`")
         script = f"{agent_package.PHONE_DIR}/termux-agent.sh"
         self.device.sync.push(termux.SCRIPT.read_bytes(), script, mode=0o644)
-        argv = ["start", *self._agent_argv(self._push_token(0o644))]
-        answer = self._send_intent(script, argv)
-        if answer.outcome == "permission":
-            return f"{termux.PERMISSION_REFUSED}. Fix: {termux.PERMISSION_FIX}"
+        self.device.sync.push(termux.SERVE_PY.read_bytes(),
+                              f"{agent_package.PHONE_DIR}/{termux_control.SERVE_PY}", mode=0o644)
+        try:
+            control = self._ensure_control()
+        except ControlError as exc:
+            return str(exc)
+        # The listener dials every second: give one that runs a moment to find the new rule.
+        if control.wait_connected(b.listener_grace_s):
+            return self._start_via_listener()
+        # Ask with a harmless intent first: the token file Termux would read is readable by
+        # every app, so it goes to the phone only when the intent can get through.
+        answer = self._send_intent(script, ["stop"])
+        if answer.outcome == "sent":
+            argv = ["start", *self._agent_argv(self._push_token(0o644))]
+            answer = self._send_intent(script, argv)
+        if answer.outcome == "permission":  # the stock phone's answer: the listener is the way
+            self._wait_for_listener(f" ({termux.PERMISSION_REFUSED})")
+            return None
         if answer.outcome != "sent":
             return f"am could not reach Termux's RunCommandService: {answer.text}"
         deadline = time.monotonic() + b.termux_start_timeout_s
@@ -257,10 +357,12 @@ class _PhoneSession:
                 self._started(pid, "termux")
                 return None
             time.sleep(0.3)
-        return (f"Termux got the RUN_COMMAND intent but no agent appeared within "
-                f"{b.termux_start_timeout_s:.0f} s: either external apps are not allowed "
-                f"({termux.PROPERTIES_FIX}) or python, numpy or grpcio are missing "
-                f"({termux.PACKAGES_FIX}); `testbed adb doctor {self.serial}` tells which")
+        self._remove_token()
+        self._wait_for_listener(
+            f" (Termux got the RUN_COMMAND intent but no agent appeared within "
+            f"{b.termux_start_timeout_s:.0f} s: external apps are not allowed, or python, numpy "
+            f"or grpcio are missing; `testbed adb doctor {self.serial}` tells which)")
+        return None
 
     def _send_intent(self, script: str, argv: list[str]) -> termux.IntentAnswer:
         code, out = self.shell(termux.intent_command(script, argv))
@@ -280,11 +382,12 @@ class _PhoneSession:
         self.status.agent_pid = pid
         self.status.launcher = launcher
         self.status.problem = ""
+        self.status.waiting = ""
         self.bridge._emit("agent-started", self.serial, pid=pid, name=self.status.name,
                           profile=self.status.profile, launcher=launcher)
 
     def _agent_alive(self, pid: int) -> bool:
-        if self.status.launcher == "termux":  # another user's process: visible, not signalable
+        if self.status.launcher.startswith("termux"):  # another user's: visible, not signalable
             return self.shell(f"test -d /proc/{pid}")[0] == 0
         return self.shell(f"kill -0 {pid}")[0] == 0
 
@@ -299,6 +402,11 @@ class _PhoneSession:
         if (self.token_path is not None and self.relay is not None
                 and self.relay.connections_total > self._dials_before_start):
             self._remove_token()  # the agent has dialled the PS, so it has read the token
+        if (self.status.agent_pid is None and self.status.waiting and self.control is not None
+                and self.control.connected() and b.may_restart()):
+            problem = self._start_via_listener()  # the user has started the listener
+            if problem:
+                self._cannot_run(problem)
         pid = self.status.agent_pid
         if pid is not None and not self._agent_alive(pid):
             self.status.agent_pid = None
@@ -310,7 +418,10 @@ class _PhoneSession:
                 self.restarts += 1
                 self._start_agent()
             else:
-                self._cannot_run(f"the agent exited {self.restarts + 1} times; not restarting")
+                tail = (f"; the end of its log in Termux: {self.last_exit_log.strip()}"
+                        if self.last_exit_log.strip() else "")
+                self._cannot_run(f"the agent exited {self.restarts + 1} times; not "
+                                 f"restarting{tail}")
         sample = telemetry.sample(self.shell)
         self.status.last_telemetry = sample
         b._record_telemetry(self.serial, self.status.name, sample)
@@ -321,7 +432,14 @@ class _PhoneSession:
 
         An agent Termux started belongs to Termux's user: only Termux can signal it, so the
         SIGTERM goes through a second intent (``termux-agent.sh stop``)."""
-        if self.status.launcher == "termux":
+        if self.status.launcher == "termux-serve":
+            try:
+                assert self.control is not None
+                self.control.request("stop")
+            except ControlError as exc:
+                log.warning("%s: cannot reach the Termux listener to stop the agent: %s",
+                            self.serial, exc)
+        elif self.status.launcher == "termux":
             self._send_intent(f"{agent_package.PHONE_DIR}/termux-agent.sh", ["stop"])
         else:
             self.shell(f"kill -TERM {pid}")
@@ -330,7 +448,7 @@ class _PhoneSession:
             if not self._agent_alive(pid):
                 return
             time.sleep(0.1)
-        if self.status.launcher == "termux":
+        if self.status.launcher.startswith("termux"):
             log.warning("%s: the agent (pid %d) did not leave within %.1f s; only Termux can "
                         "kill it", self.serial, pid, self.bridge.agent_grace_s)
             return
@@ -349,8 +467,12 @@ class _PhoneSession:
                 if self.status.agent_pid is not None:
                     self._stop_agent(self.status.agent_pid)
                 self.device.reverse_remove(f"tcp:{self.bridge.phone_port}")
+                if self.control is not None:
+                    self.device.reverse_remove(f"tcp:{self.control_port}")
             except (AdbError, OSError, EOFError) as exc:
                 log.info("%s: cleanup on the phone failed: %s", self.serial, exc)
+        if self.control is not None:
+            self.control.stop()  # the listener in Termux dials again, for the next run
         if self.relay is not None:
             self.relay.stop()
 
@@ -367,7 +489,7 @@ class AdbBridge:
                  backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0,
                  crosscheck_s: float = 5.0, agent_zip: bytes | None = None,
                  agent_grace_s: float = 10.0, launcher: str = "auto",
-                 termux_start_timeout_s: float = 20.0,
+                 termux_start_timeout_s: float = 20.0, listener_grace_s: float = 2.5,
                  may_restart: Callable[[], bool] = lambda: True,
                  upstream_unix: dict[str, str] | None = None):
         host, _, port = ps_address.rpartition(":")
@@ -387,6 +509,7 @@ class AdbBridge:
             raise ValueError(f"launcher must be auto, shell or termux, got {launcher!r}")
         self.launcher = launcher  # auto: the adb shell's python, else Termux's RUN_COMMAND
         self.termux_start_timeout_s = termux_start_timeout_s
+        self.listener_grace_s = listener_grace_s  # wait this long for a running listener
         self.may_restart = may_restart  # False once the job has ended: an exited agent stays so
         # serial -> Unix socket of the phone's forwarder (Mininet); the relay dials it, not the PS
         self.upstream_unix = dict(upstream_unix or {})

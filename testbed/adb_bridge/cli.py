@@ -151,10 +151,13 @@ def _measure(args: argparse.Namespace) -> int:
             print(f"error: phone {args.serial!r} is {states.get(args.serial, 'not connected')} "
                   f"on the adb server at {args.adb}", file=sys.stderr)
             return EXIT_FAILURE
-        runner = AdbGemmRunner(server.device(args.serial))
-        shapes = sweep_shapes(args.size, seed=args.seed)[: args.limit or None]
-        rows = measure(shapes, runner, dtype=args.dtype, repeats=args.repeats,
-                       passes=args.passes)
+        runner = AdbGemmRunner(server.device(args.serial), phone_port=args.phone_port)
+        try:
+            shapes = sweep_shapes(args.size, seed=args.seed)[: args.limit or None]
+            rows = measure(shapes, runner, dtype=args.dtype, repeats=args.repeats,
+                           passes=args.passes)
+        finally:
+            runner.close()
     except PhoneCannotMeasure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -194,7 +197,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--push", action="store_true",
                    help="push this checkout's agent when the phone's differs")
     p.add_argument("--phone-port", type=int, default=7700,
-                   help="phone port for the join check (default 7700; the probe uses +1)")
+                   help="phone port for the join check (default 7700; the probe uses +1, the "
+                        "Termux listener's control port +2)")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")
@@ -210,4 +214,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "all passes, so a burst of other work on the phone hits one pass only")
     p.add_argument("--seed", type=int, default=0, help="seed of the shape sweep")
     p.add_argument("--out", default="adb_measurements.csv", help="output CSV")
+    p.add_argument("--phone-port", type=int, default=7700,
+                   help="an unrooted phone measures through its Termux listener on this port "
+                        "+ 2 (default 7700)")
     p.set_defaults(func=_measure)

@@ -8,9 +8,12 @@ the phone joined a throwaway parameter server through the phone's reverse port a
 2. the phone is there and authorized (state ``device``);
 3. Android is new enough for Termux (API >= 24);
 4. a launcher: the adb shell's own python (rooted phones) or else Termux: installed
-   (``pm path com.termux``), the adb shell may send RUN_COMMAND, Termux runs it
-   (``allow-external-apps``), and Termux's python imports numpy and grpc (their versions are
-   reported over a reverse port, since the adb shell cannot read Termux's files);
+   (``pm path com.termux``); then the Termux listener (``termux-agent.sh serve``) connected to
+   the control port and verified as Termux's uid in the phone's socket table (a connection of
+   another uid is named and refused); without a listener, the RUN_COMMAND intent: the adb shell
+   may send it, Termux runs it (``allow-external-apps``); either way Termux's python imports
+   numpy and grpc (their versions come over a reverse port: the adb shell cannot read Termux's
+   files);
 5. the agent on the phone is this checkout's (sha256 of ``agent.zip``); ``--push`` updates it;
 6. join/leave: the agent joins a throwaway PS (real gRPC, the real protocol) through
    ``adb reverse``, which answers Stop at once; the agent exits.
@@ -32,9 +35,10 @@ from typing import Any, Iterator
 import grpc
 from adbutils.errors import AdbError
 
-from testbed.adb_bridge import agent_package, parsers, termux
+from testbed.adb_bridge import agent_package, parsers, termux, termux_control
 from testbed.adb_bridge.client import AdbServer
 from testbed.adb_bridge.phone_info import MIN_SDK, PhoneInfo
+from testbed.adb_bridge.termux_control import ControlError, TermuxControl
 
 DOCTOR_NAME = "adb-doctor"
 REQUIRED_MODULES = ("numpy", "grpc")
@@ -61,8 +65,15 @@ class Doctor:
     phone_port: int = 7700
     probe_timeout_s: float = 25.0
     join_timeout_s: float = 60.0
+    listener_timeout_s: float = 5.0  # the listener dials every second
     checks: list[Check] = field(default_factory=list)
     launcher: str = ""
+    control: TermuxControl | None = None
+
+    @property
+    def control_port(self) -> int:
+        """The phone port the Termux listener dials."""
+        return self.phone_port + termux_control.CONTROL_PORT_OFFSET
 
     def _add(self, name: str, ok: bool, detail: str, fix: str = "") -> bool:
         self.checks.append(Check(name, ok, detail, fix))
@@ -75,6 +86,18 @@ class Doctor:
         except (AdbError, OSError, EOFError) as exc:
             return self._add("adb", False, f"the adb connection failed mid-check: {exc}",
                              "check the cable, then run the doctor again")
+        finally:
+            self._close_control()
+
+    def _close_control(self) -> None:
+        if self.control is None:
+            return
+        self.control.stop()
+        self.control = None
+        try:
+            self.device.reverse_remove(f"tcp:{self.control_port}")
+        except (AdbError, OSError, EOFError):
+            pass
 
     def _run(self) -> bool:
         s = self.server
@@ -146,13 +169,67 @@ class Doctor:
                              "com.termux/) or its GitHub releases (not the Google Play build), "
                              "open it once, then " + termux.PACKAGES_FIX)
         self._add("termux installed", True, "package com.termux")
+        phone_dir = agent_package.PHONE_DIR
+        self._shell(f"mkdir -p {phone_dir} && chmod 711 {phone_dir}")
+        self.device.sync.push(termux.SCRIPT.read_bytes(), f"{phone_dir}/termux-agent.sh",
+                              mode=0o644)
+        self.device.sync.push(termux.SERVE_PY.read_bytes(),
+                              f"{phone_dir}/{termux_control.SERVE_PY}", mode=0o644)
+        verdict = self._listener_check()
+        if verdict is not None:
+            return verdict
         return self._probe_termux()
+
+    def _listener_check(self) -> bool | None:
+        """The Termux listener: True/False when it decided, None to try the intent instead."""
+        control = TermuxControl(lambda c: self._shell(c), self.control_port)
+        control.start()
+        command = termux_control.serve_command(self.control_port)
+        try:
+            self.device.reverse(f"tcp:{self.control_port}", f"tcp:{control.port}")
+        except AdbError as exc:
+            control.stop()
+            problem, _, fix = termux_control.reverse_failed(self.control_port, exc).partition(
+                "; ")
+            return self._add("termux listener", False, problem, fix)
+        self.control = control
+        if control.wait_connected(self.listener_timeout_s):
+            hello = control.hello
+            self.launcher = "termux-serve"
+            self._add("termux listener", True, f"`{command}` is connected as uid "
+                      f"{control.termux_uid} (Termux's), by the phone's socket table")
+            return self._python_check(hello)
+        if control.refused_uids:
+            uids = ", ".join(map(str, sorted(control.refused_uids)))
+            return self._add("termux listener", False, control.last_refusal,
+                             f"find the app: `adb shell pm list packages --uid {uids}`; stop or "
+                             f"uninstall it, or move the ports with --phone-port (then in "
+                             f"Termux: {termux_control.serve_command(self.control_port + 10)} "
+                             f"for --phone-port {self.phone_port + 10})")
+        if control.last_refusal:
+            return self._add("termux listener", False, control.last_refusal,
+                             "end the listener in Termux (Ctrl-C), start it again: "
+                             f"`{command}`, then run the doctor again")
+        self._close_control()
+        self._add("termux listener", True, f"not running (nothing dialled 127.0.0.1:"
+                  f"{self.control_port} on the phone within {self.listener_timeout_s:.0f} s); "
+                  "trying Termux's RUN_COMMAND intent instead")
+        return None
+
+    def _python_check(self, report: dict[str, Any]) -> bool:
+        missing = [m for m in REQUIRED_MODULES if not report.get(m)]
+        versions = ", ".join(f"{m} {report.get(m) or 'missing'}" for m in
+                             ("python", *REQUIRED_MODULES))
+        if missing:
+            fix = "in Termux run: pkg install " + " ".join(TERMUX_PACKAGE_OF[m] for m in missing)
+            errors = "; ".join(str(report.get(m + "_error")) for m in missing)
+            return self._add("termux python", False, f"{versions} ({errors})", fix)
+        return self._add("termux python", True, versions)
 
     def _probe_termux(self) -> bool:
         phone_dir = agent_package.PHONE_DIR
-        self._shell(f"mkdir -p {phone_dir} && chmod 711 {phone_dir}")
         script = f"{phone_dir}/termux-agent.sh"
-        self.device.sync.push(termux.SCRIPT.read_bytes(), script, mode=0o644)
+        serve = termux_control.serve_command(self.control_port)
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
@@ -167,9 +244,11 @@ class Doctor:
                 code, out = self._shell(termux.intent_command(
                     script, probe, verb="start-foreground-service"))
                 answer = termux.parse_am_output(out, code)
-            if answer.outcome == "permission":
-                return self._add("run_command allowed", False, termux.PERMISSION_REFUSED,
-                                 termux.PERMISSION_FIX)
+            if answer.outcome == "permission":  # a stock phone: the listener is the way
+                return self._add("termux listener", False, "not running, and "
+                                 + termux.PERMISSION_REFUSED,
+                                 f"in Termux run `{serve}` (once; leave it running), then run "
+                                 f"the doctor again")
             if answer.outcome != "sent":
                 return self._add("run_command allowed", False, f"am: {answer.text}",
                                  "update Termux (RUN_COMMAND needs Termux 0.95 or later)")
@@ -180,19 +259,14 @@ class Doctor:
             self.device.reverse_remove(f"tcp:{probe_port}")
         if report is None and not seen:
             return self._add("external apps allowed", False, "Termux ignored the intent: "
-                             "allow-external-apps is not true", termux.PROPERTIES_FIX)
+                             "allow-external-apps is not true",
+                             f"{termux.PROPERTIES_FIX}; or instead run `{serve}` in Termux "
+                             f"(once; leave it running)")
         self._add("external apps allowed", True, "Termux ran the probe")
         if report is None:
             return self._add("termux python", False, "Termux has no python",
                              termux.PACKAGES_FIX)
-        missing = [m for m in REQUIRED_MODULES if not report.get(m)]
-        versions = ", ".join(f"{m} {report.get(m) or 'missing'}" for m in
-                             ("python", *REQUIRED_MODULES))
-        if missing:
-            fix = "in Termux run: pkg install " + " ".join(TERMUX_PACKAGE_OF[m] for m in missing)
-            errors = "; ".join(str(report.get(m + "_error")) for m in missing)
-            return self._add("termux python", False, f"{versions} ({errors})", fix)
-        return self._add("termux python", True, versions)
+        return self._python_check(report)
 
     def _wait_report(self, listener: socket.socket) -> tuple[dict[str, Any] | None, bool]:
         """The probe's report (None if none came) and whether its process was ever seen."""
@@ -240,12 +314,22 @@ class Doctor:
         phone_dir = agent_package.PHONE_DIR
         token_path = f"{phone_dir}/token-{secrets.token_hex(8)}"
         mode = 0o600 if self.launcher == "shell" else 0o644
-        self.device.sync.push(token.encode() + b"\n", token_path, mode=mode)
+        if self.launcher != "termux-serve":  # the listener gets it over its connection
+            self.device.sync.push(token.encode() + b"\n", token_path, mode=mode)
         self.device.reverse(f"tcp:{self.phone_port}", f"tcp:{ps.port}")
         argv = ["--ps", f"127.0.0.1:{self.phone_port}", "--token-file", token_path,
                 "--name", DOCTOR_NAME, "--kind", "real"]
+        out, started = "", False
         try:
-            if self.launcher == "shell":
+            if self.launcher == "termux-serve":
+                assert self.control is not None
+                try:
+                    reply = self.control.request("start", argv=argv[:2] + argv[4:], token=token)
+                except ControlError as exc:
+                    reply = {"ok": False, "error": str(exc)}
+                started = bool(reply.get("ok"))
+                out = str(reply.get("error") or "")
+            elif self.launcher == "shell":
                 self.device.sync.push(agent_package.START_SCRIPT.read_bytes(),
                                       f"{phone_dir}/start-agent.sh", mode=0o755)
                 code, out = self._shell(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
@@ -267,6 +351,9 @@ class Doctor:
             return self._add("join/leave", False, "the agent joined but did not take Stop",
                              "run the doctor again; if it persists, report it with the "
                              "agent's log")
+        if not started and out:
+            return self._add("join/leave", False, f"the agent did not start: {out}",
+                             "run the doctor again; in Termux, ~/.testbed/agent.log says more")
         return self._add("join/leave", False, f"no agent joined within {self.join_timeout_s:.0f}"
                          f" s through tcp:{self.phone_port}",
                          "run the doctor again with the phone unlocked; in Termux, "

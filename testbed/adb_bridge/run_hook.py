@@ -21,7 +21,8 @@ Where things go (names written down once):
 * in the live view a joined phone's row (the PS names it ``adb-<serial>``) gets the latest sample
   under ``telemetry``, with ``temperature_c`` = the hottest thermal sensor (else the battery);
   a phone the bridge knows that has not joined the PS gets its own row in state ``adb:<state>``
-  (``adb:failed`` when it cannot run the agent; the reason is also a note under the table).
+  (``adb:failed`` when it cannot run the agent, ``adb:waiting`` when the user must start the
+  Termux listener; the reason or what to type is also a note under the table).
 
 Expected devices: a phone in state ``device`` on the adb server when the run starts counts as an
 expected device, so the PS waits for it (up to ``--join-timeout``) before training. A phone that
@@ -117,9 +118,10 @@ def merge_status(snapshot: dict[str, Any], phones: list[PhoneStatus],
         if row is None:
             if phone.agent_pid is not None and not phone.problem:
                 continue  # started, not (yet) joined, or already left: the PS's view is enough
-            row = {"device": phone.name, "group": GROUP,
-                   "state": "adb:failed" if phone.problem else f"adb:{phone.state}",
-                   "problem": phone.problem}
+            state = ("adb:failed" if phone.problem else
+                     "adb:waiting" if phone.waiting else f"adb:{phone.state}")
+            row = {"device": phone.name, "group": GROUP, "state": state,
+                   "problem": phone.problem or phone.waiting}
             rows.append(row)
         if sample is not None:
             merged = {**(row.get("telemetry") or {}), **sample}
@@ -314,6 +316,9 @@ class AdbRunHook:
                           device=name, **event.data)
         if event.kind == "agent-failed":
             note = f"adb {event.serial}: cannot run the agent: {event.data.get('reason', '?')}"
+            self.notes.append(note[:MAX_NOTE_CHARS])
+        elif event.kind in ("agent-waiting", "listener-refused"):
+            note = f"adb {event.serial}: {event.data.get('reason', '?')}"
             self.notes.append(note[:MAX_NOTE_CHARS])
         elif event.kind in ("agent-started", "unplugged", "offline", "tracker-lost"):
             what = {"agent-started": "agent started, joining",

@@ -41,6 +41,7 @@ PREFIX = "/data/data/com.termux/files/usr"
 HOME = "/data/data/com.termux/files/home"
 SHELL = f"{PREFIX}/bin/sh"
 SCRIPT = Path(__file__).resolve().parent / "phone" / "termux-agent.sh"
+SERVE_PY = Path(__file__).resolve().parent / "phone" / "termux_serve.py"  # `serve` runs it
 PROPERTIES_FIX = ("in Termux run: mkdir -p ~/.termux && echo 'allow-external-apps = true' >> "
                   "~/.termux/termux.properties && termux-reload-settings")
 PACKAGES_FIX = "in Termux run: pkg install python python-numpy python-grpcio"
@@ -96,6 +97,5 @@ def agent_pattern(name: str) -> str:
 PERMISSION_REFUSED = (
     "this phone does not let the adb shell send Termux's RUN_COMMAND intent (the shell user "
     f"does not hold {PERMISSION}, and Android lets only apps that request it be granted it)")
-PERMISSION_FIX = ("use a rooted phone (the adb shell then runs Termux's python directly), or "
-                  "start the agent in Termux by hand (docs/adb-bridge.md, 'When the intent is "
-                  "refused')")
+PERMISSION_FIX = ("start the listener in Termux once: sh /data/local/tmp/testbed/termux-agent.sh "
+                  "serve (docs/adb-bridge.md, 'The Termux listener')")

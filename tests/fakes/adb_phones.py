@@ -6,7 +6,11 @@
   ``python <pushed agent.zip> ARGS`` as a local process (files pushed with sync land under
   ``root_dir``), with the phone port ``127.0.0.1:<phone_port>`` replaced by the fake's local port
   for that reverse rule: the agent reaches the host only through the phone's ``adb reverse``;
-* :func:`termux_phone`: an unrooted phone, whose agent runs only through Termux's RUN_COMMAND.
+* :func:`termux_phone`: an unrooted phone: its adb shell has no python (``start-agent.sh`` and
+  ``run-python.sh`` exit 3), so its agent runs only inside Termux, through the RUN_COMMAND
+  intent or (with ``shell_may_send=False``, a stock phone) through the Termux listener, which
+  a test starts with :meth:`~tests.fakes.fake_adb.FakeAdbServer.termux_serve` on a phone with
+  ``same_ports``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "adb"
 TELEMETRY_SAMPLES = ("battery_aosp.txt", "uevent_ua_negative.txt", "thermal_aosp.txt",
                      "thermal_zones.txt", "cpufreq.txt")
 START_PATTERN = r"^sh /data/local/tmp/testbed/start-agent\.sh (.*)$"
+RUN_PYTHON_PATTERN = r"^sh /data/local/tmp/testbed/run-python\.sh "
 
 
 def recorded_phone(serial: str, getprop: str = "getprop_sd888.txt", **kwargs: Any) -> FakePhone:
@@ -54,9 +59,11 @@ def termux_phone(serial: str, root_dir: Path, termux_dir: Path, env: dict[str, s
     """An unrooted recorded phone: the adb shell has no Python (``start-agent.sh`` exits 3),
     and Termux answers the RUN_COMMAND intent (see :class:`FakeTermux` for the knobs)."""
     def no_python(phone: FakePhone, command: str) -> ShellResult | None:
-        if re.search(START_PATTERN, command) or command.startswith("python3 "):
+        if (re.search(START_PATTERN, command) or command.startswith("python3 ")
+                or re.search(RUN_PYTHON_PATTERN, command)):
             return ShellResult(stderr=b"testbed: no Python that the adb shell can run on this "
-                                      b"phone\n", exit_code=3 if "start-agent" in command else 127)
+                                      b"phone\n", exit_code=127 if command.startswith("python3 ")
+                               else 3)
         return None
 
     termux = FakeTermux(work_dir=termux_dir, env=dict(env or {}), **termux_kwargs)

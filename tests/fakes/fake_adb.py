@@ -29,6 +29,16 @@ which may really start a local process: that is how a test runs the real device 
 A reverse rule ``tcp:D -> tcp:H`` is real: the fake opens a listener on 127.0.0.1:<L> standing for
 the phone's port D and relays every connection to 127.0.0.1:H on the host, as adbd and the adb
 server do together. ``phone.reverse_ports[D] == L``.
+With ``phone.same_ports`` L is D itself, so a process "on the phone" can dial a phone port
+before the rule exists (refused until then), as Termux's listener does.
+
+Termux (:class:`FakeTermux`) answers the RUN_COMMAND intent; :meth:`FakeAdbServer.termux_serve`
+is the user typing ``sh /data/local/tmp/testbed/termux-agent.sh serve`` in it (the pushed script
+runs, as Termux), and :meth:`FakeAdbServer.run_app` runs another app. ``pm list packages -U
+com.termux`` and ``cat /proc/net/tcp /proc/net/tcp6`` answer from this host's socket tables,
+restricted to the phone's reverse ports, with each socket's uid found from its owner: Termux's
+uid for what Termux runs, the shell's (2000) for adbd and what the adb shell started,
+``OTHER_APP_UID`` for anything else (see :func:`phone_proc_net_tcp`).
 
 Simplifications (documented, deliberate): one process plays both adb server and adbd; unplug,
 offline and restart end the phone's local processes (a real phone's agent would only lose its
@@ -72,6 +82,9 @@ class ShellResult:
 ExecHook = Callable[["FakePhone", str], "ShellResult | None"]
 TERMUX_PREFIX = "/data/data/com.termux/files/usr"
 TERMUX_TOOLS = ("sh", "mkdir", "cat", "kill", "rm", "dirname", "sleep", "nohup")
+SHELL_UID = 2000  # adbd and the adb shell on a phone that is not rooted
+TERMUX_UID = 10234
+OTHER_APP_UID = 10999  # the owner of a socket that is neither Termux's nor the shell's
 
 
 @dataclass
@@ -95,6 +108,9 @@ class FakeTermux:
     modules: tuple[str, ...] = ("numpy", "grpc")
     env: dict[str, str] = field(default_factory=dict)
     intents: list[list[str]] = field(default_factory=list)  # arguments of every intent received
+    uid: int = TERMUX_UID
+    # every process Termux runs (intents, the listener): its sessions are Termux's uid
+    processes: list[subprocess.Popen] = field(default_factory=list)
 
     @property
     def home(self) -> Path:
@@ -149,11 +165,17 @@ class FakePhone:
     root_dir: Path | None = None  # when set, pushed files are also written under it
     files: dict[str, tuple[int, bytes, int]] = field(default_factory=dict)  # mode, data, mtime
     pushes: list[tuple[str, bytes]] = field(default_factory=list)  # every sync SEND, in order
+    push_modes: list[tuple[str, int]] = field(default_factory=list)  # (path, mode) of each
     reverses: dict[str, str] = field(default_factory=dict)  # phone side -> host side
     reverse_ports: dict[int, int] = field(default_factory=dict)  # phone tcp port -> local port
     processes: list[subprocess.Popen] = field(default_factory=list)
+    apps: list[subprocess.Popen] = field(default_factory=list)  # other apps (OTHER_APP_UID)
     shell_log: list[str] = field(default_factory=list)
     transport_id: int = 0
+    # True: the phone's loopback port D is the host's 127.0.0.1:D (a reverse rule tcp:D listens
+    # there), so a process "on the phone" can dial a phone port before the rule exists, as the
+    # Termux listener does. One such phone per host port, of course.
+    same_ports: bool = False
     _listeners: dict[str, socket.socket] = field(default_factory=dict, repr=False)
     _relays: list[socket.socket] = field(default_factory=list, repr=False)
     _uplink_open: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -229,11 +251,15 @@ class LocalProcessCommand:
         return re.sub(r"\{reverse:(\d+)\}", port, arg)
 
 
-def phone_pids(phone: FakePhone) -> dict[int, str]:
-    """Live local processes in the sessions of the phone's processes: pid -> command line."""
+def phone_pids(phone: FakePhone, everyone: bool = True) -> dict[int, str]:
+    """Live local processes in the sessions of the phone's processes: pid -> command line.
+    ``everyone``: also those of Termux's listener and of other apps, which survive an unplug."""
     # A session outlives its leader: Termux's start script exits once the agent runs.
-    sessions = {p.pid for p in phone.processes}
-    for p in phone.processes:
+    leaders = list(phone.processes)
+    if everyone:
+        leaders += phone.apps + (phone.termux.processes if phone.termux else [])
+    sessions = {p.pid for p in leaders}
+    for p in leaders:
         p.poll()  # reap an ended leader, so that it is not listed as a zombie
     out: dict[int, str] = {}
     if not sessions:
@@ -250,6 +276,92 @@ def phone_pids(phone: FakePhone) -> dict[int, str]:
         except (OSError, ValueError, IndexError):
             continue
         out[int(entry.name)] = cmd.strip()
+    return out
+
+
+def _terminate(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _socket_owners(pids: list[int]) -> dict[int, int]:
+    """Socket inode -> pid, for the sockets these processes hold open."""
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                out[int(target[8:-1])] = pid
+    return out
+
+
+def phone_proc_net_tcp(phone: FakePhone) -> str:
+    """The phone's ``cat /proc/net/tcp /proc/net/tcp6``, made from this host's tables: the
+    sockets on the fake's listeners standing for the phone's reverse ports (adbd's side: the
+    shell uid) and the sockets connected to them (the phone's apps: Termux's uid for the
+    processes Termux runs, OTHER_APP_UID for any other, the shell uid for what the adb shell
+    started), with the local ports written as the phone's."""
+    to_phone = {lst.getsockname()[1]: int(remote[4:]) for remote, lst in phone._listeners.items()
+                if remote.startswith("tcp:")}
+    termux = set(phone_pids_of(phone.termux.processes if phone.termux else []))
+    shell = set(phone_pids_of(phone.processes)) - termux
+    owners = _socket_owners(sorted(termux | shell))
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        lines = Path(table).read_text().splitlines()
+        out.append(lines[0])
+        for line in lines[1:]:
+            f = line.split()
+            lip, lport_hex = f[1].split(":")
+            rip, rport_hex = f[2].split(":")
+            lport, rport, inode = int(lport_hex, 16), int(rport_hex, 16), int(f[9])
+            if lport in to_phone:
+                uid, lport = SHELL_UID, to_phone[lport]
+            elif rport in to_phone:
+                owner = owners.get(inode)
+                uid = (int(f[7]) if inode == 0 else
+                       phone.termux.uid if phone.termux and owner in termux else
+                       SHELL_UID if owner in shell else OTHER_APP_UID)
+                rport = to_phone[rport]
+            else:
+                continue
+            f[1], f[2], f[7] = f"{lip}:{lport:04X}", f"{rip}:{rport:04X}", str(uid)
+            out.append(" ".join(f))
+    return "\n".join(out) + "\n"
+
+
+def phone_pids_of(leaders: list[subprocess.Popen]) -> list[int]:
+    """Live processes in the sessions these processes lead."""
+    sessions = {p.pid for p in leaders}
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[3]) in sessions:
+                out.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
     return out
 
 
@@ -289,6 +401,7 @@ class FakeAdbServer:
         self._threads: list[threading.Thread] = []
         self._running = False
         self._next_transport = 1
+        self._gone: list[FakePhone] = []  # unplugged phones, whose Termux may still run
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -305,12 +418,18 @@ class FakeAdbServer:
         return self
 
     def stop(self) -> None:
-        """Close every socket, end the phones' processes, join threads."""
+        """Close every socket, end the phones' processes (Termux's and apps' too), join threads."""
         self._shutdown_sockets()
         with self._lock:
-            phones = list(self.phones.values())
+            phones = list(self.phones.values()) + self._gone
         for phone in phones:
             self._reset_transport(phone, kill=True)
+            leaders = phone.apps + (phone.termux.processes if phone.termux else [])
+            for pid in phone_pids(phone):
+                if pid not in {p.pid for p in leaders}:
+                    _terminate(pid)
+            for proc in leaders:
+                _end(proc)
         for t in self._threads:
             t.join(timeout=2)
 
@@ -376,6 +495,7 @@ class FakeAdbServer:
         """The phone's cable is pulled."""
         with self._lock:
             phone = self.phones.pop(serial)
+            self._gone.append(phone)
             self._bump()
         self._reset_transport(phone, kill=True)
 
@@ -416,6 +536,41 @@ class FakeAdbServer:
                 pass
             s.close()
 
+    def termux_serve(self, serial: str, control: str = "127.0.0.1:7702",
+                     wait_push_s: float = 60.0) -> subprocess.Popen:
+        """The user types ``sh /data/local/tmp/testbed/termux-agent.sh serve [CONTROL]`` in
+        Termux: run the pushed script (waiting up to wait_push_s for the bridge or the doctor to
+        push it) as Termux, in Termux's environment. Needs ``same_ports`` (the listener dials
+        the phone port before any rule exists). Unplugging does not end it; ``stop()`` does."""
+        with self._lock:
+            phone = self.phones[serial]
+        assert phone.termux is not None and phone.same_ports and phone.root_dir is not None
+        script = phone.root_dir / "data/local/tmp/testbed/termux-agent.sh"
+        serve_py = script.with_name("termux_serve.py")
+        deadline = time.monotonic() + wait_push_s
+        while not (script.exists() and serve_py.exists()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"phone {serial}: nothing pushed {script.name} and "
+                                   f"{serve_py.name} within {wait_push_s} s")
+            time.sleep(0.1)
+        _, env = phone.termux.prepare()
+        log_path = phone.termux.work_dir / f"serve-{len(phone.termux.processes)}.log"
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(["/bin/sh", str(script), "serve", control], stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=dict(os.environ, **env), cwd=str(phone.termux.home),
+                                    start_new_session=True)
+        phone.termux.processes.append(proc)
+        return proc
+
+    def run_app(self, serial: str, argv: list[str]) -> subprocess.Popen:
+        """Another app on the phone runs argv (its sockets belong to OTHER_APP_UID)."""
+        with self._lock:
+            phone = self.phones[serial]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        phone.apps.append(proc)
+        return proc
+
     def release_uplink(self, serial: str) -> None:
         """End :meth:`hold_uplink`: the held bytes go on, in order."""
         with self._lock:
@@ -440,7 +595,7 @@ class FakeAdbServer:
         phone._relays.clear()
         phone._uplink_open.set()  # a held pump wakes, finds its sockets closed and ends
         if kill:
-            for pid in phone_pids(phone):  # what the phone's commands started in background
+            for pid in phone_pids(phone, everyone=False):  # what its commands started
                 if pid not in {p.pid for p in phone.processes}:
                     try:
                         os.kill(pid, signal.SIGTERM)
@@ -698,6 +853,12 @@ class FakeAdbServer:
                 if local is not None and local.is_file():
                     local.unlink()
             return ShellResult()
+        if name == "pm" and argv[1:] == ["list", "packages", "-U", "com.termux"]:
+            if phone.termux is None:
+                return ShellResult()
+            return ShellResult(stdout=f"package:com.termux uid:{phone.termux.uid}\n".encode())
+        if name == "cat" and argv[1:] == ["/proc/net/tcp", "/proc/net/tcp6"]:
+            return ShellResult(stdout=phone_proc_net_tcp(phone).encode())
         if name == "pm" and argv[1:3] == ["path", "com.termux"]:
             if phone.termux is None:
                 return ShellResult(exit_code=1)
@@ -761,6 +922,7 @@ class FakeAdbServer:
                                     stdin=subprocess.DEVNULL, env=dict(os.environ, **env),
                                     cwd=str(phone.termux.home), start_new_session=True)
         phone.processes.append(proc)
+        phone.termux.processes.append(proc)
         return ShellResult(stdout=started)
 
     @staticmethod
@@ -861,6 +1023,7 @@ class FakeAdbServer:
                 data = b"".join(chunks)
                 phone.files[path] = (0o100000 | (mode & 0o7777), data, value)
                 phone.pushes.append((path, data))
+                phone.push_modes.append((path, mode & 0o7777))
                 local = phone.local_path(path)
                 if local is not None:
                     local.parent.mkdir(parents=True, exist_ok=True)
@@ -926,7 +1089,13 @@ class FakeAdbServer:
         phone.reverses[remote] = local
         if remote.startswith("tcp:") and local.startswith("tcp:"):
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.bind(("127.0.0.1", 0))
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                listener.bind(("127.0.0.1", int(remote[4:]) if phone.same_ports else 0))
+            except OSError as exc:  # adbd's answer when an app already holds the port
+                listener.close()
+                phone.reverses.pop(remote, None)
+                return f"cannot bind listener: {exc.strerror}"
             listener.listen(16)
             phone._listeners[remote] = listener
             phone.reverse_ports[int(remote[4:])] = listener.getsockname()[1]

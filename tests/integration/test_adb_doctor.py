@@ -68,8 +68,9 @@ def test_doctor_ready_phone_joins_and_leaves(fake_adb_server: FakeAdbServer,
 @pytest.mark.parametrize("scenario, kwargs, problem, fix", [
     ("no termux", {"installed": False}, "[FAIL] termux installed: package com.termux is not "
      "installed", "install Termux from F-Droid"),
-    ("permission", {"shell_may_send": False}, "[FAIL] run_command allowed: this phone does not "
-     "let the adb shell send", "use a rooted phone"),
+    ("permission", {"shell_may_send": False}, "[FAIL] termux listener: not running, and this "
+     "phone does not let the adb shell send", "in Termux run `sh /data/local/tmp/testbed/"
+     "termux-agent.sh serve` (once; leave it running)"),
     ("external apps", {"allow_external_apps": False}, "[FAIL] external apps allowed: Termux "
      "ignored the intent", "echo 'allow-external-apps = true' >> ~/.termux/termux.properties"),
     ("no python", {"python": False}, "[FAIL] termux python: Termux has no python",

@@ -60,6 +60,18 @@ def test_merge_puts_phone_telemetry_in_its_live_row_and_lists_unjoined_phones() 
     assert "47.5" in text and "adb:failed" in text and "adb:unauthorized" in text
 
 
+def test_a_phone_waiting_for_the_termux_listener_says_what_to_type() -> None:
+    waiting = "in Termux run `sh /data/local/tmp/testbed/termux-agent.sh serve` (once)"
+    merged = merge_status(_snapshot(), [PhoneStatus("P5", "device", "adb-p5", waiting=waiting)],
+                          {})
+    row = merged["devices"][-1]
+    assert row["device"] == "adb-p5" and row["state"] == "adb:waiting"
+    assert row["problem"] == waiting
+    console = Console(file=io.StringIO(), width=200)
+    console.print(render(merged, "t"))
+    assert "adb:waiting" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
 def test_temperature_falls_back_to_the_battery() -> None:
     merged = merge_status(_snapshot(), [PhoneStatus("P1", "device", "adb-p1", agent_pid=1)],
                           {"adb-p1": {**SAMPLE, "thermal_max_c": None}})

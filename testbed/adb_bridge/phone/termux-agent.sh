@@ -1,8 +1,14 @@
 #!/data/data/com.termux/files/usr/bin/sh
-# Run by Termux itself, never by the adb shell: the bridge sends Termux's RUN_COMMAND intent
-# (see docs/adb-bridge.md), and Termux runs this script as the Termux app's user, with Termux's
-# python. The adb shell can read nothing Termux writes, so everything the bridge learns comes
-# from the process list or over the phone's reverse port.
+# Run inside Termux, as the Termux app's user with Termux's python, never by the adb shell: the
+# adb shell can read nothing Termux writes, so everything the bridge learns comes from the
+# process list or over a reverse port. Two ways in (docs/adb-bridge.md):
+#   sh /data/local/tmp/testbed/termux-agent.sh serve [127.0.0.1:PORT]
+#                                     typed once by the user in Termux (unrooted phones): dial
+#                                     the bridge's control port (default 127.0.0.1:7702, the
+#                                     phone port + 2) and take start/stop from it; retries
+#                                     every second, Ctrl-C ends it
+# and the verbs below, which the bridge sends with Termux's RUN_COMMAND intent where the phone
+# lets the adb shell send it:
 #   sh termux-agent.sh start ARGS...  start the agent (ARGS as for python -m testbed.agent;
 #                                     the token comes with --token-file, never on a command line)
 #   sh termux-agent.sh stop           SIGTERM to the agent this script started (a graceful leave)
@@ -14,6 +20,11 @@ PIDFILE="$STATE/agent.pid"
 PY=$(command -v python3 || command -v python)
 
 case "$1" in
+  serve)
+    [ -n "$PY" ] || { echo "testbed: no python in Termux; run: pkg install python python-numpy python-grpcio" >&2; exit 3; }
+    # exec: the script file may be replaced by a newer push while the listener runs
+    exec "$PY" "$DIR/termux_serve.py" "$DIR" "${2:-127.0.0.1:7702}"
+    ;;
   start)
     shift
     if [ -f "$PIDFILE" ]; then  # an agent from an earlier session must not run twice
@@ -52,7 +63,7 @@ with socket.create_connection((host, int(port)), timeout=10) as s:
 PYEOF
     ;;
   *)
-    echo "usage: termux-agent.sh start ARGS... | stop | probe HOST:PORT" >&2
+    echo "usage: termux-agent.sh serve [127.0.0.1:PORT] | start ARGS... | stop | probe HOST:PORT" >&2
     exit 2
     ;;
 esac
