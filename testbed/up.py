@@ -443,12 +443,9 @@ def run_up(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     topology, churn, schedule = inputs
-    if topology.job.parallelism.strategy != "tile-tp":  # no emulated executor yet (issue #12)
-        print(f"error: {args.topology}: job.parallelism.strategy: "
-              f"{topology.job.parallelism.strategy} runs only in virtual time for now: "
-              f"`testbed simulate` or `testbed compare --simulate` (docs/baselines.md)",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
+    if topology.job.parallelism.strategy != "tile-tp":  # the baselines' own processes
+        from testbed.baselines.up_baseline import run_baseline_up
+        return run_baseline_up(args, topology, schedule)
     from testbed import capacity
     from testbed.emulator.dilation import choose_dilation
     from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend
