@@ -212,9 +212,10 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     rounds (``local_steps: H > 1``).
 
     With a churn ``schedule`` (trace time 0 = every replica present at the start connected to
-    the PS and every standby warm, when the PS starts; times x dilation): a replica's device that leaves, crashes or is partitioned has its
-    process killed, and the PS drops it from the step it was gathering and from the rest of
-    its round; a join or heal of a replica's device starts its process again, which the PS
+    the PS and every standby warm, when the PS starts; times x dilation): a replica's device
+    that leaves, crashes or is partitioned has its process killed, and the PS drops it from the
+    step it was gathering and from the rest of its round; a join or heal of a replica's device
+    lets its warm standby process connect, which the PS
     takes in at the next round's start with the state the others hold (H = 1: parameters and
     AdamW moments; DiLoCo: θ_global, a fresh inner AdamW). The replicas are placed once over
     the devices present at the start, their rows fixed (:mod:`testbed.baselines.membership`:
@@ -317,15 +318,18 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                         events: Any, run_dir: Path,
                         timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Replay churn on the replicas until the PS ends: kill a departed replica's process, and
-    let a returning one's standby connect (``--join --go``). A standby is started as soon as a
-    replica's process is killed (or for a replica absent at the start), so a join in the trace
-    connects at its time, not after this host's Python and torch start-up. Returns the churn
-    applied and the failures."""
+    let a returning one's standby connect (``--join --go``). Each replica the trace brings
+    back has a standby, warm before the PS's first step (and a new one after each return the
+    trace repeats), so a join connects at its time, not after this host's Python and torch
+    start-up. Returns the churn applied and the failures."""
     ready = run_dir / "ps.ready"
     deadline = time.monotonic() + timeout_s
-    # one warm standby per replica before the clock starts (a loaded host takes seconds to
-    # start Python and torch; a standby started at the crash could miss a short run)
-    standby: dict[int, subprocess.Popen] = {r: start(r, join=True) for r in range(len(names))}
+    # a warm standby for each replica the trace brings back, before the clock starts (a
+    # loaded host takes seconds to start Python and torch: started at the crash, it could
+    # miss a short run)
+    returns = {names.index(a.device) for a in actions if a.device in names
+               and a.event in (events.JOIN, events.HEAL)}  # replicas the trace brings back
+    standby: dict[int, subprocess.Popen] = {r: start(r, join=True) for r in sorted(returns)}
     warm = [go[r].with_suffix(".warm") for r in standby]
     while (not ready.exists() or not all(w.exists() for w in warm)) and ps.poll() is None \
             and time.monotonic() < deadline and all(p.poll() is None for p in standby.values()):
@@ -352,12 +356,12 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                     del alive[r]
                     applied.append({"time_s": now - t0, "device": a.device,
                                     "event": a.event.value, "replica": r})
-                    if r not in standby:  # for a later return (warm by then, or late)
-                        standby[r] = start(r, join=True)
             elif a.event in (events.JOIN, events.HEAL) and r in standby and r not in alive:
                 go[r].write_text("go")
                 alive[r] = standby.pop(r)
-                standby[r] = start(r, join=True)  # warm for its next return
+                if any(b.device == a.device and b.event in (events.JOIN, events.HEAL)
+                       for b in actions):
+                    standby[r] = start(r, join=True)  # for its next return (warm by then?)
                 applied.append({"time_s": now - t0, "device": a.device,
                                 "event": a.event.value, "replica": r})
         for r, proc in [*alive.items(), *standby.items()]:

@@ -284,6 +284,9 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         while not go.exists():
             time.sleep(0.01)
     ps = _connect(plan["ps_ip"], PORT)
+    # killed (its device crashed or left), the kernel must not go on sending what the process
+    # had queued: a reset, so the PS sees the replica gone instead of its buffered gradient
+    ps.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     send_frame(ps, HELLO, 0, 0, struct.pack("!I", r))
     first_step, received = 0, 0
     if join:  # a replica back: the PS's parameters and AdamW moments, and where to go on
@@ -308,6 +311,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
                                "exp_avg": parts[n + i].clone(),
                                "exp_avg_sq": parts[2 * n + i].clone()} for i in range(n)}
             opt.load_state_dict(sd)
+    while not join and plan.get("start") and not Path(plan["start"]).exists():
+        time.sleep(0.01)  # under churn: step 0 starts with the runner's clock, as the PS's
     rows = hi - lo
     lf, lb = cost.layer_gemms(spec, rows)
     hf, hb = cost.head_gemms(spec, rows)
@@ -362,6 +367,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         step_s.append(time.monotonic() - t_step)
         if out is not None:
             out.write_text(json.dumps(report()))
+    ps.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
+    ps.shutdown(socket.SHUT_WR)  # a normal end: what is queued still reaches the PS
     ps.close()
     return report()
 

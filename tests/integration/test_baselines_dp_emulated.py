@@ -159,7 +159,8 @@ def test_compare_replays_churn_on_emulated_data_parallel(tmp_path: Path) -> None
     path = write_topology(tmp_path, steps, link={"down": "10Mbit", "up": "5Mbit",
                                                  "delay": "2ms"})
     trace = tmp_path / "churn.csv"
-    trace.write_text("time_s,device,event,arg\n0.3,phones-0,crash,\n1.0,phones-0,join,\n")
+    # the crash lands inside step 0 (a gradient takes over 1 s up a 5 Mbit/s link)
+    trace.write_text("time_s,device,event,arg\n0.2,phones-0,crash,\n1.0,phones-0,join,\n")
     out = tmp_path / "out"
     assert main(["compare", str(path), "--churn", str(trace), "--strategies", "data-parallel",
                  "--out", str(out), "--no-report"]) == 0
