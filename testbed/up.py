@@ -677,6 +677,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "up", help="run a topology: PS, devices, network, churn; live view; run directory",
         description="Bring up a topology: the network, the parameter server and one emulated "
                     "device per topology device; train the job; write runs/<time>-<name>/. "
+                    "job.parallelism.strategy pipeline or data-parallel: stage or replica "
+                    "processes on Mininet (docs/baselines.md). "
                     "Ctrl-C stops everything cleanly. Exit: 0 done, 1 failed, 2 bad input, "
                     "130 interrupted.")
     p.add_argument("topology", nargs="?", default=None,

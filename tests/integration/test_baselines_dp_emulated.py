@@ -181,3 +181,31 @@ def test_compare_replays_churn_on_emulated_data_parallel(tmp_path: Path) -> None
     want = [dp.step(present=[r in t for r in range(3)]).loss for t in took]
     close(res["losses"], want)
     assert row["note"].rsplit("losses ", 1)[1] == ", ".join(f"{x:.6f}" for x in want)
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_testbed_up_runs_a_pipeline_topology_on_mininet(tmp_path: Path) -> None:
+    """`job.parallelism.strategy: pipeline` through `testbed up`: exit 0, a run directory
+    whose summary carries the single-process run's float64 losses."""
+    import json
+
+    from testbed.cli import main
+    from testbed.ps_backend.engine.trainer import Trainer
+
+    steps = 2
+    path = write_topology(tmp_path, steps)
+    raw = yaml.safe_load(path.read_text())
+    raw["job"]["parallelism"] = {"strategy": "pipeline", "micro_batches": 2}
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "runs"
+    assert main(["up", str(path), "--out", str(out), "--no-live"]) == 0
+    (run_dir,) = out.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["strategy"] == "pipeline" and summary["state"] == "done"
+    assert summary["steps_done"] == steps and summary["up_bytes_per_device_step"] >= 0
+    topo = load_topology(path)
+    torch.set_num_threads(1)
+    want = [r.loss for r in Trainer(topo.job, seed=3,
+                                    corpus=load_corpus(topo.job.data)).run(steps)]
+    close(summary["losses"], want)
