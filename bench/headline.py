@@ -168,10 +168,12 @@ def emulated(args: argparse.Namespace, emu_models: list[str], emu_sizes: list[in
             if m != model or n not in (4, 15):
                 continue
             wall_s, replica_mem = emulation_cost(res, n, model)
+            memory = (f" and data-parallel's replicas need {replica_mem / 2**30:.1f} GiB of "
+                      f"memory (this host has {host_memory_bytes() / 2**30:.1f} GiB available)"
+                      if res["rows"]["data-parallel"].get("step_s") else "")
             print(f"  {model}, N = {n}, {link}: left out: emulating it would hold this host for "
-                  f">= {wall_s / 60:.0f} min (each strategy's simulated steps in real time) "
-                  f"and data-parallel's replicas need {replica_mem / 2**30:.1f} GiB of memory "
-                  f"(this host has {host_memory_bytes() / 2**30:.1f} GiB available)")
+                  f">= {wall_s / 60:.0f} min (each strategy's simulated steps in real time)"
+                  + memory)
     if args.emulate == "off":
         print("  not run (--emulate off)")
         return
