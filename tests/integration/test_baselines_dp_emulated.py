@@ -59,14 +59,16 @@ def test_a_departed_replica_is_dropped_and_rejoins_with_the_engines_losses(
         tmp_path: Path) -> None:
     from testbed.churn import load_schedule
 
-    steps = 8
-    # slow links (a step of about 0.5 s at D = 2) so that the churn lands inside the run
-    path = write_topology(tmp_path, steps, link={"down": "10Mbit", "up": "5Mbit",
+    steps = 6
+    # a gradient (P·8 = 684 kB) takes 0.55 s up a 10 Mbit/s link, so the crash at 0.3 s lands
+    # before replica 1 has delivered step 0's; the run (about 0.8 s a step, the trace's clock
+    # starting with step 0) outlasts the join at 1.5 s by a few steps
+    path = write_topology(tmp_path, steps, link={"down": "20Mbit", "up": "10Mbit",
                                                  "delay": "2ms"})
     trace = tmp_path / "churn.csv"
-    trace.write_text("time_s,device,event,arg\n0.6,phones-1,crash,\n1.6,phones-1,join,\n")
+    trace.write_text("time_s,device,event,arg\n0.3,phones-1,crash,\n1.5,phones-1,join,\n")
     topo = load_topology(path)
-    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS, dilation=2.0,
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS,
                                 schedule=load_schedule(trace, topo), timeout_s=240)
     took = res["took_part"]
     assert [c["event"] for c in res["churn"]] == ["crash", "join"]
@@ -156,10 +158,10 @@ def test_compare_replays_churn_on_emulated_data_parallel(tmp_path: Path) -> None
     from testbed.cli import main
 
     steps = 6
-    path = write_topology(tmp_path, steps, link={"down": "10Mbit", "up": "5Mbit",
+    path = write_topology(tmp_path, steps, link={"down": "20Mbit", "up": "10Mbit",
                                                  "delay": "2ms"})
     trace = tmp_path / "churn.csv"
-    # the crash lands inside step 0 (a gradient takes over 1 s up a 5 Mbit/s link)
+    # the crash lands inside step 0 (a gradient takes 0.55 s up a 10 Mbit/s link)
     trace.write_text("time_s,device,event,arg\n0.2,phones-0,crash,\n1.0,phones-0,join,\n")
     out = tmp_path / "out"
     assert main(["compare", str(path), "--churn", str(trace), "--strategies", "data-parallel",
