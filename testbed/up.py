@@ -443,12 +443,9 @@ def run_up(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     topology, churn, schedule = inputs
-    if topology.job.parallelism.strategy != "tile-tp":  # no emulated executor yet (issue #12)
-        print(f"error: {args.topology}: job.parallelism.strategy: "
-              f"{topology.job.parallelism.strategy} runs only in virtual time for now: "
-              f"`testbed simulate` or `testbed compare --simulate` (docs/baselines.md)",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
+    if topology.job.parallelism.strategy != "tile-tp":  # the baselines' own processes
+        from testbed.baselines.up_baseline import run_baseline_up
+        return run_baseline_up(args, topology, schedule)
     from testbed import capacity
     from testbed.emulator.dilation import choose_dilation
     from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend
@@ -680,6 +677,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "up", help="run a topology: PS, devices, network, churn; live view; run directory",
         description="Bring up a topology: the network, the parameter server and one emulated "
                     "device per topology device; train the job; write runs/<time>-<name>/. "
+                    "job.parallelism.strategy pipeline or data-parallel: stage or replica "
+                    "processes on Mininet (docs/baselines.md). "
                     "Ctrl-C stops everything cleanly. Exit: 0 done, 1 failed, 2 bad input, "
                     "130 interrupted.")
     p.add_argument("topology", nargs="?", default=None,

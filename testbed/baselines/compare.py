@@ -7,8 +7,7 @@ writes beside them a comparison: ``comparison.md``, ``comparison.csv``, ``compar
 ``--simulate`` every strategy runs in virtual time (churn included). Without it they run on
 Mininet (root): tile-tp through ``testbed up``, the pipeline and data parallelism
 (synchronous or DiLoCo) as stage and replica processes (:mod:`testbed.baselines.emulate`);
-tile-tp, the pipeline and data-parallel replay churn there; DiLoCo rounds under churn are a
-"not built" row.
+every strategy replays churn there too.
 
 Columns: median device time per executed step; wall time of the whole run (restarts and
 restores included); bytes per participating device per step, each way; energy and carbon per
@@ -250,7 +249,7 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     """Each strategy on Mininet: tile-tp through `testbed up`, the baselines as stage and
     replica processes (testbed/baselines/emulate.py); then the comparison files. With churn
     (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): every strategy replays
-    it except DiLoCo rounds (``local_steps > 1``), a "not built" row."""
+    it."""
     import subprocess
 
     import yaml
@@ -296,10 +295,6 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 res = emulate_pipeline(path, out_dir / strategy, dilation=dilation,
                                        schedule=schedule)
                 row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
-            elif topo.job.parallelism.local_steps != 1 and topology.churn:
-                row = {"strategy": strategy, "state": "not built",
-                       "note": "emulated DiLoCo rounds (local_steps > 1) under churn are not "
-                               "built; use --simulate"}
             else:
                 schedule = schedule_for(topo) if schedule_for and topology.churn else None
                 res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation,
@@ -471,7 +466,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `testbed compare`."""
     p = sub.add_parser(
         "compare", help="run tile-tp, pipeline and data-parallel on one topology side by side, "
-                        "with a cloud GPU reference (virtual time for now)",
+                        "with a cloud GPU reference (virtual time or Mininet)",
         description="Run the topology's job with each strategy (tile-tp, a GPipe pipeline as "
                     "DT-FM, data parallelism or DiLoCo) on the same devices, device models, "
                     "network and churn, and write a comparison directory: comparison.md, .csv, "
@@ -479,8 +474,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "reference row. --simulate: virtual time (testbed simulate's models, "
                     "churn included). Without it: on Mininet (root), tile-tp through testbed "
                     "up, the pipeline and data-parallel as real stage and replica processes "
-                    "(churn replayed by all; DiLoCo, local_steps > 1, under churn is "
-                    "simulated only). Exit 2 on bad input.")
+                    "(churn replayed by all, DiLoCo rounds included). Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),

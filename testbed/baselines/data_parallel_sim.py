@@ -11,10 +11,12 @@ and backward over its rows (every layer and the head on its own device model). T
   parameters (``P·b``), the PS runs the outer step and sends the new parameters back.
 
 All of a round's transfers share the PS's link, switch links and device links (max-min fair).
-**Churn**: a replica that is lost is dropped from its round (its rows are lost for that round,
-its bytes are not waited for; nothing is redone). A device that joins and can hold a replica
-gets the current parameters from the PS and trains from the next round; replicas are placed
-again at every round over the devices present.
+**Churn**, by the rule the engine and the emulation follow
+(:class:`~testbed.baselines.membership.ReplicaMembership`): the replicas are placed once, over
+the devices present at the start, each with fixed rows. A replica that is lost is dropped from
+its round (its rows are not trained, its bytes are not waited for; nothing is redone); when its
+device is back it first receives the others' state from the PS and trains from the next
+round. Devices that were not placed as replicas stay out.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import functools
 from typing import Callable
 
 from testbed.baselines import cost
+from testbed.baselines.membership import ReplicaMembership, join_state_bytes
 from testbed.baselines.pipeline_sim import NoPlacement, StepOutcome
 from testbed.baselines.placement import (
     DataParallelPlan,
@@ -50,7 +53,9 @@ class DataParallelSim:
         self.dropped: set[str] = set()
         self.has_weights: set[str] = set()
         self.dropped_replica_steps = 0
-        self.out_this_round: set[str] = set()  # dropped replicas wait for the next round
+        self.index: dict[str, int] = {}  # replica device -> its slot
+        self.membership = ReplicaMembership(0)
+        self.took_part: list[str] = []
         self.replicas_last_step = 0
         self._recheck: Callable[[], None] = lambda: None
 
@@ -58,15 +63,17 @@ class DataParallelSim:
         w = self.world
         w.retire(dev, "disconnect" if "broken" in reason else
                  "lease_expired" if "message" in reason else "leave", reason)
-        self.has_weights.discard(dev.name)
         if dev.name in self.live:
             self.dropped.add(dev.name)
+            self.membership.drop(self.index[dev.name])
             for t in self.live.pop(dev.name):
                 w.cancel(t)
             w.stop_work(dev)
             self._recheck()  # the others may have been waiting for it at the PS
 
-    def _replan(self) -> None:
+    def _place(self) -> None:
+        """The replicas, once, over the devices present at the start (waiting for one that
+        holds a replica when none does)."""
         w = self.world
         while True:
             names = {d.name for d in w.present()}
@@ -78,16 +85,32 @@ class DataParallelSim:
                     why = exc.problems[0] if names else "every device has left"
                     raise NoPlacement(f"no device present holds a replica at "
                                       f"t={w.now_s:.1f} s and none joins later: {why}") from None
-        if self.plan is None or plan.replicas != self.plan.replicas:
-            w.emit("placement", replicas=list(plan.replicas), rows=list(plan.rows),
-                   replica_bytes=plan.replica_bytes, left_out=len(plan.left_out))
+        w.emit("placement", replicas=list(plan.replicas), rows=list(plan.rows),
+               replica_bytes=plan.replica_bytes, left_out=len(plan.left_out))
         self.plan = plan
-        used = set(plan.replicas)
+        self.index = {n: r for r, n in enumerate(plan.replicas)}
+        self.membership = ReplicaMembership(len(plan.replicas),
+                                            self.job.parallelism.local_steps,
+                                            range(len(plan.replicas)))
         for d in w.devices.values():
-            if d.name in used:
-                w.participate(d)
-            else:
+            if d.name not in self.index:
                 w.retire(d, "leave", "not a replica")
+
+    def _members(self, step: int) -> tuple[list[int], list[int]]:
+        """This step's replicas and joiners; waits (virtual time) while no replica is present."""
+        w = self.world
+        while True:
+            names = {d.name for d in w.present()}
+            live, joining = self.membership.begin(step, [self.index[n] for n in names
+                                                         if n in self.index])
+            if live:
+                return live, joining
+            if not w.run_until(functools.partial(self._changed, names)):
+                why = ("every device has left" if not names else
+                       "no replica's device is back (the replicas: "
+                       f"{', '.join(self.plan.replicas if self.plan else ())})")
+                raise NoPlacement(f"data-parallel step {step}: no replica present at "
+                                  f"t={w.now_s:.1f} s and none comes back: {why}")
 
     def _changed(self, names: set[str]) -> bool:
         return {d.name for d in self.world.present()} != names
@@ -95,21 +118,13 @@ class DataParallelSim:
     def _step(self, step: int) -> None:
         w, job, b = self.world, self.job, self.b
         H = job.parallelism.local_steps
-        if step % H == 0:
-            self.out_this_round = set()
-            self._replan()
+        if self.plan is None:
+            self._place()
         plan = self.plan
         assert plan is not None
-        sync = (step + 1) % H == 0
-        here = {d.name for d in w.present()}
-        active = [(n, rows) for n, rows in zip(plan.replicas, plan.rows)
-                  if n in here and n not in self.out_this_round]
-        if not active:  # every replica of the round is gone: place again now
-            self.out_this_round = set()
-            self._replan()
-            plan = self.plan
-            assert plan is not None
-            active = list(zip(plan.replicas, plan.rows))
+        live, joining = self._members(step)
+        sync = self.membership.round_ends(step)
+        active = [(plan.replicas[r], plan.rows[r]) for r in live]
         pending = {name for name, _ in active}
         self.replicas_last_step = len(active)
         self.live = {name: [] for name, _ in active}
@@ -154,23 +169,25 @@ class DataParallelSim:
                 self._up(name, b, at_ps)
 
         self._recheck = recheck
-        for name, rows in active:
+        for r in live:
+            name, rows = plan.replicas[r], plan.rows[r]
             dev = w.devices[name]
-            start: Callable[[], None]
-            if name not in self.has_weights:  # a new replica first gets the parameters
+            w.participate(dev)
+            if name not in self.has_weights or r in joining:  # first the parameters (state)
                 self.has_weights.add(name)
+                nbytes = (join_state_bytes(self.params, b, H, step) if r in joining
+                          else self.params * b)
 
                 def start(name: str = name, rows: int = rows) -> None:
                     self._compute(name, rows, computed)
-                self.live[name].append(w.send(PS, name, self.params * b,
-                                              self._guard(name, start)))
+                self.live[name].append(w.send(PS, name, nbytes, self._guard(name, start)))
             else:
                 self._compute(dev.name, rows, computed)
         ok = w.run_until(lambda: not {n for n in pending if not gone(n)})
         if not ok:
             raise NoPlacement(f"data-parallel step {step} stalled at t={w.now_s:.3f} s")
-        self.dropped_replica_steps += len(self.dropped)
-        self.out_this_round |= self.dropped
+        self.dropped_replica_steps += len(plan.replicas) - (len(live) - len(self.dropped))
+        self.took_part = [n for n, _ in active if n not in self.dropped]
         self.live = {}
         self._recheck = lambda: None
 
@@ -211,4 +228,5 @@ class DataParallelSim:
                                 sum(d.energy_j for d in ds) - before[3], redo=False,
                                 fields={"replicas": self.replicas_last_step,
                                         "local_steps": self.job.parallelism.local_steps,
-                                        "dropped_replicas": len(self.dropped)}))
+                                        "dropped_replicas": len(self.dropped),
+                                        "took_part": list(self.took_part)}))

@@ -7,8 +7,7 @@ between stage hosts, next to the payload bytes the stages say they sent. The los
 (the last stage's), so the run can be checked against the single-process trainer.
 
 :func:`emulate_data_parallel` does the same for data parallelism (replicas and the PS's
-process), synchronous or DiLoCo, with churn for the synchronous kind. Not yet behind
-``testbed up`` (docs/baselines.md).
+process), synchronous or DiLoCo, with churn.
 """
 
 from __future__ import annotations
@@ -212,14 +211,16 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     device, the PS process on the PS's node; every step averaged (``local_steps: 1``) or DiLoCo
     rounds (``local_steps: H > 1``).
 
-    With a churn ``schedule`` (``local_steps: 1``; trace time 0 = every replica present at the
-    start connected to the PS; times x dilation): a replica's device that leaves, crashes or is
-    partitioned has its process killed, and the PS drops it from the step it was gathering and
-    from every later one; a join or heal of a replica's device starts its process again, which
-    takes the parameters and AdamW state from the PS at its next step. The replicas are the
-    ones placed at the start (their rows fixed: a dropped replica's rows are not trained while
-    it is away); devices that were not replicas stay out. ``took_part`` says, per step, which
-    replicas the step averaged over."""
+    With a churn ``schedule`` (trace time 0 = every replica present at the start connected to
+    the PS and every standby warm, when the PS starts; times x dilation): a replica's device
+    that leaves, crashes or is partitioned has its process killed, and the PS drops it from the
+    step it was gathering and from the rest of its round; a join or heal of a replica's device
+    lets its warm standby process connect, which the PS
+    takes in at the next round's start with the state the others hold (H = 1: parameters and
+    AdamW moments; DiLoCo: θ_global, a fresh inner AdamW). The replicas are placed once over
+    the devices present at the start, their rows fixed (:mod:`testbed.baselines.membership`:
+    the rule the engine and the simulator follow); devices that were not replicas stay out.
+    ``took_part`` says, per step, which replicas the step averaged over."""
     from testbed.baselines.cost import split_rows
     from testbed.baselines.placement import plan_data_parallel
     from testbed.churn.trace import ChurnEvent
@@ -228,12 +229,9 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     topo = load_topology(topology_path)
     job = topo.job
     H = job.parallelism.local_steps
-    if H != 1 and schedule is not None:
-        raise ValueError("emulated DiLoCo rounds (local_steps > 1) under churn are not built: "
-                         "a replica's process killed loses its inner AdamW state, which the "
-                         "DiLoCo semantics keep; run them without churn or with --simulate")
-    if replicas is None:
-        replicas = plan_data_parallel(job, device_infos(topo)).replicas
+    if replicas is None:  # placed once, over the devices present at the start (membership.py)
+        at_start = set(schedule.initially_present) if schedule is not None else None
+        replicas = plan_data_parallel(job, device_infos(topo, at_start)).replicas
     names = list(replicas)
     present0 = set(schedule.initially_present) if schedule is not None else set(names)
     initial = [r for r, d in enumerate(names) if d in present0]
@@ -254,7 +252,8 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                     "steps": total_steps, "dilation": dilation, "dtype": job.dtype,
                     "ps_ip": net.host_ip(None), "delay_s": delay_s, "local_steps": H,
                     "initial": initial, "keep_state": schedule is not None,
-                    "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s}
+                    "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s,
+                    "start": str(run_dir / "ps.start") if schedule is not None else ""}
         plan_path = run_dir / "data_parallel_plan.json"
         plan_path.write_text(json.dumps(plan_doc, indent=2))
         nodes: list[str | None] = [None, *names]
@@ -262,13 +261,17 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         t0 = time.monotonic()
         base = [sys.executable, "-m", "testbed.baselines.replica_proc", "--plan", str(plan_path)]
         started = {r: 0 for r in range(len(names))}  # processes started per replica
+        go_of: dict[int, Path] = {}  # replica -> the file its newest standby waits for
 
         def start(r: int | None, join: bool = False) -> subprocess.Popen:
             if r is None:
                 tag, role = "ps", ["--role", "ps"]
             else:
                 tag = f"replica{r}" + (f"-{started[r]}" if started[r] else "")
-                role = ["--role", "replica", "--replica", str(r), *(["--join"] if join else [])]
+                role = ["--role", "replica", "--replica", str(r)]
+                if join:  # a standby, started at once: it connects when told (the join)
+                    go_of[r] = run_dir / f"{tag}.go"
+                    role += ["--join", "--go", str(go_of[r])]
                 started[r] += 1
             log = (run_dir / f"{tag}.log").open("w")
             proc = net.popen(None if r is None else names[r],
@@ -281,14 +284,16 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         if schedule is None:
             failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log")
         else:
-            churn, failed = _supervise_replicas(ps, alive, names, start, actions, dilation,
-                                                ChurnEvent, run_dir, timeout_s)
+            churn, failed = _supervise_replicas(ps, alive, names, start, go_of, actions,
+                                                dilation, ChurnEvent, run_dir, timeout_s)
         wall_s = time.monotonic() - t0
         after = {n: net.interface_counters(n) for n in nodes}
         if failed:
             raise RuntimeError("; ".join(failed))
         reports = {tag: json.loads((run_dir / f"{tag}.json").read_text()) for tag, _ in procs
                    if (run_dir / f"{tag}.json").exists()}
+        reports = {tag: r for tag, r in reports.items()  # standbys never taken in: no work
+                   if tag == "ps" or r["first_step"] < plan_doc["steps"]}
         took_part = reports["ps"]["took_part"]
         out = {"replicas": names, "rows": plan_doc["rows"], "local_steps": H, "wall_s": wall_s,
                "losses": reports["ps"]["losses"], "took_part": took_part,
@@ -308,16 +313,29 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
 
 
 def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen],
-                        names: list[str], start: Any, actions: list[Any], dilation: float,
+                        names: list[str], start: Any, go: dict[int, Path],
+                        actions: list[Any], dilation: float,
                         events: Any, run_dir: Path,
                         timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """Replay churn on the replicas until the PS ends: kill a departed replica's process, start
-    a returning one's again (``--join``). Returns the churn applied and the failures."""
+    """Replay churn on the replicas until the PS ends: kill a departed replica's process, and
+    let a returning one's standby connect (``--join --go``). Each replica the trace brings
+    back has a standby, warm before the PS's first step (and a new one after each return the
+    trace repeats), so a join connects at its time, not after this host's Python and torch
+    start-up. Returns the churn applied and the failures."""
     ready = run_dir / "ps.ready"
     deadline = time.monotonic() + timeout_s
-    while not ready.exists() and ps.poll() is None and time.monotonic() < deadline:
+    # a warm standby for each replica the trace brings back, before the clock starts (a
+    # loaded host takes seconds to start Python and torch: started at the crash, it could
+    # miss a short run)
+    returns = {names.index(a.device) for a in actions if a.device in names
+               and a.event in (events.JOIN, events.HEAL)}  # replicas the trace brings back
+    standby: dict[int, subprocess.Popen] = {r: start(r, join=True) for r in sorted(returns)}
+    warm = [go[r].with_suffix(".warm") for r in standby]
+    while (not ready.exists() or not all(w.exists() for w in warm)) and ps.poll() is None \
+            and time.monotonic() < deadline and all(p.poll() is None for p in standby.values()):
         time.sleep(0.02)
-    t0 = time.monotonic()  # the churn clock starts when training does
+    (run_dir / "ps.start").write_text("start")  # the PS's first step and the churn clock
+    t0 = time.monotonic()
     index = {d: r for r, d in enumerate(names)}
     applied: list[dict[str, Any]] = []
     killed: set[int] = set()
@@ -335,14 +353,18 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                     proc.kill()  # its device is gone or unreachable
                     proc.wait()
                     killed.add(id(proc))
+                    del alive[r]
                     applied.append({"time_s": now - t0, "device": a.device,
                                     "event": a.event.value, "replica": r})
-            elif a.event in (events.JOIN, events.HEAL) and (proc is None or
-                                                            proc.poll() is not None):
-                alive[r] = start(r, join=True)
+            elif a.event in (events.JOIN, events.HEAL) and r in standby and r not in alive:
+                go[r].write_text("go")
+                alive[r] = standby.pop(r)
+                if any(b.device == a.device and b.event in (events.JOIN, events.HEAL)
+                       for b in actions):
+                    standby[r] = start(r, join=True)  # for its next return (warm by then?)
                 applied.append({"time_s": now - t0, "device": a.device,
                                 "event": a.event.value, "replica": r})
-        for r, proc in alive.items():
+        for r, proc in [*alive.items(), *standby.items()]:
             if proc.poll() not in (None, 0) and id(proc) not in killed:
                 failed.append(f"replica {r} ({names[r]}) exited {proc.returncode} "
                               f"(see {run_dir}/replica{r}*.log)")
@@ -356,12 +378,23 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
             failed.append(f"the PS did not finish within {timeout_s:g} s")
     elif ps.returncode != 0:
         failed.append(f"the PS exited {ps.returncode} (see {run_dir / 'ps.log'})")
+    for proc in standby.values():  # never told to join: the device did not come back
+        proc.kill()
+        proc.wait()
     for r, proc in alive.items():  # the replicas present end after the PS's last step
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            if not _taken_in(proc):
+                continue  # back after the PS's last step: it never connected, nothing lost
         if proc.returncode != 0 and id(proc) not in killed and not failed:
             failed.append(f"replica {r} ({names[r]}) exited {proc.returncode}")
     return applied, failed
+
+
+def _taken_in(proc: subprocess.Popen) -> bool:
+    """Whether a replica process wrote a report (it took part in a step or was turned away)."""
+    out = Path(proc.args[proc.args.index("--out") + 1]) if isinstance(proc.args, list) else None
+    return out is not None and out.exists()

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from testbed.baselines.cost import split_rows
+from testbed.baselines.membership import ReplicaMembership, row_weights
 from testbed.ps_backend.engine.data import BatchSampler, Corpus, load_corpus
 from testbed.ps_backend.engine.model import OptDecoder
 from testbed.ps_backend.engine.offload import OffloadedLinear
@@ -238,39 +239,37 @@ class DataParallelTrainer:
         self.sampler = BatchSampler(corpus if corpus is not None else load_corpus(job.data),
                                     job.batch_size, job.model.seq_len, seed)
         self.next_step = 0
-        self._absent_this_round: set[int] = set()
-        self._absent_last: set[int] = set()  # replicas absent at the previous step
+        self.membership = ReplicaMembership(replicas, local_steps)
+        self._source = 0  # a replica that took part in the last step (H = 1: all hold its state)
 
     def _param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.global_model.parameters())
 
     def step(self, present: Sequence[bool] | None = None) -> BaselineStep:
-        """One step; ``present[r]`` False drops replica r from this step (and its round)."""
+        """One step; ``present[r]`` False: replica r's device is gone for this step (it is
+        dropped from it and its round, :class:`~testbed.baselines.membership.
+        ReplicaMembership`)."""
         step = self.next_step
         here = list(present) if present is not None else [True] * len(self.replicas)
-        if not any(here):
+        live, joining = self.membership.begin(step, [r for r, p in enumerate(here) if p])
+        if not live:
             raise ValueError(f"step {step}: no replica present")
         inputs, targets = self.sampler.batch(step)
-        rows_here = sum(b - a for (a, b), p in zip(self.rows, here) if p)
+        weights = row_weights([b - a for a, b in self.rows], live)
         sync = self.local_steps == 1
         loss = 0.0
         sent: dict[str, int] = {}
-        if sync:
-            self._refresh([r for r in range(len(here)) if here[r] and r in self._absent_last],
-                          [r for r in range(len(here)) if r not in self._absent_last])
-        self._absent_last = {r for r in range(len(here)) if not here[r]}
-        for r, (model, opt, (a, b)) in enumerate(zip(self.replicas, self.optimizers, self.rows)):
-            if not here[r]:
-                continue
+        self._join(joining, step)
+        for r in live:
+            model, opt, (a, b) = self.replicas[r], self.optimizers[r], self.rows[r]
             opt.zero_grad(set_to_none=True)
             model.train()
             logits = model(inputs[a:b])
-            share = (b - a) / rows_here
+            share = weights[r]
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[a:b].reshape(-1))
             # synchronous: each replica's gradient weighted by its share, summed on the PS
             (ce * share if sync else ce).backward()
             loss += float(ce.detach()) * share
-        live = [r for r in range(len(self.replicas)) if here[r]]
         if sync:
             named = [dict(self.replicas[r].named_parameters()) for r in live]
             for name in named[0]:
@@ -287,30 +286,38 @@ class DataParallelTrainer:
                 sent[f"ps->replica{r}"] = self._param_bytes()
         for r in live:
             self.optimizers[r].step()
+        self._source = live[0]
         self.next_step += 1
-        self._absent_this_round.update(r for r in range(len(here)) if not here[r])
-        if not sync and self.next_step % self.local_steps == 0:
-            # a replica absent for any step of the round is dropped from the round's average
-            kept = [r for r in live if r not in self._absent_this_round] or live
-            self._absent_this_round.clear()
-            self._outer_step(kept)
-            for r in kept:
+        if not sync and self.membership.round_ends(step):
+            self._outer_step(live)  # the replicas present for the whole round
+            for r in live:
                 sent[f"replica{r}->ps"] = self._param_bytes()
                 sent[f"ps->replica{r}"] = self._param_bytes()
         return BaselineStep(step, loss, sent)
 
-    def _refresh(self, back: list[int], source: list[int]) -> None:
-        """Synchronous: a replica back after missing a step takes the parameters and AdamW state
-        of one that took part in it (they all hold the same), as a rejoining device would."""
-        if not back or not source:
+    def _join(self, back: list[int], step: int) -> None:
+        """Replicas joining take the state the others hold, as a rejoining device receives it:
+        H = 1, the parameters and AdamW state of the replica that last took part (every
+        replica present holds the same); DiLoCo, θ_global and a fresh inner AdamW (the old one
+        was lost with the device's process)."""
+        if not back or step == 0:
             return
-        src = source[0]
-        state = copy.deepcopy(self.optimizers[src].state_dict())
         with torch.no_grad():
             for r in back:
-                for q, p in zip(self.replicas[r].parameters(), self.replicas[src].parameters()):
-                    q.copy_(p)
-                self.optimizers[r].load_state_dict(copy.deepcopy(state))
+                if self.local_steps == 1:
+                    src = self._source
+                    if src == r:
+                        continue
+                    for q, p in zip(self.replicas[r].parameters(),
+                                    self.replicas[src].parameters()):
+                        q.copy_(p)
+                    self.optimizers[r].load_state_dict(
+                        copy.deepcopy(self.optimizers[src].state_dict()))
+                else:
+                    for q, p in zip(self.replicas[r].parameters(),
+                                    self.global_model.parameters()):
+                        q.copy_(p)
+                    self.optimizers[r] = _adamw(list(self.replicas[r].parameters()), self.job)
 
     def _outer_step(self, live: list[int]) -> None:
         """DiLoCo's outer step over the replicas present; every replica restarts from it."""

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.baselines.membership import ReplicaMembership, row_weights
 from testbed.baselines.stage_proc import HELLO, PORT, HeldDevice, _connect, recv_frame, send_frame
 
 GRADS, LOSS, PARAMS, STATE = 4, 5, 6, 7
@@ -98,7 +99,7 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
     initial = set(plan.get("initial", range(len(rows))))
     model = _reference_model(job, topo.seed) if keep_state or H > 1 else None
     params = [p for _, p in model.named_parameters()] if model is not None else []
-    opt = _adamw(params, job) if keep_state else None
+    opt = _adamw(params, job) if keep_state and H == 1 else None
     outer = (torch.optim.SGD(params, lr=DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM,
                              nesterov=True) if H > 1 else None)
     listener = socket.create_server((plan["ps_ip"], PORT), backlog=len(rows) + 8)
@@ -110,12 +111,15 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         _, _, _, msg = recv_frame(conn, 0.0)
         return struct.unpack("!I", msg)[0], conn
 
-    members: dict[int, socket.socket] = {}
+    members: dict[int, socket.socket] = {}  # connected replicas taking part
     while len(members) < len(initial):
         r, conn = hello(listener.accept()[0])
         members[r] = conn
     if plan.get("ready"):
-        Path(plan["ready"]).write_text("ready")  # the churn clock starts now
+        Path(plan["ready"]).write_text("ready")
+    if plan.get("start"):  # under churn: the runner's standbys are warm, its clock starts now
+        while not Path(plan["start"]).exists():
+            time.sleep(0.01)
 
     def accept_joiners() -> None:
         while True:
@@ -133,8 +137,12 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
     step_s: list[float] = []
     received = sent_total = state_bytes = 0
     deadline = time.monotonic() + float(plan.get("timeout_s", 600.0))
+    # who takes part in each step: the rule the engine and the simulator follow
+    membership = ReplicaMembership(len(rows), H, initial)
+    waiting: dict[int, socket.socket] = {}  # connected again, to be taken in at a round start
 
     def drop(r: int) -> None:
+        membership.drop(r)
         sock = members.pop(r, None)
         if sock is not None:
             sock.close()
@@ -143,10 +151,17 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         while True:
             with lock:
                 joiners, pending[:] = list(pending), []
-            for r, conn in joiners:  # a replica back: the parameters and AdamW state first
+            for r, conn in joiners:  # a replica's process started again
                 drop(r)
+                old = waiting.pop(r, None)
+                if old is not None:
+                    old.close()
+                waiting[r] = conn
+            live, joining = membership.begin(step, [*members, *waiting])
+            for r in joining:  # first the state the others hold (membership.py)
+                conn = waiting.pop(r)
                 moments: list[Any] = []
-                if opt is not None and step > 0:
+                if H == 1 and opt is not None and step > 0:
                     states = [opt.state[p] for p in params]
                     moments = ([s["exp_avg"] for s in states]
                                + [s["exp_avg_sq"] for s in states])
@@ -155,15 +170,16 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
                     send_frame(conn, STATE, step, 1 if moments else 0, payload)
                 except OSError:
                     conn.close()
+                    membership.drop(r)
                     continue
                 state_bytes += len(payload)
                 members[r] = conn
-            if members:
+            if any(r in members for r in live):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"PS: no replica present at step {step}")
             time.sleep(0.02)  # every replica is gone: wait for one to join
-        sync = H == 1 or (step + 1) % H == 0
+        sync = membership.round_ends(step)
         grads: dict[int, Any] = {}
         ce: dict[int, float] = {}
         for r in sorted(members):  # replica order: the in-process trainer's summation order
@@ -180,12 +196,14 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
                     received += len(payload)
             except (ConnectionError, OSError):  # its process is gone: dropped from this step
                 ce.pop(r, None)
+                grads.pop(r, None)
                 drop(r)
         here = sorted(ce)
         if not here:
             raise RuntimeError(f"PS: every replica was lost during step {step}")
+        weights = row_weights(rows, here)
         rows_here = sum(rows[r] for r in here)
-        losses.append(sum(ce[r] * (rows[r] / rows_here) for r in here))
+        losses.append(sum(ce[r] * weights[r] for r in here))
         took_part.append(here)
         out = b""
         if H == 1:
@@ -224,18 +242,21 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
         step_s.append(now - t_prev)
         t_prev = now
-    for sock in members.values():
-        sock.close()
     listener.close()
+    with lock:  # replicas back too late to be taken in: the run is over
+        late = [conn for _, conn in pending]
+    for sock in [*members.values(), *waiting.values(), *late]:
+        sock.close()
     return {"role": "ps", "losses": losses, "took_part": took_part, "step_s": step_s,
             "received_bytes": received, "sent_bytes": sent_total, "state_bytes": state_bytes}
 
 
 def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
-                join: bool = False) -> dict[str, Any]:
+                join: bool = False, go: Path | None = None) -> dict[str, Any]:
     """Train as replica r (``join``: a process started again, which first takes the state from
-    the PS); return what it sent and its device time (also written to ``out`` every step, so a
-    killed replica's work is still counted)."""
+    the PS; ``go``: a standby that connects once that file exists, so the churn trace's join
+    time is not this host's Python start-up); return what it sent and its device time (also
+    written to ``out`` every step, so a killed replica's work is still counted)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -258,11 +279,23 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     share = (hi - lo) / job.batch_size
     device = HeldDevice(topo, plan["devices"][r], float(plan.get("dilation", 1.0)))
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed)
+    if go is not None:  # a standby: warm (model built), waiting for its device to be back
+        go.with_suffix(".warm").write_text("warm")
+        while not go.exists():
+            time.sleep(0.01)
     ps = _connect(plan["ps_ip"], PORT)
+    # killed (its device crashed or left), the kernel must not go on sending what the process
+    # had queued: a reset, so the PS sees the replica gone instead of its buffered gradient
+    ps.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     send_frame(ps, HELLO, 0, 0, struct.pack("!I", r))
     first_step, received = 0, 0
     if join:  # a replica back: the PS's parameters and AdamW moments, and where to go on
-        kind, first_step, has_moments, payload = recv_frame(ps, plan["delay_s"][r])
+        try:
+            kind, first_step, has_moments, payload = recv_frame(ps, plan["delay_s"][r])
+        except (ConnectionError, OSError):  # the run ended before it was taken in
+            return {"role": "replica", "replica": r, "device": plan["devices"][r],
+                    "first_step": int(plan["steps"]), "sent_bytes": 0, "received_bytes": 0,
+                    "device_s": 0.0, "energy_j": 0.0, "step_s": [], "lag_p95_s": 0.0}
         if kind != STATE:
             raise RuntimeError(f"replica {r}: expected the state from the PS")
         received += len(payload)
@@ -278,6 +311,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
                                "exp_avg": parts[n + i].clone(),
                                "exp_avg_sq": parts[2 * n + i].clone()} for i in range(n)}
             opt.load_state_dict(sd)
+    while not join and plan.get("start") and not Path(plan["start"]).exists():
+        time.sleep(0.01)  # under churn: step 0 starts with the runner's clock, as the PS's
     rows = hi - lo
     lf, lb = cost.layer_gemms(spec, rows)
     hf, hb = cost.head_gemms(spec, rows)
@@ -332,6 +367,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         step_s.append(time.monotonic() - t_step)
         if out is not None:
             out.write_text(json.dumps(report()))
+    ps.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
+    ps.shutdown(socket.SHUT_WR)  # a normal end: what is queued still reaches the PS
     ps.close()
     return report()
 
@@ -344,11 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replica", type=int, default=0)
     p.add_argument("--join", action="store_true",
                    help="a replica started again: take the state from the PS first")
+    p.add_argument("--go", help="a standby: wait for this file before connecting")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     plan: dict[str, Any] = json.loads(Path(args.plan).read_text())
     report = (run_ps(plan) if args.role == "ps"
-              else run_replica(plan, args.replica, Path(args.out), args.join))
+              else run_replica(plan, args.replica, Path(args.out), args.join,
+                               Path(args.go) if args.go else None))
     Path(args.out).write_text(json.dumps(report))
     return 0
 

@@ -1,5 +1,6 @@
-"""Data parallelism on Mininet under churn and as DiLoCo rounds: the replicas' and the PS's
-real processes give the in-process engine's float64 losses.
+"""Data parallelism on Mininet under churn and as DiLoCo rounds (also under churn): the
+replicas' and the PS's real processes give the in-process engine's float64 losses, with the
+replicas dropped and taken back by the rule the engine follows (membership.py).
 
 Needs root and the Mininet backend (skips naming what is missing).
 """
@@ -58,14 +59,16 @@ def test_a_departed_replica_is_dropped_and_rejoins_with_the_engines_losses(
         tmp_path: Path) -> None:
     from testbed.churn import load_schedule
 
-    steps = 8
-    # slow links (a step of about 0.5 s at D = 2) so that the churn lands inside the run
-    path = write_topology(tmp_path, steps, link={"down": "10Mbit", "up": "5Mbit",
+    steps = 6
+    # a gradient (P·8 = 684 kB) takes 0.55 s up a 10 Mbit/s link, so the crash at 0.3 s lands
+    # before replica 1 has delivered step 0's; the run (about 0.8 s a step, the trace's clock
+    # starting with step 0) outlasts the join at 1.5 s by a few steps
+    path = write_topology(tmp_path, steps, link={"down": "20Mbit", "up": "10Mbit",
                                                  "delay": "2ms"})
     trace = tmp_path / "churn.csv"
-    trace.write_text("time_s,device,event,arg\n0.6,phones-1,crash,\n1.6,phones-1,join,\n")
+    trace.write_text("time_s,device,event,arg\n0.3,phones-1,crash,\n1.5,phones-1,join,\n")
     topo = load_topology(path)
-    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS, dilation=2.0,
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS,
                                 schedule=load_schedule(trace, topo), timeout_s=240)
     took = res["took_part"]
     assert [c["event"] for c in res["churn"]] == ["crash", "join"]
@@ -110,3 +113,101 @@ def test_diloco_rounds_on_mininet_give_the_engines_losses(tmp_path: Path) -> Non
             + SLACK_BYTES, (d, link)
         assert rep["received_bytes"] <= link["rx_bytes"] <= rep["received_bytes"] * OVERHEAD \
             + SLACK_BYTES, (d, link)
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_diloco_under_churn_drops_a_replica_for_its_round_and_takes_it_back_at_a_round_start(
+        tmp_path: Path) -> None:
+    from testbed.churn import load_schedule
+
+    steps, H = 8, 2
+    # slow links: a round's parameters take about 0.5 s each way, so the churn lands inside
+    path = write_topology(tmp_path, steps, local_steps=H,
+                          link={"down": "10Mbit", "up": "5Mbit", "delay": "2ms"})
+    trace = tmp_path / "churn.csv"
+    trace.write_text("time_s,device,event,arg\n0.3,phones-2,crash,\n1.2,phones-2,join,\n")
+    topo = load_topology(path)
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS,
+                                schedule=load_schedule(trace, topo), timeout_s=240)
+    took = res["took_part"]
+    assert [c["event"] for c in res["churn"]] == ["crash", "join"]
+    assert any(2 not in t for t in took) and 2 in took[-1], took
+    back_at = next(i for i in range(1, steps) if 2 in took[i] and 2 not in took[i - 1])
+    assert back_at % H == 0, took  # taken back only at a round's start
+    # the engine with the same replicas present: the same losses (its rejoin: θ_global and a
+    # fresh inner AdamW, as the killed process's state is gone)
+    torch.set_num_threads(1)
+    dp = DataParallelTrainer(topo.job, seed=3, replicas=3, local_steps=H,
+                             corpus=load_corpus(topo.job.data))
+    close(res["losses"], [dp.step(present=[r in t for r in range(3)]).loss for t in took])
+    p_bytes = cost.model_params(topo.job.model) * 8
+    joined = res["reports"]["replica2-1"]
+    assert joined["first_step"] == back_at
+    # θ_global on joining, then θ_global after each of its rounds
+    assert joined["received_bytes"] == p_bytes + ((steps - back_at) // H) * p_bytes
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_compare_replays_churn_on_emulated_data_parallel(tmp_path: Path) -> None:
+    """`testbed compare --churn` on Mininet: the replica's crash and rejoin counted as dropped
+    replica-steps, the losses the engine's with the same replicas present."""
+    import json
+
+    from testbed.cli import main
+
+    steps = 6
+    path = write_topology(tmp_path, steps, link={"down": "20Mbit", "up": "10Mbit",
+                                                 "delay": "2ms"})
+    trace = tmp_path / "churn.csv"
+    # the crash lands inside step 0 (a gradient takes 0.55 s up a 10 Mbit/s link)
+    trace.write_text("time_s,device,event,arg\n0.2,phones-0,crash,\n1.0,phones-0,join,\n")
+    out = tmp_path / "out"
+    assert main(["compare", str(path), "--churn", str(trace), "--strategies", "data-parallel",
+                 "--out", str(out), "--no-report"]) == 0
+    (cmp_dir,) = out.iterdir()
+    data = json.loads((cmp_dir / "comparison.json").read_text())
+    row = next(r for r in data["rows"] if r["strategy"] == "data-parallel")
+    res = json.loads((cmp_dir / "data-parallel" / "data_parallel_emulated.json").read_text())
+    took = res["took_part"]
+    dropped = sum(3 - len(t) for t in took)
+    assert [c["event"] for c in res["churn"]] == ["crash", "join"]
+    gone = res["replicas"].index("phones-0")
+    assert dropped > 0 and gone in took[-1], took
+    assert row["state"] == "done" and row["lost_work"] == f"{dropped} replica-steps dropped"
+    assert data["inputs"]["churn"] == str(trace.resolve())
+    topo = load_topology(path)
+    torch.set_num_threads(1)
+    dp = DataParallelTrainer(topo.job, seed=3, replicas=3, corpus=load_corpus(topo.job.data))
+    want = [dp.step(present=[r in t for r in range(3)]).loss for t in took]
+    close(res["losses"], want)
+    assert row["note"].rsplit("losses ", 1)[1] == ", ".join(f"{x:.6f}" for x in want)
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_testbed_up_runs_a_pipeline_topology_on_mininet(tmp_path: Path) -> None:
+    """`job.parallelism.strategy: pipeline` through `testbed up`: exit 0, a run directory
+    whose summary carries the single-process run's float64 losses."""
+    import json
+
+    from testbed.cli import main
+    from testbed.ps_backend.engine.trainer import Trainer
+
+    steps = 2
+    path = write_topology(tmp_path, steps)
+    raw = yaml.safe_load(path.read_text())
+    raw["job"]["parallelism"] = {"strategy": "pipeline", "micro_batches": 2}
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "runs"
+    assert main(["up", str(path), "--out", str(out), "--no-live"]) == 0
+    (run_dir,) = out.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["strategy"] == "pipeline" and summary["state"] == "done"
+    assert summary["steps_done"] == steps and summary["up_bytes_per_device_step"] >= 0
+    topo = load_topology(path)
+    torch.set_num_threads(1)
+    want = [r.loss for r in Trainer(topo.job, seed=3,
+                                    corpus=load_corpus(topo.job.data)).run(steps)]
+    close(summary["losses"], want)

@@ -112,23 +112,40 @@ def test_a_lost_stage_restarts_from_the_checkpoint_and_counts_redone_steps(
     assert world.now_s > sum(s.device_s for s in steps) + sim.restore_s - 1e-9
 
 
-def test_data_parallel_drops_a_departed_replica_for_the_round(tmp_path: Path) -> None:
-    t = topo("data-parallel", count=3, steps=4)
+def test_data_parallel_drops_a_departed_replica_and_keeps_the_rows_fixed(
+        tmp_path: Path) -> None:
+    """The rule the engine and the emulation follow (membership.py): a replica lost is out of
+    its step, its rows untrained (not re-split over the others); back, it first takes the
+    parameters and AdamW moments (3·P·b) and trains again."""
+    t = topo("data-parallel", count=3, steps=5)
     base = BaselineWorld(t, noise=False)
-    steps = run(DataParallelSim(t, base), 4)
+    base.start()
+    ends: list[float] = []
+    steps: list[StepOutcome] = []
+    DataParallelSim(t, base).run(5, lambda o: (steps.append(o), ends.append(base.now_s)))
     assert all(o.fields["replicas"] == 3 for o in steps)
     params = cost.model_params(t.job.model)
     # every replica sends its gradient up and gets the average back: P*8 bytes each way
     assert steps[1].bytes_up == 3 * params * 8 and steps[1].bytes_down == 3 * params * 8
-    crash_s = steps[0].device_s + steps[1].device_s * 0.3
+    crash_s = ends[0] + steps[1].device_s * 0.3
+    join_s = ends[2] + steps[3].device_s * 0.1  # back during step 3: taken in at step 4
     trace = tmp_path / "crash.csv"
-    trace.write_text(f"time_s,device,event,arg\n{crash_s:.6f},phones-2,crash,\n")
+    trace.write_text(f"time_s,device,event,arg\n{crash_s:.6f},phones-2,crash,\n"
+                     f"{join_s:.6f},phones-2,join,\n")
     world = BaselineWorld(t, load_schedule(trace, t), noise=False)
     sim = DataParallelSim(t, world)
-    out = run(sim, 4)
-    assert [o.step for o in out] == [0, 1, 2, 3]  # nothing redone
-    assert out[1].fields["dropped_replicas"] == 1 and sim.dropped_replica_steps == 1
-    assert out[2].fields["replicas"] == 2
+    out = run(sim, 5)
+    assert [o.step for o in out] == [0, 1, 2, 3, 4]  # nothing redone
+    took = [o.fields["took_part"] for o in out]
+    two, three = ["phones-0", "phones-1"], ["phones-0", "phones-1", "phones-2"]
+    assert took == [three, two, two, two, three]
+    assert out[1].fields["dropped_replicas"] == 1
+    assert sim.dropped_replica_steps == 3
+    # the two replicas left keep their rows: the step computes two thirds of the batch
+    ratio = out[2].compute_s / steps[2].compute_s
+    assert 0.6 <= ratio <= 0.75, ratio
+    # at step 4 phones-2 first receives the parameters and both Adam moments
+    assert out[4].bytes_down == 3 * params * 8 + 3 * params * 8
 
 
 def test_diloco_talks_to_the_ps_every_h_steps() -> None:
@@ -154,7 +171,8 @@ def test_simulate_writes_a_run_directory_for_each_strategy(tmp_path: Path) -> No
             sum(x["wall_s"] for x in lines) + summary.get("restore_s", 0.0), abs=1e-5)
 
 
-def test_testbed_simulate_dispatches_on_strategy(tmp_path: Path) -> None:
+def test_testbed_simulate_dispatches_on_strategy(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "tiny.yaml").read_text())
     raw["job"]["parallelism"] = {"strategy": "pipeline", "micro_batches": 2}
     path = tmp_path / "t.yaml"
@@ -164,7 +182,17 @@ def test_testbed_simulate_dispatches_on_strategy(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["strategy"] == "pipeline" and summary["steps_done"] == 2
     assert (run_dir / "report.md").is_file()
+    capsys.readouterr()
+    # `testbed up` runs the baselines on Mininet only: on loopback, exit 2 saying so
     assert main(["up", str(path), "--out", str(tmp_path / "up")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: job.parallelism.strategy: pipeline" in err and "Mininet" in err
+    assert not (tmp_path / "up").exists()  # nothing started, nothing written
+    raw["job"]["parallelism"] = {"strategy": "pipe-line"}
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["up", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "job.parallelism.strategy" in err and "pipeline" in err
 
 
 def test_device_to_device_paths_skip_the_ps_link() -> None:
@@ -191,10 +219,7 @@ def test_diloco_drops_a_lost_replica_for_the_rest_of_its_round(tmp_path: Path) -
     sim = DataParallelSim(t, world)
     out = run(sim, 6)
     assert [o.fields["replicas"] for o in out] == [3, 2, 2, 2, 2, 2]
-    assert sim.dropped_replica_steps == 1
-    params = cost.model_params(t.job.model)
-    # the round's end: the two replicas left send their parameters and get the new ones
-    assert out[2].bytes_up == 2 * params * 8 and out[5].bytes_up == 2 * params * 8
+    assert sim.dropped_replica_steps == 6  # phones-2's slot is empty in all six steps
 
 
 @pytest.mark.parametrize("strategy", ["pipeline", "data-parallel"])
