@@ -139,7 +139,7 @@ class _Ceiling:
 
 def _pb_message_of(payload_bytes: int, tile: int, down: bool) -> bytes:
     """A real protocol message carrying payload_bytes of tensor data (as the PS's messages do)."""
-    from testbed.ps_backend.proto import testbed_pb2 as pb
+    from testbed.wire import testbed_pb2 as pb
 
     if down:
         message = pb.ServerMessage()

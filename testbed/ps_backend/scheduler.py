@@ -8,7 +8,7 @@ it directly). Its state:
   is recognized and dropped);
 * one :class:`DeviceSlot` per device: its window (most tiles outstanding), the **copies** of tasks
   it holds (a task may be out on two devices at once, see backups below), an exact mirror of its
-  operand cache (:mod:`testbed.ps_backend.cache`), its observed speed, whether it is quarantined.
+  operand cache (:mod:`testbed.wire.cache`), its observed speed, whether it is quarantined.
 
 Names and units, written down once: ``*_s`` are seconds of the PS's monotonic (wall) clock,
 except ``compute_s`` which devices report in *device* seconds (wall = device × ``dilation``);
@@ -73,10 +73,10 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.tiler import TileBox, cut, cut_k, gemm_flops
 from testbed.ps_backend.validation import GemmCheck, check_result
+from testbed.wire.cache import BlockCache
 
 AFFINITY_SCAN = 32
 STRAGGLER_RATIO = 2.0

@@ -35,9 +35,6 @@ from testbed.emulator.dilation import tile_error
 from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.executor import DoneHandle, GemmHandle, GemmSpec
 from testbed.ps_backend.ledger import Ledger, gemm_digest
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import TensorError, from_tensor, to_tensor
 from testbed.ps_backend.scheduler import (
     Assignment,
     DeviceSlot,
@@ -59,6 +56,9 @@ from testbed.ps_backend.validation import (
 )
 from testbed.runlog import RunLog
 from testbed.topology import WatchdogSpec
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
+from testbed.wire.tensors import TensorError, from_tensor, to_tensor
 
 log = logging.getLogger(__name__)
 

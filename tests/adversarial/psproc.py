@@ -14,10 +14,10 @@ from typing import Any, Iterator
 import grpc
 import numpy as np
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import from_tensor
 from testbed.runlog import read_jsonl
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
+from testbed.wire.tensors import from_tensor
 from tests.conftest import REPO, reference_losses, wait_for
 
 TOKEN = "adversarial-test-token"

@@ -14,8 +14,8 @@ import grpc
 import numpy as np
 import pytest
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto.tensors import to_tensor
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire.tensors import to_tensor
 from tests.adversarial.psproc import PsProcess, Rogue, job_topology, tile_operands
 from tests.conftest import wait_for
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
 from testbed.ps_backend.server import DivergedError, PsConfig, PsServer, TileExecutor
 from testbed.runlog import read_jsonl
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire.tensors import from_tensor, to_tensor
 from tests.adversarial.psproc import PsProcess, Rogue, job_topology
 from tests.conftest import tiny_topology, wait_for
 

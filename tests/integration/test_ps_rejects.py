@@ -20,10 +20,10 @@ import grpc
 import numpy as np
 import pytest
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import to_tensor
 from testbed.runlog import read_jsonl
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
+from testbed.wire.tensors import to_tensor
 from tests.adversarial.psproc import tile_operands
 from tests.conftest import REPO, reference_losses, tiny_topology, wait_for
 

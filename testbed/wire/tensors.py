@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
+from testbed.wire import testbed_pb2 as pb
 
 _TO_WIRE = {np.dtype("<f4"): pb.FLOAT32, np.dtype("<f8"): pb.FLOAT64}
 _FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
