@@ -69,14 +69,16 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.tiler import TileBox, cut, cut_k, gemm_flops
 from testbed.ps_backend.validation import GemmCheck, check_result
 from testbed.wire.cache import BlockCache
+
+if TYPE_CHECKING:  # the executor imports this module
+    from testbed.ps_backend.executor import GemmSpec
 
 AFFINITY_SCAN = 32
 STRAGGLER_RATIO = 2.0

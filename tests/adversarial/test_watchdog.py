@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.server import DivergedError, PsConfig, PsServer, TileExecutor
+from testbed.ps_backend.core import PsConfig
+from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor
+from testbed.ps_backend.host import PsServer
 from testbed.runlog import read_jsonl
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire.tensors import from_tensor, to_tensor

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from testbed.ps_backend.server import OperandKeys
+from testbed.ps_backend.executor import OperandKeys
 
 
 def test_same_tensor_same_key_and_copy() -> None:
