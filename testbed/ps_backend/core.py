@@ -98,7 +98,8 @@ class OperandOut:
 
     key: str  # "" = the device must not cache it
     version: int
-    block: np.ndarray | None
+    block: np.ndarray | None  # in the stored orientation (as cached)
+    transposed: bool  # the tile uses the block transposed
 
 
 @dataclass(frozen=True)
@@ -467,12 +468,14 @@ class PsCore:
             m, n = task.box.shape
             k0, k1 = task.k_range
             operands = []
-            for key, block, send, keep in (
-                    (task.a_block_key, task.a_block, a.send_a, a.cache_a),
-                    (task.b_block_key, task.b_block, a.send_b, a.cache_b)):
-                data = block() if send else None
-                sent += 0 if data is None else data.nbytes
-                operands.append(OperandOut(key if keep else "", job.version, data))
+            for key, block, transposed, send, keep in (
+                    (task.a_block_key, task.a_block, job.a_transposed, a.send_a, a.cache_a),
+                    (task.b_block_key, task.b_block, job.b_transposed, a.send_b, a.cache_b)):
+                data = None
+                if send:  # a block travels as its tensor is stored, as its key names it
+                    data = block().T if transposed else block()
+                    sent += data.nbytes
+                operands.append(OperandOut(key if keep else "", job.version, data, transposed))
             tiles.append(TileOut(task.task_id, task.attempt, job.spec.step, job.uid, job.spec.op,
                                  task.box.row, task.box.col, m, k1 - k0, n, operands[0],
                                  operands[1], self.config.lease_s))

@@ -37,9 +37,10 @@ OPS = ("forward", "input_grad", "weight_grad")
 class GemmSpec:
     """What one GEMM is, for scheduling, caching and the ledger.
 
-    ``b_key`` names B when B is a weight (or its transpose) at one version, for example
-    ``"layers.0.fc1.weight@3:T"``: devices cache blocks of B under that name, so that on a cache
-    hit only A's block travels. ``None`` when B is an activation (the weight-gradient GEMM).
+    ``b_key`` names B's tensor when B is a weight (or its transpose) at one version, for example
+    ``"layers.0.fc1.weight@3"``: devices cache blocks of B under that name, so that on a cache
+    hit only A's block travels. It names the tensor, not the orientation: ``W`` and ``Wᵀ`` share
+    blocks (:class:`OperandKeys`). ``None`` when B is an activation (the weight-gradient GEMM).
     """
 
     layer: str  # e.g. "layers.0.fc1"
@@ -121,9 +122,12 @@ class OperandKeys:
 
     Two GEMMs whose operand is the same tensor (X of the q/k/v projections, X in forward and in
     the weight gradient) get the same key, so a block a device received for one is a cache hit
-    for the other, and they share the PS's copy. A tensor is identified by its storage address,
-    offset, shape and strides (a transpose is another view, so another key: the device uses the
-    block as it arrives) and its version counter (an in-place change makes a new key). An
+    for the other, and they share the PS's copy. So do the two orientations of one tensor: a
+    transposed view (``Wᵀ`` in forward, ``dYᵀ`` in the weight gradient) is keyed as the stored
+    tensor it views, with a flag, and its blocks are named, sent and cached as stored; the device
+    uses them transposed (:func:`testbed.wire.tensors.operand_array`). A tensor is identified by
+    its storage address, offset, shape and strides (after undoing a transpose) and its version
+    counter (an in-place change makes a new key). An
     address is reused only after its tensor is freed, so the key stays only while a weak
     reference to the tensor's root (the base of a view) is alive; a freed root's address gets a
     fresh key. Keys end with the step (the weights' version), and the table is emptied when the
@@ -140,31 +144,34 @@ class OperandKeys:
         self._serial = itertools.count()
         self._step = -1
 
-    def get(self, t: torch.Tensor, step: int) -> tuple[str, np.ndarray]:
-        """(key, the PS's own C-ordered copy) of an operand of a GEMM of this step."""
+    def get(self, t: torch.Tensor, step: int) -> tuple[str, bool, np.ndarray]:
+        """(key, transposed, the PS's own copy in the operand's orientation) of an operand of a
+        GEMM of this step; ``transposed``: the key names the tensor ``t`` is a transpose of."""
         if step != self._step:
             self._keys.clear()
             self._step = step
         root = t._base if t._base is not None else t
-        ident = (t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
-                 t._version)
+        transposed = t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+        stored = t.t() if transposed else t
+        ident = (stored.data_ptr(), stored.storage_offset(), tuple(stored.shape),
+                 stored.stride(), stored.dtype, stored._version)
         entry = self._keys.get(ident)
         if entry is not None and entry[0]() is root:
             copy = entry[2]()
             if copy is not None:
-                return entry[1], copy
+                return entry[1], transposed, copy.T if transposed else copy
             key = entry[1]
         else:
             key = f"t{next(self._serial)}@{step}"
         # Own copies: the engine may change its tensors in place once the GEMM is done (the
         # optimizer steps the weights), and late copies of tiles are still checked against them.
-        copy = np.array(t.detach().numpy(), order="C", copy=True)
+        copy = np.array(stored.detach().numpy(), order="C", copy=True)  # as stored
         if not np.isfinite(copy).all():
             raise DivergedError(f"an operand of a step-{step} GEMM ({tuple(t.shape)}) has "
                                 f"non-finite values (NaN or Inf): the model diverged (check "
                                 f"job.optimizer.lr)")
         self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy))
-        return key, copy
+        return key, transposed, copy.T if transposed else copy
 
 
 class TileExecutor:
@@ -190,13 +197,14 @@ class TileExecutor:
             self.local_gemms += 1
             return DoneHandle(a @ b)
         self.offloaded_gemms += 1
-        a_key, a_np = self._operands.get(a, spec.step)
-        b_ident_key, b_np = self._operands.get(b, spec.step)
+        a_key, a_transposed, a_np = self._operands.get(a, spec.step)
+        b_ident_key, b_transposed, b_np = self._operands.get(b, spec.step)
         uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
                       a_name=tensor_name(a), b_name=tensor_name(b),
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
-                      a_key=a_key, b_key=spec.b_key or b_ident_key, done=Future(),
+                      a_key=a_key, b_key=spec.b_key or b_ident_key, a_transposed=a_transposed,
+                      b_transposed=b_transposed, done=Future(),
                       digest=gemm_digest(a_np, b_np) if self.server.ledger is not None else "")
         core = self.server.core
         assert core is not None

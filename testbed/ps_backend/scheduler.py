@@ -96,6 +96,14 @@ def straggles(slow_s: float, fast_s: float, ratio: float = STRAGGLER_RATIO) -> b
     return slow_s > ratio * fast_s
 
 
+def block_key(key: str, rows: tuple[int, int], cols: tuple[int, int], transposed: bool) -> str:
+    """The cache key of an operand block: its tensor's key and its rows and columns in the stored
+    tensor (a transposed operand's rows are the stored tensor's columns)."""
+    if transposed:
+        rows, cols = cols, rows
+    return f"{key}/r{rows[0]}:{rows[1]}/c{cols[0]}:{cols[1]}"
+
+
 @dataclass(eq=False)
 class GemmJob:
     """One GEMM C = A @ B being computed by devices."""
@@ -115,6 +123,10 @@ class GemmJob:
     check: GemmCheck | None = None  # Freivalds' shared work for its tiles, made on first use
     a_name: str = ""  # the operands' tensor identity in the step (the bound's held data)
     b_name: str = ""
+    # an operand that is the transpose of a stored tensor (Wᵀ in forward, dYᵀ in the weight
+    # gradient): its blocks are named, sent and cached in the stored orientation (Task)
+    a_transposed: bool = False
+    b_transposed: bool = False
     tile_m: int = 0  # the tiling it was cut with (set by Scheduler.submit)
     tile_n: int = 0
     k_parts: int = 1  # K slices (set by Scheduler.submit); partials are summed in slice order
@@ -147,10 +159,10 @@ class Task:
         k0, k1 = self.k_range
         k = k1 - k0
         self.flops = gemm_flops(m, k, n)
-        # Blocks are named in their operand's own coordinates, so that another GEMM with the
-        # same operand (same key) and the same block is a cache hit.
-        self.a_block_key = f"{job.a_key}/r{box.r0}:{box.r1}/c{k0}:{k1}"
-        self.b_block_key = f"{job.b_key}/r{k0}:{k1}/c{box.c0}:{box.c1}"
+        # Blocks are named in their stored tensor's own coordinates, so that another GEMM with
+        # the same tensor (same key), in either orientation, and the same block is a cache hit.
+        self.a_block_key = block_key(job.a_key, (box.r0, box.r1), (k0, k1), job.a_transposed)
+        self.b_block_key = block_key(job.b_key, (k0, k1), (box.c0, box.c1), job.b_transposed)
         self.a_nbytes = m * k * job.a.itemsize
         self.b_nbytes = k * n * job.b.itemsize
 

@@ -69,6 +69,7 @@ def message_to_pb(out: Outgoing) -> pb.ServerMessage:
         for operand, o in ((tile.a, t.a), (tile.b, t.b)):
             operand.key = o.key
             operand.version = o.version
+            operand.transposed = o.transposed
             if o.block is not None:
                 to_tensor(o.block, operand.tensor)
     if out.invalidate_before is not None:
