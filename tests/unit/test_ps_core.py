@@ -1,4 +1,4 @@
-"""The PS's domain core without gRPC: plain data in, plain data out, one GEMM end to end."""
+"""The PS's domain core without gRPC: plain data in, plain data out, GEMMs end to end."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import numpy as np
 from testbed.ps_backend.core import Descriptor, Outgoing, PsConfig, PsCore, ResultIn
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import GemmJob
+from testbed.ps_backend.service import message_to_pb
+from testbed.wire.cache import BlockCache
+from testbed.wire.tensors import operand_array
 
 
 def _core() -> PsCore:
@@ -87,3 +90,36 @@ def test_leave_needs_the_session_key() -> None:
     assert conn.device_id in core.conns
     assert core.leave(conn.device_id, conn.session_key, "bye") == 0
     assert conn.device_id not in core.conns
+
+
+def test_a_block_sent_for_w_transposed_serves_w_from_the_device_cache() -> None:
+    """Forward's Wᵀ brings W's block; the input gradient's W is then a cache hit on both sides,
+    and the device computes both products exactly as with fresh contiguous operands."""
+    core = _core()
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    assert conn.outbox is not None
+    rng = np.random.default_rng(2)
+    w, x, dy = (rng.standard_normal((4, 4)) for _ in range(3))
+    device_cache: BlockCache[np.ndarray] = BlockCache(1 << 20)
+    forward = GemmJob(uid="s0/l/forward#0", spec=GemmSpec("l", "forward", 0, "w@0"), a=x,
+                      b=w.T, c=np.empty((4, 4)), version=0, a_key="x", b_key="w@0",
+                      b_transposed=True)
+    input_grad = GemmJob(uid="s0/l/input_grad#1", spec=GemmSpec("l", "input_grad", 0, "w@0"),
+                         a=dy, b=w, c=np.empty((4, 4)), version=0, a_key="dy", b_key="w@0")
+    sent_b = []
+    for job in (forward, input_grad):
+        core.submit(job)
+        (out,) = _drain(conn.outbox)
+        (tile,) = out.tiles
+        sent_b.append(tile.b.block is not None)
+        message = message_to_pb(out)  # what the service puts on the wire
+        a = operand_array(message.tiles[0].a, device_cache)
+        b = operand_array(message.tiles[0].b, device_cache)
+        assert b.flags.c_contiguous
+        np.testing.assert_array_equal(a @ b, job.a @ np.ascontiguousarray(job.b))
+        core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, a @ b, 128, 0.01, 0.0, 0.0,
+                                        0.0, 0.0, 0.0)])
+        assert job.done.done()
+    assert sent_b == [True, False]  # W's block travelled once, for Wᵀ
+    assert core.stats.bytes_down == 3 * 16 * 8  # x, w, dy: one 4x4 float64 block each
