@@ -127,11 +127,10 @@ class OperandKeys:
     tensor it views, with a flag, and its blocks are named, sent and cached as stored; the device
     uses them transposed (:func:`testbed.wire.tensors.operand_array`). A tensor is identified by
     its storage address, offset, shape and strides (after undoing a transpose) and its version
-    counter (an in-place change makes a new key). An
-    address is reused only after its tensor is freed, so the key stays only while a weak
-    reference to the tensor's root (the base of a view) is alive; a freed root's address gets a
-    fresh key. Keys end with the step (the weights' version), and the table is emptied when the
-    step changes.
+    counter (an in-place change makes a new key). An address is reused only after its tensor is
+    freed, so the key stays only while a weak reference to the tensor's root (the base of a
+    view) is alive; a freed root's address gets a fresh key. Keys end with the step (the
+    weights' version), and the table is emptied when the step changes.
 
     Each fresh copy is checked for finiteness once (shared copies are not checked again): a
     non-finite operand raises :class:`DivergedError`, since every honest device's result would
