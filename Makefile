@@ -33,7 +33,7 @@ lint: $(STAMP)
 
 # Regenerate the committed gRPC stubs (a test fails when they are stale).
 protos: $(STAMP)
-	$(BIN)/python -m testbed.ps_backend.proto.generate
+	$(BIN)/python -m testbed.wire.generate
 
 clean-venv:
 	rm -rf $(VENV)

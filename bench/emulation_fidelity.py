@@ -64,8 +64,9 @@ from testbed.emulator.dilation import (  # noqa: E402
     tile_error,
 )
 from testbed.perf_model.profiles import load_profile  # noqa: E402
-from testbed.ps_backend.executor import GemmSpec  # noqa: E402
-from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor  # noqa: E402
+from testbed.ps_backend.core import PsConfig  # noqa: E402
+from testbed.ps_backend.executor import GemmSpec, TileExecutor  # noqa: E402
+from testbed.ps_backend.host import PsServer  # noqa: E402
 
 log = logging.getLogger("bench.fidelity")
 

@@ -37,9 +37,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from testbed.ps_backend.executor import GemmSpec  # noqa: E402
+from testbed.ps_backend.core import PsConfig  # noqa: E402
+from testbed.ps_backend.executor import GemmSpec, TileExecutor  # noqa: E402
+from testbed.ps_backend.host import PsServer  # noqa: E402
 from testbed.ps_backend.main import max_message_bytes  # noqa: E402
-from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor  # noqa: E402
 
 TOKEN = "bench"
 WINDOW = 4  # tiles in flight per device, as the agents' --max-in-flight
@@ -71,12 +72,12 @@ def measure(devices: int, tile: int, seconds: float) -> dict[str, float]:
                 raise RuntimeError(f"only {len(core.conns)} of {devices} agents joined")
             time.sleep(0.1)
         messages_up = [0]  # results messages the PS handled (a batch counts once)
-        on_message = core.on_message
+        on_results = core.on_results
 
-        def counting(conn, msg):  # type: ignore[no-untyped-def]
-            messages_up[0] += msg.WhichOneof("body") in ("result", "results")
-            on_message(conn, msg)
-        core.on_message = counting  # type: ignore[method-assign]
+        def counting(conn, results):  # type: ignore[no-untyped-def]
+            messages_up[0] += 1  # one call per result message, a batch or a single result
+            on_results(conn, results)
+        core.on_results = counting  # type: ignore[method-assign]
         executor = TileExecutor(server)
         side = 16 * tile
         rng = np.random.default_rng(0)
@@ -139,7 +140,7 @@ class _Ceiling:
 
 def _pb_message_of(payload_bytes: int, tile: int, down: bool) -> bytes:
     """A real protocol message carrying payload_bytes of tensor data (as the PS's messages do)."""
-    from testbed.ps_backend.proto import testbed_pb2 as pb
+    from testbed.wire import testbed_pb2 as pb
 
     if down:
         message = pb.ServerMessage()

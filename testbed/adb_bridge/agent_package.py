@@ -1,7 +1,7 @@
 """The agent as one zip that a phone's Python runs directly (``python agent.zip ARGS``).
 
 Contents: every ``.py`` under ``testbed/agent/``, the generated protocol modules
-(``testbed/ps_backend/proto/*_pb2*.py``), every ``testbed.*`` module those import (found by
+(``testbed/wire/*_pb2*.py``), every ``testbed.*`` module those import (found by
 reading their ``import`` statements with :mod:`ast`, transitively; imports under
 ``if TYPE_CHECKING:`` do not count), the ``__init__.py`` of every package on the way, and a
 top-level ``__main__.py`` that runs ``testbed.agent`` as ``python -m testbed.agent`` would. The
@@ -73,7 +73,7 @@ def agent_files(root: Path = PACKAGE_ROOT) -> list[Path]:
     todo = sorted(agent_dir.rglob("*.py"))
     if not todo:
         raise FileNotFoundError(f"no agent sources under {agent_dir}")
-    todo += sorted((root / "testbed" / "ps_backend" / "proto").glob("*_pb2*.py"))
+    todo += sorted((root / "testbed" / "wire").glob("*_pb2*.py"))
     seen: set[Path] = set()
     while todo:
         path = todo.pop()

@@ -376,8 +376,8 @@ class ThrowawayPS:
     (``hold=True``: keeps the device attached, handing out no work, until it goes)."""
 
     def __init__(self, token: str, hold: bool = False):
-        from testbed.ps_backend.proto import testbed_pb2 as pb
-        from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
+        from testbed.wire import testbed_pb2 as pb
+        from testbed.wire import testbed_pb2_grpc as pb_grpc
 
         self.token = token
         self.joined = ""

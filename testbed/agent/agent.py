@@ -4,7 +4,7 @@ Needs only grpcio and numpy (it runs on phones). Three threads:
 
 * the main thread reads the PS's messages: it resolves each tile's operands against the local
   block cache at once (so the cache sees operations in the PS's order, see
-  :mod:`testbed.ps_backend.cache`), books the bytes on the emulated downlink, and queues the tile;
+  :mod:`testbed.wire.cache`), books the bytes on the emulated downlink, and queues the tile;
 * a compute thread takes tiles in order, waits until their operands have "arrived", computes
   ``A @ B`` for real, and - on an emulated device - holds the result until the device model's time
   (x time dilation) has passed;
@@ -41,10 +41,10 @@ from testbed.agent.behaviour import Behaviour
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate, split_host_port
 from testbed.emulator.dilation import DeviceClock
-from testbed.ps_backend.cache import BlockCache
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
+from testbed.wire.cache import BlockCache
+from testbed.wire.tensors import operand_array, to_tensor
 
 if TYPE_CHECKING:  # the agent runs on phones: nothing beyond grpcio and numpy at run time
     from testbed.emulator.device_model import DeviceModel
@@ -330,7 +330,7 @@ class _Session:
             now = time.monotonic()
             delivery = []
             for tile in message.tiles:
-                a, b = self._operand(tile.a), self._operand(tile.b)
+                a, b = operand_array(tile.a, self.cache), operand_array(tile.b, self.cache)
                 size = len(tile.a.tensor.data) + len(tile.b.tensor.data) + 64
                 delivery.append(PendingTile(tile, a, b, self.options.down.deliver_at(size, now)))
             if delivery:
@@ -340,17 +340,6 @@ class _Session:
                 self.agent.stopping.set()
                 return "stop"
         return "ended"
-
-    def _operand(self, operand: pb.Operand) -> np.ndarray:
-        if operand.HasField("tensor"):
-            array = from_tensor(operand.tensor)
-            if operand.key:
-                self.cache.put(operand.key, operand.version, array.nbytes, array)
-            return array
-        cached = self.cache.get(operand.key)
-        if cached is None:  # the PS's mirror and this cache disagree: a bug, start afresh
-            raise RuntimeError(f"block {operand.key!r} is not in the cache")
-        return cached
 
     def _wait_while_partitioned(self) -> None:
         while self.agent.partitioned.is_set() and not self.closed.is_set() \

@@ -39,7 +39,7 @@ from testbed.simulate.events import EventLoop
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
 
-LEASE_S = 5.0  # the PS's lease (testbed/ps_backend/server.py PsConfig.lease_s)
+LEASE_S = 5.0  # the PS's lease (testbed/ps_backend/core.py PsConfig.lease_s)
 MESSAGE_OVERHEAD_BYTES = 64  # per transfer, as the tile simulation adds per message
 PS = "ps"
 

@@ -3,7 +3,8 @@
 Every offloaded linear layer asks an executor for ``C = A @ B`` three times a step (forward,
 input gradient, weight gradient). The engine never knows whether the product is computed in this
 process (:class:`LocalExecutor`, used by the single-process reference run and by tests) or cut into
-tiles that devices compute (:class:`testbed.ps_backend.scheduler.TileExecutor`).
+tiles that devices compute (:class:`TileExecutor`: it hands each GEMM to the server host's loop
+thread, where :class:`~testbed.ps_backend.core.PsCore` queues its tiles).
 
 ``submit`` returns at once with a handle, so that the backward pass can have the input-gradient
 and the weight-gradient GEMMs of one layer in flight together; ``result()`` blocks.
@@ -11,10 +12,23 @@ and the weight-gradient GEMMs of one layer in flight together; ``result()`` bloc
 
 from __future__ import annotations
 
+import itertools
+import threading
+import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
+
+from testbed.ps_backend.ledger import gemm_digest
+from testbed.ps_backend.scheduler import GemmJob
+from testbed.ps_backend.tiler import gemm_flops
+
+if TYPE_CHECKING:
+    from testbed.ps_backend.core import PsCore
+    from testbed.ps_backend.host import PsServer
 
 OPS = ("forward", "input_grad", "weight_grad")
 
@@ -23,9 +37,10 @@ OPS = ("forward", "input_grad", "weight_grad")
 class GemmSpec:
     """What one GEMM is, for scheduling, caching and the ledger.
 
-    ``b_key`` names B when B is a weight (or its transpose) at one version, for example
-    ``"layers.0.fc1.weight@3:T"``: devices cache blocks of B under that name, so that on a cache
-    hit only A's block travels. ``None`` when B is an activation (the weight-gradient GEMM).
+    ``b_key`` names B's tensor when B is a weight (or its transpose) at one version, for example
+    ``"layers.0.fc1.weight@3"``: devices cache blocks of B under that name, so that on a cache
+    hit only A's block travels. It names the tensor, not the orientation: ``W`` and ``Wᵀ`` share
+    blocks (:class:`OperandKeys`). ``None`` when B is an activation (the weight-gradient GEMM).
     """
 
     layer: str  # e.g. "layers.0.fc1"
@@ -65,3 +80,132 @@ class LocalExecutor:
     def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
         self.calls.append(spec)
         return DoneHandle(a @ b)
+
+
+def tensor_name(t: torch.Tensor) -> str:
+    """A name for a tensor's storage within a step (a transpose or a reshape keeps it)."""
+    return f"{t.untyped_storage().data_ptr()}:{t.untyped_storage().nbytes()}"
+
+
+class WatchdogError(RuntimeError):
+    """The progress watchdog ended the run; the message says which condition."""
+
+
+class DivergedError(RuntimeError):
+    """The model's tensors are no longer finite (for example ``lr: .inf``)."""
+
+
+class TileHandle:
+    """A GEMM in flight on devices; result() blocks until every tile is placed."""
+
+    def __init__(self, job: GemmJob, interrupted: threading.Event,
+                 core: "PsCore | None" = None):
+        self.job = job
+        self.interrupted = interrupted
+        self.core = core
+
+    def result(self) -> torch.Tensor:
+        while True:
+            if self.interrupted.is_set():
+                raise InterruptedError("the run was stopped")
+            if self.core is not None and self.core.watchdog_reason is not None:
+                raise WatchdogError(self.core.watchdog_reason)
+            try:
+                c = self.job.done.result(timeout=0.2)
+                return torch.from_numpy(c)
+            except TimeoutError:
+                continue
+
+
+class OperandKeys:
+    """Cache keys and PS copies of GEMM operands by tensor identity within a step.
+
+    Two GEMMs whose operand is the same tensor (X of the q/k/v projections, X in forward and in
+    the weight gradient) get the same key, so a block a device received for one is a cache hit
+    for the other, and they share the PS's copy. So do the two orientations of one tensor: a
+    transposed view (``Wᵀ`` in forward, ``dYᵀ`` in the weight gradient) is keyed as the stored
+    tensor it views, with a flag, and its blocks are named, sent and cached as stored; the device
+    uses them transposed (:func:`testbed.wire.tensors.operand_array`). A tensor is identified by
+    its storage address, offset, shape and strides (after undoing a transpose) and its version
+    counter (an in-place change makes a new key). An address is reused only after its tensor is
+    freed, so the key stays only while a weak reference to the tensor's root (the base of a
+    view) is alive; a freed root's address gets a fresh key. Keys end with the step (the
+    weights' version), and the table is emptied when the step changes.
+
+    Each fresh copy is checked for finiteness once (shared copies are not checked again): a
+    non-finite operand raises :class:`DivergedError`, since every honest device's result would
+    be refused for the PS's own divergence and the GEMM would never finish.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], str,
+                                                  weakref.ref[np.ndarray]]] = {}
+        self._serial = itertools.count()
+        self._step = -1
+
+    def get(self, t: torch.Tensor, step: int) -> tuple[str, bool, np.ndarray]:
+        """(key, transposed, the PS's own copy in the operand's orientation) of an operand of a
+        GEMM of this step; ``transposed``: the key names the tensor ``t`` is a transpose of."""
+        if step != self._step:
+            self._keys.clear()
+            self._step = step
+        root = t._base if t._base is not None else t
+        transposed = t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+        stored = t.t() if transposed else t
+        ident = (stored.data_ptr(), stored.storage_offset(), tuple(stored.shape),
+                 stored.stride(), stored.dtype, stored._version)
+        entry = self._keys.get(ident)
+        if entry is not None and entry[0]() is root:
+            copy = entry[2]()
+            if copy is not None:
+                return entry[1], transposed, copy.T if transposed else copy
+            key = entry[1]
+        else:
+            key = f"t{next(self._serial)}@{step}"
+        # Own copies: the engine may change its tensors in place once the GEMM is done (the
+        # optimizer steps the weights), and late copies of tiles are still checked against them.
+        copy = np.array(stored.detach().numpy(), order="C", copy=True)  # as stored
+        if not np.isfinite(copy).all():
+            raise DivergedError(f"an operand of a step-{step} GEMM ({tuple(t.shape)}) has "
+                                f"non-finite values (NaN or Inf): the model diverged (check "
+                                f"job.optimizer.lr)")
+        self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy))
+        return key, transposed, copy.T if transposed else copy
+
+
+class TileExecutor:
+    """The executor the engine uses in a real run: big GEMMs become tiles, small ones stay here."""
+
+    def __init__(self, server: "PsServer", interrupted: threading.Event | None = None):
+        self.server = server
+        self.config = server.config
+        self._uids = itertools.count()
+        self.interrupted = interrupted or threading.Event()
+        self.local_gemms = 0
+        self.offloaded_gemms = 0
+        self._step = -1  # GEMM uids count from 0 in every step, so a restart names them alike
+        self._operands = OperandKeys()
+
+    def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
+        m, k = a.shape
+        n = b.shape[1]
+        if spec.step != self._step:
+            self._step, self._uids = spec.step, itertools.count()
+        seq = next(self._uids)
+        if gemm_flops(m, k, n) < self.config.min_offload_flops:
+            self.local_gemms += 1
+            return DoneHandle(a @ b)
+        self.offloaded_gemms += 1
+        a_key, a_transposed, a_np = self._operands.get(a, spec.step)
+        b_ident_key, b_transposed, b_np = self._operands.get(b, spec.step)
+        uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
+        job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
+                      a_name=tensor_name(a), b_name=tensor_name(b),
+                      c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
+                      a_key=a_key, b_key=spec.b_key or b_ident_key, a_transposed=a_transposed,
+                      b_transposed=b_transposed, done=Future(),
+                      digest=gemm_digest(a_np, b_np) if self.server.ledger is not None else "")
+        core = self.server.core
+        assert core is not None
+        self.server.loop.call_soon_threadsafe(core.submit, job)
+        return TileHandle(job, self.interrupted, core)

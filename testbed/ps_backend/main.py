@@ -33,18 +33,11 @@ import numpy as np
 import torch
 
 from testbed.emulator.dilation import DilationController, error_quantiles, probe_dilation
-from testbed.ps_backend.executor import GemmSpec
+from testbed.ps_backend.admission import raise_fd_limit
+from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S, PsConfig
+from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor, WatchdogError
+from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
-from testbed.ps_backend.server import (
-    DEPARTED_SHOWN,
-    NO_PROGRESS_S,
-    DivergedError,
-    PsConfig,
-    PsServer,
-    TileExecutor,
-    WatchdogError,
-    raise_fd_limit,
-)
 from testbed.ps_backend.tls import make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology

@@ -8,7 +8,7 @@ it directly). Its state:
   is recognized and dropped);
 * one :class:`DeviceSlot` per device: its window (most tiles outstanding), the **copies** of tasks
   it holds (a task may be out on two devices at once, see backups below), an exact mirror of its
-  operand cache (:mod:`testbed.ps_backend.cache`), its observed speed, whether it is quarantined.
+  operand cache (:mod:`testbed.wire.cache`), its observed speed, whether it is quarantined.
 
 Names and units, written down once: ``*_s`` are seconds of the PS's monotonic (wall) clock,
 except ``compute_s`` which devices report in *device* seconds (wall = device × ``dilation``);
@@ -69,14 +69,16 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from testbed.ps_backend.cache import BlockCache
-from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.tiler import TileBox, cut, cut_k, gemm_flops
 from testbed.ps_backend.validation import GemmCheck, check_result
+from testbed.wire.cache import BlockCache
+
+if TYPE_CHECKING:  # the executor imports this module
+    from testbed.ps_backend.executor import GemmSpec
 
 AFFINITY_SCAN = 32
 STRAGGLER_RATIO = 2.0
@@ -92,6 +94,14 @@ OVERDUE_BACKUP_S = 2.0
 def straggles(slow_s: float, fast_s: float, ratio: float = STRAGGLER_RATIO) -> bool:
     """Whether a finish time ``slow_s`` straggles behind ``fast_s`` (the one straggler rule)."""
     return slow_s > ratio * fast_s
+
+
+def block_key(key: str, rows: tuple[int, int], cols: tuple[int, int], transposed: bool) -> str:
+    """The cache key of an operand block: its tensor's key and its rows and columns in the stored
+    tensor (a transposed operand's rows are the stored tensor's columns)."""
+    if transposed:
+        rows, cols = cols, rows
+    return f"{key}/r{rows[0]}:{rows[1]}/c{cols[0]}:{cols[1]}"
 
 
 @dataclass(eq=False)
@@ -113,6 +123,10 @@ class GemmJob:
     check: GemmCheck | None = None  # Freivalds' shared work for its tiles, made on first use
     a_name: str = ""  # the operands' tensor identity in the step (the bound's held data)
     b_name: str = ""
+    # an operand that is the transpose of a stored tensor (Wᵀ in forward, dYᵀ in the weight
+    # gradient): its blocks are named, sent and cached in the stored orientation (Task)
+    a_transposed: bool = False
+    b_transposed: bool = False
     tile_m: int = 0  # the tiling it was cut with (set by Scheduler.submit)
     tile_n: int = 0
     k_parts: int = 1  # K slices (set by Scheduler.submit); partials are summed in slice order
@@ -145,10 +159,10 @@ class Task:
         k0, k1 = self.k_range
         k = k1 - k0
         self.flops = gemm_flops(m, k, n)
-        # Blocks are named in their operand's own coordinates, so that another GEMM with the
-        # same operand (same key) and the same block is a cache hit.
-        self.a_block_key = f"{job.a_key}/r{box.r0}:{box.r1}/c{k0}:{k1}"
-        self.b_block_key = f"{job.b_key}/r{k0}:{k1}/c{box.c0}:{box.c1}"
+        # Blocks are named in their stored tensor's own coordinates, so that another GEMM with
+        # the same tensor (same key), in either orientation, and the same block is a cache hit.
+        self.a_block_key = block_key(job.a_key, (box.r0, box.r1), (k0, k1), job.a_transposed)
+        self.b_block_key = block_key(job.b_key, (k0, k1), (box.c0, box.c1), job.b_transposed)
         self.a_nbytes = m * k * job.a.itemsize
         self.b_nbytes = k * n * job.b.itemsize
 

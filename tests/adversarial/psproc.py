@@ -14,10 +14,11 @@ from typing import Any, Iterator
 import grpc
 import numpy as np
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import from_tensor
 from testbed.runlog import read_jsonl
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
+from testbed.wire.cache import BlockCache
+from testbed.wire.tensors import operand_array
 from tests.conftest import REPO, reference_losses, wait_for
 
 TOKEN = "adversarial-test-token"
@@ -147,12 +148,11 @@ def job_topology(tmp_path: Path, name: str = "adv", **job: Any) -> Path:
     return path
 
 
-def tile_operands(tile: pb.Tile, cache: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """A tile's A and B blocks as a device holds them: a sent block is cached under its key, a
-    key alone is a hit on the cache (the PS mirrors it exactly)."""
-    blocks = []
-    for op in (tile.a, tile.b):
-        if op.HasField("tensor"):
-            cache[op.key] = from_tensor(op.tensor)
-        blocks.append(cache[op.key])
-    return blocks[0], blocks[1]
+def tile_operands(tile: pb.Tile, cache: BlockCache[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A tile's A and B blocks as a device resolves them (:func:`operand_array`)."""
+    return operand_array(tile.a, cache), operand_array(tile.b, cache)
+
+
+def device_cache() -> BlockCache[np.ndarray]:
+    """A block cache for a hand-driven device: larger than anything the PS's mirror holds."""
+    return BlockCache(1 << 40)

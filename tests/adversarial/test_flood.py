@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
 from tests.adversarial.psproc import PsProcess, job_topology
 from tests.conftest import REPO, wait_for
 

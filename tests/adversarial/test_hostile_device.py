@@ -11,12 +11,17 @@ import time
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto.tensors import to_tensor
-from tests.adversarial.psproc import PsProcess, Rogue, job_topology, tile_operands
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire.tensors import to_tensor
+from tests.adversarial.psproc import (
+    PsProcess,
+    Rogue,
+    device_cache,
+    job_topology,
+    tile_operands,
+)
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -67,7 +72,7 @@ def test_absurd_numbers_and_names_are_refused_or_bounded(tmp_path: Path) -> None
         rogue.send(pb.DeviceMessage(telemetry=pb.Telemetry(
             values={**{f"t{i}": 1.0 for i in range(40)}, "temp": math.nan},
             labels={"state": "y" * 10_000})))
-        cache: dict[str, np.ndarray] = {}
+        cache = device_cache()
         bad = [dict(energy_j=math.inf), dict(compute_s=math.nan), dict(compute_s=1e300),
                dict(lag_s=-1.0)]
         reasons: list[str] = []
@@ -109,7 +114,7 @@ def test_a_name_hijack_cannot_get_the_honest_device_quarantined(tmp_path: Path) 
         # the hijacker takes honest-0's name first and returns a wrong tile: quarantined
         rogue = Rogue(ps.address, name="honest-0", gflops=1000, window=1)
         reply = rogue.join()
-        cache: dict[str, np.ndarray] = {}
+        cache = device_cache()
         for message in rogue.attach():
             if message.HasField("reject"):
                 break

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto.tensors import from_tensor, to_tensor
-from testbed.ps_backend.server import DivergedError, PsConfig, PsServer, TileExecutor
+from testbed.ps_backend.core import PsConfig
+from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor
+from testbed.ps_backend.host import PsServer
 from testbed.runlog import read_jsonl
-from tests.adversarial.psproc import PsProcess, Rogue, job_topology
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire.tensors import to_tensor
+from tests.adversarial.psproc import PsProcess, Rogue, device_cache, job_topology, tile_operands
 from tests.conftest import tiny_topology, wait_for
 
 pytestmark = pytest.mark.integration
@@ -63,19 +64,15 @@ def _silent_rogue(ps: PsProcess, answer: str,
     rogue = Rogue(ps.address, name=name, gflops=1000, window=4)
     rogue.join()
     responses = rogue.attach()
-    cache: dict[str, np.ndarray] = {}
+    cache = device_cache()
 
     def serve() -> None:
         try:
             for message in responses:
                 for tile in message.tiles:
-                    ops = []
-                    for op in (tile.a, tile.b):
-                        if op.HasField("tensor"):
-                            cache[op.key] = from_tensor(op.tensor)
-                        ops.append(cache.get(op.key))
-                    if answer == "garbage" and ops[0] is not None and ops[1] is not None:
-                        c = ops[0] @ ops[1] + 1.0
+                    a, b = tile_operands(tile, cache)
+                    if answer == "garbage":
+                        c = a @ b + 1.0
                         rogue.send(pb.DeviceMessage(result=pb.TileResult(
                             task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(c))))
         except grpc.RpcError:

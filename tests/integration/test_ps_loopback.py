@@ -178,7 +178,8 @@ def test_sigint_stops_everything(tmp_path: Path) -> None:
 def test_agent_with_wrong_token_is_refused(tmp_path: Path) -> None:
     import numpy as np
 
-    from testbed.ps_backend.server import PsConfig, PsServer
+    from testbed.ps_backend.core import PsConfig
+    from testbed.ps_backend.host import PsServer
 
     server = PsServer(PsConfig(token="right", run_name="t", dtype=np.dtype("float64"),
                                tile_m=8, tile_n=8, min_offload_flops=0)).start()

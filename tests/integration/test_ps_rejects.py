@@ -20,11 +20,11 @@ import grpc
 import numpy as np
 import pytest
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import to_tensor
 from testbed.runlog import read_jsonl
-from tests.adversarial.psproc import tile_operands
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
+from testbed.wire.tensors import to_tensor
+from tests.adversarial.psproc import device_cache, tile_operands
 from tests.conftest import REPO, reference_losses, tiny_topology, wait_for
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,7 @@ def test_bad_results_are_rejected_and_the_run_goes_on(tmp_path: Path) -> None:
         # PS's Reject messages, which say why
         cases = ["was not given", "wrong shape", "wrong dtype", "non-finite"]
         seen_reasons: list[str] = []
-        cache: dict[str, np.ndarray] = {}
+        cache = device_cache()
         sent = 0
         for message in responses:
             if message.HasField("reject"):

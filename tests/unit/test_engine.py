@@ -110,8 +110,8 @@ def expected_gemms(model: OptDecoder, step: int, m: int) -> tuple[list, list]:
     forward, backward = [], []
     for lin in model.offloaded_linears():
         i, o, key = lin.in_features, lin.out_features, lin.weight_key
-        forward.append((GemmSpec(lin.name, "forward", step, f"{key}@{step}:T"), (m, i), (i, o)))
-        backward.append([(GemmSpec(lin.name, "input_grad", step, f"{key}@{step}:N"),
+        forward.append((GemmSpec(lin.name, "forward", step, f"{key}@{step}"), (m, i), (i, o)))
+        backward.append([(GemmSpec(lin.name, "input_grad", step, f"{key}@{step}"),
                           (m, o), (o, i)),
                          (GemmSpec(lin.name, "weight_grad", step, None), (o, m), (m, i))])
     return forward, backward
@@ -165,7 +165,7 @@ def test_local_executor_matches_plain_torch_float64_and_sees_three_gemms_per_lin
                                key=lambda x: (x[0].layer, x[0].op))
         assert got_backward == want_backward
     head = [s for s in executor.calls if s.layer == "lm_head" and s.op == "forward"]
-    assert [s.b_key for s in head] == [f"embed_tokens.weight@{v}:T" for v in range(STEPS)]
+    assert [s.b_key for s in head] == [f"embed_tokens.weight@{v}" for v in range(STEPS)]
 
 
 def test_numpy_tiled_executor_matches_plain_torch(blas_threads: int) -> None:
@@ -231,7 +231,7 @@ def test_single_layer_gradients_and_skipped_gemms() -> None:
                       (layer.bias.grad, ref_b.grad)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
     assert [(s.op, s.step, s.b_key) for s in executor.calls] == [
-        ("forward", 4, "probe.weight@9:T"), ("input_grad", 4, "probe.weight@9:N"),
+        ("forward", 4, "probe.weight@9"), ("input_grad", 4, "probe.weight@9"),
         ("weight_grad", 4, None)]
 
     # An input that needs no gradient: no input_grad GEMM. A frozen weight: no weight_grad GEMM.
@@ -358,7 +358,7 @@ def test_checkpoint_round_trip_is_bitwise(tmp_path: Path) -> None:
     for name, w in final_weights(resumed).items():
         assert torch.equal(w, weights[name]), name
     assert {s.b_key for s in executor.calls if s.layer == "lm_head" and s.op == "forward"} == {
-        "embed_tokens.weight@3:T", "embed_tokens.weight@4:T"}
+        "embed_tokens.weight@3", "embed_tokens.weight@4"}
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path: Path,

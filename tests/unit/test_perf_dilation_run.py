@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from testbed.emulator.dilation import device_seconds
-from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.server import PsConfig, PsServer, TileExecutor
+from testbed.ps_backend.core import PsConfig
+from testbed.ps_backend.executor import GemmSpec, TileExecutor
+from testbed.ps_backend.host import PsServer
 
 REPO = Path(__file__).resolve().parents[2]
 DILATION = 3.0

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.ps_backend.proto import generate
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto.tensors import TensorError, from_tensor, to_tensor
+from testbed.wire import generate
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire.tensors import TensorError, from_tensor, to_tensor
 
 
 def test_committed_stubs_are_fresh(tmp_path: Path) -> None:

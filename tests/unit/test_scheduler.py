@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from testbed.ps_backend.cache import BlockCache
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
 from testbed.ps_backend.tiler import cut
+from testbed.wire.cache import BlockCache
 
 
 def job(m: int = 64, k: int = 32, n: int = 64, uid: str = "g", version: int = 0,

@@ -4,8 +4,8 @@ Naming and shapes, written down once (``X``: input flattened to 2-D, ``W``: weig
 gradient of the output)::
 
     op            C        =  A       @  B       A shape     B shape     b_key
-    forward       Y        =  X       @  Wᵀ      [M, in]     [in, out]   "<param>@<version>:T"
-    input_grad    dX       =  dY      @  W       [M, out]    [out, in]   "<param>@<version>:N"
+    forward       Y        =  X       @  Wᵀ      [M, in]     [in, out]   "<param>@<version>"
+    input_grad    dX       =  dY      @  W       [M, out]    [out, in]   "<param>@<version>"
     weight_grad   dW       =  dYᵀ     @  X       [out, M]    [M, in]     None (B is an activation)
 
 ``M`` is the product of the input's leading dimensions (batch × sequence). ``<param>`` is the
@@ -13,6 +13,9 @@ dotted name of the weight parameter (``layers.0.fc1.weight``; the tied LM head n
 embedding, ``embed_tokens.weight``). ``<version>`` is the number of optimizer steps applied to the
 weights so far, so a device's cached block of ``W`` is valid exactly while the version is.
 A and B may be non-contiguous views (``Wᵀ``, ``dYᵀ``); executors must not assume contiguity.
+``b_key`` names the weight tensor, not its orientation: ``Wᵀ`` in forward and ``W`` in the input
+gradient are one tensor, so a device that holds a block of it serves both uses from its cache
+(the tile executor tells the two apart by the view's layout, see ``OperandKeys``).
 
 The bias add and the bias gradient (a column sum of ``dY``) run on the PS: they are not GEMMs.
 
@@ -87,7 +90,7 @@ class OffloadedLinearFunction(torch.autograd.Function):
         executor = gemm_ctx.executor
         assert executor is not None  # OffloadedLinear takes the plain path otherwise
         step, version = gemm_ctx.step, gemm_ctx.version
-        spec = GemmSpec(layer, "forward", step, f"{weight_key}@{version}:T")
+        spec = GemmSpec(layer, "forward", step, f"{weight_key}@{version}")
         y = _result(_submit(gemm_ctx, executor, x2d, weight.t(), spec),
                     (x2d.shape[0], weight.shape[0]), x2d.dtype, spec)
         if bias is not None:
@@ -101,7 +104,7 @@ class OffloadedLinearFunction(torch.autograd.Function):
         x2d, weight = ctx.saved_tensors
         gemm_ctx, executor, layer, weight_key, step, version, has_bias = ctx.gemm
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx_spec = GemmSpec(layer, "input_grad", step, f"{weight_key}@{version}:N")
+        dx_spec = GemmSpec(layer, "input_grad", step, f"{weight_key}@{version}")
         dw_spec = GemmSpec(layer, "weight_grad", step, None)
         # Submit both GEMMs before waiting on either, so that they are in flight together.
         dx_handle = _submit(gemm_ctx, executor, dy, weight, dx_spec) if need_x else None

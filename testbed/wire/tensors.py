@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from testbed.ps_backend.proto import testbed_pb2 as pb
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire.cache import BlockCache
 
 _TO_WIRE = {np.dtype("<f4"): pb.FLOAT32, np.dtype("<f8"): pb.FLOAT64}
 _FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
@@ -15,6 +16,11 @@ _FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
 
 class TensorError(ValueError):
     """A Tensor message that does not describe a valid array."""
+
+
+class MissingBlock(RuntimeError):
+    """A tile names a cached block the device does not hold (its cache and the PS's mirror
+    disagree: a bug; the device starts a fresh session rather than guess)."""
 
 
 def wire_dtype(dtype: np.dtype | str) -> int:
@@ -54,3 +60,23 @@ def from_tensor(msg: pb.Tensor) -> np.ndarray:
         raise TensorError(f"tensor of shape {shape} and dtype {dtype} needs {expected} bytes, "
                           f"got {len(msg.data)}")
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
+
+
+def operand_array(operand: pb.Operand, cache: BlockCache[np.ndarray]) -> np.ndarray:
+    """The block a tile computes with, as the device resolves it.
+
+    A sent block is decoded and cached under its key (an empty key: not cached); a key alone is
+    a cache hit (the PS mirrors the cache, so it is there). The block is stored as it travels, in
+    its tensor's stored orientation; a ``transposed`` operand is used as a C-ordered copy of its
+    transpose, so the product is the same whether the block arrived now or was cached.
+    """
+    if operand.HasField("tensor"):
+        stored = from_tensor(operand.tensor)
+        if operand.key:
+            cache.put(operand.key, operand.version, stored.nbytes, stored)
+    else:
+        cached = cache.get(operand.key)
+        if cached is None:
+            raise MissingBlock(f"block {operand.key!r} is not in the cache")
+        stored = cached
+    return np.ascontiguousarray(stored.T) if operand.transposed else stored

@@ -1,12 +1,16 @@
-"""The PS's gRPC side: device registry with leases, the Work streams, and the tile executor.
+"""The PS's domain core: registry with leases, outboxes, the result path and the step's accounts.
 
-Threads: the gRPC server and all scheduling state live on one asyncio event loop (the "loop
-thread"); the training engine runs in another thread and reaches the loop only through
-:class:`TileExecutor` (``call_soon_threadsafe``) and ``concurrent.futures`` results. So the
-:class:`~testbed.ps_backend.scheduler.Scheduler` needs no locks.
+:class:`PsCore` is plain logic driven from one thread (the server host's event loop, see
+:mod:`testbed.ps_backend.host`), with no protobuf types: the gRPC service
+(:mod:`testbed.ps_backend.service`) turns each message into the plain dataclasses below at its
+edge (:class:`Descriptor`, :class:`ResultIn`) and turns what the core queues for a device
+(:class:`Outgoing`) back into messages. So the core is tested without a socket, and the
+placement policy stays in the :class:`~testbed.ps_backend.scheduler.Scheduler` and the planner
+(:mod:`testbed.ps_backend.step_plan`); the core checks, places and accounts.
 
-:class:`PsCore` holds the logic and is testable without a socket; :class:`ParameterServerServicer`
-is the thin adapter that turns gRPC calls into PsCore calls.
+The simulator (:mod:`testbed.simulate.sim`) mirrors the core's few lines of glue around the
+scheduler (pump, submit, result, drop); a change here that changes what a device is given or
+what a result does belongs there too.
 """
 
 from __future__ import annotations
@@ -16,28 +20,18 @@ import dataclasses
 import hmac
 import itertools
 import logging
-import math
-import resource
 import secrets
-import threading
 import time
-import weakref
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Mapping, Sequence
 
-import grpc
 import numpy as np
-import torch
 
 from testbed.emulator.dilation import tile_error
 from testbed.ps_backend.accounting import StepStats
-from testbed.ps_backend.executor import DoneHandle, GemmHandle, GemmSpec
-from testbed.ps_backend.ledger import Ledger, gemm_digest
-from testbed.ps_backend.proto import testbed_pb2 as pb
-from testbed.ps_backend.proto import testbed_pb2_grpc as pb_grpc
-from testbed.ps_backend.proto.tensors import TensorError, from_tensor, to_tensor
+from testbed.ps_backend.admission import JoinLimiter, RefusalLog
+from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import (
     Assignment,
     DeviceSlot,
@@ -47,8 +41,6 @@ from testbed.ps_backend.scheduler import (
     Verdict,
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
-from testbed.ps_backend.tiler import gemm_flops
-from testbed.ps_backend.tls import TlsIdentity
 from testbed.ps_backend.validation import (
     MAX_PLATFORM_CHARS,
     MAX_TELEMETRY_KEYS,
@@ -62,113 +54,88 @@ from testbed.topology import WatchdogSpec
 
 log = logging.getLogger(__name__)
 
-# -- limits against hostile or broken clients (docs/fault-tolerance.md, "Limits") -------------
-FD_RESERVE = 256  # file descriptors kept back from gRPC for the PS's own files (checkpoints,
-# ledger segments, run logs, torch): connections beyond the rest are closed as they arrive
-MIN_CONNECTIONS = 64
-HANDSHAKE_TIMEOUT_MS = 10_000  # a TCP connection that does not finish HTTP/2 setup is closed
-CONNECTION_IDLE_MS = 60_000  # a connection with no RPC for this long is closed (GOAWAY)
-MAX_STREAMS_PER_CONNECTION = 16  # an agent needs one Work stream plus a Join or Leave
-JOINS_PER_S_PER_PEER = 100.0  # refill rate of each peer address's join bucket
-JOIN_BURST_PER_PEER = 500.0  # bucket size: a loopback run's agents all join from 127.0.0.1
-PEER_BUCKETS_MAX = 4096  # addresses remembered; beyond, one shared bucket for the rest
-REFUSAL_EVENT_PERIOD_S = 1.0  # at most one join_refused event per reason in this period
 DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are counted)
 DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
 NO_PROGRESS_S = WatchdogSpec().no_progress_s  # no tile accepted / no device attached
 ALL_QUARANTINED_GRACE_S = 10.0  # every attached device quarantined this long: the run fails
 
 
-def raise_fd_limit() -> int:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return the soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    elif hard == resource.RLIM_INFINITY and soft != hard:
-        soft = max(soft, 1 << 16)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        except (ValueError, OSError):
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return int(soft)
+# -- what crosses the service's edge, as plain data (the .proto documents every field) ----------
+@dataclass(frozen=True)
+class Descriptor:
+    """What a joining device says about itself (the Join request's descriptor)."""
+
+    name: str
+    group: str
+    kind: str
+    profile: str
+    predicted_gflops: float
+    max_in_flight: int
+    cache_bytes: int
+    platform: str
 
 
-def connection_cap(fd_limit: int) -> int:
-    """Most TCP connections the PS accepts at once for a soft fd limit."""
-    return max(MIN_CONNECTIONS, fd_limit - FD_RESERVE)
+@dataclass(frozen=True)
+class ResultIn:
+    """One computed tile from a device; ``c`` is None when its tensor did not decode."""
+
+    task_id: int
+    attempt: int
+    c: np.ndarray | None
+    nbytes: int  # bytes of the result tensor as it travelled
+    compute_s: float
+    energy_j: float
+    lag_s: float
+    received_s: float
+    started_s: float
+    done_s: float
+    tensor_problem: str = ""  # why ``c`` is None
 
 
-def peer_host(peer: str) -> str:
-    """The address part of a gRPC peer string ("ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1")."""
-    if peer.startswith("ipv6:["):
-        return peer.split("]", 1)[0] + "]"
-    head, sep, _ = peer.rpartition(":")
-    return head if sep and head else peer
+@dataclass(frozen=True)
+class OperandOut:
+    """One operand block of a tile: its data, or None when the device caches ``key``."""
+
+    key: str  # "" = the device must not cache it
+    version: int
+    block: np.ndarray | None  # in the stored orientation (as cached)
+    transposed: bool  # the tile uses the block transposed
 
 
-class JoinLimiter:
-    """Token buckets per peer address, consulted before the token is even checked."""
+@dataclass(frozen=True)
+class TileOut:
+    """A tile handed to a device: compute ``a @ b``."""
 
-    def __init__(self, rate_per_s: float = JOINS_PER_S_PER_PEER,
-                 burst: float = JOIN_BURST_PER_PEER, max_peers: int = PEER_BUCKETS_MAX):
-        self.rate_per_s, self.burst, self.max_peers = rate_per_s, burst, max_peers
-        self._buckets: dict[str, tuple[float, float]] = {}  # peer -> (tokens, last time)
-
-    def allow(self, peer: str, now_s: float | None = None) -> bool:
-        """Whether a join from this peer address may proceed now (takes one token)."""
-        now_s = time.monotonic() if now_s is None else now_s
-        if peer not in self._buckets and len(self._buckets) >= self.max_peers:
-            self._prune(now_s)
-            if len(self._buckets) >= self.max_peers:
-                peer = "*"  # too many addresses: the rest share one bucket
-        tokens, last = self._buckets.get(peer, (self.burst, now_s))
-        tokens = min(self.burst, tokens + (now_s - last) * self.rate_per_s)
-        allowed = tokens >= 1.0
-        self._buckets[peer] = (tokens - 1.0 if allowed else tokens, now_s)
-        return allowed
-
-    def _prune(self, now_s: float) -> None:
-        full_after_s = self.burst / self.rate_per_s
-        self._buckets = {p: (t, last) for p, (t, last) in self._buckets.items()
-                         if now_s - last < full_after_s}
+    task_id: int
+    attempt: int
+    step: int
+    gemm: str
+    op: str
+    row: int
+    col: int
+    m: int
+    k: int
+    n: int
+    a: OperandOut
+    b: OperandOut
+    deadline_s: float
 
 
-class RefusalLog:
-    """Refused joins, counted by reason; an event at most once a period per reason.
+@dataclass(frozen=True)
+class Outgoing:
+    """One message the core queues for a device (the service sends it as a ServerMessage)."""
 
-    The client chooses what a refused join says about itself, so its name is cut short and
-    logged only in these periodic summaries: events.jsonl grows by at most one line per reason
-    per period, whatever the rate of refusals.
-    """
-
-    def __init__(self, emit: Callable[..., None], period_s: float = REFUSAL_EVENT_PERIOD_S):
-        self.emit = emit
-        self.period_s = period_s
-        self.totals: dict[str, int] = {}
-        self._unlogged: dict[str, int] = {}
-        self._last_s: dict[str, float] = {}
-
-    def note(self, reason: str, name: str, peer: str, now_s: float | None = None) -> None:
-        """Count one refusal; emit an event if this reason's period has passed."""
-        now_s = time.monotonic() if now_s is None else now_s
-        self.totals[reason] = self.totals.get(reason, 0) + 1
-        self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
-        if now_s - self._last_s.get(reason, -math.inf) >= self.period_s:
-            self._last_s[reason] = now_s
-            count = self._unlogged.pop(reason)
-            self.emit("join_refused", reason=reason, device=clip_text(name, 64),
-                      peer=clip_text(peer, 64), refusals=count)
-            if count > 1 or self.totals[reason] == 1:
-                log.warning("refused %d join(s): %s (last from %s)", count, reason,
-                            clip_text(peer, 64))
+    tiles: list[TileOut] = field(default_factory=list)
+    invalidate_before: int | None = None  # drop cached blocks of older versions
+    reject: tuple[int, str] | None = None  # (task id or -1, reason)
+    stop: str | None = None  # the reason the device must stop
+    time_dilation: float = 0.0  # the new D (0: unchanged)
 
 
 @dataclass
 class PsConfig:
+    """How the PS runs: the job's facts the core, the service and the host need."""
+
     token: str
     run_name: str
     dtype: np.dtype
@@ -203,7 +170,7 @@ class DeviceConn:
     descriptor: dict[str, Any]
     joined_s: float
     last_seen_s: float
-    outbox: asyncio.Queue | None = None
+    outbox: asyncio.Queue[Outgoing | None] | None = None
     telemetry: dict[str, Any] = field(default_factory=dict)
     telemetry_dropped: int = 0  # telemetry entries refused (limits, non-finite values)
     end_reason: str = "stream broken"  # why its Work stream ended, for the departure event
@@ -273,13 +240,13 @@ class PsCore:
         return hmac.compare_digest(token.encode(), self.config.token.encode())
 
     @staticmethod
-    def descriptor_problem(device: pb.DeviceDescriptor) -> str | None:
+    def descriptor_problem(device: Descriptor) -> str | None:
         """None if a Join's descriptor is acceptable (every field bounded and finite)."""
         return descriptor_problem(device.name, device.group, device.kind, device.profile,
                                   device.predicted_gflops, device.max_in_flight,
                                   device.cache_bytes)
 
-    def join(self, device: pb.DeviceDescriptor) -> DeviceConn:
+    def join(self, device: Descriptor) -> DeviceConn:
         """Register a device (token and descriptor already checked)."""
         device_id = f"d{next(self._ids)}"
         slot = DeviceSlot(device_id=device_id, name=device.name or device_id,
@@ -360,6 +327,13 @@ class PsCore:
             self._event("recovered", device=r.device, cause=r.kind, tiles=r.tiles,
                         recovery_s=round(seconds, 6))
         self.recovering = still
+
+    def leave(self, device_id: str, session_key: str, reason: str) -> int | None:
+        """A graceful leave: the tiles re-queued, or None for an unknown device or wrong key."""
+        conn = self.conns.get(device_id)
+        if conn is None or not hmac.compare_digest(conn.session_key, session_key):
+            return None
+        return self.drop(device_id, "leave", reason or "graceful leave")
 
     def expire_leases(self, now_s: float | None = None) -> list[str]:
         """Drop every device not heard from within its lease."""
@@ -445,7 +419,7 @@ class PsCore:
         """Weights advanced: drop older cached blocks on every device and in the mirrors."""
         self.version = before_version
         self.scheduler.invalidate(before_version)
-        message = pb.ServerMessage(invalidate=pb.Invalidate(before_version=before_version))
+        message = Outgoing(invalidate_before=before_version)
         for conn in self.conns.values():
             if conn.outbox is not None:
                 conn.outbox.put_nowait(message)
@@ -486,53 +460,61 @@ class PsCore:
         self._pump_due = False
         self.pump()
 
-    def _tiles_message(self, conn: DeviceConn, assignments: list[Assignment]) -> pb.ServerMessage:
-        message = pb.ServerMessage()
+    def _tiles_message(self, conn: DeviceConn, assignments: list[Assignment]) -> Outgoing:
+        tiles = []
         sent = 0
         for a in assignments:
             task, job = a.task, a.task.job
             m, n = task.box.shape
             k0, k1 = task.k_range
-            k = k1 - k0
-            tile = message.tiles.add(task_id=task.task_id, attempt=task.attempt,
-                                     step=job.spec.step, gemm=job.uid, op=job.spec.op,
-                                     row=task.box.row, col=task.box.col, m=m, k=k, n=n,
-                                     deadline_s=self.config.lease_s)
-            for operand, key, block, send, keep in (
-                    (tile.a, task.a_block_key, task.a_block, a.send_a, a.cache_a),
-                    (tile.b, task.b_block_key, task.b_block, a.send_b, a.cache_b)):
-                operand.key = key if keep else ""
-                operand.version = job.version
-                if send:
-                    to_tensor(block(), operand.tensor)
-                    sent += len(operand.tensor.data)
+            operands = []
+            for key, block, transposed, send, keep in (
+                    (task.a_block_key, task.a_block, job.a_transposed, a.send_a, a.cache_a),
+                    (task.b_block_key, task.b_block, job.b_transposed, a.send_b, a.cache_b)):
+                data = None
+                if send:  # a block travels as its tensor is stored, as its key names it
+                    data = block().T if transposed else block()
+                    sent += data.nbytes
+                operands.append(OperandOut(key if keep else "", job.version, data, transposed))
+            tiles.append(TileOut(task.task_id, task.attempt, job.spec.step, job.uid, job.spec.op,
+                                 task.box.row, task.box.col, m, k1 - k0, n, operands[0],
+                                 operands[1], self.config.lease_s))
         self.stats.bytes_down += sent
-        return message
+        return Outgoing(tiles=tiles)
 
-    def on_message(self, conn: DeviceConn, msg: pb.DeviceMessage) -> None:
-        """Handle one message from an attached device."""
+    # -- messages from an attached device (each one also counts as a sign of life) ------------
+    def seen(self, conn: DeviceConn) -> None:
+        """The device sent something (a heartbeat, or any other message): its lease renews."""
         conn.last_seen_s = time.monotonic()
-        body = msg.WhichOneof("body")
-        if body == "result":
-            self._on_result(conn, msg.result)
-            self.pump_soon()
-        elif body == "results":
-            for result in msg.results.results:
-                self._on_result(conn, result)
-            self.pump_soon()
-        elif body == "credit":
-            self.scheduler.set_max_in_flight(conn.device_id, msg.credit.tiles)
-            self.pump_soon()
-        elif body == "telemetry":
-            t = msg.telemetry
-            if len(t.values) + len(t.labels) > 4 * MAX_TELEMETRY_KEYS:  # not worth reading
-                dropped = len(t.values) + len(t.labels)
-            else:
-                dropped = bounded_telemetry(conn.telemetry, dict(t.values), dict(t.labels))
-            conn.telemetry_dropped += dropped
-            self.telemetry_dropped += dropped
-        elif body == "attach":
-            self._reject(conn, -1, "already attached: Attach is only the first message")
+
+    def on_results(self, conn: DeviceConn, results: Sequence[ResultIn]) -> None:
+        """One message's computed tiles, handled in order."""
+        self.seen(conn)
+        for result in results:
+            self._on_result(conn, result)
+        self.pump_soon()
+
+    def on_credit(self, conn: DeviceConn, tiles: int) -> None:
+        """The device changed its window."""
+        self.seen(conn)
+        self.scheduler.set_max_in_flight(conn.device_id, tiles)
+        self.pump_soon()
+
+    def on_telemetry(self, conn: DeviceConn, values: Mapping[str, float],
+                     labels: Mapping[str, str]) -> None:
+        """Device measurements for devices.jsonl and the live view (bounded)."""
+        self.seen(conn)
+        if len(values) + len(labels) > 4 * MAX_TELEMETRY_KEYS:  # not worth reading
+            dropped = len(values) + len(labels)
+        else:
+            dropped = bounded_telemetry(conn.telemetry, dict(values), dict(labels))
+        conn.telemetry_dropped += dropped
+        self.telemetry_dropped += dropped
+
+    def on_stray_attach(self, conn: DeviceConn) -> None:
+        """An Attach after the first message: refused, the stream stays open."""
+        self.seen(conn)
+        self._reject(conn, -1, "already attached: Attach is only the first message")
 
     def _reject(self, conn: DeviceConn, task_id: int, reason: str, attempt: int = -1,
                 failed_check: bool = False) -> None:
@@ -540,23 +522,21 @@ class PsCore:
         self._event("reject", device=conn.slot.name, device_id=conn.device_id, task=task_id,
                     attempt=attempt, failed_check=failed_check, reason=reason)
         if conn.outbox is not None:
-            conn.outbox.put_nowait(pb.ServerMessage(reject=pb.Reject(task_id=task_id,
-                                                                     reason=reason)))
+            conn.outbox.put_nowait(Outgoing(reject=(task_id, reason)))
 
-    def _on_result(self, conn: DeviceConn, result: pb.TileResult) -> None:
-        size = len(result.c.data)
-        self.stats.bytes_up += size
+    def _on_result(self, conn: DeviceConn, result: ResultIn) -> None:
+        self.stats.bytes_up += result.nbytes
         problem = result_numbers_problem(result.compute_s, result.energy_j, result.lag_s,
                                          result.received_s, result.started_s, result.done_s)
-        try:
-            c = from_tensor(result.c)
-        except TensorError as exc:
-            problem = problem or f"bad tensor: {exc}"
+        c = result.c
+        if c is None:
+            problem = problem or f"bad tensor: {result.tensor_problem}"
         if problem is not None:
             self.results_refused += 1
             outcome = self.scheduler.refuse(conn.device_id, result.task_id, result.attempt,
                                             problem)
         else:
+            assert c is not None
             outcome = self.scheduler.accept(conn.device_id, result.task_id, result.attempt, c,
                                             result.compute_s, result.energy_j)
         if outcome.verdict is Verdict.REJECTED:
@@ -571,9 +551,10 @@ class PsCore:
             if outcome.task is not None and outcome.task.done and outcome.checked:
                 self.stats.wasted += 1
         else:
+            assert c is not None  # accepted: it decoded
             self._accepted(conn, result, outcome, c)
 
-    def _accepted(self, conn: DeviceConn, result: pb.TileResult, outcome: Outcome,
+    def _accepted(self, conn: DeviceConn, result: ResultIn, outcome: Outcome,
                   c: np.ndarray) -> None:
         task = outcome.task
         assert task is not None
@@ -689,14 +670,14 @@ class PsCore:
         self.scheduler.dilation = dilation
         for conn in self.conns.values():
             if conn.outbox is not None:
-                conn.outbox.put_nowait(pb.ServerMessage(time_dilation=dilation))
+                conn.outbox.put_nowait(Outgoing(time_dilation=dilation))
 
     def stop_all(self, reason: str) -> None:
         """Tell every device to stop and close the streams."""
         self.stopping = True
         for conn in self.conns.values():
             if conn.outbox is not None:
-                conn.outbox.put_nowait(pb.ServerMessage(stop=pb.Stop(reason=reason)))
+                conn.outbox.put_nowait(Outgoing(stop=reason))
                 conn.outbox.put_nowait(None)
 
 
@@ -706,312 +687,3 @@ def _quantile(sorted_values: list[float], q: float) -> float | None:
         return None
     i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
     return round(sorted_values[i], 6)
-
-
-class ParameterServerServicer(pb_grpc.ParameterServerServicer):
-    """Thin adapter: gRPC in, PsCore calls, gRPC out."""
-
-    def __init__(self, core: PsCore):
-        self.core = core
-
-    async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext
-                   ) -> pb.JoinReply:
-        core = self.core
-        peer = peer_host(context.peer() or "")
-        if not core.join_limiter.allow(peer):  # before the token: costs an attacker the most
-            core.refusals.note("too many joins from this address", request.device.name, peer)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"too many joins from {peer}: at most "
-                                f"{JOINS_PER_S_PER_PEER:g} per second; try again later")
-        if not core.check_token(request.token):
-            core.refusals.note("wrong token", request.device.name, peer)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "wrong join token for this run")
-        problem = core.descriptor_problem(request.device)
-        if problem is not None:
-            core.refusals.note("bad descriptor: " + problem.split(" ", 1)[0],
-                               request.device.name, peer)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        if core.stopping:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the run is ending")
-        conn = core.join(request.device)
-        cfg = self.core.config
-        return pb.JoinReply(device_id=conn.device_id, session_key=conn.session_key,
-                            lease_s=cfg.lease_s, heartbeat_s=cfg.heartbeat_s,
-                            max_message_bytes=cfg.max_message_bytes,
-                            time_dilation=cfg.time_dilation, run_name=cfg.run_name,
-                            dtype=pb.FLOAT64 if cfg.dtype == np.float64 else pb.FLOAT32)
-
-    async def Work(self, request_iterator: AsyncIterator[pb.DeviceMessage],
-                   context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ServerMessage]:
-        try:
-            first = await request_iterator.__anext__()
-        except StopAsyncIteration:
-            return
-        if first.WhichOneof("body") != "attach":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "the first message on Work must be Attach")
-        conn = self.core.attach(first.attach.device_id, first.attach.session_key)
-        if conn is None:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                "unknown device id, wrong session key, or already attached; "
-                                "join again")
-        assert conn is not None and conn.outbox is not None
-        reader = asyncio.ensure_future(self._read(conn, request_iterator))
-        try:
-            while True:
-                message = await conn.outbox.get()
-                if message is None:
-                    break
-                yield message
-        finally:
-            reader.cancel()
-            if conn.device_id in self.core.conns and not self.core.stopping:
-                self.core.drop(conn.device_id, "disconnect", conn.end_reason)
-
-    async def _read(self, conn: DeviceConn, requests: AsyncIterator[pb.DeviceMessage]) -> None:
-        try:
-            async for message in requests:
-                self.core.on_message(conn, message)
-            conn.end_reason = "stream closed by the device"
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # a broken or oversized stream ends here
-            conn.end_reason = f"stream broken: {exc}"
-            log.info("stream of %s ended: %s", conn.slot.name, exc)
-        finally:
-            if conn.outbox is not None:
-                conn.outbox.put_nowait(None)
-
-    async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext
-                    ) -> pb.LeaveReply:
-        conn = self.core.conns.get(request.device_id)
-        if conn is None or not hmac.compare_digest(conn.session_key, request.session_key):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown device or key")
-        n = self.core.drop(request.device_id, "leave", request.reason or "graceful leave")
-        return pb.LeaveReply(requeued_tiles=n)
-
-
-class PsServer:
-    """The gRPC server on its own event-loop thread; start() returns once it listens."""
-
-    def __init__(self, config: PsConfig, runlog: RunLog | None = None,
-                 listen: str = "127.0.0.1:0", ledger: Ledger | None = None,
-                 tls_listen: str | None = None, tls: TlsIdentity | None = None):
-        self.config = config
-        self.runlog = runlog
-        self.ledger = ledger
-        self.listen = listen
-        # devices beyond loopback (network.ps.listen): a second port, TLS only
-        self.tls_listen, self.tls = tls_listen, tls
-        self.tls_port = 0
-        self.loop = asyncio.new_event_loop()
-        self.core: PsCore | None = None
-        self.port = 0
-        self._server: grpc.aio.Server | None = None
-        self._thread = threading.Thread(target=self._run, name="ps-loop", daemon=True)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._periodic: list[Callable[[], None]] = []
-        self.max_connections = 0
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self._ready.set()
-        if self._error is None:
-            self.loop.run_forever()
-
-    async def _start(self) -> None:
-        try:
-            self.core = PsCore(self.config, self.runlog, self.ledger)
-            limit = self.config.max_message_bytes
-            fd_limit = self.config.fd_limit or resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            self.max_connections = connection_cap(fd_limit)
-            self._server = grpc.aio.server(options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", 1 << 30),
-                ("grpc.so_reuseport", 0),
-                # hostile clients (docs/fault-tolerance.md, "Limits"): connections beyond the
-                # cap are closed as they arrive, so they never take the fds the PS's own files
-                # need; a connection that never speaks HTTP/2, or sits without an RPC, is closed
-                ("grpc.max_allowed_incoming_connections", self.max_connections),
-                ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
-                ("grpc.max_connection_idle_ms", CONNECTION_IDLE_MS),
-                ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION)])
-            pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(self.core),
-                                                          self._server)
-            self.port = self._server.add_insecure_port(self.listen)
-            if self.port == 0:
-                raise RuntimeError(f"cannot listen on {self.listen}")
-            if self.tls_listen is not None and self.tls is not None:
-                credentials = grpc.ssl_server_credentials([(self.tls.key_pem, self.tls.cert_pem)])
-                self.tls_port = self._server.add_secure_port(self.tls_listen, credentials)
-                if self.tls_port == 0:
-                    raise RuntimeError(f"cannot listen on {self.tls_listen} "
-                                       "(network.ps.listen): address not on this host, or port "
-                                       "taken")
-            await self._server.start()
-            self.loop.create_task(self._watch_leases())
-        except BaseException as exc:
-            self._error = exc
-
-    async def _watch_leases(self) -> None:
-        assert self.core is not None
-        while True:
-            await asyncio.sleep(min(0.25, self.config.lease_s / 4))
-            self.core.tick()
-            for fn in self._periodic:
-                fn()
-
-    def every_tick(self, fn: Callable[[], None]) -> None:
-        """Run fn on the loop thread about every 0.25 s (status snapshots)."""
-        self.loop.call_soon_threadsafe(self._periodic.append, fn)
-
-    def start(self) -> PsServer:
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run fn on the loop thread and return its result (from any other thread)."""
-        async def wrapper() -> Any:
-            return fn()
-        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result()
-
-    def stop(self, reason: str = "run finished", grace_s: float = 2.0) -> None:
-        """Tell devices to stop, then shut the server down with a grace period."""
-        if not self._thread.is_alive():
-            return
-        core = self.core
-        if core is not None:
-            self.call(lambda: core.stop_all(reason))
-        if self._server is not None:
-            asyncio.run_coroutine_threadsafe(self._server.stop(grace_s), self.loop).result()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=grace_s + 5)
-
-
-def tensor_name(t: torch.Tensor) -> str:
-    """A name for a tensor's storage within a step (a transpose or a reshape keeps it)."""
-    return f"{t.untyped_storage().data_ptr()}:{t.untyped_storage().nbytes()}"
-
-
-class WatchdogError(RuntimeError):
-    """The progress watchdog ended the run; the message says which condition."""
-
-
-class DivergedError(RuntimeError):
-    """The model's tensors are no longer finite (for example ``lr: .inf``)."""
-
-
-class TileHandle:
-    """A GEMM in flight on devices; result() blocks until every tile is placed."""
-
-    def __init__(self, job: GemmJob, interrupted: threading.Event,
-                 core: PsCore | None = None):
-        self.job = job
-        self.interrupted = interrupted
-        self.core = core
-
-    def result(self) -> torch.Tensor:
-        while True:
-            if self.interrupted.is_set():
-                raise InterruptedError("the run was stopped")
-            if self.core is not None and self.core.watchdog_reason is not None:
-                raise WatchdogError(self.core.watchdog_reason)
-            try:
-                c = self.job.done.result(timeout=0.2)
-                return torch.from_numpy(c)
-            except TimeoutError:
-                continue
-
-
-class OperandKeys:
-    """Cache keys and PS copies of GEMM operands by tensor identity within a step.
-
-    Two GEMMs whose operand is the same tensor (X of the q/k/v projections, X in forward and in
-    the weight gradient) get the same key, so a block a device received for one is a cache hit
-    for the other, and they share the PS's copy. A tensor is identified by its storage address,
-    offset, shape and strides (a transpose is another view, so another key: the device uses the
-    block as it arrives) and its version counter (an in-place change makes a new key). An
-    address is reused only after its tensor is freed, so the key stays only while a weak
-    reference to the tensor's root (the base of a view) is alive; a freed root's address gets a
-    fresh key. Keys end with the step (the weights' version), and the table is emptied when the
-    step changes.
-
-    Each fresh copy is checked for finiteness once (shared copies are not checked again): a
-    non-finite operand raises :class:`DivergedError`, since every honest device's result would
-    be refused for the PS's own divergence and the GEMM would never finish.
-    """
-
-    def __init__(self) -> None:
-        self._keys: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], str,
-                                                  weakref.ref[np.ndarray]]] = {}
-        self._serial = itertools.count()
-        self._step = -1
-
-    def get(self, t: torch.Tensor, step: int) -> tuple[str, np.ndarray]:
-        """(key, the PS's own C-ordered copy) of an operand of a GEMM of this step."""
-        if step != self._step:
-            self._keys.clear()
-            self._step = step
-        root = t._base if t._base is not None else t
-        ident = (t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
-                 t._version)
-        entry = self._keys.get(ident)
-        if entry is not None and entry[0]() is root:
-            copy = entry[2]()
-            if copy is not None:
-                return entry[1], copy
-            key = entry[1]
-        else:
-            key = f"t{next(self._serial)}@{step}"
-        # Own copies: the engine may change its tensors in place once the GEMM is done (the
-        # optimizer steps the weights), and late copies of tiles are still checked against them.
-        copy = np.array(t.detach().numpy(), order="C", copy=True)
-        if not np.isfinite(copy).all():
-            raise DivergedError(f"an operand of a step-{step} GEMM ({tuple(t.shape)}) has "
-                                f"non-finite values (NaN or Inf): the model diverged (check "
-                                f"job.optimizer.lr)")
-        self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy))
-        return key, copy
-
-
-class TileExecutor:
-    """The executor the engine uses in a real run: big GEMMs become tiles, small ones stay here."""
-
-    def __init__(self, server: PsServer, interrupted: threading.Event | None = None):
-        self.server = server
-        self.config = server.config
-        self._uids = itertools.count()
-        self.interrupted = interrupted or threading.Event()
-        self.local_gemms = 0
-        self.offloaded_gemms = 0
-        self._step = -1  # GEMM uids count from 0 in every step, so a restart names them alike
-        self._operands = OperandKeys()
-
-    def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
-        m, k = a.shape
-        n = b.shape[1]
-        if spec.step != self._step:
-            self._step, self._uids = spec.step, itertools.count()
-        seq = next(self._uids)
-        if gemm_flops(m, k, n) < self.config.min_offload_flops:
-            self.local_gemms += 1
-            return DoneHandle(a @ b)
-        self.offloaded_gemms += 1
-        a_key, a_np = self._operands.get(a, spec.step)
-        b_ident_key, b_np = self._operands.get(b, spec.step)
-        uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
-        job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
-                      a_name=tensor_name(a), b_name=tensor_name(b),
-                      c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
-                      a_key=a_key, b_key=spec.b_key or b_ident_key, done=Future(),
-                      digest=gemm_digest(a_np, b_np) if self.server.ledger is not None else "")
-        core = self.server.core
-        assert core is not None
-        self.server.loop.call_soon_threadsafe(core.submit, job)
-        return TileHandle(job, self.interrupted, core)

@@ -1,7 +1,7 @@
 """Regenerate the committed gRPC stubs from testbed.proto (``make protos``).
 
 The stubs are generated with the repository root as the proto path, so that they import each
-other as ``testbed.ps_backend.proto.testbed_pb2``. ``generate(out_dir)`` writes into another
+other as ``testbed.wire.testbed_pb2``. ``generate(out_dir)`` writes into another
 directory so that the freshness test can compare without touching the tree.
 """
 
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PROTO_DIR.parents[2]
+REPO_ROOT = PROTO_DIR.parents[1]
 PROTO = PROTO_DIR / "testbed.proto"
 GENERATED = ("testbed_pb2.py", "testbed_pb2.pyi", "testbed_pb2_grpc.py")
 

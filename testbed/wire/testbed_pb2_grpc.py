@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from testbed.ps_backend.proto import testbed_pb2 as testbed_dot_ps__backend_dot_proto_dot_testbed__pb2
+from testbed.wire import testbed_pb2 as testbed_dot_wire_dot_testbed__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in testbed/ps_backend/proto/testbed_pb2_grpc.py depends on'
+        + ' but the generated code in testbed/wire/testbed_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class ParameterServerStub:
         """
         self.Join = channel.unary_unary(
                 '/testbed.v1.ParameterServer/Join',
-                request_serializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.JoinRequest.SerializeToString,
-                response_deserializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.JoinReply.FromString,
+                request_serializer=testbed_dot_wire_dot_testbed__pb2.JoinRequest.SerializeToString,
+                response_deserializer=testbed_dot_wire_dot_testbed__pb2.JoinReply.FromString,
                 _registered_method=True)
         self.Work = channel.stream_stream(
                 '/testbed.v1.ParameterServer/Work',
-                request_serializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.DeviceMessage.SerializeToString,
-                response_deserializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.ServerMessage.FromString,
+                request_serializer=testbed_dot_wire_dot_testbed__pb2.DeviceMessage.SerializeToString,
+                response_deserializer=testbed_dot_wire_dot_testbed__pb2.ServerMessage.FromString,
                 _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/testbed.v1.ParameterServer/Leave',
-                request_serializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.LeaveRequest.SerializeToString,
-                response_deserializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.LeaveReply.FromString,
+                request_serializer=testbed_dot_wire_dot_testbed__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=testbed_dot_wire_dot_testbed__pb2.LeaveReply.FromString,
                 _registered_method=True)
 
 
@@ -80,18 +80,18 @@ def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
-                    request_deserializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.JoinRequest.FromString,
-                    response_serializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.JoinReply.SerializeToString,
+                    request_deserializer=testbed_dot_wire_dot_testbed__pb2.JoinRequest.FromString,
+                    response_serializer=testbed_dot_wire_dot_testbed__pb2.JoinReply.SerializeToString,
             ),
             'Work': grpc.stream_stream_rpc_method_handler(
                     servicer.Work,
-                    request_deserializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.DeviceMessage.FromString,
-                    response_serializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.ServerMessage.SerializeToString,
+                    request_deserializer=testbed_dot_wire_dot_testbed__pb2.DeviceMessage.FromString,
+                    response_serializer=testbed_dot_wire_dot_testbed__pb2.ServerMessage.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
-                    request_deserializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.LeaveRequest.FromString,
-                    response_serializer=testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.LeaveReply.SerializeToString,
+                    request_deserializer=testbed_dot_wire_dot_testbed__pb2.LeaveRequest.FromString,
+                    response_serializer=testbed_dot_wire_dot_testbed__pb2.LeaveReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -119,8 +119,8 @@ class ParameterServer:
             request,
             target,
             '/testbed.v1.ParameterServer/Join',
-            testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.JoinRequest.SerializeToString,
-            testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.JoinReply.FromString,
+            testbed_dot_wire_dot_testbed__pb2.JoinRequest.SerializeToString,
+            testbed_dot_wire_dot_testbed__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -146,8 +146,8 @@ class ParameterServer:
             request_iterator,
             target,
             '/testbed.v1.ParameterServer/Work',
-            testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.DeviceMessage.SerializeToString,
-            testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.ServerMessage.FromString,
+            testbed_dot_wire_dot_testbed__pb2.DeviceMessage.SerializeToString,
+            testbed_dot_wire_dot_testbed__pb2.ServerMessage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -173,8 +173,8 @@ class ParameterServer:
             request,
             target,
             '/testbed.v1.ParameterServer/Leave',
-            testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.LeaveRequest.SerializeToString,
-            testbed_dot_ps__backend_dot_proto_dot_testbed__pb2.LeaveReply.FromString,
+            testbed_dot_wire_dot_testbed__pb2.LeaveRequest.SerializeToString,
+            testbed_dot_wire_dot_testbed__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,125 @@
+"""The PS's domain core without gRPC: plain data in, plain data out, GEMMs end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from testbed.ps_backend.core import Descriptor, Outgoing, PsConfig, PsCore, ResultIn
+from testbed.ps_backend.executor import GemmSpec
+from testbed.ps_backend.scheduler import GemmJob
+from testbed.ps_backend.service import message_to_pb
+from testbed.wire.cache import BlockCache
+from testbed.wire.tensors import operand_array
+
+
+def _core() -> PsCore:
+    config = PsConfig(token="secret", run_name="core-test", dtype=np.dtype("float64"),
+                      tile_m=4, tile_n=4, min_offload_flops=0.0, planner="fifo")
+    return PsCore(config)
+
+
+def _descriptor(name: str) -> Descriptor:
+    return Descriptor(name=name, group="g", kind="real", profile="", predicted_gflops=1.0,
+                      max_in_flight=8, cache_bytes=1 << 20, platform="test")
+
+
+def _drain(queue: object) -> list[Outgoing]:
+    out = []
+    while not queue.empty():  # type: ignore[attr-defined]
+        out.append(queue.get_nowait())  # type: ignore[attr-defined]
+    return out
+
+
+def _block(a: np.ndarray, b: np.ndarray, row: int, col: int) -> np.ndarray:
+    return a[row * 4:(row + 1) * 4] @ b[:, col * 4:(col + 1) * 4]
+
+
+def test_a_gemm_goes_out_as_plain_tiles_and_comes_back_placed() -> None:
+    core = _core()
+    assert core.check_token("secret") and not core.check_token("other")
+    conn = core.join(_descriptor("dev"))
+    assert core.attach(conn.device_id, "wrong key") is None
+    assert core.attach(conn.device_id, conn.session_key) is conn
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((8, 3)), rng.standard_normal((3, 8))
+    job = GemmJob(uid="s0/l/forward#0", spec=GemmSpec("l", "forward", 0), a=a, b=b,
+                  c=np.empty((8, 8)), version=0, a_key="A", b_key="B")
+    core.submit(job)
+    assert conn.outbox is not None
+    tiles, sent = [], {}
+    for _ in range(4):  # the window is smaller than the GEMM: results free slots for the rest
+        batch = [t for out in _drain(conn.outbox) for t in out.tiles]
+        if not batch:
+            break
+        tiles += batch
+        # a block travels once per device: later tiles name the blocks it already holds
+        for op in (o for t in batch for o in (t.a, t.b)):
+            assert (op.block is None) == (op.key in sent)
+            sent.setdefault(op.key, op.block)
+        core.on_results(conn, [ResultIn(t.task_id, t.attempt, _block(a, b, t.row, t.col),
+                                        16 * 8, 0.01, 0.0, 0.0, 0.0, 0.0, 0.0) for t in batch])
+    assert len(tiles) == 4  # 8x8 in 4x4 tiles
+    assert core.stats.bytes_down == sum(block.nbytes for block in sent.values())
+    assert job.done.done()
+    np.testing.assert_array_equal(job.done.result(), job.c)
+    np.testing.assert_allclose(job.c, a @ b, rtol=1e-12, atol=1e-12)
+    assert core.stats.tiles == 4 and core.stats.bytes_up == 4 * 16 * 8
+
+
+def test_a_result_whose_tensor_did_not_decode_is_refused_and_requeued() -> None:
+    core = _core()
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    a, b = np.ones((4, 2)), np.ones((2, 4))
+    job = GemmJob(uid="g", spec=GemmSpec("l", "forward", 0), a=a, b=b, c=np.empty((4, 4)),
+                  version=0, a_key="A", b_key="B")
+    core.submit(job)
+    assert conn.outbox is not None
+    (tile,) = [t for out in _drain(conn.outbox) for t in out.tiles]
+    core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, None, 3, 0.01, 0.0, 0.0, 0.0,
+                                     0.0, 0.0, tensor_problem="needs 128 bytes, got 3")])
+    rejects = [out.reject for out in _drain(conn.outbox) if out.reject is not None]
+    assert rejects and rejects[0][0] == tile.task_id and "bad tensor" in rejects[0][1]
+    assert core.results_refused == 1 and not job.done.done()
+
+
+def test_leave_needs_the_session_key() -> None:
+    core = _core()
+    conn = core.join(_descriptor("dev"))
+    assert core.leave(conn.device_id, "not the key", "bye") is None
+    assert conn.device_id in core.conns
+    assert core.leave(conn.device_id, conn.session_key, "bye") == 0
+    assert conn.device_id not in core.conns
+
+
+def test_a_block_sent_for_w_transposed_serves_w_from_the_device_cache() -> None:
+    """Forward's Wᵀ brings W's block; the input gradient's W is then a cache hit on both sides,
+    and the device computes both products exactly as with fresh contiguous operands."""
+    core = _core()
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    assert conn.outbox is not None
+    rng = np.random.default_rng(2)
+    w, x, dy = (rng.standard_normal((4, 4)) for _ in range(3))
+    device_cache: BlockCache[np.ndarray] = BlockCache(1 << 20)
+    forward = GemmJob(uid="s0/l/forward#0", spec=GemmSpec("l", "forward", 0, "w@0"), a=x,
+                      b=w.T, c=np.empty((4, 4)), version=0, a_key="x", b_key="w@0",
+                      b_transposed=True)
+    input_grad = GemmJob(uid="s0/l/input_grad#1", spec=GemmSpec("l", "input_grad", 0, "w@0"),
+                         a=dy, b=w, c=np.empty((4, 4)), version=0, a_key="dy", b_key="w@0")
+    sent_b = []
+    for job in (forward, input_grad):
+        core.submit(job)
+        (out,) = _drain(conn.outbox)
+        (tile,) = out.tiles
+        sent_b.append(tile.b.block is not None)
+        message = message_to_pb(out)  # what the service puts on the wire
+        a = operand_array(message.tiles[0].a, device_cache)
+        b = operand_array(message.tiles[0].b, device_cache)
+        assert b.flags.c_contiguous
+        np.testing.assert_array_equal(a @ b, job.a @ np.ascontiguousarray(job.b))
+        core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, a @ b, 128, 0.01, 0.0, 0.0,
+                                        0.0, 0.0, 0.0)])
+        assert job.done.done()
+    assert sent_b == [True, False]  # W's block travelled once, for Wᵀ
+    assert core.stats.bytes_down == 3 * 16 * 8  # x, w, dy: one 4x4 float64 block each
