@@ -261,7 +261,8 @@ def run_setting(label: str, agents: int, dilation: float | None, profile: str, g
         at_device = np.array([tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
                               for r in ps.records])
         tiles = len(ps.records)
-        parts = lateness_parts(ps.records)
+        records = list(ps.records)
+        parts = lateness_parts(records)
         dilation = final_d
         load_1m = os.getloadavg()[0]
     if len(errors) == 0:
@@ -276,6 +277,7 @@ def run_setting(label: str, agents: int, dilation: float | None, profile: str, g
             "device_median_err": float(np.median(np.abs(at_device))),
             "device_p95_err": float(np.quantile(np.abs(at_device), 0.95)),
             "probe_d": probe_d, "d_min": min(dilations), "d_max": max(dilations),
+            "d_path": dilations, "d_final_tiles": sum(r.dilation == final_d for r in records),
             "load_1m": load_1m, "setting_s": time.monotonic() - started, **parts}
 
 
@@ -347,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * r['device_median_err']:>7.2f}{100 * r['device_p95_err']:>7.2f}"
               f"{r['late_p95_ms']:>7.2f}{r['overrun_p95_ms']:>8.2f}{r['wake_p95_ms']:>7.2f}"
               f"{r['to_ps_p95_ms']:>8.1f}{r['load_1m']:>8.1f}{r['wall_s']:>7.1f}")
+    for label, r in rows:
+        if r["probe_d"] is not None:
+            path = " ".join(f"{d:.2f}" for d in r["d_path"])
+            print(f"{label}: D per step {path}; settled at {r['dilation']:.2f} "
+                  f"({r['d_final_tiles']} tiles at it)")
     print("\nas the PS saw each tile: (arrived - max(received, previous arrived)) / D against "
           "compute_s (final D)")
     print(f"{'setting':<16}{'timed':>7}{'median%':>9}{'p95%':>8}{'max%':>8}{'bias%':>8}"
