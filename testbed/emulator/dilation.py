@@ -62,6 +62,8 @@ MIN_WINDOW_TILES = 20  # fewer tiles than this say too little about a p95
 # lowering D needs more evidence than raising it: a D too low costs fidelity, one too high only
 # wall time, and on a shared host the quiet spell a small window saw may not last
 LOWER_MIN_TILES = 200
+LOWER_MIN_STEPS = 3  # ... over at least this many steps at the current D (one step's quiet
+# spell, or its burst, is one sample of the host's load)
 
 
 def auto_dilation(total_emulated_gflops: float, host_gflops: float,
@@ -202,17 +204,21 @@ class DilationController:
 
     def __init__(self, dilation: float, target: float, window_tiles: int = 400,
                  min_tiles: int = MIN_WINDOW_TILES, max_dilation: float = MAX_DILATION,
-                 lower_min_tiles: int = LOWER_MIN_TILES):
+                 lower_min_tiles: int = LOWER_MIN_TILES,
+                 lower_min_steps: int = LOWER_MIN_STEPS):
         self.dilation = dilation
         self.target = target
         self.min_tiles = min_tiles
         self.lower_min_tiles = lower_min_tiles
+        self.lower_min_steps = lower_min_steps
+        self.steps_at_d = 0  # steps observed since D last changed
         self.max_dilation = max_dilation
         self.window: deque[float] = deque(maxlen=window_tiles)
 
     def observe(self, errors: Sequence[float]) -> None:
         """Add one step's tile errors (measured at the current D)."""
         self.window.extend(errors)
+        self.steps_at_d += 1
 
     def between_steps(self) -> float:
         """Call only between steps: the D for the next step (the window restarts on a change)."""
@@ -221,10 +227,12 @@ class DilationController:
         p95 = error_quantiles(list(self.window))["p95"]
         assert p95 is not None
         new = next_dilation(self.dilation, p95, self.target, self.max_dilation)
-        if new < self.dilation and len(self.window) < self.lower_min_tiles:
-            return self.dilation  # headroom, but not yet seen over enough tiles
+        if new < self.dilation and (len(self.window) < self.lower_min_tiles
+                                    or self.steps_at_d < self.lower_min_steps):
+            return self.dilation  # headroom, but not yet seen over enough tiles and steps
         if new != self.dilation:
             self.dilation = new
+            self.steps_at_d = 0
             self.window.clear()  # errors measured at the old D say nothing about the new one
         return self.dilation
 

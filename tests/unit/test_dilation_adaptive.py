@@ -123,10 +123,14 @@ def test_probe_does_not_judge_its_cold_first_round() -> None:
 
 
 def test_controller_raises_fast_and_lowers_only_over_a_long_window() -> None:
-    c = DilationController(4.0, 0.1, min_tiles=20, lower_min_tiles=100)
+    c = DilationController(4.0, 0.1, min_tiles=20, lower_min_tiles=100, lower_min_steps=3)
     c.observe([0.005] * 50)  # ample headroom, but seen over 50 tiles only
     assert c.between_steps() == 4.0
     c.observe([0.005] * 50)
-    assert c.between_steps() == pytest.approx(3.2)  # 100 tiles: lowered (x0.8)
-    c.observe([0.3] * 20)  # 20 tiles are enough to raise
+    assert c.between_steps() == 4.0  # 100 tiles, but from 2 steps only
+    c.observe([0.005] * 5)
+    assert c.between_steps() == pytest.approx(3.2)  # 105 tiles over 3 steps: lowered (x0.8)
+    c.observe([0.005] * 200)
+    assert c.between_steps() == pytest.approx(3.2)  # the count of steps restarted at the change
+    c.observe([0.3] * 20)  # one step of 20 tiles is enough to raise
     assert c.between_steps() > 3.2 * 2
