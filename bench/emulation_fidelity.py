@@ -67,6 +67,7 @@ from testbed.emulator.dilation import (  # noqa: E402
     DilationController,
     auto_dilation,
     calibrate_host_gflops,
+    error_quantiles,
     tile_error,
 )
 from testbed.perf_model.profiles import load_profile  # noqa: E402
@@ -251,14 +252,17 @@ def run_setting(label: str, agents: int, dilation: float | None, profile: str, g
         ps.run_gemms(2, m, k, n, step=0)  # warm-up: operand caches, thermal start
         ps.records.clear()
         wall_s, step = 0.0, 0
+        step_p95: list[float] = []  # each step's device-side p95 error
         while step * gemms_per_step < gemms:
             first = len(ps.records)
             wall_s += ps.run_gemms(min(gemms_per_step, gemms - step * gemms_per_step), m, k, n,
                                    step=step + 1)
             step += 1
+            step_errors = [tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
+                           for r in ps.records[first:]]
+            step_p95.append(error_quantiles(step_errors)["p95"] or 0.0)
             if controller is not None:  # between steps, as the PS's run loop does
-                controller.observe([tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
-                                    for r in ps.records[first:]])
+                controller.observe(step_errors)
                 d = controller.between_steps()
                 ps.server.call(lambda d=d: ps.server.core.set_dilation(d))  # type: ignore
                 dilations.append(d)
@@ -284,7 +288,7 @@ def run_setting(label: str, agents: int, dilation: float | None, profile: str, g
             "device_p95_err": float(np.quantile(np.abs(at_device), 0.95)),
             "probe_d": probe_d, "d_min": min(dilations), "d_max": max(dilations),
             "d_path": dilations[:-1] if probe_d is not None else dilations,  # D of each step
-            "d_next": final_d,
+            "d_next": final_d, "step_p95": step_p95,
             "load_1m": load_1m, "setting_s": time.monotonic() - started, **parts}
 
 
@@ -362,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     for label, r in rows:
         if r["probe_d"] is not None:
             path = " ".join(f"{d:.2f}" for d in r["d_path"])
-            print(f"{label}: D per step {path} (next: {r['d_next']:.2f})")
+            p95s = " ".join(f"{100 * e:.1f}" for e in r["step_p95"])
+            print(f"{label}: D per step {path} (next: {r['d_next']:.2f}); "
+                  f"p95% per step {p95s}")
     print("\nas the PS saw each tile: (arrived - max(received, previous arrived)) / D against "
           "compute_s (final D)")
     print(f"{'setting':<16}{'timed':>7}{'median%':>9}{'p95%':>8}{'max%':>8}{'bias%':>8}"
