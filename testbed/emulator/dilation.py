@@ -200,7 +200,13 @@ def next_dilation(current: float, p95_error: float, target: float,
 
 
 class DilationController:
-    """Adaptive D during a run: a window of tile errors, a decision between steps."""
+    """Adaptive D during a run: a window of tile errors, a decision between steps.
+
+    The window holds the last ``window_tiles`` tiles, but always whole steps and at least the
+    latest step entire: a step's p95 is what the run reports, and a window of only the step's
+    last tiles judged D by one phase of it (at `make up`'s default topology, 400 of 1248
+    tiles: p95 22% against the step's 7.8%).
+    """
 
     def __init__(self, dilation: float, target: float, window_tiles: int = 400,
                  min_tiles: int = MIN_WINDOW_TILES, max_dilation: float = MAX_DILATION,
@@ -213,27 +219,37 @@ class DilationController:
         self.lower_min_steps = lower_min_steps
         self.steps_at_d = 0  # steps observed since D last changed
         self.max_dilation = max_dilation
-        self.window: deque[float] = deque(maxlen=window_tiles)
+        self.window_tiles = window_tiles
+        self._steps: deque[Sequence[float]] = deque()
 
     def observe(self, errors: Sequence[float]) -> None:
         """Add one step's tile errors (measured at the current D)."""
-        self.window.extend(errors)
+        self._steps.append(list(errors))
         self.steps_at_d += 1
+        while len(self._steps) > 1 and \
+                len(self.window) - len(self._steps[0]) >= self.window_tiles:
+            self._steps.popleft()
+
+    @property
+    def window(self) -> list[float]:
+        """The tile errors the next decision looks at (oldest first)."""
+        return [e for step in self._steps for e in step]
 
     def between_steps(self) -> float:
         """Call only between steps: the D for the next step (the window restarts on a change)."""
-        if len(self.window) < self.min_tiles:
+        window = self.window
+        if len(window) < self.min_tiles:
             return self.dilation
-        p95 = error_quantiles(list(self.window))["p95"]
+        p95 = error_quantiles(window)["p95"]
         assert p95 is not None
         new = next_dilation(self.dilation, p95, self.target, self.max_dilation)
-        if new < self.dilation and (len(self.window) < self.lower_min_tiles
+        if new < self.dilation and (len(window) < self.lower_min_tiles
                                     or self.steps_at_d < self.lower_min_steps):
             return self.dilation  # headroom, but not yet seen over enough tiles and steps
         if new != self.dilation:
             self.dilation = new
             self.steps_at_d = 0
-            self.window.clear()  # errors measured at the old D say nothing about the new one
+            self._steps.clear()  # errors measured at the old D say nothing about the new one
         return self.dilation
 
 

@@ -134,3 +134,14 @@ def test_controller_raises_fast_and_lowers_only_over_a_long_window() -> None:
     assert c.between_steps() == pytest.approx(3.2)  # the count of steps restarted at the change
     c.observe([0.3] * 20)  # one step of 20 tiles is enough to raise
     assert c.between_steps() > 3.2 * 2
+
+
+def test_controller_window_keeps_whole_steps_and_the_latest_step_entire() -> None:
+    c = DilationController(10.0, 0.1, window_tiles=400)
+    # one step of 1200 tiles, its p95 in the target; its last 400 alone would miss it (12.5%
+    # of them late)
+    c.observe([0.0] * 1150 + [0.5] * 50)
+    assert len(c.window) == 1200 and c.between_steps() == 10.0
+    c.observe([0.0] * 300)
+    c.observe([0.0] * 300)  # the 1200-tile step is dropped whole once 600 newer tiles suffice
+    assert len(c.window) == 600
