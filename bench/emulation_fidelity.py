@@ -29,8 +29,14 @@ D (the PS's probe, :func:`testbed.ps_backend.main.run_probe`, then
 :class:`~testbed.emulator.dilation.DilationController` between "steps" of a few GEMMs each, as
 in a run). Per tile the device-side error uses the D it ran at.
 
-    .venv/bin/python bench/emulation_fidelity.py [--quick] [--profile snapdragon888]
-        [--high-agents 16] [--many-agents 240] [--target 0.1]
+Per setting it also splits the device-side lateness (real compute beyond the hold, the hold's
+wake-up) and the wait from a result being ready to the PS reading it, and prints the probe's D,
+the D of each step and the host's 1-minute load average (other work on the host counts).
+The many-agents settings use a GEMM of 256 tiles (2048 x 1024 x 2048), one per step.
+
+    .venv/bin/python bench/emulation_fidelity.py [--quick] [--only LABEL]
+        [--profile snapdragon888] [--high-agents 16] [--many-agents 240] [--target 0.1]
+        [--many-target 0.15] [--gemms 24] [--many-gemms 12]
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from testbed.emulator.dilation import (  # noqa: E402
     DilationController,
     auto_dilation,
     calibrate_host_gflops,
+    error_quantiles,
     tile_error,
 )
 from testbed.perf_model.profiles import load_profile  # noqa: E402
@@ -205,12 +212,30 @@ def tile_errors(records: list[ResultRecord], dilation: float,
 GEMMS_PER_STEP = 4  # adaptive mode: D may change after every this many GEMMs
 
 
+def lateness_parts(records: list[ResultRecord]) -> dict[str, float]:
+    """Where a tile's device-side lateness arises, p95 in ms: real compute beyond the hold
+    (``lag_s``, the host's CPU share), the rest of the lateness (the hold's wake-up: the run
+    queue, the GIL), and the wait from the result being ready to the PS reading it (the agent's
+    uplink thread, gRPC, the PS's loop: the PS's share, outside the device-side error)."""
+    if not records:
+        return {"overrun_p95_ms": 0.0, "late_p95_ms": 0.0, "wake_p95_ms": 0.0,
+                "to_ps_p95_ms": 0.0}
+    late = np.array([r.done_s - r.started_s - r.compute_s * r.dilation for r in records])
+    overrun = np.array([r.lag_s for r in records])
+    to_ps = np.array([r.arrived_s - r.done_s for r in records])
+    p95 = lambda x: float(np.quantile(x, 0.95) * 1e3)  # noqa: E731
+    return {"overrun_p95_ms": p95(overrun), "late_p95_ms": p95(late),
+            "wake_p95_ms": p95(np.maximum(0.0, late - overrun)), "to_ps_p95_ms": p95(to_ps)}
+
+
 def run_setting(label: str, agents: int, dilation: float | None, profile: str, gemms: int,
                 shape: tuple[int, int, int], start: float = 1.0,
-                target: float = 0.1) -> dict[str, float]:
+                target: float = 0.1, gemms_per_step: int = 4) -> dict[str, Any]:
     """One setting: start agents, run GEMMs, return the error figures (dilation None: adaptive,
     probing from ``start``)."""
     m, k, n = shape
+    started = time.monotonic()
+    probe_d = None
     with PsHarness(dilation or start) as ps:
         for i in range(agents):
             ps.spawn(f"emu-{i}", "emulated", profile, seed=i)
@@ -223,25 +248,34 @@ def run_setting(label: str, agents: int, dilation: float | None, profile: str, g
             d, _ = run_probe(ps.server, ps.executor, job, agents, start, target, seed=1)
             ps.server.call(lambda: ps.server.core.set_dilation(d))  # type: ignore[union-attr]
             controller = DilationController(d, target)
+            probe_d = d
+        dilations = [ps.server.config.time_dilation]
         ps.run_gemms(2, m, k, n, step=0)  # warm-up: operand caches, thermal start
         ps.records.clear()
         wall_s, step = 0.0, 0
-        while step * GEMMS_PER_STEP < gemms:
+        step_p95: list[float] = []  # each step's device-side p95 error
+        while step * gemms_per_step < gemms:
             first = len(ps.records)
-            wall_s += ps.run_gemms(min(GEMMS_PER_STEP, gemms - step * GEMMS_PER_STEP), m, k, n,
+            wall_s += ps.run_gemms(min(gemms_per_step, gemms - step * gemms_per_step), m, k, n,
                                    step=step + 1)
             step += 1
+            step_errors = [tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
+                           for r in ps.records[first:]]
+            step_p95.append(error_quantiles(step_errors)["p95"] or 0.0)
             if controller is not None:  # between steps, as the PS's run loop does
-                controller.observe([tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
-                                    for r in ps.records[first:]])
+                controller.observe(step_errors)
                 d = controller.between_steps()
                 ps.server.call(lambda d=d: ps.server.core.set_dilation(d))  # type: ignore
+                dilations.append(d)
         final_d = ps.server.config.time_dilation
         errors, lags, starved = tile_errors(ps.records, final_d)
         at_device = np.array([tile_error(r.started_s, r.done_s, r.compute_s, r.dilation)
                               for r in ps.records])
         tiles = len(ps.records)
+        records = list(ps.records)
+        parts = lateness_parts(records)
         dilation = final_d
+        load_1m = os.getloadavg()[0]
     if len(errors) == 0:
         raise RuntimeError(f"{label}: no tiles were observed")
     abs_err = np.abs(errors)
@@ -252,7 +286,11 @@ def run_setting(label: str, agents: int, dilation: float | None, profile: str, g
             "lagging_share": float(np.mean(lags > 0)), "starved_share": float(starved.mean()),
             "p95_lag_ms": float(np.quantile(lags, 0.95) * 1e3),
             "device_median_err": float(np.median(np.abs(at_device))),
-            "device_p95_err": float(np.quantile(np.abs(at_device), 0.95))}
+            "device_p95_err": float(np.quantile(np.abs(at_device), 0.95)),
+            "probe_d": probe_d, "d_min": min(dilations), "d_max": max(dilations),
+            "d_path": dilations[:-1] if probe_d is not None else dilations,  # D of each step
+            "d_next": final_d, "step_p95": step_p95,
+            "load_1m": load_1m, "setting_s": time.monotonic() - started, **parts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,47 +300,85 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--high-agents", type=int, default=16)
     p.add_argument("--many-agents", type=int, default=240)
     p.add_argument("--target", type=float, default=0.1, help="adaptive p95 error target")
-    p.add_argument("--quick", action="store_true", help="fewer GEMMs; 240 agents adaptive only")
+    p.add_argument("--many-target", type=float, default=0.15,
+                   help="adaptive p95 error target with many agents")
+    p.add_argument("--quick", action="store_true", help="fewer GEMMs; many agents adaptive only")
     p.add_argument("--only", default="", help="run only settings whose label contains this")
     p.add_argument("--gemms", type=int, default=24, help="GEMMs per setting (32 tiles each)")
     p.add_argument("--shape", type=int, nargs=3, default=(512, 2048, 1024),
                    metavar=("M", "K", "N"), help="each GEMM; tiles are 128 x K x 128")
+    p.add_argument("--many-gemms", type=int, default=12,
+                   help="GEMMs of the many-agents settings (one per step)")
+    p.add_argument("--many-shape", type=int, nargs=3, default=(2048, 1024, 2048),
+                   metavar=("M", "K", "N"),
+                   help="the many-agents settings' GEMM: 256 tiles, about one per device")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     profile = load_profile(args.profile)
     assert profile.model is not None, f"profile {args.profile} has no time model"
-    tile = (128, args.shape[1], 128)
-    model_gflops = 2.0 * np.prod(tile) / profile.model.predict_one(*tile) / 1e9
+
+    def model_gflops(k: int) -> float:
+        tile = (128, k, 128)
+        return float(2.0 * np.prod(tile) / profile.model.predict_one(*tile) / 1e9)
+
     host = calibrate_host_gflops()
-    d_auto = auto_dilation(args.high_agents * model_gflops, host["host_gflops"])
-    print(f"profile {args.profile}: model rate {model_gflops:.1f} GFLOP/s at tile {tile}; host "
-          f"{host['single_thread_gflops']:.1f} GFLOP/s/thread x {host['cores']:.0f} cores; "
-          f"auto dilation for {args.high_agents} agents: {d_auto:.2f}")
+    d_auto = auto_dilation(args.high_agents * model_gflops(args.shape[1]), host["host_gflops"])
+    d_many = auto_dilation(args.many_agents * model_gflops(args.many_shape[1]),
+                           host["host_gflops"])
+    print(f"profile {args.profile}: model rate {model_gflops(args.shape[1]):.1f} GFLOP/s at "
+          f"tile 128 x {args.shape[1]} x 128; host {host['single_thread_gflops']:.1f} "
+          f"GFLOP/s/thread x {host['cores']:.0f} cores; formula's D for {args.high_agents} "
+          f"agents: {d_auto:.2f}, for {args.many_agents}: {d_many:.2f}")
     gemms = 8 if args.quick else args.gemms
-    shape = tuple(args.shape)
-    d_many = auto_dilation(args.many_agents * model_gflops, host["host_gflops"])
-    plan = [("low, fixed D", args.low_agents, 1.0, 1.0),
-            ("low, adaptive", args.low_agents, None, 1.0),
-            ("high, fixed D", args.high_agents, d_auto, d_auto),
-            ("high, adaptive", args.high_agents, None, d_auto),
-            ("many, adaptive", args.many_agents, None, d_many)]
+    many_gemms = max(4, args.many_gemms // 2) if args.quick else args.many_gemms
+    shape, many_shape = tuple(args.shape), tuple(args.many_shape)
+    # label, agents, fixed D (None: adaptive), start D, GEMMs, shape, GEMMs per step, target
+    few = (gemms, shape, GEMMS_PER_STEP, args.target)
+    many = (many_gemms, many_shape, 1, args.many_target)
+    plan = [("low, fixed D", args.low_agents, 1.0, 1.0, *few),
+            ("low, adaptive", args.low_agents, None, 1.0, *few),
+            ("high, fixed D", args.high_agents, d_auto, d_auto, *few),
+            ("high, adaptive", args.high_agents, None, d_auto, *few),
+            ("many, adaptive", args.many_agents, None, d_many, *many)]
     if not args.quick:
-        plan.insert(4, ("many, fixed D", args.many_agents, d_many, d_many))
-    rows = [(label, run_setting(label, agents, d, args.profile, gemms, shape, start=start,
-                                target=args.target))
-            for label, agents, d, start in plan if args.only in label]
-    print("errors of emulated tile time against the model, at the device and as the PS saw it")
-    print(f"adaptive target: device p95 <= {100 * args.target:.0f}%; D shown is the final one")
-    print(f"{'setting':<20}{'agents':>7}{'D':>6}{'tiles':>7}{'dev med%':>9}{'dev p95%':>9}"
-          f"{'timed':>7}{'median%':>9}"
-          f"{'p95%':>8}{'max%':>8}{'bias%':>8}{'lagging':>9}{'p95 lag ms':>11}{'fed late':>9}")
+        plan.insert(4, ("many, fixed D", args.many_agents, d_many, d_many, *many))
+    rows = []
+    for label, agents, d, start, count, gemm, per_step, target in plan:
+        if args.only in label:
+            rows.append((label, run_setting(label, agents, d, args.profile, count, gemm,
+                                            start=start, target=target,
+                                            gemms_per_step=per_step)))
+            print(f"  ({label}: {rows[-1][1]['setting_s']:.0f} s)", flush=True)
+    print(f"\nat the device: (done - started) / (D x compute_s) - 1 per tile; adaptive target "
+          f"p95 <= {100 * args.target:.0f}% ({100 * args.many_target:.0f}% with many agents)")
+    print("late = done beyond started + D x compute_s; overrun = real compute beyond the hold; "
+          "wake = the rest (the hold's wake-up); to PS = result ready -> PS read it (p95, ms)")
+    print(f"{'setting':<16}{'agents':>7}{'probe D':>8}{'D range':>14}{'tiles':>7}"
+          f"{'med%':>7}{'p95%':>7}{'late':>7}{'overrun':>8}{'wake':>7}{'to PS':>8}"
+          f"{'load 1m':>8}{'wall s':>7}")
     for label, r in rows:
-        print(f"{label:<20}{r['agents']:>7}{r['dilation']:>6.2f}{r['tiles']:>7}"
-              f"{100 * r['device_median_err']:>9.2f}{100 * r['device_p95_err']:>9.2f}"
-              f"{r['samples']:>7}"
+        probe = "-" if r["probe_d"] is None else f"{r['probe_d']:.2f}"
+        d_range = f"{r['d_min']:.2f}-{r['d_max']:.2f}" if r["d_max"] > r["d_min"] \
+            else f"{r['d_min']:.2f}"
+        print(f"{label:<16}{r['agents']:>7}{probe:>8}{d_range:>14}{r['tiles']:>7}"
+              f"{100 * r['device_median_err']:>7.2f}{100 * r['device_p95_err']:>7.2f}"
+              f"{r['late_p95_ms']:>7.2f}{r['overrun_p95_ms']:>8.2f}{r['wake_p95_ms']:>7.2f}"
+              f"{r['to_ps_p95_ms']:>8.1f}{r['load_1m']:>8.1f}{r['wall_s']:>7.1f}")
+    for label, r in rows:
+        if r["probe_d"] is not None:
+            path = " ".join(f"{d:.2f}" for d in r["d_path"])
+            p95s = " ".join(f"{100 * e:.1f}" for e in r["step_p95"])
+            print(f"{label}: D per step {path} (next: {r['d_next']:.2f}); "
+                  f"p95% per step {p95s}")
+    print("\nas the PS saw each tile: (arrived - max(received, previous arrived)) / D against "
+          "compute_s (final D)")
+    print(f"{'setting':<16}{'timed':>7}{'median%':>9}{'p95%':>8}{'max%':>8}{'bias%':>8}"
+          f"{'lagging':>9}{'fed late':>9}")
+    for label, r in rows:
+        print(f"{label:<16}{r['samples']:>7}"
               f"{100 * r['median_err']:>9.2f}{100 * r['p95_err']:>8.2f}{100 * r['max_err']:>8.1f}"
               f"{100 * r['mean_signed_err']:>8.2f}{100 * r['lagging_share']:>8.1f}%"
-              f"{r['p95_lag_ms']:>11.2f}{100 * r['starved_share']:>8.1f}%")
+              f"{100 * r['starved_share']:>8.1f}%")
     return 0
 
 

@@ -29,6 +29,7 @@ import logging
 import os
 import queue
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,41 @@ MAX_RESULTS_PER_MESSAGE = 64
 # than it could have left: tiny tiles travel together, a phone's 100 ms tile never waits
 MAX_BATCH_DELAY_S = 0.002
 RESULT_OVERHEAD_BYTES = 128  # a TileResult's fields besides the tensor bytes, generously
+
+
+# An emulated device's hold ends at a deadline; on a busy host a sleeping thread wakes late by
+# the time the CPU's run queue makes it wait (bench/emulation_fidelity.py: p95 ~10-20 ms with 16
+# agents on 2 busy cores), a wall-clock amount that only a larger time dilation hides. So the
+# hold's sleep runs at real-time priority (SCHED_FIFO, lowest level) where the host allows it:
+# the thread is then woken on time, reads the clock and drops back to normal priority before it
+# does anything else (microseconds at RT; the compute itself never runs at RT).
+HOLD_RT_PRIORITY = 1
+# ... and then it needs the GIL: a thread holding it (parsing the next tile, serialising a
+# result) keeps it up to the switch interval (5 ms by default); 0.5 ms bounds that wait
+GIL_SWITCH_S = 0.0005
+_rt_hold = [hasattr(os, "sched_setscheduler")]  # off after the host refused it once
+
+
+def hold_until(deadline_s: float) -> float:
+    """Sleep until the monotonic deadline_s; return the monotonic time the hold ended."""
+    remaining = deadline_s - time.monotonic()
+    if remaining <= 0:
+        return time.monotonic()
+    if _rt_hold[0]:
+        try:  # pid 0: this thread only
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(HOLD_RT_PRIORITY))
+        except OSError as exc:  # not permitted (no CAP_SYS_NICE, an RT-less cgroup)
+            _rt_hold[0] = False
+            log.info("holds sleep at normal priority (%s): wake-ups may be late on a busy host",
+                     exc)
+        else:
+            try:
+                time.sleep(max(0.0, deadline_s - time.monotonic()))
+                return time.monotonic()  # before the switch back, which may yield the CPU
+            finally:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    time.sleep(max(0.0, deadline_s - time.monotonic()))
+    return time.monotonic()
 
 
 class JoinRefused(Exception):
@@ -151,6 +187,8 @@ class Agent:
     def __init__(self, options: AgentOptions, model: "DeviceModel | None" = None):
         self.options = options
         self.model = model  # None: a real device, no emulated timing
+        if model is not None:  # bounds the GIL wait after a hold (see GIL_SWITCH_S)
+            sys.setswitchinterval(GIL_SWITCH_S)
         self.stopping = threading.Event()
         self.partitioned = threading.Event()
         self.tiles_done = 0
@@ -413,14 +451,13 @@ class _Session:
             device_s = cost.seconds * factor
             hold_s = device_s * self.dilation
             lag_s = max(0.0, real_s - hold_s)
-            remaining = start + hold_s - time.monotonic()
-            if remaining > 0:
-                time.sleep(remaining)
+            done = hold_until(start + hold_s)  # an absolute deadline from the tile's start
             compute_s, energy_j = device_s, cost.joules * factor
-        elif factor > 1:  # a real device made slow: wait out the extra time
-            time.sleep(real_s * (factor - 1))
-            compute_s = real_s * factor
-        done = time.monotonic()
+        else:
+            if factor > 1:  # a real device made slow: wait out the extra time
+                time.sleep(real_s * (factor - 1))
+                compute_s = real_s * factor
+            done = time.monotonic()
         if behaviour is not None:
             c, _ = behaviour.apply(c, int(tile.task_id), int(tile.attempt), tile.gemm,
                                    self.options.name)

@@ -231,7 +231,7 @@ PROBE_TILES_PER_DEVICE = 4
 
 
 def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, start: float,
-              target: float, seed: int) -> tuple[float, list[dict[str, Any]]]:
+              target: float, seed: int, rounds: int = 3) -> tuple[float, list[dict[str, Any]]]:
     """Before training: a few tiles per device at the job's tile shape, at D = start and then
     as :func:`probe_dilation` asks; returns the D that met the target and the rounds."""
     core = server.core
@@ -240,11 +240,11 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
     m, k, n = tile.tile_m * PROBE_TILES_PER_DEVICE, job.model.hidden, tile.tile_n * max(1, devices)
     gen = torch.Generator().manual_seed(seed)
     dtype = torch.float64 if job.dtype == "float64" else torch.float32
-    rounds = itertools.count()
+    round_ids = itertools.count()
 
     def measure(dilation: float) -> list[float]:
         server.call(lambda: core.set_dilation(dilation))
-        r = next(rounds)
+        r = next(round_ids)
         b = torch.randn(k, n, generator=gen, dtype=dtype)
         handles = [executor.submit(torch.randn(m, k, generator=gen, dtype=dtype), b,
                                    GemmSpec(f"probe{r}", "forward", PROBE_STEP)) for _ in range(2)]
@@ -255,7 +255,7 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
         return stats.tile_errors
 
     try:
-        return probe_dilation(measure, start, target)
+        return probe_dilation(measure, start, target, rounds=rounds)
     finally:
         server.call(core.take_step_plan)  # ... and out of the first step's plan and bound
         executor.local_gemms = 0

@@ -47,20 +47,26 @@ def _probe(agents: int, cores: set[int] | None) -> tuple[float, list[dict]]:
             ps.spawn(f"emu-{i}", "emulated", "snapdragon888", seed=i, cores=cores)
         ps.wait_joined(agents)
         # a 50% target: the probe raises D by at most 8x a round, so with a tight target both
-        # hosts would hit that cap in the first round and choose the same D
-        return run_probe(ps.server, ps.executor, job, agents, 1.0, 0.50, seed=0)
+        # hosts would hit that cap in the first round and choose the same D; 5 rounds, so that
+        # on a host others load heavily both probes still get to D that meet the target
+        return run_probe(ps.server, ps.executor, job, agents, 1.0, 0.50, seed=0, rounds=5)
 
 
 def test_probe_picks_a_larger_dilation_on_a_host_made_slow() -> None:
     cores = sorted(os.sched_getaffinity(0))
     idle_d, idle = _probe(6, None)
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                              preexec_fn=lambda: os.sched_setaffinity(0, {cores[0]}))
+    # two burners on the agents' one core: the agents there get about 3/4 of a core while
+    # the host's other work is spread over all cores (the agents hold at real-time priority,
+    # so only their compute, not their wake-ups, feels the burners)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                preexec_fn=lambda: os.sched_setaffinity(0, {cores[0]}))
+               for _ in range(2)]
     try:
         slow_d, slow = _probe(6, {cores[0]})
     finally:
-        burner.kill()
-        burner.wait()
+        for burner in burners:
+            burner.kill()
+            burner.wait()
     assert idle and slow and all(r["tiles"] > 0 for r in idle + slow)
     # (the first round at D = 1 is cold on both hosts; the choice is what must differ)
     assert slow_d > idle_d, (idle_d, idle, slow_d, slow)

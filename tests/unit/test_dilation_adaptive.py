@@ -105,3 +105,43 @@ def test_topology_bad_time_dilation_names_the_field(tmp_path: Path, value: objec
     with pytest.raises(InputError) as err:
         load_topology(tiny_topology(tmp_path, time_dilation=value))
     assert "time_dilation" in str(err.value)
+
+
+def test_probe_does_not_judge_its_cold_first_round() -> None:
+    calls: list[float] = []
+
+    def measure(dilation: float) -> list[float]:
+        calls.append(dilation)
+        # the first round pays once for the devices' first tiles: 5x late; then 4% at D = 2
+        return [5.0] * 40 if len(calls) == 1 else [0.04 * 2.0 / dilation] * 40
+
+    d, history = probe_dilation(measure, 2.0, 0.1)
+    assert d == 2.0 and calls == [2.0, 2.0]  # warm-up, then one judged round that met it
+    assert history[0]["warmup"] is True and "warmup" not in history[1]
+    d_cold, _ = probe_dilation(lambda _d: [5.0] * 40, 2.0, 0.1, warmup=False)
+    assert d_cold > 2.0  # without the warm-up a cold round raises D
+
+
+def test_controller_raises_fast_and_lowers_only_over_a_long_window() -> None:
+    c = DilationController(4.0, 0.1, min_tiles=20, lower_min_tiles=100, lower_min_steps=3)
+    c.observe([0.005] * 50)  # ample headroom, but seen over 50 tiles only
+    assert c.between_steps() == 4.0
+    c.observe([0.005] * 50)
+    assert c.between_steps() == 4.0  # 100 tiles, but from 2 steps only
+    c.observe([0.005] * 5)
+    assert c.between_steps() == pytest.approx(3.2)  # 105 tiles over 3 steps: lowered (x0.8)
+    c.observe([0.005] * 200)
+    assert c.between_steps() == pytest.approx(3.2)  # the count of steps restarted at the change
+    c.observe([0.3] * 20)  # one step of 20 tiles is enough to raise
+    assert c.between_steps() > 3.2 * 2
+
+
+def test_controller_window_keeps_whole_steps_and_the_latest_step_entire() -> None:
+    c = DilationController(10.0, 0.1, window_tiles=400)
+    # one step of 1200 tiles, its p95 in the target; its last 400 alone would miss it (12.5%
+    # of them late)
+    c.observe([0.0] * 1150 + [0.5] * 50)
+    assert len(c.window) == 1200 and c.between_steps() == 10.0
+    c.observe([0.0] * 300)
+    c.observe([0.0] * 300)  # the 1200-tile step is dropped whole once 600 newer tiles suffice
+    assert len(c.window) == 600
