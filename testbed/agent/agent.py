@@ -350,6 +350,8 @@ class _Session:
                                                 reason=reason), timeout=2)
             except grpc.RpcError as exc:
                 log.info("leave not acknowledged: %s", exc.details())
+            except ValueError as exc:  # a signal arrived after the channel closed: gone anyway
+                log.info("leave not sent: %s", exc)
         self.outbox.put(None)
 
     # -- down: the PS's messages ----------------------------------------------------------------
