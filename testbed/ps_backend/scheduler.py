@@ -277,6 +277,7 @@ class BackupIndex:
         self._new: list[_Entry] = []  # added since the last sort
         self._new_overdue: list[_Entry] = []
         self._heap: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # not yet overdue
+        self._earliest: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # all, heap
         self._parked: dict[int, list[tuple[Copy, DeviceSlot]]] = {}
         self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
         self._added = 0
@@ -285,8 +286,9 @@ class BackupIndex:
     def add(self, copy: Copy, slot: DeviceSlot) -> None:
         """Index a copy just handed out."""
         self._new.append((-copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot))
-        heapq.heappush(self._heap, (copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy,
-                                    slot))
+        entry = (copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot)
+        heapq.heappush(self._heap, entry)
+        heapq.heappush(self._earliest, entry)
         self.min_flops = min(self.min_flops, copy.task.flops)
         self._added += 1
         if self._added > max(64, 2 * self._kept):  # also keeps min_flops close
@@ -325,6 +327,8 @@ class BackupIndex:
         self._by_sent = [e for e in self._by_sent if self.current(e)]
         self._heap = [h for h in self._heap if self.current(h)]
         heapq.heapify(self._heap)
+        self._earliest = [h for h in self._earliest if self.current(h)]
+        heapq.heapify(self._earliest)
         for task_id in [t for t, copies in self._parked.items()
                         if not any(s.in_flight.get(t) is c for c, s in copies)]:
             del self._parked[task_id]
@@ -334,6 +338,13 @@ class BackupIndex:
                 self.min_flops = min(self.min_flops, copy.task.flops)
         self._added = 0
         self._kept = len(self._by_expected)
+
+    def earliest_expected_s(self) -> float:
+        """The earliest predicted return of any copy in the search (inf: none)."""
+        heap = self._earliest
+        while heap and not self.current(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
 
     def most_remaining_s(self, now_s: float) -> float:
         """No current copy has more remaining time than this at now_s (-inf: none in flight)."""
@@ -920,12 +931,19 @@ class Scheduler:
         floor = ready.least_overhead_s()
         bar: float | None = None  # the steal candidate's owner's finish (None: not known yet)
         jumps: list[int] | None = None  # positions of the fresh devices, in pump order
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
         i = 0
         while i < len(keys):
             slot = devices[keys[i][2]]
             if not self._pending_live():
                 if self._no_backup_below(slot.rate_flops, floor, now_s):
                     break
+                if slot.overhead_s is None and \
+                        not now_s - self._backups.earliest_expected_s() >= overdue_s:
+                    # _backup_candidate gives a device whose overhead is unknown only copies
+                    # overdue by OVERDUE_BACKUP_S, and none is
+                    i += 1
+                    continue
             elif fresh is not None and slot.device_id not in fresh:
                 # Not touched since the last pump: it has no pending tile of its own, so only
                 # an orphan or a steal could give it one. If none can at its speed, none can
