@@ -745,10 +745,16 @@ class Scheduler:
 
     def add_device(self, slot: DeviceSlot) -> None:
         """Register a device and size every window again."""
-        old = self.devices.get(slot.device_id)
-        slot.order = old.order if old is not None else next(self._orders)  # dict order
-        self.devices[slot.device_id] = slot
-        self.pending.owner_back(slot.device_id)
+        self.add_devices([slot])
+
+    def add_devices(self, slots: Iterable[DeviceSlot]) -> None:
+        """Register devices in turn and size every window once: the state add_device leaves
+        after each of them (windows depend only on the devices registered)."""
+        for slot in slots:
+            old = self.devices.get(slot.device_id)
+            slot.order = old.order if old is not None else next(self._orders)  # dict order
+            self.devices[slot.device_id] = slot
+            self.pending.owner_back(slot.device_id)
         self._resize_windows()
 
     def set_max_in_flight(self, device_id: str, tiles: int) -> None:

@@ -195,23 +195,34 @@ class Simulation(EventLoop):
     # -- membership ----------------------------------------------------------------------------
     def join(self, dev: SimDevice) -> None:
         """A device joins (the PS registers it as PsCore.join does)."""
-        dev.present = True
-        dev.session += 1
-        dev.sessions += 1
-        dev.busy_until_s = max(dev.busy_until_s, self.now_s)
-        slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
-                          predicted_gflops=dev.gflops or 1.0, max_in_flight=EMULATED_MAX_IN_FLIGHT,
-                          cache_bytes=AGENT_CACHE_BYTES, group=dev.spec.group.group,
-                          kind="emulated", profile=dev.spec.group.profile)
-        dev.slot = slot
-        self.by_id[slot.device_id] = dev
-        self.scheduler.add_device(slot)
+        self.join_all([dev])
+
+    def join_all(self, devs: list[SimDevice]) -> None:
+        """Devices join at the same moment, one after another: as many joins, with the
+        scheduler's windows sized once (Scheduler.add_devices) instead of after each."""
+        slots = []
+        for dev in devs:
+            dev.present = True
+            dev.session += 1
+            dev.sessions += 1
+            dev.busy_until_s = max(dev.busy_until_s, self.now_s)
+            slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
+                              predicted_gflops=dev.gflops or 1.0,
+                              max_in_flight=EMULATED_MAX_IN_FLIGHT,
+                              cache_bytes=AGENT_CACHE_BYTES, group=dev.spec.group.group,
+                              kind="emulated", profile=dev.spec.group.profile)
+            dev.slot = slot
+            self.by_id[slot.device_id] = dev
+            slots.append(slot)
+        self.scheduler.add_devices(slots)
         self._ready_stale = True
-        if dev.partitioned:  # joined while its link is down: no work until it heals
-            self.ready.block(slot, True)
-        self.planner.saw(slot)
-        self.emit("join", device=slot.name, device_id=slot.device_id, group=slot.group,
-                  kind="emulated", profile=slot.profile, predicted_gflops=slot.predicted_gflops)
+        for dev, slot in zip(devs, slots):
+            if dev.partitioned:  # joined while its link is down: no work until it heals
+                self.ready.block(slot, True)
+            self.planner.saw(slot)
+            self.emit("join", device=slot.name, device_id=slot.device_id, group=slot.group,
+                      kind="emulated", profile=slot.profile,
+                      predicted_gflops=slot.predicted_gflops)
         self.pump()
 
     def drop(self, dev: SimDevice, kind: str, reason: str) -> None:
@@ -398,9 +409,7 @@ class Simulation(EventLoop):
         present = self.schedule.initially_present if self.schedule is not None else \
             frozenset(self.devices)
         self._wanted = set(present)
-        for name, dev in self.devices.items():
-            if name in present:
-                self.join(dev)
+        self.join_all([dev for name, dev in self.devices.items() if name in present])
         self.emit("training_start", devices=len(present), expected_devices=len(present))
         if self.schedule is not None:
             self.emit("churn_clock_start", actions=len(self.schedule.actions),

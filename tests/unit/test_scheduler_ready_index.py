@@ -159,3 +159,16 @@ def test_ready_index_order_and_least_overhead() -> None:
     ready.rebuild()
     assert [x.device_id for x in ready.slots()] == ["d0", "d3"]
     assert ready.least_overhead_s() == 0.5
+
+
+def test_add_devices_leaves_the_state_of_one_add_device_each() -> None:
+    rng = random.Random(5)
+    one, many = Scheduler(), Scheduler()
+    specs = [(f"d{i}", rng.choice([0.5, 1, 2, 8, 30]), rng.choice([1, 2, 8])) for i in range(40)]
+    specs.append(specs[3])  # a device registering again under its id keeps its order
+    for device_id, gflops, most in specs:
+        one.add_device(DeviceSlot(device_id, device_id, gflops, most, 1 << 16))
+    many.add_devices(DeviceSlot(d, d, g, m, 1 << 16) for d, g, m in specs)
+    assert [(s.device_id, s.order, s.window) for s in one.devices.values()] == \
+        [(s.device_id, s.order, s.window) for s in many.devices.values()]
+    assert len({s.window for s in many.devices.values()}) > 2  # windows do differ
