@@ -142,6 +142,7 @@ class FlowNetwork:
         self._live = np.zeros(rows, dtype=bool)
         self._by_slot: list[Flow | None] = [None] * rows
         self._free: list[int] = list(range(rows - 1, -1, -1))
+        self._rows: np.ndarray | None = None  # the live rows, ascending (None: to find again)
 
     def add_link(self, capacity_Bps: float, name: str = "") -> int:
         """A new link; returns its id."""
@@ -194,6 +195,7 @@ class FlowNetwork:
         self._live[slot] = True
         self._by_slot[slot] = flow
         self._dirty = True
+        self._rows = None
         return flow
 
     def _release(self, flow: Flow) -> None:
@@ -201,6 +203,7 @@ class FlowNetwork:
         self._left[slot] = 0.0  # what a finished flow has left
         self._live[slot] = False
         self._by_slot[slot] = None
+        self._rows = None
         self._free.append(slot)
         flow._slot = -1
 
@@ -211,6 +214,11 @@ class FlowNetwork:
             self._release(flow)
             self._dirty = True
 
+    def _live_rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = np.flatnonzero(self._live)
+        return self._rows
+
     def _rates(self) -> None:
         if not self._dirty:
             return
@@ -219,20 +227,19 @@ class FlowNetwork:
         if self._cap_stale:
             self._cap = np.asarray(self.capacity_Bps, dtype=float)
             self._cap_stale = False
-        live = np.flatnonzero(self._live)
+        live = self._live_rows()
         if not live.size:
             return
         links = self._links[live]
-        has = links >= 0
-        flow_of = np.broadcast_to(np.arange(live.size)[:, None], links.shape)[has]
-        self._rate[live] = _water_fill(flow_of, links[has], self._cap, live.size)
+        flow_of, col = np.nonzero(links >= 0)  # row by row: each flow's pairs are adjacent
+        self._rate[live] = _water_fill(flow_of, links[flow_of, col], self._cap, live.size)
 
     def next_drain_s(self) -> float:
         """When the next flow's last byte leaves (inf: no flow can progress)."""
         self._rates()
         if not self.flows:
             return INF
-        live = self._live
+        live = self._live_rows()
         left = self._left[live]
         if (left <= EPS_BYTES).any():
             return self.now_s
@@ -251,7 +258,7 @@ class FlowNetwork:
         self.now_s = to_s
         if not self.flows:
             return []
-        live = np.flatnonzero(self._live)
+        live = self._live_rows()
         rate = self._rate[live]
         left = self._left[live]
         unlimited = np.isinf(rate)
