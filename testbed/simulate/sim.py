@@ -84,8 +84,12 @@ class ValuelessScheduler(Scheduler):
         return None
 
 
+@functools.lru_cache(maxsize=4096)
 def shape_only(m: int, n: int, dtype: np.dtype) -> np.ndarray:
-    """An m x n array of dtype that holds no memory (zero strides): shapes and sizes only."""
+    """An m x n array of dtype that holds no memory (zero strides): shapes and sizes only.
+
+    Read-only and shared: a step has a few dozen distinct shapes and one result per tile.
+    """
     return np.broadcast_to(np.zeros((), dtype=dtype), (m, n))
 
 
