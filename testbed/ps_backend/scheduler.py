@@ -585,6 +585,7 @@ class ReadyIndex:
     def __init__(self, scheduler: Scheduler) -> None:
         self._sched = scheduler
         self._keys: list[tuple[float, int, str]] = []  # sorted: (-rate_flops, order, id)
+        self._known_keys: list[tuple[float, int, str]] = []  # those whose overhead is known
         self._key_of: dict[str, tuple[float, int, str]] = {}
         self._blocked: set[str] = set()
         self._overheads: list[tuple[float, str]] = []  # heap, stale entries dropped lazily
@@ -601,11 +602,16 @@ class ReadyIndex:
         old = self._key_of.pop(device_id, None)
         if old is not None:
             del self._keys[bisect.bisect_left(self._keys, old)]
+            at = bisect.bisect_left(self._known_keys, old)
+            if at < len(self._known_keys) and self._known_keys[at] == old:
+                del self._known_keys[at]
         if (self._sched.devices.get(device_id) is slot and slot.free > 0
                 and device_id not in self._blocked):
             key = (-slot.rate_flops, slot.order, device_id)
             bisect.insort(self._keys, key)
             self._key_of[device_id] = key
+            if slot.overhead_s is not None:
+                bisect.insort(self._known_keys, key)
         overhead = slot.overhead_s
         if overhead is not None and self._filed_overhead.get(device_id) != overhead:
             self._filed_overhead[device_id] = overhead
@@ -627,6 +633,7 @@ class ReadyIndex:
     def rebuild(self) -> None:
         """File every registered device again (windows were resized)."""
         self._keys.clear()
+        self._known_keys.clear()
         self._key_of.clear()
         self._fresh = None
         self._filed_overhead = {d: o for d, o in self._filed_overhead.items()
@@ -938,18 +945,24 @@ class Scheduler:
         bar: float | None = None  # the steal candidate's owner's finish (None: not known yet)
         jumps: list[int] | None = None  # positions of the fresh devices, in pump order
         overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most: float | None = None  # the backup index's most remaining time (None: find it)
+        walk = keys  # switches to the devices of known overhead (below); positions are walk's
         i = 0
-        while i < len(keys):
-            slot = devices[keys[i][2]]
-            if not self._pending_live():
-                if self._no_backup_below(slot.rate_flops, floor, now_s):
-                    break
-                if slot.overhead_s is None and \
+        while i < len(walk):
+            slot = devices[walk[i][2]]
+            if not self._pending_live():  # from here on to the end of this pump: backups only
+                if walk is keys and \
                         not now_s - self._backups.earliest_expected_s() >= overdue_s:
                     # _backup_candidate gives a device whose overhead is unknown only copies
-                    # overdue by OVERDUE_BACKUP_S, and none is
-                    i += 1
+                    # overdue by OVERDUE_BACKUP_S, and none is (nor will be in this pump: new
+                    # copies are due later): walk on through the devices of known overhead
+                    walk = ready._known_keys
+                    i = bisect.bisect_left(walk, keys[i])
                     continue
+                if most is None:
+                    most = self._backups.most_remaining_s(now_s)
+                if self._no_backup_below(slot.rate_flops, floor, now_s, most):
+                    break
             elif fresh is not None and slot.device_id not in fresh:
                 # Not touched since the last pump: it has no pending tile of its own, so only
                 # an orphan or a steal could give it one. If none can at its speed, none can
@@ -972,7 +985,7 @@ class Scheduler:
             got = self.assign(slot.device_id, now_s=now_s)
             if got:
                 out.append((slot, got))
-                bar = None  # the queue and the owners changed
+                bar = most = None  # the queue, the owners and the copies changed
             if slot.free > 0 and self.pending.owned_any(slot.device_id):
                 ready.mark_fresh(slot)  # passed over with tiles of its own: offer them again
             i += 1
@@ -1020,9 +1033,10 @@ class Scheduler:
             (1 - 1e-9)
         return not straggles(bar_s, mine_min) or bar_s - mine_min < MIN_BACKUP_GAIN_S
 
-    def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float) -> bool:
+    def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
+                         most: float | None = None) -> bool:
         """Whether no device at most this fast, with at least this overhead, can take a
-        backup copy now."""
+        backup copy now (``most``: the index's most_remaining_s(now_s), if known)."""
         index = self._backups
         if not self.speculate or math.isinf(index.min_flops):
             return True
@@ -1030,7 +1044,8 @@ class Scheduler:
         # make the bound looser, never wrong)
         mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
             (1 - 1e-9)
-        most = index.most_remaining_s(now_s)
+        if most is None:
+            most = index.most_remaining_s(now_s)
         return most <= 0.0 or not most > STRAGGLER_RATIO * mine_min or \
             most - mine_min < MIN_BACKUP_GAIN_S
 
