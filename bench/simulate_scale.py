@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODELS = {
     "opt-125m": {"family": "opt", "hidden": 768, "layers": 12, "heads": 12, "ffn": 3072,
@@ -57,11 +59,30 @@ job:
 """
 
 
-def one_case(devices: int, model: str, steps: int) -> dict[str, float]:
-    """Run in this process: simulate and measure."""
+class _OutOfTime(Exception):
+    pass
+
+
+def _out_of_time(_signum: int, _frame: Any) -> None:
+    raise _OutOfTime()
+
+
+def one_case(devices: int, model: str, steps: int, timeout_s: float) -> dict[str, Any]:
+    """Run in this process: simulate and measure; after timeout_s, say how far it got."""
+    from testbed.simulate import sim as sim_module
     from testbed.simulate.run import simulate
     from testbed.topology import load_topology
 
+    made: list[Any] = []
+
+    class Watched(sim_module.Simulation):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    sim_module.Simulation = Watched  # simulate() imports it when called
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.yaml"
         path.write_text(topology_yaml(devices, model, steps))
@@ -69,8 +90,19 @@ def one_case(devices: int, model: str, steps: int) -> dict[str, float]:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         start = time.monotonic()
-        summary = simulate(topology, run_dir, report=False)
+        try:
+            summary = simulate(topology, run_dir, report=False)
+        except _OutOfTime:
+            wall = time.monotonic() - start
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            sim = made[0] if made else None
+            return {"devices": devices, "model": model, "state": "unfinished", "wall_s": wall,
+                    "cpu_s": usage.ru_utime + usage.ru_stime,
+                    "peak_rss_mb": usage.ru_maxrss / 1024,
+                    "virtual_s": sim.now_s if sim is not None else 0.0,
+                    "tiles": (sim.totals.tiles + sim.stats.tiles) if sim is not None else 0}
         wall = time.monotonic() - start
+        signal.setitimer(signal.ITIMER_REAL, 0)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     rss_mb = usage.ru_maxrss / 1024
     return {"devices": devices, "model": model, "state": summary["state"],
@@ -87,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="100 devices only")
     p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="per case")
+    p.add_argument("--timeout-s", type=float, default=1800.0,
+                   help="per case; a case still running then prints how far it got")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--devices", default="")
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
-        print(json.dumps(one_case(int(args.case[0]), args.case[1], args.steps)))
+        print(json.dumps(one_case(int(args.case[0]), args.case[1], args.steps,
+                                  args.timeout_s)))
         return 0
     sizes = [int(x) for x in args.devices.split(",") if x] or \
         ([100] if args.quick else [100, 1000, 10000])
@@ -103,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             cmd = [sys.executable, __file__, "--case", str(n), model, "--steps", str(args.steps)]
             try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
+                out = subprocess.run(cmd + ["--timeout-s", str(args.timeout_s)],
+                                     capture_output=True, text=True,
+                                     timeout=args.timeout_s + 120)
             except subprocess.TimeoutExpired:
                 print(f"{model:10} {n:>7} timed out after {args.timeout_s:g} s", flush=True)
                 continue
@@ -112,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            if r["state"] == "unfinished":
+                print(f"{model:10} {n:>7} {'< ' + format(1 / r['wall_s'], '.4f'):>12} "
+                      f"{r['wall_s']:>8.1f} {r['cpu_s']:>8.1f} {'unfinished':>13} "
+                      f"{r['tiles']:>8} {r['peak_rss_mb']:>11.0f}  (step not done: "
+                      f"{r['virtual_s']:.3f} device s simulated)", flush=True)
+                continue
             print(f"{model:10} {n:>7} {r['steps_per_wall_s']:>12.4f} {r['wall_s']:>8.1f} "
                   f"{r['cpu_s']:>8.1f} {r['device_s_per_step']:>13.3f} {r['tiles']:>8} "
                   f"{r['peak_rss_mb']:>11.0f}", flush=True)
