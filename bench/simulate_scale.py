@@ -1,8 +1,11 @@
 """How fast `testbed simulate` runs: simulated steps per wall second and peak memory.
 
-For 100 / 1,000 / 10,000 devices (quick mode: 100 and 1,000) on OPT-125m-shaped (hidden 768,
-12 layers, ffn 3072) and OPT-1.3B-shaped (hidden 2048, 24 layers, ffn 8192, seq 2048) jobs:
-one step each, in a child process per case so that each peak RSS is its own.
+For 100 / 1,000 / 10,000 devices (quick mode: 100, a couple of minutes) on OPT-125m-shaped
+(hidden 768, 12 layers, ffn 3072) and OPT-1.3B-shaped (hidden 2048, 24 layers, ffn 8192, seq
+2048) jobs: one step each, in a child process per case so that each peak RSS is its own. Wall
+seconds cover the whole run (joining every device, planning, the step, writing the run
+directory); CPU seconds are the child's user + system time (on a shared host, wall time
+includes waiting for a core).
 
     .venv/bin/python bench/simulate_scale.py [--quick] [--steps N] [--timeout-s S]
 """
@@ -12,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODELS = {
     "opt-125m": {"family": "opt", "hidden": 768, "layers": 12, "heads": 12, "ffn": 3072,
@@ -54,11 +59,30 @@ job:
 """
 
 
-def one_case(devices: int, model: str, steps: int) -> dict[str, float]:
-    """Run in this process: simulate and measure."""
+class _OutOfTime(Exception):
+    pass
+
+
+def _out_of_time(_signum: int, _frame: Any) -> None:
+    raise _OutOfTime()
+
+
+def one_case(devices: int, model: str, steps: int, timeout_s: float) -> dict[str, Any]:
+    """Run in this process: simulate and measure; after timeout_s, say how far it got."""
+    from testbed.simulate import sim as sim_module
     from testbed.simulate.run import simulate
     from testbed.topology import load_topology
 
+    made: list[Any] = []
+
+    class Watched(sim_module.Simulation):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    sim_module.Simulation = Watched  # simulate() imports it when called
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.yaml"
         path.write_text(topology_yaml(devices, model, steps))
@@ -66,48 +90,73 @@ def one_case(devices: int, model: str, steps: int) -> dict[str, float]:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         start = time.monotonic()
-        summary = simulate(topology, run_dir, report=False)
+        try:
+            summary = simulate(topology, run_dir, report=False)
+        except _OutOfTime:
+            wall = time.monotonic() - start
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            sim = made[0] if made else None
+            return {"devices": devices, "model": model, "state": "unfinished", "wall_s": wall,
+                    "cpu_s": usage.ru_utime + usage.ru_stime,
+                    "peak_rss_mb": usage.ru_maxrss / 1024,
+                    "virtual_s": sim.now_s if sim is not None else 0.0,
+                    "tiles": (sim.totals.tiles + sim.stats.tiles) if sim is not None else 0}
         wall = time.monotonic() - start
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss_mb = usage.ru_maxrss / 1024
     return {"devices": devices, "model": model, "state": summary["state"],
             "steps": summary["steps_done"], "wall_s": wall,
             "steps_per_wall_s": summary["steps_done"] / wall if wall > 0 else 0.0,
             "device_s_per_step": summary["wall_s"] / max(1, summary["steps_done"]),
             "tiles": summary["tiles"], "peak_rss_mb": rss_mb,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
             "flow_recomputes": summary["flow_rate_recomputes"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print one line per case."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="100 and 1,000 devices only")
+    p.add_argument("--quick", action="store_true", help="100 devices only")
     p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="per case")
+    p.add_argument("--timeout-s", type=float, default=1800.0,
+                   help="per case; a case still running then prints how far it got")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--devices", default="")
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
-        print(json.dumps(one_case(int(args.case[0]), args.case[1], args.steps)))
+        print(json.dumps(one_case(int(args.case[0]), args.case[1], args.steps,
+                                  args.timeout_s)))
         return 0
     sizes = [int(x) for x in args.devices.split(",") if x] or \
-        ([100, 1000] if args.quick else [100, 1000, 10000])
-    print(f"{'model':10} {'devices':>7} {'steps/wall s':>12} {'wall s':>8} "
-          f"{'device s/step':>13} {'tiles':>8} {'peak RSS MB':>11}")
+        ([100] if args.quick else [100, 1000, 10000])
+    print(f"{'model':10} {'devices':>7} {'steps/wall s':>12} {'wall s':>8} {'cpu s':>8} "
+          f"{'device s/step':>13} {'tiles':>8} {'peak RSS MB':>11}", flush=True)
     for model in args.models.split(","):
         for n in sizes:
             cmd = [sys.executable, __file__, "--case", str(n), model, "--steps", str(args.steps)]
             try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
+                out = subprocess.run(cmd + ["--timeout-s", str(args.timeout_s)],
+                                     capture_output=True, text=True,
+                                     timeout=args.timeout_s + 120)
             except subprocess.TimeoutExpired:
-                print(f"{model:10} {n:>7} timed out after {args.timeout_s:g} s")
+                print(f"{model:10} {n:>7} timed out after {args.timeout_s:g} s", flush=True)
                 continue
             if out.returncode != 0:
-                print(f"{model:10} {n:>7} failed: {out.stderr.strip().splitlines()[-1:]}")
+                print(f"{model:10} {n:>7} failed: {out.stderr.strip().splitlines()[-1:]}",
+                      flush=True)
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            if r["state"] == "unfinished":
+                print(f"{model:10} {n:>7} {'< ' + format(1 / r['wall_s'], '.4f'):>12} "
+                      f"{r['wall_s']:>8.1f} {r['cpu_s']:>8.1f} {'unfinished':>13} "
+                      f"{r['tiles']:>8} {r['peak_rss_mb']:>11.0f}  (step not done: "
+                      f"{r['virtual_s']:.3f} device s simulated)", flush=True)
+                continue
             print(f"{model:10} {n:>7} {r['steps_per_wall_s']:>12.4f} {r['wall_s']:>8.1f} "
-                  f"{r['device_s_per_step']:>13.3f} {r['tiles']:>8} {r['peak_rss_mb']:>11.0f}")
+                  f"{r['cpu_s']:>8.1f} {r['device_s_per_step']:>13.3f} {r['tiles']:>8} "
+                  f"{r['peak_rss_mb']:>11.0f}", flush=True)
     return 0
 
 

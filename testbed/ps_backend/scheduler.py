@@ -291,6 +291,7 @@ class BackupIndex:
         self._new: list[_Entry] = []  # added since the last sort
         self._new_overdue: list[_Entry] = []
         self._heap: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # not yet overdue
+        self._earliest: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # all, heap
         self._parked: dict[int, list[tuple[Copy, DeviceSlot]]] = {}
         self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
         self._added = 0
@@ -299,8 +300,9 @@ class BackupIndex:
     def add(self, copy: Copy, slot: DeviceSlot) -> None:
         """Index a copy just handed out."""
         self._new.append((-copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot))
-        heapq.heappush(self._heap, (copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy,
-                                    slot))
+        entry = (copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot)
+        heapq.heappush(self._heap, entry)
+        heapq.heappush(self._earliest, entry)
         self.min_flops = min(self.min_flops, copy.task.flops)
         self._added += 1
         if self._added > max(64, 2 * self._kept):  # also keeps min_flops close
@@ -339,6 +341,8 @@ class BackupIndex:
         self._by_sent = [e for e in self._by_sent if self.current(e)]
         self._heap = [h for h in self._heap if self.current(h)]
         heapq.heapify(self._heap)
+        self._earliest = [h for h in self._earliest if self.current(h)]
+        heapq.heapify(self._earliest)
         for task_id in [t for t, copies in self._parked.items()
                         if not any(s.in_flight.get(t) is c for c, s in copies)]:
             del self._parked[task_id]
@@ -348,6 +352,13 @@ class BackupIndex:
                 self.min_flops = min(self.min_flops, copy.task.flops)
         self._added = 0
         self._kept = len(self._by_expected)
+
+    def earliest_expected_s(self) -> float:
+        """The earliest predicted return of any copy in the search (inf: none)."""
+        heap = self._earliest
+        while heap and not self.current(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
 
     def most_remaining_s(self, now_s: float) -> float:
         """No current copy has more remaining time than this at now_s (-inf: none in flight)."""
@@ -534,6 +545,10 @@ class PendingQueue:
             if self._valid(entry):
                 yield entry[1]
 
+    def owned_any(self, owner: str | None) -> bool:
+        """Whether one owner has a queued task."""
+        return next(self.owned(owner), None) is not None
+
     def owner_gone(self, owner: str) -> None:
         """An owner left or was quarantined: its queued tasks are orphans."""
         if owner in self._by_owner:
@@ -567,6 +582,110 @@ class PendingQueue:
 
 
 _UNKNOWN = DeviceSlot("", "", 1.0, 1, 0)  # a device whose overhead is not known yet
+
+
+class ReadyIndex:
+    """The devices with room in their window, fastest first, kept filed instead of sorted.
+
+    The order is the PS pump's: ``rate_flops`` descending, then registration order (a stable
+    sort of the devices in join order). A device's place changes only when its rate, window or
+    copies do, so the caller :meth:`touch`-es the devices it knows changed (the one a result
+    came from, the ones just given tiles) and calls :meth:`rebuild` when windows were resized
+    (a join, a departure, a quarantine). ``blocked`` devices (the caller's: e.g. partitioned)
+    are left out. It also keeps the least known overhead of any registered device, a lower
+    bound of every ready device's ``_overhead_s`` (an unknown one is the mean of the known).
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._sched = scheduler
+        self._keys: list[tuple[float, int, str]] = []  # sorted: (-rate_flops, order, id)
+        self._known_keys: list[tuple[float, int, str]] = []  # those whose overhead is known
+        self._key_of: dict[str, tuple[float, int, str]] = {}
+        self._blocked: set[str] = set()
+        self._overheads: list[tuple[float, str]] = []  # heap, stale entries dropped lazily
+        self._filed_overhead: dict[str, float] = {}
+        # devices touched since the last assign_ready (None: all of them count as touched)
+        self._fresh: set[str] | None = None
+        self._newest_task = -1  # the newest task id at the last assign_ready
+
+    def touch(self, slot: DeviceSlot) -> None:
+        """File a device again after its rate, window or copies changed (or it left)."""
+        device_id = slot.device_id
+        if self._fresh is not None:
+            self._fresh.add(device_id)
+        old = self._key_of.pop(device_id, None)
+        if old is not None:
+            del self._keys[bisect.bisect_left(self._keys, old)]
+            at = bisect.bisect_left(self._known_keys, old)
+            if at < len(self._known_keys) and self._known_keys[at] == old:
+                del self._known_keys[at]
+        if (self._sched.devices.get(device_id) is slot and slot.free > 0
+                and device_id not in self._blocked):
+            key = (-slot.rate_flops, slot.order, device_id)
+            bisect.insort(self._keys, key)
+            self._key_of[device_id] = key
+            if slot.overhead_s is not None:
+                bisect.insort(self._known_keys, key)
+        overhead = slot.overhead_s
+        if overhead is not None and self._filed_overhead.get(device_id) != overhead:
+            self._filed_overhead[device_id] = overhead
+            heapq.heappush(self._overheads, (overhead, device_id))
+            if len(self._overheads) > 2 * len(self._filed_overhead) + 64:
+                self._overheads = [(o, d) for d, o in self._filed_overhead.items()]
+                heapq.heapify(self._overheads)
+
+    def mark_fresh(self, slot: DeviceSlot) -> None:
+        """Offer a device work at the next pump even if nothing about it changes."""
+        if self._fresh is not None:
+            self._fresh.add(slot.device_id)
+
+    def block(self, slot: DeviceSlot, blocked: bool) -> None:
+        """Leave a device out (True) or let it back in (False)."""
+        (self._blocked.add if blocked else self._blocked.discard)(slot.device_id)
+        self.touch(slot)
+
+    def rebuild(self) -> None:
+        """File every registered device again (windows were resized)."""
+        self._keys.clear()
+        self._known_keys.clear()
+        self._key_of.clear()
+        self._fresh = None
+        self._filed_overhead = {d: o for d, o in self._filed_overhead.items()
+                                if d in self._sched.devices}
+        for slot in self._sched.devices.values():
+            self.touch(slot)
+
+    def slots(self) -> list[DeviceSlot]:
+        """The ready devices in pump order."""
+        devices = self._sched.devices
+        return [devices[key[2]] for key in self._keys]
+
+    def take_fresh(self) -> set[str] | None:
+        """The devices touched since the last call (None: any device may be), and start over.
+
+        A device not touched since the last pump holds no pending tile of its own unless
+        tiles were submitted since (then: None), for that pump offered it its own tiles first.
+        """
+        fresh, self._fresh = self._fresh, set()
+        newest = next(reversed(self._sched.tasks), -1)
+        if newest > self._newest_task:
+            fresh = None
+        self._newest_task = max(self._newest_task, newest)
+        return fresh
+
+    def least_overhead_s(self) -> float:
+        """No ready device's ``Scheduler._overhead_s`` is below this."""
+        heap, devices, filed = self._overheads, self._sched.devices, self._filed_overhead
+        while heap:
+            overhead, device_id = heap[0]
+            slot = devices.get(device_id)
+            if slot is not None and slot.overhead_s == overhead and \
+                    filed.get(device_id) == overhead:
+                return overhead
+            heapq.heappop(heap)
+            if slot is None:
+                filed.pop(device_id, None)
+        return 0.0  # nothing known: an unknown overhead counts as 0
 
 
 class Verdict(enum.Enum):
@@ -647,10 +766,16 @@ class Scheduler:
 
     def add_device(self, slot: DeviceSlot) -> None:
         """Register a device and size every window again."""
-        old = self.devices.get(slot.device_id)
-        slot.order = old.order if old is not None else next(self._orders)  # dict order
-        self.devices[slot.device_id] = slot
-        self.pending.owner_back(slot.device_id)
+        self.add_devices([slot])
+
+    def add_devices(self, slots: Iterable[DeviceSlot]) -> None:
+        """Register devices in turn and size every window once: the state add_device leaves
+        after each of them (windows depend only on the devices registered)."""
+        for slot in slots:
+            old = self.devices.get(slot.device_id)
+            slot.order = old.order if old is not None else next(self._orders)  # dict order
+            self.devices[slot.device_id] = slot
+            self.pending.owner_back(slot.device_id)
         self._resize_windows()
 
     def set_max_in_flight(self, device_id: str, tiles: int) -> None:
@@ -820,9 +945,112 @@ class Scheduler:
                 out.append((slot, got))
         return out
 
-    def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float) -> bool:
+    def assign_ready(self, ready: ReadyIndex, now_s: float
+                     ) -> list[tuple[DeviceSlot, list[Assignment]]]:
+        """:meth:`assign_each` over ``ready.slots()`` without building that list: the same
+        assignments (its stop bound uses the least overhead of any device, no larger than
+        ``assign_each``'s, so it may offer a few more devices nothing, never fewer anything).
+        The caller touches the devices given tiles afterwards."""
+        out: list[tuple[DeviceSlot, list[Assignment]]] = []
+        devices = self.devices
+        keys = ready._keys  # not changed before the caller touches (after this returns)
+        fresh = ready.take_fresh()
+        floor = ready.least_overhead_s()
+        bar: float | None = None  # the steal candidate's owner's finish (None: not known yet)
+        jumps: list[int] | None = None  # positions of the fresh devices, in pump order
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most: float | None = None  # the backup index's most remaining time (None: find it)
+        walk = keys  # switches to the devices of known overhead (below); positions are walk's
+        i = 0
+        while i < len(walk):
+            slot = devices[walk[i][2]]
+            if not self._pending_live():  # from here on to the end of this pump: backups only
+                if walk is keys and \
+                        not now_s - self._backups.earliest_expected_s() >= overdue_s:
+                    # _backup_candidate gives a device whose overhead is unknown only copies
+                    # overdue by OVERDUE_BACKUP_S, and none is (nor will be in this pump: new
+                    # copies are due later): walk on through the devices of known overhead
+                    walk = ready._known_keys
+                    i = bisect.bisect_left(walk, keys[i])
+                    continue
+                if most is None:
+                    most = self._backups.most_remaining_s(now_s)
+                if self._no_backup_below(slot.rate_flops, floor, now_s, most):
+                    break
+            elif fresh is not None and slot.device_id not in fresh:
+                # Not touched since the last pump: it has no pending tile of its own, so only
+                # an orphan or a steal could give it one. If none can at its speed, none can
+                # for the devices after it either, except those with tiles of their own (the
+                # fresh ones): go to the next of those.
+                if bar is None:
+                    bar = self._steal_bar_s(now_s)
+                if self._no_steal_below(slot.rate_flops, floor, bar):
+                    if jumps is None:
+                        jumps = sorted(bisect.bisect_left(keys, ready._key_of[d])
+                                       for d in fresh if d in ready._key_of)
+                    j = bisect.bisect_right(jumps, i)
+                    if j == len(jumps):
+                        break
+                    i = jumps[j]
+                    continue
+                if not self._would_steal(slot, bar):  # _pick_planned's test, for this one
+                    i += 1
+                    continue
+            got = self.assign(slot.device_id, now_s=now_s)
+            if got:
+                out.append((slot, got))
+                bar = most = None  # the queue, the owners and the copies changed
+            if slot.free > 0 and self.pending.owned_any(slot.device_id):
+                ready.mark_fresh(slot)  # passed over with tiles of its own: offer them again
+            i += 1
+        return out
+
+    def _steal_bar_s(self, now_s: float) -> float:
+        """With tiles pending, all planned and none an orphan: the finish ``_pick_planned``
+        compares a thief's with (its steal candidate's owner's); -inf if there are orphans
+        or unplanned tiles (then no bound: every device must be offered)."""
+        pending = self.pending
+        if pending.owned_any(None) or pending.dead_owners() or pending.retried():
+            return -math.inf
+        task = pending.first()
+        owner = self.devices.get(task.owner) if task is not None and task.owner else None
+        if task is None or task.done or owner is None or owner.quarantined:
+            return -math.inf
+        # the same expressions as _pick_planned (every pending tile is eligible for every
+        # device: none was handed out before, attempt 0)
+        backlog = sum(1 for t in pending.owned(owner.device_id) if not t.done)
+        overdue_s = max((now_s - c.expected_s for c in itertools.chain(
+            owner.in_flight.values(), owner.cancelled.values())), default=0.0)
+        return self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
+            backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation
+
+    def _would_steal(self, slot: DeviceSlot, bar_s: float) -> bool:
+        """Whether _pick_planned would let this device (no tile of its own, no orphans) steal
+        from an owner whose finish is ``bar_s``."""
+        if bar_s == -math.inf:
+            return True  # no bound: offer it
+        if slot.overhead_s is None:
+            return False
+        task = self.pending.first()
+        assert task is not None
+        mine = self.finish_wall_s(slot, task.flops)
+        return straggles(bar_s, mine) and bar_s - mine >= MIN_BACKUP_GAIN_S
+
+    def _no_steal_below(self, rate_flops: float, overhead_s: float, bar_s: float) -> bool:
+        """Whether no device at most this fast, with at least this overhead, would steal from
+        an owner whose finish is ``bar_s`` (-inf: unknown, False)."""
+        if bar_s == -math.inf:
+            return False
+        task = self.pending.first()
+        assert task is not None
+        mine_min = ((task.flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
+            (1 - 1e-9)
+        return not straggles(bar_s, mine_min) or bar_s - mine_min < MIN_BACKUP_GAIN_S
+
+    def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
+                         most: float | None = None) -> bool:
         """Whether no device at most this fast, with at least this overhead, can take a
-        backup copy now."""
+        backup copy now (``most``: the index's most_remaining_s(now_s), if known)."""
         index = self._backups
         if not self.speculate or math.isinf(index.min_flops):
             return True
@@ -830,7 +1058,8 @@ class Scheduler:
         # make the bound looser, never wrong)
         mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
             (1 - 1e-9)
-        most = index.most_remaining_s(now_s)
+        if most is None:
+            most = index.most_remaining_s(now_s)
         return most <= 0.0 or not most > STRAGGLER_RATIO * mine_min or \
             most - mine_min < MIN_BACKUP_GAIN_S
 

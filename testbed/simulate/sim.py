@@ -46,6 +46,7 @@ from testbed.ps_backend.scheduler import (
     Assignment,
     DeviceSlot,
     GemmJob,
+    ReadyIndex,
     Scheduler,
     Task,
     Verdict,
@@ -60,10 +61,6 @@ from testbed.up import EMULATED_MAX_IN_FLIGHT
 
 MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its link (agent.py)
 AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
-
-
-def _rate(slot: DeviceSlot) -> float:
-    return slot.rate_flops
 
 
 def _zero(counter: list[int]) -> bool:
@@ -87,8 +84,12 @@ class ValuelessScheduler(Scheduler):
         return None
 
 
+@functools.lru_cache(maxsize=4096)
 def shape_only(m: int, n: int, dtype: np.dtype) -> np.ndarray:
-    """An m x n array of dtype that holds no memory (zero strides): shapes and sizes only."""
+    """An m x n array of dtype that holds no memory (zero strides): shapes and sizes only.
+
+    Read-only and shared: a step has a few dozen distinct shapes and one result per tile.
+    """
     return np.broadcast_to(np.zeros((), dtype=dtype), (m, n))
 
 
@@ -137,6 +138,9 @@ class Simulation(EventLoop):
                                             freivalds_vectors=c.freivalds_vectors,
                                             quarantine_after=c.quarantine_after, dilation=1.0)
         self.planner = StepPlanner(self.config)
+        # the pump's ready list, filed as devices change instead of sorted at every result
+        self.ready = ReadyIndex(self.scheduler)
+        self._ready_stale = True  # windows were resized (a join or a departure): file all
         self.now_s = 0.0
         self.net = FlowNetwork()
         self._start_events()
@@ -195,20 +199,34 @@ class Simulation(EventLoop):
     # -- membership ----------------------------------------------------------------------------
     def join(self, dev: SimDevice) -> None:
         """A device joins (the PS registers it as PsCore.join does)."""
-        dev.present = True
-        dev.session += 1
-        dev.sessions += 1
-        dev.busy_until_s = max(dev.busy_until_s, self.now_s)
-        slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
-                          predicted_gflops=dev.gflops or 1.0, max_in_flight=EMULATED_MAX_IN_FLIGHT,
-                          cache_bytes=AGENT_CACHE_BYTES, group=dev.spec.group.group,
-                          kind="emulated", profile=dev.spec.group.profile)
-        dev.slot = slot
-        self.by_id[slot.device_id] = dev
-        self.scheduler.add_device(slot)
-        self.planner.saw(slot)
-        self.emit("join", device=slot.name, device_id=slot.device_id, group=slot.group,
-                  kind="emulated", profile=slot.profile, predicted_gflops=slot.predicted_gflops)
+        self.join_all([dev])
+
+    def join_all(self, devs: list[SimDevice]) -> None:
+        """Devices join at the same moment, one after another: as many joins, with the
+        scheduler's windows sized once (Scheduler.add_devices) instead of after each."""
+        slots = []
+        for dev in devs:
+            dev.present = True
+            dev.session += 1
+            dev.sessions += 1
+            dev.busy_until_s = max(dev.busy_until_s, self.now_s)
+            slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
+                              predicted_gflops=dev.gflops or 1.0,
+                              max_in_flight=EMULATED_MAX_IN_FLIGHT,
+                              cache_bytes=AGENT_CACHE_BYTES, group=dev.spec.group.group,
+                              kind="emulated", profile=dev.spec.group.profile)
+            dev.slot = slot
+            self.by_id[slot.device_id] = dev
+            slots.append(slot)
+        self.scheduler.add_devices(slots)
+        self._ready_stale = True
+        for dev, slot in zip(devs, slots):
+            if dev.partitioned:  # joined while its link is down: no work until it heals
+                self.ready.block(slot, True)
+            self.planner.saw(slot)
+            self.emit("join", device=slot.name, device_id=slot.device_id, group=slot.group,
+                      kind="emulated", profile=slot.profile,
+                      predicted_gflops=slot.predicted_gflops)
         self.pump()
 
     def drop(self, dev: SimDevice, kind: str, reason: str) -> None:
@@ -223,6 +241,7 @@ class Simulation(EventLoop):
             return
         held = [c.task for c in slot.in_flight.values()]
         requeued = self.scheduler.remove_device(slot.device_id)
+        self._ready_stale = True
         self.stats.requeued += len(requeued)
         self.departed.append(self.device_record(dev, "left"))
         dev.slot = None
@@ -253,19 +272,24 @@ class Simulation(EventLoop):
         self.pump()
 
     def pump(self) -> None:
-        """Hand tiles to every device with room in its window, fastest first (PsCore.pump)."""
+        """Hand tiles to every device with room in its window, fastest first (PsCore.pump).
+
+        The ready devices (room in the window, link not partitioned) in the devices' join
+        order, then fastest first, as PsCore sorts them: here a ReadyIndex filed as devices
+        change, and Scheduler.assign_ready, which makes assign_each's choices on it.
+        """
         sched = self.scheduler
         if not (sched.pending or sched.tasks):
             return
-        ready = [s for s in sched.devices.values() if s.free > 0]
-        if self._partitioned:
-            ready = [s for s in ready if s.name not in self._partitioned]
-        # the devices' join order (sched.devices is in it), then fastest first: stable
-        ready.sort(key=_rate, reverse=True)
-        for slot, assignments in sched.assign_each(ready, now_s=self.now_s):
+        ready = self.ready
+        if self._ready_stale:
+            self._ready_stale = False
+            ready.rebuild()
+        for slot, assignments in sched.assign_ready(ready, now_s=self.now_s):
             dev = self.by_id[slot.device_id]
             for a in assignments:
                 self._send(dev, a)
+            ready.touch(slot)
 
     def _send(self, dev: SimDevice, a: Assignment) -> None:
         task = a.task
@@ -318,6 +342,7 @@ class Simulation(EventLoop):
         outcome = self.scheduler.accept(dev.slot.device_id, task.task_id, attempt,
                                         shape_only(m, n, self.dtype), compute_s, energy_j,
                                         now_s=self.now_s)
+        self.ready.touch(dev.slot)  # its rate, overhead and window room changed
         if outcome.verdict is Verdict.REJECTED:
             self.stats.rejected += 1
             self.stats.requeued += outcome.requeued
@@ -365,6 +390,8 @@ class Simulation(EventLoop):
             self._partitioned.add(dev.spec.name)
         else:
             self._partitioned.discard(dev.spec.name)
+        if dev.slot is not None:
+            self.ready.block(dev.slot, down)
         for link, rate in zip(dev.own_links, dev.link_Bps):
             self.net.set_capacity(link, 0.0 if down else rate)
         if down and dev.present:
@@ -386,9 +413,7 @@ class Simulation(EventLoop):
         present = self.schedule.initially_present if self.schedule is not None else \
             frozenset(self.devices)
         self._wanted = set(present)
-        for name, dev in self.devices.items():
-            if name in present:
-                self.join(dev)
+        self.join_all([dev for name, dev in self.devices.items() if name in present])
         self.emit("training_start", devices=len(present), expected_devices=len(present))
         if self.schedule is not None:
             self.emit("churn_clock_start", actions=len(self.schedule.actions),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -62,3 +63,56 @@ def test_zero_capacity_stalls_until_restored() -> None:
     net.advance(3.0)
     net.set_capacity(link, 1 * MB)
     assert net.next_drain_s() == pytest.approx(4.0)
+
+
+def test_network_rows_follow_a_plain_reference_through_random_events() -> None:
+    """Flows kept as array rows (reused, paths of any length) move as a per-flow walk does:
+    at every event each flow's rate is max_min_rates of the flows present, bytes drain at
+    those rates, and flows drain in start order with their delay."""
+    rng = random.Random(7)
+    net = FlowNetwork()
+    caps = [rng.choice([1, 2, 5, 10, math.inf]) * MB for _ in range(12)]
+    for c in caps:
+        net.add_link(c)
+    ref: dict[int, list] = {}  # flow id -> [path, bytes left, delay, size]
+    drained_total = 0
+    for _ in range(400):
+        r = rng.random()
+        if r < 0.45 or not ref:
+            path = rng.sample(range(12), rng.randint(1, 6))  # wider than the first rows
+            size = rng.uniform(0.1, 3) * MB
+            # twins (same path, same size) drain at the same moment: in start order, whatever
+            # rows they were given
+            for _ in range(2 if rng.random() < 0.3 else 1):
+                f = net.start(size, path, delay_s=rng.choice([0, 0.01]))
+                ref[f.flow_id] = [path, f.nbytes, f.delay_s, f.nbytes]
+        elif r < 0.55:
+            fid = rng.choice(list(ref))
+            net.cancel(fid)
+            del ref[fid]
+        elif r < 0.6:
+            link = rng.randrange(12)
+            caps[link] = rng.choice([0, 1, 3]) * MB
+            net.set_capacity(link, caps[link])
+        ids = list(ref)
+        want = max_min_rates([ref[i][0] for i in ids], caps)
+        got = [net.flows[i].rate_Bps for i in ids]
+        assert got == pytest.approx(list(want), rel=1e-9)
+        t = net.next_drain_s()
+        if math.isinf(t):
+            continue
+        to = net.now_s + (t - net.now_s) * rng.choice([0.5, 1.0])
+        dt = to - net.now_s
+        for i, w in zip(ids, want):
+            ref[i][1] = 0.0 if math.isinf(w) else ref[i][1] - w * dt
+        done = net.advance(to)
+        expect = [i for i in ids if ref[i][1] <= 1e-6 + 1e-9 * ref[i][3]]
+        assert [f.flow_id for f, _ in done] == expect
+        for f, at in done:
+            assert at == pytest.approx(to + ref[f.flow_id][2])
+            del ref[f.flow_id]
+        drained_total += len(done)
+        for i in ref:
+            assert net.flows[i].left_bytes == pytest.approx(ref[i][1], rel=1e-9, abs=1e-3)
+    assert drained_total > 50 and len(net.flows) == len(ref)
+
