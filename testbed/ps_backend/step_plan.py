@@ -19,11 +19,11 @@ from testbed.ps_backend.bound import (
     BoundDevice,
     BoundGemm,
     PsLink,
-    comm_min_bytes,
+    comm_min_shares,
     stage_key,
     step_bound,
 )
-from testbed.ps_backend.planner import GemmPlan, PlanDevice, deal_owners, plan_gemm, tile_rate
+from testbed.ps_backend.planner import GemmPlan, PlanDevice, deal_boxes, plan_gemm
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
 from testbed.ps_backend.tiler import cut_k
 
@@ -70,6 +70,8 @@ class StepPlanner:
     def saw(self, slot: DeviceSlot) -> None:
         """A device took part in this step (joined or present): the bound counts it."""
         self._seen[slot.device_id] = slot
+        # the scheduler's stealing and backups weigh what a device must still receive
+        slot.down_Bps = self._link(slot.group)[0]
 
     def _link(self, group: str) -> tuple[float, float, float]:
         return self.config.group_links.get(group, (INF, INF, 0.0))
@@ -115,17 +117,44 @@ class StepPlanner:
         job.done.add_done_callback(ended)
         self._gemms.append(BoundGemm(m, k, n, item, stage_key(job.spec.layer, job.spec.op),
                                      job.a_name, job.b_name))
-        down, up, _ = comm_min_bytes(m, k, n, 1, item)
-        self._min_down += down
-        self._min_up += up
         if self.mode != "auto":
+            self._count_min(m, k, n, item, None, slots)
             return self.config.tile_m, self.config.tile_n, 1, None
         plan = self._plan_for(m, k, n, item, slots)
         if plan is None:
+            self._count_min(m, k, n, item, None, slots)
             return self.config.tile_m, self.config.tile_n, 1, None
         for group, why in plan.sat_out.items():
             self._sat_out.setdefault(group, why)
-        return plan.tile_m, plan.tile_n, plan.k_parts, self._owners(plan, m, k, n, item, slots)
+        owners = self._owners(plan, m, k, n, item, slots)
+        self._count_min(m, k, n, item, (plan, owners), slots)
+        return plan.tile_m, plan.tile_n, plan.k_parts, owners
+
+    def _count_min(self, m: int, k: int, n: int, item: int,
+                   planned: tuple[GemmPlan, dict[tuple[int, int, int], str] | None] | None,
+                   slots: list[DeviceSlot]) -> None:
+        """Add the GEMM's minimal traffic for the devices the plan used, with their shares.
+
+        With owners, a device's share is the multiply-adds of the tiles dealt to it; without
+        (``fifo``, or nobody of the plan present), the devices present share equally.
+        """
+        shares: list[float]
+        owners = planned[1] if planned else None
+        if planned is not None and owners:
+            plan = planned[0]
+            by_device: dict[str, float] = {}
+            for b in cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts):
+                owner = owners.get((b.row, b.col, b.part))
+                k0, k1 = (b.k0, b.k1) if b.split else (0, k)
+                by_device[owner or ""] = by_device.get(owner or "", 0.0) + \
+                    (b.r1 - b.r0) * (b.c1 - b.c0) * (k1 - k0)
+            shares = list(by_device.values())
+        else:
+            p = max(1, sum(1 for s in slots if not s.quarantined))
+            shares = [m * k * n / p] * p
+        down, up = comm_min_shares(m, k, n, shares, item)
+        self._min_down += down
+        self._min_up += up
 
     def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot]
                   ) -> GemmPlan | None:
@@ -147,24 +176,29 @@ class StepPlanner:
     def _owners(self, plan: GemmPlan, m: int, k: int, n: int, item: int,
                 slots: list[DeviceSlot]) -> dict[tuple[int, int, int], str] | None:
         used = set(plan.used)
-        weights = {}
-        for s in slots:
+        devices = []
+        taken: dict[str, int] = {}
+        # a class the plan takes only some devices of: the first that many by name (the same
+        # devices for every GEMM of the shape, so they hold its blocks)
+        for s in sorted(slots, key=lambda s: (s.name, s.device_id)):
             if s.quarantined or s.group not in used:
                 continue
-            d = PlanDevice(s.device_id, max(s.rate_flops, 1.0), *self._link(s.group))
-            weights[s.device_id] = tile_rate(d, plan, m, k, n, item)
-        if not weights:
+            if taken.get(s.group, 0) >= plan.counts.get(s.group, len(slots)):
+                continue
+            taken[s.group] = taken.get(s.group, 0) + 1
+            devices.append(PlanDevice(s.device_id, max(s.rate_flops, 1.0),
+                                      *self._link(s.group)))
+        if not devices:
             return None  # nobody the plan counted on is here: anyone takes the tiles
         # The same shape dealt to the same devices again in this step (q/k/v of one input, the
         # layers of a stack) gets the same owners, so a device gets the blocks it already holds
         # (the operands shared between GEMMs are cached by tensor, not by GEMM); rates observed
-        # in between would otherwise shift the runs' boundaries.
-        key = (m, k, n, item, plan.tile_m, plan.tile_n, plan.k_parts, tuple(sorted(weights)))
+        # in between would otherwise shift the boxes' boundaries.
+        key = (m, k, n, item, plan.tile_m, plan.tile_n, plan.k_parts,
+               tuple(sorted(d.name for d in devices)))
         owners = self._dealt.get(key)
         if owners is None:
-            boxes = cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts)
-            owners = self._dealt[key] = deal_owners([(b.row, b.col, b.part) for b in boxes],
-                                                    weights)
+            owners = self._dealt[key] = deal_boxes(plan, m, k, n, item, devices)
         return owners
 
     # -- the step -----------------------------------------------------------------------------
