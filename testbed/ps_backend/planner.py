@@ -32,6 +32,7 @@ INF = float("inf")
 MIN_TILE = 16  # no tile edge below this (a tile's per-message cost would dominate)
 MAX_TILES_PER_DEVICE = 8  # the search's largest grid: this many tiles per device
 MAX_K_PARTS = 16
+NEAR_TIE = 0.05  # plans within 5 % of the fastest count as fast: most devices at work wins
 PARTIAL_CLASS_MAX = 16  # a class this small may take part with only some of its devices
 EXACT_CLASS_MAX = 32  # the search models a larger class as PSEUDO_PER_CLASS pseudo-devices
 PSEUDO_PER_CLASS = 8
@@ -231,11 +232,12 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
         raise ValueError("no devices to plan for")
     flops = 2.0 * m * k * n
     nbytes = (m * k + k * n + m * n) * itemsize
-    # order: what a class would take to do the whole GEMM alone (compute + every byte)
-    order = sorted(classes, key=lambda c: _tile_cost_s(c, flops, m * k * itemsize,
-                                                       k * n * itemsize, m * n * itemsize, 1.0)
-                   / c.count)
+    # order: what one device of a class would take for the whole GEMM (compute + every byte)
+    order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, m * k * itemsize,
+                                                        k * n * itemsize, m * n * itemsize,
+                                                        1.0), c.name))
     best: tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]] | None = None
+    found: list[tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]]] = []
     for taking_part in _device_sets(order):
         devices = sum(c.count for c in taking_part)
         most = MAX_TILES_PER_DEVICE * devices
@@ -253,8 +255,14 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                     grid = (g_r, g_c, g_k)
                     t = predict_s(m, k, n, itemsize, grid, taking_part, ps_down_Bps,
                                   ps_up_Bps)
-                    if best is None or t < best[0] - 1e-12:
-                        best = (t, grid, taking_part)
+                    found.append((t, grid, taking_part))
+    if found:
+        # the fastest plan, or one with more devices predicted within NEAR_TIE of it: the
+        # prediction is not that exact, and spreading keeps more devices at work (a departure
+        # or a straggler then costs less)
+        fastest = min(t for t, _, _ in found)
+        best = min((f for f in found if f[0] <= fastest * (1 + NEAR_TIE)),
+                   key=lambda f: (-min(sum(c.count for c in f[2]), math.prod(f[1])), f[0]))
     if best is None:  # nothing fits the message limit with this few tiles: fall back to many
         side = max(MIN_TILE, int(math.isqrt(max_tile_elems)))
         grid = (math.ceil(m / side), math.ceil(n / side), 1)

@@ -92,3 +92,24 @@ def test_deal_boxes_gives_each_device_whole_rows_of_blocks() -> None:
         mine = [t for t, o in owners.items() if o == p.name]
         rows, cols, parts = ({t[i] for t in mine} for i in range(3))
         assert len(mine) == len(rows) * len(cols) * len(parts)
+
+
+def test_a_backward_pair_splits_each_group_in_alternate_halves() -> None:
+    from testbed.ps_backend.scheduler import DeviceSlot
+    from testbed.ps_backend.step_plan import StepPlanner
+
+    slots = [DeviceSlot(f"d{i}", f"{g}-{i}", 1.0, 4, 1 << 20, group=g)
+             for i, g in enumerate(["p", "p", "p", "l"])]
+    first, second = StepPlanner.half_of(slots, 0), StepPlanner.half_of(slots, 1)
+    assert [s.name for s in first] == ["l-3", "p-0", "p-2"]
+    assert [s.name for s in second] == ["p-1"]
+    assert StepPlanner.half_of(slots, None) is slots
+    assert StepPlanner.half_of(slots[3:], 1) == slots[3:]  # an empty half: everyone
+
+
+def test_near_ties_go_to_the_plan_with_more_devices_at_work() -> None:
+    # tiny GEMMs behind a 40 ms round trip: every plan takes ~40 ms, so all four devices work
+    phones = PlanDevice("phones", 20e9, 125e6, 125e6, 0.04, count=3)
+    laptop = PlanDevice("laptops", 240e9, 125e6, 125e6, 0.04, count=1)
+    plan = plan_gemm(64, 32, 32, 8, [phones, laptop])
+    assert plan.tiles >= 4 and plan.counts == {"laptops": 1, "phones": 3}
