@@ -32,6 +32,9 @@ INF = float("inf")
 MIN_TILE = 16  # no tile edge below this (a tile's per-message cost would dominate)
 MAX_TILES_PER_DEVICE = 8  # the search's largest grid: this many tiles per device
 MAX_K_PARTS = 16
+# what one tile costs a device beyond its bytes and FLOPs (the messages' handling on both sides,
+# the PS's check): on the loopback stack a few ms of host time; it keeps small GEMMs in few tiles
+TILE_OVERHEAD_S = 0.002
 NEAR_TIE = 0.05  # plans within 5 % of the fastest count as fast: most devices at work wins
 PARTIAL_CLASS_MAX = 16  # a class this small may take part with only some of its devices
 EXACT_CLASS_MAX = 32  # the search models a larger class as PSEUDO_PER_CLASS pseudo-devices
@@ -156,7 +159,7 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
     one_up = c_bytes / d.up_Bps if d.up_Bps > 0 else INF
     one_f = flops / max(d.rate_flops, 1.0)
     return max(d_s + one_f + one_up, one_down + one_f + tiles * one_up,
-               one_down + tiles * one_f + one_up)
+               one_down + tiles * one_f + one_up) + tiles * TILE_OVERHEAD_S
 
 
 def _expand(classes: Sequence[PlanDevice]) -> list[tuple[PlanDevice, float]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from testbed.ps_backend.planner import (
+    TILE_OVERHEAD_S,
     PlanDevice,
     box_time_s,
     deal_boxes,
@@ -78,9 +79,10 @@ def test_sixteen_equal_devices_get_square_blocks() -> None:
 def test_box_time_pipelines_the_slowest_stream() -> None:
     d = PlanDevice("d", 1e9, 1e6, 1e6)
     # 2 x 2 tiles: 2 A + 2 B blocks of 1 MB down (4 s), 4 results of 0.5 MB up (2 s), compute
-    # 1 ms a tile: down-bound, plus the last tile's compute and result
+    # 1 ms a tile: down-bound, plus the last tile's compute and result, and each tile's
+    # fixed handling cost
     t = box_time_s(d, (0, 2, 0, 2, 0, 1), 1e6, 1e6, 1e6, 0.5e6)
-    assert abs(t - (4.0 + 1e-3 + 0.5)) < 1e-9
+    assert abs(t - (4.0 + 1e-3 + 0.5 + 4 * TILE_OVERHEAD_S)) < 1e-9
 
 
 def test_deal_boxes_gives_each_device_whole_rows_of_blocks() -> None:
