@@ -87,7 +87,9 @@ def describe(result: dict[str, Any]) -> str:
     wall = sum(s["wall_s"] for s in steps) or float("nan")
     gemm_wall = sum(s.get("gemm_wall_s", 0.0) for s in steps)
     # the rest of the step's wall time no offloaded GEMM was outstanding: the PS's own work
-    ps_share = f"  PS-only {1 - gemm_wall / wall:4.0%} of wall" if gemm_wall else ""
+    simulated = bool(result["summary"].get("simulated"))  # its gemm_wall_s is host time
+    ps_share = f"  PS-only {1 - gemm_wall / wall:4.0%} of wall" \
+        if gemm_wall and not simulated else ""
     return (f"down/min {down / min_down:6.2f}  device/bound {dev / bound:6.2f}  "
             f"device {dev:8.2f} s  bound {bound:8.3f} s  wall {result['wall_s']:6.0f} s  "
             f"tiles {groups}{ps_share}" + (f"  sat out {sat}" if sat else ""))
