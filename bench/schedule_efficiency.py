@@ -4,11 +4,15 @@
     .venv/bin/python bench/schedule_efficiency.py --topologies hotcarbon --steps 1   # real size
     .venv/bin/python bench/schedule_efficiency.py --plan-only  # no run: plans against the bound
 
-For each topology (default, home-wifi, campus, hotcarbon) and each planner (``auto``, ``fifo``)
-a real ``testbed up`` run (loopback backend, real PS and agent processes) trains ``--steps``
-steps; printed per run, over its steps: bytes down / ``bytes_min_down``, device time /
-``bound_s``, tiles per device group and the wall time. ``--quick`` replaces each job's model by
-a small one (hidden 128, 2 layers, sequence 64) so the whole bench finishes in minutes.
+For each topology (default, home-wifi, campus, hotcarbon, large) and each planner
+(``auto``, ``fifo``) a real ``testbed up`` run (loopback backend, real PS and agent processes)
+trains ``--steps`` steps; printed per run, over its steps: bytes down / ``bytes_min_down``,
+device time / ``bound_s``, tiles per device group and the wall time. ``--quick`` replaces each
+job's model by a small one (hidden 128, 2 layers, sequence 64) so the whole bench finishes in
+minutes.
+
+``--simulate`` runs ``testbed simulate`` instead (the same planner and scheduler in virtual time,
+no processes, no PS time): the full-size jobs in seconds; wall time is then the simulation's.
 
 ``--plan-only`` runs nothing: for every GEMM shape of one step it prints the planner's
 predicted time against the bound of that GEMM alone on the topology's devices.
@@ -31,11 +35,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-TOPOLOGIES = ("default", "home-wifi", "campus", "hotcarbon")
+TOPOLOGIES = ("default", "home-wifi", "campus", "hotcarbon", "large")
 QUICK_MODEL = {"hidden": 128, "layers": 2, "heads": 4, "ffn": 512, "seq_len": 64}
 
 
 def _write_variant(name: str, planner: str, quick: bool, steps: int, out: Path) -> Path:
+    """The topology with the bench's planner, steps and (``quick``) model; loopback network."""
     raw = yaml.safe_load((REPO / "topologies" / f"{name}.yaml").read_text())
     job = raw["job"]
     job["steps"] = steps
@@ -49,12 +54,13 @@ def _write_variant(name: str, planner: str, quick: bool, steps: int, out: Path) 
     return path
 
 
-def run_one(topology: Path, out: Path, timeout_s: float) -> dict[str, Any]:
-    """One `testbed up` run; its steps and summary."""
+def run_one(topology: Path, out: Path, timeout_s: float, simulate: bool = False
+            ) -> dict[str, Any]:
+    """One `testbed up` (or `testbed simulate`) run; its steps and summary."""
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "up", str(topology), "--no-live",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout_s)
+    argv = ["simulate", str(topology)] if simulate else ["up", str(topology), "--no-live"]
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", *argv, "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     wall_s = time.monotonic() - start
     dirs = sorted(d for d in out.glob("*") if d.is_dir())
     if proc.returncode != 0 or not dirs:
@@ -81,7 +87,9 @@ def describe(result: dict[str, Any]) -> str:
     wall = sum(s["wall_s"] for s in steps) or float("nan")
     gemm_wall = sum(s.get("gemm_wall_s", 0.0) for s in steps)
     # the rest of the step's wall time no offloaded GEMM was outstanding: the PS's own work
-    ps_share = f"  PS-only {1 - gemm_wall / wall:4.0%} of wall" if gemm_wall else ""
+    simulated = bool(result["summary"].get("simulated"))  # its gemm_wall_s is host time
+    ps_share = f"  PS-only {1 - gemm_wall / wall:4.0%} of wall" \
+        if gemm_wall and not simulated else ""
     return (f"down/min {down / min_down:6.2f}  device/bound {dev / bound:6.2f}  "
             f"device {dev:8.2f} s  bound {bound:8.3f} s  wall {result['wall_s']:6.0f} s  "
             f"tiles {groups}{ps_share}" + (f"  sat out {sat}" if sat else ""))
@@ -124,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small model, one step")
     p.add_argument("--plan-only", action="store_true", help="print plans against the bound")
+    p.add_argument("--simulate", action="store_true",
+                   help="run `testbed simulate` (virtual time) instead of `testbed up`")
     p.add_argument("--topologies", default=",".join(TOPOLOGIES), help="comma-separated names")
     p.add_argument("--planners", default="auto,fifo", help="comma-separated: auto, fifo")
     p.add_argument("--steps", type=int, default=1)
@@ -146,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(tmp) / f"{name}-{planner}"
                 out.mkdir()
                 topology = _write_variant(name, planner, args.quick, args.steps, out)
-                result = run_one(topology, out / "runs", args.timeout_s)
+                result = run_one(topology, out / "runs", args.timeout_s, args.simulate)
                 failed |= "error" in result
                 print(f"{name:10s} {planner:5s} {describe(result)}", flush=True)
     return 1 if failed else 0

@@ -110,6 +110,48 @@ def comm_min_bytes(m: int, k: int, n: int, p: int, itemsize: int) -> tuple[float
     return float(down), float(up), float(total)
 
 
+def comm_min_point(m: int, k: int, n: int, v: float) -> tuple[float, float, float]:
+    """(a, b, c): the fewest entries of A, B and C a device doing ``v`` multiply-adds accesses.
+
+    The point minimizing ``a + b + c`` subject to ``a·b·c >= v²`` (Loomis-Whitney) and each part
+    at most its whole matrix: the parts are equal, ``v^(2/3)`` each, until one reaches its
+    matrix's size, which it then keeps (the three aspect-ratio cases of Demmel et al., IPDPS
+    2013, for a device's share ``v`` instead of an equal ``mkn/p``).
+    """
+    if min(m, k, n) <= 0 or v < 0:
+        raise ValueError(f"need positive m, k, n and v >= 0; got {m}, {k}, {n}, {v}")
+    caps = {"a": float(m * k), "b": float(k * n), "c": float(m * n)}
+    point: dict[str, float] = {}
+    product = float(v) ** 2
+    for name in sorted(caps, key=lambda x: caps[x]):  # smallest cap first: it binds first
+        free = 3 - len(point)
+        balanced = product ** (1.0 / free) if product > 0 else 0.0
+        if balanced <= caps[name]:
+            point.update({x: balanced for x in caps if x not in point})
+            break
+        point[name] = caps[name]
+        product /= caps[name]
+    return point["a"], point["b"], point["c"]
+
+
+def comm_min_shares(m: int, k: int, n: int, shares: Sequence[float], itemsize: int
+                    ) -> tuple[float, float]:
+    """(down, up) bytes of the communication-optimal schedule of a GEMM with these shares.
+
+    ``shares`` are the multiply-adds each taking-part device does (summing to ``m·k·n``). Each
+    device receives the A and B entries and sends the C entries of :func:`comm_min_point` for
+    its share; down is never below every entry of A and B once, up never below every entry of
+    C once (whatever the shares, each must cross a link).
+    """
+    down = up = 0.0
+    for v in shares:
+        if v > 0:
+            a, b, c = comm_min_point(m, k, n, v)
+            down += a + b
+            up += c
+    return (max(down, float(m * k + k * n)) * itemsize, max(up, float(m * n)) * itemsize)
+
+
 def _max_ab(x: float, cap_a: float, cap_b: float) -> float:
     """Largest a·b with a + b <= x, a <= cap_a, b <= cap_b (all >= 0)."""
     if x >= cap_a + cap_b:

@@ -126,12 +126,55 @@ def fault_metrics(core: Any, cpu: CpuClock) -> dict[str, Any]:
 PLANNED_MESSAGE_BYTES = 64 * 1024 * 1024  # planned tiles are larger; the planner keeps under
 
 
+def cut_Bps(topology: Topology) -> tuple[float, float]:
+    """(down, up) bytes/s that can cross between the PS's switch and all the devices.
+
+    Devices below a switch-to-switch link share it: a subtree hanging off the PS's switch
+    carries at most its top link's rate and at most its devices' links summed; devices on the
+    PS's switch carry their own. Every byte to or from a device crosses exactly one of these,
+    so their sum caps the aggregate traffic (campus: the one shared 1 Gbit uplink).
+    """
+    links = {sl.lower: sl for sl in topology.network.links}
+    top: dict[str | None, list[float]] = {}  # top link's lower switch -> [down, up] of members
+    for g in topology.groups:
+        switch: str | None = g.switch
+        while switch in links and links[switch].upper != topology.network.ps.switch and \
+                links[switch].upper in links:
+            switch = links[switch].upper
+        key = switch if switch in links else None
+        agg = top.setdefault(key, [0.0, 0.0])
+        agg[0] += g.count * g.link.down_bps / 8
+        agg[1] += g.count * g.link.up_bps / 8
+    down = up = 0.0
+    for key, (d, u) in top.items():
+        if key is None:
+            down, up = down + d, up + u
+        else:
+            link = links[key].link
+            down += min(d, link.down_bps / 8)
+            up += min(u, link.up_bps / 8)
+    return down, up
+
+
 def plan_inputs(topology: Topology) -> dict[str, Any]:
-    """What the planner and the bound need from the topology: links, groups, PS link."""
+    """What the planner and the bound need from the topology: links, groups, PS link.
+
+    The PS link they see is the PS's own, capped by what the switch links let through to all
+    devices (:func:`cut_Bps`): a lower bound stays one, and the planner sees the shared uplink.
+    """
+    from testbed.agent.link import mathis_rate_bps
+    from testbed.emulator.network.base import path_delay_s, path_loss
     from testbed.perf_model.profiles import ProfileError, load_profile
 
-    links = {g.group: (g.link.down_bps / 8, g.link.up_bps / 8, 2 * g.link.delay_s)
-             for g in topology.groups}
+    links = {}
+    for d in topology.devices:  # per group: its first device (a group's devices share a path)
+        if d.group.group in links:
+            continue
+        delay_s = path_delay_s(topology, d)
+        # a lossy path carries what TCP gets through it (as the emulator's agent applies)
+        cap_bps = mathis_rate_bps(delay_s, path_loss(topology, d))
+        links[d.group.group] = (min(d.link.down_bps, cap_bps) / 8,
+                                min(d.link.up_bps, cap_bps) / 8, 2 * delay_s)
     groups = []
     for g in topology.groups:
         try:
@@ -140,7 +183,9 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
             gflops = 1.0
         groups.append((g.group, g.count, float(gflops)))
     ps = topology.network.ps.link
-    return {"group_links": links, "ps_link_Bps": (ps.down_bps / 8, ps.up_bps / 8),
+    cut_down, cut_up = cut_Bps(topology)
+    return {"group_links": links,
+            "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),
             "planned_groups": tuple(groups)}
 
 

@@ -9,12 +9,13 @@ for a **K split**, ``g_k`` slices of the contraction: tile ``(r, c, s)`` compute
 (``s = 0, 1, ...``), so C is bit-identical whichever device computes which partial.
 
 The planner works on device **classes** (devices with the same compute rate and links): it sorts
-classes by the time one tile costs them (compute plus the bytes they must move), tries every
-prefix of that order (a class whose links make the GEMM slower with it than without sits out)
-and every grid with one to four tiles per taking-part device, and keeps the plan with the
-smallest predicted time. The owner map then deals the tiles to devices in contiguous runs in
-``(s, r, c)`` order, as many tiles to a device as its speed earns: a run along a row shares
-its A block, so a device receives each block once.
+classes by the time the whole GEMM would cost one of them (compute plus the bytes it must move),
+tries every prefix of that order (a class whose links make the GEMM slower with it than without
+sits out) and grids of one to ``MAX_TILES_PER_DEVICE`` tiles per taking-part device, and keeps
+the plan with the smallest predicted time. Each device owns one **box** of the grid (rows x
+columns x K slices, :func:`split_boxes`), as large as its speed and link earn, so it receives
+each A and B block of its box once and its tiles pipeline (the next blocks come down while
+results go up).
 
 Units: ``rate_flops`` FLOP per device second, ``down_Bps``/``up_Bps`` bytes per device second,
 ``*_s`` device seconds.
@@ -22,14 +23,22 @@ Units: ``rate_flops`` FLOP per device second, ``down_Bps``/``up_Bps`` bytes per 
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 INF = float("inf")
 MIN_TILE = 16  # no tile edge below this (a tile's per-message cost would dominate)
-TILES_PER_DEVICE = (1, 2, 3, 4)
+MAX_TILES_PER_DEVICE = 8  # the search's largest grid: this many tiles per device
 MAX_K_PARTS = 16
+# what one tile costs a device beyond its bytes and FLOPs (the messages' handling on both sides,
+# the PS's check): on the loopback stack a few ms of host time; it keeps small GEMMs in few tiles
+TILE_OVERHEAD_S = 0.002
+NEAR_TIE = 0.05  # plans within 5 % of the fastest count as fast: most devices at work wins
+PARTIAL_CLASS_MAX = 16  # a class this small may take part with only some of its devices
+EXACT_CLASS_MAX = 32  # the search models a larger class as PSEUDO_PER_CLASS pseudo-devices
+PSEUDO_PER_CLASS = 8
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class GemmPlan:
     used: tuple[str, ...]  # classes taking part
     sat_out: dict[str, str] = field(default_factory=dict)  # class -> why: link, speed
     predicted_s: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)  # class -> devices taking part
 
     @property
     def tiles(self) -> int:
@@ -77,26 +87,111 @@ def _tile_cost_s(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float, c_
     return max(_tile_terms_s(d, flops, a_bytes, b_bytes, c_bytes, share_a))
 
 
-def _fill_s(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float, c_bytes: float,
-            share_a: float) -> float:
-    """The pipeline's fill and drain on d: one tile's terms other than the slowest."""
-    terms = _tile_terms_s(d, flops, a_bytes, b_bytes, c_bytes, share_a)
-    return sum(terms) - max(terms)
+Box = tuple[int, int, int, int, int, int]  # tile ranges r0, r1, c0, c1, s0, s1 (ends excluded)
 
 
-def _grids(m: int, k: int, n: int, tiles: int) -> list[tuple[int, int, int]]:
-    out = []
-    for g_k in range(1, min(MAX_K_PARTS, max(1, k // MIN_TILE)) + 1):
-        if tiles % g_k:
-            continue
-        rest = tiles // g_k
-        for g_r in range(1, rest + 1):
-            if rest % g_r:
-                continue
-            g_c = rest // g_r
-            if math.ceil(m / g_r) >= min(MIN_TILE, m) and math.ceil(n / g_c) >= min(MIN_TILE, n):
-                out.append((g_r, g_c, g_k))
+def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]],
+                tile_bytes: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> dict[str, Box]:
+    """Cut the tile grid into one box of tiles per device, its size in proportion to its weight.
+
+    Recursive bisection: the devices (heaviest first) are split into two runs of about equal
+    weight, and the box is cut across the dimension whose cut duplicates the fewest bytes (a
+    cut across rows makes both halves receive the same B blocks, across columns the same A
+    blocks, across K slices both halves send partials of the same C blocks; ``tile_bytes`` =
+    what one tile's A block, B block and result cost), at the position that splits the tiles
+    in proportion to the two runs' weights. A device's box is a block of rows by columns by
+    slices, so it receives each of its A and B blocks once. Devices of weight 0 get no box;
+    when a box has fewer tiles than devices, the lightest get none.
+    """
+    named = sorted(((n, w) for n, w in weights if w > 0), key=lambda x: (-x[1], x[0]))
+    out: dict[str, Box] = {}
+    a_b, b_b, c_b = tile_bytes
+
+    def cut(box: Box, devs: list[tuple[str, float]]) -> None:
+        r0, r1, c0, c1, s0, s1 = box
+        nr, nc, ns = r1 - r0, c1 - c0, s1 - s0
+        if len(devs) == 1 or nr * nc * ns == 1:
+            out[devs[0][0]] = box
+            return
+        total = sum(w for _, w in devs)
+        prefix = list(itertools.accumulate(w for _, w in devs))
+        split = min(range(1, len(devs)), key=lambda i: abs(prefix[i - 1] - total / 2))
+        left, right = devs[:split], devs[split:]
+        share = sum(w for _, w in left) / total
+        # (duplicated bytes, dimension, extent) of each possible cut
+        options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
+        options = [o for o in options if o[2] >= 2]
+        _, dim, extent = min(options, key=lambda o: (o[0], o[1]))
+        at = min(extent - 1, max(1, round(extent * share)))
+        lo, hi = list(box), list(box)
+        lo[2 * dim + 1] = box[2 * dim] + at
+        hi[2 * dim] = box[2 * dim] + at
+        cut((lo[0], lo[1], lo[2], lo[3], lo[4], lo[5]), left)
+        cut((hi[0], hi[1], hi[2], hi[3], hi[4], hi[5]), right)
+
+    if named:
+        cut((0, grid[0], 0, grid[1], 0, grid[2]), named)
     return out
+
+
+def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: float,
+               c_bytes: float, members: float = 1.0) -> float:
+    """Device seconds for d to do a box of tiles, its tiles pipelining.
+
+    It receives each A block (``rows x slices``) and B block (``columns x slices``) of its box
+    once, and sends every tile's result. Nothing can go up before the first tile's blocks are
+    down, nor the last result before the last blocks: the slowest of the three streams plus
+    the other two ends of one tile.
+    """
+    nr: float = box[1] - box[0]
+    nc: float = box[3] - box[2]
+    ns = box[5] - box[4]
+    if nr * nc * ns == 0:
+        return 0.0
+    if members > 1:  # a pseudo-device: each member does a square-ish part of the box
+        d = replace(d, rate_flops=d.rate_flops / members, down_Bps=d.down_Bps / members,
+                    up_Bps=d.up_Bps / members)
+        nr, nc = nr / math.sqrt(members), nc / math.sqrt(members)
+    tiles = nr * nc * ns
+    down_B = ns * (nr * a_bytes + nc * b_bytes)
+    d_s = down_B / d.down_Bps if d.down_Bps > 0 else INF
+    one_down = (a_bytes + b_bytes) / d.down_Bps if d.down_Bps > 0 else INF
+    one_up = c_bytes / d.up_Bps if d.up_Bps > 0 else INF
+    one_f = flops / max(d.rate_flops, 1.0)
+    return max(d_s + one_f + one_up, one_down + one_f + tiles * one_up,
+               one_down + tiles * one_f + one_up) + tiles * TILE_OVERHEAD_S
+
+
+def _expand(classes: Sequence[PlanDevice]) -> list[tuple[PlanDevice, float]]:
+    """(device, members): a class's devices, or for a class of more than ``EXACT_CLASS_MAX``
+    ``PSEUDO_PER_CLASS``
+    pseudo-devices of ``members`` devices each (rates and links summed), to keep the search
+    cheap."""
+    out = []
+    for c in classes:
+        if c.count <= EXACT_CLASS_MAX:
+            out += [(PlanDevice(f"{c.name}#{i}", c.rate_flops, c.down_Bps, c.up_Bps, c.rtt_s),
+                     1.0) for i in range(c.count)]
+            continue
+        q = c.count / PSEUDO_PER_CLASS
+        out += [(PlanDevice(f"{c.name}#{i}", c.rate_flops * q, c.down_Bps * q, c.up_Bps * q,
+                            c.rtt_s), q) for i in range(PSEUDO_PER_CLASS)]
+    return out
+
+
+def _tile_bytes(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int]
+                ) -> tuple[float, float, float, float]:
+    """(FLOPs, A block, B block, result) of one tile of the grid, bytes."""
+    g_r, g_c, g_k = grid
+    tm, tn, tk = math.ceil(m / g_r), math.ceil(n / g_c), math.ceil(k / g_k)
+    return 2.0 * tm * tk * tn, tm * tk * itemsize, tk * tn * itemsize, tm * tn * itemsize
+
+
+def box_weight(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float,
+               c_bytes: float, reuse: float) -> float:
+    """Tiles per device second d does when each block it receives serves ``reuse`` tiles."""
+    cost = _tile_cost_s(d, flops, a_bytes, b_bytes / reuse, c_bytes, 1.0 / reuse)
+    return 1.0 / cost if cost > 0 else 0.0
 
 
 def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
@@ -104,27 +199,32 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
               ps_up_Bps: float = INF) -> float:
     """Predicted device seconds of the GEMM on these classes with this grid.
 
-    Tiles are dealt in proportion to each device's tile rate, so every taking-part device
-    finishes at ``T = N / sum(count / cost)``; the PS link adds its own floor; one round trip
-    (the fastest) starts the pipeline.
+    The grid is cut into one box per device (:func:`split_boxes`, weights from each device's
+    tile rate); the GEMM takes as long as the slowest box (:func:`box_time_s`), at least what
+    the PS link carries, plus one round trip (the fastest).
     """
-    g_r, g_c, g_k = grid
-    tiles = g_r * g_c * g_k
-    tm, tn, tk = math.ceil(m / g_r), math.ceil(n / g_c), math.ceil(k / g_k)
-    a_b, b_b, c_b = tm * tk * itemsize, tk * tn * itemsize, tm * tn * itemsize
-    per_device = tiles / max(1, sum(c.count for c in classes))
-    share_a = 1.0 / max(1.0, min(g_c, per_device))  # a device's run shares its A block
-    flops = 2.0 * tm * tk * tn
-    speed = sum(c.count / _tile_cost_s(c, flops, a_b, b_b, c_b, share_a) for c in classes)
-    if speed <= 0:
-        return INF
-    t = tiles / speed
-    # the PS link carries every block each device receives: A blocks once per column run,
-    # B blocks once per tile, results once per tile
-    down_total = tiles * (b_b + a_b * share_a)
+    devices = _expand(classes)
+    flops, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
+    tiles = grid[0] * grid[1] * grid[2]
+    reuse = math.sqrt(max(1.0, tiles / max(1.0, sum(q for _, q in devices))))
+    weights = [(d.name, box_weight(d, flops, a_b, b_b, c_b, reuse)) for d, _ in devices]
+    boxes = split_boxes(grid, weights, (a_b, b_b, c_b))
+    by_name = {d.name: (d, q) for d, q in devices}
+    t = max((box_time_s(by_name[n_][0], b, flops, a_b, b_b, c_b, by_name[n_][1])
+             for n_, b in boxes.items()), default=INF)
+    down_total = sum((b[5] - b[4]) * ((b[1] - b[0]) * a_b + (b[3] - b[2]) * b_b)
+                     for b in boxes.values())
     t = max(t, down_total / ps_down_Bps, tiles * c_b / ps_up_Bps)
-    fill = max(_fill_s(c, flops, a_b, b_b, c_b, share_a) for c in classes)
-    return t + fill + min(c.rtt_s for c in classes)
+    return t + min(c.rtt_s for c in classes)
+
+
+def _candidates(extent: int, most: int, step: float = 1.25) -> list[int]:
+    """Grid sizes worth trying along one dimension: 1..4, then steps of about ``step``."""
+    out, g = [], 1
+    while g <= min(extent, most):
+        out.append(g)
+        g = g + 1 if g < 4 else max(g + 1, int(g * step))
+    return out
 
 
 def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevice],
@@ -135,30 +235,66 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
         raise ValueError("no devices to plan for")
     flops = 2.0 * m * k * n
     nbytes = (m * k + k * n + m * n) * itemsize
-    # order: what a class would take to do the whole GEMM alone (compute + every byte)
-    order = sorted(classes, key=lambda c: _tile_cost_s(c, flops, m * k * itemsize,
-                                                       k * n * itemsize, m * n * itemsize, 1.0)
-                   / c.count)
-    best: tuple[float, tuple[int, int, int], int] | None = None
-    for used in range(1, len(order) + 1):
-        devices = sum(c.count for c in order[:used])
-        for per in TILES_PER_DEVICE:
-            for grid in _grids(m, k if k_split else 1, n, devices * per):
-                g_r, g_c, g_k = grid
-                if math.ceil(m / g_r) * math.ceil(n / g_c) > max_tile_elems:
-                    continue
-                t = predict_s(m, k, n, itemsize, grid, order[:used], ps_down_Bps, ps_up_Bps)
-                if best is None or t < best[0] - 1e-12:
-                    best = (t, grid, used)
+    # order: what one device of a class would take for the whole GEMM (compute + every byte)
+    order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, m * k * itemsize,
+                                                        k * n * itemsize, m * n * itemsize,
+                                                        1.0), c.name))
+    best: tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]] | None = None
+    found: list[tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]]] = []
+    for taking_part in _device_sets(order):
+        devices = sum(c.count for c in taking_part)
+        most = MAX_TILES_PER_DEVICE * devices
+        # the search costs (grids) x (devices): coarser steps when there are many devices
+        step = 1.25 if devices <= 32 else 1.6
+        for g_k in _candidates(max(1, k // MIN_TILE) if k_split else 1, MAX_K_PARTS, step):
+            for g_r in _candidates(max(1, m // MIN_TILE), most // g_k, step):
+                for g_c in _candidates(max(1, n // MIN_TILE), most // (g_k * g_r), step):
+                    if (math.ceil(m / math.ceil(m / g_r)) != g_r or
+                            math.ceil(n / math.ceil(n / g_c)) != g_c or
+                            math.ceil(k / math.ceil(k / g_k)) != g_k):
+                        continue  # the tiler would cut fewer rows, columns or slices
+                    if math.ceil(m / g_r) * math.ceil(n / g_c) > max_tile_elems:
+                        continue
+                    grid = (g_r, g_c, g_k)
+                    t = predict_s(m, k, n, itemsize, grid, taking_part, ps_down_Bps,
+                                  ps_up_Bps)
+                    found.append((t, grid, taking_part))
+    if found:
+        # the fastest plan, or one with more devices predicted within NEAR_TIE of it: the
+        # prediction is not that exact, and spreading keeps more devices at work (a departure
+        # or a straggler then costs less)
+        fastest = min(t for t, _, _ in found)
+        best = min((f for f in found if f[0] <= fastest * (1 + NEAR_TIE)),
+                   key=lambda f: (-min(sum(c.count for c in f[2]), math.prod(f[1])), f[0]))
     if best is None:  # nothing fits the message limit with this few tiles: fall back to many
         side = max(MIN_TILE, int(math.isqrt(max_tile_elems)))
         grid = (math.ceil(m / side), math.ceil(n / side), 1)
         best = (predict_s(m, k, n, itemsize, grid, order, ps_down_Bps, ps_up_Bps), grid,
-                len(order))
-    t, grid, used = best
-    sat_out = {c.name: _why_out(c, flops, nbytes, itemsize, m, k, n) for c in order[used:]}
+                tuple(order))
+    t, grid, taking_part = best
+    counts = {c.name: c.count for c in taking_part}
+    sat_out = {}
+    for c in order:
+        if counts.get(c.name, 0) < c.count:
+            why = _why_out(c, flops, nbytes, itemsize, m, k, n)
+            sat_out[c.name] = why if c.name not in counts else \
+                f"{why} ({c.count - counts[c.name]} of {c.count})"
     return GemmPlan(math.ceil(m / grid[0]), math.ceil(n / grid[1]), grid[2], grid,
-                    tuple(c.name for c in order[:used]), sat_out, t)
+                    tuple(counts), sat_out, t, counts)
+
+
+def _device_sets(order: Sequence[PlanDevice]) -> list[tuple[PlanDevice, ...]]:
+    """Which devices may take part: every prefix of the classes' order, the last class of it
+    whole or only 1, 2, 4, ... of its devices (more devices share the work but each receives
+    blocks of its own: on a shared or slow link fewer can be faster)."""
+    out: list[tuple[PlanDevice, ...]] = []
+    for used in range(1, len(order) + 1):
+        last = order[used - 1]
+        sizes = [last.count] if last.count > PARTIAL_CLASS_MAX else \
+            sorted({last.count, *(1 << i for i in range(last.count.bit_length())
+                                  if 1 << i < last.count)})
+        out += [(*order[:used - 1], replace(last, count=size)) for size in sizes]
+    return out
 
 
 def _why_out(c: PlanDevice, flops: float, nbytes: float, itemsize: int, m: int, k: int,
@@ -176,37 +312,17 @@ def k_slices(k: int, k_parts: int) -> list[tuple[int, int]]:
     return [(k0, min(k0 + size, k)) for k0 in range(0, k, size)]
 
 
-def deal_owners(tiles: Sequence[tuple[int, int, int]], weights: dict[str, float]
-                ) -> dict[tuple[int, int, int], str]:
-    """Deal tiles ``(r, c, s)`` to devices in contiguous runs of ``(s, r, c)`` order.
-
-    Each device gets a share proportional to its weight (largest remainder, ties by name);
-    devices of weight 0 get nothing.
-    """
-    ordered = sorted(tiles, key=lambda t: (t[2], t[0], t[1]))
-    names = sorted(n for n, w in weights.items() if w > 0)
-    if not names or not ordered:
-        return {}
-    total = sum(weights[n] for n in names)
-    exact = {n: len(ordered) * weights[n] / total for n in names}
-    counts = {n: int(exact[n]) for n in names}
-    left = len(ordered) - sum(counts.values())
-    for n in sorted(names, key=lambda n: (-(exact[n] - counts[n]), n))[:left]:
-        counts[n] += 1
+def deal_boxes(plan: GemmPlan, m: int, k: int, n: int, itemsize: int,
+               devices: Sequence[PlanDevice]) -> dict[tuple[int, int, int], str]:
+    """Owners of a plan's tiles ``(r, c, s)``: one box of the grid per device (split_boxes)."""
+    flops, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, plan.grid)
+    reuse = math.sqrt(max(1.0, plan.tiles / max(1, len(devices))))
+    weights = [(d.name, box_weight(d, flops, a_b, b_b, c_b, reuse)) for d in devices]
     out: dict[tuple[int, int, int], str] = {}
-    i = 0
-    for n in names:
-        for t in ordered[i:i + counts[n]]:
-            out[t] = n
-        i += counts[n]
+    for name, (r0, r1, c0, c1, s0, s1) in split_boxes(plan.grid, weights,
+                                                      (a_b, b_b, c_b)).items():
+        for s in range(s0, s1):
+            for r in range(r0, r1):
+                for c in range(c0, c1):
+                    out[(r, c, s)] = name
     return out
-
-
-def tile_rate(d: PlanDevice, plan: GemmPlan, m: int, k: int, n: int, itemsize: int) -> float:
-    """Tiles per device second d can do under this plan (the dealing weight)."""
-    tm, tn = plan.tile_m, plan.tile_n
-    tk = math.ceil(k / plan.k_parts)
-    g_c = plan.grid[1]
-    cost = _tile_cost_s(d, 2.0 * tm * tk * tn, tm * tk * itemsize, tk * tn * itemsize,
-                        tm * tn * itemsize, 1.0 / max(1, g_c))
-    return 1.0 / cost if cost > 0 else 0.0

@@ -238,6 +238,9 @@ class DeviceSlot:
     bytes_up: int = 0
     compute_s: float = 0.0
     energy_j: float = 0.0
+    # the device's downlink, bytes per device second, from the topology (the planner sets it;
+    # inf: unknown). Stealing and backups count what a device must still receive at this rate.
+    down_Bps: float = math.inf
 
     def __post_init__(self) -> None:
         self.cache = BlockCache(self.cache_bytes)
@@ -1157,14 +1160,38 @@ class Scheduler:
         overdue_s = max((now_s - c.expected_s for c in itertools.chain(
             owner.in_flight.values(), owner.cancelled.values())), default=0.0)
         theirs = self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
-            backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation
-        mine = self.finish_wall_s(slot, task.flops)
+            backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation + \
+            self._backlog_fetch_s(owner)
+        mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
         if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:
             for t in self.pending.owned(owner.device_id):  # its last pending task: its run's end
                 if not t.done and self._eligible(slot, t):
                     steal = t
             return self._take(steal)
         return None
+
+    def _fetch_s(self, slot: DeviceSlot, task: Task) -> float:
+        """Wall seconds the device needs to receive the task's blocks it does not hold (0
+        when its downlink is unknown)."""
+        if not 0 < slot.down_Bps < math.inf:
+            return 0.0
+        missing = (task.a_block_key not in slot.cache) * task.a_nbytes + \
+            (task.b_block_key not in slot.cache) * task.b_nbytes
+        return missing / slot.down_Bps * self.dilation
+
+    def _backlog_fetch_s(self, owner: DeviceSlot) -> float:
+        """Wall seconds the owner needs to receive the distinct blocks of its pending tasks
+        that it does not hold (0 when its downlink is unknown)."""
+        if not 0 < owner.down_Bps < math.inf:
+            return 0.0
+        missing: dict[object, int] = {}
+        for t in self.pending.owned(owner.device_id):
+            if t.done:
+                continue
+            for key, nbytes in ((t.a_block_key, t.a_nbytes), (t.b_block_key, t.b_nbytes)):
+                if key not in owner.cache:
+                    missing[key] = nbytes
+        return sum(missing.values()) / owner.down_Bps * self.dilation
 
     def _pick_beyond(self, slot: DeviceSlot) -> Task | None:
         for task in self.pending:
@@ -1223,7 +1250,7 @@ class Scheduler:
                     or task.task_id in slot.given
                     or (not known and now_s - copy.expected_s < overdue_s)):
                 continue
-            mine = self.finish_wall_s(slot, task.flops)
+            mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
             if straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S:
                 key = (other.order, copy.seq)
                 if best is None or key < best_key:  # equal remaining: the scan order's first

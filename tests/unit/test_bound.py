@@ -12,6 +12,8 @@ from testbed.ps_backend.bound import (
     PsLink,
     comm_min_accessed,
     comm_min_bytes,
+    comm_min_point,
+    comm_min_shares,
     group_stages,
     stage_bound,
     stage_key,
@@ -45,6 +47,30 @@ def test_comm_min_bytes_down_up_and_total() -> None:
     down, up, total = comm_min_bytes(8, 4096, 8, 2, 4)
     assert down == (8 * 4096 * 2) * 4 and up == 64 * 4
     assert total == pytest.approx(2 * comm_min_accessed(8, 4096, 8, 2) * 4)
+
+
+def test_comm_min_point_per_share_and_cases() -> None:
+    n = 64
+    # a cube's 1/8 share: every part (n^3/8)^(2/3) = n^2/4
+    assert all(close(x, n * n / 4) for x in comm_min_point(n, n, n, n ** 3 / 8))
+    # one device doing it all touches each matrix whole
+    assert comm_min_point(8, 16, 32, 8 * 16 * 32) == (8 * 16, 16 * 32, 8 * 32)
+    # one large dimension: C (8 x 8) is the smallest, capped; A and B split the rest evenly
+    a, b, c = comm_min_point(8, 4096, 8, 8 * 4096 * 8 / 2)
+    assert c == 64 and close(a, 8 * 4096 / 2) and close(b, 8 * 4096 / 2)
+    assert comm_min_point(8, 8, 8, 0) == (0.0, 0.0, 0.0)
+
+
+def test_comm_min_shares_sum_over_devices_and_floor_at_once() -> None:
+    # 16 equal shares of a 1024 x 4 x 1024 product: each 4096 of A, B and C (two large dims)
+    down, up = comm_min_shares(1024, 4, 1024, [1024 * 4 * 1024 / 16] * 16, 4)
+    assert close(down, 16 * 2 * 4096 * 4) and close(up, 1024 * 1024 * 4)
+    # one device: each operand once, the result once
+    assert comm_min_shares(8, 16, 32, [8 * 16 * 32], 8) == ((8 * 16 + 16 * 32) * 8, 8 * 32 * 8)
+    # more devices never need less traffic than fewer with the same total work
+    few = comm_min_shares(512, 512, 512, [512 ** 3 / 2] * 2, 4)
+    many = comm_min_shares(512, 512, 512, [512 ** 3 / 8] * 8, 4)
+    assert many[0] + many[1] > few[0] + few[1]
 
 
 def test_compute_bound_gemm_one_device() -> None:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from testbed.ps_backend.planner import PlanDevice, deal_owners, k_slices, plan_gemm
+from testbed.ps_backend.planner import (
+    TILE_OVERHEAD_S,
+    PlanDevice,
+    box_time_s,
+    deal_boxes,
+    k_slices,
+    plan_gemm,
+    split_boxes,
+)
 
 INF = float("inf")
 
@@ -40,10 +48,70 @@ def test_k_slices_cover_k_in_order() -> None:
     assert k_slices(10, 3) == [(0, 4), (4, 8), (8, 10)]
 
 
-def test_deal_owners_contiguous_and_proportional() -> None:
-    tiles = [(r, c, 0) for r in range(2) for c in range(4)]
-    owners = deal_owners(tiles, {"a": 3.0, "b": 1.0})
-    assert sorted(owners.values()).count("a") == 6 and list(owners.values()).count("b") == 2
-    # a's run is the first six in (s, r, c) order: row 0 whole, so it gets A's row block once
-    assert all(owners[(0, c, 0)] == "a" for c in range(4))
-    assert deal_owners(tiles, {"a": 0.0}) == {}
+def test_split_boxes_cover_the_grid_once_in_proportion() -> None:
+    boxes = split_boxes((8, 4, 1), [("a", 3.0), ("b", 1.0)], (1.0, 1.0, 1.0))
+    tiles = {name: {(r, c, s) for r in range(b[0], b[1]) for c in range(b[2], b[3])
+                    for s in range(b[4], b[5])} for name, b in boxes.items()}
+    assert not tiles["a"] & tiles["b"]
+    assert len(tiles["a"] | tiles["b"]) == 32
+    assert len(tiles["a"]) == 24 and len(tiles["b"]) == 8
+    assert split_boxes((4, 6, 1), [("a", 0.0)]) == {}
+
+
+def test_split_boxes_cut_where_fewest_bytes_are_duplicated() -> None:
+    # A blocks dear, B blocks cheap: cut across rows (both halves get the cheap B blocks)
+    rows = split_boxes((4, 4, 1), [("a", 1.0), ("b", 1.0)], (100.0, 1.0, 1.0))
+    assert rows["a"][2:4] == (0, 4) and rows["a"][0:2] == (0, 2)
+    # results dear, operands cheap, K slices available: never cut K (partials of the same C)
+    cols = split_boxes((4, 4, 4), [("a", 1.0), ("b", 1.0)], (1.0, 100.0, 1000.0))
+    assert cols["a"][4:6] == (0, 4)
+    # operands dear, result cheap: cut K (each half gets its own slices of A and B)
+    ks = split_boxes((2, 2, 4), [("a", 1.0), ("b", 1.0)], (100.0, 100.0, 1.0))
+    assert ks["a"][4:6] == (0, 2) and ks["b"][4:6] == (2, 4)
+
+
+def test_sixteen_equal_devices_get_square_blocks() -> None:
+    boxes = split_boxes((8, 8, 1), [(f"d{i}", 1.0) for i in range(16)], (1.0, 1.0, 1.0))
+    assert len(boxes) == 16
+    assert all(b[1] - b[0] == 2 and b[3] - b[2] == 2 for b in boxes.values())
+
+
+def test_box_time_pipelines_the_slowest_stream() -> None:
+    d = PlanDevice("d", 1e9, 1e6, 1e6)
+    # 2 x 2 tiles: 2 A + 2 B blocks of 1 MB down (4 s), 4 results of 0.5 MB up (2 s), compute
+    # 1 ms a tile: down-bound, plus the last tile's compute and result, and each tile's
+    # fixed handling cost
+    t = box_time_s(d, (0, 2, 0, 2, 0, 1), 1e6, 1e6, 1e6, 0.5e6)
+    assert abs(t - (4.0 + 1e-3 + 0.5 + 4 * TILE_OVERHEAD_S)) < 1e-9
+
+
+def test_deal_boxes_gives_each_device_whole_rows_of_blocks() -> None:
+    phones = [PlanDevice(f"p{i}", 19e9, 10e6, 10e6) for i in range(15)]
+    plan = plan_gemm(8192, 768, 3072, 4, [PlanDevice("phones", 19e9, 10e6, 10e6, count=15)])
+    owners = deal_boxes(plan, 8192, 768, 3072, 4, phones)
+    assert len(owners) == plan.tiles and set(owners.values()) == {p.name for p in phones}
+    for p in phones:  # each device's tiles form a box: rows x columns x slices
+        mine = [t for t, o in owners.items() if o == p.name]
+        rows, cols, parts = ({t[i] for t in mine} for i in range(3))
+        assert len(mine) == len(rows) * len(cols) * len(parts)
+
+
+def test_a_backward_pair_splits_each_group_in_alternate_halves() -> None:
+    from testbed.ps_backend.scheduler import DeviceSlot
+    from testbed.ps_backend.step_plan import StepPlanner
+
+    slots = [DeviceSlot(f"d{i}", f"{g}-{i}", 1.0, 4, 1 << 20, group=g)
+             for i, g in enumerate(["p", "p", "p", "l"])]
+    first, second = StepPlanner.half_of(slots, 0), StepPlanner.half_of(slots, 1)
+    assert [s.name for s in first] == ["l-3", "p-0", "p-2"]
+    assert [s.name for s in second] == ["p-1"]
+    assert StepPlanner.half_of(slots, None) is slots
+    assert StepPlanner.half_of(slots[3:], 1) == slots[3:]  # an empty half: everyone
+
+
+def test_near_ties_go_to_the_plan_with_more_devices_at_work() -> None:
+    # tiny GEMMs behind a 40 ms round trip: every plan takes ~40 ms, so all four devices work
+    phones = PlanDevice("phones", 20e9, 125e6, 125e6, 0.04, count=3)
+    laptop = PlanDevice("laptops", 240e9, 125e6, 125e6, 0.04, count=1)
+    plan = plan_gemm(64, 32, 32, 8, [phones, laptop])
+    assert plan.tiles >= 4 and plan.counts == {"laptops": 1, "phones": 3}
