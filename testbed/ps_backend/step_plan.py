@@ -118,13 +118,21 @@ class StepPlanner:
         planned = {g for g, _, _ in groups}
         out = [PlanDevice(g, gflops * 1e9, *self._link(g), count=self._halved(n, half))
                for g, n, gflops in groups if self._halved(n, half) > 0]
-        counts: dict[tuple[str, float], int] = {}
+        counts: dict[tuple[str, str, float], int] = {}
         for s in slots:
             if not s.quarantined and s.group not in planned:
-                key = (s.group, s.predicted_gflops)
+                key = (self._class_name(s), s.group, s.predicted_gflops)
                 counts[key] = counts.get(key, 0) + 1
-        return out + [PlanDevice(g, gflops * 1e9, *self._link(g), count=n)
-                      for (g, gflops), n in sorted(counts.items())]
+        return out + [PlanDevice(name, gflops * 1e9, *self._link(group), count=n)
+                      for (name, group, gflops), n in sorted(counts.items())]
+
+    def _class_name(self, slot: DeviceSlot) -> str:
+        """The plan's name for a device's class: its group, or for a device the topology does
+        not declare, its group and claimed rate (two such devices of one group, or of none,
+        with different rates are different classes, and each must be dealt its own count)."""
+        if any(slot.group == g for g, _, _ in self.config.planned_groups):
+            return slot.group
+        return f"{slot.group or 'undeclared'}@{slot.predicted_gflops:g}"
 
     def _static(self, slots: list[DeviceSlot]) -> bool:
         """Whether the plan depends only on the topology (then a restarted PS cuts the same)."""
@@ -243,11 +251,12 @@ class StepPlanner:
         # a class the plan takes only some devices of: the first that many by name (the same
         # devices for every GEMM of the shape, so they hold its blocks)
         for s in sorted(slots, key=lambda s: (s.name, s.device_id)):
-            if s.quarantined or s.group not in used:
+            name = self._class_name(s)
+            if s.quarantined or name not in used:
                 continue
-            if taken.get(s.group, 0) >= plan.counts.get(s.group, len(slots)):
+            if taken.get(name, 0) >= plan.counts.get(name, len(slots)):
                 continue
-            taken[s.group] = taken.get(s.group, 0) + 1
+            taken[name] = taken.get(name, 0) + 1
             devices.append(PlanDevice(s.device_id, max(s.rate_flops, 1.0),
                                       *self._link(s.group)))
         if not devices:

@@ -21,6 +21,7 @@ import pytest
 from testbed.adb_bridge import AdbBridge, agent_package
 from testbed.adb_bridge.cli import adb_address
 from testbed.adb_bridge.doctor import ThrowawayPS
+from tests.conftest import wait_for
 from tests.fakes.adb_phones import termux_phone
 from tests.fakes.fake_adb import FakeAdbServer, phone_pids
 
@@ -154,7 +155,9 @@ def test_bridge_runs_agent_in_termux_and_stops_it(fake_adb_server: FakeAdbServer
     try:
         bridge.start()
         assert ps.done.wait(90), [(e.kind, e.data) for e in events]
-        started = next(e for e in events if e.kind == "agent-started")
+        # the agent may join before the bridge has read its pid back and said so
+        started = wait_for(lambda: next((e for e in events if e.kind == "agent-started"), None),
+                           30, "the bridge's agent-started event")
         assert started.data["launcher"] == "termux" and ps.joined == "adb-termux1"
         cmdlines = [c for c in phone_pids(phone).values()] + [
             (Path("/proc") / d / "cmdline").read_bytes().decode(errors="replace")
