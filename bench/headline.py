@@ -213,11 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="N = 4, 15, 32 and OPT-125m only")
     p.add_argument("--steps", type=int, default=2, help="steps per run (default 2)")
-    p.add_argument("--tile-tp-max-devices", type=int, default=1000,
+    p.add_argument("--tile-tp-max-devices", type=int, default=100,
                    help="leave tile-tp's simulation out above this many devices (default "
-                        "1000: one simulated step of 1,000 devices takes 15-30 s of this "
-                        "host, 10,000 do not finish in minutes, bench/simulate_scale.py); "
-                        "the row says so")
+                        "100: its OPT-125m step takes ~45 s to simulate here; 1,000 phones "
+                        "did not finish a step in 20 minutes, docs/baselines.md); the row "
+                        "says so")
     p.add_argument("--emulate", choices=("auto", "off"), default="auto",
                    help="auto (default): also run the emulated cases on Mininet when this "
                         "host can (root, Mininet); off: simulated only")
