@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tile-tp-max-devices", type=int, default=100,
                    help="leave tile-tp's simulation out above this many devices (default "
                         "100: its OPT-125m step takes ~45 s to simulate here; 1,000 phones "
-                        "did not finish a step in 20 minutes, docs/baselines.md); the row "
+                        "did not finish a step in 15 minutes, docs/baselines.md); the row "
                         "says so")
     p.add_argument("--emulate", choices=("auto", "off"), default="auto",
                    help="auto (default): also run the emulated cases on Mininet when this "
