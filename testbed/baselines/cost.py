@@ -160,6 +160,34 @@ def replica_bytes(job: JobSpec, rows: int) -> int:
             + head_activation_bytes(spec, rows, b))
 
 
+def replica_step_work(spec: ModelSpec, rows: int, dtype_bytes: int) -> tuple[list[Gemm], float]:
+    """A whole-model replica's step on ``rows`` sequences: its GEMMs in the order it runs them
+    (forward, head, backward) and the bytes of its memory-bound work (the optimizer apart)."""
+    lf, lb = layer_gemms(spec, rows)
+    hf, hb = head_gemms(spec, rows)
+    ef, eb = layer_elementwise_bytes(spec, rows, dtype_bytes)
+    hef, heb = head_elementwise_bytes(spec, rows, dtype_bytes)
+    return lf * spec.layers + hf + hb + lb * spec.layers, spec.layers * (ef + eb) + hef + heb
+
+
+def stage_work(spec: ModelSpec, layers: int, with_head: bool, kind: str, rows: int,
+               dtype_bytes: int) -> tuple[list[Gemm], float]:
+    """A pipeline stage's forward (``kind`` "F") or backward ("B") pass of one micro-batch of
+    ``rows`` sequences over ``layers`` layers, plus the head on the last stage: its GEMMs and
+    the bytes of its memory-bound work."""
+    forward = kind == "F"
+    lf, lb = layer_gemms(spec, rows)
+    ef, eb = layer_elementwise_bytes(spec, rows, dtype_bytes)
+    gemms = (lf if forward else lb) * layers
+    mem = (ef if forward else eb) * layers
+    if with_head:
+        hf, hb = head_gemms(spec, rows)
+        hef, heb = head_elementwise_bytes(spec, rows, dtype_bytes)
+        gemms = gemms + (hf if forward else hb)
+        mem += hef if forward else heb
+    return gemms, mem
+
+
 def step_gemm_flops(job: JobSpec) -> float:
     """FLOPs of every GEMM of one training step (attention products included)."""
     spec, rows = job.model, job.batch_size

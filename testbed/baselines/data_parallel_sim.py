@@ -199,12 +199,7 @@ class DataParallelSim:
 
     def _compute(self, name: str, rows: int, then: Callable[[str], None]) -> None:
         w, spec, b = self.world, self.job.model, self.b
-        lf, lb = cost.layer_gemms(spec, rows)
-        hf, hb = cost.head_gemms(spec, rows)
-        ef, eb = cost.layer_elementwise_bytes(spec, rows, b)
-        hef, heb = cost.head_elementwise_bytes(spec, rows, b)
-        gemms = lf * spec.layers + hf + hb + lb * spec.layers
-        mem = spec.layers * (ef + eb) + hef + heb
+        gemms, mem = cost.replica_step_work(spec, rows, b)
         w.compute(w.devices[name], gemms, mem, self._guard(name, lambda: then(name)))
 
     def _up(self, name: str, b: int, at_ps: Callable[[str], None]) -> None:

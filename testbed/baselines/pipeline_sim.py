@@ -178,16 +178,7 @@ class PipelineSim:
 
         def work(s: int, kind: str, j: int) -> tuple[list[cost.Gemm], float]:
             a, e = plan.bounds[s]
-            lf, lb = cost.layer_gemms(spec, rows[j])
-            ef, eb = cost.layer_elementwise_bytes(spec, rows[j], b)
-            gemms = (lf if kind == "F" else lb) * (e - a)
-            mem = (ef if kind == "F" else eb) * (e - a)
-            if s == S - 1:
-                hf, hb = cost.head_gemms(spec, rows[j])
-                hef, heb = cost.head_elementwise_bytes(spec, rows[j], b)
-                gemms = gemms + (hf if kind == "F" else hb)
-                mem += hef if kind == "F" else heb
-            return gemms, mem
+            return cost.stage_work(spec, e - a, s == S - 1, kind, rows[j], b)
 
         def pump(s: int) -> None:
             if running[s] or pos[s] >= len(order[s]):

@@ -314,12 +314,7 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     while not join and plan.get("start") and not Path(plan["start"]).exists():
         time.sleep(0.01)  # under churn: step 0 starts with the runner's clock, as the PS's
     rows = hi - lo
-    lf, lb = cost.layer_gemms(spec, rows)
-    hf, hb = cost.head_gemms(spec, rows)
-    ef, eb = cost.layer_elementwise_bytes(spec, rows, b)
-    hef, heb = cost.head_elementwise_bytes(spec, rows, b)
-    gemms = lf * spec.layers + hf + hb + lb * spec.layers
-    mem = spec.layers * (ef + eb) + hef + heb
+    gemms, mem = cost.replica_step_work(spec, rows, b)
     n_params = sum(p.numel() for p in params)
     sent = 0
     step_s: list[float] = []

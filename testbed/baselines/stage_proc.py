@@ -188,16 +188,7 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         Path(plan["ready_dir"], f"stage{s}").touch()
     sent: dict[str, int] = {}
     def work(kind: str, j: int) -> tuple[list[cost.Gemm], float]:
-        lf, lb = cost.layer_gemms(spec, rows[j])
-        ef, eb = cost.layer_elementwise_bytes(spec, rows[j], b)
-        gemms = (lf if kind == "F" else lb) * (e - a)
-        mem = (ef if kind == "F" else eb) * (e - a)
-        if last:
-            hf, hb = cost.head_gemms(spec, rows[j])
-            hef, heb = cost.head_elementwise_bytes(spec, rows[j], b)
-            gemms = gemms + (hf if kind == "F" else hb)
-            mem += hef if kind == "F" else heb
-        return gemms, mem
+        return cost.stage_work(spec, e - a, last, kind, rows[j], b)
 
     def send(to: int, kind: int, step: int, j: int, t: torch.Tensor) -> None:
         payload = t.detach().contiguous().numpy().tobytes()
