@@ -64,6 +64,7 @@ class StepPlanner:
     def __init__(self, config: Any):
         self.mode = config.planner
         self.config = config
+        self._planned = {g for g, _, _ in config.planned_groups}  # the topology's groups
         self._plans: dict[tuple[int, int, int, int, int | None], GemmPlan] = {}
         self._gemms: list[BoundGemm] = []
         self._seen: dict[str, DeviceSlot] = {}
@@ -114,13 +115,11 @@ class StepPlanner:
         that join over the LAN) are classes of their own, counted as they are present, so the
         plan deals them tiles like any group.
         """
-        groups = self.config.planned_groups
-        planned = {g for g, _, _ in groups}
         out = [PlanDevice(g, gflops * 1e9, *self._link(g), count=self._halved(n, half))
-               for g, n, gflops in groups if self._halved(n, half) > 0]
+               for g, n, gflops in self.config.planned_groups if self._halved(n, half) > 0]
         counts: dict[tuple[str, str, float], int] = {}
         for s in slots:
-            if not s.quarantined and s.group not in planned:
+            if not s.quarantined and s.group not in self._planned:
                 key = (self._class_name(s), s.group, s.predicted_gflops)
                 counts[key] = counts.get(key, 0) + 1
         return out + [PlanDevice(name, gflops * 1e9, *self._link(group), count=n)
@@ -130,14 +129,14 @@ class StepPlanner:
         """The plan's name for a device's class: its group, or for a device the topology does
         not declare, its group and claimed rate (two such devices of one group, or of none,
         with different rates are different classes, and each must be dealt its own count)."""
-        if any(slot.group == g for g, _, _ in self.config.planned_groups):
+        if slot.group in self._planned:
             return slot.group
         return f"{slot.group or 'undeclared'}@{slot.predicted_gflops:g}"
 
     def _static(self, slots: list[DeviceSlot]) -> bool:
         """Whether the plan depends only on the topology (then a restarted PS cuts the same)."""
-        planned = {g for g, _, _ in self.config.planned_groups}
-        return bool(planned) and all(s.group in planned or s.quarantined for s in slots)
+        return bool(self._planned) and all(s.group in self._planned or s.quarantined
+                                           for s in slots)
 
     # -- planning -----------------------------------------------------------------------------
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]
