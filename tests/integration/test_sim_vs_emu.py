@@ -5,7 +5,8 @@ The devices' summed compute time (the same device models with the same seeds) is
 runs gave each device the same number of tiles, as on a quiet machine. Placement follows observed
 timing, so under host load the emulation may shift tiles between devices (CI once saw the laptop
 sit out a GEMM), and the sum then differs by the cost spread between tiles, which 10% bounds here
-(a tile costs 40-70 us on every device of this topology). Device time: the
+(a tile costs 52-63 us on every device of this topology: compute_s / tiles_done
+in summary.json of a quiet run). Device time: the
 simulation leaves out the PS's own software time (Python, torch, gRPC per GEMM), which on this
 tiny job at dilation 1 is most of the emulated step, so the simulated device time must lie
 between the devices' compute and the emulated device time (docs/simulate.md states the gap).
