@@ -39,6 +39,7 @@ import grpc
 import numpy as np
 
 from testbed.agent.behaviour import Behaviour
+from testbed.agent.hold import hold_until
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate, split_host_port
 from testbed.emulator.dilation import DeviceClock
@@ -62,39 +63,10 @@ MAX_BATCH_DELAY_S = 0.002
 RESULT_OVERHEAD_BYTES = 128  # a TileResult's fields besides the tensor bytes, generously
 
 
-# An emulated device's hold ends at a deadline; on a busy host a sleeping thread wakes late by
-# the time the CPU's run queue makes it wait (bench/emulation_fidelity.py: p95 ~10-20 ms with 16
-# agents on 2 busy cores), a wall-clock amount that only a larger time dilation hides. So the
-# hold's sleep runs at real-time priority (SCHED_FIFO, lowest level) where the host allows it:
-# the thread is then woken on time, reads the clock and drops back to normal priority before it
-# does anything else (microseconds at RT; the compute itself never runs at RT).
-HOLD_RT_PRIORITY = 1
-# ... and then it needs the GIL: a thread holding it (parsing the next tile, serialising a
+# An emulated device's hold ends at a deadline, woken on time: see testbed.agent.hold.
+# After the hold it needs the GIL: a thread holding it (parsing the next tile, serialising a
 # result) keeps it up to the switch interval (5 ms by default); 0.5 ms bounds that wait
 GIL_SWITCH_S = 0.0005
-_rt_hold = [hasattr(os, "sched_setscheduler")]  # off after the host refused it once
-
-
-def hold_until(deadline_s: float) -> float:
-    """Sleep until the monotonic deadline_s; return the monotonic time the hold ended."""
-    remaining = deadline_s - time.monotonic()
-    if remaining <= 0:
-        return time.monotonic()
-    if _rt_hold[0]:
-        try:  # pid 0: this thread only
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(HOLD_RT_PRIORITY))
-        except OSError as exc:  # not permitted (no CAP_SYS_NICE, an RT-less cgroup)
-            _rt_hold[0] = False
-            log.info("holds sleep at normal priority (%s): wake-ups may be late on a busy host",
-                     exc)
-        else:
-            try:
-                time.sleep(max(0.0, deadline_s - time.monotonic()))
-                return time.monotonic()  # before the switch back, which may yield the CPU
-            finally:
-                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    time.sleep(max(0.0, deadline_s - time.monotonic()))
-    return time.monotonic()
 
 
 class JoinRefused(Exception):
@@ -397,9 +369,7 @@ class _Session:
             if delivery is None or self.closed.is_set():
                 return
             for item in delivery:
-                wait = item.arrived_s - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
+                hold_until(item.arrived_s)  # the downlink's arrival, woken on time under load
                 result = self._compute(item)
                 if self.agent.model is not None:
                     # an emulated device's results each leave at their own modelled time (the

@@ -2,19 +2,29 @@
 
 For each device (one after another, so that shared links do not mix the measurements):
 
-* throughput each way with ``iperf3`` (TCP, ``-O 1`` drops the first second of slow start): the
-  receiving end runs the client with ``-R`` (the device's host for ``down``, the PS's for ``up``),
-  the sending end the server, so the figure is always measured where the bytes arrive: the mean
-  goodput (TCP payload) over the receiver's own non-omitted one-second intervals. It is compared
-  with the *path's* configured rate in that direction: the smallest rate on the way (device link,
-  switch links, PS link). HTB counts Ethernet frames, so TCP payload is ~4% below the configured
-  rate on a 1500-byte MTU; that is inside the tolerance and deliberately not corrected.
+* throughput each way: ``iperf3`` (TCP) keeps the path saturated, sent by the PS for ``down``
+  and by the device for ``up``, and the figure is what the receiving host's interface took in:
+  the kernel's byte counter of that interface, sampled every 20 ms next to a clock reading, over
+  a window anchored where the flow began (:func:`window_rate_bps`). It is compared with the
+  *path's* configured rate in that direction: the smallest rate on the way (device link, switch
+  links, PS link). HTB charges whole frames, so the delivered rate sits a few % under the
+  configured one; that is inside the tolerance and not corrected.
+  Why the kernel and not iperf3's own report: iperf3 counts bytes when its process reads them,
+  so on a loaded 2-core machine a descheduled receiver moved bytes between one-second intervals
+  (single intervals of a 1 Mbit/s path read 0.42-1.25 Mbit/s) and out of the window; CI
+  measured 1 Mbit/s as 0.85 Mbit/s that way. Each measurement starts once both ends' interfaces
+  have been quiet for a second (the last one's sender drains its unsent bytes for seconds on a
+  slow link). The window scales with the path: slow start overfills the bottleneck's queue and
+  TCP then recovers, which on a 1 Mbit/s link behind a 100-packet queue (1.2 s to drain) lasts
+  seconds, so the first ``max(1, 2 x drain)`` seconds are skipped and at least ``4 x drain``
+  seconds measured (:func:`measurement_window_s`).
 * round-trip time with a small TCP echo (64-byte messages, ``TCP_NODELAY``), median of N samples,
   compared with twice the path's one-way delay. When the kernel has no netem, the backend hands the
   delay to the application (:meth:`MininetNetwork.app_shaping`); the echo client then holds each
   message on the agent's own link code (``testbed.agent.link.LinkDirection``) before sending and
   again on receipt, as the agent does for its traffic, so the check measures the delay mechanism
-  that is actually active.
+  that is actually active. Both echo programs run at real-time priority where the host allows
+  it, so that the host's CPU load does not read as link delay.
 
 A direction passes when ``|measured - configured| <= tolerance * configured`` for rates and
 ``<= tolerance * configured + 1 ms`` for the RTT. This module also runs as a program: the echo
@@ -26,6 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import socket
 import statistics
 import subprocess
@@ -34,6 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from testbed.agent.hold import hold_until
 from testbed.emulator.network.base import AppShaping, path_delay_s
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.topology import DeviceSpec, Topology
@@ -84,41 +97,119 @@ def _wait_listening(net: MininetNetwork, node: str | None, port: int,
                        f"{timeout_s} s")
 
 
+DEFAULT_QUEUE_PACKETS = 1000  # Linux's txqueuelen, the queue when a link sets none
+FRAME_BITS = 1514 * 8
+MAX_SKIP_S = 10
+
+
+def measurement_window_s(topology: Topology, device: DeviceSpec, direction: str,
+                         seconds: float) -> tuple[int, float]:
+    """(seconds skipped, seconds measured) of a saturated run on the device's path.
+
+    Both scale with the time the device link's queue takes to drain at the path's rate: the
+    skipped part covers slow start's overshoot and its recovery, the measured part makes the
+    bytes that cross the window's two edges a small share of it.
+    """
+    queue = device.link.queue_packets or DEFAULT_QUEUE_PACKETS
+    drain_s = queue * FRAME_BITS / path_rate_bps(topology, device, direction)
+    skip = min(MAX_SKIP_S, max(1, math.ceil(2 * drain_s)))
+    return skip, max(seconds, math.ceil(4 * min(drain_s, MAX_SKIP_S)))
+
+
 def measure_throughput_bps(net: MininetNetwork, device: DeviceSpec, direction: str,
                            seconds: float = 3.0, port: int = IPERF_PORT) -> float:
-    """TCP goodput between a device and the PS in 'down' (PS sends) or 'up' (device sends).
+    """Bits per second a device's path delivers in 'down' (PS sends) or 'up' (device sends).
 
-    The receiving end always runs the iperf3 client with -R, so that the figure is measured where
-    the bytes arrive, by the process that also keeps the clock (an iperf3 server started in the
-    sending end's host must already listen on `port`: see :func:`start_iperf_server`).
+    The receiving end runs the iperf3 client with -R (an iperf3 server started in the sending
+    end's host must already listen on `port`: see :func:`start_iperf_server`); the check samples
+    the receiving interface's byte counter while it runs (:func:`window_rate_bps`).
     """
     receiver, sender = (device.name, None) if direction == "down" else (None, device.name)
-    argv = ["iperf3", "-c", net.host_ip(sender), "-p", str(port), "-J", "-R",
-            "-t", f"{seconds:g}", "-O", "1"]
-    proc = net.popen(receiver, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    skip, seconds = measurement_window_s(net.topology, device, direction, seconds)
+    _wait_quiet(net, [receiver, sender])
+    run_s = skip + seconds + 1  # traffic outlasts the window
+    argv = ["iperf3", "-c", net.host_ip(sender), "-p", str(port), "-R", "-t", f"{run_s:g}"]
+    proc = net.popen(receiver, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                      text=True)
-    out, err = proc.communicate(timeout=seconds + 60)
-    try:
-        report = json.loads(out)
-    except ValueError:
-        raise RuntimeError(f"iperf3 for {device.name} {direction}: no JSON report: "
-                           f"{err.strip() or out[:200]}") from None
-    if "error" in report:
-        raise RuntimeError(f"iperf3 for {device.name} {direction}: {report['error']}")
-    return _receiver_rate_bps(report)
+    samples = []
+    deadline = time.monotonic() + run_s + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        samples.append(_rx_bytes_now(net, receiver))
+        time.sleep(SAMPLE_EVERY_S)
+    _, err = proc.communicate(timeout=5)
+    if proc.returncode != 0:
+        raise RuntimeError(f"iperf3 for {device.name} {direction} failed "
+                           f"(exit {proc.returncode}): {err.strip()}")
+    return window_rate_bps(samples, skip, seconds,
+                           path_rate_bps(net.topology, device, direction))
 
 
-def _receiver_rate_bps(report: dict) -> float:
-    """Bits per second over the receiver's own non-omitted intervals.
+SAMPLE_EVERY_S = 0.02
+FLOW_STARTED_FRACTION = 0.25
 
-    The end summary can also count bytes that were still queued when the sender's clock stopped
-    (up to ~12 s of them behind a 1000-packet queue at 1 Mbit/s); the intervals cannot.
+
+def window_rate_bps(samples: list[tuple[float, int]], skip_s: float, seconds: float,
+                    configured_bps: float) -> float:
+    """The rate of a byte counter over a window anchored where the measured flow began.
+
+    samples: (time, bytes received so far), in time order. The flow began at the first sample
+    interval that carried a quarter of the configured rate: the start of the measuring process
+    is no anchor, because the previous measurement's unsent bytes can hold the control
+    connection back for seconds on a slow link, and the ACKs and handshakes before the flow
+    carry far less. The window opens skip_s after that and spans seconds (as far as samples
+    reach); a flow that never reaches a quarter of the rate is measured from the first sample.
+    The rate is taken between the window's first and last samples that saw bytes arrive.
     """
-    kept = [i["sum"] for i in report.get("intervals", []) if not i["sum"].get("omitted")]
-    seconds = sum(float(k["seconds"]) for k in kept)
-    if seconds <= 0:
-        raise RuntimeError("iperf3 reported no measured interval")
-    return 8 * sum(float(k["bytes"]) for k in kept) / seconds
+    if len(samples) < 2:
+        raise RuntimeError("too few counter samples to measure a rate")
+    began = samples[0][0]
+    for (t0, b0), (t1, b1) in zip(samples, samples[1:]):
+        if t1 > t0 and 8 * (b1 - b0) / (t1 - t0) >= FLOW_STARTED_FRACTION * configured_bps:
+            began = t0
+            break
+    # the edges are samples that saw bytes arrive: on a slow link the sender's segmentation
+    # offload delivers whole 64 KB lumps (0.5 s of a 1 Mbit/s link) at once, and a window cut
+    # between lumps would count a share of one it did not wait for
+    edges = [samples[i] for i in range(1, len(samples))
+             if began + skip_s <= samples[i][0] <= began + skip_s + seconds
+             and samples[i][1] > samples[i - 1][1]]
+    if len(edges) < 2 or edges[-1][0] <= edges[0][0]:
+        raise RuntimeError(f"no bytes arrived in the window {skip_s:g}-{skip_s + seconds:g} s "
+                           "after the flow began")
+    (t0, b0), (t1, b1) = edges[0], edges[-1]
+    return 8 * (b1 - b0) / (t1 - t0)
+
+
+QUIET_S = 1.0  # longer than a 64 KB lump takes on a 1 Mbit/s link
+QUIET_TIMEOUT_S = 60.0
+
+
+def _wait_quiet(net: MininetNetwork, nodes: list[str | None]) -> None:
+    """Wait until no byte crosses the nodes' interfaces for QUIET_S (at most QUIET_TIMEOUT_S).
+
+    A measurement that ended leaves its sender's unsent bytes to drain: seconds of them on a
+    slow link, which the next flow's ACKs would queue behind and its counter would count.
+    """
+    def totals() -> list[int]:
+        return [c["rx_bytes"] + c["tx_bytes"] for c in map(net.interface_counters, nodes)]
+
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
+    last, since = totals(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = totals()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= QUIET_S:
+            return
+    log.warning("interfaces of %s still carry traffic after %g s; measuring anyway",
+                ", ".join(net.node_name(n) for n in nodes), QUIET_TIMEOUT_S)
+
+
+def _rx_bytes_now(net: MininetNetwork, node: str | None) -> tuple[float, int]:
+    """(monotonic time, bytes received so far) of a node's interface, read back to back."""
+    now = time.monotonic()
+    return now, int(net.interface_counters(node)["rx_bytes"])
 
 
 class DelayLine(Protocol):
@@ -131,6 +222,10 @@ class DelayLine(Protocol):
 
 class AgentDelayLine:
     """App-level delay through the agent's own link code (``testbed.agent.link.LinkDirection``).
+
+    Each hold ends as the agent's downlink arrivals do, through ``hold_until`` (a real-time
+    sleep): with four busy loops on two cores a plain sleep woke on the next 4 ms scheduler tick
+    and the RTTs of the check's 1 Mbit/s path read 32 ms for 24.
 
     Rates stay None: the kernel (HTB) shapes them; only delay (and loss, not measured here) is
     the application's, exactly as the agent gets them from ``app_shaping()``.
@@ -145,10 +240,7 @@ class AgentDelayLine:
 
     @staticmethod
     def _hold(direction: Any, nbytes: int) -> None:
-        now = time.monotonic()
-        wait = direction.deliver_at(nbytes, now) - now
-        if wait > 0:
-            time.sleep(wait)
+        hold_until(direction.deliver_at(nbytes, time.monotonic()))
 
     def hold_up(self) -> None:
         self._hold(self.up, self.nbytes)
@@ -243,7 +335,20 @@ def format_table(rows: list[Row]) -> str:
 
 # -- the echo programs run inside the hosts ----------------------------------------------------
 
+def _realtime() -> None:
+    """Run this echo program at real-time priority where the host allows it.
+
+    The check measures links; without it each wake-up of the echo programs on a busy 2-core
+    host came a 4 ms scheduler tick late now and then, and read as link delay.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (OSError, AttributeError):
+        pass  # measured at normal priority: late wake-ups add to the RTT
+
+
 def _echo_server(bind: str, port: int) -> int:
+    _realtime()
     with socket.create_server((bind, port), reuse_port=False) as server:
         while True:
             conn, _ = server.accept()
@@ -267,6 +372,7 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
 
 
 def _echo_client(host: str, port: int, samples: int, delay_s: float) -> int:
+    _realtime()
     line: DelayLine = AgentDelayLine(AppShaping(delay_s=delay_s), ECHO_SIZE_BYTES)
     rtts = []
     with socket.create_connection((host, port), timeout=30) as conn:

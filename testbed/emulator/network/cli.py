@@ -31,7 +31,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="relative tolerance (default 0.10; RTT gets 1 ms more)")
     p.add_argument("--seconds", type=float, default=3.0,
-                   help="iperf3 seconds per direction after 1 s omitted (default 3)")
+                   help="least seconds measured per direction (default 3); slow paths "
+                        "measure longer and skip more of slow start: 4x and 2x the "
+                        "time their device link's queue takes to drain")
     p.add_argument("--samples", type=int, default=10, help="RTT samples per device (default 10)")
     p.add_argument("--devices", nargs="*", metavar="NAME",
                    help="only these devices (default: all, one after another)")
