@@ -11,6 +11,12 @@ would be with it added, to say which part of a gap it explains.
 
     .venv/bin/python bench/sim_vs_emu.py --quick     # tests/data/tiny.yaml, 2 steps
     .venv/bin/python bench/sim_vs_emu.py [--steps N] [--cases default,campus,...]
+    .venv/bin/python bench/sim_vs_emu.py --cases default --steps 1 --keep /tmp/sve
+    .venv/bin/python bench/sim_vs_emu.py --cases default --steps 1 --emu-from /tmp/sve
+
+``--keep DIR`` keeps both run directories (``DIR/<case>/emu``, ``DIR/<case>/sim``) to compare
+their steps.jsonl, devices.jsonl and events.jsonl; ``--emu-from DIR`` reads the emulated run
+kept there instead of running it again (the slow half), and simulates afresh.
 
 Cases: default, home-wifi, campus, hotcarbon-short (15 phones, 2 of the 12 layers, seq 128,
 batch 4) and default under each ready churn trace (traces/*.csv). Emulation is CPU-heavy:
@@ -87,6 +93,14 @@ def run(command: str, topology: Path, steps: int, out: Path, trace: Path | None,
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
         return (dirs[-1] if dirs else None), wall, f"exit {proc.returncode}: {tail}"
     return dirs[-1], wall, ""
+
+
+def reuse(emu_root: Path) -> tuple[Path | None, float, str]:
+    """A kept emulated run (the newest run directory under ``emu_root``); no wall time."""
+    dirs = sorted(p for p in emu_root.iterdir() if p.is_dir())
+    if not dirs or not (dirs[-1] / "steps.jsonl").exists():
+        return None, 0.0, f"no run with steps.jsonl under {emu_root}"
+    return dirs[-1], 0.0, ""
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -167,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per emulated run")
+    p.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                   help="keep the run directories under DIR/<case>/{emu,sim} (default: "
+                        "a temporary directory, removed)")
+    p.add_argument("--emu-from", type=Path, default=None, metavar="DIR",
+                   help="read each case's emulated run from DIR/<case>/emu (as --keep left "
+                        "it) instead of running it")
     p.add_argument("--ps-gemm-ms", type=float, default=0.0,
                    help="model the PS's own time per offloaded GEMM in the simulation: this "
                         "many host wall ms, divided by the emulated run's time dilation")
@@ -177,13 +197,24 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown case(s) {unknown}; choose from {list(table)}", file=sys.stderr)
         return 2
+    if args.emu_from is not None:
+        missing = [c for c in wanted if not (args.emu_from / c / "emu").is_dir()]
+        if missing:
+            print(f"error: --emu-from {args.emu_from}: no emulated run for {missing} "
+                  f"(expected {args.emu_from}/<case>/emu/<run>)", file=sys.stderr)
+            return 2
     summary = []
-    with tempfile.TemporaryDirectory(prefix="sim-vs-emu-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sim-vs-emu-") as scratch:
+        tmp = str(args.keep) if args.keep is not None else scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for name in wanted:
             src, trace, overrides = table[name]
             topo = write_topology(src, overrides, Path(tmp) / f"{name}.yaml")
-            emu_dir, emu_wall, emu_err = run("up", topo, args.steps, Path(tmp) / name / "emu",
-                                             trace, args.timeout_s)
+            if args.emu_from is not None:
+                emu_dir, emu_wall, emu_err = reuse(args.emu_from / name / "emu")
+            else:
+                emu_dir, emu_wall, emu_err = run("up", topo, args.steps,
+                                                 Path(tmp) / name / "emu", trace, args.timeout_s)
             dilation = 1.0
             if emu_dir is not None and args.ps_gemm_ms > 0:
                 first = read_run(emu_dir)["steps"][:1]

@@ -9,9 +9,15 @@ linear ``forward`` ``Y[M,out] = X[M,in] @ Wᵀ``, then in backward ``input_grad`
 runs the layers in reverse (autograd's order: the LM head first, then per decoder layer
 ``fc2, fc1, out_proj, v_proj, k_proj, q_proj``).
 
-Each GEMM carries the tensor names the bound uses for held data (the same tensor: ``X`` of q/k/v,
-``W`` in forward and in ``dX``, ``dY`` in ``dX`` and ``dW``, ``X`` in forward and ``dW``), which
-the PS derives from storage pointers and this module from the layer names.
+Each GEMM carries the tensor names of its operands (the same tensor: ``X`` of q/k/v, ``W`` in
+forward and in ``dX``, ``dY`` in ``dX`` and ``dW``, ``X`` in forward and ``dW``) and whether it
+uses that tensor transposed (``Wᵀ`` in forward, ``dYᵀ`` in ``dW``): the PS derives both from
+storage (:class:`~testbed.ps_backend.executor.OperandKeys`) and this module from the layer names
+(:data:`OPERANDS`, the table of :mod:`testbed.ps_backend.engine.offload`). They are what the
+bound calls held data and what the scheduler names cached blocks by
+(:func:`~testbed.ps_backend.scheduler.block_key`, in the stored tensor's coordinates), so a
+block a device received for one GEMM is a cache hit for another exactly as on the PS;
+``tests/unit/test_simulate_operand_keys.py`` checks the names against the engine's own.
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ from dataclasses import dataclass
 
 from testbed.ps_backend.tiler import gemm_flops
 from testbed.topology import JobSpec
+
+# Which tensor each operand of a linear's GEMMs is, and whether the GEMM uses it transposed
+# (offload.py's table: forward Y = X·Wᵀ, input_grad dX = dY·W, weight_grad dW = dYᵀ·X).
+OPERANDS = {"forward": (("X", False), ("W", True)),
+            "input_grad": (("dY", False), ("W", False)),
+            "weight_grad": (("dY", True), ("X", False))}
 
 
 @dataclass(frozen=True)
@@ -31,13 +43,20 @@ class ChainGemm:
     m: int
     k: int
     n: int
-    a_name: str
+    a_name: str  # the operands' tensors (a weight: its parameter's name)
     b_name: str
     weight_key: str  # the weight parameter's name (b_keys of forward and input_grad)
+    a_transposed: bool = False  # the GEMM uses the tensor transposed (Wᵀ, dYᵀ)
+    b_transposed: bool = False
 
     @property
     def flops(self) -> float:
         return gemm_flops(self.m, self.k, self.n)
+
+    def keys(self, version: int) -> tuple[str, str]:
+        """The PS's cache keys of A's and B's tensors at a weight version: a weight's is its
+        GemmSpec b_key (``<param>@<version>``), an activation's its name in the step."""
+        return f"{self.a_name}@{version}", f"{self.b_name}@{version}"
 
 
 @dataclass(frozen=True)
@@ -77,15 +96,16 @@ def step_chain(job: JobSpec) -> list[list[ChainGemm]]:
     """The step's GEMMs as consecutive submissions: forward one by one, backward in pairs."""
     tokens = job.batch_size * job.model.seq_len
     layers = linears(job)
+
+    def gemm(lin: Linear, op: str, m: int, k: int, n: int) -> ChainGemm:
+        tensors = {"X": lin.input_name, "W": lin.weight_key, "dY": f"{lin.name}:dY"}
+        (a, a_t), (b, b_t) = OPERANDS[op]
+        return ChainGemm(lin.name, op, m, k, n, tensors[a], tensors[b], lin.weight_key,
+                         a_t, b_t)
     chain: list[list[ChainGemm]] = []
     for lin in layers:
-        chain.append([ChainGemm(lin.name, "forward", tokens, lin.d_in, lin.d_out,
-                                lin.input_name, lin.weight_key, lin.weight_key)])
+        chain.append([gemm(lin, "forward", tokens, lin.d_in, lin.d_out)])
     for lin in _backward_order(layers):
-        dy = f"{lin.name}:dY"
-        chain.append([
-            ChainGemm(lin.name, "input_grad", tokens, lin.d_out, lin.d_in, dy, lin.weight_key,
-                      lin.weight_key),
-            ChainGemm(lin.name, "weight_grad", lin.d_out, tokens, lin.d_in, dy, lin.input_name,
-                      lin.weight_key)])
+        chain.append([gemm(lin, "input_grad", tokens, lin.d_out, lin.d_in),
+                      gemm(lin, "weight_grad", lin.d_out, tokens, lin.d_in)])
     return chain

@@ -257,13 +257,17 @@ class Simulation(EventLoop):
             self.version = step
             self.scheduler.invalidate(step)
         uid = f"s{step}/{g.layer}/{g.op}#{seq}"
-        b_key = {"forward": f"{g.weight_key}@{step}:T",
-                 "input_grad": f"{g.weight_key}@{step}:N"}.get(g.op)
-        spec = GemmSpec(g.layer, g.op, step, b_key)
+        # Operands keyed by tensor, as TileExecutor keys them (OperandKeys, the weights by
+        # their GemmSpec b_key at the version: one optimizer step per training step), so a
+        # block sent for one GEMM is a cache hit for another: Wᵀ of forward is W of input_grad,
+        # X of q/k/v is one tensor and B of their weight gradients, dY of dX is dYᵀ of dW.
+        a_key, b_key = g.keys(step)
+        spec = GemmSpec(g.layer, g.op, step, b_key if g.b_name == g.weight_key else None)
         job = GemmJob(uid=uid, spec=spec, a=shape_only(g.m, g.k, self.dtype),
                       b=shape_only(g.k, g.n, self.dtype), c=shape_only(g.m, g.n, self.dtype),
-                      version=step, a_key=f"{uid}:A", b_key=b_key or f"{uid}:B", done=Future(),
-                      a_name=g.a_name, b_name=g.b_name, submitted_s=self.now_s)
+                      version=step, a_key=a_key, b_key=b_key, done=Future(),
+                      a_name=g.a_name, b_name=g.b_name, a_transposed=g.a_transposed,
+                      b_transposed=g.b_transposed, submitted_s=self.now_s)
         job.done.add_done_callback(lambda _f: done())
         slots = [d.slot for d in self.devices.values() if d.slot is not None]
         tile_m, tile_n, k_parts, owners = self.planner.plan(job, slots)
