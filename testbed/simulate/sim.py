@@ -9,10 +9,13 @@ clock. What it replaces is only what has no tensors: GEMM operands are zero-stri
 value check and the placement into C are the only two methods it overrides).
 
 What stands in for the other processes (the same rules as the emulated agent,
-``testbed/agent/agent.py``): a tile's operand bytes travel PS -> device as one flow over the
-path's links (:mod:`testbed.simulate.network`), the device computes its tiles one after another
-in arrival order for the device model's time (``device_model_for``: regression, noise, thermal
-state, energy) times its churn slow factor, and the result travels back as one flow. Churn
+``testbed/agent/agent.py``): the tiles one pump hands a device travel PS -> device as one message,
+one flow over the path's links (:mod:`testbed.simulate.network`), the device computes its tiles
+one after another in arrival order for the device model's time (``device_model_for``:
+regression, noise, thermal state, energy) times its churn slow factor, and each result travels
+back as a message of its own. A device's messages go one after another in each direction (its
+one gRPC stream), sharing the links max-min with other devices' messages, and a message arrives
+the path's one-way delay after its last byte left. Churn
 actions apply at their trace times from the start of training (time 0), as ``testbed up``'s
 replay applies them: join adds a device, leave and crash drop it (its tiles are re-queued), a
 partition stalls its links and its lease expires after ``lease_s``; heal lets it join again.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -112,6 +116,10 @@ class SimDevice:
     slot: DeviceSlot | None = None
     busy_until_s: float = 0.0
     flows: set[int] = field(default_factory=set)
+    # its stream, per direction (0 down, 1 up): a message in flight, then those queued behind
+    sending: list[bool] = field(default_factory=lambda: [False, False])
+    queued: tuple[deque[Callable[[], None]], deque[Callable[[], None]]] = field(
+        default_factory=lambda: (deque(), deque()))
     sessions: int = 0
 
 
@@ -237,6 +245,9 @@ class Simulation(EventLoop):
         for fid in dev.flows:
             self.net.cancel(fid)
         dev.flows.clear()
+        dev.sending = [False, False]
+        for q in dev.queued:
+            q.clear()
         if slot is None:
             return
         held = [c.task for c in slot.in_flight.values()]
@@ -290,27 +301,56 @@ class Simulation(EventLoop):
             self._ready_stale = False
             ready.rebuild()
         for slot, assignments in sched.assign_ready(ready, now_s=self.now_s):
-            dev = self.by_id[slot.device_id]
-            for a in assignments:
-                self._send(dev, a)
+            if assignments:
+                self._send(self.by_id[slot.device_id], assignments)
             ready.touch(slot)
 
-    def _send(self, dev: SimDevice, a: Assignment) -> None:
-        task = a.task
-        nbytes = (task.a_nbytes if a.send_a else 0) + (task.b_nbytes if a.send_b else 0)
+    def _send(self, dev: SimDevice, assignments: list[Assignment]) -> None:
+        """One pump's tiles for a device as one message (PsCore._tiles_message): they arrive
+        together, once the whole message is on the device."""
+        nbytes = 0
+        copies = []
+        for a in assignments:
+            task = a.task
+            nbytes += (task.a_nbytes if a.send_a else 0) + (task.b_nbytes if a.send_b else 0)
+            self.stats.backups += a.backup
+            copies.append((task, task.attempt))  # the attempt this copy was given as
         self.stats.bytes_down += nbytes
-        self.stats.backups += a.backup
-        session, attempt = dev.session, task.attempt  # the attempt this copy was given as
-        holder: list[int] = []
+        session = dev.session
 
         def arrived() -> None:
-            dev.flows.discard(holder[0])
-            if dev.session == session:
-                self._arrived(dev, task, attempt, session)
-        flow = self.net.start(nbytes + MESSAGE_OVERHEAD_BYTES, dev.down_path, dev.delay_s,
-                              arrived)
-        holder.append(flow.flow_id)
-        dev.flows.add(flow.flow_id)
+            for task, attempt in copies:
+                if dev.session == session:
+                    self._arrived(dev, task, attempt, session)
+        self._transfer(dev, 0, nbytes + MESSAGE_OVERHEAD_BYTES * len(copies), arrived)
+
+    def _transfer(self, dev: SimDevice, direction: int, nbytes: int,
+                  arrived: Callable[[], None]) -> None:
+        """A message on the device's stream (0: PS -> device, 1: back): after the messages
+        before it in that direction; ``arrived`` runs the path's delay after its last byte."""
+        session = dev.session
+        path = dev.up_path if direction else dev.down_path
+
+        def go() -> None:
+            dev.sending[direction] = True
+            holder: list[int] = []
+
+            def drained() -> None:
+                dev.flows.discard(holder[0])
+                if dev.session != session:
+                    return
+                dev.sending[direction] = False
+                self.at(self.now_s + dev.delay_s,
+                        lambda: arrived() if dev.session == session else None)
+                if dev.queued[direction]:
+                    dev.queued[direction].popleft()()
+            flow = self.net.start(nbytes, path, 0.0, drained)
+            holder.append(flow.flow_id)
+            dev.flows.add(flow.flow_id)
+        if dev.sending[direction]:
+            dev.queued[direction].append(go)
+        else:
+            go()
 
     def _arrived(self, dev: SimDevice, task: Task, attempt: int, session: int) -> None:
         """A tile's operands are on the device: it computes after the tiles before it."""
@@ -325,16 +365,11 @@ class Simulation(EventLoop):
         def computed() -> None:
             if dev.session != session:
                 return
-            holder: list[int] = []
 
             def back() -> None:
-                dev.flows.discard(holder[0])
                 if dev.session == session:
                     self._result(dev, task, attempt, seconds, joules, m * n)
-            flow = self.net.start(m * n * self.dtype.itemsize + MESSAGE_OVERHEAD_BYTES,
-                                  dev.up_path, dev.delay_s, back)
-            holder.append(flow.flow_id)
-            dev.flows.add(flow.flow_id)
+            self._transfer(dev, 1, m * n * self.dtype.itemsize + MESSAGE_OVERHEAD_BYTES, back)
         self.at(dev.busy_until_s, computed)
 
     def _result(self, dev: SimDevice, task: Task, attempt: int, compute_s: float,
