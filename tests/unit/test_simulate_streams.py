@@ -1,0 +1,49 @@
+"""A simulated device's messages travel as on its one gRPC stream: one after another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.simulate.sim import Simulation
+from testbed.topology import load_topology
+
+TINY = Path(__file__).resolve().parents[1] / "data" / "tiny.yaml"
+
+
+@pytest.mark.parametrize("direction", [0, 1])
+def test_a_devices_messages_go_one_after_another(direction: int) -> None:
+    sim = Simulation(load_topology(TINY), noise=False)
+    dev = sim.devices["phones-0"]
+    dev.session = 1  # present (no join: nothing else runs)
+    arrived: list[float] = []
+    nbytes = 1_000_000
+    for _ in range(2):
+        sim._transfer(dev, direction, nbytes, lambda: arrived.append(sim.now_s))
+    assert sim.run_until(lambda: len(arrived) == 2)
+    path = dev.up_path if direction else dev.down_path
+    rate_Bps = min(sim.net.capacity_Bps[link] for link in path)
+    one_s = nbytes / rate_Bps
+    # FIFO: the first has the link to itself; sharing it would bring both in at 2 x one_s
+    assert arrived[0] == pytest.approx(one_s + dev.delay_s, rel=1e-9, abs=1e-12)
+    assert arrived[1] == pytest.approx(2 * one_s + dev.delay_s, rel=1e-9, abs=1e-12)
+
+
+def test_messages_of_different_devices_share_the_ps_link() -> None:
+    """Two devices' streams are two flows: max-min on the PS link, each at its own link's
+    rate or half the PS link's, whichever is less (the PS link made the bottleneck here)."""
+    sim = Simulation(load_topology(TINY), noise=False)
+    ps_down = sim.devices["phones-0"].down_path[0]
+    sim.net.set_capacity(ps_down, sim.devices["phones-0"].link_Bps[0])
+    a, b = sim.devices["phones-0"], sim.devices["phones-1"]
+    arrived: dict[str, float] = {}
+    for dev in (a, b):
+        dev.session = 1
+        sim._transfer(dev, 0, 1_000_000,
+                      lambda name=dev.spec.name: arrived.__setitem__(name, sim.now_s))
+    assert sim.run_until(lambda: len(arrived) == 2)
+    rate_Bps = sim.net.capacity_Bps[ps_down] / 2
+    for dev in (a, b):
+        assert arrived[dev.spec.name] == pytest.approx(1_000_000 / rate_Bps + dev.delay_s,
+                                                       rel=1e-9, abs=1e-12)
