@@ -19,6 +19,9 @@ the path's one-way delay after its last byte left. Churn
 actions apply at their trace times from the start of training (time 0), as ``testbed up``'s
 replay applies them: join adds a device, leave and crash drop it (its tiles are re-queued), a
 partition stalls its links and its lease expires after ``lease_s``; heal lets it join again.
+As the PS's host ticks its core (``PsCore.tick``, every ``min(0.25, lease_s / 4)`` s), the
+simulation pumps at that period while anything is under way, so copies that become overdue
+with no result coming (a partitioned device's) get their backups as time passes.
 
 Time is device seconds (dilation 1): the scheduler's ``dilation`` is 1, and ``device_time_s`` of
 a step is the virtual time it took. The PS's own work (layer norms, attention, the optimizer, the
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -161,6 +165,8 @@ class Simulation(EventLoop):
         self.departed: list[dict[str, Any]] = []
         self._partitioned: set[str] = set()  # names of devices whose links are down
         self.tiles_per_gemm: dict[str, int] = {}
+        self.tick_s = min(0.25, self.config.lease_s / 4)  # PsServer._watch_leases' period
+        self._ticking = False
 
     # -- set-up --------------------------------------------------------------------------------
     def _build_devices(self, noise: bool) -> dict[str, SimDevice]:
@@ -285,6 +291,18 @@ class Simulation(EventLoop):
         self.scheduler.submit(job, tile_m, tile_n, None, k_parts, owners)
         self.tiles_per_gemm[uid] = job.remaining
         self.pump()
+        if not self._ticking:
+            self._ticking = True
+            self.at(self.now_s + self.tick_s, self._tick)
+
+    def _tick(self) -> None:
+        """PsCore.tick's pump ("backups as time passes"; the leases have their own events);
+        it stops while nothing else is under way, so a stalled run still ends."""
+        self.pump()
+        if self._heap or math.isfinite(self.net.next_drain_s()):
+            self.at(self.now_s + self.tick_s, self._tick)
+        else:
+            self._ticking = False
 
     def pump(self) -> None:
         """Hand tiles to every device with room in its window, fastest first (PsCore.pump).

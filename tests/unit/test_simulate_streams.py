@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.churn.schedule import load_schedule
 from testbed.simulate.sim import Simulation
 from testbed.topology import load_topology
 
@@ -47,3 +48,18 @@ def test_messages_of_different_devices_share_the_ps_link() -> None:
     for dev in (a, b):
         assert arrived[dev.spec.name] == pytest.approx(1_000_000 / rate_Bps + dev.delay_s,
                                                        rel=1e-9, abs=1e-12)
+
+
+def test_a_partitioned_devices_tiles_get_backups_before_its_lease_ends(tmp_path: Path) -> None:
+    """As the PS's periodic tick pumps, copies stuck behind a cut link are backed up as soon as
+    they are overdue; without it nothing pumps once the others are idle, and the step waits for
+    the lease to expire."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,device,event,arg\n0.004,laptops-0,partition,\n")
+    topology = load_topology(TINY).with_overrides(steps=1)
+    sim = Simulation(topology, load_schedule(trace, topology), noise=False)
+    sim.start()
+    device_s, stats, _ = sim.run_step(0)
+    assert sim.devices["laptops-0"].partitioned
+    assert stats.backups > 0 and stats.tiles == sum(sim.tiles_per_gemm.values())
+    assert device_s < sim.config.lease_s / 2, device_s
