@@ -192,6 +192,7 @@ class Copy:
     compute_wall_s: float = 0.0  # the compute part of that prediction
     seq: int = 0  # order of handing out (the backup search breaks ties by it)
     idx_ver: int = 0  # which of its BackupIndex entries is current
+    waiting: bool = False  # in BackupIndex's waiting room (its holder's overhead is unknown)
 
 
 @dataclass
@@ -285,6 +286,13 @@ class BackupIndex:
     copy further down could qualify. Copies that leave (a result, a departure, a quarantine) are
     dropped lazily when met; copies of tasks that already have ``MAX_COPIES`` holders are parked
     and come back when a holder lets go (``unpark``).
+
+    A copy on a device whose overhead is not known yet (no valid result so far) is no candidate
+    until it is overdue by ``OVERDUE_BACKUP_S`` (scaled by the dilation), so it waits outside
+    the two lists until then, or until its holder's overhead becomes known (:meth:`known`),
+    whichever comes first. Searches then do not walk past such copies one by one (with
+    thousands of devices, the copies of devices getting their first tiles sit at the top of the
+    order, hundreds per search), and ``most_remaining_s`` is over candidates only.
     """
 
     def __init__(self, devices: dict[str, DeviceSlot]):
@@ -296,20 +304,40 @@ class BackupIndex:
         self._heap: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # not yet overdue
         self._earliest: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # all, heap
         self._parked: dict[int, list[tuple[Copy, DeviceSlot]]] = {}
+        # the waiting room: per holder, and all of them by predicted return (a heap)
+        self._waiting: dict[str, list[_Entry]] = {}
+        self._waiting_due: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []
         self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
         self._added = 0
         self._kept = 0
 
     def add(self, copy: Copy, slot: DeviceSlot) -> None:
         """Index a copy just handed out."""
-        self._new.append((-copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot))
         entry = (copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot)
-        heapq.heappush(self._heap, entry)
         heapq.heappush(self._earliest, entry)
+        copy.waiting = slot.overhead_s is None
+        if copy.waiting:
+            self._waiting.setdefault(slot.device_id, []).append(entry)
+            heapq.heappush(self._waiting_due, entry)
+        else:
+            self._admit(entry)
         self.min_flops = min(self.min_flops, copy.task.flops)
         self._added += 1
         if self._added > max(64, 2 * self._kept):  # also keeps min_flops close
             self._compact()
+
+    def _admit(self, entry: _Entry) -> None:
+        """Into the search lists (an entry of the by-return heap's form)."""
+        copy = entry[4]
+        copy.waiting = False
+        self._new.append((-entry[0], entry[1], entry[2], entry[3], copy, entry[5]))
+        heapq.heappush(self._heap, entry)
+
+    def known(self, slot: DeviceSlot) -> None:
+        """The device's overhead became known: its waiting copies are candidates now."""
+        for entry in self._waiting.pop(slot.device_id, ()):
+            if entry[4].waiting and self.current(entry):
+                self._admit(entry)
 
     def current(self, entry: _Entry) -> bool:
         """Whether an entry still stands for a copy that counts (else it is dropped)."""
@@ -329,7 +357,13 @@ class BackupIndex:
                 copy.idx_ver += 1
                 self.add(copy, slot)
 
-    def _sync(self, now_s: float) -> None:
+    def _sync(self, now_s: float, overdue_s: float = math.inf) -> None:
+        due = self._waiting_due
+        # the same expression as the backup search's test of a copy whose holder is unknown
+        while due and now_s - due[0][0] >= overdue_s:
+            entry = heapq.heappop(due)
+            if entry[4].waiting and self.current(entry):
+                self._admit(entry)
         _merge(self._by_expected, self._new)
         heap = self._heap
         while heap and heap[0][0] <= now_s:  # overdue now: into the by-send-time list
@@ -346,15 +380,23 @@ class BackupIndex:
         heapq.heapify(self._heap)
         self._earliest = [h for h in self._earliest if self.current(h)]
         heapq.heapify(self._earliest)
+        self._waiting_due = [h for h in self._waiting_due if h[4].waiting and self.current(h)]
+        heapq.heapify(self._waiting_due)
+        waiting: dict[str, list[_Entry]] = {}
+        for h in self._waiting_due:
+            waiting.setdefault(h[5].device_id, []).append(h)
+        self._waiting = waiting
         for task_id in [t for t, copies in self._parked.items()
                         if not any(s.in_flight.get(t) is c for c, s in copies)]:
             del self._parked[task_id]
         self.min_flops = min((e[4].task.flops for e in self._by_expected), default=math.inf)
+        for h in self._waiting_due:
+            self.min_flops = min(self.min_flops, h[4].task.flops)
         for copies in self._parked.values():
             for copy, _ in copies:
                 self.min_flops = min(self.min_flops, copy.task.flops)
         self._added = 0
-        self._kept = len(self._by_expected)
+        self._kept = len(self._by_expected) + len(self._waiting_due)
 
     def earliest_expected_s(self) -> float:
         """The earliest predicted return of any copy in the search (inf: none)."""
@@ -363,9 +405,10 @@ class BackupIndex:
             heapq.heappop(heap)
         return heap[0][0] if heap else math.inf
 
-    def most_remaining_s(self, now_s: float) -> float:
-        """No current copy has more remaining time than this at now_s (-inf: none in flight)."""
-        self._sync(now_s)
+    def most_remaining_s(self, now_s: float, overdue_s: float) -> float:
+        """No candidate copy has more remaining time than this at now_s (-inf: none);
+        ``overdue_s``: how long past its return a copy of an unknown holder must be."""
+        self._sync(now_s, overdue_s)
         first, second = self._by_expected, self._by_sent
         self._clean_head(first)
         self._clean_head(second)
@@ -389,13 +432,13 @@ class BackupIndex:
             else:
                 return
 
-    def by_remaining(self, now_s: float) -> Iterator[tuple[float, _Entry]]:
-        """(remaining_s, entry) of every current copy, remaining time non-increasing.
+    def by_remaining(self, now_s: float, overdue_s: float) -> Iterator[tuple[float, _Entry]]:
+        """(remaining_s, entry) of every candidate copy, remaining time non-increasing.
 
         Entries that no longer stand for a counting copy are dropped on the way. The caller
         may stop at any point (and must not add copies before it does).
         """
-        self._sync(now_s)
+        self._sync(now_s, overdue_s)
         first, second = self._by_expected, self._by_sent
         i = j = 0
         head1: _Entry | None = None
@@ -977,9 +1020,14 @@ class Scheduler:
                     i = bisect.bisect_left(walk, keys[i])
                     continue
                 if most is None:
-                    most = self._backups.most_remaining_s(now_s)
+                    most = self._backups.most_remaining_s(now_s, overdue_s)
                 if self._no_backup_below(slot.rate_flops, floor, now_s, most):
                     break
+                if self._no_backup_for(slot, most):
+                    # _backup_candidate's own first test fails for it (its overhead, the tiles
+                    # it holds): assign would hand it nothing and change nothing
+                    i += 1
+                    continue
             elif fresh is not None and slot.device_id not in fresh:
                 # Not touched since the last pump: it has no pending tile of its own, so only
                 # an orphan or a steal could give it one. If none can at its speed, none can
@@ -1062,7 +1110,7 @@ class Scheduler:
         mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
             (1 - 1e-9)
         if most is None:
-            most = index.most_remaining_s(now_s)
+            most = index.most_remaining_s(now_s, OVERDUE_BACKUP_S * self.dilation)
         return most <= 0.0 or not most > STRAGGLER_RATIO * mine_min or \
             most - mine_min < MIN_BACKUP_GAIN_S
 
@@ -1214,6 +1262,16 @@ class Scheduler:
             return copy.expected_s - now_s
         return now_s - copy.sent_s
 
+    def _no_backup_for(self, slot: DeviceSlot, most_s: float) -> bool:
+        """Whether no copy can be this device's backup, the longest remaining being
+        ``most_s`` (the index's most_remaining_s): not even at the smallest tile in flight."""
+        min_flops = self._backups.min_flops
+        if math.isinf(min_flops):
+            return True
+        mine_min = self.finish_wall_s(slot, min_flops)
+        return most_s <= 0.0 or not most_s > STRAGGLER_RATIO * mine_min or \
+            most_s - mine_min < MIN_BACKUP_GAIN_S
+
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
         """The in-flight task with the longest remaining time whose holder straggles behind
         this device (ties: the first device registered, then the first copy handed out).
@@ -1225,16 +1283,16 @@ class Scheduler:
         index = self._backups
         if math.isinf(index.min_flops):
             return None
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most = index.most_remaining_s(now_s, overdue_s)
+        if self._no_backup_for(slot, most):
+            return None  # not even the longest copy could qualify
         mine_min = self.finish_wall_s(slot, index.min_flops)
         floor = STRAGGLER_RATIO * mine_min
-        overdue_s = OVERDUE_BACKUP_S * self.dilation
-        most = index.most_remaining_s(now_s)
-        if most <= 0.0 or not most > floor or most - mine_min < MIN_BACKUP_GAIN_S:
-            return None  # not even the longest copy could qualify
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
-        for remaining, entry in index.by_remaining(now_s):
+        for remaining, entry in index.by_remaining(now_s, overdue_s):
             if (remaining < best_remaining or remaining <= 0.0 or not remaining > floor
                     or remaining - mine_min < MIN_BACKUP_GAIN_S):
                 break  # nor can any copy after it
@@ -1328,9 +1386,22 @@ class Scheduler:
             slot.rate_flops = (1 - EWMA_WEIGHT) * slot.rate_flops + EWMA_WEIGHT * rate
             slot.peak_rate_flops = max(slot.peak_rate_flops, rate)
         overhead = max(0.0, now_s - copy.sent_s - copy.compute_wall_s)
+        first = slot.overhead_s is None
         slot.overhead_s = overhead if slot.overhead_s is None else \
             (1 - EWMA_WEIGHT) * slot.overhead_s + EWMA_WEIGHT * overhead
         self._mean_overhead_s = None
+        if first:
+            self._backups.known(slot)  # its copies still out may be backed up now
+
+    def note_overhead(self, device_id: str, overhead_s: float) -> None:
+        """Set a device's overhead as if learned from results (its copies out become
+        backup candidates); ``DeviceSlot.overhead_s`` must not be set around the scheduler."""
+        slot = self.devices[device_id]
+        first = slot.overhead_s is None
+        slot.overhead_s = overhead_s
+        self._mean_overhead_s = None
+        if first:
+            self._backups.known(slot)
 
     def _check(self, task: Task, c: np.ndarray) -> str | None:
         start = time.thread_time()
