@@ -629,6 +629,24 @@ class PendingQueue:
 
 _UNKNOWN = DeviceSlot("", "", 1.0, 1, 0)  # a device whose overhead is not known yet
 
+_Key = tuple[float, int, str]  # a ready device's place: (-rate_flops, order, device_id)
+_ZERO_BUCKET = -(1 << 30)  # the overhead bucket of devices whose overhead is 0
+BUCKETS_PER_OCTAVE = 4  # overhead buckets: each spans a factor of 2 ** (1 / 4)
+
+
+def overhead_bucket(overhead_s: float) -> int:
+    """The bucket of a known overhead (ReadyIndex): floor(log2(overhead) x 4); 0 has its own."""
+    if overhead_s <= 0.0:
+        return _ZERO_BUCKET
+    return math.floor(math.log2(overhead_s) * BUCKETS_PER_OCTAVE)
+
+
+def bucket_floor_s(bucket: int) -> float:
+    """No overhead in the bucket is below this (a margin for the rounding of log2)."""
+    if bucket == _ZERO_BUCKET:
+        return 0.0
+    return 2.0 ** (bucket / BUCKETS_PER_OCTAVE) * (1 - 1e-6)
+
 
 class ReadyIndex:
     """The devices with room in their window, fastest first, kept filed instead of sorted.
@@ -640,13 +658,22 @@ class ReadyIndex:
     (a join, a departure, a quarantine). ``blocked`` devices (the caller's: e.g. partitioned)
     are left out. It also keeps the least known overhead of any registered device, a lower
     bound of every ready device's ``_overhead_s`` (an unknown one is the mean of the known).
+
+    For the backup search it files the ready devices once more, those of known overhead by
+    overhead bucket (a factor of 2 ** (1/4) each) and those of unknown overhead apart, each list
+    in pump order, so that :meth:`backup_walk` can leave out, list by list, the devices too slow
+    for a backup given their overhead: with thousands of idle devices, most fail the backup
+    search's first test on their own overhead, not on their speed.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._sched = scheduler
         self._keys: list[tuple[float, int, str]] = []  # sorted: (-rate_flops, order, id)
-        self._known_keys: list[tuple[float, int, str]] = []  # those whose overhead is known
         self._key_of: dict[str, tuple[float, int, str]] = {}
+        # the same keys by overhead bucket (known overheads) and of unknown overhead
+        self._buckets: dict[int, list[_Key]] = {}
+        self._bucket_of: dict[str, int | None] = {}  # None: in _unknown_keys
+        self._unknown_keys: list[_Key] = []
         self._blocked: set[str] = set()
         self._overheads: list[tuple[float, str]] = []  # heap, stale entries dropped lazily
         self._filed_overhead: dict[str, float] = {}
@@ -662,16 +689,22 @@ class ReadyIndex:
         old = self._key_of.pop(device_id, None)
         if old is not None:
             del self._keys[bisect.bisect_left(self._keys, old)]
-            at = bisect.bisect_left(self._known_keys, old)
-            if at < len(self._known_keys) and self._known_keys[at] == old:
-                del self._known_keys[at]
+            bucket = self._bucket_of.pop(device_id)
+            filed = self._unknown_keys if bucket is None else self._buckets[bucket]
+            del filed[bisect.bisect_left(filed, old)]
+            if bucket is not None and not filed:
+                del self._buckets[bucket]
         if (self._sched.devices.get(device_id) is slot and slot.free > 0
                 and device_id not in self._blocked):
             key = (-slot.rate_flops, slot.order, device_id)
             bisect.insort(self._keys, key)
             self._key_of[device_id] = key
-            if slot.overhead_s is not None:
-                bisect.insort(self._known_keys, key)
+            if slot.overhead_s is None:
+                self._bucket_of[device_id] = None
+                bisect.insort(self._unknown_keys, key)
+            else:
+                bucket = self._bucket_of[device_id] = overhead_bucket(slot.overhead_s)
+                bisect.insort(self._buckets.setdefault(bucket, []), key)
         overhead = slot.overhead_s
         if overhead is not None and self._filed_overhead.get(device_id) != overhead:
             self._filed_overhead[device_id] = overhead
@@ -693,8 +726,10 @@ class ReadyIndex:
     def rebuild(self) -> None:
         """File every registered device again (windows were resized)."""
         self._keys.clear()
-        self._known_keys.clear()
         self._key_of.clear()
+        self._buckets.clear()
+        self._bucket_of.clear()
+        self._unknown_keys.clear()
         self._fresh = None
         self._filed_overhead = {d: o for d, o in self._filed_overhead.items()
                                 if d in self._sched.devices}
@@ -718,6 +753,33 @@ class ReadyIndex:
             fresh = None
         self._newest_task = max(self._newest_task, newest)
         return fresh
+
+    def backup_walk(self, start: _Key, bar_s: float, flops_s: float,
+                    unknown_overhead_s: float | None) -> Iterator[_Key]:
+        """The ready devices from ``start`` on (inclusive), in pump order, leaving out those
+        that cannot finish a tile in less than ``bar_s`` wall seconds: a tile that takes
+        ``flops_s`` wall seconds at 1 FLOP/s (FLOPs x dilation), plus the device's overhead,
+        at least its bucket's floor. ``unknown_overhead_s``: what a device of unknown overhead
+        counts (None: leave them all out). A superset of the devices that pass; the caller
+        tests each."""
+        lists: list[tuple[float, list[_Key]]] = [
+            (bucket_floor_s(b), keys) for b, keys in self._buckets.items()]
+        if unknown_overhead_s is not None and self._unknown_keys:
+            lists.append((unknown_overhead_s, self._unknown_keys))
+        runs: list[list[_Key]] = []
+        for floor_s, keys in lists:
+            # margins: a bound for finish_wall_s's rounding, never tighter than the test
+            room_s = bar_s - floor_s + 1e-9 * (abs(bar_s) + floor_s)
+            if not room_s > 0.0:
+                continue
+            begin = bisect.bisect_left(keys, start)
+            rate = flops_s / room_s * (1 - 1e-9)  # faster than this, or it cannot pass
+            end = len(keys) if rate < 1.0 else bisect.bisect_left(keys, (-rate,))
+            if begin < end:
+                runs.append(keys[begin:end])
+        if len(runs) == 1:
+            return iter(runs[0])
+        return heapq.merge(*runs)
 
     def least_overhead_s(self) -> float:
         """No ready device's ``Scheduler._overhead_s`` is below this."""
@@ -1004,31 +1066,13 @@ class Scheduler:
         floor = ready.least_overhead_s()
         bar: float | None = None  # the steal candidate's owner's finish (None: not known yet)
         jumps: list[int] | None = None  # positions of the fresh devices, in pump order
-        overdue_s = OVERDUE_BACKUP_S * self.dilation
-        most: float | None = None  # the backup index's most remaining time (None: find it)
-        walk = keys  # switches to the devices of known overhead (below); positions are walk's
         i = 0
-        while i < len(walk):
-            slot = devices[walk[i][2]]
+        while i < len(keys):
+            slot = devices[keys[i][2]]
             if not self._pending_live():  # from here on to the end of this pump: backups only
-                if walk is keys and \
-                        not now_s - self._backups.earliest_expected_s() >= overdue_s:
-                    # _backup_candidate gives a device whose overhead is unknown only copies
-                    # overdue by OVERDUE_BACKUP_S, and none is (nor will be in this pump: new
-                    # copies are due later): walk on through the devices of known overhead
-                    walk = ready._known_keys
-                    i = bisect.bisect_left(walk, keys[i])
-                    continue
-                if most is None:
-                    most = self._backups.most_remaining_s(now_s, overdue_s)
-                if self._no_backup_below(slot.rate_flops, floor, now_s, most):
-                    break
-                if self._no_backup_for(slot, most):
-                    # _backup_candidate's own first test fails for it (its overhead, the tiles
-                    # it holds): assign would hand it nothing and change nothing
-                    i += 1
-                    continue
-            elif fresh is not None and slot.device_id not in fresh:
+                self._assign_backups(ready, keys[i], floor, now_s, out)
+                break
+            if fresh is not None and slot.device_id not in fresh:
                 # Not touched since the last pump: it has no pending tile of its own, so only
                 # an orphan or a steal could give it one. If none can at its speed, none can
                 # for the devices after it either, except those with tiles of their own (the
@@ -1050,11 +1094,51 @@ class Scheduler:
             got = self.assign(slot.device_id, now_s=now_s)
             if got:
                 out.append((slot, got))
-                bar = most = None  # the queue, the owners and the copies changed
+                bar = None  # the queue, the owners and the copies changed
             if slot.free > 0 and self.pending.owned_any(slot.device_id):
                 ready.mark_fresh(slot)  # passed over with tiles of its own: offer them again
             i += 1
         return out
+
+    def _assign_backups(self, ready: ReadyIndex, start: _Key, floor_s: float, now_s: float,
+                        out: list[tuple[DeviceSlot, list[Assignment]]]) -> None:
+        """assign_ready's walk once nothing is pending: backups only, to the ready devices
+        from ``start`` on, in pump order; those whose overhead and speed cannot pass
+        _backup_candidate's first test are left out (ReadyIndex.backup_walk), the others are
+        tested exactly before assign is called (it would hand them nothing, change nothing)."""
+        index = self._backups
+        if not self.speculate or math.isinf(index.min_flops):
+            return
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most = index.most_remaining_s(now_s, overdue_s)
+        if most <= 0.0:
+            return
+        # _backup_candidate gives a device whose overhead is unknown only copies overdue by
+        # OVERDUE_BACKUP_S: unless one is, leave those devices out (nor will one be in this
+        # pump: new copies are due later)
+        unknown = self._overhead_s(_UNKNOWN) \
+            if now_s - index.earliest_expected_s() >= overdue_s else None
+        # a device passes only if its finish at the smallest tile is below both bars (most is
+        # non-increasing in this pump: it only loses copies to new holders, new ones are shorter)
+        bar_s = min(most / STRAGGLER_RATIO, most - MIN_BACKUP_GAIN_S)
+        devices = self.devices
+        current: float | None = most
+        for key in ready.backup_walk(start, bar_s, index.min_flops * self.dilation, unknown):
+            slot = devices[key[2]]
+            if current is None:
+                current = index.most_remaining_s(now_s, overdue_s)
+            if self._no_backup_below(slot.rate_flops, floor_s, now_s, current):
+                break
+            if slot.overhead_s is None and \
+                    not now_s - index.earliest_expected_s() >= overdue_s:
+                continue  # as above: nothing it could take
+            if not self._no_backup_for(slot, current):
+                got = self.assign(slot.device_id, now_s=now_s)
+                if got:
+                    out.append((slot, got))
+                    current = None  # the copies changed
+            if slot.free > 0 and self.pending.owned_any(slot.device_id):
+                ready.mark_fresh(slot)  # passed over with tiles of its own: offer them again
 
     def _steal_bar_s(self, now_s: float) -> float:
         """With tiles pending, all planned and none an orphan: the finish ``_pick_planned``
