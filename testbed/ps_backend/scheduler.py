@@ -629,6 +629,15 @@ class PendingQueue:
 
 _UNKNOWN = DeviceSlot("", "", 1.0, 1, 0)  # a device whose overhead is not known yet
 
+
+def _unique(keys: Iterable[_Key]) -> Iterator[_Key]:
+    """A sorted walk without repeats."""
+    last = None
+    for key in keys:
+        if key != last:
+            yield key
+        last = key
+
 _Key = tuple[float, int, str]  # a ready device's place: (-rate_flops, order, device_id)
 _ZERO_BUCKET = -(1 << 30)  # the overhead bucket of devices whose overhead is 0
 BUCKETS_PER_OCTAVE = 4  # overhead buckets: each spans a factor of 2 ** (1 / 4)
@@ -1064,41 +1073,56 @@ class Scheduler:
         keys = ready._keys  # not changed before the caller touches (after this returns)
         fresh = ready.take_fresh()
         floor = ready.least_overhead_s()
-        bar: float | None = None  # the steal candidate's owner's finish (None: not known yet)
-        jumps: list[int] | None = None  # positions of the fresh devices, in pump order
-        i = 0
-        while i < len(keys):
-            slot = devices[keys[i][2]]
+        fresh_keys = None if fresh is None else \
+            sorted(ready._key_of[d] for d in fresh if d in ready._key_of)
+        pos: _Key | None = keys[0] if keys else None  # where the walk (re)starts, inclusive
+        while pos is not None:
             if not self._pending_live():  # from here on to the end of this pump: backups only
-                self._assign_backups(ready, keys[i], floor, now_s, out)
+                self._assign_backups(ready, pos, floor, now_s, out)
                 break
-            if fresh is not None and slot.device_id not in fresh:
-                # Not touched since the last pump: it has no pending tile of its own, so only
-                # an orphan or a steal could give it one. If none can at its speed, none can
-                # for the devices after it either, except those with tiles of their own (the
-                # fresh ones): go to the next of those.
-                if bar is None:
-                    bar = self._steal_bar_s(now_s)
-                if self._no_steal_below(slot.rate_flops, floor, bar):
-                    if jumps is None:
-                        jumps = sorted(bisect.bisect_left(keys, ready._key_of[d])
-                                       for d in fresh if d in ready._key_of)
-                    j = bisect.bisect_right(jumps, i)
-                    if j == len(jumps):
+            first = self.pending.first()
+            walk, bar = self._pending_walk(ready, pos, fresh_keys, now_s)
+            pos = None
+            for key in walk:
+                slot = devices[key[2]]
+                if not self._pending_live() or self.pending.first() is not first:
+                    pos = key  # backups only, or another steal candidate: walk again
+                    break
+                if fresh is not None and slot.device_id not in fresh and \
+                        not self._would_steal(slot, bar):  # _pick_planned's test, for this one
+                    continue
+                got = self.assign(slot.device_id, now_s=now_s)
+                if slot.free > 0 and self.pending.owned_any(slot.device_id):
+                    ready.mark_fresh(slot)  # passed over with tiles of its own: offer again
+                if got:
+                    out.append((slot, got))
+                    if fresh is not None:  # the queue, the owners and the copies changed
+                        at = bisect.bisect_right(keys, key)
+                        pos = keys[at] if at < len(keys) else None
                         break
-                    i = jumps[j]
-                    continue
-                if not self._would_steal(slot, bar):  # _pick_planned's test, for this one
-                    i += 1
-                    continue
-            got = self.assign(slot.device_id, now_s=now_s)
-            if got:
-                out.append((slot, got))
-                bar = None  # the queue, the owners and the copies changed
-            if slot.free > 0 and self.pending.owned_any(slot.device_id):
-                ready.mark_fresh(slot)  # passed over with tiles of its own: offer them again
-            i += 1
         return out
+
+    def _pending_walk(self, ready: ReadyIndex, start: _Key, fresh_keys: list[_Key] | None,
+                      now_s: float) -> tuple[Iterator[_Key], float]:
+        """assign_ready's walk while tiles are pending, from ``start`` on (inclusive), in pump
+        order, and the steal bar it was made for: every device if any could get a tile (after a
+        submit, or with orphans: no bound), else the devices with tiles of their own (fresh:
+        touched since the last pump; a device not touched holds no pending tile of its own, for
+        that pump offered it them) and those fast enough for a steal given their overhead (a
+        superset of those passing _would_steal)."""
+        keys = ready._keys
+        begin = bisect.bisect_left(keys, start)
+        if fresh_keys is None:
+            return (keys[j] for j in range(begin, len(keys))), -math.inf
+        bar = self._steal_bar_s(now_s)
+        if bar == -math.inf:
+            return (keys[j] for j in range(begin, len(keys))), bar
+        first = self.pending.first()
+        assert first is not None
+        own = fresh_keys[bisect.bisect_left(fresh_keys, start):]
+        steal_bar_s = min(bar / STRAGGLER_RATIO, bar - MIN_BACKUP_GAIN_S)
+        thieves = ready.backup_walk(start, steal_bar_s, first.flops * self.dilation, None)
+        return _unique(heapq.merge(own, thieves)), bar
 
     def _assign_backups(self, ready: ReadyIndex, start: _Key, floor_s: float, now_s: float,
                         out: list[tuple[DeviceSlot, list[Assignment]]]) -> None:
@@ -1170,17 +1194,6 @@ class Scheduler:
         assert task is not None
         mine = self.finish_wall_s(slot, task.flops)
         return straggles(bar_s, mine) and bar_s - mine >= MIN_BACKUP_GAIN_S
-
-    def _no_steal_below(self, rate_flops: float, overhead_s: float, bar_s: float) -> bool:
-        """Whether no device at most this fast, with at least this overhead, would steal from
-        an owner whose finish is ``bar_s`` (-inf: unknown, False)."""
-        if bar_s == -math.inf:
-            return False
-        task = self.pending.first()
-        assert task is not None
-        mine_min = ((task.flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
-            (1 - 1e-9)
-        return not straggles(bar_s, mine_min) or bar_s - mine_min < MIN_BACKUP_GAIN_S
 
     def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
                          most: float | None = None) -> bool:
