@@ -1389,6 +1389,15 @@ class Scheduler:
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
+        # finish_wall_s(slot, flops) and _fetch_s(slot, task), the same expressions inlined
+        # (this loop runs for every copy walked)
+        held = len(slot.in_flight) + len(slot.cancelled) + 1
+        rate = max(slot.rate_flops, 1.0)
+        dilation = self.dilation
+        overhead_s = self._overhead_s(slot)
+        down_Bps = slot.down_Bps
+        fetch = 0 < down_Bps < math.inf
+        cache = slot.cache
         for remaining, entry in index.by_remaining(now_s, overdue_s):
             if (remaining < best_remaining or remaining <= 0.0 or not remaining > floor
                     or remaining - mine_min < MIN_BACKUP_GAIN_S):
@@ -1405,7 +1414,13 @@ class Scheduler:
                     or task.task_id in slot.given
                     or (not known and now_s - copy.expected_s < overdue_s)):
                 continue
-            mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
+            mine = held * (task.flops / rate) * dilation + overhead_s
+            if fetch:
+                missing = (task.a_block_key not in cache) * task.a_nbytes + \
+                    (task.b_block_key not in cache) * task.b_nbytes
+                mine += missing / down_Bps * dilation
+            else:
+                mine += 0.0  # _fetch_s's 0.0, for the same sum
             if straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S:
                 key = (other.order, copy.seq)
                 if best is None or key < best_key:  # equal remaining: the scan order's first
