@@ -46,9 +46,13 @@ already caches most of (on a hit only the other block travels).
 **Indexes, not scans.** The queue (:class:`PendingQueue`) keeps positions and an index by owner,
 and the copies in flight are indexed by remaining time (:class:`BackupIndex`), so a pick or a
 backup search does not walk every task or every device; the choices are those of the plain
-scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a reference).
+scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a reference). Copies
+on a device whose overhead is unknown wait outside that index until they may be backed up.
 :meth:`Scheduler.assign_each` offers work to devices fastest first, as the PS pumps, and stops
-once no device left could take anything.
+once no device left could take anything; :meth:`Scheduler.assign_ready` makes the same choices
+over a :class:`ReadyIndex`, which files the ready devices by overhead bucket as well, so that a
+pump offers a steal or a backup only to devices whose own overhead and speed let them pass the
+test (``tests/unit/test_scheduler_ready_index.py``).
 
 **Checks and quarantine.** Every result is checked (:mod:`testbed.ps_backend.validation`). A
 device that fails ``quarantine_after`` checks (0: never) is quarantined: it gets no more work, its
@@ -440,13 +444,16 @@ class BackupIndex:
         """
         self._sync(now_s, overdue_s)
         first, second = self._by_expected, self._by_sent
+        devices = self._devices
         i = j = 0
         head1: _Entry | None = None
         head2: _Entry | None = None
         while True:
             while head1 is None and i < len(first):
                 e = first[i]
-                if not self.current(e):
+                c, d = e[4], e[5]  # current(e), inlined: this runs for every copy walked
+                if not (e[3] == c.idx_ver and devices.get(d.device_id) is d
+                        and not d.quarantined and d.in_flight.get(c.task.task_id) is c):
                     del first[i]
                 elif -e[0] > now_s:
                     head1 = e
@@ -454,7 +461,9 @@ class BackupIndex:
                     i = len(first)  # the rest is overdue: the second list has it
             while head2 is None and j < len(second):
                 e = second[j]
-                if not self.current(e):
+                c, d = e[4], e[5]
+                if not (e[3] == c.idx_ver and devices.get(d.device_id) is d
+                        and not d.quarantined and d.in_flight.get(c.task.task_id) is c):
                     del second[j]
                 elif e[4].expected_s <= now_s:
                     head2 = e
