@@ -46,9 +46,13 @@ already caches most of (on a hit only the other block travels).
 **Indexes, not scans.** The queue (:class:`PendingQueue`) keeps positions and an index by owner,
 and the copies in flight are indexed by remaining time (:class:`BackupIndex`), so a pick or a
 backup search does not walk every task or every device; the choices are those of the plain
-scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a reference).
+scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a reference). Copies
+on a device whose overhead is unknown wait outside that index until they may be backed up.
 :meth:`Scheduler.assign_each` offers work to devices fastest first, as the PS pumps, and stops
-once no device left could take anything.
+once no device left could take anything; :meth:`Scheduler.assign_ready` makes the same choices
+over a :class:`ReadyIndex`, which files the ready devices by overhead bucket as well, so that a
+pump offers a steal or a backup only to devices whose own overhead and speed let them pass the
+test (``tests/unit/test_scheduler_ready_index.py``).
 
 **Checks and quarantine.** Every result is checked (:mod:`testbed.ps_backend.validation`). A
 device that fails ``quarantine_after`` checks (0: never) is quarantined: it gets no more work, its
@@ -192,6 +196,7 @@ class Copy:
     compute_wall_s: float = 0.0  # the compute part of that prediction
     seq: int = 0  # order of handing out (the backup search breaks ties by it)
     idx_ver: int = 0  # which of its BackupIndex entries is current
+    waiting: bool = False  # in BackupIndex's waiting room (its holder's overhead is unknown)
 
 
 @dataclass
@@ -285,6 +290,13 @@ class BackupIndex:
     copy further down could qualify. Copies that leave (a result, a departure, a quarantine) are
     dropped lazily when met; copies of tasks that already have ``MAX_COPIES`` holders are parked
     and come back when a holder lets go (``unpark``).
+
+    A copy on a device whose overhead is not known yet (no valid result so far) is no candidate
+    until it is overdue by ``OVERDUE_BACKUP_S`` (scaled by the dilation), so it waits outside
+    the two lists until then, or until its holder's overhead becomes known (:meth:`known`),
+    whichever comes first. Searches then do not walk past such copies one by one (with
+    thousands of devices, the copies of devices getting their first tiles sit at the top of the
+    order, hundreds per search), and ``most_remaining_s`` is over candidates only.
     """
 
     def __init__(self, devices: dict[str, DeviceSlot]):
@@ -296,20 +308,40 @@ class BackupIndex:
         self._heap: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # not yet overdue
         self._earliest: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []  # all, heap
         self._parked: dict[int, list[tuple[Copy, DeviceSlot]]] = {}
+        # the waiting room: per holder, and all of them by predicted return (a heap)
+        self._waiting: dict[str, list[_Entry]] = {}
+        self._waiting_due: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []
         self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
         self._added = 0
         self._kept = 0
 
     def add(self, copy: Copy, slot: DeviceSlot) -> None:
         """Index a copy just handed out."""
-        self._new.append((-copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot))
         entry = (copy.expected_s, slot.order, copy.seq, copy.idx_ver, copy, slot)
-        heapq.heappush(self._heap, entry)
         heapq.heappush(self._earliest, entry)
+        copy.waiting = slot.overhead_s is None
+        if copy.waiting:
+            self._waiting.setdefault(slot.device_id, []).append(entry)
+            heapq.heappush(self._waiting_due, entry)
+        else:
+            self._admit(entry)
         self.min_flops = min(self.min_flops, copy.task.flops)
         self._added += 1
         if self._added > max(64, 2 * self._kept):  # also keeps min_flops close
             self._compact()
+
+    def _admit(self, entry: _Entry) -> None:
+        """Into the search lists (an entry of the by-return heap's form)."""
+        copy = entry[4]
+        copy.waiting = False
+        self._new.append((-entry[0], entry[1], entry[2], entry[3], copy, entry[5]))
+        heapq.heappush(self._heap, entry)
+
+    def known(self, slot: DeviceSlot) -> None:
+        """The device's overhead became known: its waiting copies are candidates now."""
+        for entry in self._waiting.pop(slot.device_id, ()):
+            if entry[4].waiting and self.current(entry):
+                self._admit(entry)
 
     def current(self, entry: _Entry) -> bool:
         """Whether an entry still stands for a copy that counts (else it is dropped)."""
@@ -329,7 +361,13 @@ class BackupIndex:
                 copy.idx_ver += 1
                 self.add(copy, slot)
 
-    def _sync(self, now_s: float) -> None:
+    def _sync(self, now_s: float, overdue_s: float = math.inf) -> None:
+        due = self._waiting_due
+        # the same expression as the backup search's test of a copy whose holder is unknown
+        while due and now_s - due[0][0] >= overdue_s:
+            entry = heapq.heappop(due)
+            if entry[4].waiting and self.current(entry):
+                self._admit(entry)
         _merge(self._by_expected, self._new)
         heap = self._heap
         while heap and heap[0][0] <= now_s:  # overdue now: into the by-send-time list
@@ -346,15 +384,23 @@ class BackupIndex:
         heapq.heapify(self._heap)
         self._earliest = [h for h in self._earliest if self.current(h)]
         heapq.heapify(self._earliest)
+        self._waiting_due = [h for h in self._waiting_due if h[4].waiting and self.current(h)]
+        heapq.heapify(self._waiting_due)
+        waiting: dict[str, list[_Entry]] = {}
+        for h in self._waiting_due:
+            waiting.setdefault(h[5].device_id, []).append(h)
+        self._waiting = waiting
         for task_id in [t for t, copies in self._parked.items()
                         if not any(s.in_flight.get(t) is c for c, s in copies)]:
             del self._parked[task_id]
         self.min_flops = min((e[4].task.flops for e in self._by_expected), default=math.inf)
+        for h in self._waiting_due:
+            self.min_flops = min(self.min_flops, h[4].task.flops)
         for copies in self._parked.values():
             for copy, _ in copies:
                 self.min_flops = min(self.min_flops, copy.task.flops)
         self._added = 0
-        self._kept = len(self._by_expected)
+        self._kept = len(self._by_expected) + len(self._waiting_due)
 
     def earliest_expected_s(self) -> float:
         """The earliest predicted return of any copy in the search (inf: none)."""
@@ -363,9 +409,10 @@ class BackupIndex:
             heapq.heappop(heap)
         return heap[0][0] if heap else math.inf
 
-    def most_remaining_s(self, now_s: float) -> float:
-        """No current copy has more remaining time than this at now_s (-inf: none in flight)."""
-        self._sync(now_s)
+    def most_remaining_s(self, now_s: float, overdue_s: float) -> float:
+        """No candidate copy has more remaining time than this at now_s (-inf: none);
+        ``overdue_s``: how long past its return a copy of an unknown holder must be."""
+        self._sync(now_s, overdue_s)
         first, second = self._by_expected, self._by_sent
         self._clean_head(first)
         self._clean_head(second)
@@ -389,21 +436,24 @@ class BackupIndex:
             else:
                 return
 
-    def by_remaining(self, now_s: float) -> Iterator[tuple[float, _Entry]]:
-        """(remaining_s, entry) of every current copy, remaining time non-increasing.
+    def by_remaining(self, now_s: float, overdue_s: float) -> Iterator[tuple[float, _Entry]]:
+        """(remaining_s, entry) of every candidate copy, remaining time non-increasing.
 
         Entries that no longer stand for a counting copy are dropped on the way. The caller
         may stop at any point (and must not add copies before it does).
         """
-        self._sync(now_s)
+        self._sync(now_s, overdue_s)
         first, second = self._by_expected, self._by_sent
+        devices = self._devices
         i = j = 0
         head1: _Entry | None = None
         head2: _Entry | None = None
         while True:
             while head1 is None and i < len(first):
                 e = first[i]
-                if not self.current(e):
+                c, d = e[4], e[5]  # current(e), inlined: this runs for every copy walked
+                if not (e[3] == c.idx_ver and devices.get(d.device_id) is d
+                        and not d.quarantined and d.in_flight.get(c.task.task_id) is c):
                     del first[i]
                 elif -e[0] > now_s:
                     head1 = e
@@ -411,7 +461,9 @@ class BackupIndex:
                     i = len(first)  # the rest is overdue: the second list has it
             while head2 is None and j < len(second):
                 e = second[j]
-                if not self.current(e):
+                c, d = e[4], e[5]
+                if not (e[3] == c.idx_ver and devices.get(d.device_id) is d
+                        and not d.quarantined and d.in_flight.get(c.task.task_id) is c):
                     del second[j]
                 elif e[4].expected_s <= now_s:
                     head2 = e
@@ -587,6 +639,33 @@ class PendingQueue:
 _UNKNOWN = DeviceSlot("", "", 1.0, 1, 0)  # a device whose overhead is not known yet
 
 
+def _unique(keys: Iterable[_Key]) -> Iterator[_Key]:
+    """A sorted walk without repeats."""
+    last = None
+    for key in keys:
+        if key != last:
+            yield key
+        last = key
+
+_Key = tuple[float, int, str]  # a ready device's place: (-rate_flops, order, device_id)
+_ZERO_BUCKET = -(1 << 30)  # the overhead bucket of devices whose overhead is 0
+BUCKETS_PER_OCTAVE = 4  # overhead buckets: each spans a factor of 2 ** (1 / 4)
+
+
+def overhead_bucket(overhead_s: float) -> int:
+    """The bucket of a known overhead (ReadyIndex): floor(log2(overhead) x 4); 0 has its own."""
+    if overhead_s <= 0.0:
+        return _ZERO_BUCKET
+    return math.floor(math.log2(overhead_s) * BUCKETS_PER_OCTAVE)
+
+
+def bucket_floor_s(bucket: int) -> float:
+    """No overhead in the bucket is below this (a margin for the rounding of log2)."""
+    if bucket == _ZERO_BUCKET:
+        return 0.0
+    return 2.0 ** (bucket / BUCKETS_PER_OCTAVE) * (1 - 1e-6)
+
+
 class ReadyIndex:
     """The devices with room in their window, fastest first, kept filed instead of sorted.
 
@@ -597,13 +676,22 @@ class ReadyIndex:
     (a join, a departure, a quarantine). ``blocked`` devices (the caller's: e.g. partitioned)
     are left out. It also keeps the least known overhead of any registered device, a lower
     bound of every ready device's ``_overhead_s`` (an unknown one is the mean of the known).
+
+    For the backup search it files the ready devices once more, those of known overhead by
+    overhead bucket (a factor of 2 ** (1/4) each) and those of unknown overhead apart, each list
+    in pump order, so that :meth:`backup_walk` can leave out, list by list, the devices too slow
+    for a backup given their overhead: with thousands of idle devices, most fail the backup
+    search's first test on their own overhead, not on their speed.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._sched = scheduler
         self._keys: list[tuple[float, int, str]] = []  # sorted: (-rate_flops, order, id)
-        self._known_keys: list[tuple[float, int, str]] = []  # those whose overhead is known
         self._key_of: dict[str, tuple[float, int, str]] = {}
+        # the same keys by overhead bucket (known overheads) and of unknown overhead
+        self._buckets: dict[int, list[_Key]] = {}
+        self._bucket_of: dict[str, int | None] = {}  # None: in _unknown_keys
+        self._unknown_keys: list[_Key] = []
         self._blocked: set[str] = set()
         self._overheads: list[tuple[float, str]] = []  # heap, stale entries dropped lazily
         self._filed_overhead: dict[str, float] = {}
@@ -619,16 +707,22 @@ class ReadyIndex:
         old = self._key_of.pop(device_id, None)
         if old is not None:
             del self._keys[bisect.bisect_left(self._keys, old)]
-            at = bisect.bisect_left(self._known_keys, old)
-            if at < len(self._known_keys) and self._known_keys[at] == old:
-                del self._known_keys[at]
+            bucket = self._bucket_of.pop(device_id)
+            filed = self._unknown_keys if bucket is None else self._buckets[bucket]
+            del filed[bisect.bisect_left(filed, old)]
+            if bucket is not None and not filed:
+                del self._buckets[bucket]
         if (self._sched.devices.get(device_id) is slot and slot.free > 0
                 and device_id not in self._blocked):
             key = (-slot.rate_flops, slot.order, device_id)
             bisect.insort(self._keys, key)
             self._key_of[device_id] = key
-            if slot.overhead_s is not None:
-                bisect.insort(self._known_keys, key)
+            if slot.overhead_s is None:
+                self._bucket_of[device_id] = None
+                bisect.insort(self._unknown_keys, key)
+            else:
+                bucket = self._bucket_of[device_id] = overhead_bucket(slot.overhead_s)
+                bisect.insort(self._buckets.setdefault(bucket, []), key)
         overhead = slot.overhead_s
         if overhead is not None and self._filed_overhead.get(device_id) != overhead:
             self._filed_overhead[device_id] = overhead
@@ -650,8 +744,10 @@ class ReadyIndex:
     def rebuild(self) -> None:
         """File every registered device again (windows were resized)."""
         self._keys.clear()
-        self._known_keys.clear()
         self._key_of.clear()
+        self._buckets.clear()
+        self._bucket_of.clear()
+        self._unknown_keys.clear()
         self._fresh = None
         self._filed_overhead = {d: o for d, o in self._filed_overhead.items()
                                 if d in self._sched.devices}
@@ -675,6 +771,33 @@ class ReadyIndex:
             fresh = None
         self._newest_task = max(self._newest_task, newest)
         return fresh
+
+    def backup_walk(self, start: _Key, bar_s: float, flops_s: float,
+                    unknown_overhead_s: float | None) -> Iterator[_Key]:
+        """The ready devices from ``start`` on (inclusive), in pump order, leaving out those
+        that cannot finish a tile in less than ``bar_s`` wall seconds: a tile that takes
+        ``flops_s`` wall seconds at 1 FLOP/s (FLOPs x dilation), plus the device's overhead,
+        at least its bucket's floor. ``unknown_overhead_s``: what a device of unknown overhead
+        counts (None: leave them all out). A superset of the devices that pass; the caller
+        tests each."""
+        lists: list[tuple[float, list[_Key]]] = [
+            (bucket_floor_s(b), keys) for b, keys in self._buckets.items()]
+        if unknown_overhead_s is not None and self._unknown_keys:
+            lists.append((unknown_overhead_s, self._unknown_keys))
+        runs: list[list[_Key]] = []
+        for floor_s, keys in lists:
+            # margins: a bound for finish_wall_s's rounding, never tighter than the test
+            room_s = bar_s - floor_s + 1e-9 * (abs(bar_s) + floor_s)
+            if not room_s > 0.0:
+                continue
+            begin = bisect.bisect_left(keys, start)
+            rate = flops_s / room_s * (1 - 1e-9)  # faster than this, or it cannot pass
+            end = len(keys) if rate < 1.0 else bisect.bisect_left(keys, (-rate,))
+            if begin < end:
+                runs.append(keys[begin:end])
+        if len(runs) == 1:
+            return iter(runs[0])
+        return heapq.merge(*runs)
 
     def least_overhead_s(self) -> float:
         """No ready device's ``Scheduler._overhead_s`` is below this."""
@@ -959,54 +1082,96 @@ class Scheduler:
         keys = ready._keys  # not changed before the caller touches (after this returns)
         fresh = ready.take_fresh()
         floor = ready.least_overhead_s()
-        bar: float | None = None  # the steal candidate's owner's finish (None: not known yet)
-        jumps: list[int] | None = None  # positions of the fresh devices, in pump order
-        overdue_s = OVERDUE_BACKUP_S * self.dilation
-        most: float | None = None  # the backup index's most remaining time (None: find it)
-        walk = keys  # switches to the devices of known overhead (below); positions are walk's
-        i = 0
-        while i < len(walk):
-            slot = devices[walk[i][2]]
+        fresh_keys = None if fresh is None else \
+            sorted(ready._key_of[d] for d in fresh if d in ready._key_of)
+        pos: _Key | None = keys[0] if keys else None  # where the walk (re)starts, inclusive
+        while pos is not None:
             if not self._pending_live():  # from here on to the end of this pump: backups only
-                if walk is keys and \
-                        not now_s - self._backups.earliest_expected_s() >= overdue_s:
-                    # _backup_candidate gives a device whose overhead is unknown only copies
-                    # overdue by OVERDUE_BACKUP_S, and none is (nor will be in this pump: new
-                    # copies are due later): walk on through the devices of known overhead
-                    walk = ready._known_keys
-                    i = bisect.bisect_left(walk, keys[i])
-                    continue
-                if most is None:
-                    most = self._backups.most_remaining_s(now_s)
-                if self._no_backup_below(slot.rate_flops, floor, now_s, most):
+                self._assign_backups(ready, pos, floor, now_s, out)
+                break
+            first = self.pending.first()
+            walk, bar = self._pending_walk(ready, pos, fresh_keys, now_s)
+            pos = None
+            for key in walk:
+                slot = devices[key[2]]
+                if not self._pending_live() or self.pending.first() is not first:
+                    pos = key  # backups only, or another steal candidate: walk again
                     break
-            elif fresh is not None and slot.device_id not in fresh:
-                # Not touched since the last pump: it has no pending tile of its own, so only
-                # an orphan or a steal could give it one. If none can at its speed, none can
-                # for the devices after it either, except those with tiles of their own (the
-                # fresh ones): go to the next of those.
-                if bar is None:
-                    bar = self._steal_bar_s(now_s)
-                if self._no_steal_below(slot.rate_flops, floor, bar):
-                    if jumps is None:
-                        jumps = sorted(bisect.bisect_left(keys, ready._key_of[d])
-                                       for d in fresh if d in ready._key_of)
-                    j = bisect.bisect_right(jumps, i)
-                    if j == len(jumps):
+                if fresh is not None and slot.device_id not in fresh and \
+                        not self._would_steal(slot, bar):  # _pick_planned's test, for this one
+                    continue
+                got = self.assign(slot.device_id, now_s=now_s)
+                if slot.free > 0 and self.pending.owned_any(slot.device_id):
+                    ready.mark_fresh(slot)  # passed over with tiles of its own: offer again
+                if got:
+                    out.append((slot, got))
+                    if fresh is not None:  # the queue, the owners and the copies changed
+                        at = bisect.bisect_right(keys, key)
+                        pos = keys[at] if at < len(keys) else None
                         break
-                    i = jumps[j]
-                    continue
-                if not self._would_steal(slot, bar):  # _pick_planned's test, for this one
-                    i += 1
-                    continue
-            got = self.assign(slot.device_id, now_s=now_s)
-            if got:
-                out.append((slot, got))
-                bar = most = None  # the queue, the owners and the copies changed
+        return out
+
+    def _pending_walk(self, ready: ReadyIndex, start: _Key, fresh_keys: list[_Key] | None,
+                      now_s: float) -> tuple[Iterator[_Key], float]:
+        """assign_ready's walk while tiles are pending, from ``start`` on (inclusive), in pump
+        order, and the steal bar it was made for: every device if any could get a tile (after a
+        submit, or with orphans: no bound), else the devices with tiles of their own (fresh:
+        touched since the last pump; a device not touched holds no pending tile of its own, for
+        that pump offered it them) and those fast enough for a steal given their overhead (a
+        superset of those passing _would_steal)."""
+        keys = ready._keys
+        begin = bisect.bisect_left(keys, start)
+        if fresh_keys is None:
+            return (keys[j] for j in range(begin, len(keys))), -math.inf
+        bar = self._steal_bar_s(now_s)
+        if bar == -math.inf:
+            return (keys[j] for j in range(begin, len(keys))), bar
+        first = self.pending.first()
+        assert first is not None
+        own = fresh_keys[bisect.bisect_left(fresh_keys, start):]
+        steal_bar_s = min(bar / STRAGGLER_RATIO, bar - MIN_BACKUP_GAIN_S)
+        thieves = ready.backup_walk(start, steal_bar_s, first.flops * self.dilation, None)
+        return _unique(heapq.merge(own, thieves)), bar
+
+    def _assign_backups(self, ready: ReadyIndex, start: _Key, floor_s: float, now_s: float,
+                        out: list[tuple[DeviceSlot, list[Assignment]]]) -> None:
+        """assign_ready's walk once nothing is pending: backups only, to the ready devices
+        from ``start`` on, in pump order; those whose overhead and speed cannot pass
+        _backup_candidate's first test are left out (ReadyIndex.backup_walk), the others are
+        tested exactly before assign is called (it would hand them nothing, change nothing)."""
+        index = self._backups
+        if not self.speculate or math.isinf(index.min_flops):
+            return
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most = index.most_remaining_s(now_s, overdue_s)
+        if most <= 0.0:
+            return
+        # _backup_candidate gives a device whose overhead is unknown only copies overdue by
+        # OVERDUE_BACKUP_S: unless one is, leave those devices out (nor will one be in this
+        # pump: new copies are due later)
+        unknown = self._overhead_s(_UNKNOWN) \
+            if now_s - index.earliest_expected_s() >= overdue_s else None
+        # a device passes only if its finish at the smallest tile is below both bars (most is
+        # non-increasing in this pump: it only loses copies to new holders, new ones are shorter)
+        bar_s = min(most / STRAGGLER_RATIO, most - MIN_BACKUP_GAIN_S)
+        devices = self.devices
+        current: float | None = most
+        for key in ready.backup_walk(start, bar_s, index.min_flops * self.dilation, unknown):
+            slot = devices[key[2]]
+            if current is None:
+                current = index.most_remaining_s(now_s, overdue_s)
+            if self._no_backup_below(slot.rate_flops, floor_s, now_s, current):
+                break
+            if slot.overhead_s is None and \
+                    not now_s - index.earliest_expected_s() >= overdue_s:
+                continue  # as above: nothing it could take
+            if not self._no_backup_for(slot, current):
+                got = self.assign(slot.device_id, now_s=now_s)
+                if got:
+                    out.append((slot, got))
+                    current = None  # the copies changed
             if slot.free > 0 and self.pending.owned_any(slot.device_id):
                 ready.mark_fresh(slot)  # passed over with tiles of its own: offer them again
-            i += 1
-        return out
 
     def _steal_bar_s(self, now_s: float) -> float:
         """With tiles pending, all planned and none an orphan: the finish ``_pick_planned``
@@ -1039,17 +1204,6 @@ class Scheduler:
         mine = self.finish_wall_s(slot, task.flops)
         return straggles(bar_s, mine) and bar_s - mine >= MIN_BACKUP_GAIN_S
 
-    def _no_steal_below(self, rate_flops: float, overhead_s: float, bar_s: float) -> bool:
-        """Whether no device at most this fast, with at least this overhead, would steal from
-        an owner whose finish is ``bar_s`` (-inf: unknown, False)."""
-        if bar_s == -math.inf:
-            return False
-        task = self.pending.first()
-        assert task is not None
-        mine_min = ((task.flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
-            (1 - 1e-9)
-        return not straggles(bar_s, mine_min) or bar_s - mine_min < MIN_BACKUP_GAIN_S
-
     def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
                          most: float | None = None) -> bool:
         """Whether no device at most this fast, with at least this overhead, can take a
@@ -1062,7 +1216,7 @@ class Scheduler:
         mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
             (1 - 1e-9)
         if most is None:
-            most = index.most_remaining_s(now_s)
+            most = index.most_remaining_s(now_s, OVERDUE_BACKUP_S * self.dilation)
         return most <= 0.0 or not most > STRAGGLER_RATIO * mine_min or \
             most - mine_min < MIN_BACKUP_GAIN_S
 
@@ -1214,6 +1368,16 @@ class Scheduler:
             return copy.expected_s - now_s
         return now_s - copy.sent_s
 
+    def _no_backup_for(self, slot: DeviceSlot, most_s: float) -> bool:
+        """Whether no copy can be this device's backup, the longest remaining being
+        ``most_s`` (the index's most_remaining_s): not even at the smallest tile in flight."""
+        min_flops = self._backups.min_flops
+        if math.isinf(min_flops):
+            return True
+        mine_min = self.finish_wall_s(slot, min_flops)
+        return most_s <= 0.0 or not most_s > STRAGGLER_RATIO * mine_min or \
+            most_s - mine_min < MIN_BACKUP_GAIN_S
+
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
         """The in-flight task with the longest remaining time whose holder straggles behind
         this device (ties: the first device registered, then the first copy handed out).
@@ -1225,16 +1389,25 @@ class Scheduler:
         index = self._backups
         if math.isinf(index.min_flops):
             return None
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        most = index.most_remaining_s(now_s, overdue_s)
+        if self._no_backup_for(slot, most):
+            return None  # not even the longest copy could qualify
         mine_min = self.finish_wall_s(slot, index.min_flops)
         floor = STRAGGLER_RATIO * mine_min
-        overdue_s = OVERDUE_BACKUP_S * self.dilation
-        most = index.most_remaining_s(now_s)
-        if most <= 0.0 or not most > floor or most - mine_min < MIN_BACKUP_GAIN_S:
-            return None  # not even the longest copy could qualify
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
-        for remaining, entry in index.by_remaining(now_s):
+        # finish_wall_s(slot, flops) and _fetch_s(slot, task), the same expressions inlined
+        # (this loop runs for every copy walked)
+        held = len(slot.in_flight) + len(slot.cancelled) + 1
+        rate = max(slot.rate_flops, 1.0)
+        dilation = self.dilation
+        overhead_s = self._overhead_s(slot)
+        down_Bps = slot.down_Bps
+        fetch = 0 < down_Bps < math.inf
+        cache = slot.cache
+        for remaining, entry in index.by_remaining(now_s, overdue_s):
             if (remaining < best_remaining or remaining <= 0.0 or not remaining > floor
                     or remaining - mine_min < MIN_BACKUP_GAIN_S):
                 break  # nor can any copy after it
@@ -1250,7 +1423,13 @@ class Scheduler:
                     or task.task_id in slot.given
                     or (not known and now_s - copy.expected_s < overdue_s)):
                 continue
-            mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
+            mine = held * (task.flops / rate) * dilation + overhead_s
+            if fetch:
+                missing = (task.a_block_key not in cache) * task.a_nbytes + \
+                    (task.b_block_key not in cache) * task.b_nbytes
+                mine += missing / down_Bps * dilation
+            else:
+                mine += 0.0  # _fetch_s's 0.0, for the same sum
             if straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S:
                 key = (other.order, copy.seq)
                 if best is None or key < best_key:  # equal remaining: the scan order's first
@@ -1328,9 +1507,22 @@ class Scheduler:
             slot.rate_flops = (1 - EWMA_WEIGHT) * slot.rate_flops + EWMA_WEIGHT * rate
             slot.peak_rate_flops = max(slot.peak_rate_flops, rate)
         overhead = max(0.0, now_s - copy.sent_s - copy.compute_wall_s)
+        first = slot.overhead_s is None
         slot.overhead_s = overhead if slot.overhead_s is None else \
             (1 - EWMA_WEIGHT) * slot.overhead_s + EWMA_WEIGHT * overhead
         self._mean_overhead_s = None
+        if first:
+            self._backups.known(slot)  # its copies still out may be backed up now
+
+    def note_overhead(self, device_id: str, overhead_s: float) -> None:
+        """Set a device's overhead as if learned from results (its copies out become
+        backup candidates); ``DeviceSlot.overhead_s`` must not be set around the scheduler."""
+        slot = self.devices[device_id]
+        first = slot.overhead_s is None
+        slot.overhead_s = overhead_s
+        self._mean_overhead_s = None
+        if first:
+            self._backups.known(slot)
 
     def _check(self, task: Task, c: np.ndarray) -> str | None:
         start = time.thread_time()

@@ -225,7 +225,7 @@ def test_no_backup_between_equal_devices_or_before_overheads_are_known() -> None
     s.accept("b", t.task_id, 0, honest(t), now_s=0.0)
     assert s.devices["a"].overhead_s is None
     assert s.assign("b", now_s=0.0) == []  # a's overhead is unknown: no speculation
-    s.devices["a"].overhead_s = 0.0
+    s.note_overhead("a", 0.0)
     assert s.assign("b", now_s=0.0) == []  # a is not straggling behind b
 
 

@@ -1,0 +1,107 @@
+"""The backup search's shortcuts: copies on devices whose overhead is unknown wait outside the
+search until they may be backed up (once overdue by OVERDUE_BACKUP_S times the dilation, or once
+the holder's overhead is learned from a result, and not a moment before either), and the pump's
+backup walk leaves out only devices that could not pass."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from testbed.ps_backend.scheduler import (
+    OVERDUE_BACKUP_S,
+    DeviceSlot,
+    ReadyIndex,
+    Scheduler,
+    Verdict,
+)
+from tests.unit.test_scheduler import honest, job, slot
+
+
+def _stuck_and_fast(dilation: float) -> tuple[Scheduler, int, float]:
+    """'stuck' holds a tile and never answers; 'fast' is known and idle. (scheduler, the stuck
+    tile's id, its predicted return)"""
+    s = Scheduler(dilation=dilation)
+    s.add_device(slot("stuck", gflops=10, window=1))
+    s.add_device(slot("fast", gflops=10, window=1))
+    s.submit(job(64, 32, 64), 32, 64)  # two tiles
+    (mine,) = s.assign("stuck", now_s=0.0)
+    (theirs,) = s.assign("fast", now_s=0.0)
+    assert s.accept("fast", theirs.task.task_id, 0, honest(theirs.task),
+                    compute_s=1e-4, now_s=1e-3).verdict is Verdict.ACCEPTED
+    assert s.devices["stuck"].overhead_s is None and s.devices["fast"].overhead_s is not None
+    expected_s = s.devices["stuck"].in_flight[mine.task.task_id].expected_s
+    return s, mine.task.task_id, expected_s
+
+
+@pytest.mark.parametrize("dilation", [1.0, 3.0])
+def test_an_unknown_holders_copy_is_backed_up_once_overdue_enough(dilation: float) -> None:
+    s, task_id, expected_s = _stuck_and_fast(dilation)
+    due_s = expected_s + OVERDUE_BACKUP_S * dilation
+    assert s.assign("fast", now_s=expected_s + 0.5 * OVERDUE_BACKUP_S * dilation) == []
+    assert s.assign("fast", now_s=due_s * (1 - 1e-6)) == []  # just before: still waiting
+    got = s.assign("fast", now_s=due_s * (1 + 1e-6))
+    assert [a.task.task_id for a in got] == [task_id] and got[0].backup
+
+
+def test_an_unknown_holders_copy_is_a_candidate_once_its_overhead_is_known() -> None:
+    s, task_id, expected_s = _stuck_and_fast(1.0)
+    now_s = expected_s + 0.5 * OVERDUE_BACKUP_S  # overdue, but not by OVERDUE_BACKUP_S
+    assert s.assign("fast", now_s=now_s) == []
+    s.note_overhead("stuck", 0.0)  # as if a result had told it: the straggler rule applies
+    got = s.assign("fast", now_s=now_s)
+    assert [a.task.task_id for a in got] == [task_id] and got[0].backup
+
+
+def test_a_known_holder_learned_from_a_result_lets_its_other_copies_be_backed_up() -> None:
+    s = Scheduler()
+    s.add_device(slot("slow", gflops=10, window=2))  # equal predictions: windows of two
+    s.add_device(slot("fast", gflops=10, window=2))
+    s.submit(job(64, 32, 64), 16, 64)  # four tiles
+    first, second = s.assign("slow", now_s=0.0)  # the slow one's copies wait: overhead unknown
+    for a in s.assign("fast", now_s=0.0):
+        s.accept("fast", a.task.task_id, 0, honest(a.task), compute_s=1e-5, now_s=1e-4)
+    assert s.assign("fast", now_s=1e-4) == []  # slow's overhead is unknown
+    # slow answers its first tile late: its overhead is known now, its second copy straggles
+    s.accept("slow", first.task.task_id, 0, honest(first.task), compute_s=0.5, now_s=1.0)
+    got = s.assign("fast", now_s=1.0)
+    assert [a.task.task_id for a in got] == [second.task.task_id] and got[0].backup
+
+
+def test_backup_walk_keeps_every_device_that_could_pass_in_pump_order() -> None:
+    """ReadyIndex.backup_walk against the plain test, device by device: every ready device
+    whose one-tile finish (FLOPs / rate + overhead) is below the bar is walked, in pump order,
+    and those far above it (their overhead alone) are left out."""
+    rng = random.Random(7)
+    s = Scheduler()
+    slots = [DeviceSlot(f"d{i}", f"d{i}", rng.choice([1.0, 2.0, 10.0, 50.0]), 2, 1 << 16)
+             for i in range(400)]
+    s.add_devices(slots)
+    for x in slots:
+        x.rate_flops = x.predicted_gflops * 1e9 * rng.uniform(0.5, 1.5)
+        if rng.random() < 0.9:
+            x.overhead_s = rng.choice([0.0, rng.uniform(0.0, 0.05), rng.uniform(0.0, 2.0)])
+    ready = ReadyIndex(s)
+    ready.rebuild()
+    order = ready.slots()
+    flops_s = 1e8
+    for trial in range(200):
+        bar_s = rng.uniform(0.0, 0.5)
+        unknown_s = rng.choice([None, rng.uniform(0.0, 0.3)])
+        start = order[rng.randrange(len(order))]
+        start_key = (-start.rate_flops, start.order, start.device_id)
+        walked = [key[2] for key in ready.backup_walk(start_key, bar_s, flops_s, unknown_s)]
+        after = order[order.index(start):]
+        assert walked == [x.device_id for x in after if x.device_id in set(walked)]  # order
+
+        def finish_s(x: DeviceSlot, unknown_s: float | None = unknown_s) -> float | None:
+            overhead = x.overhead_s if x.overhead_s is not None else unknown_s
+            return None if overhead is None else flops_s / max(x.rate_flops, 1.0) + overhead
+        could = [x.device_id for x in after
+                 if (f := finish_s(x)) is not None and f < bar_s]
+        assert set(could) <= set(walked), trial
+        hopeless = [x.device_id for x in after
+                    if (f := finish_s(x)) is None or x.overhead_s is not None
+                    and x.overhead_s > 1.2 * bar_s]
+        assert not set(hopeless) & set(walked), trial
