@@ -637,6 +637,7 @@ class PendingQueue:
 
 
 _UNKNOWN = DeviceSlot("", "", 1.0, 1, 0)  # a device whose overhead is not known yet
+_Key = tuple[float, int, str]  # a ready device's place: (-rate_flops, order, device_id)
 
 
 def _unique(keys: Iterable[_Key]) -> Iterator[_Key]:
@@ -647,7 +648,7 @@ def _unique(keys: Iterable[_Key]) -> Iterator[_Key]:
             yield key
         last = key
 
-_Key = tuple[float, int, str]  # a ready device's place: (-rate_flops, order, device_id)
+
 _ZERO_BUCKET = -(1 << 30)  # the overhead bucket of devices whose overhead is 0
 BUCKETS_PER_OCTAVE = 4  # overhead buckets: each spans a factor of 2 ** (1 / 4)
 

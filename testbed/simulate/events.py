@@ -32,6 +32,10 @@ class EventLoop:
         """Run fn at virtual time time_s."""
         heapq.heappush(self._heap, (time_s, next(self._seq), fn))
 
+    def busy(self) -> bool:
+        """Whether anything is still to happen: an event scheduled or a flow under way."""
+        return bool(self._heap) or math.isfinite(self.net.next_drain_s())
+
     def run_until(self, done: Callable[[], bool], horizon_s: float = math.inf) -> bool:
         """Advance until done() (True) or nothing can happen before horizon_s (False)."""
         while not done():

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -299,7 +298,7 @@ class Simulation(EventLoop):
         """PsCore.tick's pump ("backups as time passes"; the leases have their own events);
         it stops while nothing else is under way, so a stalled run still ends."""
         self.pump()
-        if self._heap or math.isfinite(self.net.next_drain_s()):
+        if self.busy():
             self.at(self.now_s + self.tick_s, self._tick)
         else:
             self._ticking = False
@@ -337,8 +336,8 @@ class Simulation(EventLoop):
         session = dev.session
 
         def arrived() -> None:
-            for task, attempt in copies:
-                if dev.session == session:
+            if dev.session == session:  # _arrived never ends a session
+                for task, attempt in copies:
                     self._arrived(dev, task, attempt, session)
         self._transfer(dev, 0, nbytes + MESSAGE_OVERHEAD_BYTES * len(copies), arrived)
 

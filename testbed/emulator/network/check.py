@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from testbed.agent.hold import hold_until
+from testbed.agent.hold import HOLD_RT_PRIORITY, hold_until
 from testbed.emulator.network.base import AppShaping, path_delay_s
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.topology import DeviceSpec, Topology
@@ -342,7 +342,7 @@ def _realtime() -> None:
     host came a 4 ms scheduler tick late now and then, and read as link delay.
     """
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(HOLD_RT_PRIORITY))
     except (OSError, AttributeError):
         pass  # measured at normal priority: late wake-ups add to the RTT
 
