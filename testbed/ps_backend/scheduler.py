@@ -73,7 +73,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -312,6 +312,10 @@ class BackupIndex:
         self._waiting: dict[str, list[_Entry]] = {}
         self._waiting_due: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []
         self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
+        self.min_nbytes = math.inf  # nor fewer operand bytes (A and B blocks; a bound)
+        # per operand block key, the copies whose task uses it (a superset: entries are
+        # dropped at compaction), so a device can find the copies whose blocks it holds
+        self._by_block: dict[str, list[tuple[Copy, DeviceSlot, int]]] = {}
         self._added = 0
         self._kept = 0
 
@@ -325,10 +329,38 @@ class BackupIndex:
             heapq.heappush(self._waiting_due, entry)
         else:
             self._admit(entry)
-        self.min_flops = min(self.min_flops, copy.task.flops)
+        self._file_blocks(copy, slot)
         self._added += 1
         if self._added > max(64, 2 * self._kept):  # also keeps min_flops close
             self._compact()
+
+    def _file_blocks(self, copy: Copy, slot: DeviceSlot) -> None:
+        task = copy.task
+        self.min_flops = min(self.min_flops, task.flops)
+        self.min_nbytes = min(self.min_nbytes, task.a_nbytes + task.b_nbytes)
+        held = (copy, slot, copy.idx_ver)
+        by_block = self._by_block
+        for key in (task.a_block_key, task.b_block_key):
+            listed = by_block.get(key)
+            if listed is None:
+                by_block[key] = [held]
+            else:
+                listed.append(held)
+
+    def sharing_blocks(self, cache: BlockCache[Any]) -> Iterator[tuple[Copy, DeviceSlot]]:
+        """The copies in the search whose task uses a block in ``cache`` (each once)."""
+        by_block = self._by_block
+        keys: Iterable[str] = cache.keys() if len(cache) <= len(by_block) else \
+            (k for k in by_block if k in cache)
+        seen: set[int] = set()
+        devices = self._devices
+        for key in keys:
+            for copy, slot, ver in by_block.get(key, ()):
+                if (ver == copy.idx_ver and not copy.waiting and id(copy) not in seen
+                        and devices.get(slot.device_id) is slot and not slot.quarantined
+                        and slot.in_flight.get(copy.task.task_id) is copy):
+                    seen.add(id(copy))
+                    yield copy, slot
 
     def _admit(self, entry: _Entry) -> None:
         """Into the search lists (an entry of the by-return heap's form)."""
@@ -393,12 +425,14 @@ class BackupIndex:
         for task_id in [t for t, copies in self._parked.items()
                         if not any(s.in_flight.get(t) is c for c, s in copies)]:
             del self._parked[task_id]
-        self.min_flops = min((e[4].task.flops for e in self._by_expected), default=math.inf)
-        for h in self._waiting_due:
-            self.min_flops = min(self.min_flops, h[4].task.flops)
+        self.min_flops = self.min_nbytes = math.inf
+        self._by_block = {}
+        for e in self._earliest:  # every current entry: in the lists or waiting
+            self._file_blocks(e[4], e[5])
         for copies in self._parked.values():
             for copy, _ in copies:
                 self.min_flops = min(self.min_flops, copy.task.flops)
+                self.min_nbytes = min(self.min_nbytes, copy.task.a_nbytes + copy.task.b_nbytes)
         self._added = 0
         self._kept = len(self._by_expected) + len(self._waiting_due)
 
@@ -1098,8 +1132,11 @@ class Scheduler:
                 if not self._pending_live() or self.pending.first() is not first:
                     pos = key  # backups only, or another steal candidate: walk again
                     break
-                if fresh is not None and slot.device_id not in fresh and \
-                        not self._would_steal(slot, bar):  # _pick_planned's test, for this one
+                # _pick_planned's test for a device with no tile of its own (one not touched
+                # since the last pump has none; see take_fresh)
+                if fresh is not None and (slot.device_id not in fresh or not
+                                          self.pending.owned_any(slot.device_id)) and \
+                        not self._would_steal(slot, bar):
                     continue
                 got = self.assign(slot.device_id, now_s=now_s)
                 if slot.free > 0 and self.pending.owned_any(slot.device_id):
@@ -1191,18 +1228,22 @@ class Scheduler:
         overdue_s = max((now_s - c.expected_s for c in itertools.chain(
             owner.in_flight.values(), owner.cancelled.values())), default=0.0)
         return self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
-            backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation
+            backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation + \
+            self._backlog_fetch_s(owner)
 
     def _would_steal(self, slot: DeviceSlot, bar_s: float) -> bool:
         """Whether _pick_planned would let this device (no tile of its own, no orphans) steal
-        from an owner whose finish is ``bar_s``."""
+        from an owner whose finish is ``bar_s``: its test, the blocks the device would have to
+        fetch included (on slow links most idle devices fail on those, not on their speed)."""
         if bar_s == -math.inf:
             return True  # no bound: offer it
         if slot.overhead_s is None:
             return False
         task = self.pending.first()
         assert task is not None
-        mine = self.finish_wall_s(slot, task.flops)
+        if task.task_id in slot.given:
+            return True  # not this device's steal candidate: let _pick_planned decide
+        mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
         return straggles(bar_s, mine) and bar_s - mine >= MIN_BACKUP_GAIN_S
 
     def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
@@ -1385,7 +1426,12 @@ class Scheduler:
 
         The index walks copies longest-remaining first, so the walk stops at the first copy
         that could not qualify even at the smallest tile size in flight (``min_flops``): the
-        device's finish only grows with a tile's FLOPs.
+        device's finish only grows with a tile's FLOPs. On a link of known rate it stops
+        sooner, where no copy could qualify even at the fewest operand bytes in flight
+        (``min_nbytes``) fetched whole; below that point only copies whose blocks the device
+        already holds can, and the index finds those by block (``sharing_blocks``) instead of
+        walking every copy (with hundreds of idle devices on slow links, most copies fail on
+        the blocks the device would have to fetch, not on its speed).
         """
         index = self._backups
         if math.isinf(index.min_flops):
@@ -1395,12 +1441,8 @@ class Scheduler:
         if self._no_backup_for(slot, most):
             return None  # not even the longest copy could qualify
         mine_min = self.finish_wall_s(slot, index.min_flops)
-        floor = STRAGGLER_RATIO * mine_min
-        best: Task | None = None
-        best_remaining = 0.0
-        best_key = (0, 0)
         # finish_wall_s(slot, flops) and _fetch_s(slot, task), the same expressions inlined
-        # (this loop runs for every copy walked)
+        # (this runs for every copy tested)
         held = len(slot.in_flight) + len(slot.cancelled) + 1
         rate = max(slot.rate_flops, 1.0)
         dilation = self.dilation
@@ -1408,22 +1450,14 @@ class Scheduler:
         down_Bps = slot.down_Bps
         fetch = 0 < down_Bps < math.inf
         cache = slot.cache
-        for remaining, entry in index.by_remaining(now_s, overdue_s):
-            if (remaining < best_remaining or remaining <= 0.0 or not remaining > floor
-                    or remaining - mine_min < MIN_BACKUP_GAIN_S):
-                break  # nor can any copy after it
-            copy, other = entry[4], entry[5]
+
+        def qualifies(remaining: float, copy: Copy, other: DeviceSlot) -> bool:
             task = copy.task
-            if other is slot:
-                continue
-            if len(task.holders) >= MAX_COPIES:
-                index.park(copy, other)
-                continue
             known = other.overhead_s is not None and slot.overhead_s is not None
-            if (task.done or task.queued or other.device_id not in task.holders
+            if (other is slot or task.done or task.queued or other.device_id not in task.holders
                     or task.task_id in slot.given
                     or (not known and now_s - copy.expected_s < overdue_s)):
-                continue
+                return False
             mine = held * (task.flops / rate) * dilation + overhead_s
             if fetch:
                 missing = (task.a_block_key not in cache) * task.a_nbytes + \
@@ -1431,10 +1465,40 @@ class Scheduler:
                 mine += missing / down_Bps * dilation
             else:
                 mine += 0.0  # _fetch_s's 0.0, for the same sum
-            if straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S:
+            return straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S
+
+        # below ``whole``, a copy qualifies only if the device holds one of its blocks (the
+        # margin: the sum's rounding may only make the bound looser)
+        whole = mine_min
+        if fetch:
+            whole = (mine_min + index.min_nbytes / down_Bps * dilation) * (1 - 1e-9)
+        best: Task | None = None
+        best_remaining = 0.0
+        best_key = (0, 0)
+        shared = False  # whether the walk stopped where only shared blocks could qualify
+        for remaining, entry in index.by_remaining(now_s, overdue_s):
+            if remaining < best_remaining or remaining <= 0.0:
+                break  # nor can any copy after it
+            if not remaining > STRAGGLER_RATIO * whole or remaining - whole < MIN_BACKUP_GAIN_S:
+                shared = whole > mine_min and best is None
+                break
+            copy, other = entry[4], entry[5]
+            if len(copy.task.holders) >= MAX_COPIES:
+                index.park(copy, other)
+                continue
+            if qualifies(remaining, copy, other):
                 key = (other.order, copy.seq)
                 if best is None or key < best_key:  # equal remaining: the scan order's first
-                    best, best_remaining, best_key = task, remaining, key
+                    best, best_remaining, best_key = copy.task, remaining, key
+        if shared:
+            for copy, other in index.sharing_blocks(cache):
+                if len(copy.task.holders) >= MAX_COPIES:
+                    continue  # the walk parks these; either way no candidate
+                remaining = self.remaining_s(copy, now_s)
+                if remaining >= best_remaining and qualifies(remaining, copy, other):
+                    key = (other.order, copy.seq)
+                    if best is None or remaining > best_remaining or key < best_key:
+                        best, best_remaining, best_key = copy.task, remaining, key
         return best
 
     def _give(self, slot: DeviceSlot, task: Task, now_s: float, backup: bool) -> Assignment:

@@ -14,7 +14,7 @@ changed: drop older blocks). A block larger than the whole budget is never cache
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Generic, TypeVar
+from typing import Generic, Iterator, TypeVar
 
 V = TypeVar("V")
 
@@ -32,6 +32,10 @@ class BlockCache(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def keys(self) -> Iterator[str]:
+        """The cached keys, least recently used first (no refresh)."""
+        return iter(self._entries)
 
     def cacheable(self, nbytes: int) -> bool:
         """Whether a block of this size may be cached at all."""

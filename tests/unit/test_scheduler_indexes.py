@@ -9,6 +9,7 @@ joins) and must hand out the same tiles, as the same kind of copy, with the same
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 
@@ -60,8 +61,9 @@ class ScanningScheduler(Scheduler):
                                                         *owner.cancelled.values()]),
                         default=0.0)
         theirs = self.finish_wall_s(owner, steal.flops) + max(overdue_s, 0.0) + \
-            backlog[owner.device_id] * steal.flops / max(owner.rate_flops, 1.0) * self.dilation
-        mine = self.finish_wall_s(slot, steal.flops)
+            backlog[owner.device_id] * steal.flops / max(owner.rate_flops, 1.0) * self.dilation \
+            + self._backlog_fetch_s(owner)
+        mine = self.finish_wall_s(slot, steal.flops) + self._fetch_s(slot, steal)
         if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:
             for t in pending:
                 if t.owner == owner.device_id and not t.done and self._eligible(slot, t):
@@ -85,7 +87,7 @@ class ScanningScheduler(Scheduler):
                         or (not known and now_s - copy.expected_s < overdue_s)):
                     continue
                 remaining = self.remaining_s(copy, now_s)
-                mine = self.finish_wall_s(slot, task.flops)
+                mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
                 if (remaining > best_remaining and straggles(remaining, mine)
                         and remaining - mine >= MIN_BACKUP_GAIN_S):
                     best, best_remaining = task, remaining
@@ -139,8 +141,17 @@ def test_indexed_choices_equal_scanning_choices() -> None:
     assert backups >= 10 and requeued >= 100  # the runs exercise backups and re-queues
 
 
-def _run_pair(seed: int) -> tuple[int, int]:
-    """Drive both schedulers through one random run; (backups, re-queues)."""
+def test_indexed_choices_equal_scanning_choices_on_slow_links() -> None:
+    backups = 0
+    for seed in range(8):
+        backups += _run_pair(50 + seed, links=True)[0]
+    assert backups >= 10
+
+
+def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
+    """Drive both schedulers through one random run; (backups, re-queues). ``links``: devices
+    with downlinks of a known rate, slow enough that the blocks a device would fetch decide
+    many steals and backups."""
     rng = random.Random(seed)
     pair = (Scheduler(quarantine_after=2, dilation=rng.choice([1.0, 3.0])),
             ScanningScheduler(quarantine_after=2, dilation=1.0))
@@ -152,9 +163,11 @@ def _run_pair(seed: int) -> tuple[int, int]:
     def join() -> None:
         nonlocal n_dev
         slots = []
+        down_Bps = rng.choice([math.inf, 2e3, 2e4, 1e5]) if links else math.inf
         for s in pair:
             slot_rng = random.Random(seed * 1000 + n_dev)
             slots.append(_slot(n_dev, slot_rng))
+            slots[-1].down_Bps = down_Bps
             s.add_device(slots[-1])
         speed[slots[0].device_id] = rng.choice([0.01, 0.02, 0.05, 0.3, 1.5])
         if rng.random() < 0.1:

@@ -10,6 +10,7 @@ tiles to the same devices, as the same kind of copy, and every result must get t
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -25,8 +26,9 @@ def _plain_order(s: Scheduler, blocked: set[str]) -> list[DeviceSlot]:
     return ready
 
 
-def _run(seed: int) -> tuple[int, int, int]:
-    """One random run of both; (tiles handed out, backups, steals-or-orphans seen)."""
+def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
+    """One random run of both; (tiles handed out, backups, steals-or-orphans seen); ``links``:
+    devices with downlinks of a known rate."""
     rng = random.Random(seed)
     plain, indexed = Scheduler(quarantine_after=2), Scheduler(quarantine_after=2)
     ready = ReadyIndex(indexed)
@@ -37,8 +39,13 @@ def _run(seed: int) -> tuple[int, int, int]:
 
     def join() -> None:
         nonlocal n_dev
+        # downlinks from none known to slow enough that fetching a tile's blocks costs more
+        # than computing it (a thief's test counts the blocks it does not hold)
+        down_Bps = rng.choice([math.inf, 2e3, 2e4, 1e5]) if links else math.inf
         for s in (plain, indexed):
-            s.add_device(_slot(n_dev, random.Random(seed * 1000 + n_dev)))
+            slot = _slot(n_dev, random.Random(seed * 1000 + n_dev))
+            slot.down_Bps = down_Bps
+            s.add_device(slot)
         speed[f"d{n_dev}"] = rng.choice([0.01, 0.02, 0.05, 0.3, 1.5])
         if rng.random() < 0.08:
             bad.add(f"d{n_dev}")
@@ -58,7 +65,7 @@ def _run(seed: int) -> tuple[int, int, int]:
             m, k, n = rng.choice([(64, 32, 64), (48, 64, 32), (96, 16, 80), (128, 32, 128)])
             tm, tn, kp = rng.choice([16, 32]), rng.choice([16, 32]), rng.choice([1, 1, 2])
             owners = None
-            if rng.random() < 0.75 and live:
+            if (links or rng.random() < 0.75) and live:  # links: every GEMM planned
                 owners = {(b.row, b.col, b.part): rng.choice(live)
                           for b in cut_k(m, n, k, tm, tn, kp)}
             for s in (plain, indexed):
@@ -134,6 +141,14 @@ def test_ready_index_pumps_as_assign_each() -> None:
         handed, backups, requeued = handed + h, backups + b, requeued + r
     # the runs exercise plain picks, backups and re-queued tiles
     assert handed >= 2000 and backups >= 3 and requeued >= 50
+
+
+def test_ready_index_pumps_as_assign_each_with_slow_links() -> None:
+    """The same, with the blocks a device would fetch in its steal test (and its owner's)."""
+    handed = 0
+    for seed in range(10):
+        handed += _run(100 + seed, links=True)[0]
+    assert handed >= 2000
 
 
 def test_ready_index_order_and_least_overhead() -> None:
