@@ -354,13 +354,25 @@ class BackupIndex:
             (k for k in by_block if k in cache)
         seen: set[int] = set()
         devices = self._devices
+        gone: list[str] = []
         for key in keys:
-            for copy, slot, ver in by_block.get(key, ()):
-                if (ver == copy.idx_ver and not copy.waiting and id(copy) not in seen
-                        and devices.get(slot.device_id) is slot and not slot.quarantined
-                        and slot.in_flight.get(copy.task.task_id) is copy):
+            listed = by_block.get(key)
+            if not listed:
+                continue
+            live = [h for h in listed  # current(), for the held tuple: the rest is dropped
+                    if h[2] == h[0].idx_ver and devices.get(h[1].device_id) is h[1]
+                    and not h[1].quarantined and h[1].in_flight.get(h[0].task.task_id) is h[0]]
+            if len(live) < len(listed):
+                if live:
+                    by_block[key] = live
+                else:
+                    gone.append(key)
+            for copy, slot, _ in live:
+                if not copy.waiting and id(copy) not in seen:
                     seen.add(id(copy))
                     yield copy, slot
+        for key in gone:  # not while iterating by_block's keys
+            del by_block[key]
 
     def _admit(self, entry: _Entry) -> None:
         """Into the search lists (an entry of the by-return heap's form)."""
