@@ -129,7 +129,7 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
             # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
             # gets tiles exactly in proportion to its weight
             fits = []
-            for _, dim_, extent_ in options:
+            for _, _, extent_ in options:
                 fits.append(min((max(at_ / extent_ * total / prefix[i - 1],
                                      (extent_ - at_) / extent_ * total / (total - prefix[i - 1])),
                                  abs(2 * at_ - extent_), at_, i)
@@ -477,7 +477,8 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
     for taking_part in _device_sets(order):
         devices = sum(c.count for c in taking_part)
         step = 1.25 if devices <= 32 else 1.6
-        most = MAX_TILES_PER_DEVICE * devices // 2  # blocks: two tiles each
+        # blocks (two tiles each): finer columns pipeline a box better than its own few tiles
+        most = 2 * MAX_TILES_PER_DEVICE * devices
         for n_t in _candidates(max(1, t // MIN_TILE), most, step):
             for n_o in _candidates(max(1, o // MIN_TILE), most // n_t, step):
                 for n_c in _candidates(max(1, i // MIN_TILE), most // (n_t * n_o), step):
