@@ -176,11 +176,12 @@ class StepPlanner:
             joint = self._joint((m, k, n) if half == 0 else (k, m, n), item, slots)
             if joint is not None:
                 pair, dx_owners, dw_owners = joint
-                plan, owners = (pair.dx, dx_owners) if half == 0 else (pair.dw, dw_owners)
-                for group, why in plan.sat_out.items():
+                mine_plan, mine_owners = (pair.dx, dx_owners) if half == 0 else \
+                    (pair.dw, dw_owners)
+                for group, why in mine_plan.sat_out.items():
                     self._sat_out.setdefault(group, why)
-                self._count_min(m, k, n, item, (plan, owners), slots)
-                return plan.tile_m, plan.tile_n, plan.k_parts, owners
+                self._count_min(m, k, n, item, (mine_plan, mine_owners), slots)
+                return mine_plan.tile_m, mine_plan.tile_n, mine_plan.k_parts, mine_owners
         if half is not None and not self._split_pair((m, k, n) if half == 0 else (k, m, n),
                                                      item, slots)[0]:
             half = None
