@@ -15,7 +15,9 @@ sits out) and grids of one to ``MAX_TILES_PER_DEVICE`` tiles per taking-part dev
 the plan with the smallest predicted time. Each device owns one **box** of the grid (rows x
 columns x K slices, :func:`split_boxes`), as large as its speed and link earn, so it receives
 each A and B block of its box once and its tiles pipeline (the next blocks come down while
-results go up).
+results go up). A linear's backward pair (``dX = dY @ W``, ``dW = dYᵀ @ X``) may be planned as
+one (:func:`plan_pair`): each device computes both GEMMs' K-split partials from the dY blocks
+it receives, so dY travels once.
 
 Units: ``rate_flops`` FLOP per device second, ``down_Bps``/``up_Bps`` bytes per device second,
 ``*_s`` device seconds.
