@@ -15,7 +15,9 @@ sits out) and grids of one to ``MAX_TILES_PER_DEVICE`` tiles per taking-part dev
 the plan with the smallest predicted time. Each device owns one **box** of the grid (rows x
 columns x K slices, :func:`split_boxes`), as large as its speed and link earn, so it receives
 each A and B block of its box once and its tiles pipeline (the next blocks come down while
-results go up).
+results go up). A linear's backward pair (``dX = dY @ W``, ``dW = dYᵀ @ X``) may be planned as
+one (:func:`plan_pair`): each device computes both GEMMs' K-split partials from the dY blocks
+it receives, so dY travels once.
 
 Units: ``rate_flops`` FLOP per device second, ``down_Bps``/``up_Bps`` bytes per device second,
 ``*_s`` device seconds.
@@ -39,6 +41,7 @@ NEAR_TIE = 0.05  # plans within 5 % of the fastest count as fast: most devices a
 PARTIAL_CLASS_MAX = 16  # a class this small may take part with only some of its devices
 EXACT_CLASS_MAX = 32  # the search models a larger class as PSEUDO_PER_CLASS pseudo-devices
 PSEUDO_PER_CLASS = 8
+FIT_SLACK = 1.1  # split_boxes(fit=True): a cut whose runs get within 10 % of their share fits
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ Box = tuple[int, int, int, int, int, int]  # tile ranges r0, r1, c0, c1, s0, s1 
 
 
 def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]],
-                tile_bytes: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> dict[str, Box]:
+                tile_bytes: tuple[float, float, float] = (1.0, 1.0, 1.0),
+                fit: bool = False) -> dict[str, Box]:
     """Cut the tile grid into one box of tiles per device, its size in proportion to its weight.
 
     Recursive bisection: the devices (heaviest first) are split into two runs of about equal
@@ -102,6 +106,11 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
     in proportion to the two runs' weights. A device's box is a block of rows by columns by
     slices, so it receives each of its A and B blocks once. Devices of weight 0 get no box;
     when a box has fewer tiles than devices, the lightest get none.
+
+    With ``fit``, the two runs are chosen to fit a cut instead: among the cuts across the
+    cheapest dimension that balance within ``FIT_SLACK`` (else across any dimension, the best
+    balanced), the one whose tiles match the runs' weights best, so 15 equal devices on a
+    5 x 3 grid get one tile each (plain bisection cuts 15 devices 7 | 8 and the 5 rows 2 | 3).
     """
     named = sorted(((n, w) for n, w in weights if w > 0), key=lambda x: (-x[1], x[0]))
     out: dict[str, Box] = {}
@@ -115,14 +124,28 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
             return
         total = sum(w for _, w in devs)
         prefix = list(itertools.accumulate(w for _, w in devs))
-        split = min(range(1, len(devs)), key=lambda i: abs(prefix[i - 1] - total / 2))
-        left, right = devs[:split], devs[split:]
-        share = sum(w for _, w in left) / total
         # (duplicated bytes, dimension, extent) of each possible cut
         options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
-        options = [o for o in options if o[2] >= 2]
-        _, dim, extent = min(options, key=lambda o: (o[0], o[1]))
-        at = min(extent - 1, max(1, round(extent * share)))
+        options = sorted((o for o in options if o[2] >= 2), key=lambda o: (o[0], o[1]))
+        if fit:
+            # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
+            # gets tiles exactly in proportion to its weight
+            fits = []
+            for _, _, extent_ in options:
+                fits.append(min((max(at_ / extent_ * total / prefix[i - 1],
+                                     (extent_ - at_) / extent_ * total / (total - prefix[i - 1])),
+                                 abs(2 * at_ - extent_), at_, i)
+                                for at_ in range(1, extent_) for i in range(1, len(devs))))
+            good = [j for j, f in enumerate(fits) if f[0] <= FIT_SLACK]
+            j = good[0] if good else min(range(len(fits)), key=lambda j: fits[j][0])
+            dim, at, split = options[j][1], fits[j][2], fits[j][3]
+            left, right = devs[:split], devs[split:]
+        else:
+            split = min(range(1, len(devs)), key=lambda i: abs(prefix[i - 1] - total / 2))
+            left, right = devs[:split], devs[split:]
+            share = sum(w for _, w in left) / total
+            _, dim, extent = options[0]
+            at = min(extent - 1, max(1, round(extent * share)))
         lo, hi = list(box), list(box)
         lo[2 * dim + 1] = box[2 * dim] + at
         hi[2 * dim] = box[2 * dim] + at
@@ -326,3 +349,184 @@ def deal_boxes(plan: GemmPlan, m: int, k: int, n: int, itemsize: int,
                 for c in range(c0, c1):
                     out[(r, c, s)] = name
     return out
+
+
+# -- backward pairs ---------------------------------------------------------------------------
+# A linear's backward is two GEMMs on one new operand: ``dX[T x I] = dY[T x O] @ W[O x I]`` and
+# ``dW[O x I] = dYᵀ[O x T] @ X[T x I]`` (T tokens, O output and I input features). Both walk
+# the same cube of multiply-adds ``(t, o, i)``: dX[t, i] += dY[t, o]·W[o, i] and
+# dW[o, i] += dY[t, o]·X[t, i]. Planned together, the cube is cut into a grid of blocks
+# ``(t, o, c)`` (token, output and input-column blocks) and each device owns a box of it: it
+# receives dY[t, o], W[o, c] and X[t, c] of its box once and computes dX's tile ``(t, c, o)``
+# (a partial over output block o) and dW's tile ``(o, c, t)`` (a partial over token block t)
+# of each block. dX is K-split over the output blocks, dW over the token blocks; the PS sums
+# each in slice order as for any K split, so results stay bit-identical. Cutting two devices'
+# boxes apart across token blocks makes both receive the same W blocks and send partials of the
+# same dW blocks; across output blocks, the same X blocks and dX blocks; across columns, the
+# same dY blocks (:func:`split_boxes` picks the cheapest).
+PairGrid = tuple[int, int, int]  # (n_t, n_o, n_c)
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    """A backward pair planned as one: the block grid and each GEMM's plan of it."""
+
+    grid: PairGrid
+    dx: GemmPlan  # grid (n_t, n_c, n_o): K split over the output blocks
+    dw: GemmPlan  # grid (n_o, n_c, n_t): K split over the token blocks
+    used: tuple[str, ...]
+    sat_out: dict[str, str] = field(default_factory=dict)
+    predicted_s: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _pair_sizes(t: int, o: int, i: int, grid: PairGrid) -> tuple[int, int, int]:
+    """(token rows, output rows, input columns) of one block."""
+    return math.ceil(t / grid[0]), math.ceil(o / grid[1]), math.ceil(i / grid[2])
+
+
+def _pair_bytes(t: int, o: int, i: int, itemsize: int, grid: PairGrid
+                ) -> tuple[float, float, float, float, float]:
+    """Bytes of one block's dY, W and X pieces, and of its dX and dW partials."""
+    tm, to, tc = _pair_sizes(t, o, i, grid)
+    s = itemsize
+    return tm * to * s, to * tc * s, tm * tc * s, tm * tc * s, to * tc * s
+
+
+def pair_box_time_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize: int,
+                    grid: PairGrid, members: float = 1.0) -> float:
+    """Device seconds for d to do a box ``(t0, t1, o0, o1, c0, c1)`` of a backward pair.
+
+    It receives each dY, W and X block of its box once and sends a dX and a dW partial per
+    block; the three streams overlap and the first tile's blocks come before anything goes up
+    (the pipeline of :func:`box_time_s`).
+    """
+    bt: float = box[1] - box[0]
+    bo: float = box[3] - box[2]
+    bc = box[5] - box[4]
+    if bt * bo * bc == 0:
+        return 0.0
+    if d.down_Bps <= 0 or d.up_Bps <= 0:
+        return INF
+    if members > 1:  # a pseudo-device: each member does a square-ish part of the box
+        d = replace(d, rate_flops=d.rate_flops / members, down_Bps=d.down_Bps / members,
+                    up_Bps=d.up_Bps / members)
+        bt, bo = bt / math.sqrt(members), bo / math.sqrt(members)
+    dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+    tm, to, tc = _pair_sizes(t, o, i, grid)
+    blocks = bt * bo * bc
+    d_s = (bt * bo * dy_b + bo * bc * w_b + bt * bc * x_b) / d.down_Bps
+    u_s = blocks * (dx_b + dw_b) / d.up_Bps
+    f_s = blocks * 4.0 * tm * to * tc / max(d.rate_flops, 1.0)
+    one_down = (dy_b + w_b) / d.down_Bps
+    one_up = dx_b / d.up_Bps
+    one_f = 2.0 * tm * to * tc / max(d.rate_flops, 1.0)
+    return max(d_s + one_f + one_up, one_down + one_f + u_s,
+               one_down + f_s + one_up) + 2 * blocks * TILE_OVERHEAD_S
+
+
+def _pair_boxes(devices: Sequence[tuple[PlanDevice, float]], t: int, o: int, i: int,
+                itemsize: int, grid: PairGrid) -> dict[str, Box]:
+    """One box of the pair's grid per device, in proportion to the blocks per second it does
+    when each block it receives serves √(blocks per device) blocks (:func:`split_boxes`)."""
+    dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+    tm, to, tc = _pair_sizes(t, o, i, grid)
+    reuse = math.sqrt(max(1.0, math.prod(grid) / max(1.0, sum(q for _, q in devices))))
+    weights = []
+    for d, _ in devices:
+        cost = max(4.0 * tm * to * tc / max(d.rate_flops, 1.0),
+                   (dy_b + w_b + x_b) / reuse / d.down_Bps if d.down_Bps > 0 else INF,
+                   (dx_b + dw_b) / d.up_Bps if d.up_Bps > 0 else INF)
+        weights.append((d.name, 1.0 / cost if 0 < cost < INF else 0.0))
+    # split_boxes' dimensions (rows, columns, slices) are (t, o, c) here; what a cut across
+    # each duplicates: per (o, c) block W and a dW partial, per (t, c) block X and a dX
+    # partial, per (t, o) block dY
+    return split_boxes(grid, weights, (x_b + dx_b, w_b + dw_b, dy_b), fit=True)
+
+
+def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
+                   classes: Sequence[PlanDevice], ps_down_Bps: float = INF,
+                   ps_up_Bps: float = INF) -> float:
+    """Predicted device seconds of a backward pair planned together on these classes: the
+    slowest device's box, at least what the PS link carries, plus one round trip."""
+    devices = _expand(classes)
+    boxes = _pair_boxes(devices, t, o, i, itemsize, grid)
+    by_name = {d.name: (d, q) for d, q in devices}
+    slowest = max((pair_box_time_s(by_name[n_][0], b, t, o, i, itemsize, grid, by_name[n_][1])
+                   for n_, b in boxes.items()), default=INF)
+    dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+    down = up = 0.0
+    for t0, t1, o0, o1, c0, c1 in boxes.values():
+        bt, bo, bc = t1 - t0, o1 - o0, c1 - c0
+        down += bt * bo * dy_b + bo * bc * w_b + bt * bc * x_b
+        up += bt * bo * bc * (dx_b + dw_b)
+    return max(slowest, down / ps_down_Bps, up / ps_up_Bps) + min(c.rtt_s for c in classes)
+
+
+def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice],
+              ps_down_Bps: float = INF, ps_up_Bps: float = INF,
+              max_tile_elems: int = 1 << 22) -> PairPlan | None:
+    """Plan a backward pair (``dX = dY @ W``, ``dW = dYᵀ @ X``; dY is ``t x o``, X ``t x i``)
+    as one: the grid and the taking-part classes of the smallest predicted time (None when no
+    grid fits the message limit)."""
+    if not classes:
+        raise ValueError("no devices to plan for")
+    flops = 4.0 * t * o * i
+    nbytes = (t * o + (t + o) * i) * itemsize
+    order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
+                                           c.name))
+    found: list[tuple[float, PairGrid, tuple[PlanDevice, ...]]] = []
+    for taking_part in _device_sets(order):
+        devices = sum(c.count for c in taking_part)
+        step = 1.25 if devices <= 32 else 1.6
+        # blocks (two tiles each): finer columns pipeline a box better than its own few tiles
+        most = 2 * MAX_TILES_PER_DEVICE * devices
+        for n_t in _candidates(max(1, t // MIN_TILE), most, step):
+            for n_o in _candidates(max(1, o // MIN_TILE), most // n_t, step):
+                for n_c in _candidates(max(1, i // MIN_TILE), most // (n_t * n_o), step):
+                    if (math.ceil(t / math.ceil(t / n_t)) != n_t or
+                            math.ceil(o / math.ceil(o / n_o)) != n_o or
+                            math.ceil(i / math.ceil(i / n_c)) != n_c):
+                        continue  # the tiler would cut fewer blocks
+                    tm, to, tc = _pair_sizes(t, o, i, (n_t, n_o, n_c))
+                    if max(tm, to) * tc > max_tile_elems or tm * to > max_tile_elems:
+                        continue  # a result or a dY block would not fit a message
+                    grid = (n_t, n_o, n_c)
+                    found.append((predict_pair_s(t, o, i, itemsize, grid, taking_part,
+                                                 ps_down_Bps, ps_up_Bps), grid, taking_part))
+    if not found:
+        return None
+    fastest = min(f[0] for f in found)
+    best = min((f for f in found if f[0] <= fastest * (1 + NEAR_TIE)),
+               key=lambda f: (-min(sum(c.count for c in f[2]), math.prod(f[1])), f[0]))
+    pred, grid, taking_part = best
+    counts = {c.name: c.count for c in taking_part}
+    sat_out = {}
+    for c in order:
+        if counts.get(c.name, 0) < c.count:
+            why = _why_out(c, flops, nbytes, itemsize, t, o, i)
+            sat_out[c.name] = why if c.name not in counts else \
+                f"{why} ({c.count - counts[c.name]} of {c.count})"
+    tm, to, tc = _pair_sizes(t, o, i, grid)
+    n_t, n_o, n_c = grid
+    used = tuple(counts)
+    dx = GemmPlan(tm, tc, n_o, (n_t, n_c, n_o), used, sat_out, pred, counts)
+    dw = GemmPlan(to, tc, n_t, (n_o, n_c, n_t), used, sat_out, pred, counts)
+    return PairPlan(grid, dx, dw, used, sat_out, pred, counts)
+
+
+def deal_pair(plan: PairPlan, t: int, o: int, i: int, itemsize: int,
+              devices: Sequence[PlanDevice]
+              ) -> tuple[dict[tuple[int, int, int], str], dict[tuple[int, int, int], str]]:
+    """Owners of a pair's tiles: dX's ``(t, c, o)`` and dW's ``(o, c, t)`` both go to the
+    owner of block (t, o, c), so each dY block travels once."""
+    boxes = _pair_boxes([(d, 1.0) for d in devices], t, o, i, itemsize, plan.grid)
+    dx: dict[tuple[int, int, int], str] = {}
+    dw: dict[tuple[int, int, int], str] = {}
+    for name, (t0, t1, o0, o1, c0, c1) in boxes.items():
+        for tb in range(t0, t1):
+            for ob in range(o0, o1):
+                for c in range(c0, c1):
+                    dx[(tb, c, ob)] = name
+                    dw[(ob, c, tb)] = name
+    return dx, dw

@@ -23,7 +23,15 @@ from testbed.ps_backend.bound import (
     stage_key,
     step_bound,
 )
-from testbed.ps_backend.planner import GemmPlan, PlanDevice, deal_boxes, plan_gemm
+from testbed.ps_backend.planner import (
+    GemmPlan,
+    PairPlan,
+    PlanDevice,
+    deal_boxes,
+    deal_pair,
+    plan_gemm,
+    plan_pair,
+)
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
 from testbed.ps_backend.tiler import cut_k
 
@@ -36,6 +44,9 @@ PAIR_HALF = {"input_grad": 0, "weight_grad": 1}
 # and tail with the other's work, which the sum of their two plans does not credit (hotcarbon in
 # the simulator: halves predicted 4-5 % faster ran 3 % slower; default's 17 % ran 14 % faster)
 PAIR_SPLIT_GAIN = 0.9
+# ... unless planning the pair as one (planner.plan_pair: each device computes both GEMMs'
+# partials from the dY blocks it receives, so dY travels once) is predicted faster than both
+PAIR_JOINT_GAIN = 1.0
 
 
 @dataclass
@@ -71,7 +82,8 @@ class StepPlanner:
         self._min_down = self._min_up = 0.0
         self._sat_out: dict[str, str] = {}
         self._dealt: dict[tuple[Any, ...], dict[tuple[int, int, int], str]] = {}
-        self._pair_split: dict[tuple[Any, ...], bool] = {}
+        self._pair_split: dict[tuple[Any, ...], tuple[bool, float]] = {}
+        self._pair_plans: dict[tuple[Any, ...], PairPlan | None] = {}
         # (submitted, done) wall times of the step's offloaded GEMMs: the rest of the step is
         # the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
         self._spans: list[list[float]] = []
@@ -160,8 +172,18 @@ class StepPlanner:
             self._count_min(m, k, n, item, None, slots)
             return self.config.tile_m, self.config.tile_n, 1, None
         half = PAIR_HALF.get(job.spec.op)
+        if half is not None:
+            joint = self._joint((m, k, n) if half == 0 else (k, m, n), item, slots)
+            if joint is not None:
+                pair, dx_owners, dw_owners = joint
+                mine_plan, mine_owners = (pair.dx, dx_owners) if half == 0 else \
+                    (pair.dw, dw_owners)
+                for group, why in mine_plan.sat_out.items():
+                    self._sat_out.setdefault(group, why)
+                self._count_min(m, k, n, item, (mine_plan, mine_owners), slots)
+                return mine_plan.tile_m, mine_plan.tile_n, mine_plan.k_parts, mine_owners
         if half is not None and not self._split_pair((m, k, n) if half == 0 else (k, m, n),
-                                                     item, slots):
+                                                     item, slots)[0]:
             half = None
         mine = self.half_of(slots, half)
         if mine is slots:
@@ -203,27 +225,70 @@ class StepPlanner:
         self._min_up += up
 
     def _split_pair(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
-                    ) -> bool:
+                    ) -> tuple[bool, float]:
         """Whether a backward pair (``dX[T x in] = dY[T x out]·W``, ``dW[out x in] =
         dYᵀ·X``; ``dx`` = (T, out, in)) is faster on two halves of the devices, one GEMM each,
         than with both GEMMs spread over every device (predicted: the slower half against
-        ``PAIR_SPLIT_GAIN`` times the two plans' sum)."""
+        ``PAIR_SPLIT_GAIN`` times the two plans' sum), and the predicted time of the choice."""
         key = (dx, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
         known = self._pair_split.get(key)
         if known is not None:
             return known
         t, o, i = dx
         halves = [self.half_of(slots, h) for h in (0, 1)]
-        split = False
+        split, predicted_s = False, INF
+        spread = [self._plan_for(t, o, i, item, slots), self._plan_for(o, t, i, item, slots)]
+        if spread[0] is not None and spread[1] is not None:
+            predicted_s = spread[0].predicted_s + spread[1].predicted_s
         if halves[0] is not slots and halves[1] is not slots:
-            plans = [self._plan_for(t, o, i, item, slots), self._plan_for(o, t, i, item, slots),
-                     self._plan_for(t, o, i, item, halves[0], 0),
+            plans = [*spread, self._plan_for(t, o, i, item, halves[0], 0),
                      self._plan_for(o, t, i, item, halves[1], 1)]
             if all(p is not None for p in plans):
                 full, dw, h0, h1 = (p.predicted_s for p in plans if p is not None)
                 split = max(h0, h1) < PAIR_SPLIT_GAIN * (full + dw)
-        self._pair_split[key] = split
-        return split
+                if split:
+                    predicted_s = max(h0, h1)
+        self._pair_split[key] = split, predicted_s
+        return split, predicted_s
+
+    def _joint(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
+               ) -> tuple[PairPlan, dict[tuple[int, int, int], str],
+                          dict[tuple[int, int, int], str]] | None:
+        """The pair planned as one (``dx`` = (T, out, in)) with the owners of both GEMMs'
+        tiles, when that is predicted faster (``PAIR_JOINT_GAIN``) than planning them apart;
+        else None."""
+        pair = self._pair_plan(dx, item, slots)
+        if pair is None or pair.predicted_s >= PAIR_JOINT_GAIN * \
+                self._split_pair(dx, item, slots)[1]:
+            return None
+        devices = self._taking_part(pair.used, pair.counts, slots)
+        if not devices:
+            return None
+        t, o, i = dx
+        key = ("pair", dx, item, pair.grid, tuple(sorted(d.name for d in devices)))
+        owners = self._dealt.get(key)
+        if owners is None:
+            dx_owners, dw_owners = deal_pair(pair, t, o, i, item, devices)
+            self._dealt[key] = dx_owners
+            self._dealt[key + ("dw",)] = dw_owners
+        return pair, self._dealt[key], self._dealt[key + ("dw",)]
+
+    def _pair_plan(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
+                   ) -> PairPlan | None:
+        static = self._static(slots)
+        key: tuple[Any, ...] = (dx, item) if static else \
+            (dx, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        if key in self._pair_plans:
+            return self._pair_plans[key]
+        classes = self._classes(slots)
+        pair = None
+        if classes:
+            max_elems = max(1, (self.config.max_message_bytes - 65536) // (2 * item))
+            ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
+            pair = plan_pair(*dx, item, classes, ps_down_Bps, ps_up_Bps,
+                             max_tile_elems=max_elems)
+        self._pair_plans[key] = pair
+        return pair
 
     def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
                   half: int | None = None) -> GemmPlan | None:
@@ -242,9 +307,10 @@ class StepPlanner:
                 self._plans[key] = plan
         return plan
 
-    def _owners(self, plan: GemmPlan, m: int, k: int, n: int, item: int,
-                slots: list[DeviceSlot]) -> dict[tuple[int, int, int], str] | None:
-        used = set(plan.used)
+    def _taking_part(self, used_classes: tuple[str, ...], counts: dict[str, int],
+                     slots: list[DeviceSlot]) -> list[PlanDevice]:
+        """The devices present that a plan counted on, with their observed rates."""
+        used = set(used_classes)
         devices = []
         taken: dict[str, int] = {}
         # a class the plan takes only some devices of: the first that many by name (the same
@@ -253,11 +319,16 @@ class StepPlanner:
             name = self._class_name(s)
             if s.quarantined or name not in used:
                 continue
-            if taken.get(name, 0) >= plan.counts.get(name, len(slots)):
+            if taken.get(name, 0) >= counts.get(name, len(slots)):
                 continue
             taken[name] = taken.get(name, 0) + 1
             devices.append(PlanDevice(s.device_id, max(s.rate_flops, 1.0),
                                       *self._link(s.group)))
+        return devices
+
+    def _owners(self, plan: GemmPlan, m: int, k: int, n: int, item: int,
+                slots: list[DeviceSlot]) -> dict[tuple[int, int, int], str] | None:
+        devices = self._taking_part(plan.used, plan.counts, slots)
         if not devices:
             return None  # nobody the plan counted on is here: anyone takes the tiles
         # The same shape dealt to the same devices again in this step (q/k/v of one input, the
