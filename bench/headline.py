@@ -25,7 +25,7 @@ are left out with the reason printed (a step of OPT-125m holds the phones for mi
 time, and its 15 data-parallel replicas need more memory than this host has); pass
 `--emulate-models OPT-125m --emulate-devices 4` to run one anyway.
 
-    .venv/bin/python bench/headline.py [--quick] [--steps N] [--tile-tp-max-devices N]
+    .venv/bin/python bench/headline.py [--quick] [--steps N] [--tile-tp-max-devices N|MODEL=N,...]
         [--emulate auto|off] [--emulate-models mini,OPT-125m] [--emulate-devices 4,8,15]
         [--grid-g-per-kwh G] [--gpu-grid-g-per-kwh G]
 """
@@ -41,6 +41,8 @@ from typing import Any
 
 # hidden, layers, heads, sequence, vocabulary
 OPT = {"OPT-125m": (768, 12, 12, 512, 50272), "OPT-1.3B": (2048, 24, 32, 512, 50272)}
+# tile-tp's simulation above these N is left out unless asked for (--tile-tp-max-devices)
+TILE_TP_MAX = {"OPT-125m": 1000, "OPT-1.3B": 100}
 SHAPES = {**OPT, "mini": (128, 2, 2, 64, 8192)}  # mini: what this host emulates in real time
 STRATEGIES = ("tile-tp", "pipeline", "data-parallel")
 
@@ -125,6 +127,20 @@ def emulation_cost(result: dict[str, Any], devices: int, model: str) -> tuple[fl
     job = topology(devices, "10MB/s", model, 1).job
     replicas = min(devices, job.batch_size)
     return wall_s, replicas * cost.replica_bytes(job, -(-job.batch_size // replicas))
+
+
+def tile_tp_limits(text: str) -> dict[str, int] | None:
+    """``--tile-tp-max-devices``: N (key "": every model) or MODEL=N,...; None if malformed."""
+    limits: dict[str, int] = {}
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            model, _, n = part.rpartition("=")
+            if model and model not in OPT:
+                return None
+            limits[model] = int(n)
+    except ValueError:
+        return None
+    return limits if limits or not text.strip() else None
 
 
 def fmt(x: Any, spec: str = ".3g") -> str:
@@ -213,11 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="N = 4, 15, 32 and OPT-125m only")
     p.add_argument("--steps", type=int, default=2, help="steps per run (default 2)")
-    p.add_argument("--tile-tp-max-devices", type=int, default=100,
-                   help="leave tile-tp's simulation out above this many devices (default "
-                        "100: its OPT-125m step takes ~45 s to simulate here; 1,000 phones "
-                        "did not finish a step in 15 minutes, docs/baselines.md); the row "
-                        "says so")
+    p.add_argument("--tile-tp-max-devices", default="",
+                   help="leave tile-tp's simulation out above this many devices: N for every "
+                        "model, or MODEL=N,... (a model not named: OPT-125m 1000, OPT-1.3B "
+                        "100; OPT-125m on 1,000 phones takes minutes to simulate here, "
+                        "OPT-1.3B far longer, docs/baselines.md); the row says so, with an "
+                        "estimate")
     p.add_argument("--emulate", choices=("auto", "off"), default="auto",
                    help="auto (default): also run the emulated cases on Mininet when this "
                         "host can (root, Mininet); off: simulated only")
@@ -238,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
                      .split(",")]
     except ValueError:
         emu_sizes = []
+    tile_limits = tile_tp_limits(args.tile_tp_max_devices)
+    if tile_limits is None:
+        print(f"error: --tile-tp-max-devices {args.tile_tp_max_devices!r}: expected N or "
+              f"MODEL=N,... with models from {', '.join(OPT)}", file=sys.stderr)
+        return 2
     if bad or not emu_sizes or min(emu_sizes) < 1:
         print(f"error: --emulate-models {bad} / --emulate-devices {args.emulate_devices}: "
               f"expected shapes from {', '.join(SHAPES)} and positive device counts",
@@ -255,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     tile_s_per_step: dict[tuple[str, int], float] = {}  # how long tile-tp took to simulate
     left_out: list[str] = []
     for case in cases:
-        skip_tile = case[0] > args.tile_tp_max_devices
+        skip_tile = case[0] > tile_limits.get(case[2], tile_limits.get("", TILE_TP_MAX[case[2]]))
         t0 = time.monotonic()
         res = run_case(*case, steps=args.steps, grid=args.grid_g_per_kwh,
                        gpu_grid=args.gpu_grid_g_per_kwh,
@@ -271,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 guess, basis = "hours", "no smaller N timed in this run"
             left_out.append(f"(1) {case[2]}, N = {case[0]}: tile-tp's simulation would take "
                             f"{guess} (its backup search grows with devices squared; {basis})"
-                            f"; --tile-tp-max-devices {case[0]} runs it")
+                            f"; --tile-tp-max-devices {case[2]}={case[0]} runs it")
         elif case[1] == "10MB/s":
             tile_s_per_step[(case[2], case[0])] = (time.monotonic() - t0) / args.steps
         results[case] = res
