@@ -5,7 +5,9 @@ Snapdragon 888 phones, the HotCarbon'25 setting, arXiv 2507.01803):
 
 * 15 phones on 10 MB/s links and on 100 Mbit/s links;
 * N = 4, 8, 15, 32, 100, 1,000 phones on 10 MB/s links (quick mode: 4, 15, 32);
-* OPT-125m and OPT-1.3B (quick mode: OPT-125m).
+* OPT-125m and OPT-1.3B (quick mode: OPT-125m); tile-tp is simulated up to 1,000 phones for
+  OPT-125m and 100 for OPT-1.3B unless --tile-tp-max-devices says otherwise (the row left out
+  says so, with an estimate of what simulating it would take).
 
 Each case runs tile-tp, pipeline and data-parallel in virtual time (`testbed compare
 --simulate`'s code) and prints time per step, energy and carbon per step, with the A5000 row.
