@@ -313,8 +313,9 @@ class BackupIndex:
         self._waiting_due: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []
         self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
         self.min_nbytes = math.inf  # nor fewer operand bytes (A and B blocks; a bound)
-        # per operand block key, the copies whose task uses it (a superset: entries are
-        # dropped at compaction), so a device can find the copies whose blocks it holds
+        # per operand block key, the copies whose task uses it (a superset: copies that left
+        # are dropped when met and at compaction), so a device can find the copies whose
+        # blocks it holds
         self._by_block: dict[str, list[tuple[Copy, DeviceSlot, int]]] = {}
         self._added = 0
         self._kept = 0
