@@ -262,8 +262,8 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
     order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, m * k * itemsize,
                                                         k * n * itemsize, m * n * itemsize,
                                                         1.0), c.name))
-    best: tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]] | None = None
-    found: list[tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]]] = []
+    best: _Found | None = None
+    found: list[_Found] = []
     for taking_part in _device_sets(order):
         devices = sum(c.count for c in taking_part)
         most = MAX_TILES_PER_DEVICE * devices
@@ -283,12 +283,7 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                                   ps_up_Bps)
                     found.append((t, grid, taking_part))
     if found:
-        # the fastest plan, or one with more devices predicted within NEAR_TIE of it: the
-        # prediction is not that exact, and spreading keeps more devices at work (a departure
-        # or a straggler then costs less)
-        fastest = min(t for t, _, _ in found)
-        best = min((f for f in found if f[0] <= fastest * (1 + NEAR_TIE)),
-                   key=lambda f: (-min(sum(c.count for c in f[2]), math.prod(f[1])), f[0]))
+        best = _near_fastest(found)
     if best is None:  # nothing fits the message limit with this few tiles: fall back to many
         side = max(MIN_TILE, int(math.isqrt(max_tile_elems)))
         grid = (math.ceil(m / side), math.ceil(n / side), 1)
@@ -296,14 +291,33 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                 tuple(order))
     t, grid, taking_part = best
     counts = {c.name: c.count for c in taking_part}
+    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, m, k, n)
+    return GemmPlan(math.ceil(m / grid[0]), math.ceil(n / grid[1]), grid[2], grid,
+                    tuple(counts), sat_out, t, counts)
+
+
+_Found = tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]]  # (predicted, grid, classes)
+
+
+def _near_fastest(found: Sequence[_Found]) -> _Found:
+    """The fastest plan, or one with more devices predicted within NEAR_TIE of it: the
+    prediction is not that exact, and spreading keeps more devices at work (a departure or a
+    straggler then costs less)."""
+    fastest = min(f[0] for f in found)
+    return min((f for f in found if f[0] <= fastest * (1 + NEAR_TIE)),
+               key=lambda f: (-min(sum(c.count for c in f[2]), math.prod(f[1])), f[0]))
+
+
+def _sat_out(order: Sequence[PlanDevice], counts: dict[str, int], flops: float, nbytes: float,
+             itemsize: int, m: int, k: int, n: int) -> dict[str, str]:
+    """Why each class the plan leaves out (wholly or some of its devices) sits out."""
     sat_out = {}
     for c in order:
         if counts.get(c.name, 0) < c.count:
             why = _why_out(c, flops, nbytes, itemsize, m, k, n)
             sat_out[c.name] = why if c.name not in counts else \
                 f"{why} ({c.count - counts[c.name]} of {c.count})"
-    return GemmPlan(math.ceil(m / grid[0]), math.ceil(n / grid[1]), grid[2], grid,
-                    tuple(counts), sat_out, t, counts)
+    return sat_out
 
 
 def _device_sets(order: Sequence[PlanDevice]) -> list[tuple[PlanDevice, ...]]:
@@ -475,7 +489,7 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
     nbytes = (t * o + (t + o) * i) * itemsize
     order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
                                            c.name))
-    found: list[tuple[float, PairGrid, tuple[PlanDevice, ...]]] = []
+    found: list[_Found] = []
     for taking_part in _device_sets(order):
         devices = sum(c.count for c in taking_part)
         step = 1.25 if devices <= 32 else 1.6
@@ -496,17 +510,9 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
                                                  ps_down_Bps, ps_up_Bps), grid, taking_part))
     if not found:
         return None
-    fastest = min(f[0] for f in found)
-    best = min((f for f in found if f[0] <= fastest * (1 + NEAR_TIE)),
-               key=lambda f: (-min(sum(c.count for c in f[2]), math.prod(f[1])), f[0]))
-    pred, grid, taking_part = best
+    pred, grid, taking_part = _near_fastest(found)
     counts = {c.name: c.count for c in taking_part}
-    sat_out = {}
-    for c in order:
-        if counts.get(c.name, 0) < c.count:
-            why = _why_out(c, flops, nbytes, itemsize, t, o, i)
-            sat_out[c.name] = why if c.name not in counts else \
-                f"{why} ({c.count - counts[c.name]} of {c.count})"
+    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, t, o, i)
     tm, to, tc = _pair_sizes(t, o, i, grid)
     n_t, n_o, n_c = grid
     used = tuple(counts)

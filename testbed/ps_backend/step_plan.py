@@ -82,6 +82,9 @@ class StepPlanner:
         self._min_down = self._min_up = 0.0
         self._sat_out: dict[str, str] = {}
         self._dealt: dict[tuple[Any, ...], dict[tuple[int, int, int], str]] = {}
+        # a backward pair's owners, dX's and dW's (plan_pair), dealt once per step and devices
+        self._pair_dealt: dict[tuple[Any, ...], tuple[dict[tuple[int, int, int], str],
+                                                      dict[tuple[int, int, int], str]]] = {}
         self._pair_split: dict[tuple[Any, ...], tuple[bool, float]] = {}
         self._pair_plans: dict[tuple[Any, ...], PairPlan | None] = {}
         # (submitted, done) wall times of the step's offloaded GEMMs: the rest of the step is
@@ -172,29 +175,27 @@ class StepPlanner:
             self._count_min(m, k, n, item, None, slots)
             return self.config.tile_m, self.config.tile_n, 1, None
         half = PAIR_HALF.get(job.spec.op)
+        plan: GemmPlan | None = None
+        owners: dict[tuple[int, int, int], str] | None = None
         if half is not None:
-            joint = self._joint((m, k, n) if half == 0 else (k, m, n), item, slots)
-            if joint is not None:
+            dx = (m, k, n) if half == 0 else (k, m, n)
+            joint = self._joint(dx, item, slots)
+            if joint is not None:  # the pair planned as one: this GEMM's half of it
                 pair, dx_owners, dw_owners = joint
-                mine_plan, mine_owners = (pair.dx, dx_owners) if half == 0 else \
-                    (pair.dw, dw_owners)
-                for group, why in mine_plan.sat_out.items():
-                    self._sat_out.setdefault(group, why)
-                self._count_min(m, k, n, item, (mine_plan, mine_owners), slots)
-                return mine_plan.tile_m, mine_plan.tile_n, mine_plan.k_parts, mine_owners
-        if half is not None and not self._split_pair((m, k, n) if half == 0 else (k, m, n),
-                                                     item, slots)[0]:
-            half = None
-        mine = self.half_of(slots, half)
-        if mine is slots:
-            half = None
-        plan = self._plan_for(m, k, n, item, mine, half)
+                plan, owners = (pair.dx, dx_owners) if half == 0 else (pair.dw, dw_owners)
+            elif not self._split_pair(dx, item, slots)[0]:
+                half = None
         if plan is None:
-            self._count_min(m, k, n, item, None, slots)
-            return self.config.tile_m, self.config.tile_n, 1, None
+            mine = self.half_of(slots, half)
+            if mine is slots:
+                half = None
+            plan = self._plan_for(m, k, n, item, mine, half)
+            if plan is None:
+                self._count_min(m, k, n, item, None, slots)
+                return self.config.tile_m, self.config.tile_n, 1, None
+            owners = self._owners(plan, m, k, n, item, mine)
         for group, why in plan.sat_out.items():
             self._sat_out.setdefault(group, why)
-        owners = self._owners(plan, m, k, n, item, mine)
         self._count_min(m, k, n, item, (plan, owners), slots)
         return plan.tile_m, plan.tile_n, plan.k_parts, owners
 
@@ -265,13 +266,11 @@ class StepPlanner:
         if not devices:
             return None
         t, o, i = dx
-        key = ("pair", dx, item, pair.grid, tuple(sorted(d.name for d in devices)))
-        owners = self._dealt.get(key)
+        key = (dx, item, pair.grid, tuple(sorted(d.name for d in devices)))
+        owners = self._pair_dealt.get(key)
         if owners is None:
-            dx_owners, dw_owners = deal_pair(pair, t, o, i, item, devices)
-            self._dealt[key] = dx_owners
-            self._dealt[key + ("dw",)] = dw_owners
-        return pair, self._dealt[key], self._dealt[key + ("dw",)]
+            owners = self._pair_dealt[key] = deal_pair(pair, t, o, i, item, devices)
+        return pair, *owners
 
     def _pair_plan(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
                    ) -> PairPlan | None:
@@ -283,12 +282,16 @@ class StepPlanner:
         classes = self._classes(slots)
         pair = None
         if classes:
-            max_elems = max(1, (self.config.max_message_bytes - 65536) // (2 * item))
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
             pair = plan_pair(*dx, item, classes, ps_down_Bps, ps_up_Bps,
-                             max_tile_elems=max_elems)
+                             max_tile_elems=self._max_tile_elems(item))
         self._pair_plans[key] = pair
         return pair
+
+    def _max_tile_elems(self, item: int) -> int:
+        """The most elements a tile's block may have: two blocks go in one message, with 64 KB
+        to spare for the rest of it."""
+        return max(1, (self.config.max_message_bytes - 65536) // (2 * item))
 
     def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
                   half: int | None = None) -> GemmPlan | None:
@@ -299,10 +302,9 @@ class StepPlanner:
             classes = self._classes(slots, half)
             if not classes:
                 return None
-            max_elems = max(1, (self.config.max_message_bytes - 65536) // (2 * item))
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
             plan = plan_gemm(m, k, n, item, classes, ps_down_Bps, ps_up_Bps,
-                             max_tile_elems=max_elems)
+                             max_tile_elems=self._max_tile_elems(item))
             if static:  # the same cut after a restart
                 self._plans[key] = plan
         return plan
@@ -366,6 +368,7 @@ class StepPlanner:
                             len(self._gemms), dict(self._sat_out), limits,
                             busy_s(self._spans))
         self._gemms, self._sat_out, self._dealt, self._spans = [], {}, {}, []
+        self._pair_dealt = {}
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
         return record
