@@ -68,12 +68,13 @@ import enum
 import heapq
 import itertools
 import math
+import operator
 import statistics
 import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -483,11 +484,16 @@ class BackupIndex:
             else:
                 return
 
-    def by_remaining(self, now_s: float, overdue_s: float) -> Iterator[tuple[float, _Entry]]:
+    def by_remaining(self, now_s: float, overdue_s: float
+                     ) -> Generator[tuple[float, _Entry], bool | None, None]:
         """(remaining_s, entry) of every candidate copy, remaining time non-increasing.
 
         Entries that no longer stand for a counting copy are dropped on the way. The caller
-        may stop at any point (and must not add copies before it does).
+        may stop at any point (and must not add copies before it does). Sending ``True`` for
+        an entry skips the rest of its list's entries with the same return (not overdue) or
+        send time (overdue): they follow it in (device order, copy sequence) order, so none
+        of them can win a tie the entry won (copies handed out at one instant to devices of
+        one kind share a remaining time by the hundred).
         """
         self._sync(now_s, overdue_s)
         first, second = self._by_expected, self._by_sent
@@ -523,15 +529,21 @@ class BackupIndex:
             r2 = now_s - head2[4].sent_s if head2 is not None else -math.inf
             if r1 >= r2:
                 assert head1 is not None
-                yield r1, head1
-                i += 1
+                if (yield r1, head1):
+                    i = bisect.bisect_right(first, head1[0], i, key=_first_item)
+                else:
+                    i += 1
                 head1 = None
             else:
                 assert head2 is not None
-                yield r2, head2
-                j += 1
+                if (yield r2, head2):
+                    j = bisect.bisect_right(second, head2[0], j, key=_first_item)
+                else:
+                    j += 1
                 head2 = None
 
+
+_first_item = operator.itemgetter(0)
 
 _GONE = -(1 << 62)  # a removed task's position: no queue entry matches it
 
@@ -1489,20 +1501,28 @@ class Scheduler:
         best_remaining = 0.0
         best_key = (0, 0)
         shared = False  # whether the walk stopped where only shared blocks could qualify
-        for remaining, entry in index.by_remaining(now_s, overdue_s):
+        walk = index.by_remaining(now_s, overdue_s)
+        step = next(walk, None)
+        while step is not None:
+            remaining, entry = step
             if remaining < best_remaining or remaining <= 0.0:
                 break  # nor can any copy after it
             if not remaining > STRAGGLER_RATIO * whole or remaining - whole < MIN_BACKUP_GAIN_S:
                 shared = whole > mine_min and best is None
                 break
             copy, other = entry[4], entry[5]
+            qualified = False
             if len(copy.task.holders) >= MAX_COPIES:
                 index.park(copy, other)
-                continue
-            if qualifies(remaining, copy, other):
+            elif qualifies(remaining, copy, other):
+                qualified = True
                 key = (other.order, copy.seq)
                 if best is None or key < best_key:  # equal remaining: the scan order's first
                     best, best_remaining, best_key = copy.task, remaining, key
+            try:  # a qualified copy's ties after it in its list come later in that order
+                step = walk.send(qualified)
+            except StopIteration:
+                break
         if shared:
             for copy, other in index.sharing_blocks(cache):
                 if len(copy.task.holders) >= MAX_COPIES:
