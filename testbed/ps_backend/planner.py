@@ -39,6 +39,8 @@ MAX_K_PARTS = 16
 TILE_OVERHEAD_S = 0.002
 NEAR_TIE = 0.05  # plans within 5 % of the fastest count as fast: most devices at work wins
 PARTIAL_CLASS_MAX = 16  # a class this small may take part with only some of its devices
+# a larger class behind a PS link it would overfill: these multiples of the devices filling it
+PS_FILL_FACTORS = (0.5, 1.0, 2.0, 4.0)
 EXACT_CLASS_MAX = 32  # the search models a larger class as PSEUDO_PER_CLASS pseudo-devices
 PSEUDO_PER_CLASS = 8
 FIT_SLACK = 1.1  # split_boxes(fit=True): a cut whose runs get within 10 % of their share fits
@@ -168,13 +170,13 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
     """
     nr: float = box[1] - box[0]
     nc: float = box[3] - box[2]
-    ns = box[5] - box[4]
+    ns: float = box[5] - box[4]
     if nr * nc * ns == 0:
         return 0.0
-    if members > 1:  # a pseudo-device: each member does a square-ish part of the box
+    if members > 1:  # a pseudo-device: each member does its part of the box
         d = replace(d, rate_flops=d.rate_flops / members, down_Bps=d.down_Bps / members,
                     up_Bps=d.up_Bps / members)
-        nr, nc = nr / math.sqrt(members), nc / math.sqrt(members)
+        nr, nc, ns, _ = member_part(nr, nc, ns, members)
     tiles = nr * nc * ns
     down_B = ns * (nr * a_bytes + nc * b_bytes)
     d_s = down_B / d.down_Bps if d.down_Bps > 0 else INF
@@ -183,6 +185,30 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
     one_f = flops / max(d.rate_flops, 1.0)
     return max(d_s + one_f + one_up, one_down + one_f + tiles * one_up,
                one_down + tiles * one_f + one_up) + tiles * TILE_OVERHEAD_S
+
+
+def member_part(n1: float, n2: float, n3: float, members: float
+                ) -> tuple[float, float, float, float]:
+    """(rows, columns, slices, working members): the part of an ``n1 x n2 x n3`` box (in
+    blocks) each member of a pseudo-device does, as dealing cuts it among real devices: rows
+    and columns square-ish with whole slices, but never under one block either way, for a
+    device receives whole blocks (squares of a 14 x 28 box shared by 125 phones would be
+    1.25 x 2.5 blocks; of a 2 x 196 box, 0.18 x 35); with fewer row-column blocks than members,
+    the slices are cut too (each member then receives a block both its neighbours receive);
+    with fewer blocks than members, that many get one each. The members between them receive
+    ``working`` times a part's blocks: with many members, well above the box's own once."""
+    working = min(members, n1 * n2 * n3)
+    if working <= 0:
+        return 0.0, 0.0, 0.0, 0.0
+    if n1 * n2 <= working:
+        return 1.0, 1.0, n1 * n2 * n3 / working, working
+    area = n1 * n2 / working
+    p1, p2 = n1 / math.sqrt(working), n2 / math.sqrt(working)
+    if p1 < 1.0:
+        p1, p2 = 1.0, area
+    elif p2 < 1.0:
+        p1, p2 = area, 1.0
+    return p1, p2, n3, working
 
 
 def _expand(classes: Sequence[PlanDevice]) -> list[tuple[PlanDevice, float]]:
@@ -235,8 +261,11 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     by_name = {d.name: (d, q) for d, q in devices}
     t = max((box_time_s(by_name[n_][0], b, flops, a_b, b_b, c_b, by_name[n_][1])
              for n_, b in boxes.items()), default=INF)
-    down_total = sum((b[5] - b[4]) * ((b[1] - b[0]) * a_b + (b[3] - b[2]) * b_b)
-                     for b in boxes.values())
+    down_total = 0.0
+    for name, b in boxes.items():  # what every (member) device receives, over the PS link
+        rows, cols, slices, each = member_part(b[1] - b[0], b[3] - b[2], b[5] - b[4],
+                                               by_name[name][1])
+        down_total += each * slices * (rows * a_b + cols * b_b)
     t = max(t, down_total / ps_down_Bps, tiles * c_b / ps_up_Bps)
     return t + min(c.rtt_s for c in classes)
 
@@ -264,7 +293,7 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                                                         1.0), c.name))
     best: _Found | None = None
     found: list[_Found] = []
-    for taking_part in _device_sets(order):
+    for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
         devices = sum(c.count for c in taking_part)
         most = MAX_TILES_PER_DEVICE * devices
         # the search costs (grids) x (devices): coarser steps when there are many devices
@@ -291,7 +320,8 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                 tuple(order))
     t, grid, taking_part = best
     counts = {c.name: c.count for c in taking_part}
-    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, m, k, n)
+    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, m, k, n, ps_down_Bps,
+                       ps_up_Bps)
     return GemmPlan(math.ceil(m / grid[0]), math.ceil(n / grid[1]), grid[2], grid,
                     tuple(counts), sat_out, t, counts)
 
@@ -309,28 +339,48 @@ def _near_fastest(found: Sequence[_Found]) -> _Found:
 
 
 def _sat_out(order: Sequence[PlanDevice], counts: dict[str, int], flops: float, nbytes: float,
-             itemsize: int, m: int, k: int, n: int) -> dict[str, str]:
-    """Why each class the plan leaves out (wholly or some of its devices) sits out."""
+             itemsize: int, m: int, k: int, n: int, ps_down_Bps: float = INF,
+             ps_up_Bps: float = INF) -> dict[str, str]:
+    """Why each class the plan leaves out (wholly or some of its devices) sits out: ``PS
+    link`` for some devices of a large class whose links add up to more than the PS link's."""
     sat_out = {}
     for c in order:
         if counts.get(c.name, 0) < c.count:
             why = _why_out(c, flops, nbytes, itemsize, m, k, n)
+            if c.name in counts and c.count > PARTIAL_CLASS_MAX and (
+                    c.down_Bps * c.count > ps_down_Bps or c.up_Bps * c.count > ps_up_Bps):
+                why = "PS link"
             sat_out[c.name] = why if c.name not in counts else \
                 f"{why} ({c.count - counts[c.name]} of {c.count})"
     return sat_out
 
 
-def _device_sets(order: Sequence[PlanDevice]) -> list[tuple[PlanDevice, ...]]:
+def _device_sets(order: Sequence[PlanDevice], ps_down_Bps: float = INF,
+                 ps_up_Bps: float = INF) -> list[tuple[PlanDevice, ...]]:
     """Which devices may take part: every prefix of the classes' order, the last class of it
-    whole or only 1, 2, 4, ... of its devices (more devices share the work but each receives
-    blocks of its own: on a shared or slow link fewer can be faster)."""
+    whole or only some of its devices (more devices share the work but each receives blocks
+    of its own: on a shared or slow link fewer can be faster). A class of at most
+    PARTIAL_CLASS_MAX may take part with 1, 2, 4, ... devices; a larger one, when its links add
+    up to more than the PS link has left after the classes before it, with PS_FILL_FACTORS
+    times the devices that fill the PS link (each way): beyond that point more devices add
+    duplicated blocks on the PS link, not rate."""
     out: list[tuple[PlanDevice, ...]] = []
     for used in range(1, len(order) + 1):
         last = order[used - 1]
-        sizes = [last.count] if last.count > PARTIAL_CLASS_MAX else \
-            sorted({last.count, *(1 << i for i in range(last.count.bit_length())
-                                  if 1 << i < last.count)})
-        out += [(*order[:used - 1], replace(last, count=size)) for size in sizes]
+        before = order[:used - 1]
+        if last.count <= PARTIAL_CLASS_MAX:
+            sizes = {last.count, *(1 << i for i in range(last.count.bit_length())
+                                   if 1 << i < last.count)}
+        else:
+            sizes = {last.count}
+            for ps_Bps, link_Bps, taken in (
+                    (ps_down_Bps, last.down_Bps, sum(c.down_Bps * c.count for c in before)),
+                    (ps_up_Bps, last.up_Bps, sum(c.up_Bps * c.count for c in before))):
+                if link_Bps > 0 and ps_Bps - taken < link_Bps * last.count:
+                    fill = max(ps_Bps - taken, link_Bps) / link_Bps  # devices filling the rest
+                    sizes.update(n for n in (round(fill * f) for f in PS_FILL_FACTORS)
+                                 if PARTIAL_CLASS_MAX < n < last.count)
+        out += [(*before, replace(last, count=size)) for size in sorted(sizes)]
     return out
 
 
@@ -417,15 +467,15 @@ def pair_box_time_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize: i
     """
     bt: float = box[1] - box[0]
     bo: float = box[3] - box[2]
-    bc = box[5] - box[4]
+    bc: float = box[5] - box[4]
     if bt * bo * bc == 0:
         return 0.0
     if d.down_Bps <= 0 or d.up_Bps <= 0:
         return INF
-    if members > 1:  # a pseudo-device: each member does a square-ish part of the box
+    if members > 1:  # a pseudo-device: each member does its part of the box
         d = replace(d, rate_flops=d.rate_flops / members, down_Bps=d.down_Bps / members,
                     up_Bps=d.up_Bps / members)
-        bt, bo = bt / math.sqrt(members), bo / math.sqrt(members)
+        bt, bo, bc, _ = member_part(bt, bo, bc, members)
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     tm, to, tc = _pair_sizes(t, o, i, grid)
     blocks = bt * bo * bc
@@ -470,10 +520,11 @@ def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
                    for n_, b in boxes.items()), default=INF)
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     down = up = 0.0
-    for t0, t1, o0, o1, c0, c1 in boxes.values():
+    for name, (t0, t1, o0, o1, c0, c1) in boxes.items():
         bt, bo, bc = t1 - t0, o1 - o0, c1 - c0
-        down += bt * bo * dy_b + bo * bc * w_b + bt * bc * x_b
         up += bt * bo * bc * (dx_b + dw_b)
+        pt, po, pc, each = member_part(bt, bo, bc, by_name[name][1])  # every member's
+        down += each * (pt * po * dy_b + po * pc * w_b + pt * pc * x_b)
     return max(slowest, down / ps_down_Bps, up / ps_up_Bps) + min(c.rtt_s for c in classes)
 
 
@@ -490,7 +541,7 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
     order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
                                            c.name))
     found: list[_Found] = []
-    for taking_part in _device_sets(order):
+    for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
         devices = sum(c.count for c in taking_part)
         step = 1.25 if devices <= 32 else 1.6
         # blocks (two tiles each): finer columns pipeline a box better than its own few tiles
@@ -512,7 +563,8 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
         return None
     pred, grid, taking_part = _near_fastest(found)
     counts = {c.name: c.count for c in taking_part}
-    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, t, o, i)
+    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, t, o, i, ps_down_Bps,
+                       ps_up_Bps)
     tm, to, tc = _pair_sizes(t, o, i, grid)
     n_t, n_o, n_c = grid
     used = tuple(counts)

@@ -8,7 +8,9 @@ from testbed.ps_backend.planner import (
     box_time_s,
     deal_boxes,
     k_slices,
+    member_part,
     plan_gemm,
+    plan_pair,
     split_boxes,
 )
 
@@ -36,6 +38,31 @@ def test_a_device_on_a_slow_link_sits_out() -> None:
     plan = plan_gemm(512, 512, 512, 4, [good, slow])
     assert plan.used == ("laptops",)
     assert plan.sat_out == {"modem": "link"}
+
+
+def test_a_member_of_a_pseudo_device_gets_whole_blocks() -> None:
+    # square-ish parts while they are at least a block each way: 16 x 16 over 4 members
+    assert member_part(16, 16, 3, 4) == (8.0, 8.0, 3, 4)
+    # 2 x 196 over 125 members: 0.18 x 35 would be less than a row block; one row, 3.1 columns
+    rows, cols, slices, working = member_part(2, 196, 1, 125)
+    assert (rows, slices, working) == (1.0, 1, 125) and abs(cols - 392 / 125) < 1e-12
+    # fewer row-column blocks than members: the slices are cut as well
+    assert member_part(2, 2, 10, 8) == (1.0, 1.0, 5.0, 8)
+    # fewer blocks than members: that many work, a block each
+    assert member_part(2, 2, 1, 100) == (1.0, 1.0, 1.0, 4)
+
+
+def test_a_large_class_behind_a_narrow_ps_link_takes_part_with_some_devices() -> None:
+    # 1,000 phones at 10 MB/s behind a 1.25 GB/s PS link (it fills at 125): every device's
+    # own blocks would cross the PS link, so the planner takes fewer and says why
+    phones = PlanDevice("phones", 60e9, 10e6, 10e6, 0.01, count=1000)
+    for plan in (plan_gemm(8192, 768, 3072, 4, [phones], 1.25e9, 1.25e9),
+                 plan_pair(8192, 3072, 768, 4, [phones], 1.25e9, 1.25e9)):
+        assert plan is not None
+        assert 16 < plan.counts["phones"] < 1000
+        assert plan.sat_out == {"phones": f"PS link ({1000 - plan.counts['phones']} of 1000)"}
+    # no PS limit: all of them
+    assert plan_gemm(8192, 768, 3072, 4, [phones]).counts["phones"] == 1000
 
 
 def test_tile_size_limit_is_kept() -> None:
