@@ -56,13 +56,13 @@ def test_a_large_class_behind_a_narrow_ps_link_takes_part_with_some_devices() ->
     # 1,000 phones at 10 MB/s behind a 1.25 GB/s PS link (it fills at 125): every device's
     # own blocks would cross the PS link, so the planner takes fewer and says why
     phones = PlanDevice("phones", 60e9, 10e6, 10e6, 0.01, count=1000)
-    for plan in (plan_gemm(8192, 768, 3072, 4, [phones], 1.25e9, 1.25e9),
-                 plan_pair(8192, 3072, 768, 4, [phones], 1.25e9, 1.25e9)):
+    for plan in (plan_gemm(8192, 768, 50272, 4, [phones], 1.25e9, 1.25e9),  # OPT's lm_head
+                 plan_pair(8192, 3072, 768, 4, [phones], 1.25e9, 1.25e9)):  # its fc1's pair
         assert plan is not None
         assert 16 < plan.counts["phones"] < 1000
         assert plan.sat_out == {"phones": f"PS link ({1000 - plan.counts['phones']} of 1000)"}
     # no PS limit: all of them
-    assert plan_gemm(8192, 768, 3072, 4, [phones]).counts["phones"] == 1000
+    assert plan_gemm(8192, 768, 50272, 4, [phones]).counts["phones"] == 1000
 
 
 def test_tile_size_limit_is_kept() -> None:
