@@ -173,8 +173,10 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
     ns = box[5] - box[4]
     if nr * nc * ns == 0:
         return 0.0
-    if members > 1:  # a pseudo-device: each member does a square part of the box (its
-        # time; the PS link's bytes count whole blocks, member_part)
+    if members > 1:  # a pseudo-device: each member does a square part of the box, fractions
+        # of blocks included (member_part's whole blocks here too made the plans of the
+        # 100-phone headline step run 77.2 s simulated instead of 70.7; the PS link's bytes
+        # count whole blocks)
         d = replace(d, rate_flops=d.rate_flops / members, down_Bps=d.down_Bps / members,
                     up_Bps=d.up_Bps / members)
         nr, nc = nr / math.sqrt(members), nc / math.sqrt(members)
@@ -198,9 +200,7 @@ def member_part(n1: float, n2: float, n3: float, members: float
     the slices are cut too (each member then receives a block both its neighbours receive);
     with fewer blocks than members, that many get one each. The members between them receive
     ``working`` times a part's blocks: with many members, well above the box's own once.
-    (The PS link's bytes count these; a member's own time keeps the square part of
-    :func:`box_time_s`, which predicted the 100-phone headline step's plans better: 70.7 s
-    simulated against 77.2 s with these parts.)"""
+    The PS link's bytes count these parts (:func:`predict_s`, :func:`predict_pair_s`)."""
     working = min(members, n1 * n2 * n3)
     if working <= 0:
         return 0.0, 0.0, 0.0, 0.0
@@ -324,8 +324,7 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                 tuple(order))
     t, grid, taking_part = best
     counts = {c.name: c.count for c in taking_part}
-    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, m, k, n, ps_down_Bps,
-                       ps_up_Bps)
+    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, m, k, n)
     return GemmPlan(math.ceil(m / grid[0]), math.ceil(n / grid[1]), grid[2], grid,
                     tuple(counts), sat_out, t, counts)
 
@@ -343,16 +342,15 @@ def _near_fastest(found: Sequence[_Found]) -> _Found:
 
 
 def _sat_out(order: Sequence[PlanDevice], counts: dict[str, int], flops: float, nbytes: float,
-             itemsize: int, m: int, k: int, n: int, ps_down_Bps: float = INF,
-             ps_up_Bps: float = INF) -> dict[str, str]:
+             itemsize: int, m: int, k: int, n: int) -> dict[str, str]:
     """Why each class the plan leaves out (wholly or some of its devices) sits out: ``PS
-    link`` for some devices of a large class whose links add up to more than the PS link's."""
+    link`` for the rest of a large class taking part with some of its devices (only the PS
+    link gives such a class partial sizes, :func:`_device_sets`)."""
     sat_out = {}
     for c in order:
         if counts.get(c.name, 0) < c.count:
             why = _why_out(c, flops, nbytes, itemsize, m, k, n)
-            if c.name in counts and c.count > PARTIAL_CLASS_MAX and (
-                    c.down_Bps * c.count > ps_down_Bps or c.up_Bps * c.count > ps_up_Bps):
+            if c.name in counts and c.count > PARTIAL_CLASS_MAX:
                 why = "PS link"
             sat_out[c.name] = why if c.name not in counts else \
                 f"{why} ({c.count - counts[c.name]} of {c.count})"
@@ -568,8 +566,7 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
         return None
     pred, grid, taking_part = _near_fastest(found)
     counts = {c.name: c.count for c in taking_part}
-    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, t, o, i, ps_down_Bps,
-                       ps_up_Bps)
+    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, t, o, i)
     tm, to, tc = _pair_sizes(t, o, i, grid)
     n_t, n_o, n_c = grid
     used = tuple(counts)

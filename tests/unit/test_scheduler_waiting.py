@@ -1,7 +1,8 @@
 """The backup search's shortcuts: copies on devices whose overhead is unknown wait outside the
 search until they may be backed up (once overdue by OVERDUE_BACKUP_S times the dilation, or once
-the holder's overhead is learned from a result, and not a moment before either), and the pump's
-backup walk leaves out only devices that could not pass."""
+the holder's overhead is learned from a result, and not a moment before either), the pump's
+backup walk leaves out only devices that could not pass, and the walk over copies skips only
+ties that cannot win."""
 
 from __future__ import annotations
 
@@ -105,3 +106,48 @@ def test_backup_walk_keeps_every_device_that_could_pass_in_pump_order() -> None:
                     if (f := finish_s(x)) is None or x.overhead_s is not None
                     and x.overhead_s > 1.2 * bar_s]
         assert not set(hopeless) & set(walked), trial
+
+
+def test_the_walk_skips_only_a_qualified_copys_ties_in_its_list() -> None:
+    """BackupIndex.by_remaining: copies handed out at one instant to equal devices tie; a
+    ``send(True)`` for one of them skips the rest of those ties (they come later in device
+    order and cannot win), not the copies with another remaining time after them."""
+    s = Scheduler()
+    for name, gflops in (("slow", 1.0), ("b", 10.0), ("c", 10.0), ("d", 10.0), ("fast", 100.0)):
+        s.add_device(slot(name, gflops=gflops, window=1))
+        s.note_overhead(name, 0.0)
+    s.submit(job(80, 32, 64), 16, 64)  # five equal tiles
+    for name in ("slow", "b", "c", "d", "fast"):
+        assert len(s.assign(name, now_s=0.0)) == 1
+
+    def walked(skip_at: str | None) -> list[str]:
+        out: list[str] = []
+        walk = s._backups.by_remaining(1e-9, OVERDUE_BACKUP_S)
+        step = next(walk, None)
+        while step is not None:
+            out.append(step[1][5].device_id)
+            try:
+                step = walk.send(out[-1] == skip_at)
+            except StopIteration:
+                break
+        return out
+
+    assert walked(None) == ["slow", "b", "c", "d", "fast"]
+    assert walked("b") == ["slow", "b", "fast"]  # c's and d's copies tie with b's
+    assert walked("c") == ["slow", "b", "c", "fast"]
+    assert walked("slow") == ["slow", "b", "c", "d", "fast"]  # nothing ties with slow's
+
+
+def test_a_backup_goes_to_the_first_qualifying_copy_among_ties() -> None:
+    """The device's own copy comes first among the tied copies and does not qualify; the
+    search must go on to the next tied copy instead of skipping the ties."""
+    s = Scheduler()
+    for name in ("thief", "b", "c"):
+        s.add_device(slot(name, gflops=0.001, window=1))
+        s.note_overhead(name, 0.0)
+    s.submit(job(48, 32, 64), 16, 64)  # three equal tiles: three copies with one return time
+    tiles = [s.assign(name, now_s=0.0)[0].task.task_id for name in ("thief", "b", "c")]
+    thief = s.devices["thief"]
+    thief.rate_flops, thief.window = 1e12, 2  # it turned out fast, with room for one more
+    got = s.assign("thief", now_s=1e-6)
+    assert [a.task.task_id for a in got] == [tiles[1]] and got[0].backup  # b's, not none
