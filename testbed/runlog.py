@@ -90,8 +90,11 @@ class RunLog:
         self._files = {name: open(run_dir / f"{name}.jsonl", "a", buffering=1)
                        for name in ("events", "steps", "devices")}
 
-    def _write(self, name: str, record: dict[str, Any]) -> None:
-        if self._elapsed_s is None:
+    def _write(self, name: str, record: dict[str, Any], at_t: float | None = None) -> None:
+        if at_t is not None:
+            now = at_t
+            elapsed = now - self.started_s
+        elif self._elapsed_s is None:
             now = time.time()
             elapsed = now - self.started_s
         else:
@@ -102,9 +105,11 @@ class RunLog:
         with self._lock:
             self._files[name].write(line + "\n")
 
-    def event(self, kind: str, /, **fields: Any) -> None:
-        """Record one event (join, leave, crash, requeue, reject, ...)."""
-        self._write("events", {"event": kind, **fields})
+    def event(self, kind: str, /, *, at_t: float | None = None, **fields: Any) -> None:
+        """Record one event (join, leave, crash, requeue, reject, ...). ``at_t``: the wall time
+        it happened, when that was before now (an action stamped when it began, so that what it
+        caused, logged by another thread meanwhile, never reads as earlier)."""
+        self._write("events", {"event": kind, **fields}, at_t)
 
     def step(self, **fields: Any) -> None:
         """Record one finished training step."""

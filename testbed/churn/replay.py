@@ -188,11 +188,12 @@ class Replay:
             due = begin + (action.time_s - offset) * self.dilation
             if self.stopping.wait(max(0.0, due - time.monotonic())):
                 return
+            began_t = time.time()  # the PS may log what the action causes before it returns
             effect = apply_action(action, self.run, agents_dir)
             self.applied += 1
             record = action.to_dict()  # its "event" would shadow the record's kind
             self.event("churn", **{k: v for k, v in record.items() if k != "event"},
-                       action=record["event"], effect=effect)
+                       action=record["event"], effect=effect, at_t=began_t)
             self.note(f"churn t={action.time_s:g}s {action.event.value} {action.device}: "
                       f"{effect}")
 

@@ -180,10 +180,11 @@ def test_control_admits_termux_and_carries_requests() -> None:
             assert ("agent-exited", {"event": "agent-exited", "pid": 7, "code": 1,
                                      "log_tail": "boom"}) in events
             reader.close()  # else the socket's file stays open after s.close()
+        # the reader thread marks the link down, then tells: wait for the telling
         deadline = time.monotonic() + 10
-        while control.connected() and time.monotonic() < deadline:
+        while events[-1][0] != "listener-lost" and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not control.connected() and events[-1][0] == "listener-lost"
+        assert events[-1][0] == "listener-lost" and not control.connected()
         with pytest.raises(tc.ControlError, match="no Termux listener"):
             control.request("status")
     finally:

@@ -130,6 +130,39 @@ def test_replay_applies_every_action_in_order_and_records_it(tmp_path: Path) -> 
         ("phones-1", "crash", "SIGKILL")]
 
 
+class PromptPS(FakeRun):
+    """A PS that logs the broken stream while the signal is still being sent (as a fast one
+    does: the kill lands, the PS's thread writes, then the replay's call returns)."""
+
+    def __init__(self, runlog: RunLog) -> None:
+        super().__init__()
+        self.runlog = runlog
+
+    def signal_agent(self, name: str, sig: int) -> bool:
+        super().signal_agent(name, sig)
+        time.sleep(0.01)
+        self.runlog.event("disconnect", device=name)
+        time.sleep(0.01)
+        return True
+
+
+def test_an_action_is_stamped_before_what_it_causes(tmp_path: Path) -> None:
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    runlog = RunLog(tmp_path)
+    replay = Replay(_schedule(), PromptPS(runlog), tmp_path, dilation=0.2, event=runlog.event)
+    replay.start()
+    deadline = time.monotonic() + 10
+    while replay.applied < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    replay.stop()
+    runlog.close()
+    events = read_jsonl(tmp_path / "events.jsonl")
+    for device, action in (("phones-0", "leave"), ("phones-1", "crash")):
+        churn = next(e for e in events if e["event"] == "churn" and e["action"] == action)
+        broken = next(e for e in events if e["event"] == "disconnect" and e["device"] == device)
+        assert churn["elapsed_s"] <= broken["elapsed_s"], (churn, broken)
+
+
 def test_resume_goes_on_from_where_the_run_was(tmp_path: Path) -> None:
     schedule = _schedule()
     # a first session: clock started at t=100, two actions applied, the run stopped at t=100.5
