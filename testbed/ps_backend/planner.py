@@ -25,10 +25,11 @@ Units: ``rate_flops`` FLOP per device second, ``down_Bps``/``up_Bps`` bytes per 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 INF = float("inf")
 MIN_TILE = 16  # no tile edge below this (a tile's per-message cost would dominate)
@@ -124,28 +125,26 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
         if len(devs) == 1 or nr * nc * ns == 1:
             out[devs[0][0]] = box
             return
-        total = sum(w for _, w in devs)
         prefix = list(itertools.accumulate(w for _, w in devs))
+        total = prefix[-1]
         # (duplicated bytes, dimension, extent) of each possible cut
         options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
         options = sorted((o for o in options if o[2] >= 2), key=lambda o: (o[0], o[1]))
         if fit:
             # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
             # gets tiles exactly in proportion to its weight
-            fits = []
-            for _, _, extent_ in options:
-                fits.append(min((max(at_ / extent_ * total / prefix[i - 1],
-                                     (extent_ - at_) / extent_ * total / (total - prefix[i - 1])),
-                                 abs(2 * at_ - extent_), at_, i)
-                                for at_ in range(1, extent_) for i in range(1, len(devs))))
+            fits = [_best_fit(extent_, total, prefix) for _, _, extent_ in options]
             good = [j for j, f in enumerate(fits) if f[0] <= FIT_SLACK]
             j = good[0] if good else min(range(len(fits)), key=lambda j: fits[j][0])
             dim, at, split = options[j][1], fits[j][2], fits[j][3]
             left, right = devs[:split], devs[split:]
         else:
-            split = min(range(1, len(devs)), key=lambda i: abs(prefix[i - 1] - total / 2))
+            # the split whose left run's weight is nearest half: beside where half falls
+            j = bisect.bisect_left(prefix, total / 2, 0, len(devs) - 1)
+            split = min(range(max(1, j), min(len(devs) - 1, j + 1) + 1),
+                        key=lambda i: abs(prefix[i - 1] - total / 2))
             left, right = devs[:split], devs[split:]
-            share = sum(w for _, w in left) / total
+            share = prefix[split - 1] / total
             _, dim, extent = options[0]
             at = min(extent - 1, max(1, round(extent * share)))
         lo, hi = list(box), list(box)
@@ -157,6 +156,32 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
     if named:
         cut((0, grid[0], 0, grid[1], 0, grid[2]), named)
     return out
+
+
+def _best_fit(extent: int, total: float, prefix: Sequence[float]) -> tuple[float, int, int, int]:
+    """(imbalance, off-centre, at, split) of the best cut at ``at`` of ``extent`` tiles with
+    the devices split before ``split`` (``prefix``: their running weights); imbalance 1 = each
+    run gets tiles in proportion to its weight. For one cut the imbalance falls as the left
+    run's weight nears the cut's share and rises after it, and for one split likewise as the
+    cut nears its share: so only the pairs beside those points need trying, from whichever
+    side has fewer (trying every pair made the search quadratic at 1,000 devices)."""
+    splits = len(prefix) - 1
+
+    def imbalance(at: int, i: int) -> tuple[float, int, int, int]:
+        return (max(at / extent * total / prefix[i - 1],
+                    (extent - at) / extent * total / (total - prefix[i - 1])),
+                abs(2 * at - extent), at, i)
+
+    pairs: list[tuple[int, int]] = []
+    if extent <= splits:
+        for at in range(1, extent):
+            j = bisect.bisect_left(prefix, at / extent * total, 0, splits)
+            pairs += [(at, i) for i in range(max(1, j - 1), min(splits, j + 2) + 1)]
+    else:
+        for i in range(1, splits + 1):
+            mid = int(prefix[i - 1] / total * extent)
+            pairs += [(at, i) for at in range(max(1, mid - 1), min(extent - 1, mid + 2) + 1)]
+    return min(imbalance(at, i) for at, i in pairs)
 
 
 def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: float,
@@ -177,15 +202,14 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
         # of blocks included (member_part's whole blocks here too made the plans of the
         # 100-phone headline step run 77.2 s simulated instead of 70.7; the PS link's bytes
         # count whole blocks)
-        d = replace(d, rate_flops=d.rate_flops / members, down_Bps=d.down_Bps / members,
-                    up_Bps=d.up_Bps / members)
         nr, nc = nr / math.sqrt(members), nc / math.sqrt(members)
+    rate, down, up = d.rate_flops / members, d.down_Bps / members, d.up_Bps / members
     tiles = nr * nc * ns
     down_B = ns * (nr * a_bytes + nc * b_bytes)
-    d_s = down_B / d.down_Bps if d.down_Bps > 0 else INF
-    one_down = (a_bytes + b_bytes) / d.down_Bps if d.down_Bps > 0 else INF
-    one_up = c_bytes / d.up_Bps if d.up_Bps > 0 else INF
-    one_f = flops / max(d.rate_flops, 1.0)
+    d_s = down_B / down if down > 0 else INF
+    one_down = (a_bytes + b_bytes) / down if down > 0 else INF
+    one_up = c_bytes / up if up > 0 else INF
+    one_f = flops / max(rate, 1.0)
     return max(d_s + one_f + one_up, one_down + one_f + tiles * one_up,
                one_down + tiles * one_f + one_up) + tiles * TILE_OVERHEAD_S
 
@@ -296,7 +320,7 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                                                         k * n * itemsize, m * n * itemsize,
                                                         1.0), c.name))
     best: _Found | None = None
-    found: list[_Found] = []
+    candidates: list[_Found] = []  # (a floor under its prediction, grid, classes)
     for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
         devices = sum(c.count for c in taking_part)
         most = MAX_TILES_PER_DEVICE * devices
@@ -312,9 +336,13 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                     if math.ceil(m / g_r) * math.ceil(n / g_c) > max_tile_elems:
                         continue
                     grid = (g_r, g_c, g_k)
-                    t = predict_s(m, k, n, itemsize, grid, taking_part, ps_down_Bps,
-                                  ps_up_Bps)
-                    found.append((t, grid, taking_part))
+                    t_f, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
+                    tiles = g_r * g_c * g_k
+                    candidates.append((_floor_s(taking_part, tiles * t_f, tiles * c_b,
+                                                g_k * (g_r * a_b + g_c * b_b), ps_down_Bps,
+                                                ps_up_Bps), grid, taking_part))
+    found = _predicted(candidates, lambda grid, taking_part: predict_s(
+        m, k, n, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps))
     if found:
         best = _near_fastest(found)
     if best is None:  # nothing fits the message limit with this few tiles: fall back to many
@@ -330,6 +358,40 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
 
 
 _Found = tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]]  # (predicted, grid, classes)
+
+
+def _floor_s(classes: Sequence[PlanDevice], flops: float, up_B: float, down_B: float,
+             ps_down_Bps: float, ps_up_Bps: float) -> float:
+    """A floor under any prediction for a grid on these classes: its FLOPs (tiles at their
+    rounded-up size) on all their compute, its results through all their up links or the PS
+    link, its operand blocks once each through their down links or the PS link. No box
+    beats its share of the whole (a box's time covers its compute and each stream, a
+    pseudo-device's members no less: :func:`box_time_s`), and the slowest box is at least the
+    whole over the sum of the rates."""
+    rate = sum(max(c.rate_flops, 1.0) * c.count for c in classes)
+    up = min(ps_up_Bps, sum(c.up_Bps * c.count for c in classes))
+    down = min(ps_down_Bps, sum(c.down_Bps * c.count for c in classes))
+    return max(flops / rate, up_B / up if up > 0 else INF,
+               down_B / down if down > 0 else INF) + min(c.rtt_s for c in classes)
+
+
+def _predicted(candidates: Sequence[_Found],
+               predict: Callable[[tuple[int, int, int], tuple[PlanDevice, ...]], float]
+               ) -> list[_Found]:
+    """Predict the candidates ``(floor, grid, classes)`` from the lowest floor up, until a
+    floor is above NEAR_TIE of the fastest so far: no prediction of the rest could be near the
+    fastest (the search's cost halves at 1,000 devices, its choice unchanged). In the
+    candidates' order, for :func:`_near_fastest`'s ties."""
+    fastest = INF
+    found: list[tuple[int, _Found]] = []
+    for index in sorted(range(len(candidates)), key=lambda j: candidates[j][0]):
+        floor, grid, taking_part = candidates[index]
+        if floor > fastest * (1 + NEAR_TIE):
+            break
+        t = predict(grid, taking_part)
+        fastest = min(fastest, t)
+        found.append((index, (t, grid, taking_part)))
+    return [f for _, f in sorted(found, key=lambda x: x[0])]
 
 
 def _near_fastest(found: Sequence[_Found]) -> _Found:
@@ -476,18 +538,17 @@ def pair_box_time_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize: i
         return INF
     if members > 1:  # a pseudo-device: each member does a square part of the box (as in
         # box_time_s)
-        d = replace(d, rate_flops=d.rate_flops / members, down_Bps=d.down_Bps / members,
-                    up_Bps=d.up_Bps / members)
         bt, bo = bt / math.sqrt(members), bo / math.sqrt(members)
+    rate, down, up = d.rate_flops / members, d.down_Bps / members, d.up_Bps / members
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     tm, to, tc = _pair_sizes(t, o, i, grid)
     blocks = bt * bo * bc
-    d_s = (bt * bo * dy_b + bo * bc * w_b + bt * bc * x_b) / d.down_Bps
-    u_s = blocks * (dx_b + dw_b) / d.up_Bps
-    f_s = blocks * 4.0 * tm * to * tc / max(d.rate_flops, 1.0)
-    one_down = (dy_b + w_b) / d.down_Bps
-    one_up = dx_b / d.up_Bps
-    one_f = 2.0 * tm * to * tc / max(d.rate_flops, 1.0)
+    d_s = (bt * bo * dy_b + bo * bc * w_b + bt * bc * x_b) / down
+    u_s = blocks * (dx_b + dw_b) / up
+    f_s = blocks * 4.0 * tm * to * tc / max(rate, 1.0)
+    one_down = (dy_b + w_b) / down
+    one_up = dx_b / up
+    one_f = 2.0 * tm * to * tc / max(rate, 1.0)
     return max(d_s + one_f + one_up, one_down + one_f + u_s,
                one_down + f_s + one_up) + 2 * blocks * TILE_OVERHEAD_S
 
@@ -543,7 +604,7 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
     nbytes = (t * o + (t + o) * i) * itemsize
     order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
                                            c.name))
-    found: list[_Found] = []
+    candidates: list[_Found] = []  # (a floor under its prediction, grid, classes)
     for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
         devices = sum(c.count for c in taking_part)
         step = 1.25 if devices <= 32 else 1.6
@@ -560,8 +621,14 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
                     if max(tm, to) * tc > max_tile_elems or tm * to > max_tile_elems:
                         continue  # a result or a dY block would not fit a message
                     grid = (n_t, n_o, n_c)
-                    found.append((predict_pair_s(t, o, i, itemsize, grid, taking_part,
-                                                 ps_down_Bps, ps_up_Bps), grid, taking_part))
+                    dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+                    blocks = n_t * n_o * n_c
+                    candidates.append((_floor_s(
+                        taking_part, blocks * 4.0 * tm * to * tc, blocks * (dx_b + dw_b),
+                        n_t * n_o * dy_b + n_o * n_c * w_b + n_t * n_c * x_b, ps_down_Bps,
+                        ps_up_Bps), grid, taking_part))
+    found = _predicted(candidates, lambda grid, taking_part: predict_pair_s(
+        t, o, i, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps))
     if not found:
         return None
     pred, grid, taking_part = _near_fastest(found)

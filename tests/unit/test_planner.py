@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
+from testbed.ps_backend import planner
 from testbed.ps_backend.planner import (
     TILE_OVERHEAD_S,
     PlanDevice,
@@ -142,3 +146,49 @@ def test_near_ties_go_to_the_plan_with_more_devices_at_work() -> None:
     laptop = PlanDevice("laptops", 240e9, 125e6, 125e6, 0.04, count=1)
     plan = plan_gemm(64, 32, 32, 8, [phones, laptop])
     assert plan.tiles >= 4 and plan.counts == {"laptops": 1, "phones": 3}
+
+
+# -- the search's shortcuts change nothing -----------------------------------------------------
+
+MIXES = [
+    ([PlanDevice("phones", 60e9, 10e6, 10e6, 0.01, count=1000)], 1.25e9),
+    ([PlanDevice("laptops", 400e9, 125e6, 125e6, 0.002, count=20),
+      PlanDevice("phones", 20e9, 12.5e6, 5e6, 0.02, count=300)], 1.25e9),
+    ([PlanDevice("laptops", 100e9, 100e6, 100e6, count=2),
+      PlanDevice("phones", 9e9, 10e6, 10e6, 0.01, count=15)], INF),
+]
+
+
+def test_the_floor_cut_search_finds_what_predicting_every_grid_finds(monkeypatch) -> None:
+    shapes = [(8192, 768, 3072), (768, 8192, 768)]
+    pruned = [(plan_gemm(m, k, n, 4, classes, ps, ps), plan_pair(m, k, n, 4, classes, ps, ps))
+              for classes, ps in MIXES for m, k, n in shapes]
+    monkeypatch.setattr(planner, "_floor_s", lambda *args: 0.0)  # every grid predicted
+    full = [(plan_gemm(m, k, n, 4, classes, ps, ps), plan_pair(m, k, n, 4, classes, ps, ps))
+            for classes, ps in MIXES for m, k, n in shapes]
+    assert pruned == full
+
+
+def test_a_floor_is_under_every_prediction() -> None:
+    for classes, ps in MIXES:
+        for grid in [(1, 1, 1), (4, 3, 1), (16, 64, 2), (64, 512, 4)]:
+            flops, a_b, b_b, c_b = planner._tile_bytes(8192, 768, 50272, 4, grid)
+            tiles = grid[0] * grid[1] * grid[2]
+            floor = planner._floor_s(classes, tiles * flops, tiles * c_b,
+                                     grid[2] * (grid[0] * a_b + grid[1] * b_b), ps, ps)
+            predicted = planner.predict_s(8192, 768, 50272, 4, grid, classes, ps, ps)
+            assert 0 < floor <= predicted * (1 + 1e-12), (grid, floor, predicted)
+
+
+def test_the_best_fit_is_the_best_of_every_cut_and_split() -> None:
+    rng = random.Random(3)
+    for _ in range(2000):
+        weights = [rng.choice([1.0, 2.0, rng.random() + 0.01]) for _ in range(rng.randint(2, 30))]
+        prefix = list(itertools.accumulate(weights))
+        extent = rng.randint(2, 80)
+        total = prefix[-1]
+        every = min((max(at / extent * total / prefix[i - 1],
+                         (extent - at) / extent * total / (total - prefix[i - 1])),
+                     abs(2 * at - extent), at, i)
+                    for at in range(1, extent) for i in range(1, len(prefix)))
+        assert planner._best_fit(extent, total, prefix) == every
