@@ -7,7 +7,7 @@ Snapdragon 888 phones, the HotCarbon'25 setting, arXiv 2507.01803):
 * N = 4, 8, 15, 32, 100, 1,000 phones on 10 MB/s links (quick mode: 4, 15, 32);
 * OPT-125m and OPT-1.3B (quick mode: OPT-125m); tile-tp is simulated up to 1,000 phones for
   both unless --tile-tp-max-devices says otherwise (the row left out says so, with an
-  estimate of what simulating it would take; OPT-1.3B at 1,000 phones takes ~4 minutes).
+  estimate of what simulating it would take; OPT-1.3B at 1,000 phones takes ~10 minutes).
 
 Each case runs tile-tp, pipeline and data-parallel in virtual time (`testbed compare
 --simulate`'s code) and prints time per step, energy and carbon per step, with the A5000 row.
