@@ -91,11 +91,8 @@ class RunLog:
                        for name in ("events", "steps", "devices")}
 
     def _write(self, name: str, record: dict[str, Any], at_t: float | None = None) -> None:
-        if at_t is not None:
-            now = at_t
-            elapsed = now - self.started_s
-        elif self._elapsed_s is None:
-            now = time.time()
+        if self._elapsed_s is None or at_t is not None:
+            now = time.time() if at_t is None else at_t
             elapsed = now - self.started_s
         else:
             elapsed = float(self._elapsed_s())

@@ -117,7 +117,6 @@ def test_network_rows_follow_a_plain_reference_through_random_events() -> None:
     assert drained_total > 50 and len(net.flows) == len(ref)
 
 
-
 def test_a_flow_drains_late_in_a_long_run() -> None:
     # hours into a run the clock's step is ~1 ps: what a flow has left after an advance may be
     # less than one step's worth, and it must still drain (a simulation once hung there)

@@ -109,16 +109,20 @@ def _schedule():
     return build_schedule(parse_trace(TRACE, "t.csv", GROUPS), GROUPS, seed=1)
 
 
-def test_replay_applies_every_action_in_order_and_records_it(tmp_path: Path) -> None:
-    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
-    runlog = RunLog(tmp_path)
-    run = FakeRun()
-    replay = Replay(_schedule(), run, tmp_path, dilation=0.2, event=runlog.event)
+def _replay_all(replay: Replay) -> None:
+    """Run the replay until it has applied TRACE's five actions (10 s at most), then stop it."""
     replay.start()
     deadline = time.monotonic() + 10
     while replay.applied < 5 and time.monotonic() < deadline:
         time.sleep(0.02)
     replay.stop()
+
+
+def test_replay_applies_every_action_in_order_and_records_it(tmp_path: Path) -> None:
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    runlog = RunLog(tmp_path)
+    run = FakeRun()
+    _replay_all(Replay(_schedule(), run, tmp_path, dilation=0.2, event=runlog.event))
     runlog.close()
     assert run.calls == [("signal", "phones-0", "SIGTERM"), ("link", "laptops-0", True),
                          ("start", "phones-0", None), ("link", "laptops-0", False),
@@ -149,12 +153,8 @@ class PromptPS(FakeRun):
 def test_an_action_is_stamped_before_what_it_causes(tmp_path: Path) -> None:
     (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
     runlog = RunLog(tmp_path)
-    replay = Replay(_schedule(), PromptPS(runlog), tmp_path, dilation=0.2, event=runlog.event)
-    replay.start()
-    deadline = time.monotonic() + 10
-    while replay.applied < 5 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    replay.stop()
+    _replay_all(Replay(_schedule(), PromptPS(runlog), tmp_path, dilation=0.2,
+                       event=runlog.event))
     runlog.close()
     events = read_jsonl(tmp_path / "events.jsonl")
     for device, action in (("phones-0", "leave"), ("phones-1", "crash")):
