@@ -233,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2, help="steps per run (default 2)")
     p.add_argument("--tile-tp-max-devices", default="",
                    help="leave tile-tp's simulation out above this many devices: N for every "
-                        "model, or MODEL=N,... (a model not named: OPT-125m 1000, OPT-1.3B "
-                        "100; OPT-125m on 1,000 phones takes minutes to simulate here, "
-                        "OPT-1.3B far longer, docs/baselines.md); the row says so, with an "
-                        "estimate")
+                        "model, or MODEL=N,... (a model not named: " + ", ".join(
+                            f"{m} {n}" for m, n in TILE_TP_MAX.items()) + "; on 1,000 phones "
+                        "OPT-125m takes ~6 minutes to simulate here, OPT-1.3B ~10, "
+                        "docs/baselines.md); the row says so, with an estimate")
     p.add_argument("--emulate", choices=("auto", "off"), default="auto",
                    help="auto (default): also run the emulated cases on Mininet when this "
                         "host can (root, Mininet); off: simulated only")
