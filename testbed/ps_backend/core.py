@@ -39,6 +39,7 @@ from testbed.ps_backend.scheduler import (
     Outcome,
     Scheduler,
     Verdict,
+    message_runs,
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.validation import (
@@ -433,7 +434,8 @@ class PsCore:
         for conn in ready:
             assignments = self.scheduler.assign(conn.device_id)
             if assignments and conn.outbox is not None:
-                conn.outbox.put_nowait(self._tiles_message(conn, assignments))
+                for run in message_runs(assignments, conn.slot.down_Bps):
+                    conn.outbox.put_nowait(self._tiles_message(conn, run))
                 backups = sum(a.backup for a in assignments)
                 self.stats.backups += backups
                 self._reassigned([a.task.task_id for a in assignments])

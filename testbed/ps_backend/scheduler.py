@@ -212,6 +212,33 @@ class Assignment:
     backup: bool = False
 
 
+# A message's first tile waits at most this long (device seconds on the device's downlink) for
+# the blocks of the tiles after it in the same message: the down side of the agent's
+# MAX_BATCH_DELAY_S. Small tiles still travel together; a phone's 1.6 MB block goes alone, so the
+# phone computes its first tile while the next one's blocks arrive.
+DOWN_BATCH_DELAY_S = 0.002
+
+
+def message_runs(assignments: list[Assignment], down_Bps: float) -> list[list[Assignment]]:
+    """One pump's tiles for a device cut into messages, in order (PsCore.pump, the simulator).
+
+    A tile starts a new message when its blocks would keep the message's first tile waiting
+    longer than :data:`DOWN_BATCH_DELAY_S` at ``down_Bps`` (bytes per device second; unknown,
+    ``inf``: one message, as the PS's cost is mostly per message).
+    """
+    runs: list[list[Assignment]] = []
+    waited = 0.0
+    for a in assignments:
+        nbytes = (a.task.a_nbytes if a.send_a else 0) + (a.task.b_nbytes if a.send_b else 0)
+        if runs and waited + nbytes / down_Bps <= DOWN_BATCH_DELAY_S:
+            runs[-1].append(a)
+            waited += nbytes / down_Bps
+        else:
+            runs.append([a])
+            waited = 0.0
+    return runs
+
+
 @dataclass(eq=False)
 class DeviceSlot:
     device_id: str

@@ -57,6 +57,7 @@ from testbed.ps_backend.scheduler import (
     Scheduler,
     Task,
     Verdict,
+    message_runs,
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import TileBox, gemm_flops
@@ -318,13 +319,14 @@ class Simulation(EventLoop):
             self._ready_stale = False
             ready.rebuild()
         for slot, assignments in sched.assign_ready(ready, now_s=self.now_s):
-            if assignments:
-                self._send(self.by_id[slot.device_id], assignments)
+            for run in message_runs(assignments, slot.down_Bps):
+                self._send(self.by_id[slot.device_id], run)
             ready.touch(slot)
 
     def _send(self, dev: SimDevice, assignments: list[Assignment]) -> None:
-        """One pump's tiles for a device as one message (PsCore._tiles_message): they arrive
-        together, once the whole message is on the device."""
+        """One message of tiles for a device (PsCore._tiles_message; scheduler.message_runs
+        cuts a pump's tiles into messages): they arrive together, once the whole message is
+        on the device."""
         nbytes = 0
         copies = []
         for a in assignments:

@@ -123,3 +123,32 @@ def test_a_block_sent_for_w_transposed_serves_w_from_the_device_cache() -> None:
         assert job.done.done()
     assert sent_b == [True, False]  # W's block travelled once, for Wᵀ
     assert core.stats.bytes_down == 3 * 16 * 8  # x, w, dy: one 4x4 float64 block each
+
+
+def _first_messages(down_Bps: float) -> list[Outgoing]:
+    """The messages of a device's first pump for a 16-tile GEMM (4x4 float64 blocks:
+    192 bytes a tile) when its group's downlink carries ``down_Bps``."""
+    config = PsConfig(token="secret", run_name="core-test", dtype=np.dtype("float64"),
+                      tile_m=4, tile_n=4, min_offload_flops=0.0, planner="fifo",
+                      group_links={"g": (down_Bps, down_Bps, 0.0)})
+    core = PsCore(config)
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((16, 3)), rng.standard_normal((3, 16))
+    core.submit(GemmJob(uid="s0/l/forward#0", spec=GemmSpec("l", "forward", 0), a=a, b=b,
+                        c=np.empty((16, 16)), version=0, a_key="A", b_key="B"))
+    assert conn.outbox is not None
+    return _drain(conn.outbox)
+
+
+def test_tiles_whose_blocks_take_long_to_arrive_go_one_message_each() -> None:
+    """A message's first tile waits at most DOWN_BATCH_DELAY_S for the blocks behind it: on
+    a fast link one pump's tiles travel together (the PS's cost is per message), on a slow one
+    each goes alone, so the device computes the first while the next arrives."""
+    fast = _first_messages(1e9)  # 192 B in 0.2 us
+    assert len(fast) == 1 and len(fast[0].tiles) >= 2  # the device's window: two tiles
+    slow = _first_messages(1e4)  # 192 B in 19 ms
+    assert [len(m.tiles) for m in slow] == [1] * len(fast[0].tiles)
+    # the same tiles in the same order, so the device's cache and the PS's mirror agree
+    assert [t.task_id for m in slow for t in m.tiles] == [t.task_id for t in fast[0].tiles]

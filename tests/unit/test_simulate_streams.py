@@ -63,3 +63,32 @@ def test_a_partitioned_devices_tiles_get_backups_before_its_lease_ends(tmp_path:
     assert sim.devices["laptops-0"].partitioned
     assert stats.backups > 0 and stats.tiles == sum(sim.tiles_per_gemm.values())
     assert device_s < sim.config.lease_s / 2, device_s
+
+
+
+def test_the_simulator_sends_each_message_the_ps_would(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """The simulator sends a pump's tiles as scheduler.message_runs cuts them, as PsCore.pump
+    does: with no wait allowed every tile is a message of its own, though some pumps hand a
+    device two tiles (tiny at batch 64)."""
+    import testbed.ps_backend.scheduler as scheduler_module
+    import testbed.simulate.sim as sim_module
+    monkeypatch.setattr(scheduler_module, "DOWN_BATCH_DELAY_S", 0.0)
+    pumped: list[int] = []
+    sent: list[int] = []
+    real_runs = sim_module.message_runs
+
+    def spy_runs(assignments: list, down_Bps: float) -> list:
+        pumped.append(len(assignments))
+        return real_runs(assignments, down_Bps)
+    monkeypatch.setattr(sim_module, "message_runs", spy_runs)
+    real_send = Simulation._send
+    monkeypatch.setattr(Simulation, "_send",
+                        lambda self, dev, a: (sent.append(len(a)), real_send(self, dev, a)))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.read_text().replace("batch_size: 4", "batch_size: 64"))
+    sim = Simulation(load_topology(path).with_overrides(steps=1), noise=False)
+    sim.start()
+    sim.run_step(0)
+    assert max(pumped) > 1
+    assert set(sent) == {1} and len(sent) == sum(pumped)
