@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from testbed.ps_backend.bound import (
     BoundDevice,
@@ -60,6 +60,9 @@ class StepRecord:
     sat_out: dict[str, str] = field(default_factory=dict)  # group -> link | speed
     limits: dict[str, int] = field(default_factory=dict)  # stage limit term -> stages
     gemm_wall_s: float = 0.0  # wall time some offloaded GEMM of the step was outstanding
+    # per stage of the chain, in order: (stage key, seconds some GEMM of it was outstanding,
+    # its bound, the bound's limiting term); for bench/stage_profile.py, not in steps.jsonl
+    stages: list[tuple[str, float, float, str]] = field(default_factory=list)
 
     def fields(self) -> dict[str, Any]:
         """The steps.jsonl fields of this record."""
@@ -72,8 +75,9 @@ class StepRecord:
 class StepPlanner:
     """Plans the GEMMs of a run and records each step for its bound."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, clock: Callable[[], float] = time.monotonic):
         self.mode = config.planner
+        self.clock = clock  # the PS's monotonic clock; the simulator's virtual one
         self.config = config
         self._planned = {g for g, _, _ in config.planned_groups}  # the topology's groups
         self._plans: dict[tuple[int, int, int, int, int | None], GemmPlan] = {}
@@ -87,9 +91,9 @@ class StepPlanner:
                                                       dict[tuple[int, int, int], str]]] = {}
         self._pair_split: dict[tuple[Any, ...], tuple[bool, float]] = {}
         self._pair_plans: dict[tuple[Any, ...], PairPlan | None] = {}
-        # (submitted, done) wall times of the step's offloaded GEMMs: the rest of the step is
-        # the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
-        self._spans: list[list[float]] = []
+        # (submitted, done) times of the step's offloaded GEMMs, by stage key: the rest of the
+        # step is the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
+        self._spans: list[tuple[str, list[float]]] = []
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
@@ -163,14 +167,14 @@ class StepPlanner:
         m, k = job.a.shape
         n = job.b.shape[1]
         item = job.a.itemsize
-        span = [time.monotonic(), math.nan]
-        self._spans.append(span)
+        span = [self.clock(), math.nan]
+        stage = stage_key(job.spec.layer, job.spec.op)
+        self._spans.append((stage, span))
         def ended(_done: object, span: list[float] = span) -> None:
-            span[1] = time.monotonic()
+            span[1] = self.clock()
 
         job.done.add_done_callback(ended)
-        self._gemms.append(BoundGemm(m, k, n, item, stage_key(job.spec.layer, job.spec.op),
-                                     job.a_name, job.b_name))
+        self._gemms.append(BoundGemm(m, k, n, item, stage, job.a_name, job.b_name))
         if self.mode != "auto":
             self._count_min(m, k, n, item, None, slots)
             return self.config.tile_m, self.config.tile_n, 1, None
@@ -364,9 +368,15 @@ class StepPlanner:
         for stage in sb.stages:
             term = "gemm" if stage.limit.startswith("gemm") else stage.limit
             limits[term] = limits.get(term, 0) + 1
+        now = self.clock()
+        by_stage: dict[str, list[list[float]]] = {}
+        for key, span in self._spans:
+            by_stage.setdefault(key, []).append(span)
+        stages = [(b.stage, busy_s(by_stage.get(b.stage, []), now), b.bound_s, b.limit)
+                  for b in sb.stages]
         record = StepRecord(sb.bound_s if self._gemms else 0.0, self._min_down, self._min_up,
                             len(self._gemms), dict(self._sat_out), limits,
-                            busy_s(self._spans))
+                            busy_s([span for _, span in self._spans], now), stages)
         self._gemms, self._sat_out, self._dealt, self._spans = [], {}, {}, []
         self._pair_dealt = {}
         self._min_down = self._min_up = 0.0
@@ -374,9 +384,8 @@ class StepPlanner:
         return record
 
 
-def busy_s(spans: list[list[float]]) -> float:
-    """Length of the union of (start, end) intervals; an unfinished one ends now."""
-    now = time.monotonic()
+def busy_s(spans: list[list[float]], now: float) -> float:
+    """Length of the union of (start, end) intervals; an unfinished one ends ``now``."""
     total, reach = 0.0, -math.inf
     for start, end in sorted((a, now if math.isnan(b) else b) for a, b in spans):
         if end > reach:

@@ -149,7 +149,7 @@ class Simulation(EventLoop):
         self.scheduler = ValuelessScheduler(check_values=False,
                                             freivalds_vectors=c.freivalds_vectors,
                                             quarantine_after=c.quarantine_after, dilation=1.0)
-        self.planner = StepPlanner(self.config)
+        self.planner = StepPlanner(self.config, clock=lambda: self.now_s)
         # the pump's ready list, filed as devices change instead of sorted at every result
         self.ready = ReadyIndex(self.scheduler)
         self._ready_stale = True  # windows were resized (a join or a departure): file all

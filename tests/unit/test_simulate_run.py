@@ -88,9 +88,17 @@ def test_ps_gemm_time_delays_every_offloaded_gemm(tmp_path: Path) -> None:
     per_gemm_s = 0.01
     slow = Simulation(topology, noise=False, ps_gemm_s=per_gemm_s)
     slow.start()
-    slow_s, stats, _ = slow.run_step(0)
+    slow_s, stats, slow_record = slow.run_step(0)
     # every GEMM waits for the PS, and a stage's first one with nothing else in flight
     stages = len(step_chain(topology.job))
+    # the time some GEMM was out is in virtual seconds: all of a bare step, and none of the
+    # PS's time before each submission
+    assert record.gemm_wall_s == pytest.approx(bare_s, rel=1e-9)
+    assert slow_record.gemm_wall_s <= slow_s - stages * per_gemm_s + 1e-9
+    assert slow_record.gemm_wall_s >= bare_s * 0.5
+    # ... and per stage of the chain (stages run one after another, so they add up)
+    assert sum(spent for _, spent, _, _ in record.stages) == pytest.approx(bare_s, rel=1e-9)
+    assert all(spent >= bound_s for _, spent, bound_s, _ in record.stages)
     assert slow_s >= stages * per_gemm_s
     assert slow_s >= bare_s + stages * per_gemm_s * 0.5
     assert slow_s <= bare_s + record.gemms * per_gemm_s + 1.0 * bare_s  # no more than that

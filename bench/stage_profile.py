@@ -1,0 +1,74 @@
+"""Where a step's device time goes, stage by stage, against each stage's bound (simulated).
+
+Runs one step of a topology's job in the simulator (`testbed simulate`'s planner, scheduler and
+device models) and prints, per kind of stage of the GEMM chain (forward q/k/v, out_proj, fc1,
+fc2, the LM head; their backward pairs), the device seconds some GEMM of the stage was out, the
+stages' bound (docs/planning.md, "The bound") and the ratio, then the step's totals. The kinds
+summed over the layers show which part of the chain holds a step away from its bound; `--stages`
+lists every stage with the term that set its bound.
+
+    .venv/bin/python bench/stage_profile.py [topology] [--stages] [--quick]
+
+`--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
+topologies/hotcarbon.yaml (about 10 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from testbed.simulate.sim import Simulation  # noqa: E402
+from testbed.topology import load_topology  # noqa: E402
+
+
+def stage_kind(stage: str) -> str:
+    """``fwd:layers.3.fc1`` -> ``fwd fc1``; ``bwd:lm_head`` -> ``bwd lm_head``."""
+    phase, _, layer = stage.partition(":")
+    return f"{phase} {layer.rsplit('.', 1)[-1]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("topology", nargs="?", default=str(ROOT / "topologies" / "hotcarbon.yaml"))
+    p.add_argument("--stages", action="store_true", help="list every stage, not only kinds")
+    p.add_argument("--quick", action="store_true", help="cut the model to 2 layers")
+    args = p.parse_args(argv)
+    topology = load_topology(args.topology).with_overrides(steps=1)
+    if args.quick:
+        job = topology.job
+        model = dataclasses.replace(job.model, layers=min(2, job.model.layers))
+        topology = topology.with_overrides(job=dataclasses.replace(job, model=model))
+    sim = Simulation(topology, noise=True)
+    started = time.monotonic()
+    sim.start()
+    device_s, stats, record = sim.run_step(0)
+    print(f"{topology.name}: one step, simulated in {time.monotonic() - started:.1f} s")
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for stage, spent_s, bound_s, limit in record.stages:
+        kind = kinds[stage_kind(stage)]
+        kind[0] += spent_s
+        kind[1] += bound_s
+        kind[2] += 1
+        if args.stages:
+            print(f"  {stage:36s} {spent_s:9.3f} s  bound {bound_s:8.3f} s  "
+                  f"x{spent_s / bound_s:5.2f}  ({limit})")
+    print(f"{'stage kind':16s} {'stages':>6s} {'device s':>10s} {'bound s':>10s} {'ratio':>6s}")
+    for kind, (spent_s, bound_s, count) in kinds.items():
+        print(f"{kind:16s} {count:6d} {spent_s:10.2f} {bound_s:10.2f} {spent_s / bound_s:6.2f}")
+    print(f"step: {device_s:.2f} s device time, bound_s {record.bound_s:.2f} s "
+          f"(x{device_s / record.bound_s:.2f}); bytes down {stats.bytes_down / 1e9:.2f} GB "
+          f"against bytes_min_down {record.bytes_min_down / 1e9:.2f} GB, "
+          f"up {stats.bytes_up / 1e9:.2f} GB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
