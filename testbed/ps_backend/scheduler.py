@@ -226,13 +226,14 @@ def message_runs(assignments: list[Assignment], down_Bps: float) -> list[list[As
     longer than :data:`DOWN_BATCH_DELAY_S` at ``down_Bps`` (bytes per device second; unknown,
     ``inf``: one message, as the PS's cost is mostly per message).
     """
+    rate = down_Bps if down_Bps > 0 else math.inf  # no rate known: as fast as can be
     runs: list[list[Assignment]] = []
     waited = 0.0
     for a in assignments:
         nbytes = (a.task.a_nbytes if a.send_a else 0) + (a.task.b_nbytes if a.send_b else 0)
-        if runs and waited + nbytes / down_Bps <= DOWN_BATCH_DELAY_S:
+        if runs and waited + nbytes / rate <= DOWN_BATCH_DELAY_S:
             runs[-1].append(a)
-            waited += nbytes / down_Bps
+            waited += nbytes / rate
         else:
             runs.append([a])
             waited = 0.0
