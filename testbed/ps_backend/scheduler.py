@@ -211,6 +211,12 @@ class Assignment:
     cache_b: bool
     backup: bool = False
 
+    @property
+    def nbytes(self) -> int:
+        """The operand bytes that travel with it (the blocks the device does not hold)."""
+        return (self.task.a_nbytes if self.send_a else 0) + \
+            (self.task.b_nbytes if self.send_b else 0)
+
 
 # A message's first tile waits at most this long (device seconds on the device's downlink) for
 # the blocks of the tiles after it in the same message: the down side of the agent's
@@ -230,10 +236,9 @@ def message_runs(assignments: list[Assignment], down_Bps: float) -> list[list[As
     runs: list[list[Assignment]] = []
     waited = 0.0
     for a in assignments:
-        nbytes = (a.task.a_nbytes if a.send_a else 0) + (a.task.b_nbytes if a.send_b else 0)
-        if runs and waited + nbytes / rate <= DOWN_BATCH_DELAY_S:
+        if runs and waited + a.nbytes / rate <= DOWN_BATCH_DELAY_S:
             runs[-1].append(a)
-            waited += nbytes / rate
+            waited += a.nbytes / rate
         else:
             runs.append([a])
             waited = 0.0

@@ -330,10 +330,9 @@ class Simulation(EventLoop):
         nbytes = 0
         copies = []
         for a in assignments:
-            task = a.task
-            nbytes += (task.a_nbytes if a.send_a else 0) + (task.b_nbytes if a.send_b else 0)
+            nbytes += a.nbytes
             self.stats.backups += a.backup
-            copies.append((task, task.attempt))  # the attempt this copy was given as
+            copies.append((a.task, a.task.attempt))  # the attempt this copy was given as
         self.stats.bytes_down += nbytes
         session = dev.session
 
