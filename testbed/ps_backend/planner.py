@@ -17,7 +17,8 @@ columns x K slices, :func:`split_boxes`), as large as its speed and link earn, s
 each A and B block of its box once and its tiles pipeline (the next blocks come down while
 results go up). A linear's backward pair (``dX = dY @ W``, ``dW = dYᵀ @ X``) may be planned as
 one (:func:`plan_pair`): each device computes both GEMMs' K-split partials from the dY blocks
-it receives, so dY travels once.
+it receives, so dY travels once; and a linear's forward with its pair on one grid
+(:func:`plan_layer`), so that the devices keep forward's W and X blocks for backward.
 
 Units: ``rate_flops`` FLOP per device second, ``down_Bps``/``up_Bps`` bytes per device second,
 ``*_s`` device seconds.
@@ -593,6 +594,51 @@ def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
     return max(slowest, down / ps_down_Bps, up / ps_up_Bps) + min(c.rtt_s for c in classes)
 
 
+def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
+                ) -> list[PairGrid]:
+    """The grids a pair (or a layer, :func:`plan_layer`) may be cut into for this many devices:
+    up to two blocks per device per tile of a box (finer columns pipeline a box better than its
+    own few tiles), each block's dY, result and W/X pieces within the message limit."""
+    step = 1.25 if devices <= 32 else 1.6
+    most = 2 * MAX_TILES_PER_DEVICE * devices
+    out = []
+    for n_t in _candidates(max(1, t // MIN_TILE), most, step):
+        for n_o in _candidates(max(1, o // MIN_TILE), most // n_t, step):
+            for n_c in _candidates(max(1, i // MIN_TILE), most // (n_t * n_o), step):
+                if (math.ceil(t / math.ceil(t / n_t)) != n_t or
+                        math.ceil(o / math.ceil(o / n_o)) != n_o or
+                        math.ceil(i / math.ceil(i / n_c)) != n_c):
+                    continue  # the tiler would cut fewer blocks
+                tm, to, tc = _pair_sizes(t, o, i, (n_t, n_o, n_c))
+                if max(tm, to) * tc > max_tile_elems or tm * to > max_tile_elems:
+                    continue  # a result or a dY block would not fit a message
+                out.append((n_t, n_o, n_c))
+    return out
+
+
+def _pair_order(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice]
+                ) -> list[PlanDevice]:
+    flops = 4.0 * t * o * i
+    nbytes = (t * o + (t + o) * i) * itemsize
+    return sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
+                                          c.name))
+
+
+def _pair_of(t: int, o: int, i: int, itemsize: int, order: Sequence[PlanDevice],
+             found: _Found) -> PairPlan:
+    """The pair plan of a chosen (prediction, grid, classes)."""
+    pred, grid, taking_part = found
+    counts = {c.name: c.count for c in taking_part}
+    sat_out = _sat_out(order, counts, 4.0 * t * o * i, (t * o + (t + o) * i) * itemsize,
+                       itemsize, t, o, i)
+    tm, to, tc = _pair_sizes(t, o, i, grid)
+    n_t, n_o, n_c = grid
+    used = tuple(counts)
+    dx = GemmPlan(tm, tc, n_o, (n_t, n_c, n_o), used, sat_out, pred, counts)
+    dw = GemmPlan(to, tc, n_t, (n_o, n_c, n_t), used, sat_out, pred, counts)
+    return PairPlan(grid, dx, dw, used, sat_out, pred, counts)
+
+
 def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice],
               ps_down_Bps: float = INF, ps_up_Bps: float = INF,
               max_tile_elems: int = 1 << 22) -> PairPlan | None:
@@ -601,46 +647,23 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
     grid fits the message limit)."""
     if not classes:
         raise ValueError("no devices to plan for")
-    flops = 4.0 * t * o * i
-    nbytes = (t * o + (t + o) * i) * itemsize
-    order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
-                                           c.name))
+    order = _pair_order(t, o, i, itemsize, classes)
     candidates: list[_Found] = []  # (a floor under its prediction, grid, classes)
     for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
-        devices = sum(c.count for c in taking_part)
-        step = 1.25 if devices <= 32 else 1.6
-        # blocks (two tiles each): finer columns pipeline a box better than its own few tiles
-        most = 2 * MAX_TILES_PER_DEVICE * devices
-        for n_t in _candidates(max(1, t // MIN_TILE), most, step):
-            for n_o in _candidates(max(1, o // MIN_TILE), most // n_t, step):
-                for n_c in _candidates(max(1, i // MIN_TILE), most // (n_t * n_o), step):
-                    if (math.ceil(t / math.ceil(t / n_t)) != n_t or
-                            math.ceil(o / math.ceil(o / n_o)) != n_o or
-                            math.ceil(i / math.ceil(i / n_c)) != n_c):
-                        continue  # the tiler would cut fewer blocks
-                    tm, to, tc = _pair_sizes(t, o, i, (n_t, n_o, n_c))
-                    if max(tm, to) * tc > max_tile_elems or tm * to > max_tile_elems:
-                        continue  # a result or a dY block would not fit a message
-                    grid = (n_t, n_o, n_c)
-                    dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
-                    blocks = n_t * n_o * n_c
-                    candidates.append((_floor_s(
-                        taking_part, blocks * 4.0 * tm * to * tc, blocks * (dx_b + dw_b),
-                        n_t * n_o * dy_b + n_o * n_c * w_b + n_t * n_c * x_b, ps_down_Bps,
-                        ps_up_Bps), grid, taking_part))
+        for grid in _pair_grids(t, o, i, sum(c.count for c in taking_part), max_tile_elems):
+            tm, to, tc = _pair_sizes(t, o, i, grid)
+            dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+            n_t, n_o, n_c = grid
+            blocks = n_t * n_o * n_c
+            candidates.append((_floor_s(
+                taking_part, blocks * 4.0 * tm * to * tc, blocks * (dx_b + dw_b),
+                n_t * n_o * dy_b + n_o * n_c * w_b + n_t * n_c * x_b, ps_down_Bps,
+                ps_up_Bps), grid, taking_part))
     found = _predicted(candidates, lambda grid, taking_part: predict_pair_s(
         t, o, i, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps))
     if not found:
         return None
-    pred, grid, taking_part = _near_fastest(found)
-    counts = {c.name: c.count for c in taking_part}
-    sat_out = _sat_out(order, counts, flops, nbytes, itemsize, t, o, i)
-    tm, to, tc = _pair_sizes(t, o, i, grid)
-    n_t, n_o, n_c = grid
-    used = tuple(counts)
-    dx = GemmPlan(tm, tc, n_o, (n_t, n_c, n_o), used, sat_out, pred, counts)
-    dw = GemmPlan(to, tc, n_t, (n_o, n_c, n_t), used, sat_out, pred, counts)
-    return PairPlan(grid, dx, dw, used, sat_out, pred, counts)
+    return _pair_of(t, o, i, itemsize, order, _near_fastest(found))
 
 
 def deal_pair(plan: PairPlan, t: int, o: int, i: int, itemsize: int,
@@ -658,3 +681,139 @@ def deal_pair(plan: PairPlan, t: int, o: int, i: int, itemsize: int,
                     dx[(tb, c, ob)] = name
                     dw[(ob, c, tb)] = name
     return dx, dw
+
+
+# -- a linear's forward and backward on one grid -----------------------------------------------
+# The forward GEMM ``Y[T x O] = X[T x I] @ Wᵀ`` walks the same cube (t, o, i) as its backward
+# pair. On the pair's grid, forward's tile ``(t, o, c)`` is a partial of Y over input block c
+# (K split over the input columns) from X[t, c] and W[o, c]: the very blocks the pair's block
+# (t, o, c) needs besides dY[t, o]. Dealt to the same owners, a device keeps them in its cache
+# from forward to backward, and backward sends it only dY. :func:`plan_layer` weighs both
+# passes together: a grid a little slower forward can save more backward, where W and X would
+# otherwise travel again.
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """A linear's forward GEMM and backward pair planned on one grid, with one owner per block."""
+
+    pair: PairPlan  # the backward pair on the grid
+    forward: GemmPlan  # grid (n_t, n_o, n_c), K split over the input blocks
+    forward_s: float  # predicted, each pass
+    backward_s: float
+
+    @property
+    def predicted_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def layer_box_times_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize: int,
+                      grid: PairGrid, members: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) device seconds for d to do a box ``(t0, t1, o0, o1, c0, c1)`` of a
+    layer's grid, its tiles pipelining as in :func:`box_time_s`: forward receives the box's X
+    and W blocks and sends a Y partial per block; backward, holding those, receives the box's
+    dY blocks and sends a dX and a dW partial per block."""
+    bt: float = box[1] - box[0]
+    bo: float = box[3] - box[2]
+    bc = box[5] - box[4]
+    if bt * bo * bc == 0:
+        return 0.0, 0.0
+    if d.down_Bps <= 0 or d.up_Bps <= 0:
+        return INF, INF
+    if members > 1:  # a pseudo-device: each member does a square part (as in box_time_s)
+        bt, bo = bt / math.sqrt(members), bo / math.sqrt(members)
+    rate, down, up = d.rate_flops / members, d.down_Bps / members, d.up_Bps / members
+    dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+    tm, to, tc = _pair_sizes(t, o, i, grid)
+    y_b = tm * to * itemsize
+    blocks = bt * bo * bc
+    one_f = 2.0 * tm * to * tc / max(rate, 1.0)
+
+    def streams(down_B: float, one_down: float, up_B: float, one_up: float, per_block: int
+                ) -> float:
+        d_s, u_s, f_s = down_B / down, up_B / up, blocks * per_block * one_f
+        return max(d_s + one_f + one_up, one_down + one_f + u_s,
+                   one_down + f_s + one_up) + per_block * blocks * TILE_OVERHEAD_S
+
+    forward = streams(bc * (bt * x_b + bo * w_b), (x_b + w_b) / down, blocks * y_b,
+                      y_b / up, 1)
+    backward = streams(bt * bo * dy_b, dy_b / down, blocks * (dx_b + dw_b), dx_b / up, 2)
+    return forward, backward
+
+
+def predict_layer_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
+                    classes: Sequence[PlanDevice], ps_down_Bps: float = INF,
+                    ps_up_Bps: float = INF) -> tuple[float, float]:
+    """(forward, backward) predicted device seconds of a layer on one grid: per pass the
+    slowest box (the pair's boxes, :func:`_pair_boxes`), at least what the PS link carries,
+    plus one round trip."""
+    devices = _expand(classes)
+    boxes = _pair_boxes(devices, t, o, i, itemsize, grid)
+    by_name = {d.name: (d, q) for d, q in devices}
+    fwd = bwd = 0.0
+    dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+    tm, to, _ = _pair_sizes(t, o, i, grid)
+    fwd_down = bwd_down = blocks = 0.0
+    for name, box in boxes.items():
+        d, q = by_name[name]
+        f, b = layer_box_times_s(d, box, t, o, i, itemsize, grid, q)
+        fwd, bwd = max(fwd, f), max(bwd, b)
+        bt, bo, bc = box[1] - box[0], box[3] - box[2], box[5] - box[4]
+        blocks += bt * bo * bc
+        pt, po, pc, each = member_part(bt, bo, bc, q)
+        fwd_down += each * pc * (pt * x_b + po * w_b)
+        bwd_down += each * pt * po * dy_b
+    rtt = min(c.rtt_s for c in classes)
+    if not boxes:
+        return INF, INF
+    fwd = max(fwd, fwd_down / ps_down_Bps, blocks * tm * to * itemsize / ps_up_Bps)
+    bwd = max(bwd, bwd_down / ps_down_Bps, blocks * (dx_b + dw_b) / ps_up_Bps)
+    return fwd + rtt, bwd + rtt
+
+
+def plan_layer(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice],
+               ps_down_Bps: float = INF, ps_up_Bps: float = INF,
+               max_tile_elems: int = 1 << 22) -> LayerPlan | None:
+    """Plan a linear (``Y = X @ Wᵀ``; X is ``t x i``, Y ``t x o``) forward and backward on one
+    grid: the grid and taking-part classes of the smallest predicted sum of both passes, the
+    devices holding their forward blocks for backward (None when no grid fits the message
+    limit)."""
+    if not classes:
+        raise ValueError("no devices to plan for")
+    order = _pair_order(t, o, i, itemsize, classes)
+    candidates: list[_Found] = []
+    for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
+        for grid in _pair_grids(t, o, i, sum(c.count for c in taking_part), max_tile_elems):
+            tm, to, tc = _pair_sizes(t, o, i, grid)
+            dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+            n_t, n_o, n_c = grid
+            blocks = n_t * n_o * n_c
+            flops = blocks * 2.0 * tm * to * tc
+            candidates.append((
+                _floor_s(taking_part, flops, blocks * tm * to * itemsize,
+                         n_c * (n_t * x_b + n_o * w_b), ps_down_Bps, ps_up_Bps) +
+                _floor_s(taking_part, 2 * flops, blocks * (dx_b + dw_b), n_t * n_o * dy_b,
+                         ps_down_Bps, ps_up_Bps), grid, taking_part))
+    found = _predicted(candidates, lambda grid, taking_part: sum(predict_layer_s(
+        t, o, i, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps)))
+    if not found:
+        return None
+    best = _near_fastest(found)
+    fwd_s, bwd_s = predict_layer_s(t, o, i, itemsize, best[1], best[2], ps_down_Bps, ps_up_Bps)
+    pair = _pair_of(t, o, i, itemsize, order, (bwd_s, best[1], best[2]))
+    tm, to, _ = _pair_sizes(t, o, i, best[1])
+    n_t, n_o, n_c = best[1]
+    forward = GemmPlan(tm, to, n_c, (n_t, n_o, n_c), pair.used, pair.sat_out, fwd_s,
+                       pair.counts)
+    return LayerPlan(pair, forward, fwd_s, bwd_s)
+
+
+def deal_layer(plan: LayerPlan, t: int, o: int, i: int, itemsize: int,
+               devices: Sequence[PlanDevice]
+               ) -> tuple[dict[tuple[int, int, int], str], dict[tuple[int, int, int], str],
+                          dict[tuple[int, int, int], str]]:
+    """Owners of a layer's forward tiles ``(t, o, c)`` and of its pair's (:func:`deal_pair`):
+    all three go to the owner of block (t, o, c)."""
+    dx, dw = deal_pair(plan.pair, t, o, i, itemsize, devices)
+    forward = {(tb, ob, c): name for (tb, c, ob), name in dx.items()}
+    return forward, dx, dw

@@ -25,11 +25,14 @@ from testbed.ps_backend.bound import (
 )
 from testbed.ps_backend.planner import (
     GemmPlan,
+    LayerPlan,
     PairPlan,
     PlanDevice,
     deal_boxes,
+    deal_layer,
     deal_pair,
     plan_gemm,
+    plan_layer,
     plan_pair,
 )
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
@@ -47,6 +50,13 @@ PAIR_SPLIT_GAIN = 0.9
 # ... unless planning the pair as one (planner.plan_pair: each device computes both GEMMs'
 # partials from the dY blocks it receives, so dY travels once) is predicted faster than both
 PAIR_JOINT_GAIN = 1.0
+# A linear's forward and backward planned on one grid (planner.plan_layer: the devices keep
+# forward's X and W blocks for backward) when predicted at least 5 % faster than forward's own
+# plan and the pair's best, and every taking-part device's held blocks of the step fit in this
+# share of its cache budget: the LRU cache evicts the oldest blocks first, and backward's dY
+# blocks flow through the rest.
+LAYER_GAIN = 0.95
+HELD_SHARE = 0.5
 
 
 @dataclass
@@ -91,6 +101,13 @@ class StepPlanner:
                                                       dict[tuple[int, int, int], str]]] = {}
         self._pair_split: dict[tuple[Any, ...], tuple[bool, float]] = {}
         self._pair_plans: dict[tuple[Any, ...], PairPlan | None] = {}
+        self._layer_plans: dict[tuple[Any, ...], LayerPlan | None] = {}
+        # this step's layers planned on one grid: layer -> (its pair, dX's and dW's owners)
+        self._layers: dict[str, tuple[PairPlan, dict[tuple[int, int, int], str],
+                                      dict[tuple[int, int, int], str]]] = {}
+        self._held: dict[str, float] = {}  # device -> bytes its layers hold for backward
+        self._layer_dealt: dict[tuple[Any, ...], tuple[dict[tuple[int, int, int], str], ...]] \
+            = {}
         # (submitted, done) times of the step's offloaded GEMMs, by stage key: the rest of the
         # step is the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
         self._spans: list[tuple[str, list[float]]] = []
@@ -181,7 +198,14 @@ class StepPlanner:
         half = PAIR_HALF.get(job.spec.op)
         plan: GemmPlan | None = None
         owners: dict[tuple[int, int, int], str] | None = None
-        if half is not None:
+        if job.spec.op == "forward":
+            layer = self._layer(job.spec.layer, (m, n, k), item, slots)
+            if layer is not None:
+                plan, owners = layer
+        elif half is not None and job.spec.layer in self._layers:
+            pair, dx_owners, dw_owners = self._layers[job.spec.layer]
+            plan, owners = (pair.dx, dx_owners) if half == 0 else (pair.dw, dw_owners)
+        elif half is not None:
             dx = (m, k, n) if half == 0 else (k, m, n)
             joint = self._joint(dx, item, slots)
             if joint is not None:  # the pair planned as one: this GEMM's half of it
@@ -275,6 +299,61 @@ class StepPlanner:
         if owners is None:
             owners = self._pair_dealt[key] = deal_pair(pair, t, o, i, item, devices)
         return pair, *owners
+
+    def layer_or_apart(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
+                       ) -> tuple[LayerPlan | None, float]:
+        """A linear's plan on one grid (``dx`` = (T, out, in); None when no grid fits) and
+        the predicted time of planning its forward and its backward pair apart (forward's own
+        plan and the pair's best)."""
+        t, o, i = dx
+        static = self._static(slots)
+        key: tuple[Any, ...] = (dx, item) if static else \
+            (dx, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        if key not in self._layer_plans:
+            classes = self._classes(slots)
+            ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
+            self._layer_plans[key] = None if not classes else plan_layer(
+                t, o, i, item, classes, ps_down_Bps, ps_up_Bps,
+                max_tile_elems=self._max_tile_elems(item))
+        forward = self._plan_for(t, i, o, item, slots)
+        pair = self._pair_plan(dx, item, slots)
+        apart = (forward.predicted_s if forward else INF) + min(
+            self._split_pair(dx, item, slots)[1], pair.predicted_s if pair else INF)
+        return self._layer_plans[key], apart
+
+    def _layer(self, layer: str, dx: tuple[int, int, int], item: int,
+               slots: list[DeviceSlot]) -> tuple[GemmPlan, dict[tuple[int, int, int], str]
+                                                 ] | None:
+        """A linear's forward plan and owners on its layer grid (``dx`` = (T, out, in)), its
+        pair's kept for the backward pass, when that is predicted faster (``LAYER_GAIN``) and
+        the blocks the devices must hold fit their caches (``HELD_SHARE``); else None."""
+        t, o, i = dx
+        plan, apart = self.layer_or_apart(dx, item, slots)
+        if plan is None or plan.predicted_s >= LAYER_GAIN * apart:
+            return None
+        devices = self._taking_part(plan.pair.used, plan.pair.counts, slots)
+        if not devices:
+            return None
+        key = (dx, item, plan.pair.grid, tuple(sorted(d.name for d in devices)))
+        if key not in self._layer_dealt:  # q/k/v: one shape, one input, the same owners
+            self._layer_dealt[key] = deal_layer(plan, t, o, i, item, devices)
+        fwd, dx_owners, dw_owners = self._layer_dealt[key]
+        tm, to, tc = plan.pair.dx.tile_m, plan.forward.tile_n, plan.pair.dx.tile_n
+        held: dict[str, float] = {}
+        blocks: set[tuple[str, str, int, int]] = set()
+        for (tb, ob, c), name in fwd.items():  # each device's X[t, c] and W[o, c], once
+            for what, row, size in (("x", tb, tm * tc), ("w", ob, to * tc)):
+                if (name, what, row, c) not in blocks:
+                    blocks.add((name, what, row, c))
+                    held[name] = held.get(name, 0.0) + size * item
+        budget = {s.device_id: s.cache_bytes for s in slots}
+        if any(self._held.get(d, 0.0) + b > HELD_SHARE * budget.get(d, 0)
+               for d, b in held.items()):
+            return None
+        for d, b in held.items():
+            self._held[d] = self._held.get(d, 0.0) + b
+        self._layers[layer] = (plan.pair, dx_owners, dw_owners)
+        return plan.forward, fwd
 
     def _pair_plan(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
                    ) -> PairPlan | None:
@@ -378,7 +457,7 @@ class StepPlanner:
                             len(self._gemms), dict(self._sat_out), limits,
                             busy_s([span for _, span in self._spans], now), stages)
         self._gemms, self._sat_out, self._dealt, self._spans = [], {}, {}, []
-        self._pair_dealt = {}
+        self._pair_dealt, self._layers, self._held, self._layer_dealt = {}, {}, {}, {}
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
         return record

@@ -154,4 +154,6 @@ def test_a_thousand_devices_compute_every_planned_tile_once(tmp_path: Path) -> N
     assert stats.tiles == sum(planned.values()) == sum(sim.tiles_per_gemm.values())
     assert not sim.scheduler.tasks and not sim.scheduler.pending
     assert device_s > 0 and stats.bytes_up > 0
-    assert len(placed_by) > 500  # the plan spreads the tiles over the devices
+    # the plan spreads the tiles over the devices (the layers planned on one grid,
+    # planner.plan_layer, take fewer of them than planned apart, for a faster step)
+    assert len(placed_by) > 300

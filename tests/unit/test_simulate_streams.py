@@ -72,8 +72,12 @@ def test_the_simulator_sends_each_message_the_ps_would(monkeypatch: pytest.Monke
     does: with no wait allowed every tile is a message of its own, though some pumps hand a
     device two tiles (tiny at batch 64)."""
     import testbed.ps_backend.scheduler as scheduler_module
+    import testbed.ps_backend.step_plan as step_plan_module
     import testbed.simulate.sim as sim_module
     monkeypatch.setattr(scheduler_module, "DOWN_BATCH_DELAY_S", 0.0)
+    # each GEMM planned on its own: tiny's layers planned on one grid for both passes
+    # (planner.plan_layer) give a device one tile a pump
+    monkeypatch.setattr(step_plan_module, "LAYER_GAIN", 0.0)
     pumped: list[int] = []
     sent: list[int] = []
     real_runs = sim_module.message_runs

@@ -1,0 +1,144 @@
+"""A linear's forward and backward planned on one grid (planner.plan_layer): the owners, the
+prediction, the step planner's choice, and the layer through the scheduler (backward finds
+forward's W and X blocks cached, results bit-identical)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+
+from testbed.ps_backend import planner
+from testbed.ps_backend.executor import GemmSpec
+from testbed.ps_backend.planner import (
+    PlanDevice,
+    deal_layer,
+    plan_gemm,
+    plan_layer,
+    plan_pair,
+    predict_layer_s,
+    predict_pair_s,
+)
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
+from testbed.ps_backend.step_plan import StepPlanner
+
+TOKENS, OUT, IN = 96, 64, 32  # a layer this planner cuts on one grid for both passes
+SLOW = PlanDevice("p", 10e9, 1e6, 1e6, count=3)  # 3 devices on 1 MB/s links
+
+
+def test_a_layer_plan_gives_every_block_one_owner_in_both_passes() -> None:
+    layer = plan_layer(TOKENS, OUT, IN, 8, [SLOW])
+    assert layer is not None
+    n_t, n_o, n_c = layer.pair.grid
+    fwd = layer.forward
+    # forward Y = X·Wᵀ on the same cube: rows are token blocks, columns output blocks, and the
+    # K split runs over the input blocks, the pair's columns
+    assert fwd.grid == (n_t, n_o, n_c) and fwd.k_parts == n_c
+    assert fwd.tile_m == layer.pair.dx.tile_m and fwd.tile_n == layer.pair.dw.tile_m
+    devices = [PlanDevice(f"d{j}", 10e9 * (1 + j), 1e6, 1e6) for j in range(3)]
+    forward, dx, dw = deal_layer(layer, TOKENS, OUT, IN, 8, devices)
+    assert len(forward) == len(dx) == len(dw) == n_t * n_o * n_c
+    for (tb, ob, c), owner in forward.items():
+        assert dx[(tb, c, ob)] == owner and dw[(ob, c, tb)] == owner
+    assert len(set(forward.values())) == 3
+
+
+def test_holding_forward_blocks_makes_the_backward_cheaper_than_the_pair_alone() -> None:
+    for grid in [(3, 2, 1), (2, 2, 2), (6, 1, 2)]:
+        _, backward = predict_layer_s(TOKENS, OUT, IN, 8, grid, [SLOW])
+        # the pair alone receives W and X again
+        assert backward < predict_pair_s(TOKENS, OUT, IN, 8, grid, [SLOW])
+
+
+def test_a_layer_floor_is_under_its_prediction_and_pruning_changes_nothing(monkeypatch) -> None:
+    cases = [(TOKENS, OUT, IN, [SLOW]), (8192, 3072, 768, [PlanDevice("ph", 20e9, 10e6, 10e6,
+                                                              count=15)]),
+             (4096, 768, 3072, [PlanDevice("l", 240e9, 125e6, 125e6, 0.004, count=8),
+                                PlanDevice("ph", 20e9, 25e6, 12.5e6, 0.01, count=12)])]
+    pruned = [plan_layer(t, o, i, 4, classes, 1.25e8, 1.25e8) for t, o, i, classes in cases]
+    monkeypatch.setattr(planner, "_floor_s", lambda *args: 0.0)  # every grid predicted
+    full = [plan_layer(t, o, i, 4, classes, 1.25e8, 1.25e8) for t, o, i, classes in cases]
+    assert pruned == full
+
+
+def _config(cache: int) -> tuple[StepPlanner, list[DeviceSlot]]:
+    config = SimpleNamespace(planner="auto", planned_groups=[("p", 3, 10.0)],
+                             group_links={"p": (1e6, 1e6, 0.0)},
+                             ps_link_Bps=(float("inf"), float("inf")),
+                             max_message_bytes=64 << 20, tile_m=256, tile_n=256)
+    slots = [DeviceSlot(f"d{j}", f"p-{j}", 10.0, 4, cache, group="p") for j in range(3)]
+    return StepPlanner(config), slots
+
+
+def _layer_jobs(seed: int = 3) -> tuple[list[GemmJob], dict[str, np.ndarray]]:
+    """Forward Y = X·Wᵀ, then dX = dY·W and dW = dYᵀ·X, named as the executor names them."""
+    rng = np.random.default_rng(seed)
+    x, w, dy = (rng.standard_normal(s) for s in ((TOKENS, IN), (OUT, IN), (TOKENS, OUT)))
+    fwd = GemmJob(uid="fwd", spec=GemmSpec("l", "forward", 0, "W@0"), a=x, b=w.T,
+                  c=np.empty((TOKENS, OUT)), version=0, a_key="X", b_key="W@0",
+                  b_transposed=True)
+    dx = GemmJob(uid="dx", spec=GemmSpec("l", "input_grad", 0, "W@0"), a=dy, b=w,
+                 c=np.empty((TOKENS, IN)), version=0, a_key="dY", b_key="W@0")
+    dw = GemmJob(uid="dw", spec=GemmSpec("l", "weight_grad", 0), a=dy.T, b=x,
+                 c=np.empty((OUT, IN)), version=0, a_key="dY", b_key="X", a_transposed=True)
+    return [fwd, dx, dw], {"x": x, "w": w, "dy": dy}
+
+
+def test_the_step_planner_keeps_a_layers_grid_for_its_backward() -> None:
+    planner_, slots = _config(64 << 20)
+    (fwd, dx, dw), _ = _layer_jobs()
+    tm, tn, k_parts, owners = planner_.plan(fwd, slots)
+    x_tm, x_tn, x_k, x_owners = planner_.plan(dx, slots)
+    w_tm, w_tn, w_k, w_owners = planner_.plan(dw, slots)
+    assert owners is not None and x_owners is not None and w_owners is not None
+    # forward (tm, to, n_c), dX (tm, tc, n_o), dW (to, tc, n_t): one grid (n_t, n_o, n_c)
+    assert (tm, tn) == (x_tm, w_tm) and x_tn == w_tn == -(-IN // k_parts)
+    assert -(-TOKENS // tm) == w_k and -(-OUT // tn) == x_k
+    for (tb, ob, c), owner in owners.items():  # and one owner per block in both passes
+        assert x_owners[(tb, c, ob)] == owner and w_owners[(ob, c, tb)] == owner
+    # caches too small to hold a layer's blocks for its backward: forward plans on its own
+    small, slots = _config(4096)
+    assert small.plan(fwd, slots)[:3] == (lambda p: (p.tile_m, p.tile_n, p.k_parts))(
+        plan_gemm(TOKENS, IN, OUT, 8, [SLOW], max_tile_elems=small._max_tile_elems(8)))
+
+
+def _run_layer(order_seed: int) -> tuple[list[np.ndarray], set[str]]:
+    """The layer through the scheduler with the step planner's plans, results in a shuffled
+    order: (Y, dX, dW; the blocks the backward sent)."""
+    planner_, slots = _config(64 << 20)
+    jobs, m = _layer_jobs()
+    s = Scheduler()
+    for slot in slots:
+        s.add_device(slot)
+    rng = random.Random(order_seed)
+    backward_sent: set[str] = set()
+    for batch in (jobs[:1], jobs[1:]):
+        for job in batch:
+            tm, tn, k_parts, owners = planner_.plan(job, slots)
+            s.submit(job, tm, tn, k_parts=k_parts, owners=owners)
+        while any(job.remaining for job in batch):
+            out = [(d, a) for d in list(s.devices) for a in s.assign(d)]
+            assert out
+            rng.shuffle(out)
+            for d, a in out:
+                task = a.task
+                if task.job.spec.op != "forward":
+                    backward_sent.update(key for key, sent in ((task.a_block_key, a.send_a),
+                                                               (task.b_block_key, a.send_b))
+                                         if sent)
+                assert s.accept(d, task.task_id, task.attempt,
+                                task.a_block() @ task.b_block()).verdict is Verdict.ACCEPTED
+    x, w, dy = m["x"], m["w"], m["dy"]
+    for job, want in zip(jobs, (x @ w.T, dy @ w, dy.T @ x)):
+        np.testing.assert_allclose(job.c, want, rtol=1e-12, atol=1e-12)
+    return [job.c.copy() for job in jobs], backward_sent
+
+
+def test_a_layer_through_the_scheduler_sends_only_dy_backward_and_is_bit_identical() -> None:
+    results, sent = _run_layer(0)
+    assert sent and all(key.startswith("dY/") for key in sent), sent
+    for seed in (1, 2):
+        again, _ = _run_layer(seed)
+        assert all(np.array_equal(a, b) for a, b in zip(results, again))
+    assert plan_pair(TOKENS, OUT, IN, 8, [SLOW]) is not None  # the pair alone would plan too
