@@ -5,9 +5,11 @@ device models) and prints, per kind of stage of the GEMM chain (forward q/k/v, o
 fc2, the LM head; their backward pairs), the device seconds some GEMM of the stage was out, the
 stages' bound (docs/planning.md, "The bound") and the ratio, then the step's totals. The kinds
 summed over the layers show which part of the chain holds a step away from its bound; `--stages`
-lists every stage with the term that set its bound.
+lists every stage with the term that set its bound; `--layers` prints, per linear shape, the
+planner's prediction for its forward and backward planned apart and on one grid (devices keeping
+forward's W and X blocks for backward; docs/planning.md) and which it takes.
 
-    .venv/bin/python bench/stage_profile.py [topology] [--stages] [--quick]
+    .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--quick]
 
 `--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
 topologies/hotcarbon.yaml (about 10 s).
@@ -25,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from testbed.ps_backend.step_plan import LAYER_GAIN  # noqa: E402
+from testbed.simulate.chain import linears  # noqa: E402
 from testbed.simulate.sim import Simulation  # noqa: E402
 from testbed.topology import load_topology  # noqa: E402
 
@@ -39,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("topology", nargs="?", default=str(ROOT / "topologies" / "hotcarbon.yaml"))
     p.add_argument("--stages", action="store_true", help="list every stage, not only kinds")
+    p.add_argument("--layers", action="store_true",
+                   help="per linear shape: planned apart or on one grid, predicted")
     p.add_argument("--quick", action="store_true", help="cut the model to 2 layers")
     args = p.parse_args(argv)
     topology = load_topology(args.topology).with_overrides(steps=1)
@@ -67,7 +73,32 @@ def main(argv: list[str] | None = None) -> int:
           f"(x{device_s / record.bound_s:.2f}); bytes down {stats.bytes_down / 1e9:.2f} GB "
           f"against bytes_min_down {record.bytes_min_down / 1e9:.2f} GB, "
           f"up {stats.bytes_up / 1e9:.2f} GB")
+    if args.layers:
+        print_layers(sim, topology)
     return 0
+
+
+def print_layers(sim: Simulation, topology) -> None:  # type: ignore[no-untyped-def]
+    """Per distinct linear shape: forward + backward predicted apart and on one grid."""
+    tokens = topology.job.batch_size * topology.job.model.seq_len
+    item = sim.config.dtype.itemsize
+    slots = [s for s in sim.scheduler.devices.values() if not s.quarantined]
+    print(f"{'linear (T x out x in)':24s} {'apart s':>8s} {'one grid s':>11s} "
+          f"{'(fwd + bwd)':>15s} {'grid':>12s}  taken")
+    seen = set()
+    for lin in linears(topology.job):
+        shape = (tokens, lin.d_out, lin.d_in)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        layer, apart = sim.planner.layer_or_apart(shape, item, slots)
+        if layer is None:
+            print(f"{'x'.join(map(str, shape)):24s} {apart:8.3f}  (no grid fits)")
+            continue
+        taken = "one grid" if layer.predicted_s < LAYER_GAIN * apart else "apart"
+        print(f"{'x'.join(map(str, shape)):24s} {apart:8.3f} {layer.predicted_s:11.3f} "
+              f"({layer.forward_s:6.3f} +{layer.backward_s:6.3f}) "
+              f"{'x'.join(map(str, layer.pair.grid)):>12s}  {taken}")
 
 
 if __name__ == "__main__":
