@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from testbed.ps_backend.step_plan import LAYER_GAIN  # noqa: E402
 from testbed.simulate.chain import linears  # noqa: E402
 from testbed.simulate.sim import Simulation  # noqa: E402
-from testbed.topology import load_topology  # noqa: E402
+from testbed.topology import Topology, load_topology  # noqa: E402
 
 
 def stage_kind(stage: str) -> str:
@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{topology.name}: one step, simulated in {time.monotonic() - started:.1f} s")
     kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     for stage, spent_s, bound_s, limit in record.stages:
-        kind = kinds[stage_kind(stage)]
-        kind[0] += spent_s
-        kind[1] += bound_s
-        kind[2] += 1
+        totals = kinds[stage_kind(stage)]
+        totals[0] += spent_s
+        totals[1] += bound_s
+        totals[2] += 1
         if args.stages:
             print(f"  {stage:36s} {spent_s:9.3f} s  bound {bound_s:8.3f} s  "
                   f"x{spent_s / bound_s:5.2f}  ({limit})")
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_layers(sim: Simulation, topology) -> None:  # type: ignore[no-untyped-def]
+def print_layers(sim: Simulation, topology: Topology) -> None:
     """Per distinct linear shape: forward + backward predicted apart and on one grid."""
     tokens = topology.job.batch_size * topology.job.model.seq_len
     item = sim.config.dtype.itemsize

@@ -616,12 +616,27 @@ def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
     return out
 
 
-def _pair_order(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice]
-                ) -> list[PlanDevice]:
+def _search_cube(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice],
+                 ps_down_Bps: float, ps_up_Bps: float, max_tile_elems: int,
+                 floor: Callable[[PairGrid, tuple[PlanDevice, ...]], float],
+                 predict: Callable[[PairGrid, tuple[PlanDevice, ...]], float]
+                 ) -> tuple[list[PlanDevice], _Found | None]:
+    """The search :func:`plan_pair` and :func:`plan_layer` share over the cube ``(t, o, i)``:
+    the classes in order, and the near-fastest (prediction, grid, taking part) of every device
+    set and grid (None when no grid fits the message limit), each candidate predicted only if
+    its ``floor`` could be near the fastest (:func:`_predicted`)."""
+    if not classes:
+        raise ValueError("no devices to plan for")
     flops = 4.0 * t * o * i
     nbytes = (t * o + (t + o) * i) * itemsize
-    return sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
-                                          c.name))
+    order = sorted(classes, key=lambda c: (_tile_cost_s(c, flops, nbytes, 0.0, nbytes, 1.0),
+                                           c.name))
+    candidates: list[_Found] = [
+        (floor(grid, taking_part), grid, taking_part)
+        for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps)
+        for grid in _pair_grids(t, o, i, sum(c.count for c in taking_part), max_tile_elems)]
+    found = _predicted(candidates, predict)
+    return order, _near_fastest(found) if found else None
 
 
 def _pair_of(t: int, o: int, i: int, itemsize: int, order: Sequence[PlanDevice],
@@ -645,25 +660,20 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
     """Plan a backward pair (``dX = dY @ W``, ``dW = dYᵀ @ X``; dY is ``t x o``, X ``t x i``)
     as one: the grid and the taking-part classes of the smallest predicted time (None when no
     grid fits the message limit)."""
-    if not classes:
-        raise ValueError("no devices to plan for")
-    order = _pair_order(t, o, i, itemsize, classes)
-    candidates: list[_Found] = []  # (a floor under its prediction, grid, classes)
-    for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
-        for grid in _pair_grids(t, o, i, sum(c.count for c in taking_part), max_tile_elems):
-            tm, to, tc = _pair_sizes(t, o, i, grid)
-            dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
-            n_t, n_o, n_c = grid
-            blocks = n_t * n_o * n_c
-            candidates.append((_floor_s(
-                taking_part, blocks * 4.0 * tm * to * tc, blocks * (dx_b + dw_b),
-                n_t * n_o * dy_b + n_o * n_c * w_b + n_t * n_c * x_b, ps_down_Bps,
-                ps_up_Bps), grid, taking_part))
-    found = _predicted(candidates, lambda grid, taking_part: predict_pair_s(
-        t, o, i, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps))
-    if not found:
-        return None
-    return _pair_of(t, o, i, itemsize, order, _near_fastest(found))
+    def floor(grid: PairGrid, taking_part: tuple[PlanDevice, ...]) -> float:
+        tm, to, tc = _pair_sizes(t, o, i, grid)
+        dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+        n_t, n_o, n_c = grid
+        blocks = n_t * n_o * n_c
+        return _floor_s(taking_part, blocks * 4.0 * tm * to * tc, blocks * (dx_b + dw_b),
+                        n_t * n_o * dy_b + n_o * n_c * w_b + n_t * n_c * x_b, ps_down_Bps,
+                        ps_up_Bps)
+
+    order, best = _search_cube(
+        t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps, max_tile_elems, floor,
+        lambda grid, taking_part: predict_pair_s(t, o, i, itemsize, grid, taking_part,
+                                                 ps_down_Bps, ps_up_Bps))
+    return None if best is None else _pair_of(t, o, i, itemsize, order, best)
 
 
 def deal_pair(plan: PairPlan, t: int, o: int, i: int, itemsize: int,
@@ -778,27 +788,23 @@ def plan_layer(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevi
     grid: the grid and taking-part classes of the smallest predicted sum of both passes, the
     devices holding their forward blocks for backward (None when no grid fits the message
     limit)."""
-    if not classes:
-        raise ValueError("no devices to plan for")
-    order = _pair_order(t, o, i, itemsize, classes)
-    candidates: list[_Found] = []
-    for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps):
-        for grid in _pair_grids(t, o, i, sum(c.count for c in taking_part), max_tile_elems):
-            tm, to, tc = _pair_sizes(t, o, i, grid)
-            dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
-            n_t, n_o, n_c = grid
-            blocks = n_t * n_o * n_c
-            flops = blocks * 2.0 * tm * to * tc
-            candidates.append((
-                _floor_s(taking_part, flops, blocks * tm * to * itemsize,
-                         n_c * (n_t * x_b + n_o * w_b), ps_down_Bps, ps_up_Bps) +
-                _floor_s(taking_part, 2 * flops, blocks * (dx_b + dw_b), n_t * n_o * dy_b,
-                         ps_down_Bps, ps_up_Bps), grid, taking_part))
-    found = _predicted(candidates, lambda grid, taking_part: sum(predict_layer_s(
-        t, o, i, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps)))
-    if not found:
+    def floor(grid: PairGrid, taking_part: tuple[PlanDevice, ...]) -> float:
+        tm, to, tc = _pair_sizes(t, o, i, grid)
+        dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+        n_t, n_o, n_c = grid
+        blocks = n_t * n_o * n_c
+        flops = blocks * 2.0 * tm * to * tc
+        return _floor_s(taking_part, flops, blocks * tm * to * itemsize,
+                        n_c * (n_t * x_b + n_o * w_b), ps_down_Bps, ps_up_Bps) + \
+            _floor_s(taking_part, 2 * flops, blocks * (dx_b + dw_b), n_t * n_o * dy_b,
+                     ps_down_Bps, ps_up_Bps)
+
+    order, best = _search_cube(
+        t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps, max_tile_elems, floor,
+        lambda grid, taking_part: sum(predict_layer_s(t, o, i, itemsize, grid, taking_part,
+                                                      ps_down_Bps, ps_up_Bps)))
+    if best is None:
         return None
-    best = _near_fastest(found)
     fwd_s, bwd_s = predict_layer_s(t, o, i, itemsize, best[1], best[2], ps_down_Bps, ps_up_Bps)
     pair = _pair_of(t, o, i, itemsize, order, (bwd_s, best[1], best[2]))
     tm, to, _ = _pair_sizes(t, o, i, best[1])
