@@ -16,7 +16,6 @@ from testbed.ps_backend.planner import (
     deal_layer,
     plan_gemm,
     plan_layer,
-    plan_pair,
     predict_layer_s,
     predict_pair_s,
 )
@@ -141,4 +140,3 @@ def test_a_layer_through_the_scheduler_sends_only_dy_backward_and_is_bit_identic
     for seed in (1, 2):
         again, _ = _run_layer(seed)
         assert all(np.array_equal(a, b) for a, b in zip(results, again))
-    assert plan_pair(TOKENS, OUT, IN, 8, [SLOW]) is not None  # the pair alone would plan too
