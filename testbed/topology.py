@@ -240,7 +240,7 @@ class ParallelismSpec:
 @dataclass(frozen=True)
 class ValidationSpec:
     enabled: bool = True  # Freivalds' check on every returned tile
-    freivalds_vectors: int = 1  # random ±1 vectors per check (error escapes with prob. 2^-k)
+    freivalds_vectors: int = 1  # random vectors per check (validation.py: what escapes)
     quarantine_after: int = 3  # failed checks before a device is quarantined; 0 = never
 
 

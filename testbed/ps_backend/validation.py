@@ -3,29 +3,37 @@
 Boundary checks (cheap, always): the result is 2-D with the tile's shape, has the job's dtype,
 and every value is finite.
 
-Value check (Freivalds, 1977): for a random ±1 vector r a correct ``C = A·B`` satisfies
+Value check (Freivalds, 1977): for a random vector r a correct ``C = A·B`` satisfies
 ``A·(B·r) = C·r``. That costs ``2(mk + kn + mn)`` FLOPs against the tile's ``2mkn`` (under 1% for
 tiles of 128 and more). The check is computed in float64 whatever the tile's dtype, so the only
 rounding that matters is the device's own in C. Its tolerance is norm-wise: row i passes when
 
     |(A·(B·r))_i - (C·r)_i|  <=  TAU · u · ||a_i||₂ · max(||B||_F, ||B·r||₂)
 
-with u the unit roundoff of C's dtype (2⁻²⁴ for float32, 2⁻⁵³ for float64). The device's rounding
-errors δ_ij in C are about u·||a_i||·||b_j|| each with no sign pattern tied to r, so
-``|Σ_j δ_ij r_j|`` is about u·||a_i||·sqrt(Σ_j ||b_j||²) = u·||a_i||·||B||_F. (An earlier
-version used ``||B·r||`` alone, which is the same on average but collapses when B's columns
-cancel under r, e.g. correlated activations in a weight gradient, and then refused an honest
-tile.) On honest tiles (random operands, both signs and same-sign, scales 0.01–100, k from 8 to
-3072) the left side stayed below 5·u·||a_i||·||B||_F; TAU = 64 leaves more than 10x headroom
-(tests/unit/test_validation.py and test_behaviour_validation.py check honest tiles, columns that
-cancel, and corruptions). A relative error ε spread over C moves the residual by about ε/(u·√k)
-units, so
-errors larger than ~TAU·u·√k relative are caught (about 1e-4 for float32 at k = 1024); bit flips
-in the sign or exponent always are, flips in the lowest mantissa bits are below any tolerance.
+with u the unit roundoff of C's dtype (2⁻²⁴ for float32, 2⁻⁵³ for float64).
+
+r's entries are uniform on [-1, 1], not the textbook ±1. With ±1 an error whose entries in a
+row cancel under r escapes with probability up to 1/2 per vector, and a constant added to a
+whole tile escapes whenever r's entries sum to zero, about ``√(2/(πn))`` of the draws for n
+columns (8 % at 96). With a continuous r a fixed nonzero error is orthogonal to r with
+probability zero, so an error escapes only by staying within the tolerance.
+
+The device's rounding errors δ_ij in C are about u·||a_i||·||b_j|| each with no sign pattern
+tied to r, so, as |r_j| <= 1, ``|Σ_j δ_ij r_j|`` is at most about
+u·||a_i||·sqrt(Σ_j ||b_j||²) = u·||a_i||·||B||_F. (An earlier version used ``||B·r||`` alone,
+which is the same on average but collapses when B's columns cancel under r, e.g. correlated
+activations in a weight gradient, and then refused an honest tile.) On honest tiles (random
+operands, both signs and same-sign, scales 0.01–100, k from 8 to 3072) the left side stayed
+below 5·u·||a_i||·||B||_F; TAU = 64 leaves more than 10x headroom (tests/unit/test_validation.py
+and test_behaviour_validation.py check honest tiles, columns that cancel, and corruptions). A
+relative error ε spread over C moves the residual by about ε/(u·√(3k)) units (r's mean square
+is 1/3), so errors larger than ~2·TAU·u·√k relative are caught (about 2e-4 for float32 at
+k = 1024); bit flips in the sign or exponent always are, flips in the lowest mantissa bits are
+below any tolerance.
 
 **Sharing work between the tiles of one GEMM** (:class:`GemmCheck`, what the scheduler uses).
-The PS draws the ±1 vectors once per column block j of C (they never leave the PS, so a device
-cannot aim at them). At the GEMM's first checked tile it computes, in float64, every
+The PS draws the random vectors once per column block j of C (they never leave the PS, so a
+device cannot aim at them). At the GEMM's first checked tile it computes, in float64, every
 ``B_j·r_j`` side by side (a K x J matrix, one pass over B), ``A·[B_1 r_1 ... B_J r_J]`` (one
 M x K x J product, one pass over A), the ``||B_j||_F`` and the row norms of A. A tile (i, j) then
 costs only ``C_ij·r_j`` (m·n multiply-adds, as much as decoding it) and a comparison. Over a GEMM
@@ -46,9 +54,9 @@ def _unit_roundoff(dtype: np.dtype) -> float:
     return float(np.finfo(dtype).eps) / 2
 
 
-def _signs(rng: np.random.Generator, n: int, vectors: int) -> np.ndarray:
-    """An n x vectors matrix of random ±1 (float64)."""
-    return rng.integers(0, 2, size=(n, vectors)).astype(np.float64) * 2.0 - 1.0
+def _vectors(rng: np.random.Generator, n: int, vectors: int) -> np.ndarray:
+    """An n x vectors matrix of random entries, uniform on [-1, 1] (float64)."""
+    return rng.uniform(-1.0, 1.0, size=(n, vectors))
 
 
 def _column_bound(b64: np.ndarray, br: np.ndarray) -> np.ndarray:
@@ -59,11 +67,11 @@ def _column_bound(b64: np.ndarray, br: np.ndarray) -> np.ndarray:
 
 def freivalds_ok(a: np.ndarray, b: np.ndarray, c: np.ndarray, vectors: int = 1,
                  rng: np.random.Generator | None = None, tau: float = TAU) -> bool:
-    """Whether C passes Freivalds' check against A·B with `vectors` random ±1 vectors."""
+    """Whether C passes Freivalds' check against A·B with `vectors` random vectors."""
     rng = rng or _RNG
     a64, b64, c64 = (x.astype(np.float64, copy=False) for x in (a, b, c))
     scale = tau * _unit_roundoff(c.dtype) * np.sqrt(np.einsum("ij,ij->i", a64, a64))
-    r = _signs(rng, c.shape[1], vectors)
+    r = _vectors(rng, c.shape[1], vectors)
     br = b64 @ r
     residual = np.abs(a64 @ br - c64 @ r)
     bound = scale[:, None] * _column_bound(b64, br)[None, :] + _TINY
@@ -91,7 +99,7 @@ class GemmCheck:
         self.column_bound = np.empty(blocks * v)
         for (c0, c1), j in self.columns.items():
             b64 = np.asarray(self.b[:, c0:c1], dtype=np.float64)
-            r = self.r[j] = _signs(self.rng, c1 - c0, v)
+            r = self.r[j] = _vectors(self.rng, c1 - c0, v)
             br[:, j * v:(j + 1) * v] = b64 @ r
             self.column_bound[j * v:(j + 1) * v] = _column_bound(b64, br[:, j * v:(j + 1) * v])
         a64 = np.asarray(self.a, dtype=np.float64)

@@ -32,3 +32,15 @@ def test_corruptions_fail(dtype: type) -> None:
     noise = 1e-3 * np.abs(c).mean() * rng.standard_normal(c.shape).astype(dtype)
     for bad in (c * 1.001, c + noise, flipped, np.zeros_like(c), np.roll(c, 1, axis=0)):
         assert not freivalds_ok(a, b, bad)
+
+
+def test_a_constant_added_to_a_tile_fails_whatever_the_draw() -> None:
+    # With ±1 vectors this escapes whenever r sums to zero (C(96,48)/2^96, about 8 % of draws):
+    # 200 draws would let ~16 through. The continuous vectors let none.
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 32))
+    b = rng.standard_normal((32, 96))
+    c = a @ b
+    for seed in range(200):
+        assert not freivalds_ok(a, b, c + 1.0, rng=np.random.default_rng(seed))
+        assert freivalds_ok(a, b, c, rng=np.random.default_rng(seed))
