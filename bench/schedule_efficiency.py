@@ -115,7 +115,7 @@ def plan_only(names: list[str], quick: bool) -> None:
         tokens = topo.job.batch_size * seq
         item = 4 if topo.job.dtype == "float32" else 8
         print(f"{name}: {tokens} tokens, hidden {hidden}, ffn {ffn}")
-        for label, (m, k, n) in (("fwd qkv", (tokens, hidden, hidden)),
+        for label, (m, k, n) in (("fwd qkv", (tokens, hidden, 3 * hidden)),
                                  ("fwd fc1", (tokens, hidden, ffn)),
                                  ("dX fc1", (tokens, ffn, hidden)),
                                  ("dW fc1", (ffn, tokens, hidden))):

@@ -1,7 +1,7 @@
 """Where a step's device time goes, stage by stage, against each stage's bound (simulated).
 
 Runs one step of a topology's job in the simulator (`testbed simulate`'s planner, scheduler and
-device models) and prints, per kind of stage of the GEMM chain (forward q/k/v, out_proj, fc1,
+device models) and prints, per kind of stage of the GEMM chain (forward qkv_proj, out_proj, fc1,
 fc2, the LM head; their backward pairs), the device seconds some GEMM of the stage was out, the
 stages' bound (docs/planning.md, "The bound") and the ratio, then the step's totals. The kinds
 summed over the layers show which part of the chain holds a step away from its bound; `--stages`

@@ -324,15 +324,11 @@ def step_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice],
 
 
 def stage_key(layer: str, op: str) -> str:
-    """Which GEMMs may run together: q/k/v projections of one input, dX with dW of a layer.
+    """Which GEMMs may run together: a layer's forward alone, its dX with its dW.
 
-    Forward GEMMs of ``*.q_proj``, ``*.k_proj``, ``*.v_proj`` share an input and do not depend on
-    each other; backward, the input- and weight-gradient GEMMs of one layer (and of the three
-    projections) are independent. Merging more GEMMs into a stage can only lower the bound.
+    Backward, the input- and weight-gradient GEMMs of one layer are independent (the engine
+    submits them together). Linears that read one input and could run together are one GEMM
+    already (the model's ``qkv_proj``, :func:`~testbed.ps_backend.engine.offload.fused_linear`).
     """
-    base = layer
-    for proj in ("q_proj", "k_proj", "v_proj"):
-        if layer.endswith("." + proj):
-            base = layer[: -len(proj)] + "qkv"
     phase = "fwd" if op == "forward" else "bwd"
-    return f"{phase}:{base}"
+    return f"{phase}:{layer}"

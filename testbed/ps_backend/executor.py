@@ -120,9 +120,9 @@ class TileHandle:
 class OperandKeys:
     """Cache keys and PS copies of GEMM operands by tensor identity within a step.
 
-    Two GEMMs whose operand is the same tensor (X of the q/k/v projections, X in forward and in
-    the weight gradient) get the same key, so a block a device received for one is a cache hit
-    for the other, and they share the PS's copy. So do the two orientations of one tensor: a
+    Two GEMMs whose operand is the same tensor (X in forward and in the weight gradient) get the
+    same key, so a block a device received for one is a cache hit for the other, and they share
+    the PS's copy. So do the two orientations of one tensor: a
     transposed view (``Wᵀ`` in forward, ``dYᵀ`` in the weight gradient) is keyed as the stored
     tensor it views, with a flag, and its blocks are named, sent and cached as stored; the device
     uses them transposed (:func:`testbed.wire.tensors.operand_array`). A tensor is identified by

@@ -335,7 +335,7 @@ class StepPlanner:
         if not devices:
             return None
         key = (dx, item, plan.pair.grid, tuple(sorted(d.name for d in devices)))
-        if key not in self._layer_dealt:  # q/k/v: one shape, one input, the same owners
+        if key not in self._layer_dealt:  # the layers of a stack: one shape, the same owners
             self._layer_dealt[key] = deal_layer(plan, t, o, i, item, devices)
         fwd, dx_owners, dw_owners = self._layer_dealt[key]
         tm, to, tc = plan.pair.dx.tile_m, plan.forward.tile_n, plan.pair.dx.tile_n
@@ -416,10 +416,10 @@ class StepPlanner:
         devices = self._taking_part(plan.used, plan.counts, slots)
         if not devices:
             return None  # nobody the plan counted on is here: anyone takes the tiles
-        # The same shape dealt to the same devices again in this step (q/k/v of one input, the
-        # layers of a stack) gets the same owners, so a device gets the blocks it already holds
-        # (the operands shared between GEMMs are cached by tensor, not by GEMM); rates observed
-        # in between would otherwise shift the boxes' boundaries.
+        # The same shape dealt to the same devices again in this step (the layers of a stack,
+        # forward and backward) gets the same owners, so a device gets the blocks it may still
+        # hold (the operands shared between GEMMs are cached by tensor, not by GEMM); rates
+        # observed in between would otherwise shift the boxes' boundaries.
         key = (m, k, n, item, plan.tile_m, plan.tile_n, plan.k_parts,
                tuple(sorted(d.name for d in devices)))
         owners = self._dealt.get(key)

@@ -7,10 +7,11 @@ linear ``forward`` ``Y[M,out] = X[M,in] @ Wᵀ``, then in backward ``input_grad`
 ``M = batch_size x seq_len``. Forward runs layer by layer, each GEMM waiting for the previous
 (the engine waits on every forward result); backward submits a layer's two GEMMs together and
 runs the layers in reverse (autograd's order: the LM head first, then per decoder layer
-``fc2, fc1, out_proj, v_proj, k_proj, q_proj``).
+``fc2, fc1, out_proj, qkv_proj``; the q, k and v projections are one linear, see
+:func:`~testbed.ps_backend.engine.offload.fused_linear`).
 
-Each GEMM carries the tensor names of its operands (the same tensor: ``X`` of q/k/v, ``W`` in
-forward and in ``dX``, ``dY`` in ``dX`` and ``dW``, ``X`` in forward and ``dW``) and whether it
+Each GEMM carries the tensor names of its operands (the same tensor: ``W`` in forward and in
+``dX``, ``dY`` in ``dX`` and ``dW``, ``X`` in forward and ``dW``) and whether it
 uses that tensor transposed (``Wᵀ`` in forward, ``dYᵀ`` in ``dW``): the PS derives both from
 storage (:class:`~testbed.ps_backend.executor.OperandKeys`) and this module from the layer names
 (:data:`OPERANDS`, the table of :mod:`testbed.ps_backend.engine.offload`). They are what the
@@ -64,7 +65,7 @@ class Linear:
     name: str
     d_in: int
     d_out: int
-    input_name: str  # the tensor X it reads (shared by q/k/v)
+    input_name: str  # the tensor X it reads
     weight_key: str
 
 
@@ -75,21 +76,14 @@ def linears(job: JobSpec) -> list[Linear]:
     out: list[Linear] = []
     for i in range(spec.layers):
         p = f"layers.{i}"
-        attn_in = f"{p}.self_attn:in"
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            out.append(Linear(f"{p}.self_attn.{proj}", h, h, attn_in,
-                              f"{p}.self_attn.{proj}.weight"))
+        out.append(Linear(f"{p}.self_attn.qkv_proj", h, 3 * h, f"{p}.self_attn:in",
+                          f"{p}.self_attn.qkv_proj.weight"))
         out.append(Linear(f"{p}.self_attn.out_proj", h, h, f"{p}.self_attn.out_proj:in",
                           f"{p}.self_attn.out_proj.weight"))
         out.append(Linear(f"{p}.fc1", h, f, f"{p}.fc1:in", f"{p}.fc1.weight"))
         out.append(Linear(f"{p}.fc2", f, h, f"{p}.fc2:in", f"{p}.fc2.weight"))
     out.append(Linear("lm_head", h, spec.vocab, "lm_head:in", "embed_tokens.weight"))
     return out
-
-
-def _backward_order(layers: list[Linear]) -> list[Linear]:
-    """Autograd's order: reverse, except q/k/v come back as v, k, q after out_proj."""
-    return list(reversed(layers))
 
 
 def step_chain(job: JobSpec) -> list[list[ChainGemm]]:
@@ -105,7 +99,7 @@ def step_chain(job: JobSpec) -> list[list[ChainGemm]]:
     chain: list[list[ChainGemm]] = []
     for lin in layers:
         chain.append([gemm(lin, "forward", tokens, lin.d_in, lin.d_out)])
-    for lin in _backward_order(layers):
+    for lin in reversed(layers):
         chain.append([gemm(lin, "input_grad", tokens, lin.d_out, lin.d_in),
                       gemm(lin, "weight_grad", lin.d_out, tokens, lin.d_in)])
     return chain

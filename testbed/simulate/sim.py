@@ -277,7 +277,7 @@ class Simulation(EventLoop):
         # Operands keyed by tensor, as TileExecutor keys them (OperandKeys, the weights by
         # their GemmSpec b_key at the version: one optimizer step per training step), so a
         # block sent for one GEMM is a cache hit for another: Wᵀ of forward is W of input_grad,
-        # X of q/k/v is one tensor and B of their weight gradients, dY of dX is dYᵀ of dW.
+        # X of forward is B of the weight gradient, dY of dX is dYᵀ of dW.
         a_key, b_key = g.keys(step)
         spec = GemmSpec(g.layer, g.op, step, b_key if g.b_name == g.weight_key else None)
         job = GemmJob(uid=uid, spec=spec, a=shape_only(g.m, g.k, self.dtype),

@@ -69,7 +69,7 @@ def _same_training(run_dir: Path, topology: Path, steps: int) -> None:
 
 @pytest.mark.slow
 def test_every_corrupted_tile_is_caught(tmp_path: Path) -> None:
-    steps = 13  # x 392 tiles: fixed 64x64 tiles (planner: fifo), enough lies to judge
+    steps = 15  # x 360 tiles: fixed 64x64 tiles (planner: fifo), enough lies to judge
     topology = byzantine_topology(tmp_path, steps, liars=2, honest_phones=7, rate=0.3,
                                   quarantine_after=0,  # 2 of 10 devices lie; never quarantine
                                   planner="fifo")

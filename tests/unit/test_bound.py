@@ -116,13 +116,16 @@ def test_held_operand_is_not_traffic_and_the_ps_link_counts() -> None:
 def test_step_sums_stages_and_shared_inputs_count_once() -> None:
     dev = [BoundDevice("d", 1e9, INF, INF, rtt_s=0.5)]
     fwd = [BoundGemm(32, 32, 32, 8, stage_key(f"l.{p}", "forward"), a_name="x")
-           for p in ("q_proj", "k_proj", "v_proj")]
-    fc = BoundGemm(32, 32, 32, 8, stage_key("l.fc1", "forward"))
-    sb = step_bound([*fwd, fc], dev)
-    assert len(sb.stages) == 2 and [len(g) for g in group_stages([*fwd, fc])] == [3, 1]
+           for p in ("qkv_proj", "fc1")]
+    pair = [BoundGemm(32, 32, 32, 8, stage_key("l.fc1", op), a_name="dy", b_name=b)
+            for op, b in (("input_grad", "w"), ("weight_grad", "x"))]
+    sb = step_bound([*fwd, *pair], dev)
+    assert [len(g) for g in group_stages([*fwd, *pair])] == [1, 1, 2] and len(sb.stages) == 3
     flops = 2 * 32 ** 3
-    assert close(sb.bound_s, 0.5 + 3 * flops / 1e9 + 0.5 + flops / 1e9)
-    assert stage_key("l.fc1", "input_grad") == stage_key("l.fc1", "weight_grad")
+    assert close(sb.bound_s, 3 * 0.5 + 4 * flops / 1e9)
+    # A shared operand counts once: on a slow downlink the pair moves dY, W and X.
+    slow = [BoundDevice("d", INF, 1e6, INF)]
+    assert close(step_bound(pair, slow).bound_s, 3 * 32 * 32 * 8 / 1e6)
 
 
 def test_no_devices_is_infinite() -> None:

@@ -21,7 +21,12 @@ from testbed.ps_backend.engine.data import (
     stdlib_sources,
 )
 from testbed.ps_backend.engine.model import OptDecoder, count_parameters, parameter_count
-from testbed.ps_backend.engine.offload import ExecutorResultError, GemmContext, OffloadedLinear
+from testbed.ps_backend.engine.offload import (
+    ExecutorResultError,
+    GemmContext,
+    OffloadedLinear,
+    fused_linear,
+)
 from testbed.ps_backend.engine.trainer import Trainer
 from testbed.ps_backend.executor import DoneHandle, GemmSpec, LocalExecutor
 from testbed.topology import DataSpec, JobSpec, ModelSpec, OptimizerSpec
@@ -108,7 +113,7 @@ def final_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
 def expected_gemms(model: OptDecoder, step: int, m: int) -> tuple[list, list]:
     """The GEMMs of one step, in the order forward (all layers) then backward (reverse)."""
     forward, backward = [], []
-    for lin in model.offloaded_linears():
+    for lin in model.gemm_layers():
         i, o, key = lin.in_features, lin.out_features, lin.weight_key
         forward.append((GemmSpec(lin.name, "forward", step, f"{key}@{step}"), (m, i), (i, o)))
         backward.append([(GemmSpec(lin.name, "input_grad", step, f"{key}@{step}"),
@@ -147,9 +152,10 @@ def test_local_executor_matches_plain_torch_float64_and_sees_three_gemms_per_lin
 
     # Every linear's input needs a gradient in this model (q/k/v and fc1 read a LayerNorm output,
     # out_proj/fc2 read activations, lm_head the final LayerNorm), so no input_grad is skipped:
-    # exactly 3 GEMMs per linear per step.
-    linears = offloaded.model.offloaded_linears()
-    assert len(linears) == 6 * TINY.layers + 1
+    # exactly 3 GEMMs per submitted linear per step, q/k/v one linear.
+    linears = offloaded.model.gemm_layers()
+    assert len(linears) == 4 * TINY.layers + 1
+    assert len(offloaded.model.offloaded_linears()) == 6 * TINY.layers + 1
     assert all(r.gemms == 3 * len(linears) for r in results)
     assert len(executor.calls) == STEPS * 3 * len(linears)
     m = 2 * TINY.seq_len
@@ -202,7 +208,7 @@ def test_backward_has_input_and_weight_gradient_in_flight_together() -> None:
     executor = EventExecutor()
     trainer = Trainer(tiny_job("float32"), seed=1, executor=executor)
     trainer.step()
-    for lin in trainer.model.offloaded_linears():
+    for lin in trainer.model.gemm_layers():
         idx = {(kind, s.op): n for n, (kind, s) in enumerate(executor.events)
                if s.layer == lin.name}
         last_submit = max(idx["submit", "input_grad"], idx["submit", "weight_grad"])
@@ -244,6 +250,42 @@ def test_single_layer_gradients_and_skipped_gemms() -> None:
     assert [s.op for s in executor.calls] == ["forward", "input_grad"]
 
 
+def test_fused_linears_are_one_gemm_of_each_kind_and_each_linear_as_its_own() -> None:
+    torch.manual_seed(1)
+    executor = LocalExecutor()
+    ctx = GemmContext(executor=executor, step=2, version=5)
+    layers = [OffloadedLinear(6, n, name=f"p{n}", context=ctx).double() for n in (5, 3, 4)]
+    with torch.no_grad():
+        for layer in layers:
+            layer.bias.normal_()
+    x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    y = fused_linear(x, layers, "fused")
+    assert y.shape == (3, 4, 12)
+    upstream = torch.randn_like(y)
+    y.backward(upstream)
+    assert [(s.layer, s.op, s.b_key) for s in executor.calls] == [
+        ("fused", "forward", "fused.weight@5"), ("fused", "input_grad", "fused.weight@5"),
+        ("fused", "weight_grad", None)]
+    # The same as each linear on its own under torch's autograd, output and every gradient.
+    ref_x = x.detach().clone().requires_grad_(True)
+    refs = [(layer.weight.detach().clone().requires_grad_(True),
+             layer.bias.detach().clone().requires_grad_(True)) for layer in layers]
+    outs = [F.linear(ref_x, w, b) for w, b in refs]
+    torch.cat(outs, dim=-1).backward(upstream)
+    for got, want in zip(y.split([5, 3, 4], dim=-1), outs):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-12, atol=1e-15)
+    for layer, (w, b) in zip(layers, refs):
+        torch.testing.assert_close(layer.weight.grad, w.grad, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(layer.bias.grad, b.grad, rtol=1e-12, atol=1e-15)
+    # Without an executor it is plain torch, the same values.
+    ctx.executor = None
+    torch.testing.assert_close(fused_linear(ref_x, layers, "fused"), y, rtol=1e-12, atol=1e-15)
+    layers[1].bias = None
+    with pytest.raises(ValueError, match="fused: the fused linears must all have a bias or none"):
+        fused_linear(ref_x, layers, "fused")
+
+
 def test_executor_returning_a_wrong_shape_is_a_clear_error() -> None:
     class Wrong:
         def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> DoneHandle:
@@ -267,6 +309,7 @@ def test_opt_125m_builds_with_about_125m_parameters() -> None:
     assert n == 125_239_296 - 2 * 768
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     assert len(model.offloaded_linears()) == 6 * 12 + 1
+    assert len(model.gemm_layers()) == 4 * 12 + 1  # q/k/v submitted as one linear
     assert model.lm_head.weight is model.embed_tokens.weight
     # With the byte vocabulary (256 tokens) the same shape has 86.8 M parameters.
     assert parameter_count(dataclasses.replace(opt125m, vocab=256)) == 86_825_472

@@ -1,7 +1,7 @@
 """The simulator names GEMM operands as the PS does, so its bytes down count each block once.
 
 The PS keys an operand by its tensor (:class:`~testbed.ps_backend.executor.OperandKeys`: X shared
-by q/k/v and the weight gradient, ``Wᵀ`` of forward and ``W`` of the input gradient one tensor,
+by forward and the weight gradient, ``Wᵀ`` of forward and ``W`` of the input gradient one tensor,
 ``dY`` and ``dYᵀ`` one tensor); the simulator keys it from the layer names
 (:mod:`testbed.simulate.chain`). Here the real engine runs one step of the tiny model through an
 executor that keys operands with the PS's ``OperandKeys``, and the chain's keys must induce the
@@ -64,8 +64,8 @@ def test_chain_shares_operands_exactly_where_the_ps_does() -> None:
             assert to_ps.setdefault(sim_key, ps_key) == ps_key, (call, g)
     weights = {call[4] for call in ps if call[1] != "weight_grad"}
     assert weights <= set(to_ps), "weights are keyed by their GemmSpec b_key on both sides"
-    # the sharing is real: 13 linears, 39 GEMMs, 78 operands, far fewer tensors
-    assert len(to_sim) == 2 * (4 + 6 + 6) + 3  # per layer 4 X, 6 W, 6 dY; the head 3
+    # the sharing is real: 9 submitted linears, 27 GEMMs, 54 operands, far fewer tensors
+    assert len(to_sim) == 2 * (4 + 4 + 4) + 3  # per layer 4 X, 4 W, 4 dY; the head 3
 
 
 def one_device_whole_gemms(tmp_path: Path) -> Topology:

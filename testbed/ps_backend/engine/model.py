@@ -4,13 +4,17 @@ Shape (Zhang et al. 2022, "OPT: Open Pre-trained Transformer Language Models", a
 the pre-LayerNorm variant used by OPT-125m)::
 
     h = embed_tokens(tokens) + embed_positions(0..T-1)                 # [B, T, hidden]
-    for each layer:  h = h + out_proj(attention(q_proj, k_proj, v_proj of LN(h)))   # causal
+    for each layer:  h = h + out_proj(attention(qkv_proj(LN(h))))   # causal; qkv = q|k|v
                      h = h + fc2(relu(fc1(LN(h))))
     logits = lm_head(final_layer_norm(h))       # lm_head.weight is embed_tokens.weight (tied)
 
-Layer names (they appear in every :class:`GemmSpec`): ``layers.<i>.self_attn.{q,k,v,out}_proj``,
-``layers.<i>.fc1``, ``layers.<i>.fc2``, ``lm_head``. The LM head's b_keys name the tied parameter,
-``embed_tokens.weight``. Parameter names in ``state_dict`` match the layer names.
+Layer names (they appear in every :class:`GemmSpec`): ``layers.<i>.self_attn.qkv_proj``,
+``layers.<i>.self_attn.out_proj``, ``layers.<i>.fc1``, ``layers.<i>.fc2``, ``lm_head``
+(:meth:`OptDecoder.gemm_layers`). ``qkv_proj`` is the q, k and v projections of one input applied
+as one linear (:func:`fused_linear`): one GEMM of each kind where three would each wait for their
+own first and last blocks. The parameters stay the three projections' own (``state_dict``:
+``layers.<i>.self_attn.{q,k,v,out}_proj.{weight,bias}``, as OPT names them); the LM head's b_keys
+name the tied parameter, ``embed_tokens.weight``.
 
 What stays on the PS (not GEMMs of a weight): embeddings, layer norms, the attention scores
 ``Q·Kᵀ`` and ``P·V`` (batched, activation × activation), the causal mask and softmax, ReLU.
@@ -22,16 +26,33 @@ Initialization follows OPT: weights and embeddings N(0, 0.02), biases 0, layer n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from testbed.ps_backend.engine.offload import GemmContext, OffloadedLinear
+from testbed.ps_backend.engine.offload import GemmContext, OffloadedLinear, fused_linear
 from testbed.topology import ModelSpec
 
 
+@dataclass(frozen=True)
+class GemmLayer:
+    """A linear as the executor sees it: its GemmSpec layer name, shape and weight b_key name."""
+
+    name: str
+    in_features: int
+    out_features: int
+    weight_key: str
+
+    @classmethod
+    def of(cls, lin: OffloadedLinear) -> GemmLayer:
+        return cls(lin.name, lin.in_features, lin.out_features, lin.weight_key)
+
+
 class SelfAttention(nn.Module):
-    """Causal multi-head self-attention; the four projections are offloaded."""
+    """Causal multi-head self-attention; the projections are offloaded, q/k/v as one GEMM."""
 
     def __init__(self, spec: ModelSpec, prefix: str, context: GemmContext) -> None:
         super().__init__()
@@ -44,6 +65,14 @@ class SelfAttention(nn.Module):
         self.k_proj = OffloadedLinear(h, h, name=f"{prefix}.k_proj", context=context)
         self.v_proj = OffloadedLinear(h, h, name=f"{prefix}.v_proj", context=context)
         self.out_proj = OffloadedLinear(h, h, name=f"{prefix}.out_proj", context=context)
+        self.qkv_name = f"{prefix}.qkv_proj"
+
+    def gemm_layers(self) -> list[GemmLayer]:
+        """The submitted linears: q/k/v as one (``qkv_proj``), then ``out_proj``."""
+        fused = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = GemmLayer(self.qkv_name, self.q_proj.in_features,
+                        sum(p.out_features for p in fused), f"{self.qkv_name}.weight")
+        return [qkv, GemmLayer.of(self.out_proj)]
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -52,9 +81,9 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over ``x`` of shape [B, T, hidden]; position t sees positions <= t."""
         b, t, hidden = x.shape
-        q = self._split(self.q_proj(x) * (self.head_dim ** -0.5))
-        k = self._split(self.k_proj(x))
-        v = self._split(self.v_proj(x))
+        qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj), self.qkv_name)
+        q, k, v = (self._split(p) for p in qkv.split(hidden, dim=-1))
+        q = q * (self.head_dim ** -0.5)
         scores = torch.matmul(q, k.transpose(-1, -2))  # [B, heads, T, T], on the PS
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(causal, float("-inf"))
@@ -74,6 +103,10 @@ class DecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(spec.hidden)
         self.fc1 = OffloadedLinear(spec.hidden, spec.ffn, name=f"{prefix}.fc1", context=context)
         self.fc2 = OffloadedLinear(spec.ffn, spec.hidden, name=f"{prefix}.fc2", context=context)
+
+    def gemm_layers(self) -> list[GemmLayer]:
+        """The submitted linears of the layer, in forward order."""
+        return [*self.self_attn.gemm_layers(), GemmLayer.of(self.fc1), GemmLayer.of(self.fc2)]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Apply the layer to hidden states [B, T, hidden]."""
@@ -100,8 +133,13 @@ class OptDecoder(nn.Module):
         nn.init.normal_(self.embed_positions.weight, mean=0.0, std=0.02)
 
     def offloaded_linears(self) -> list[OffloadedLinear]:
-        """Every offloaded linear layer, in forward order."""
+        """Every offloaded linear layer (the parameters' holders), in forward order."""
         return [m for m in self.modules() if isinstance(m, OffloadedLinear)]
+
+    def gemm_layers(self) -> list[GemmLayer]:
+        """What the executor sees: each submitted linear in forward order, q/k/v fused."""
+        out = [g for layer in self.layers for g in cast(DecoderLayer, layer).gemm_layers()]
+        return [*out, GemmLayer.of(self.lm_head)]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] for tokens [B, T] (T <= seq_len)."""
@@ -137,5 +175,5 @@ def gemm_flops_per_token(spec: ModelSpec) -> float:
     return 2.0 * (spec.layers * (4 * h * h + 2 * h * f) + h * spec.vocab)
 
 
-__all__ = ["OptDecoder", "DecoderLayer", "SelfAttention", "parameter_count", "count_parameters",
-           "gemm_flops_per_token"]
+__all__ = ["OptDecoder", "DecoderLayer", "GemmLayer", "SelfAttention", "parameter_count",
+           "count_parameters", "gemm_flops_per_token"]

@@ -27,6 +27,7 @@ plain ``F.linear`` under torch's own autograd (the single-process reference).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,38 @@ class OffloadedLinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
+def offloaded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     context: GemmContext, name: str, weight_key: str) -> torch.Tensor:
+    """``x·weightᵀ + bias`` for ``x`` of shape ``[..., in]``: its GEMMs go to the context's
+    executor under the layer name ``name``, or plain ``F.linear`` with no executor."""
+    if context.executor is None:
+        return F.linear(x, weight, bias)
+    lead = x.shape[:-1]
+    y = OffloadedLinearFunction.apply(x.reshape(-1, weight.shape[1]), weight, bias, context,
+                                      name, weight_key)
+    return y.reshape(*lead, weight.shape[0])
+
+
+def fused_linear(x: torch.Tensor, layers: Sequence[OffloadedLinear], name: str) -> torch.Tensor:
+    """Linears that read the same input, applied as one: ``x·[W₁; W₂; …]ᵀ + [b₁, b₂, …]``.
+
+    Their outputs side by side, each entry the same dot product as the linear's own; the
+    executor sees one GEMM of each kind (forward, input_grad, weight_grad) named ``name``, with
+    the b_key ``<name>.weight@<version>``. One GEMM instead of several pays wherever a GEMM's
+    start and end cost time (the first blocks down before anything computes, the last results
+    up after): the planner cuts the whole and the step waits once. In backward, autograd splits
+    the weight gradient back into the layers' own and ``dX`` is one K-split GEMM over all of
+    them. The concatenation is made at every call (the weights change every step); its b_key's
+    version names it as any weight's does.
+    """
+    weight = torch.cat(tuple(layer.weight for layer in layers))
+    biases = tuple(layer.bias for layer in layers if layer.bias is not None)
+    if biases and len(biases) != len(layers):
+        raise ValueError(f"{name}: the fused linears must all have a bias or none")
+    bias = torch.cat(biases) if biases else None
+    return offloaded_linear(x, weight, bias, layers[0].context, name, f"{name}.weight")
+
+
 class OffloadedLinear(nn.Module):
     """A drop-in ``nn.Linear`` whose GEMMs go to the executor of its :class:`GemmContext`.
 
@@ -138,13 +171,8 @@ class OffloadedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``[..., in_features]``."""
-        if self.context.executor is None:
-            return F.linear(x, self.weight, self.bias)
-        lead = x.shape[:-1]
-        x2d = x.reshape(-1, self.in_features)
-        y = OffloadedLinearFunction.apply(x2d, self.weight, self.bias, self.context, self.name,
-                                          self.weight_key)
-        return y.reshape(*lead, self.out_features)
+        return offloaded_linear(x, self.weight, self.bias, self.context, self.name,
+                                self.weight_key)
 
     def extra_repr(self) -> str:
         return (f"name={self.name!r}, in_features={self.in_features}, "
