@@ -465,8 +465,10 @@ def test_campus_uplink_is_the_bottleneck(tmp_path):
                                        f"{window_s} s exceeds the {slow_bps / 1e6:g} Mbit/s uplink"
     # All of the PS's traffic crosses the uplink: up, everything it receives; down, everything it
     # sends but the frames the uplink's queue dropped (TCP sent those again: ps_tx counts both).
+    # A sample reads the PS's counters before the uplink's, so a frame sent between the two
+    # reads of the last sample counts on the uplink only (seen: 340 bytes over 2.2 MB).
     assert total["uplink_up"] == pytest.approx(total["ps_rx"], rel=0.01)
-    assert total["uplink_down"] <= total["ps_tx"]
+    assert total["uplink_down"] <= total["ps_tx"] + 4 * 1514
     assert total["uplink_down"] >= 0.8 * total["ps_tx"]
     if total["ps_tx"] - total["uplink_down"] > 64 * 1514:
         assert total["ps_retrans_segs"] > 0, "frames were dropped, so TCP retransmitted"
