@@ -10,9 +10,11 @@ planner's prediction for its forward and backward planned apart and on one grid 
 forward's W and X blocks for backward; docs/planning.md) and which it takes.
 
     .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--quick]
+                                            [--window-scale N]
 
 `--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
-topologies/hotcarbon.yaml (about 10 s).
+topologies/hotcarbon.yaml (about 10 s). `--window-scale` sets the scheduler's window depth
+(`WINDOW_SCALE`), to see what deeper windows would do.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from testbed.ps_backend import scheduler  # noqa: E402
 from testbed.ps_backend.step_plan import LAYER_GAIN  # noqa: E402
 from testbed.simulate.chain import linears  # noqa: E402
 from testbed.simulate.sim import Simulation  # noqa: E402
@@ -46,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", action="store_true",
                    help="per linear shape: planned apart or on one grid, predicted")
     p.add_argument("--quick", action="store_true", help="cut the model to 2 layers")
+    p.add_argument("--window-scale", type=float, default=scheduler.WINDOW_SCALE,
+                   help="tiles in a median-speed device's window (default %(default)s; a "
+                        "device's max_in_flight still caps it)")
     args = p.parse_args(argv)
+    scheduler.WINDOW_SCALE = args.window_scale
     topology = load_topology(args.topology).with_overrides(steps=1)
     if args.quick:
         job = topology.job
@@ -72,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"step: {device_s:.2f} s device time, bound_s {record.bound_s:.2f} s "
           f"(x{device_s / record.bound_s:.2f}); bytes down {stats.bytes_down / 1e9:.2f} GB "
           f"against bytes_min_down {record.bytes_min_down / 1e9:.2f} GB, "
-          f"up {stats.bytes_up / 1e9:.2f} GB")
+          f"up {stats.bytes_up / 1e9:.2f} GB; {stats.tiles} tiles, {stats.backups} backup "
+          f"copies ({stats.backup_wins} won), {stats.wasted} results wasted")
     if args.layers:
         print_layers(sim, topology)
     return 0

@@ -90,6 +90,10 @@ STRAGGLER_RATIO = 2.0
 EWMA_WEIGHT = 0.3  # weight of the newest observation in a device's speed estimate
 MAX_COPIES = 2  # a task is out on at most this many devices at once (primary + one backup)
 MIN_BACKUP_GAIN_S = 0.05  # a backup must promise to save at least this much wall time
+# A device's window is WINDOW_SCALE tiles at the median predicted rate, more for a faster device,
+# fewer for a slower one, within its max_in_flight (docs/planning.md, "Not done yet", has what
+# deeper windows do in the simulator: bench/stage_profile.py --window-scale).
+WINDOW_SCALE = 2
 # A copy this long (wall seconds x dilation) past its predicted return may be backed up even
 # while its holder's or the idle device's overhead is unknown: a device that heartbeats but never
 # returns its first tiles must not hold a step up until its lease ends (it never does).
@@ -1059,7 +1063,7 @@ class Scheduler:
             return
         median = statistics.median(s.predicted_gflops for s in trusted) or 1.0
         for s in trusted:
-            scaled = round(2 * s.predicted_gflops / median)
+            scaled = round(WINDOW_SCALE * s.predicted_gflops / median)
             s.window = max(1, min(s.max_in_flight, scaled))
 
     # -- work in -------------------------------------------------------------------------------
