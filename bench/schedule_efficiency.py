@@ -105,10 +105,10 @@ def plan_only(names: list[str], quick: bool) -> None:
     for name in names:
         topo = load_topology(REPO / "topologies" / f"{name}.yaml")
         inputs = plan_inputs(topo)
-        links = inputs["group_links"]
-        classes = [PlanDevice(g, r * 1e9, *links[g], count=n) for g, n, r in
+        plan_links, own_links = inputs["plan_links"], inputs["group_links"]
+        classes = [PlanDevice(g, r * 1e9, *plan_links[g], count=n) for g, n, r in
                    inputs["planned_groups"]]
-        devices = [BoundDevice(f"{c.name}{i}", c.rate_flops, c.down_Bps, c.up_Bps, c.rtt_s)
+        devices = [BoundDevice(f"{c.name}{i}", c.rate_flops, *own_links[c.name])
                    for c in classes for i in range(c.count)]
         spec = topo.job.model
         hidden, ffn, seq = (128, 512, 64) if quick else (spec.hidden, spec.ffn, spec.seq_len)

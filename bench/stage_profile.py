@@ -14,7 +14,7 @@ forward's W and X blocks for backward; docs/planning.md) and which it takes.
 
 `--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
 topologies/hotcarbon.yaml (about 10 s). `--window-scale` sets the scheduler's window depth
-(`WINDOW_SCALE`), to see what deeper windows would do.
+(`Scheduler.window_scale`) to see what other windows do.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from testbed.ps_backend import scheduler  # noqa: E402
+from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE, WINDOW_SCALE  # noqa: E402
 from testbed.ps_backend.step_plan import LAYER_GAIN  # noqa: E402
 from testbed.simulate.chain import linears  # noqa: E402
 from testbed.simulate.sim import Simulation  # noqa: E402
@@ -49,17 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", action="store_true",
                    help="per linear shape: planned apart or on one grid, predicted")
     p.add_argument("--quick", action="store_true", help="cut the model to 2 layers")
-    p.add_argument("--window-scale", type=float, default=scheduler.WINDOW_SCALE,
-                   help="tiles in a median-speed device's window (default %(default)s; a "
+    p.add_argument("--window-scale", type=float, default=None,
+                   help="tiles in a median-speed device's window (default: the planner's, "
+                        f"{PLANNED_WINDOW_SCALE} for auto and {WINDOW_SCALE} for fifo; a "
                         "device's max_in_flight still caps it)")
     args = p.parse_args(argv)
-    scheduler.WINDOW_SCALE = args.window_scale
     topology = load_topology(args.topology).with_overrides(steps=1)
     if args.quick:
         job = topology.job
         model = dataclasses.replace(job.model, layers=min(2, job.model.layers))
         topology = topology.with_overrides(job=dataclasses.replace(job, model=model))
     sim = Simulation(topology, noise=True)
+    if args.window_scale is not None:
+        sim.scheduler.window_scale = args.window_scale  # before the devices join
     started = time.monotonic()
     sim.start()
     device_s, stats, record = sim.run_step(0)

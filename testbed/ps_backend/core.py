@@ -33,6 +33,7 @@ from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.admission import JoinLimiter, RefusalLog
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import (
+    WINDOW_SCALE,
     Assignment,
     DeviceSlot,
     GemmJob,
@@ -152,8 +153,12 @@ class PsConfig:
     quarantine_after: int = 3  # failed checks before a device is quarantined; 0 = never
     speculate: bool = True  # backup copies of straggling tiles when devices sit idle
     planner: str = "auto"  # job.parallelism.planner: auto (tile planner) | fifo (fixed tiles)
-    # per device group: (down_Bps, up_Bps, rtt_s) in device time, from the topology
+    window_scale: float = WINDOW_SCALE  # a median device's window (PLANNED_WINDOW_SCALE: auto)
+    # per device group: (down_Bps, up_Bps, rtt_s) in device time, from the topology: what its
+    # own path carries (the bound's), and that capped at its fair share of the switch links it
+    # shares with other devices (the planner's; main.plan_inputs). No plan_links: group_links.
     group_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    plan_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     ps_link_Bps: tuple[float, float] = (float("inf"), float("inf"))  # PS (down, up)
     # the devices the topology names, as (group, count, gflops): plans are made for these so
     # a restarted PS cuts every GEMM the same way
@@ -203,7 +208,8 @@ class PsCore:
         self.scheduler = Scheduler(check_values=config.check_values,
                                    freivalds_vectors=config.freivalds_vectors,
                                    quarantine_after=config.quarantine_after,
-                                   dilation=config.time_dilation, speculate=config.speculate)
+                                   dilation=config.time_dilation, speculate=config.speculate,
+                                   window_scale=config.window_scale)
         # quarantine is per session (device id), never per name: a name is only a label the
         # device chose, so anyone with the token could claim an honest device's (see docs)
         self.quarantined: dict[str, str] = {}  # device id -> name, every session quarantined

@@ -21,6 +21,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -38,6 +39,7 @@ from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S, PsConfig
 from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor, WatchdogError
 from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
+from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE, WINDOW_SCALE
 from testbed.ps_backend.tls import make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology
@@ -156,11 +158,56 @@ def cut_Bps(topology: Topology) -> tuple[float, float]:
     return down, up
 
 
+def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
+                    ) -> dict[str, tuple[float, float]]:
+    """Per group, the (down, up) bytes/s one of its devices gets while every device of the
+    topology moves data at once: the max-min fair share of its own link (``own_Bps``, per group)
+    and of the switch links above it that only some of the devices sit below (large: 59 phones
+    below one 1 Gbit uplink get ~17 Mbit/s each of their 100).
+
+    A switch link that every device sits below is left out, as is the PS's own link: all the
+    traffic crosses it, so it caps the aggregate, which the planner weighs as the PS link
+    (``ps_link_Bps``, :func:`cut_Bps`) with the devices that take part. A fair share for every
+    device would not know which take part (campus's plans put the work on its 8 laptops, which
+    then have its one uplink to themselves).
+    """
+    from testbed.simulate.network import max_min_rates
+
+    uplinks = {sl.lower: sl for sl in topology.network.links}
+    below: dict[str, int] = {}  # devices below each switch link
+    paths_of: list[list[str]] = []
+    for d in topology.devices:
+        path, switch = [], d.group.switch
+        while switch in uplinks:  # up the tree to the PS's switch
+            path.append(switch)
+            below[switch] = below.get(switch, 0) + 1
+            switch = uplinks[switch].upper
+        paths_of.append(path)
+    partial = [s for s, n in below.items() if n < len(topology.devices)]
+    shares = {g: [math.inf, math.inf] for g in own_Bps}
+    for direction in (0, 1):
+        link_of = {s: i for i, s in enumerate(partial)}
+        capacity = [(uplinks[s].link.down_bps, uplinks[s].link.up_bps)[direction] / 8
+                    for s in partial]
+        paths = []
+        for d, switches in zip(topology.devices, paths_of):
+            capacity.append(own_Bps[d.group.group][direction])
+            paths.append([len(capacity) - 1, *(link_of[s] for s in switches if s in link_of)])
+        for d, rate in zip(topology.devices, max_min_rates(paths, capacity)):
+            group = shares[d.group.group]
+            group[direction] = min(group[direction], float(rate))
+    return {g: (down, up) for g, (down, up) in shares.items()}
+
+
 def plan_inputs(topology: Topology) -> dict[str, Any]:
     """What the planner and the bound need from the topology: links, groups, PS link.
 
-    The PS link they see is the PS's own, capped by what the switch links let through to all
-    devices (:func:`cut_Bps`): a lower bound stays one, and the planner sees the shared uplink.
+    ``group_links`` is what each group's own path carries: the bound's (a subset of the devices
+    could have a shared switch link to themselves). ``plan_links`` is that capped at the group's
+    fair share of the switch links it shares (:func:`fair_shares_Bps`): the planner's, and what
+    stealing and backups weigh. The PS link they see is the PS's own, capped by what the switch
+    links let through to all devices (:func:`cut_Bps`): a lower bound stays one, and the planner
+    sees the shared uplink.
     """
     from testbed.agent.link import mathis_rate_bps
     from testbed.emulator.network.base import path_delay_s, path_loss
@@ -175,6 +222,8 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
         cap_bps = mathis_rate_bps(delay_s, path_loss(topology, d))
         links[d.group.group] = (min(d.link.down_bps, cap_bps) / 8,
                                 min(d.link.up_bps, cap_bps) / 8, 2 * delay_s)
+    fair = fair_shares_Bps(topology, {g: (down, up) for g, (down, up, _) in links.items()})
+    plan_links = {g: (*fair[g], rtt) for g, (_, _, rtt) in links.items()}
     groups = []
     for g in topology.groups:
         try:
@@ -184,7 +233,7 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
         groups.append((g.group, g.count, float(gflops)))
     ps = topology.network.ps.link
     cut_down, cut_up = cut_Bps(topology)
-    return {"group_links": links,
+    return {"group_links": links, "plan_links": plan_links,
             "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),
             "planned_groups": tuple(groups)}
 
@@ -199,7 +248,8 @@ def ps_config(topology: Topology, **run: Any) -> PsConfig:
         tile_n=p.tile_n, min_offload_flops=p.min_offload_flops,
         max_message_bytes=PLANNED_MESSAGE_BYTES if p.planner == "auto" else
         max_message_bytes(p.tile_m, p.tile_n),
-        planner=p.planner, **plan_inputs(topology), check_values=validation.enabled,
+        planner=p.planner, window_scale=PLANNED_WINDOW_SCALE if p.planner == "auto" else
+        WINDOW_SCALE, **plan_inputs(topology), check_values=validation.enabled,
         freivalds_vectors=validation.freivalds_vectors,
         quarantine_after=validation.quarantine_after)
     return PsConfig(**{**fields, **run})

@@ -90,10 +90,13 @@ STRAGGLER_RATIO = 2.0
 EWMA_WEIGHT = 0.3  # weight of the newest observation in a device's speed estimate
 MAX_COPIES = 2  # a task is out on at most this many devices at once (primary + one backup)
 MIN_BACKUP_GAIN_S = 0.05  # a backup must promise to save at least this much wall time
-# A device's window is WINDOW_SCALE tiles at the median predicted rate, more for a faster device,
-# fewer for a slower one, within its max_in_flight (docs/planning.md, "Not done yet", has what
-# deeper windows do in the simulator: bench/stage_profile.py --window-scale).
+# A device's window is `window_scale` tiles at the median predicted rate, more for a faster
+# device, fewer for a slower one, within its max_in_flight. The queue's order (fifo) hands any
+# device any tile, so a slow device must not hoard them: 2. The planner's tiles have owners, and a
+# window has to keep the owner's downlink busy while a result makes its round trip: 8
+# (docs/planning.md, "Windows"; bench/stage_profile.py --window-scale tries others).
 WINDOW_SCALE = 2
+PLANNED_WINDOW_SCALE = 8
 # A copy this long (wall seconds x dilation) past its predicted return may be backed up even
 # while its holder's or the idle device's overhead is unknown: a device that heartbeats but never
 # returns its first tiles must not hold a step up until its lease ends (it never does).
@@ -957,7 +960,7 @@ class Scheduler:
 
     def __init__(self, on_event: Callable[..., None] | None = None, check_values: bool = True,
                  freivalds_vectors: int = 1, quarantine_after: int = 3, dilation: float = 1.0,
-                 speculate: bool = True):
+                 speculate: bool = True, window_scale: float = WINDOW_SCALE):
         self.devices: dict[str, DeviceSlot] = {}
         self.pending = PendingQueue(self._owner_dead)
         self._backups = BackupIndex(self.devices)
@@ -971,6 +974,7 @@ class Scheduler:
         self.quarantine_after = quarantine_after
         self.dilation = dilation
         self.speculate = speculate
+        self.window_scale = window_scale  # tiles a median-speed device may have out
         self.counters = SchedulerCounters()
         self._mean_overhead_s: float | None = None  # cache of _overhead_s's fallback
 
@@ -1063,7 +1067,7 @@ class Scheduler:
             return
         median = statistics.median(s.predicted_gflops for s in trusted) or 1.0
         for s in trusted:
-            scaled = round(WINDOW_SCALE * s.predicted_gflops / median)
+            scaled = round(self.window_scale * s.predicted_gflops / median)
             s.window = max(1, min(s.max_in_flight, scaled))
 
     # -- work in -------------------------------------------------------------------------------

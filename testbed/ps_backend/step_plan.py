@@ -120,6 +120,11 @@ class StepPlanner:
         slot.down_Bps = self._link(slot.group)[0]
 
     def _link(self, group: str) -> tuple[float, float, float]:
+        """The group's link as plans, stealing and backups weigh it: its fair share."""
+        return self.config.plan_links.get(group) or self._own_link(group)
+
+    def _own_link(self, group: str) -> tuple[float, float, float]:
+        """The group's link as the bound counts it: what its own path carries."""
         return self.config.group_links.get(group, (INF, INF, 0.0))
 
     @staticmethod
@@ -434,7 +439,7 @@ class StepPlanner:
         for s in self._seen.values():
             if s.quarantined:
                 continue
-            down, up, rtt = self._link(s.group)
+            down, up, rtt = self._own_link(s.group)
             rate = max(s.predicted_gflops * 1e9, s.peak_rate_flops, s.rate_flops)
             out.append(BoundDevice(s.name, rate, down, up, rtt))
         return out

@@ -148,7 +148,8 @@ class Simulation(EventLoop):
         c = self.config
         self.scheduler = ValuelessScheduler(check_values=False,
                                             freivalds_vectors=c.freivalds_vectors,
-                                            quarantine_after=c.quarantine_after, dilation=1.0)
+                                            quarantine_after=c.quarantine_after, dilation=1.0,
+                                            window_scale=c.window_scale)
         self.planner = StepPlanner(self.config, clock=lambda: self.now_s)
         # the pump's ready list, filed as devices change instead of sorted at every result
         self.ready = ReadyIndex(self.scheduler)

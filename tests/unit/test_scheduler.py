@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -39,6 +40,24 @@ def test_windows_follow_predicted_speed() -> None:
     for name, g in (("p0", 10), ("p1", 10), ("p2", 10), ("laptop", 100)):
         s.add_device(slot(name, g, window=8))
     assert s.devices["p0"].window == 2 and s.devices["laptop"].window == 8
+    deep = Scheduler(window_scale=4)  # the planner's windows: deeper, still capped
+    for name, g in (("p0", 10), ("p1", 10), ("p2", 10), ("slow", 5), ("laptop", 100)):
+        deep.add_device(slot(name, g, window=8))
+    assert [deep.devices[n].window for n in ("p0", "slow", "laptop")] == [4, 2, 8]
+
+
+def test_the_planner_gets_deeper_windows_than_the_queue() -> None:
+    from testbed.ps_backend.main import ps_config
+    from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE, WINDOW_SCALE
+    from testbed.topology import load_topology
+    from tests.conftest import TINY
+
+    topology = load_topology(TINY)
+    assert topology.job.parallelism.planner == "auto"
+    assert ps_config(topology).window_scale == PLANNED_WINDOW_SCALE > WINDOW_SCALE
+    fifo = dataclasses.replace(topology.job.parallelism, planner="fifo")
+    job = dataclasses.replace(topology.job, parallelism=fifo)
+    assert ps_config(topology.with_overrides(job=job)).window_scale == WINDOW_SCALE
 
 
 def test_full_gemm_through_devices_matches_numpy() -> None:

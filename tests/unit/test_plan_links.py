@@ -1,0 +1,54 @@
+"""The links the planner weighs (a group's fair share of the switch links it shares with other
+devices) and the links the bound counts (what the group's own path carries)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from testbed.ps_backend.main import plan_inputs
+from testbed.ps_backend.scheduler import DeviceSlot
+from testbed.ps_backend.step_plan import StepPlanner
+from testbed.topology import load_topology
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
+def test_devices_below_a_shared_uplink_plan_with_their_share_the_bound_with_their_own() -> None:
+    inputs = plan_inputs(load_topology(TOPOLOGIES / "large.yaml"))
+    own, plan = inputs["group_links"], inputs["plan_links"]
+    # 59 phones of 100 Mbit down / 20 up below one 1 Gbit access-point uplink each way
+    assert close(own["phones-a"][0], 100e6 / 8) and close(own["phones-a"][1], 20e6 / 8)
+    assert close(plan["phones-a"][0], 1e9 / 8 / 59) and close(plan["phones-a"][1], 1e9 / 8 / 59)
+    # phones-d's own lossy path (3.2 Mbit/s) is below its share: the share changes nothing
+    assert plan["phones-d"][:2] == own["phones-d"][:2]
+    # the laptops sit on the core switch, below no switch link; round trips are the paths'
+    assert plan["laptops"] == own["laptops"]
+    assert all(plan[g][2] == own[g][2] for g in own)
+
+
+def test_a_switch_link_every_device_sits_below_is_left_to_the_ps_link_cap() -> None:
+    # campus: all 32 devices below the one 1 Gbit uplink; their plans use the 8 laptops, which
+    # then have it to themselves, and the PS link (capped at 1 Gbit) weighs it
+    inputs = plan_inputs(load_topology(TOPOLOGIES / "campus.yaml"))
+    assert inputs["plan_links"] == inputs["group_links"]
+    assert close(inputs["ps_link_Bps"][0], 1e9 / 8)
+
+
+def test_plans_weigh_the_share_and_the_bound_the_own_link() -> None:
+    config = SimpleNamespace(planner="auto", planned_groups=[("p", 2, 10.0)],
+                             group_links={"p": (4e6, 2e6, 0.01)},
+                             plan_links={"p": (1e6, 0.5e6, 0.01)},
+                             ps_link_Bps=(float("inf"), float("inf")),
+                             max_message_bytes=64 << 20, tile_m=256, tile_n=256)
+    planner = StepPlanner(config)  # type: ignore[arg-type]
+    slot = DeviceSlot("d0", "p-0", 10.0, 4, 1 << 20, group="p")
+    planner.saw(slot)
+    assert slot.down_Bps == 1e6  # stealing and backups weigh the share
+    [device] = planner.bound_devices()
+    assert (device.down_Bps, device.up_Bps) == (4e6, 2e6)
+    assert [(c.down_Bps, c.up_Bps) for c in planner._classes([slot])] == [(1e6, 0.5e6)]
