@@ -184,9 +184,9 @@ def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
             switch = uplinks[switch].upper
         paths_of.append(path)
     partial = [s for s, n in below.items() if n < len(topology.devices)]
+    link_of = {s: i for i, s in enumerate(partial)}  # the shared links come first
     shares = {g: [math.inf, math.inf] for g in own_Bps}
     for direction in (0, 1):
-        link_of = {s: i for i, s in enumerate(partial)}
         capacity = [(uplinks[s].link.down_bps, uplinks[s].link.up_bps)[direction] / 8
                     for s in partial]
         paths = []
