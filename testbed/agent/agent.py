@@ -222,6 +222,10 @@ class Agent:
             try:
                 session = _Session(self)
                 self._session = session
+                if self.stopping.is_set():
+                    # the stop came while the session was being made: request_stop found no
+                    # session to leave, and the PS could hold its stream open for ever
+                    break
                 reason = session.run()
                 if reason == "stop":
                     return EXIT_OK
