@@ -33,6 +33,7 @@ from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.admission import JoinLimiter, RefusalLog
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import (
+    PLANNED_WINDOW_SCALE,
     WINDOW_SCALE,
     Assignment,
     DeviceSlot,
@@ -153,7 +154,6 @@ class PsConfig:
     quarantine_after: int = 3  # failed checks before a device is quarantined; 0 = never
     speculate: bool = True  # backup copies of straggling tiles when devices sit idle
     planner: str = "auto"  # job.parallelism.planner: auto (tile planner) | fifo (fixed tiles)
-    window_scale: float = WINDOW_SCALE  # a median device's window (PLANNED_WINDOW_SCALE: auto)
     # per device group: (down_Bps, up_Bps, rtt_s) in device time, from the topology: what its
     # own path carries (the bound's), and that capped at its fair share of the switch links it
     # shares with other devices (the planner's; main.plan_inputs). No plan_links: group_links.
@@ -165,6 +165,11 @@ class PsConfig:
     planned_groups: tuple[tuple[str, int, float], ...] = ()
     no_progress_s: float = NO_PROGRESS_S  # watchdog: 0 = off (job.watchdog.no_progress_s)
     fd_limit: int = 0  # soft RLIMIT_NOFILE the server runs with (0: read it at start)
+
+    @property
+    def window_scale(self) -> float:
+        """A median-speed device's window: deeper when the planner's tiles have owners."""
+        return PLANNED_WINDOW_SCALE if self.planner == "auto" else WINDOW_SCALE
 
 
 @dataclass(eq=False)

@@ -39,7 +39,6 @@ from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S, PsConfig
 from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor, WatchdogError
 from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
-from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE, WINDOW_SCALE
 from testbed.ps_backend.tls import make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology
@@ -248,8 +247,7 @@ def ps_config(topology: Topology, **run: Any) -> PsConfig:
         tile_n=p.tile_n, min_offload_flops=p.min_offload_flops,
         max_message_bytes=PLANNED_MESSAGE_BYTES if p.planner == "auto" else
         max_message_bytes(p.tile_m, p.tile_n),
-        planner=p.planner, window_scale=PLANNED_WINDOW_SCALE if p.planner == "auto" else
-        WINDOW_SCALE, **plan_inputs(topology), check_values=validation.enabled,
+        planner=p.planner, **plan_inputs(topology), check_values=validation.enabled,
         freivalds_vectors=validation.freivalds_vectors,
         quarantine_after=validation.quarantine_after)
     return PsConfig(**{**fields, **run})

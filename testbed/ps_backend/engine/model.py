@@ -67,11 +67,15 @@ class SelfAttention(nn.Module):
         self.out_proj = OffloadedLinear(h, h, name=f"{prefix}.out_proj", context=context)
         self.qkv_name = f"{prefix}.qkv_proj"
 
+    @property
+    def qkv(self) -> tuple[OffloadedLinear, OffloadedLinear, OffloadedLinear]:
+        """The projections applied as one linear, in output order."""
+        return self.q_proj, self.k_proj, self.v_proj
+
     def gemm_layers(self) -> list[GemmLayer]:
         """The submitted linears: q/k/v as one (``qkv_proj``), then ``out_proj``."""
-        fused = (self.q_proj, self.k_proj, self.v_proj)
         qkv = GemmLayer(self.qkv_name, self.q_proj.in_features,
-                        sum(p.out_features for p in fused), f"{self.qkv_name}.weight")
+                        sum(p.out_features for p in self.qkv), f"{self.qkv_name}.weight")
         return [qkv, GemmLayer.of(self.out_proj)]
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +85,7 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over ``x`` of shape [B, T, hidden]; position t sees positions <= t."""
         b, t, hidden = x.shape
-        qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj), self.qkv_name)
+        qkv = fused_linear(x, self.qkv, self.qkv_name)
         q, k, v = (self._split(p) for p in qkv.split(hidden, dim=-1))
         q = q * (self.head_dim ** -0.5)
         scores = torch.matmul(q, k.transpose(-1, -2))  # [B, heads, T, T], on the PS
