@@ -27,6 +27,7 @@ Units: ``rate_flops`` FLOP per device second, ``down_Bps``/``up_Bps`` bytes per 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,8 @@ from typing import Callable, Sequence
 
 INF = float("inf")
 MIN_TILE = 16  # no tile edge below this (a tile's per-message cost would dominate)
-MAX_TILES_PER_DEVICE = 8  # the search's largest grid: this many tiles per device
+MAX_TILES_PER_DEVICE = 16  # the search's largest grid: this many tiles per device
+MAX_PAIR_BLOCKS_PER_DEVICE = 16  # a backward pair's (two tiles a block)
 MAX_K_PARTS = 16
 # what one tile costs a device beyond its bytes and FLOPs (the messages' handling on both sides,
 # the PS's check): on the loopback stack a few ms of host time; it keeps small GEMMs in few tiles
@@ -117,46 +119,56 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
     5 x 3 grid get one tile each (plain bisection cuts 15 devices 7 | 8 and the 5 rows 2 | 3).
     """
     named = sorted(((n, w) for n, w in weights if w > 0), key=lambda x: (-x[1], x[0]))
-    out: dict[str, Box] = {}
+    if not named:
+        return {}
+    boxes = _cut(grid[0], grid[1], grid[2], tuple(w for _, w in named), tile_bytes, fit)
+    return {name: box for (name, _), box in zip(named, boxes) if box is not None}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cut(nr: int, nc: int, ns: int, weights: tuple[float, ...],
+         tile_bytes: tuple[float, float, float], fit: bool) -> tuple[Box | None, ...]:
+    """:func:`split_boxes` of an ``nr x nc x ns`` box at the origin among devices of these
+    weights (heaviest first): each device's box, or None. Cached: the search cuts the same
+    runs of equal devices on the same boxes again and again."""
+    if len(weights) == 1 or nr * nc * ns == 1:
+        return ((0, nr, 0, nc, 0, ns),) + (None,) * (len(weights) - 1)
     a_b, b_b, c_b = tile_bytes
-
-    def cut(box: Box, devs: list[tuple[str, float]]) -> None:
-        r0, r1, c0, c1, s0, s1 = box
-        nr, nc, ns = r1 - r0, c1 - c0, s1 - s0
-        if len(devs) == 1 or nr * nc * ns == 1:
-            out[devs[0][0]] = box
-            return
-        prefix = list(itertools.accumulate(w for _, w in devs))
-        total = prefix[-1]
-        # (duplicated bytes, dimension, extent) of each possible cut
-        options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
-        options = sorted((o for o in options if o[2] >= 2), key=lambda o: (o[0], o[1]))
-        if fit:
-            # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
-            # gets tiles exactly in proportion to its weight
-            fits = [_best_fit(extent_, total, prefix) for _, _, extent_ in options]
-            good = [j for j, f in enumerate(fits) if f[0] <= FIT_SLACK]
-            j = good[0] if good else min(range(len(fits)), key=lambda j: fits[j][0])
-            dim, at, split = options[j][1], fits[j][2], fits[j][3]
-            left, right = devs[:split], devs[split:]
-        else:
-            # the split whose left run's weight is nearest half: beside where half falls
-            j = bisect.bisect_left(prefix, total / 2, 0, len(devs) - 1)
-            split = min(range(max(1, j), min(len(devs) - 1, j + 1) + 1),
-                        key=lambda i: abs(prefix[i - 1] - total / 2))
-            left, right = devs[:split], devs[split:]
-            share = prefix[split - 1] / total
-            _, dim, extent = options[0]
-            at = min(extent - 1, max(1, round(extent * share)))
-        lo, hi = list(box), list(box)
-        lo[2 * dim + 1] = box[2 * dim] + at
-        hi[2 * dim] = box[2 * dim] + at
-        cut((lo[0], lo[1], lo[2], lo[3], lo[4], lo[5]), left)
-        cut((hi[0], hi[1], hi[2], hi[3], hi[4], hi[5]), right)
-
-    if named:
-        cut((0, grid[0], 0, grid[1], 0, grid[2]), named)
-    return out
+    prefix = list(itertools.accumulate(weights))
+    total = prefix[-1]
+    # (duplicated bytes, dimension, extent) of each possible cut
+    options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
+    options = sorted((o for o in options if o[2] >= 2), key=lambda o: (o[0], o[1]))
+    if fit:
+        # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
+        # gets tiles exactly in proportion to its weight
+        fits = []
+        for _, _, extent_ in options:  # the first good one wins: try no further
+            fits.append(_best_fit(extent_, total, prefix))
+            if fits[-1][0] <= FIT_SLACK:
+                break
+        j = len(fits) - 1 if fits[-1][0] <= FIT_SLACK else \
+            min(range(len(fits)), key=lambda j: fits[j][0])
+        dim, at, split = options[j][1], fits[j][2], fits[j][3]
+    else:
+        # the split whose left run's weight is nearest half: beside where half falls
+        j = bisect.bisect_left(prefix, total / 2, 0, len(weights) - 1)
+        split = min(range(max(1, j), min(len(weights) - 1, j + 1) + 1),
+                    key=lambda i: abs(prefix[i - 1] - total / 2))
+        share = prefix[split - 1] / total
+        _, dim, extent = options[0]
+        at = min(extent - 1, max(1, round(extent * share)))
+    lo, hi = [nr, nc, ns], [nr, nc, ns]
+    lo[dim] = at
+    hi[dim] -= at
+    offset = [0, 0, 0]
+    offset[dim] = at
+    out: list[Box | None] = list(_cut(lo[0], lo[1], lo[2], weights[:split], tile_bytes, fit))
+    for box in _cut(hi[0], hi[1], hi[2], weights[split:], tile_bytes, fit):
+        out.append(None if box is None else (
+            box[0] + offset[0], box[1] + offset[0], box[2] + offset[1], box[3] + offset[1],
+            box[4] + offset[2], box[5] + offset[2]))
+    return tuple(out)
 
 
 def _best_fit(extent: int, total: float, prefix: Sequence[float]) -> tuple[float, int, int, int]:
@@ -167,22 +179,28 @@ def _best_fit(extent: int, total: float, prefix: Sequence[float]) -> tuple[float
     cut nears its share: so only the pairs beside those points need trying, from whichever
     side has fewer (trying every pair made the search quadratic at 1,000 devices)."""
     splits = len(prefix) - 1
+    best = (INF, 0, 0, 0)
 
-    def imbalance(at: int, i: int) -> tuple[float, int, int, int]:
-        return (max(at / extent * total / prefix[i - 1],
-                    (extent - at) / extent * total / (total - prefix[i - 1])),
-                abs(2 * at - extent), at, i)
+    def consider(at: int, i: int) -> None:
+        nonlocal best
+        left = prefix[i - 1]
+        value = max(at / extent * total / left, (extent - at) / extent * total / (total - left))
+        if value <= best[0]:
+            key = (value, abs(2 * at - extent), at, i)
+            if key < best:
+                best = key
 
-    pairs: list[tuple[int, int]] = []
     if extent <= splits:
         for at in range(1, extent):
             j = bisect.bisect_left(prefix, at / extent * total, 0, splits)
-            pairs += [(at, i) for i in range(max(1, j - 1), min(splits, j + 2) + 1)]
+            for i in range(max(1, j - 1), min(splits, j + 2) + 1):
+                consider(at, i)
     else:
         for i in range(1, splits + 1):
             mid = int(prefix[i - 1] / total * extent)
-            pairs += [(at, i) for at in range(max(1, mid - 1), min(extent - 1, mid + 2) + 1)]
-    return min(imbalance(at, i) for at, i in pairs)
+            for at in range(max(1, mid - 1), min(extent - 1, mid + 2) + 1):
+                consider(at, i)
+    return best
 
 
 def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: float,
@@ -206,6 +224,11 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
         nr, nc = nr / math.sqrt(members), nc / math.sqrt(members)
     rate, down, up = d.rate_flops / members, d.down_Bps / members, d.up_Bps / members
     tiles = nr * nc * ns
+    if members == 1:
+        return _box_replay_s(int(nr), int(nc), int(ns), flops / max(rate, 1.0),
+                             a_bytes / down if down > 0 else INF,
+                             b_bytes / down if down > 0 else INF,
+                             c_bytes / up if up > 0 else INF) + tiles * TILE_OVERHEAD_S
     down_B = ns * (nr * a_bytes + nc * b_bytes)
     d_s = down_B / down if down > 0 else INF
     one_down = (a_bytes + b_bytes) / down if down > 0 else INF
@@ -213,6 +236,59 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
     one_f = flops / max(rate, 1.0)
     return max(d_s + one_f + one_up, one_down + one_f + tiles * one_up,
                one_down + tiles * one_f + one_up) + tiles * TILE_OVERHEAD_S
+
+
+# A tile of a box as the replay sees it: the blocks it needs (name, seconds to come down), its
+# compute seconds, its result's seconds to go up.
+_ReplayTile = tuple[tuple[tuple[object, float], ...], float, float]
+
+
+def pipeline_s(tiles: Sequence[_ReplayTile], window: int = 8) -> float:
+    """Seconds until the last of a device's tiles is up, the tiles taken in this order.
+
+    A tile's blocks the device does not hold yet come down after the ones before it; it
+    computes after the tile before it, once they are down; its result goes up after the one
+    before it. At most ``window`` tiles are out: a tile is sent once the one ``window`` before
+    it is up. (The closed form used before, the slowest stream plus one tile's other two ends,
+    missed the tail: the last block of hotcarbon's fused q/k/v forward brought three tiles of a
+    3 x 3 box whose results then queued on the uplink, 0.85 s predicted, 1.08 s simulated.)
+    """
+    held: set[object] = set()
+    down_end = comp_end = 0.0
+    ups: list[float] = []
+    for blocks, f_s, up_s in tiles:
+        if len(ups) >= window:
+            down_end = max(down_end, ups[-window])
+        for name, down_s in blocks:
+            if name not in held:
+                held.add(name)
+                down_end += down_s
+        comp_end = max(down_end, comp_end) + f_s
+        ups.append(max(comp_end, ups[-1] if ups else 0.0) + up_s)
+    return ups[-1] if ups else 0.0
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _box_replay_s(nr: int, nc: int, ns: int, f_s: float, a_s: float, b_s: float,
+                  c_s: float) -> float:
+    """:func:`pipeline_s` of a GEMM box of ``nr x nc x ns`` tiles in the scheduler's ``(s, r,
+    c)`` order: A block ``(r, s)`` and B block ``(c, s)``."""
+    return pipeline_s([(((("a", r, s), a_s), (("b", c, s), b_s)), f_s, c_s)
+                       for s in range(ns) for r in range(nr) for c in range(nc)])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _pair_replay_s(bt: int, bo: int, bc: int, f_s: float, dy_s: float, w_s: float,
+                   x_s: float, dx_s: float, dw_s: float) -> float:
+    """:func:`pipeline_s` of a pair's box of ``bt x bo x bc`` blocks: dX's tiles first, in its
+    queue order ``(o, t, c)``, each needing dY ``(t, o)`` and W ``(o, c)``; then dW's ``(t, o,
+    c)``, each needing dY ``(t, o)`` and X ``(t, c)``. Zero seconds for a block already held
+    (:func:`layer_box_times_s`: W and X from forward)."""
+    dx = [(((("dy", t, o), dy_s), (("w", o, c), w_s)), f_s, dx_s)
+          for o in range(bo) for t in range(bt) for c in range(bc)]
+    dw = [(((("dy", t, o), dy_s), (("x", t, c), x_s)), f_s, dw_s)
+          for t in range(bt) for o in range(bo) for c in range(bc)]
+    return pipeline_s(dx + dw)
 
 
 def member_part(n1: float, n2: float, n3: float, members: float
@@ -286,7 +362,7 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     tiles = grid[0] * grid[1] * grid[2]
     reuse = math.sqrt(max(1.0, tiles / max(1.0, sum(q for _, q in devices))))
     weights = [(d.name, box_weight(d, flops, a_b, b_b, c_b, reuse)) for d, _ in devices]
-    boxes = split_boxes(grid, weights, (a_b, b_b, c_b))
+    boxes = split_boxes(grid, weights, (a_b, b_b, c_b), fit=True)
     by_name = {d.name: (d, q) for d, q in devices}
     t = max((box_time_s(by_name[n_][0], b, flops, a_b, b_b, c_b, by_name[n_][1])
              for n_, b in boxes.items()), default=INF)
@@ -299,13 +375,20 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     return t + min(c.rtt_s for c in classes)
 
 
-def _candidates(extent: int, most: int, step: float = 1.25) -> list[int]:
-    """Grid sizes worth trying along one dimension: 1..4, then steps of about ``step``."""
-    out, g = [], 1
-    while g <= min(extent, most):
-        out.append(g)
+def _candidates(extent: int, most: int, step: float = 1.25, devices: int = 1) -> list[int]:
+    """Grid sizes worth trying along one dimension: 1..4, then steps of about ``step``, and
+    1-4 times each divisor of ``devices`` (equal devices share such a grid evenly:
+    15 phones on ``22 x 6`` tiles get boxes of 8 and 9, and the 3 x 3 boxes' last block brings
+    three results to queue on the uplink; ``20 x 6`` gives each a 4 x 2 box)."""
+    limit = min(extent, most)
+    out, g = set(), 1
+    while g <= limit:
+        out.add(g)
         g = g + 1 if g < 4 else max(g + 1, int(g * step))
-    return out
+    if devices <= EXACT_CLASS_MAX:  # beyond, the search's own steps are coarse anyway
+        out.update(d * j for d in range(2, devices + 1) if devices % d == 0
+                   for j in range(1, 5) if d * j <= limit)
+    return sorted(out)
 
 
 def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevice],
@@ -327,9 +410,12 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
         most = MAX_TILES_PER_DEVICE * devices
         # the search costs (grids) x (devices): coarser steps when there are many devices
         step = 1.25 if devices <= 32 else 1.6
+        # equal devices share a grid evenly when its sides divide their count
+        equal = devices if len(taking_part) == 1 else 1
         for g_k in _candidates(max(1, k // MIN_TILE) if k_split else 1, MAX_K_PARTS, step):
-            for g_r in _candidates(max(1, m // MIN_TILE), most // g_k, step):
-                for g_c in _candidates(max(1, n // MIN_TILE), most // (g_k * g_r), step):
+            for g_r in _candidates(max(1, m // MIN_TILE), most // g_k, step, equal):
+                for g_c in _candidates(max(1, n // MIN_TILE), most // (g_k * g_r), step,
+                                       equal):
                     if (math.ceil(m / math.ceil(m / g_r)) != g_r or
                             math.ceil(n / math.ceil(n / g_c)) != g_c or
                             math.ceil(k / math.ceil(k / g_k)) != g_k):
@@ -341,7 +427,8 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                     tiles = g_r * g_c * g_k
                     candidates.append((_floor_s(taking_part, tiles * t_f, tiles * c_b,
                                                 g_k * (g_r * a_b + g_c * b_b), ps_down_Bps,
-                                                ps_up_Bps), grid, taking_part))
+                                                ps_up_Bps, (t_f, a_b + b_b, c_b)),
+                                       grid, taking_part))
     found = _predicted(candidates, lambda grid, taking_part: predict_s(
         m, k, n, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps))
     if found:
@@ -363,18 +450,38 @@ _Found = tuple[float, tuple[int, int, int], tuple[PlanDevice, ...]]
 
 
 def _floor_s(classes: Sequence[PlanDevice], flops: float, up_B: float, down_B: float,
-             ps_down_Bps: float, ps_up_Bps: float) -> float:
+             ps_down_Bps: float, ps_up_Bps: float,
+             tile: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> float:
     """A floor under any prediction for a grid on these classes: its FLOPs (tiles at their
     rounded-up size) on all their compute, its results through all their up links or the PS
     link, its operand blocks once each through their down links or the PS link. No box
     beats its share of the whole (a box's time covers its compute and each stream, a
     pseudo-device's members no less: :func:`box_time_s`), and the slowest box is at least the
-    whole over the sum of the rates."""
+    whole over the sum of the rates.
+
+    ``tile`` (one tile's FLOPs, operand bytes and result bytes) adds each stream's ends that
+    every box waits for: nothing goes up before a tile's blocks are down and computed, the last
+    blocks down still have a tile to compute and send (the fastest device's, as the floor must
+    hold for any box). Without them the search predicted thousands of candidates a GEMM that
+    could not win."""
     rate = sum(max(c.rate_flops, 1.0) * c.count for c in classes)
     up = min(ps_up_Bps, sum(c.up_Bps * c.count for c in classes))
     down = min(ps_down_Bps, sum(c.down_Bps * c.count for c in classes))
-    return max(flops / rate, up_B / up if up > 0 else INF,
-               down_B / down if down > 0 else INF) + min(c.rtt_s for c in classes)
+    t_f, t_down, t_up = tile
+
+    def ends(f: float, d: float, u: float) -> float:
+        return min(f * t_f / max(c.rate_flops, 1.0)
+                   + (d * t_down / c.down_Bps if c.down_Bps > 0 else INF * d)
+                   + (u * t_up / c.up_Bps if c.up_Bps > 0 else INF * u) for c in classes)
+
+    own_down = sum(c.down_Bps * c.count for c in classes)
+    own_up = sum(c.up_Bps * c.count for c in classes)
+    return max(flops / rate + ends(0, 1, 1) * (t_f > 0),
+               up_B / up if up > 0 else INF,
+               up_B / own_up + ends(1, 1, 0) if own_up > 0 else INF,
+               down_B / down if down > 0 else INF,
+               down_B / own_down + ends(1, 0, 1) if own_down > 0 else INF
+               ) + min(c.rtt_s for c in classes)
 
 
 def _predicted(candidates: Sequence[_Found],
@@ -472,8 +579,8 @@ def deal_boxes(plan: GemmPlan, m: int, k: int, n: int, itemsize: int,
     reuse = math.sqrt(max(1.0, plan.tiles / max(1, len(devices))))
     weights = [(d.name, box_weight(d, flops, a_b, b_b, c_b, reuse)) for d in devices]
     out: dict[tuple[int, int, int], str] = {}
-    for name, (r0, r1, c0, c1, s0, s1) in split_boxes(plan.grid, weights,
-                                                      (a_b, b_b, c_b)).items():
+    for name, (r0, r1, c0, c1, s0, s1) in split_boxes(plan.grid, weights, (a_b, b_b, c_b),
+                                                      fit=True).items():
         for s in range(s0, s1):
             for r in range(r0, r1):
                 for c in range(c0, c1):
@@ -545,6 +652,10 @@ def pair_box_time_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize: i
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     tm, to, tc = _pair_sizes(t, o, i, grid)
     blocks = bt * bo * bc
+    if members == 1:
+        return _pair_replay_s(int(bt), int(bo), int(bc), 2.0 * tm * to * tc / max(rate, 1.0),
+                              dy_b / down, w_b / down, x_b / down, dx_b / up,
+                              dw_b / up) + 2 * blocks * TILE_OVERHEAD_S
     d_s = (bt * bo * dy_b + bo * bc * w_b + bt * bc * x_b) / down
     u_s = blocks * (dx_b + dw_b) / up
     f_s = blocks * 4.0 * tm * to * tc / max(rate, 1.0)
@@ -600,7 +711,7 @@ def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
     up to two blocks per device per tile of a box (finer columns pipeline a box better than its
     own few tiles), each block's dY, result and W/X pieces within the message limit."""
     step = 1.25 if devices <= 32 else 1.6
-    most = 2 * MAX_TILES_PER_DEVICE * devices
+    most = MAX_PAIR_BLOCKS_PER_DEVICE * devices
     out = []
     for n_t in _candidates(max(1, t // MIN_TILE), most, step):
         for n_o in _candidates(max(1, o // MIN_TILE), most // n_t, step):
@@ -667,7 +778,7 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
         blocks = n_t * n_o * n_c
         return _floor_s(taking_part, blocks * 4.0 * tm * to * tc, blocks * (dx_b + dw_b),
                         n_t * n_o * dy_b + n_o * n_c * w_b + n_t * n_c * x_b, ps_down_Bps,
-                        ps_up_Bps)
+                        ps_up_Bps, (2.0 * tm * to * tc, dy_b + w_b, min(dx_b, dw_b)))
 
     order, best = _search_cube(
         t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps, max_tile_elems, floor,
@@ -745,6 +856,12 @@ def layer_box_times_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize:
         return max(d_s + one_f + one_up, one_down + one_f + u_s,
                    one_down + f_s + one_up) + per_block * blocks * TILE_OVERHEAD_S
 
+    if members == 1:  # forward: the (c, t, o) order of its K split; backward holds W and X
+        forward = _box_replay_s(int(bt), int(bo), int(bc), one_f, x_b / down, w_b / down,
+                                y_b / up) + blocks * TILE_OVERHEAD_S
+        backward = _pair_replay_s(int(bt), int(bo), int(bc), one_f, dy_b / down, 0.0, 0.0,
+                                  dx_b / up, dw_b / up) + 2 * blocks * TILE_OVERHEAD_S
+        return forward, backward
     forward = streams(bc * (bt * x_b + bo * w_b), (x_b + w_b) / down, blocks * y_b,
                       y_b / up, 1)
     backward = streams(bt * bo * dy_b, dy_b / down, blocks * (dx_b + dw_b), dx_b / up, 2)

@@ -13,6 +13,7 @@ from testbed.ps_backend.planner import (
     deal_boxes,
     k_slices,
     member_part,
+    pipeline_s,
     plan_gemm,
     plan_pair,
     split_boxes,
@@ -107,13 +108,23 @@ def test_sixteen_equal_devices_get_square_blocks() -> None:
     assert all(b[1] - b[0] == 2 and b[3] - b[2] == 2 for b in boxes.values())
 
 
-def test_box_time_pipelines_the_slowest_stream() -> None:
+def test_box_time_replays_the_tiles_in_queue_order() -> None:
     d = PlanDevice("d", 1e9, 1e6, 1e6)
-    # 2 x 2 tiles: 2 A + 2 B blocks of 1 MB down (4 s), 4 results of 0.5 MB up (2 s), compute
-    # 1 ms a tile: down-bound, plus the last tile's compute and result, and each tile's
-    # fixed handling cost
+    # 2 x 2 tiles in (r, c) order, A and B blocks of 1 MB at 1 MB/s, results of 0.5 MB, 1 ms
+    # of compute a tile: tile (0, 0) waits for A0 and B0 (2 s), (0, 1) for B1 (3 s), (1, 0)
+    # for A1 (4 s), (1, 1) for nothing more; the last two results then queue on the uplink:
+    # 4 s + 1 ms + 2 x 0.5 s, and each tile's fixed handling cost
     t = box_time_s(d, (0, 2, 0, 2, 0, 1), 1e6, 1e6, 1e6, 0.5e6)
-    assert abs(t - (4.0 + 1e-3 + 0.5 + 4 * TILE_OVERHEAD_S)) < 1e-9
+    assert abs(t - (4.0 + 1e-3 + 1.0 + 4 * TILE_OVERHEAD_S)) < 1e-9
+
+
+def test_pipeline_waits_for_a_window_slot() -> None:
+    # three tiles, nothing to receive after the first, 1 s of compute and 1 s up each
+    tiles = [((("a", 1.0),), 1.0, 1.0), ((("a", 1.0),), 1.0, 1.0), ((("a", 1.0),), 1.0, 1.0)]
+    # unbounded window: down 1 s, compute 2, 3, 4 s, up 3, 4, 5 s
+    assert pipeline_s(tiles, window=8) == 5.0
+    # one tile out at a time: each is sent when the one before is up
+    assert pipeline_s(tiles, window=1) == 1.0 + 2.0 + 2.0 + 2.0
 
 
 def test_deal_boxes_gives_each_device_whole_rows_of_blocks() -> None:
