@@ -416,6 +416,23 @@ def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
     return attached()
 
 
+def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
+    """Make the plans of every offloaded linear before the first step (StepPlanner.prepare),
+    in this thread: the loop thread keeps serving the devices meanwhile (nothing else plans
+    before training starts)."""
+    core = server.core
+    assert core is not None
+    started = time.monotonic()
+    slots = server.call(lambda: list(core.scheduler.devices.values()))
+    job = trainer.job
+    tokens = job.batch_size * job.model.seq_len
+    shapes = [(tokens, g.out_features, g.in_features) for g in trainer.model.gemm_layers()]
+    planned = core.planner.prepare(shapes, trainer.dtype.itemsize, slots)
+    wall_s = time.monotonic() - started
+    runlog.event("planned", shapes=planned, wall_s=round(wall_s, 3))
+    log.info("planned %d GEMM shape(s) in %.1f s", planned, wall_s)
+
+
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,
            join_timeout_s: float, dilation: float, stop: threading.Event, resume: bool = False,
            checkpoint_every: int = 1, watchdog_s: float | None = None) -> int:
@@ -479,6 +496,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             log.info("probe: time dilation %.2f for a p95 tile error <= %.0f%% (%s)", dilation,
                      100 * target, probe)
         controller = DilationController(dilation, target) if adaptive else None
+        if joined > 0 and not stop.is_set():
+            status.fields["state"] = "planning"
+            _plan_ahead(server, trainer, runlog)
         runlog.event("training_start", devices=joined, expected_devices=expected_devices)
         status.fields["state"] = "training"
         stop.wait(0)  # a SIGTERM during the wait ends here

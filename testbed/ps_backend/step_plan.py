@@ -180,6 +180,28 @@ class StepPlanner:
                                            for s in slots)
 
     # -- planning -----------------------------------------------------------------------------
+    def prepare(self, linears: Iterable[tuple[int, int, int]], item: int,
+                slots: Iterable[DeviceSlot]) -> int:
+        """Plan every linear's GEMMs ahead (``linears``: (tokens, out, in) each); return how
+        many shapes were planned.
+
+        The searches (a linear's forward, its backward pair, both on one grid, the pair on two
+        halves) are what :meth:`plan` would run at a shape's first GEMM, with the same inputs
+        (the topology's groups and the devices present), and it then finds them made. The PS
+        runs this before its first step, off the loop thread: searched at first use, they ran
+        on the loop that serves the devices' streams, inside the step (seconds a shape on
+        campus, with every device idle and its lease running), and the step's device time
+        counted them. Only plans that depend on the topology alone are kept across steps; with
+        devices the topology does not declare, a later change of devices plans again.
+        """
+        if self.mode != "auto":
+            return 0
+        slots = list(slots)
+        shapes = sorted(set(linears))
+        for dx in shapes:
+            self.layer_or_apart(dx, item, slots)
+        return len(shapes)
+
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]
              ) -> tuple[int, int, int, dict[tuple[int, int, int], str] | None]:
         """(tile_m, tile_n, k_parts, owners) for a GEMM; records it for the step's bound."""

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from testbed.runlog import read_jsonl
-from testbed.simulate.chain import step_chain
+from testbed.simulate.chain import linears, step_chain
 from testbed.topology import load_topology
 from tests.conftest import TINY, reference_losses, run_dir_of, start_up
 
@@ -52,6 +52,12 @@ def test_device_time_is_at_least_the_bound_on_a_real_run(tmp_path: Path) -> None
         assert s["bytes_min_down"] >= once_down * (1 - 1e-9)
         assert s["bytes_min_up"] >= once_up * (1 - 1e-9)
         assert s["bytes_up"] >= once_up
+    # the plans were made before training started, one per distinct linear shape
+    events = [e["event"] for e in read_jsonl(run_dir / "events.jsonl")]
+    planned = next(e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "planned")
+    tokens = job.batch_size * job.model.seq_len
+    assert planned["shapes"] == len({(tokens, lin.d_out, lin.d_in) for lin in linears(job)})
+    assert events.index("planned") < events.index("training_start")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["planner"] == "auto"
     assert summary["bound_s"] == pytest.approx(sum(s["bound_s"] for s in steps), rel=1e-5)

@@ -1,0 +1,73 @@
+"""Plans made before the first step are the plans the step would make, and the step makes none.
+
+The PS plans every linear's GEMMs before training (``StepPlanner.prepare``, from
+``main._plan_ahead``) so that no search runs on the loop thread inside a step. Here the
+simulator, which shares the StepPlanner, runs a step of the same topology with and without the
+plans made ahead: the same device time and tiles, and with them made ahead no search runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.ps_backend import step_plan
+from testbed.simulate.chain import linears
+from testbed.simulate.sim import Simulation
+from testbed.topology import Topology, load_topology
+
+TINY = Path(__file__).resolve().parents[1] / "data" / "tiny.yaml"
+
+
+def _topology(tmp_path: Path) -> Topology:
+    """The tiny job on 10 MB/s links, where the planner's searches choose among grids."""
+    raw = yaml.safe_load(TINY.read_text())
+    for group in raw["devices"]:
+        group["link"] = {"down": "10MB/s", "up": "10MB/s", "delay": "5ms"}
+    raw["job"]["model"].update(hidden=128, ffn=512, seq_len=64)
+    path = tmp_path / "ahead.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_topology(path).with_overrides(steps=1)
+
+
+def _step(topology: Topology, ahead: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[float, int]:
+    sim = Simulation(topology, noise=False)
+    sim.start()
+    if ahead:
+        job = topology.job
+        tokens = job.batch_size * job.model.seq_len
+        shapes = [(tokens, lin.d_out, lin.d_in) for lin in linears(job)]
+        slots = [d.slot for d in sim.devices.values() if d.slot is not None]
+        assert sim.planner.prepare(shapes, 4, slots) == len(set(shapes))
+
+        def no_search(*_args: object, **_kwargs: object) -> None:
+            raise AssertionError("a search ran inside the step")
+        for name in ("plan_gemm", "plan_pair", "plan_layer"):
+            monkeypatch.setattr(step_plan, name, no_search)
+    device_s, stats, _record = sim.run_step(0)
+    monkeypatch.undo()
+    return device_s, stats.tiles
+
+
+def test_plans_made_ahead_are_the_steps_own(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    topology = _topology(tmp_path)
+    job = topology.job  # float32: the itemsize _step plans ahead with
+    topology = topology.with_overrides(job=dataclasses.replace(job, dtype="float32"))
+    without = _step(topology, False, monkeypatch)
+    with_ahead = _step(topology, True, monkeypatch)
+    assert with_ahead == without
+
+
+def test_fifo_plans_nothing_ahead(tmp_path: Path) -> None:
+    topology = _topology(tmp_path)
+    job = topology.job
+    topology = topology.with_overrides(job=dataclasses.replace(
+        job, dtype="float32", parallelism=dataclasses.replace(job.parallelism, planner="fifo")))
+    sim = Simulation(topology, noise=False)
+    sim.start()
+    slots = [d.slot for d in sim.devices.values() if d.slot is not None]
+    assert sim.planner.prepare([(256, 128, 128)], 4, slots) == 0
