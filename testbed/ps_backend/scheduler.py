@@ -131,7 +131,7 @@ class GemmJob:
     remaining: int = 0
     done: Future = field(default_factory=Future)
     submitted_s: float = field(default_factory=time.monotonic)
-    digest: str = ""  # hash of A and B (the ledger checks it before reusing tiles)
+    digest: str = ""  # checksum of A and B (the ledger checks it before reusing tiles)
     check: GemmCheck | None = None  # Freivalds' shared work for its tiles, made on first use
     a_name: str = ""  # the operands' tensor identity in the step (the bound's held data)
     b_name: str = ""

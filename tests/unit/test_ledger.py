@@ -57,6 +57,16 @@ def test_digest_depends_on_operands() -> None:
     assert gemm_digest(a, b) != gemm_digest(a.astype(np.float32), b.astype(np.float32))
 
 
+def test_digest_of_a_transposed_view_reads_the_stored_tensor() -> None:
+    a, w = tile(1, (4, 5)), tile(2, (3, 5))  # Y = A·Wᵀ: B is a transposed view of W
+    assert not w.T.flags.c_contiguous
+    assert gemm_digest(a, w.T) == gemm_digest(a, w.copy().T)  # the same, whatever its storage
+    w2 = w.copy()
+    w2[2, 4] -= 1e-12
+    assert gemm_digest(a, w.T) != gemm_digest(a, w2.T)
+    assert gemm_digest(a, w.T) != gemm_digest(a, np.ascontiguousarray(w.T))  # as stored
+
+
 def test_torn_and_corrupt_tails_are_cut(tmp_path: Path) -> None:
     path = tmp_path / step_file_name(0)
     good = encode_record(0, "g", "d", (0, 4, 0, 3), tile(1))
