@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, 
 
 import numpy as np
 
-from testbed.ps_backend.tiler import TileBox, cut, cut_k, gemm_flops
+from testbed.ps_backend.tiler import TileBox, cut_k, gemm_flops
 from testbed.ps_backend.validation import GemmCheck, check_result
 from testbed.wire.cache import BlockCache
 
@@ -132,7 +132,7 @@ class GemmJob:
     done: Future = field(default_factory=Future)
     submitted_s: float = field(default_factory=time.monotonic)
     digest: str = ""  # checksum of A and B (the ledger checks it before reusing tiles)
-    check: GemmCheck | None = None  # Freivalds' shared work for its tiles, made on first use
+    check: GemmCheck | None = None  # Freivalds' shared work for its tiles (Scheduler.submit)
     a_name: str = ""  # the operands' tensor identity in the step (the bound's held data)
     b_name: str = ""
     # an operand that is the transpose of a stored tensor (Wᵀ in forward, dYᵀ in the weight
@@ -1084,6 +1084,10 @@ class Scheduler:
         boxes = cut_k(job.a.shape[0], job.b.shape[1], job.a.shape[1], tile_m, tile_n, k_parts)
         job.tile_m, job.tile_n = tile_m, tile_n
         job.k_parts = len({b.part for b in boxes})
+        if self.check_values:  # Freivalds' work shared by the GEMM's tiles (K-split: per slice)
+            job.check = GemmCheck(job.a, job.b, [(b.c0, b.c1, b.k0, b.k1) if b.split
+                                                 else (b.c0, b.c1) for b in boxes],
+                                  self.freivalds_vectors)
         served = 0
         job.remaining = len(boxes)
         for box in boxes:
@@ -1666,15 +1670,9 @@ class Scheduler:
     def _check(self, task: Task, c: np.ndarray) -> str | None:
         start = time.thread_time()
         job = task.job
-        if self.check_values and job.check is None and job.k_parts == 1:
-            columns = cut(job.a.shape[0], job.b.shape[1], job.tile_m, job.tile_n)
-            job.check = GemmCheck(job.a, job.b, [(x.c0, x.c1) for x in columns],
-                                  self.freivalds_vectors)
         box = task.box
         problem = check_result(task.a_block(), task.b_block(), c, check_values=self.check_values,
-                               vectors=self.freivalds_vectors,
-                               gemm=job.check if job.k_parts == 1 else None,
-                               box=(box.r0, box.r1, box.c0, box.c1))
+                               vectors=self.freivalds_vectors, gemm=job.check, box=box.key)
         self.counters.validation_cpu_s += time.thread_time() - start
         self.counters.checks += 1
         return problem

@@ -37,8 +37,13 @@ device cannot aim at them). At the GEMM's first checked tile it computes, in flo
 ``B_j·r_j`` side by side (a K x J matrix, one pass over B), ``A·[B_1 r_1 ... B_J r_J]`` (one
 M x K x J product, one pass over A), the ``||B_j||_F`` and the row norms of A. A tile (i, j) then
 costs only ``C_ij·r_j`` (m·n multiply-adds, as much as decoding it) and a comparison. Over a GEMM
-that is about 1/tile_n of the GEMM's FLOPs, in a few passes over A and B. :func:`freivalds_ok`
-is the one-tile version.
+that is about 1/tile_n of the GEMM's FLOPs, in a few passes over A and B. A K-split GEMM's
+partials are checked the same way per slice ``s`` (vectors per column block and slice, ``A[:,
+s]·B[s, j]·r``, the slice's row norms): before, each partial was checked alone
+(:func:`freivalds_ok`, converting its A and B blocks to float64), so every A block was converted
+and multiplied once per column block and every B block once per row block, and the backward
+pairs, all K-split, were most of the PS's checking time. :func:`freivalds_ok` is the one-tile
+version.
 """
 
 from __future__ import annotations
@@ -79,13 +84,20 @@ def freivalds_ok(a: np.ndarray, b: np.ndarray, c: np.ndarray, vectors: int = 1,
 
 
 class GemmCheck:
-    """Freivalds' check for the tiles of one GEMM C = A·B, sharing work between tiles."""
+    """Freivalds' check for the tiles of one GEMM C = A·B, sharing work between tiles.
 
-    def __init__(self, a: np.ndarray, b: np.ndarray, columns: list[tuple[int, int]],
+    ``columns`` names the GEMM's column blocks ``(c0, c1)``, or for a K-split GEMM its blocks
+    ``(c0, c1, k0, k1)``: a partial ``A[:, k0:k1]·B[k0:k1, c0:c1]`` is checked like a tile of
+    the GEMM of that slice, with the slice's own vectors, products and row norms.
+    """
+
+    def __init__(self, a: np.ndarray, b: np.ndarray, columns: list[tuple[int, ...]],
                  vectors: int = 1, rng: np.random.Generator | None = None, tau: float = TAU):
         self.a = a
         self.b = b
-        self.columns = {box: j for j, box in enumerate(sorted(set(columns)))}
+        k = b.shape[0]
+        blocks = {(x[0], x[1], *(x[2:4] if len(x) == 4 else (0, k))) for x in columns}
+        self.columns = {box: j for j, box in enumerate(sorted(blocks))}
         self.vectors = vectors
         self.rng = rng or _RNG
         self.tau = tau
@@ -93,38 +105,51 @@ class GemmCheck:
 
     def _prepare(self) -> None:
         v = self.vectors
-        k, blocks = self.b.shape[0], len(self.columns)
         self.r: dict[int, np.ndarray] = {}
-        br = np.empty((k, blocks * v))
-        self.column_bound = np.empty(blocks * v)
-        for (c0, c1), j in self.columns.items():
-            b64 = np.asarray(self.b[:, c0:c1], dtype=np.float64)
-            r = self.r[j] = _vectors(self.rng, c1 - c0, v)
-            br[:, j * v:(j + 1) * v] = b64 @ r
-            self.column_bound[j * v:(j + 1) * v] = _column_bound(b64, br[:, j * v:(j + 1) * v])
-        a64 = np.asarray(self.a, dtype=np.float64)
-        self.abr = a64 @ br
-        self.row_scale = self.tau * _unit_roundoff(self.a.dtype) * np.sqrt(
-            np.einsum("ij,ij->i", a64, a64))
+        self.column_bound = np.empty(len(self.columns) * v)
+        self.abr: dict[tuple[int, int], np.ndarray] = {}  # per K slice
+        self.row_scale: dict[tuple[int, int], np.ndarray] = {}
+        self._where: dict[int, tuple[tuple[int, int], int]] = {}  # block -> (slice, column)
+        slices: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for (c0, c1, k0, k1), j in self.columns.items():
+            slices.setdefault((k0, k1), []).append((c0, c1, j))
+        for (k0, k1), blocks in slices.items():
+            br = np.empty((k1 - k0, len(blocks) * v))
+            for at, (c0, c1, j) in enumerate(blocks):
+                b64 = np.asarray(self.b[k0:k1, c0:c1], dtype=np.float64)
+                r = self.r[j] = _vectors(self.rng, c1 - c0, v)
+                br[:, at * v:(at + 1) * v] = b64 @ r
+                self.column_bound[j * v:(j + 1) * v] = _column_bound(
+                    b64, br[:, at * v:(at + 1) * v])
+                self._where[j] = ((k0, k1), at)
+            a64 = np.asarray(self.a[:, k0:k1], dtype=np.float64)
+            self.abr[(k0, k1)] = a64 @ br
+            self.row_scale[(k0, k1)] = self.tau * _unit_roundoff(self.a.dtype) * np.sqrt(
+                np.einsum("ij,ij->i", a64, a64))
         self._ready = True
 
-    def tile_ok(self, r0: int, r1: int, c0: int, c1: int, c: np.ndarray) -> bool:
-        """Whether C's tile [r0:r1, c0:c1] passes (shape and dtype already checked)."""
+    def tile_ok(self, r0: int, r1: int, c0: int, c1: int, c: np.ndarray, k0: int = 0,
+                k1: int = -1) -> bool:
+        """Whether C's tile [r0:r1, c0:c1] (a partial over [k0:k1] when ``k1 >= 0``) passes
+        (shape and dtype already checked)."""
         if not self._ready:
             self._prepare()
-        j = self.columns[(c0, c1)]
+        j = self.columns[(c0, c1, k0, k1 if k1 >= 0 else self.b.shape[0])]
         v = self.vectors
-        residual = np.abs(self.abr[r0:r1, j * v:(j + 1) * v] - c @ self.r[j])
-        bound = np.multiply.outer(self.row_scale[r0:r1], self.column_bound[j * v:(j + 1) * v])
+        piece, at = self._where[j]
+        residual = np.abs(self.abr[piece][r0:r1, at * v:(at + 1) * v] - c @ self.r[j])
+        bound = np.multiply.outer(self.row_scale[piece][r0:r1],
+                                  self.column_bound[j * v:(j + 1) * v])
         return bool((residual <= bound + _TINY).all())
 
 
 def check_result(a: np.ndarray, b: np.ndarray, c: np.ndarray, check_values: bool = True,
                  vectors: int = 1, gemm: GemmCheck | None = None,
-                 box: tuple[int, int, int, int] | None = None) -> str | None:
+                 box: tuple[int, ...] | None = None) -> str | None:
     """None if C is an acceptable result for A·B, else why not.
 
-    With ``gemm`` and ``box`` (r0, r1, c0, c1) the value check uses the GEMM's shared work;
+    With ``gemm`` and ``box`` (r0, r1, c0, c1, and k0, k1 for a partial) the value check uses
+    the GEMM's shared work;
     ``a`` and ``b`` are then the tile's blocks (for the shape and dtype checks).
     """
     expected = (a.shape[0], b.shape[1])
@@ -135,8 +160,11 @@ def check_result(a: np.ndarray, b: np.ndarray, c: np.ndarray, check_values: bool
     if not np.isfinite(c).all():
         return "result has non-finite values (NaN or Inf)"
     if check_values:
-        ok = gemm.tile_ok(*box, c) if gemm is not None and box is not None else \
-            freivalds_ok(a, b, c, vectors)
+        if gemm is not None and box is not None:
+            k0, k1 = (box[4], box[5]) if len(box) == 6 else (0, -1)
+            ok = gemm.tile_ok(box[0], box[1], box[2], box[3], c, k0, k1)
+        else:
+            ok = freivalds_ok(a, b, c, vectors)
         if not ok:
             return "result fails the Freivalds check (C·r differs from A·(B·r))"
     return None
