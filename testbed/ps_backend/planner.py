@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE
+
 INF = float("inf")
 MIN_TILE = 16  # no tile edge below this (a tile's per-message cost would dominate)
 MAX_TILES_PER_DEVICE = 16  # the search's largest grid: this many tiles per device
@@ -119,56 +121,50 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
     5 x 3 grid get one tile each (plain bisection cuts 15 devices 7 | 8 and the 5 rows 2 | 3).
     """
     named = sorted(((n, w) for n, w in weights if w > 0), key=lambda x: (-x[1], x[0]))
-    if not named:
-        return {}
-    boxes = _cut(grid[0], grid[1], grid[2], tuple(w for _, w in named), tile_bytes, fit)
-    return {name: box for (name, _), box in zip(named, boxes) if box is not None}
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _cut(nr: int, nc: int, ns: int, weights: tuple[float, ...],
-         tile_bytes: tuple[float, float, float], fit: bool) -> tuple[Box | None, ...]:
-    """:func:`split_boxes` of an ``nr x nc x ns`` box at the origin among devices of these
-    weights (heaviest first): each device's box, or None. Cached: the search cuts the same
-    runs of equal devices on the same boxes again and again."""
-    if len(weights) == 1 or nr * nc * ns == 1:
-        return ((0, nr, 0, nc, 0, ns),) + (None,) * (len(weights) - 1)
+    out: dict[str, Box] = {}
     a_b, b_b, c_b = tile_bytes
-    prefix = list(itertools.accumulate(weights))
-    total = prefix[-1]
-    # (duplicated bytes, dimension, extent) of each possible cut
-    options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
-    options = sorted((o for o in options if o[2] >= 2), key=lambda o: (o[0], o[1]))
-    if fit:
-        # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
-        # gets tiles exactly in proportion to its weight
-        fits = []
-        for _, _, extent_ in options:  # the first good one wins: try no further
-            fits.append(_best_fit(extent_, total, prefix))
-            if fits[-1][0] <= FIT_SLACK:
-                break
-        j = len(fits) - 1 if fits[-1][0] <= FIT_SLACK else \
-            min(range(len(fits)), key=lambda j: fits[j][0])
-        dim, at, split = options[j][1], fits[j][2], fits[j][3]
-    else:
-        # the split whose left run's weight is nearest half: beside where half falls
-        j = bisect.bisect_left(prefix, total / 2, 0, len(weights) - 1)
-        split = min(range(max(1, j), min(len(weights) - 1, j + 1) + 1),
-                    key=lambda i: abs(prefix[i - 1] - total / 2))
-        share = prefix[split - 1] / total
-        _, dim, extent = options[0]
-        at = min(extent - 1, max(1, round(extent * share)))
-    lo, hi = [nr, nc, ns], [nr, nc, ns]
-    lo[dim] = at
-    hi[dim] -= at
-    offset = [0, 0, 0]
-    offset[dim] = at
-    out: list[Box | None] = list(_cut(lo[0], lo[1], lo[2], weights[:split], tile_bytes, fit))
-    for box in _cut(hi[0], hi[1], hi[2], weights[split:], tile_bytes, fit):
-        out.append(None if box is None else (
-            box[0] + offset[0], box[1] + offset[0], box[2] + offset[1], box[3] + offset[1],
-            box[4] + offset[2], box[5] + offset[2]))
-    return tuple(out)
+
+    def cut(box: Box, devs: list[tuple[str, float]]) -> None:
+        r0, r1, c0, c1, s0, s1 = box
+        nr, nc, ns = r1 - r0, c1 - c0, s1 - s0
+        if len(devs) == 1 or nr * nc * ns == 1:
+            out[devs[0][0]] = box
+            return
+        prefix = list(itertools.accumulate(w for _, w in devs))
+        total = prefix[-1]
+        # (duplicated bytes, dimension, extent) of each possible cut
+        options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
+        options = sorted((o for o in options if o[2] >= 2), key=lambda o: (o[0], o[1]))
+        if fit:
+            # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
+            # gets tiles exactly in proportion to its weight; the first good one wins
+            fits = []
+            for _, _, extent_ in options:
+                fits.append(_best_fit(extent_, total, prefix))
+                if fits[-1][0] <= FIT_SLACK:
+                    break
+            j = len(fits) - 1 if fits[-1][0] <= FIT_SLACK else \
+                min(range(len(fits)), key=lambda j: fits[j][0])
+            dim, at, split = options[j][1], fits[j][2], fits[j][3]
+            left, right = devs[:split], devs[split:]
+        else:
+            # the split whose left run's weight is nearest half: beside where half falls
+            j = bisect.bisect_left(prefix, total / 2, 0, len(devs) - 1)
+            split = min(range(max(1, j), min(len(devs) - 1, j + 1) + 1),
+                        key=lambda i: abs(prefix[i - 1] - total / 2))
+            left, right = devs[:split], devs[split:]
+            share = prefix[split - 1] / total
+            _, dim, extent = options[0]
+            at = min(extent - 1, max(1, round(extent * share)))
+        lo, hi = list(box), list(box)
+        lo[2 * dim + 1] = box[2 * dim] + at
+        hi[2 * dim] = box[2 * dim] + at
+        cut((lo[0], lo[1], lo[2], lo[3], lo[4], lo[5]), left)
+        cut((hi[0], hi[1], hi[2], hi[3], hi[4], hi[5]), right)
+
+    if named:
+        cut((0, grid[0], 0, grid[1], 0, grid[2]), named)
+    return out
 
 
 def _best_fit(extent: int, total: float, prefix: Sequence[float]) -> tuple[float, int, int, int]:
@@ -243,15 +239,16 @@ def box_time_s(d: PlanDevice, box: Box, flops: float, a_bytes: float, b_bytes: f
 _ReplayTile = tuple[tuple[tuple[object, float], ...], float, float]
 
 
-def pipeline_s(tiles: Sequence[_ReplayTile], window: int = 8) -> float:
+def pipeline_s(tiles: Sequence[_ReplayTile], window: int = PLANNED_WINDOW_SCALE) -> float:
     """Seconds until the last of a device's tiles is up, the tiles taken in this order.
 
     A tile's blocks the device does not hold yet come down after the ones before it; it
     computes after the tile before it, once they are down; its result goes up after the one
-    before it. At most ``window`` tiles are out: a tile is sent once the one ``window`` before
-    it is up. (The closed form used before, the slowest stream plus one tile's other two ends,
-    missed the tail: the last block of hotcarbon's fused q/k/v forward brought three tiles of a
-    3 x 3 box whose results then queued on the uplink, 0.85 s predicted, 1.08 s simulated.)
+    before it. At most ``window`` tiles are out (the scheduler's window of a median-speed
+    device with a plan): a tile is sent once the one ``window`` before it is up. (The closed
+    form used before, the slowest stream plus one tile's other two ends, missed the tail: the
+    last block of hotcarbon's fused q/k/v forward brought three tiles of a 3 x 3 box whose
+    results then queued on the uplink, 0.85 s predicted, 1.08 s simulated.)
     """
     held: set[object] = set()
     down_end = comp_end = 0.0
@@ -462,25 +459,32 @@ def _floor_s(classes: Sequence[PlanDevice], flops: float, up_B: float, down_B: f
     ``tile`` (one tile's FLOPs, operand bytes and result bytes) adds each stream's ends that
     every box waits for: nothing goes up before a tile's blocks are down and computed, the last
     blocks down still have a tile to compute and send (the fastest device's, as the floor must
-    hold for any box). Without them the search predicted thousands of candidates a GEMM that
-    could not win."""
+    hold for any box). A tighter floor leaves fewer candidates to predict; where a GEMM is
+    bound by the PS link (campus), most candidates' predictions sit on the floor anyway."""
     rate = sum(max(c.rate_flops, 1.0) * c.count for c in classes)
-    up = min(ps_up_Bps, sum(c.up_Bps * c.count for c in classes))
-    down = min(ps_down_Bps, sum(c.down_Bps * c.count for c in classes))
-    t_f, t_down, t_up = tile
-
-    def ends(f: float, d: float, u: float) -> float:
-        return min(f * t_f / max(c.rate_flops, 1.0)
-                   + (d * t_down / c.down_Bps if c.down_Bps > 0 else INF * d)
-                   + (u * t_up / c.up_Bps if c.up_Bps > 0 else INF * u) for c in classes)
-
     own_down = sum(c.down_Bps * c.count for c in classes)
     own_up = sum(c.up_Bps * c.count for c in classes)
-    return max(flops / rate + ends(0, 1, 1) * (t_f > 0),
+    up, down = min(ps_up_Bps, own_up), min(ps_down_Bps, own_down)
+    t_f, t_down, t_up = tile
+
+    def ends(f: bool, d: bool, u: bool) -> float:
+        """The fastest class's time for one tile's compute, blocks down and result up (those
+        asked for)."""
+        best = INF
+        for c in classes:
+            t = t_f / max(c.rate_flops, 1.0) if f else 0.0
+            if d and t_down:
+                t += t_down / c.down_Bps if c.down_Bps > 0 else INF
+            if u and t_up:
+                t += t_up / c.up_Bps if c.up_Bps > 0 else INF
+            best = min(best, t)
+        return best
+
+    return max(flops / rate + ends(False, True, True),
                up_B / up if up > 0 else INF,
-               up_B / own_up + ends(1, 1, 0) if own_up > 0 else INF,
+               up_B / own_up + ends(True, True, False) if own_up > 0 else INF,
                down_B / down if down > 0 else INF,
-               down_B / own_down + ends(1, 0, 1) if own_down > 0 else INF
+               down_B / own_down + ends(True, False, True) if own_down > 0 else INF
                ) + min(c.rtt_s for c in classes)
 
 
@@ -708,8 +712,8 @@ def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
 def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
                 ) -> list[PairGrid]:
     """The grids a pair (or a layer, :func:`plan_layer`) may be cut into for this many devices:
-    up to two blocks per device per tile of a box (finer columns pipeline a box better than its
-    own few tiles), each block's dY, result and W/X pieces within the message limit."""
+    up to ``MAX_PAIR_BLOCKS_PER_DEVICE`` blocks a device (finer columns pipeline a box better
+    than its own few tiles), each block's dY, result and W/X pieces within the message limit."""
     step = 1.25 if devices <= 32 else 1.6
     most = MAX_PAIR_BLOCKS_PER_DEVICE * devices
     out = []
