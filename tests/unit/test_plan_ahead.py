@@ -28,6 +28,7 @@ def _topology(tmp_path: Path) -> Topology:
     for group in raw["devices"]:
         group["link"] = {"down": "10MB/s", "up": "10MB/s", "delay": "5ms"}
     raw["job"]["model"].update(hidden=128, ffn=512, seq_len=64)
+    raw["job"]["dtype"] = "float32"  # the itemsize _step plans ahead with
     path = tmp_path / "ahead.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_topology(path).with_overrides(steps=1)
@@ -55,8 +56,6 @@ def _step(topology: Topology, ahead: bool, monkeypatch: pytest.MonkeyPatch) -> t
 def test_plans_made_ahead_are_the_steps_own(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     topology = _topology(tmp_path)
-    job = topology.job  # float32: the itemsize _step plans ahead with
-    topology = topology.with_overrides(job=dataclasses.replace(job, dtype="float32"))
     without = _step(topology, False, monkeypatch)
     with_ahead = _step(topology, True, monkeypatch)
     assert with_ahead == without
@@ -66,7 +65,7 @@ def test_fifo_plans_nothing_ahead(tmp_path: Path) -> None:
     topology = _topology(tmp_path)
     job = topology.job
     topology = topology.with_overrides(job=dataclasses.replace(
-        job, dtype="float32", parallelism=dataclasses.replace(job.parallelism, planner="fifo")))
+        job, parallelism=dataclasses.replace(job.parallelism, planner="fifo")))
     sim = Simulation(topology, noise=False)
     sim.start()
     slots = [d.slot for d in sim.devices.values() if d.slot is not None]
