@@ -5,7 +5,9 @@ on Mininet), all on this machine. Three resources run out first, each with a rul
 
 * **memory**: the PS ``PS_BASE_BYTES`` + 4 copies of the model's weights (weights, gradients,
   AdamW's two moments), plus per agent ``AGENT_BASE_BYTES`` + its block cache, at most
-  ``min(cache, weights)`` (the cache holds weight blocks), plus ``SHELL_BYTES`` per Mininet host;
+  ``min(cache, a step's operands)`` (:func:`agent_cache_bytes`, :func:`operand_bytes`) and all
+  caches together at most ``CACHE_SHARES`` times a step's operands, plus ``SHELL_BYTES`` per
+  Mininet host;
   the sum must fit in the memory available now (``MemAvailable``, or what the cgroup still
   allows, whichever is less). Figures measured by ``bench/mininet_scale.py`` (docs/network.md):
   an idle agent's USS is 26.7-26.8 MB (its RSS 58 MB counts ~31 MB of shared library pages
@@ -31,9 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.wire.cache import DEFAULT_CACHE_BYTES
+
 MB = 1e6
 AGENT_BASE_BYTES = 32 * MB  # measured USS 26.8 MB idle, + headroom for in-flight tiles
-AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib
+MIN_AGENT_CACHE_BYTES = 64 * 1024 * 1024
+CACHE_SHARES = 4  # an emulated agent's cache: this many even shares of a step's operands
 PS_BASE_BYTES = 400 * MB  # measured RSS 338-366 MB (torch, grpc, the engine)
 SHELL_BYTES = 4 * MB  # a Mininet node shell: measured RSS 3.4 MB
 AGENT_TASKS = 12  # measured: 10 threads per working emulated agent (tiny.yaml run), + headroom
@@ -74,13 +79,39 @@ def weight_bytes(job: Any) -> float:
     return params * (8 if job.dtype == "float64" else 4)
 
 
+def operand_bytes(job: Any) -> float:
+    """Bytes of a step's GEMM operands: the weights, and each linear's input and output
+    gradient (per layer q/k/v, out_proj, fc1 and fc2: 8·hidden + 2·ffn columns a token, and the
+    LM head's), in the job's dtype. Blocks of older steps are dropped, so no cache holds more."""
+    m = job.model
+    h, f = m.hidden, m.ffn
+    tokens = job.batch_size * m.seq_len
+    columns = m.layers * (8 * h + 2 * f) + h + m.vocab
+    return weight_bytes(job) + tokens * columns * (8 if job.dtype == "float64" else 4)
+
+
+def agent_cache_bytes(job: Any, devices: int) -> int:
+    """The cache budget ``testbed up`` and ``testbed simulate`` give each emulated device:
+    ``CACHE_SHARES`` even shares of a step's operands (:func:`operand_bytes`), between
+    ``MIN_AGENT_CACHE_BYTES`` and the agent's default (``DEFAULT_CACHE_BYTES``). A plan holds
+    a device's share of each layer's blocks from forward to backward; more would only let the
+    agents of a large topology (240 on large.yaml) claim memory this host does not have."""
+    share = CACHE_SHARES * operand_bytes(job) / max(1, devices)
+    return int(min(DEFAULT_CACHE_BYTES, max(MIN_AGENT_CACHE_BYTES, share)))
+
+
 def needs_of(topology: Any, backend: str) -> Needs:
     """The run's needs under the rules of the module docstring."""
     agents = len(topology.devices)
     shells = agents + 1 if backend == "mininet" else 0
     weights = weight_bytes(topology.job)
-    memory = (PS_BASE_BYTES + 4 * weights + agents * (AGENT_BASE_BYTES
-                                                      + min(AGENT_CACHE_BYTES, weights))
+    operands = operand_bytes(topology.job)
+    # each agent's cache up to its budget, all of them together what a step sends them (blocks
+    # of older steps are dropped): each block to CACHE_SHARES devices on average, a generous
+    # figure (hotcarbon's step sends 1.7 times its operands simulated, 2.7 times emulated)
+    cached = min(agents * min(agent_cache_bytes(topology.job, agents), operands),
+                 CACHE_SHARES * operands)
+    memory = (PS_BASE_BYTES + 4 * weights + agents * AGENT_BASE_BYTES + cached
               + shells * SHELL_BYTES)
     return Needs(agents, shells, memory, agents * AGENT_TASKS + PS_TASKS + shells,
                  agents + PS_BASE_FDS)

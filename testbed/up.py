@@ -135,6 +135,10 @@ class Run:
         self.run_dir = run_dir
         self.network = network
         self.dilation = dilation
+        from testbed.capacity import agent_cache_bytes
+
+        # every emulated agent's block cache (the simulator gives its devices the same)
+        self.cache_bytes = agent_cache_bytes(topology.job, len(topology.devices))
         self.join_timeout_s = join_timeout_s
         self.resume = resume
         self.stop_requested = stop or threading.Event()
@@ -298,6 +302,7 @@ class Run:
                     "--profile", str(device.group.profile_path),
                     "--seed", str(self.topology.seed * 1000 + device.index),
                     "--max-in-flight", str(EMULATED_MAX_IN_FLIGHT),
+                    "--cache-mib", repr(self.cache_bytes / 2**20),
                     "--control-file", str(self.run_dir / "agents" / f"{name}.slow"),
                     *behaviour_argv(device, self.run_dir / "agents"), *shaping.argv()]
             self.agents[name] = self._popen(name, argv,

@@ -12,6 +12,7 @@ from testbed.agent.agent import Agent, AgentOptions
 from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import PinError, normalize
+from testbed.wire.cache import DEFAULT_CACHE_BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="", help="device profile name or path (emulated)")
     p.add_argument("--seed", type=int, default=0, help="seed of the device model's noise")
     p.add_argument("--max-in-flight", type=int, default=2, help="tiles outstanding at most")
-    p.add_argument("--cache-mib", type=float, default=64, help="operand cache budget, MiB")
+    p.add_argument("--cache-mib", type=float, default=DEFAULT_CACHE_BYTES / 2**20,
+                   help="operand cache budget, MiB (default %(default)g: a step's blocks of "
+                        "every layer kept from forward to backward; docs/planning.md)")
     p.add_argument("--gflops", type=float, default=0.0,
                    help="predicted GFLOPS (default: the profile's, or 1)")
     p.add_argument("--down-bps", type=float, default=None, help="emulated downlink, bit/s")

@@ -45,8 +45,8 @@ from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate, split_hos
 from testbed.emulator.dilation import DeviceClock
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire import testbed_pb2_grpc as pb_grpc
-from testbed.wire.cache import BlockCache
-from testbed.wire.tensors import operand_array, to_tensor
+from testbed.wire.cache import DEFAULT_CACHE_BYTES, BlockCache
+from testbed.wire.tensors import operand_array, operand_nbytes, to_tensor
 
 if TYPE_CHECKING:  # the agent runs on phones: nothing beyond grpcio and numpy at run time
     from testbed.emulator.device_model import DeviceModel
@@ -83,7 +83,7 @@ class AgentOptions:
     profile: str = ""
     predicted_gflops: float = 1.0
     max_in_flight: int = 2
-    cache_bytes: int = 64 * 1024 * 1024
+    cache_bytes: int = DEFAULT_CACHE_BYTES
     down: LinkDirection = field(default_factory=LinkDirection)
     up: LinkDirection = field(default_factory=LinkDirection)
     backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait between re-joins
@@ -346,8 +346,8 @@ class _Session:
             now = time.monotonic()
             delivery = []
             for tile in message.tiles:
-                a, b = operand_array(tile.a, self.cache), operand_array(tile.b, self.cache)
-                size = len(tile.a.tensor.data) + len(tile.b.tensor.data) + 64
+                a, b = operand_array(tile.a, self.cache, 1), operand_array(tile.b, self.cache, 0)
+                size = operand_nbytes(tile.a) + operand_nbytes(tile.b) + 64
                 delivery.append(PendingTile(tile, a, b, self.options.down.deliver_at(size, now)))
             if delivery:
                 self.compute_q.put(delivery)

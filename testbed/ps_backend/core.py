@@ -97,12 +97,14 @@ class ResultIn:
 
 @dataclass(frozen=True)
 class OperandOut:
-    """One operand block of a tile: its data, or None when the device caches ``key``."""
+    """One operand block of a tile: its data, or None when the device caches ``key``; or, with
+    ``parts``, those blocks joined along the tile's contraction."""
 
     key: str  # "" = the device must not cache it
     version: int
     block: np.ndarray | None  # in the stored orientation (as cached)
     transposed: bool  # the tile uses the block transposed
+    parts: tuple["OperandOut", ...] = ()
 
 
 @dataclass(frozen=True)
@@ -367,8 +369,9 @@ class PsCore:
         if job.version > self.version:
             self.invalidate(job.version)
         prefilled = self.ledger.take(job.uid, job.digest) if self.ledger is not None else {}
-        tile_m, tile_n, k_parts, owners = self.planner.plan(job, self.scheduler.devices.values())
-        served = self.scheduler.submit(job, tile_m, tile_n, prefilled, k_parts, owners)
+        cut = self.planner.plan(job, self.scheduler.devices.values())
+        served = self.scheduler.submit(job, cut.tile_m, cut.tile_n, prefilled, cut.k_parts,
+                                       cut.owners, cut.k_block)
         if served:
             self.stats.from_ledger += served
             self._event("ledger_reuse", gemm=job.uid, step=job.spec.step, tiles=served,
@@ -480,15 +483,20 @@ class PsCore:
             task, job = a.task, a.task.job
             m, n = task.box.shape
             k0, k1 = task.k_range
+            blocks = iter(zip(task.blocks, a.send, a.keep))
             operands = []
-            for key, block, transposed, send, keep in (
-                    (task.a_block_key, task.a_block, job.a_transposed, a.send_a, a.cache_a),
-                    (task.b_block_key, task.b_block, job.b_transposed, a.send_b, a.cache_b)):
-                data = None
-                if send:  # a block travels as its tensor is stored, as its key names it
-                    data = block().T if transposed else block()
-                    sent += data.nbytes
-                operands.append(OperandOut(key if keep else "", job.version, data, transposed))
+            for side, transposed in ((task.a_piece, job.a_transposed),
+                                     (task.b_piece, job.b_transposed)):
+                parts = []
+                for piece in task.pieces():
+                    (key, _), send, keep = next(blocks)
+                    data = None
+                    if send:  # a block travels as its tensor is stored, as its key names it
+                        data = side(piece).T if transposed else side(piece)
+                        sent += data.nbytes
+                    parts.append(OperandOut(key if keep else "", job.version, data, transposed))
+                operands.append(parts[0] if len(parts) == 1 else
+                                OperandOut("", job.version, None, False, tuple(parts)))
             tiles.append(TileOut(task.task_id, task.attempt, job.spec.step, job.uid, job.spec.op,
                                  task.box.row, task.box.col, m, k1 - k0, n, operands[0],
                                  operands[1], self.config.lease_s))

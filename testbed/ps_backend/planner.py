@@ -40,6 +40,9 @@ MIN_TILE = 16  # no tile edge below this (a tile's per-message cost would domina
 MAX_TILES_PER_DEVICE = 16  # the search's largest grid: this many tiles per device
 MAX_PAIR_BLOCKS_PER_DEVICE = 16  # a backward pair's (two tiles a block)
 MAX_K_PARTS = 16
+# parts per block of a linear's forward-and-backward grid (:func:`plan_layer`), per (t, o, c)
+FINE_PARTS = ((1, 2, 4, 8, 16), (1, 2, 4), (1, 2, 4))
+MAX_PARTS_PER_DEVICE = 64  # ... and at most this many parts of the cube a device
 # what one tile costs a device beyond its bytes and FLOPs (the messages' handling on both sides,
 # the PS's check): on the loopback stack a few ms of host time; it keeps small GEMMs in few tiles
 TILE_OVERHEAD_S = 0.002
@@ -76,6 +79,9 @@ class GemmPlan:
     sat_out: dict[str, str] = field(default_factory=dict)  # class -> why: link, speed
     predicted_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)  # class -> devices taking part
+    # K parts: each K slice is a run of parts this long, each sent and cached as its own block
+    # (0: the slice is one block; :func:`plan_layer`'s parts)
+    k_block: int = 0
 
     @property
     def tiles(self) -> int:
@@ -606,6 +612,7 @@ def deal_boxes(plan: GemmPlan, m: int, k: int, n: int, itemsize: int,
 # same dW blocks; across output blocks, the same X blocks and dX blocks; across columns, the
 # same dY blocks (:func:`split_boxes` picks the cheapest).
 PairGrid = tuple[int, int, int]  # (n_t, n_o, n_c)
+Fine = tuple[int, int, int]  # parts per block of a layer's grid along (t, o, c)
 
 
 @dataclass(frozen=True)
@@ -826,18 +833,49 @@ class LayerPlan:
     forward: GemmPlan  # grid (n_t, n_o, n_c), K split over the input blocks
     forward_s: float  # predicted, each pass
     backward_s: float
+    fine: Fine = (1, 1, 1)  # parts per block along (t, o, c) (:func:`layer_box_times_s`)
 
     @property
     def predicted_s(self) -> float:
         return self.forward_s + self.backward_s
 
 
+def fine_grid(grid: PairGrid, fine: Fine) -> PairGrid:
+    """The grid of parts a layer's coarse grid is cut into (each coarse block ``fine`` parts)."""
+    return grid[0] * fine[0], grid[1] * fine[1], grid[2] * fine[2]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _layer_replay_s(bt: int, bo: int, bc: int, fine: Fine, f_s: float, x_s: float,
+                    w_s: float, y_s: float, dy_s: float, dx_s: float, dw_s: float
+                    ) -> tuple[float, float]:
+    """:func:`pipeline_s` of a layer's box of ``bt x bo x bc`` coarse blocks cut into parts
+    (``fine``; ``f_s`` one part-cube's compute, the others one part's transfers), forward and
+    backward. Forward's tiles ``(c, t, o)`` (its queue order ``(s, r, c)``) each chain the X
+    and W parts of one coarse input block; backward, holding those, dX's ``(o, t, c)`` chain
+    the dY parts of one coarse output block, then dW's ``(t, o, c)`` the dY parts (held by
+    then) of one coarse token block."""
+    ft, fo, fc = fine
+    nt, no, nc = bt * ft, bo * fo, bc * fc
+    forward = [(tuple((("x", r, s * fc + j), x_s) for j in range(fc))
+                + tuple((("w", c, s * fc + j), w_s) for j in range(fc)), fc * f_s, y_s)
+               for s in range(bc) for r in range(nt) for c in range(no)]
+    dx = [(tuple((("dy", r, s * fo + j), dy_s) for j in range(fo)), fo * f_s, dx_s)
+          for s in range(bo) for r in range(nt) for _ in range(nc)]
+    dw = [(tuple((("dy", s * ft + j, r), dy_s) for j in range(ft)), ft * f_s, dw_s)
+          for s in range(bt) for r in range(no) for _ in range(nc)]
+    return pipeline_s(forward), pipeline_s(dx + dw)
+
+
 def layer_box_times_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize: int,
-                      grid: PairGrid, members: float = 1.0) -> tuple[float, float]:
+                      grid: PairGrid, members: float = 1.0, fine: Fine = (1, 1, 1)
+                      ) -> tuple[float, float]:
     """(forward, backward) device seconds for d to do a box ``(t0, t1, o0, o1, c0, c1)`` of a
     layer's grid, its tiles pipelining as in :func:`box_time_s`: forward receives the box's X
     and W blocks and sends a Y partial per block; backward, holding those, receives the box's
-    dY blocks and sends a dX and a dW partial per block."""
+    dY blocks and sends a dX and a dW partial per block. With ``fine`` parts per block, each
+    tile is one part of its result and chains the parts of one block along its contraction
+    (:func:`_layer_replay_s`): the same bytes, in smaller pieces that pipeline."""
     bt: float = box[1] - box[0]
     bo: float = box[3] - box[2]
     bc = box[5] - box[4]
@@ -848,6 +886,16 @@ def layer_box_times_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize:
     if members > 1:  # a pseudo-device: each member does a square part (as in box_time_s)
         bt, bo = bt / math.sqrt(members), bo / math.sqrt(members)
     rate, down, up = d.rate_flops / members, d.down_Bps / members, d.up_Bps / members
+    if members == 1 and fine != (1, 1, 1):
+        parts = fine_grid(grid, fine)
+        dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, parts)
+        tm, to, tc = _pair_sizes(t, o, i, parts)
+        forward, backward = _layer_replay_s(
+            int(bt), int(bo), int(bc), fine, 2.0 * tm * to * tc / max(rate, 1.0), x_b / down,
+            w_b / down, tm * to * itemsize / up, dy_b / down, dx_b / up, dw_b / up)
+        nt, no, nc = bt * fine[0], bo * fine[1], bc * fine[2]
+        return (forward + bc * nt * no * TILE_OVERHEAD_S,
+                backward + (bo * nt * nc + bt * no * nc) * TILE_OVERHEAD_S)
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     tm, to, tc = _pair_sizes(t, o, i, grid)
     y_b = tm * to * itemsize
@@ -874,32 +922,73 @@ def layer_box_times_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize:
 
 def predict_layer_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
                     classes: Sequence[PlanDevice], ps_down_Bps: float = INF,
-                    ps_up_Bps: float = INF) -> tuple[float, float]:
-    """(forward, backward) predicted device seconds of a layer on one grid: per pass the
-    slowest box (the pair's boxes, :func:`_pair_boxes`), at least what the PS link carries,
-    plus one round trip."""
+                    ps_up_Bps: float = INF, fine: Fine = (1, 1, 1)) -> tuple[float, float]:
+    """(forward, backward) predicted device seconds of a layer on one grid, its blocks cut
+    into ``fine`` parts: per pass the slowest box (the pair's boxes, :func:`_pair_boxes`), at
+    least what the PS link carries, plus one round trip."""
+    return _predict_layer(t, o, i, itemsize, grid, classes, ps_down_Bps, ps_up_Bps,
+                          lambda f: f == fine, fine)[:2]
+
+
+def _predict_layer(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
+                   classes: Sequence[PlanDevice], ps_down_Bps: float, ps_up_Bps: float,
+                   allowed: Callable[[Fine], bool], start: Fine = (1, 1, 1)
+                   ) -> tuple[float, float, Fine]:
+    """:func:`predict_layer_s` with the parts chosen: from ``start``, move to the fastest of
+    every other count along one dimension (:data:`FINE_PARTS`, those ``allowed``) while that
+    is faster. The boxes and the PS link's bytes do not depend on the parts, only the boxes'
+    pipelines; a pseudo-device's closed form does not see parts, so large groups keep none."""
     devices = _expand(classes)
     boxes = _pair_boxes(devices, t, o, i, itemsize, grid)
+    if not boxes:
+        return INF, INF, start
     by_name = {d.name: (d, q) for d, q in devices}
-    fwd = bwd = 0.0
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     tm, to, _ = _pair_sizes(t, o, i, grid)
     fwd_down = bwd_down = blocks = 0.0
     for name, box in boxes.items():
-        d, q = by_name[name]
-        f, b = layer_box_times_s(d, box, t, o, i, itemsize, grid, q)
-        fwd, bwd = max(fwd, f), max(bwd, b)
         bt, bo, bc = box[1] - box[0], box[3] - box[2], box[5] - box[4]
         blocks += bt * bo * bc
-        pt, po, pc, each = member_part(bt, bo, bc, q)
+        pt, po, pc, each = member_part(bt, bo, bc, by_name[name][1])
         fwd_down += each * pc * (pt * x_b + po * w_b)
         bwd_down += each * pt * po * dy_b
     rtt = min(c.rtt_s for c in classes)
-    if not boxes:
-        return INF, INF
-    fwd = max(fwd, fwd_down / ps_down_Bps, blocks * tm * to * itemsize / ps_up_Bps)
-    bwd = max(bwd, bwd_down / ps_down_Bps, blocks * (dx_b + dw_b) / ps_up_Bps)
-    return fwd + rtt, bwd + rtt
+    fwd_link = max(fwd_down / ps_down_Bps, blocks * tm * to * itemsize / ps_up_Bps)
+    bwd_link = max(bwd_down / ps_down_Bps, blocks * (dx_b + dw_b) / ps_up_Bps)
+
+    def times(fine: Fine) -> tuple[float, float]:
+        fwd, bwd = fwd_link, bwd_link
+        for name, box in boxes.items():
+            d, q = by_name[name]
+            f, b = layer_box_times_s(d, box, t, o, i, itemsize, grid, q, fine)
+            fwd, bwd = max(fwd, f), max(bwd, b)
+        return fwd, bwd
+
+    best_fine = start
+    best = times(start)
+    moved = all(q == 1 for _, q in by_name.values())  # parts only where boxes replay
+    while moved:
+        moved = False
+        around = [best_fine[:axis] + (n,) + best_fine[axis + 1:]
+                  for axis in range(3) for n in FINE_PARTS[axis] if n != best_fine[axis]]
+        for fine in around:
+            if not allowed(fine):
+                continue
+            got = times(fine)
+            if got[0] + got[1] < best[0] + best[1]:
+                best, best_fine, moved = got, fine, True
+    return best[0] + rtt, best[1] + rtt, best_fine
+
+
+def _fines(t: int, o: int, i: int, grid: PairGrid, devices: int) -> Callable[[Fine], bool]:
+    """Which parts a layer's grid may be cut into: each part at least ``MIN_TILE`` a side and
+    cut by the tiler into exactly that many, at most ``MAX_PARTS_PER_DEVICE`` parts a device."""
+    def allowed(fine: Fine) -> bool:
+        parts = fine_grid(grid, fine)
+        return math.prod(parts) <= MAX_PARTS_PER_DEVICE * devices and all(
+            x // n >= MIN_TILE and math.ceil(x / math.ceil(x / n)) == n
+            for x, n in zip((t, o, i), parts))
+    return allowed
 
 
 def plan_layer(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice],
@@ -920,27 +1009,54 @@ def plan_layer(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevi
             _floor_s(taking_part, 2 * flops, blocks * (dx_b + dw_b), n_t * n_o * dy_b,
                      ps_down_Bps, ps_up_Bps)
 
-    order, best = _search_cube(
-        t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps, max_tile_elems, floor,
-        lambda grid, taking_part: sum(predict_layer_s(t, o, i, itemsize, grid, taking_part,
-                                                      ps_down_Bps, ps_up_Bps)))
+    chosen: dict[tuple[PairGrid, tuple[PlanDevice, ...]], tuple[float, float, Fine]] = {}
+
+    def predict(grid: PairGrid, taking_part: tuple[PlanDevice, ...]) -> float:
+        got = chosen[(grid, taking_part)] = _predict_layer(
+            t, o, i, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps,
+            _fines(t, o, i, grid, sum(c.count for c in taking_part)))
+        return got[0] + got[1]
+
+    order, best = _search_cube(t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps,
+                               max_tile_elems, floor, predict)
     if best is None:
         return None
-    fwd_s, bwd_s = predict_layer_s(t, o, i, itemsize, best[1], best[2], ps_down_Bps, ps_up_Bps)
+    fwd_s, bwd_s, fine = chosen[(best[1], best[2])]
     pair = _pair_of(t, o, i, itemsize, order, (bwd_s, best[1], best[2]))
-    tm, to, _ = _pair_sizes(t, o, i, best[1])
     n_t, n_o, n_c = best[1]
-    forward = GemmPlan(tm, to, n_c, (n_t, n_o, n_c), pair.used, pair.sat_out, fwd_s,
-                       pair.counts)
-    return LayerPlan(pair, forward, fwd_s, bwd_s)
+    f_t, f_o, f_c = fine
+    tm, to, tc = _pair_sizes(t, o, i, fine_grid(best[1], fine))
+    # each GEMM's tiles are one part of its result; its K slices are a block's parts, each
+    # part its own cached block (k_block), so that what forward sent backward finds
+    forward = GemmPlan(tm, to, n_c, (n_t * f_t, n_o * f_o, n_c), pair.used, pair.sat_out,
+                       fwd_s, pair.counts, tc if f_c > 1 else 0)
+    dx = replace(pair.dx, tile_m=tm, tile_n=tc, grid=(n_t * f_t, n_c * f_c, n_o),
+                 k_block=to if f_o > 1 else 0)
+    dw = replace(pair.dw, tile_m=to, tile_n=tc, grid=(n_o * f_o, n_c * f_c, n_t),
+                 k_block=tm if f_t > 1 else 0)
+    return LayerPlan(replace(pair, dx=dx, dw=dw), forward, fwd_s, bwd_s, fine)
 
 
 def deal_layer(plan: LayerPlan, t: int, o: int, i: int, itemsize: int,
                devices: Sequence[PlanDevice]
                ) -> tuple[dict[tuple[int, int, int], str], dict[tuple[int, int, int], str],
                           dict[tuple[int, int, int], str]]:
-    """Owners of a layer's forward tiles ``(t, o, c)`` and of its pair's (:func:`deal_pair`):
-    all three go to the owner of block (t, o, c)."""
-    dx, dw = deal_pair(plan.pair, t, o, i, itemsize, devices)
-    forward = {(tb, ob, c): name for (tb, c, ob), name in dx.items()}
-    return forward, dx, dw
+    """Owners of a layer's forward tiles ``(t, o, c)`` and of its pair's dX ``(t, c, o)`` and
+    dW ``(o, c, t)`` tiles (row, column, K slice): each goes to the owner of the block it is a
+    part of (:func:`deal_pair`'s boxes), so a device keeps its box's blocks from forward to
+    backward."""
+    dx, _ = deal_pair(plan.pair, t, o, i, itemsize, devices)
+    block = {(tb, ob, c): name for (tb, c, ob), name in dx.items()}
+    n_t, n_o, n_c = plan.pair.grid
+    f_t, f_o, f_c = plan.fine
+    forward, dx_owners, dw_owners = {}, {}, {}
+    for (tb, ob, cb), name in block.items():
+        for tf in range(tb * f_t, (tb + 1) * f_t):
+            for of in range(ob * f_o, (ob + 1) * f_o):
+                forward[(tf, of, cb)] = name
+            for cf in range(cb * f_c, (cb + 1) * f_c):
+                dx_owners[(tf, cf, ob)] = name
+        for of in range(ob * f_o, (ob + 1) * f_o):
+            for cf in range(cb * f_c, (cb + 1) * f_c):
+                dw_owners[(of, cf, tb)] = name
+    return forward, dx_owners, dw_owners

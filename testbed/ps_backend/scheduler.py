@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, 
 
 import numpy as np
 
-from testbed.ps_backend.tiler import TileBox, cut_k, gemm_flops
+from testbed.ps_backend.tiler import TileBox, cut_k, gemm_flops, k_pieces
 from testbed.ps_backend.validation import GemmCheck, check_result
 from testbed.wire.cache import BlockCache
 
@@ -142,6 +142,10 @@ class GemmJob:
     tile_m: int = 0  # the tiling it was cut with (set by Scheduler.submit)
     tile_n: int = 0
     k_parts: int = 1  # K slices (set by Scheduler.submit); partials are summed in slice order
+    # K parts (set by Scheduler.submit; 0: none): a tile's operands travel and are cached as
+    # its K range cut at multiples of this, so a slice spanning several parts reuses the
+    # blocks another GEMM of the step cut finer (a linear's forward and backward on one grid)
+    k_block: int = 0
     partials: dict[tuple[int, int], dict[int, np.ndarray]] = field(default_factory=dict)
 
 
@@ -160,8 +164,10 @@ class Task:
     qpos: int = -(1 << 62)  # its position in the pending queue while queued (PendingQueue)
     # fixed facts of the tile, computed once: the scheduler reads them on every pick
     flops: float = field(init=False)
-    a_block_key: str = field(init=False)
-    b_block_key: str = field(init=False)
+    # the blocks it needs, (cache key, bytes): A's parts along K, then B's (one each unless
+    # the GEMM has K parts, GemmJob.k_block)
+    blocks: tuple[tuple[str, int], ...] = field(init=False)
+    a_parts: int = field(init=False)  # how many of ``blocks`` are A's
     a_nbytes: int = field(init=False)
     b_nbytes: int = field(init=False)
 
@@ -173,10 +179,21 @@ class Task:
         self.flops = gemm_flops(m, k, n)
         # Blocks are named in their stored tensor's own coordinates, so that another GEMM with
         # the same tensor (same key), in either orientation, and the same block is a cache hit.
-        self.a_block_key = block_key(job.a_key, (box.r0, box.r1), (k0, k1), job.a_transposed)
-        self.b_block_key = block_key(job.b_key, (k0, k1), (box.c0, box.c1), job.b_transposed)
-        self.a_nbytes = m * k * job.a.itemsize
-        self.b_nbytes = k * n * job.b.itemsize
+        pieces = k_pieces(k0, k1, job.k_block)
+        a_item, b_item = job.a.itemsize, job.b.itemsize
+        self.blocks = tuple(
+            [(block_key(job.a_key, (box.r0, box.r1), p, job.a_transposed),
+              m * (p[1] - p[0]) * a_item) for p in pieces]
+            + [(block_key(job.b_key, p, (box.c0, box.c1), job.b_transposed),
+                (p[1] - p[0]) * n * b_item) for p in pieces])
+        self.a_parts = len(pieces)
+        self.a_nbytes = m * k * a_item
+        self.b_nbytes = k * n * b_item
+
+    def pieces(self) -> list[tuple[int, int]]:
+        """Its K range as its blocks cut it (:attr:`blocks`)."""
+        k0, k1 = self.k_range
+        return k_pieces(k0, k1, self.job.k_block)
 
     @property
     def k_range(self) -> tuple[int, int]:
@@ -184,12 +201,17 @@ class Task:
         return (box.k0, box.k1) if box.split else (0, self.job.a.shape[1])
 
     def a_block(self) -> np.ndarray:
-        k0, k1 = self.k_range
-        return self.job.a[self.box.r0:self.box.r1, k0:k1]
+        return self.a_piece(self.k_range)
 
     def b_block(self) -> np.ndarray:
-        k0, k1 = self.k_range
-        return self.job.b[k0:k1, self.box.c0:self.box.c1]
+        return self.b_piece(self.k_range)
+
+    def a_piece(self, k: tuple[int, int]) -> np.ndarray:
+        """A's rows of the tile over the contraction range ``k`` (one of :meth:`pieces`)."""
+        return self.job.a[self.box.r0:self.box.r1, k[0]:k[1]]
+
+    def b_piece(self, k: tuple[int, int]) -> np.ndarray:
+        return self.job.b[k[0]:k[1], self.box.c0:self.box.c1]
 
 
 @dataclass(eq=False)
@@ -209,20 +231,27 @@ class Copy:
 
 @dataclass
 class Assignment:
-    """A task handed to a device, and which operands must travel (False: the device caches it)."""
+    """A task handed to a device, and which of its blocks (``Task.blocks``) must travel (False:
+    the device holds it) and which the device keeps."""
 
     task: Task
-    send_a: bool
-    send_b: bool
-    cache_a: bool  # whether the device should keep A's block
-    cache_b: bool
+    send: tuple[bool, ...]
+    keep: tuple[bool, ...]
     backup: bool = False
+
+    @property
+    def send_a(self) -> bool:
+        """Whether any of A's blocks travels."""
+        return any(self.send[:self.task.a_parts])
+
+    @property
+    def send_b(self) -> bool:
+        return any(self.send[self.task.a_parts:])
 
     @property
     def nbytes(self) -> int:
         """The operand bytes that travel with it (the blocks the device does not hold)."""
-        return (self.task.a_nbytes if self.send_a else 0) + \
-            (self.task.b_nbytes if self.send_b else 0)
+        return sum(nbytes for (_, nbytes), sent in zip(self.task.blocks, self.send) if sent)
 
 
 # A message's first tile waits at most this long (device seconds on the device's downlink) for
@@ -287,6 +316,10 @@ class DeviceSlot:
     # the device's downlink, bytes per device second, from the topology (the planner sets it;
     # inf: unknown). Stealing and backups count what a device must still receive at this rate.
     down_Bps: float = math.inf
+    # when (wall, the scheduler's clock) what it was handed has come down at that rate: a
+    # thief's blocks queue behind its own, and an owner handed its box a moment ago is not
+    # behind (without it, the first devices of a pump stole from those not yet pumped)
+    down_free_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.cache = BlockCache(self.cache_bytes)
@@ -382,7 +415,7 @@ class BackupIndex:
         self.min_nbytes = min(self.min_nbytes, task.a_nbytes + task.b_nbytes)
         held = (copy, slot, copy.idx_ver)
         by_block = self._by_block
-        for key in (task.a_block_key, task.b_block_key):
+        for key, _ in task.blocks:
             listed = by_block.get(key)
             if listed is None:
                 by_block[key] = [held]
@@ -1073,16 +1106,18 @@ class Scheduler:
     # -- work in -------------------------------------------------------------------------------
     def submit(self, job: GemmJob, tile_m: int, tile_n: int,
                prefilled: dict[tuple[int, ...], np.ndarray] | None = None, k_parts: int = 1,
-               owners: dict[tuple[int, int, int], str] | None = None) -> int:
+               owners: dict[tuple[int, int, int], str] | None = None, k_block: int = 0) -> int:
         """Queue every tile of a GEMM; tiles in ``prefilled`` (by box key) are placed at once.
 
-        ``k_parts`` > 1 splits K; ``owners`` maps tile ``(row, col, part)`` to the device the
-        plan gave it (tasks are queued in the plan's dealing order, ``(part, row, col)``).
-        Returns how many tiles were prefilled. A GEMM whose every tile is prefilled is done
-        when this returns (its future is resolved).
+        ``k_parts`` > 1 splits K, into runs of ``k_block`` parts when that is set
+        (:func:`~testbed.ps_backend.tiler.cut_k`); ``owners`` maps tile ``(row, col, part)``
+        to the device the plan gave it (tasks are queued in the plan's dealing order, ``(part,
+        row, col)``). Returns how many tiles were prefilled. A GEMM whose every tile is
+        prefilled is done when this returns (its future is resolved).
         """
-        boxes = cut_k(job.a.shape[0], job.b.shape[1], job.a.shape[1], tile_m, tile_n, k_parts)
-        job.tile_m, job.tile_n = tile_m, tile_n
+        boxes = cut_k(job.a.shape[0], job.b.shape[1], job.a.shape[1], tile_m, tile_n, k_parts,
+                      k_block)
+        job.tile_m, job.tile_n, job.k_block = tile_m, tile_n, k_block
         job.k_parts = len({b.part for b in boxes})
         if self.check_values:  # Freivalds' work shared by the GEMM's tiles (K-split: per slice)
             job.check = GemmCheck(job.a, job.b, [(b.c0, b.c1, b.k0, b.k1) if b.split
@@ -1206,7 +1241,7 @@ class Scheduler:
                 # since the last pump has none; see take_fresh)
                 if fresh is not None and (slot.device_id not in fresh or not
                                           self.pending.owned_any(slot.device_id)) and \
-                        not self._would_steal(slot, bar):
+                        not self._would_steal(slot, bar, now_s):
                     continue
                 got = self.assign(slot.device_id, now_s=now_s)
                 if slot.free > 0 and self.pending.owned_any(slot.device_id):
@@ -1299,9 +1334,9 @@ class Scheduler:
             owner.in_flight.values(), owner.cancelled.values())), default=0.0)
         return self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
             backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation + \
-            self._backlog_fetch_s(owner)
+            self._backlog_fetch_s(owner, now_s)
 
-    def _would_steal(self, slot: DeviceSlot, bar_s: float) -> bool:
+    def _would_steal(self, slot: DeviceSlot, bar_s: float, now_s: float) -> bool:
         """Whether _pick_planned would let this device (no tile of its own, no orphans) steal
         from an owner whose finish is ``bar_s``: its test, the blocks the device would have to
         fetch included (on slow links most idle devices fail on those, not on their speed)."""
@@ -1313,7 +1348,7 @@ class Scheduler:
         assert task is not None
         if task.task_id in slot.given:
             return True  # not this device's steal candidate: let _pick_planned decide
-        mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
+        mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task, now_s)
         return straggles(bar_s, mine) and bar_s - mine >= MIN_BACKUP_GAIN_S
 
     def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
@@ -1352,8 +1387,7 @@ class Scheduler:
         for task in itertools.islice(self.pending, AFFINITY_SCAN):
             if task.done or not self._eligible(slot, task):
                 continue
-            score = ((task.a_block_key in slot.cache) * task.a_nbytes
-                     + (task.b_block_key in slot.cache) * task.b_nbytes)
+            score = sum(nbytes for key, nbytes in task.blocks if key in slot.cache)
             if score > best_score:
                 best, best_score = task, score
         if best_score < 0:  # only tasks this device already had (it failed them): leave them
@@ -1427,8 +1461,8 @@ class Scheduler:
             owner.in_flight.values(), owner.cancelled.values())), default=0.0)
         theirs = self.finish_wall_s(owner, task.flops) + max(overdue_s, 0.0) + \
             backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation + \
-            self._backlog_fetch_s(owner)
-        mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
+            self._backlog_fetch_s(owner, now_s)
+        mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task, now_s)
         if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:
             for t in self.pending.owned(owner.device_id):  # its last pending task: its run's end
                 if not t.done and self._eligible(slot, t):
@@ -1436,28 +1470,29 @@ class Scheduler:
             return self._take(steal)
         return None
 
-    def _fetch_s(self, slot: DeviceSlot, task: Task) -> float:
-        """Wall seconds the device needs to receive the task's blocks it does not hold (0
-        when its downlink is unknown)."""
+    def _fetch_s(self, slot: DeviceSlot, task: Task, now_s: float) -> float:
+        """Wall seconds the device needs to receive the task's blocks it does not hold, after
+        what it was handed before (0 when its downlink is unknown)."""
         if not 0 < slot.down_Bps < math.inf:
             return 0.0
-        missing = (task.a_block_key not in slot.cache) * task.a_nbytes + \
-            (task.b_block_key not in slot.cache) * task.b_nbytes
-        return missing / slot.down_Bps * self.dilation
+        missing = sum(nbytes for key, nbytes in task.blocks if key not in slot.cache)
+        return missing / slot.down_Bps * self.dilation + max(0.0, slot.down_free_s - now_s)
 
-    def _backlog_fetch_s(self, owner: DeviceSlot) -> float:
+    def _backlog_fetch_s(self, owner: DeviceSlot, now_s: float) -> float:
         """Wall seconds the owner needs to receive the distinct blocks of its pending tasks
-        that it does not hold (0 when its downlink is unknown)."""
+        that it does not hold, after what it was handed before (0 when its downlink is
+        unknown)."""
         if not 0 < owner.down_Bps < math.inf:
             return 0.0
         missing: dict[object, int] = {}
         for t in self.pending.owned(owner.device_id):
             if t.done:
                 continue
-            for key, nbytes in ((t.a_block_key, t.a_nbytes), (t.b_block_key, t.b_nbytes)):
+            for key, nbytes in t.blocks:
                 if key not in owner.cache:
                     missing[key] = nbytes
-        return sum(missing.values()) / owner.down_Bps * self.dilation
+        return sum(missing.values()) / owner.down_Bps * self.dilation + \
+            max(0.0, owner.down_free_s - now_s)
 
     def _pick_beyond(self, slot: DeviceSlot) -> Task | None:
         for task in self.pending:
@@ -1519,6 +1554,7 @@ class Scheduler:
         overhead_s = self._overhead_s(slot)
         down_Bps = slot.down_Bps
         fetch = 0 < down_Bps < math.inf
+        queued_s = max(0.0, slot.down_free_s - now_s)
         cache = slot.cache
 
         def qualifies(remaining: float, copy: Copy, other: DeviceSlot) -> bool:
@@ -1530,9 +1566,8 @@ class Scheduler:
                 return False
             mine = held * (task.flops / rate) * dilation + overhead_s
             if fetch:
-                missing = (task.a_block_key not in cache) * task.a_nbytes + \
-                    (task.b_block_key not in cache) * task.b_nbytes
-                mine += missing / down_Bps * dilation
+                missing = sum(nbytes for key, nbytes in task.blocks if key not in cache)
+                mine += missing / down_Bps * dilation + queued_s
             else:
                 mine += 0.0  # _fetch_s's 0.0, for the same sum
             return straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S
@@ -1590,17 +1625,22 @@ class Scheduler:
         self._backups.add(copy, slot)
         slot.given.add(task.task_id)
         send, keep = [], []
-        for key, nbytes in ((task.a_block_key, task.a_nbytes), (task.b_block_key, task.b_nbytes)):
+        sent = 0
+        for key, nbytes in task.blocks:
             hit = key in slot.cache
             cacheable = slot.cache.cacheable(nbytes)
             if hit:
                 slot.cache.get(key)  # refresh, exactly as the device does when it uses the block
             else:
                 slot.cache.put(key, task.job.version, nbytes, None)
-                slot.bytes_down += nbytes
+                sent += nbytes
             send.append(not hit)
             keep.append(cacheable)
-        return Assignment(task, send[0], send[1], keep[0], keep[1], backup)
+        slot.bytes_down += sent
+        if sent and 0 < slot.down_Bps < math.inf:
+            slot.down_free_s = max(slot.down_free_s, now_s) + \
+                sent / slot.down_Bps * self.dilation
+        return Assignment(task, tuple(send), tuple(keep), backup)
 
     # -- results in ----------------------------------------------------------------------------
     def accept(self, device_id: str, task_id: int, attempt: int, c: np.ndarray,

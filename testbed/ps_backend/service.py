@@ -21,6 +21,7 @@ from testbed.ps_backend.admission import JOINS_PER_S_PER_PEER
 from testbed.ps_backend.core import (
     Descriptor,
     DeviceConn,
+    OperandOut,
     Outgoing,
     PsCore,
     ResultIn,
@@ -59,6 +60,18 @@ def result_from_pb(r: pb.TileResult) -> ResultIn:
                     r.received_s, r.started_s, r.done_s, problem)
 
 
+def _operand_to_pb(o: OperandOut, operand: pb.Operand) -> None:
+    operand.version = o.version
+    if o.parts:
+        for part in o.parts:
+            _operand_to_pb(part, operand.parts.add())
+        return
+    operand.key = o.key
+    operand.transposed = o.transposed
+    if o.block is not None:
+        to_tensor(o.block, operand.tensor)
+
+
 def message_to_pb(out: Outgoing) -> pb.ServerMessage:
     """What the core queued for a device, as the message that carries it."""
     message = pb.ServerMessage(time_dilation=out.time_dilation)
@@ -66,12 +79,8 @@ def message_to_pb(out: Outgoing) -> pb.ServerMessage:
         tile = message.tiles.add(task_id=t.task_id, attempt=t.attempt, step=t.step, gemm=t.gemm,
                                  op=t.op, row=t.row, col=t.col, m=t.m, k=t.k, n=t.n,
                                  deadline_s=t.deadline_s)
-        for operand, o in ((tile.a, t.a), (tile.b, t.b)):
-            operand.key = o.key
-            operand.version = o.version
-            operand.transposed = o.transposed
-            if o.block is not None:
-                to_tensor(o.block, operand.tensor)
+        _operand_to_pb(t.a, tile.a)
+        _operand_to_pb(t.b, tile.b)
     if out.invalidate_before is not None:
         message.invalidate.before_version = out.invalidate_before
     if out.reject is not None:

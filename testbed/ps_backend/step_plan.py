@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from testbed.ps_backend.bound import (
     BoundDevice,
@@ -57,6 +57,16 @@ PAIR_JOINT_GAIN = 1.0
 # blocks flow through the rest.
 LAYER_GAIN = 0.95
 HELD_SHARE = 0.5
+
+
+class Cut(NamedTuple):
+    """How the scheduler cuts a GEMM (:meth:`Scheduler.submit`'s arguments)."""
+
+    tile_m: int
+    tile_n: int
+    k_parts: int
+    owners: dict[tuple[int, int, int], str] | None  # tile (row, col, slice) -> device
+    k_block: int = 0  # K parts, each its own cached block (0: a slice is one block)
 
 
 @dataclass
@@ -202,9 +212,8 @@ class StepPlanner:
             self.layer_or_apart(dx, item, slots)
         return len(shapes)
 
-    def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]
-             ) -> tuple[int, int, int, dict[tuple[int, int, int], str] | None]:
-        """(tile_m, tile_n, k_parts, owners) for a GEMM; records it for the step's bound."""
+    def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
+        """How to cut a GEMM and who owns its tiles; records it for the step's bound."""
         slots = list(slots)
         for s in slots:
             self.saw(s)
@@ -221,7 +230,7 @@ class StepPlanner:
         self._gemms.append(BoundGemm(m, k, n, item, stage, job.a_name, job.b_name))
         if self.mode != "auto":
             self._count_min(m, k, n, item, None, slots)
-            return self.config.tile_m, self.config.tile_n, 1, None
+            return Cut(self.config.tile_m, self.config.tile_n, 1, None)
         half = PAIR_HALF.get(job.spec.op)
         plan: GemmPlan | None = None
         owners: dict[tuple[int, int, int], str] | None = None
@@ -247,12 +256,12 @@ class StepPlanner:
             plan = self._plan_for(m, k, n, item, mine, half)
             if plan is None:
                 self._count_min(m, k, n, item, None, slots)
-                return self.config.tile_m, self.config.tile_n, 1, None
+                return Cut(self.config.tile_m, self.config.tile_n, 1, None)
             owners = self._owners(plan, m, k, n, item, mine)
         for group, why in plan.sat_out.items():
             self._sat_out.setdefault(group, why)
         self._count_min(m, k, n, item, (plan, owners), slots)
-        return plan.tile_m, plan.tile_n, plan.k_parts, owners
+        return Cut(plan.tile_m, plan.tile_n, plan.k_parts, owners, plan.k_block)
 
     def _count_min(self, m: int, k: int, n: int, item: int,
                    planned: tuple[GemmPlan, dict[tuple[int, int, int], str] | None] | None,
@@ -267,7 +276,7 @@ class StepPlanner:
         if planned is not None and owners:
             plan = planned[0]
             by_device: dict[str, float] = {}
-            for b in cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts):
+            for b in cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts, plan.k_block):
                 owner = owners.get((b.row, b.col, b.part))
                 k0, k1 = (b.k0, b.k1) if b.split else (0, k)
                 by_device[owner or ""] = by_device.get(owner or "", 0.0) + \
@@ -365,7 +374,8 @@ class StepPlanner:
         if key not in self._layer_dealt:  # the layers of a stack: one shape, the same owners
             self._layer_dealt[key] = deal_layer(plan, t, o, i, item, devices)
         fwd, dx_owners, dw_owners = self._layer_dealt[key]
-        tm, to, tc = plan.pair.dx.tile_m, plan.forward.tile_n, plan.pair.dx.tile_n
+        tm, to = plan.forward.tile_m, plan.forward.tile_n
+        tc = math.ceil(i / plan.pair.grid[2])  # a K slice of forward: a block's columns
         held: dict[str, float] = {}
         blocks: set[tuple[str, str, int, int]] = set()
         for (tb, ob, c), name in fwd.items():  # each device's X[t, c] and W[o, c], once

@@ -56,12 +56,33 @@ def cut(m: int, n: int, tile_m: int, tile_n: int) -> list[TileBox]:
             for j, c0 in enumerate(range(0, n, tile_n))]
 
 
-def cut_k(m: int, n: int, k: int, tile_m: int, tile_n: int, k_parts: int) -> list[TileBox]:
-    """The tiles of an m x n result with K cut into ``k_parts`` slices; no split when 1."""
+def cut_k(m: int, n: int, k: int, tile_m: int, tile_n: int, k_parts: int,
+          k_block: int = 0) -> list[TileBox]:
+    """The tiles of an m x n result with K cut into ``k_parts`` slices; no split when 1.
+
+    ``k_block`` > 0: K is first cut into parts of that size (how the operands' blocks are
+    named and cached, :func:`k_pieces`) and each slice is a run of whole parts.
+    """
     boxes = cut(m, n, tile_m, tile_n)
     if k_parts <= 1:
         return boxes
     size = -(-k // k_parts)
+    if k_block > 0:
+        parts = -(-k // k_block)
+        size = k_block * -(-parts // k_parts)
     slices = [(k0, min(k0 + size, k)) for k0 in range(0, k, size)]
     return [TileBox(b.row, b.col, b.r0, b.r1, b.c0, b.c1, k0, k1, s)
             for s, (k0, k1) in enumerate(slices) for b in boxes]
+
+
+def k_pieces(k0: int, k1: int, k_block: int) -> list[tuple[int, int]]:
+    """The parts of a contraction range ``k0:k1`` cut at multiples of ``k_block`` (0: one)."""
+    if k_block <= 0:
+        return [(k0, k1)]
+    out = []
+    lo = k0
+    while lo < k1:
+        hi = min(k1, (lo // k_block + 1) * k_block)
+        out.append((lo, hi))
+        lo = hi
+    return out

@@ -42,6 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from testbed.agent.link import mathis_rate_bps
+from testbed.capacity import agent_cache_bytes
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
 from testbed.emulator.device_model import DeviceModel, device_model_for
@@ -68,7 +69,6 @@ from testbed.topology import DeviceSpec, Topology
 from testbed.up import EMULATED_MAX_IN_FLIGHT
 
 MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its link (agent.py)
-AGENT_CACHE_BYTES = 64 * 1024 * 1024  # the agent's default --cache-mib 64
 
 
 def _zero(counter: list[int]) -> bool:
@@ -139,6 +139,8 @@ class Simulation(EventLoop):
         job = topology.job
         self.job = job
         self.dtype = np.dtype(job.dtype)
+        # each device's block cache, as testbed up gives its emulated agents
+        self.cache_bytes = agent_cache_bytes(job, len(topology.devices))
         self.schedule = schedule
         if not ps_gemm_s >= 0:
             raise ValueError(f"ps_gemm_s must be >= 0 seconds, got {ps_gemm_s}")
@@ -228,7 +230,7 @@ class Simulation(EventLoop):
             slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
                               predicted_gflops=dev.gflops or 1.0,
                               max_in_flight=EMULATED_MAX_IN_FLIGHT,
-                              cache_bytes=AGENT_CACHE_BYTES, group=dev.spec.group.group,
+                              cache_bytes=self.cache_bytes, group=dev.spec.group.group,
                               kind="emulated", profile=dev.spec.group.profile)
             dev.slot = slot
             self.by_id[slot.device_id] = dev
@@ -288,8 +290,9 @@ class Simulation(EventLoop):
                       b_transposed=g.b_transposed, submitted_s=self.now_s)
         job.done.add_done_callback(lambda _f: done())
         slots = [d.slot for d in self.devices.values() if d.slot is not None]
-        tile_m, tile_n, k_parts, owners = self.planner.plan(job, slots)
-        self.scheduler.submit(job, tile_m, tile_n, None, k_parts, owners)
+        cut = self.planner.plan(job, slots)
+        self.scheduler.submit(job, cut.tile_m, cut.tile_n, None, cut.k_parts, cut.owners,
+                              cut.k_block)
         self.tiles_per_gemm[uid] = job.remaining
         self.pump()
         if not self._ticking:

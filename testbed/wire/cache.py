@@ -18,6 +18,14 @@ from typing import Generic, Iterator, TypeVar
 
 V = TypeVar("V")
 
+# A device's budget unless it says otherwise (the agent's --cache-mib). A linear planned on one
+# grid for forward and backward (docs/planning.md) keeps its forward blocks until backward: on
+# topologies/hotcarbon.yaml (OPT-125m, 8,192 tokens a step, 15 phones) about 30 MB a phone a
+# layer, 360 MB for the 12 layers, which the step planner allows only within half the budget
+# (the other half carries backward's dY blocks through the LRU). 64 MiB, the budget before,
+# held about one layer. A phone has 6-12 GB of memory; this host's agents share 24 GB.
+DEFAULT_CACHE_BYTES = 768 * 1024 * 1024
+
 
 class BlockCache(Generic[V]):
     """LRU cache of blocks by key with a byte budget; values are whatever the side stores."""

@@ -62,14 +62,23 @@ def from_tensor(msg: pb.Tensor) -> np.ndarray:
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
 
 
-def operand_array(operand: pb.Operand, cache: BlockCache[np.ndarray]) -> np.ndarray:
+def operand_array(operand: pb.Operand, cache: BlockCache[np.ndarray], k_axis: int = 1
+                  ) -> np.ndarray:
     """The block a tile computes with, as the device resolves it.
 
     A sent block is decoded and cached under its key (an empty key: not cached); a key alone is
     a cache hit (the PS mirrors the cache, so it is there). The block is stored as it travels, in
     its tensor's stored orientation; a ``transposed`` operand is used as a C-ordered copy of its
-    transpose, so the product is the same whether the block arrived now or was cached.
+    transpose, so the product is the same whether the block arrived now or was cached. An
+    operand of ``parts`` is each resolved in order (as the PS's mirror applied them) and joined
+    along the contraction, ``k_axis`` (1 for A, 0 for B): the same array as the one block.
     """
+    if operand.parts:
+        parts = [operand_array(p, cache, k_axis) for p in operand.parts]
+        if len({p.shape[1 - k_axis] for p in parts}) != 1 or any(p.ndim != 2 for p in parts):
+            raise TensorError(f"operand parts of shapes {[p.shape for p in parts]} do not join "
+                              f"along axis {k_axis}")
+        return np.concatenate(parts, axis=k_axis)
     if operand.HasField("tensor"):
         stored = from_tensor(operand.tensor)
         if operand.key:
@@ -80,3 +89,8 @@ def operand_array(operand: pb.Operand, cache: BlockCache[np.ndarray]) -> np.ndar
             raise MissingBlock(f"block {operand.key!r} is not in the cache")
         stored = cached
     return np.ascontiguousarray(stored.T) if operand.transposed else stored
+
+
+def operand_nbytes(operand: pb.Operand) -> int:
+    """Bytes of tensor data an operand carries (its parts' included)."""
+    return len(operand.tensor.data) + sum(operand_nbytes(p) for p in operand.parts)

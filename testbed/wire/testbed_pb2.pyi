@@ -161,16 +161,18 @@ class DeviceMessage(_message.Message):
     def __init__(self, attach: _Optional[_Union[Attach, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., result: _Optional[_Union[TileResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., results: _Optional[_Union[TileResults, _Mapping]] = ...) -> None: ...
 
 class Operand(_message.Message):
-    __slots__ = ("key", "tensor", "version", "transposed")
+    __slots__ = ("key", "tensor", "version", "transposed", "parts")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSPOSED_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     key: str
     tensor: Tensor
     version: int
     transposed: bool
-    def __init__(self, key: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., version: _Optional[int] = ..., transposed: _Optional[bool] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[Operand]
+    def __init__(self, key: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., version: _Optional[int] = ..., transposed: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[Operand, _Mapping]]] = ...) -> None: ...
 
 class Tile(_message.Message):
     __slots__ = ("task_id", "attempt", "step", "gemm", "op", "row", "col", "m", "k", "n", "a", "b", "deadline_s")

@@ -4,6 +4,7 @@ forward's W and X blocks cached, results bit-identical)."""
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -21,6 +22,7 @@ from testbed.ps_backend.planner import (
 )
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
 from testbed.ps_backend.step_plan import StepPlanner
+from testbed.ps_backend.tiler import TileBox, cut_k
 
 TOKENS, OUT, IN = 96, 64, 32  # a layer this planner cuts on one grid for both passes
 SLOW = PlanDevice("p", 10e9, 1e6, 1e6, count=3)  # 3 devices on 1 MB/s links
@@ -30,16 +32,25 @@ def test_a_layer_plan_gives_every_block_one_owner_in_both_passes() -> None:
     layer = plan_layer(TOKENS, OUT, IN, 8, [SLOW])
     assert layer is not None
     n_t, n_o, n_c = layer.pair.grid
-    fwd = layer.forward
-    # forward Y = X·Wᵀ on the same cube: rows are token blocks, columns output blocks, and the
-    # K split runs over the input blocks, the pair's columns
-    assert fwd.grid == (n_t, n_o, n_c) and fwd.k_parts == n_c
-    assert fwd.tile_m == layer.pair.dx.tile_m and fwd.tile_n == layer.pair.dw.tile_m
+    f_t, f_o, f_c = layer.fine
+    assert layer.fine != (1, 1, 1)  # cut into parts: the case below checks their owners
+    fwd, dx_plan, dw_plan = layer.forward, layer.pair.dx, layer.pair.dw
+    # forward Y = X·Wᵀ on the same cube: rows are token parts, columns output parts, and the
+    # K split runs over the input blocks, each a run of f_c parts; dX's K over the output
+    # blocks, dW's over the token blocks
+    assert fwd.grid == (n_t * f_t, n_o * f_o, n_c) and fwd.k_parts == n_c
+    assert dx_plan.grid == (n_t * f_t, n_c * f_c, n_o)
+    assert dw_plan.grid == (n_o * f_o, n_c * f_c, n_t)
+    assert fwd.tile_m == dx_plan.tile_m and fwd.tile_n == dw_plan.tile_m
+    assert dx_plan.tile_n == dw_plan.tile_n
     devices = [PlanDevice(f"d{j}", 10e9 * (1 + j), 1e6, 1e6) for j in range(3)]
     forward, dx, dw = deal_layer(layer, TOKENS, OUT, IN, 8, devices)
-    assert len(forward) == len(dx) == len(dw) == n_t * n_o * n_c
-    for (tb, ob, c), owner in forward.items():
-        assert dx[(tb, c, ob)] == owner and dw[(ob, c, tb)] == owner
+    assert (len(forward), len(dx), len(dw)) == (math.prod(fwd.grid), math.prod(dx_plan.grid),
+                                                math.prod(dw_plan.grid))
+    # a part's tiles in every pass go to its block's owner
+    for (tf, of, cb), owner in forward.items():
+        for cf in range(cb * f_c, (cb + 1) * f_c):
+            assert dx[(tf, cf, of // f_o)] == owner and dw[(of, cf, tf // f_t)] == owner
     assert len(set(forward.values())) == 3
 
 
@@ -87,15 +98,37 @@ def _layer_jobs(seed: int = 3) -> tuple[list[GemmJob], dict[str, np.ndarray]]:
 def test_the_step_planner_keeps_a_layers_grid_for_its_backward() -> None:
     planner_, slots = _config(64 << 20)
     (fwd, dx, dw), _ = _layer_jobs()
-    tm, tn, k_parts, owners = planner_.plan(fwd, slots)
-    x_tm, x_tn, x_k, x_owners = planner_.plan(dx, slots)
-    w_tm, w_tn, w_k, w_owners = planner_.plan(dw, slots)
-    assert owners is not None and x_owners is not None and w_owners is not None
-    # forward (tm, to, n_c), dX (tm, tc, n_o), dW (to, tc, n_t): one grid (n_t, n_o, n_c)
-    assert (tm, tn) == (x_tm, w_tm) and x_tn == w_tn == -(-IN // k_parts)
-    assert -(-TOKENS // tm) == w_k and -(-OUT // tn) == x_k
-    for (tb, ob, c), owner in owners.items():  # and one owner per block in both passes
-        assert x_owners[(tb, c, ob)] == owner and w_owners[(ob, c, tb)] == owner
+    f, x, w = planner_.plan(fwd, slots), planner_.plan(dx, slots), planner_.plan(dw, slots)
+    assert f.owners is not None and x.owners is not None and w.owners is not None
+    # forward (tm, to, n_c), dX (tm, tc, n_o), dW (to, tc, n_t) on one grid (n_t, n_o, n_c),
+    # each K slice a run of parts as long as the other passes' tiles: forward's K parts are
+    # dX's and dW's columns, dX's K parts forward's columns, dW's forward's rows
+    assert (f.tile_m, f.tile_n) == (x.tile_m, w.tile_m) and x.tile_n == w.tile_n
+    assert (f.k_block or -(-IN // f.k_parts)) == x.tile_n
+    assert (x.k_block or -(-OUT // x.k_parts)) == f.tile_n
+    assert (w.k_block or -(-TOKENS // w.k_parts)) == f.tile_m
+    # every tile of a block's parts, in every pass, goes to the block's owner: a dX tile
+    # whose K slice (output columns) covers a forward tile's columns and whose columns lie in
+    # its K slice (input columns), on the same token rows; likewise dW's
+    def k_of(b: TileBox, k: int) -> tuple[int, int]:
+        return (b.k0, b.k1) if b.split else (0, k)
+
+    fwd_boxes = cut_k(TOKENS, OUT, IN, f.tile_m, f.tile_n, f.k_parts, f.k_block)
+    checked = 0
+    for fb in fwd_boxes:
+        owner = f.owners[(fb.row, fb.col, fb.part)]
+        fk0, fk1 = k_of(fb, IN)
+        for xb in cut_k(TOKENS, IN, OUT, x.tile_m, x.tile_n, x.k_parts, x.k_block):
+            xk0, xk1 = k_of(xb, OUT)
+            if (xb.r0, xb.r1) == (fb.r0, fb.r1) and fk0 <= xb.c0 < fk1 and xk0 <= fb.c0 < xk1:
+                assert x.owners[(xb.row, xb.col, xb.part)] == owner
+                checked += 1
+        for wb in cut_k(OUT, IN, TOKENS, w.tile_m, w.tile_n, w.k_parts, w.k_block):
+            wk0, wk1 = k_of(wb, TOKENS)
+            if (wb.r0, wb.r1) == (fb.c0, fb.c1) and fk0 <= wb.c0 < fk1 and wk0 <= fb.r0 < wk1:
+                assert w.owners[(wb.row, wb.col, wb.part)] == owner
+                checked += 1
+    assert checked >= 2 * len(fwd_boxes)
     # caches too small to hold a layer's blocks for its backward: forward plans on its own
     small, slots = _config(4096)
     assert small.plan(fwd, slots)[:3] == (lambda p: (p.tile_m, p.tile_n, p.k_parts))(
@@ -112,10 +145,13 @@ def _run_layer(order_seed: int) -> tuple[list[np.ndarray], set[str]]:
         s.add_device(slot)
     rng = random.Random(order_seed)
     backward_sent: set[str] = set()
+    parts = 0
     for batch in (jobs[:1], jobs[1:]):
         for job in batch:
-            tm, tn, k_parts, owners = planner_.plan(job, slots)
-            s.submit(job, tm, tn, k_parts=k_parts, owners=owners)
+            cut = planner_.plan(job, slots)
+            s.submit(job, cut.tile_m, cut.tile_n, k_parts=cut.k_parts, owners=cut.owners,
+                     k_block=cut.k_block)
+            parts = max(parts, cut.k_block)
         while any(job.remaining for job in batch):
             out = [(d, a) for d in list(s.devices) for a in s.assign(d)]
             assert out
@@ -123,14 +159,14 @@ def _run_layer(order_seed: int) -> tuple[list[np.ndarray], set[str]]:
             for d, a in out:
                 task = a.task
                 if task.job.spec.op != "forward":
-                    backward_sent.update(key for key, sent in ((task.a_block_key, a.send_a),
-                                                               (task.b_block_key, a.send_b))
+                    backward_sent.update(key for (key, _), sent in zip(task.blocks, a.send)
                                          if sent)
                 assert s.accept(d, task.task_id, task.attempt,
                                 task.a_block() @ task.b_block()).verdict is Verdict.ACCEPTED
     x, w, dy = m["x"], m["w"], m["dy"]
     for job, want in zip(jobs, (x @ w.T, dy @ w, dy.T @ x)):
         np.testing.assert_allclose(job.c, want, rtol=1e-12, atol=1e-12)
+    assert parts, "the plan cuts no K slice into parts: the case this checks"
     return [job.c.copy() for job in jobs], backward_sent
 
 

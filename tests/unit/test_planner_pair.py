@@ -100,7 +100,7 @@ def _run_pair(order_seed: int, departs: bool = False
         rng.shuffle(out)
         for d, a in out:
             task = a.task
-            sent[task.job.uid].add(task.a_block_key)
+            sent[task.job.uid].add(task.blocks[0][0])  # its dY block
             assert s.accept(d, task.task_id, task.attempt,
                             task.a_block() @ task.b_block()).verdict is Verdict.ACCEPTED
     np.testing.assert_allclose(dx.c, dy @ w, rtol=1e-12, atol=1e-12)
@@ -141,7 +141,7 @@ def test_the_step_planner_gives_a_slow_link_pair_one_layout() -> None:
                     b=np.broadcast_to(np.zeros((), dtype=np.float32), (t, i)),
                     c=np.empty((0, 0)), version=0, a_key="dY", b_key="X", a_transposed=True)]
     (tm_x, tn_x, k_x, own_x), (tm_w, tn_w, k_w, own_w) = (
-        planner.plan(j, slots) for j in jobs)  # type: ignore[attr-defined]
+        planner.plan(j, slots)[:4] for j in jobs)  # type: ignore[attr-defined]
     assert own_x is not None and own_w is not None
     assert k_x * tm_w >= o and k_w * tm_x >= t  # each GEMM's K slices are the other's rows
     assert -(-o // k_x) == tm_w and -(-t // k_w) == tm_x and tn_x == tn_w

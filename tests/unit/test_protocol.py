@@ -44,3 +44,36 @@ def test_tensor_with_wrong_byte_count_is_refused() -> None:
         from_tensor(msg)
     with pytest.raises(TensorError):
         from_tensor(pb.Tensor(data=b"", shape=[0], dtype=0))
+
+
+def test_an_operand_of_parts_is_joined_along_k_and_each_part_is_cached() -> None:
+    from testbed.wire.cache import BlockCache
+    from testbed.wire.tensors import operand_array, operand_nbytes
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((3, 8))
+    cache: BlockCache[np.ndarray] = BlockCache(1 << 20)
+    op = pb.Operand()
+    for j, (k0, k1) in enumerate(((0, 3), (3, 8))):
+        part = op.parts.add(key=f"a/{j}", version=0)
+        to_tensor(a[:, k0:k1], part.tensor)
+    assert operand_nbytes(op) == a.nbytes
+    np.testing.assert_array_equal(operand_array(op, cache, 1), a)
+    again = pb.Operand()  # the same parts by key alone: cache hits
+    again.parts.add(key="a/0")
+    again.parts.add(key="a/1")
+    assert operand_nbytes(again) == 0
+    np.testing.assert_array_equal(operand_array(again, cache, 1), a)
+    # B's parts join along rows; a part stored transposed (W for Wᵀ) is used transposed
+    w = rng.standard_normal((4, 8))
+    b = pb.Operand()
+    to_tensor(w[:, :3], b.parts.add(key="w/0", transposed=True).tensor)
+    to_tensor(w[:, 3:], b.parts.add(key="w/1", transposed=True).tensor)
+    joined = operand_array(b, cache, 0)
+    np.testing.assert_array_equal(joined, w.T)
+    assert joined.shape == (8, 4)
+    bad = pb.Operand()
+    to_tensor(np.ones((3, 2)), bad.parts.add().tensor)
+    to_tensor(np.ones((4, 2)), bad.parts.add().tensor)
+    with pytest.raises(TensorError, match="do not join"):
+        operand_array(bad, cache, 1)

@@ -152,3 +152,47 @@ def test_tiles_whose_blocks_take_long_to_arrive_go_one_message_each() -> None:
     assert [len(m.tiles) for m in slow] == [1] * len(fast[0].tiles)
     # the same tiles in the same order, so the device's cache and the PS's mirror agree
     assert [t.task_id for m in slow for t in m.tiles] == [t.task_id for t in fast[0].tiles]
+
+
+def test_a_tile_of_parts_joins_cached_blocks_and_its_parts_serve_a_finer_cut() -> None:
+    """A GEMM whose K is cut into parts (k_block) sends each part as its own block; the device
+    joins them along K into exactly the one-block operand, and caches each part, so a later
+    GEMM on the same tensors cut at the parts finds every block held (and the other way round:
+    the parts' keys are the finer cut's keys)."""
+    core = _core()
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    assert conn.outbox is not None
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((4, 6)), rng.standard_normal((4, 6))
+    device_cache: BlockCache[np.ndarray] = BlockCache(1 << 20)
+    jobs = [GemmJob(uid=f"s0/l/forward#{j}", spec=GemmSpec("l", "forward", 0, "w@0"), a=x,
+                    b=w.T, c=np.empty((4, 4)), version=0, a_key="x", b_key="w@0",
+                    b_transposed=True) for j in range(2)]
+    sent = []
+
+    def compute(tile) -> None:  # type: ignore[no-untyped-def]
+        assert len(tile.a.parts) == len(tile.b.parts) == (3 if tile.k == 6 else 0)
+        sent.append(sum(len(p.tensor.data) for op in (tile.a, tile.b) for p in (*op.parts, op)))
+        a = operand_array(tile.a, device_cache, 1)
+        b = operand_array(tile.b, device_cache, 0)
+        assert a.shape == (4, tile.k) and b.shape == (tile.k, 4)
+        core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, a @ b, 128, 0.01, 0.0,
+                                        0.0, 0.0, 0.0, 0.0)])
+
+    # whole K (6) in parts of 2, then K split in 3 slices of 2: the same blocks
+    for job, k_parts, k_block in ((jobs[0], 1, 2), (jobs[1], 3, 0)):
+        core.scheduler.submit(job, 4, 4, k_parts=k_parts, k_block=k_block)
+        core.pump()
+        tiles = []
+        while not job.done.done():  # the window is 2 tiles: results free slots for the rest
+            tiles += (batch := [t for out in _drain(conn.outbox)
+                                for t in message_to_pb(out).tiles])
+            assert batch
+            for tile in batch:
+                compute(tile)
+        assert len(tiles) == k_parts
+    np.testing.assert_array_equal(jobs[0].c, x @ w.T)  # one product of the joined parts
+    np.testing.assert_allclose(jobs[1].c, x @ w.T, rtol=1e-12, atol=1e-12)
+    assert sent == [2 * 4 * 6 * 8, 0, 0, 0]  # x and w once, as parts; then all held
+    assert core.stats.bytes_down == 2 * 4 * 6 * 8

@@ -135,7 +135,8 @@ def test_result_for_a_task_never_given_is_rejected() -> None:
 
 
 def test_cache_mirror_stays_exact() -> None:
-    """Replaying the PS's decisions on a real device cache never misses a block."""
+    """Replaying the PS's decisions on a real device cache never misses a block, also when a
+    tile's K slice is several parts, each its own block (k_block)."""
     s = Scheduler()
     s.add_device(slot("d0", window=3, cache=40_000))  # small: forces evictions
     device: BlockCache[np.ndarray] = BlockCache(40_000)
@@ -143,24 +144,35 @@ def test_cache_mirror_stays_exact() -> None:
         s.invalidate(step)
         device.invalidate(step)
         jobs = [job(64, 24, 48, uid=f"s{step}g{i}", version=step, b_key=f"w{i % 2}@{step}:T")
-                for i in range(3)]
-        for j in jobs:
-            s.submit(j, 16, 16)
+                for i in range(4)]
+        for i, j in enumerate(jobs):
+            # the last two: K in 2 slices of parts 8 long (24 = 8 + 8 | 8), blocks of the
+            # first two's whole-K blocks' tensors cut finer
+            s.submit(j, 16, 16, k_parts=2 if i >= 2 else 1, k_block=8 if i >= 2 else 0)
         while any(j.remaining for j in jobs):
             for a in s.assign("d0"):
                 t = a.task
-                blocks = []
-                for key, block, send, keep in ((t.a_block_key, t.a_block(), a.send_a, a.cache_a),
-                                               (t.b_block_key, t.b_block(), a.send_b, a.cache_b)):
-                    if send:
-                        if keep:
-                            device.put(key, step, block.nbytes, block)
-                        blocks.append(block)
-                    else:
-                        cached = device.get(key)
-                        assert cached is not None, f"mirror says cached, device lost {key}"
-                        blocks.append(cached)
-                s.accept("d0", t.task_id, t.attempt, blocks[0] @ blocks[1])
+                used = iter(zip(t.blocks, a.send, a.keep))
+                operands = []
+                for piece_of in (t.a_piece, t.b_piece):
+                    parts = []
+                    for piece in t.pieces():
+                        (key, _), send, keep = next(used)
+                        block = piece_of(piece)
+                        if send:
+                            if keep:
+                                device.put(key, step, block.nbytes, block)
+                            parts.append(block)
+                        else:
+                            cached = device.get(key)
+                            assert cached is not None, f"mirror says cached, device lost {key}"
+                            parts.append(cached)
+                    operands.append(parts)
+                a_op = np.concatenate(operands[0], axis=1)
+                b_op = np.concatenate(operands[1], axis=0)
+                assert len(operands[0]) == (2 if t.job.k_block and t.k_range == (0, 16) else 1)
+                assert s.accept("d0", t.task_id, t.attempt, a_op @ b_op).verdict is \
+                    Verdict.ACCEPTED
     assert device.used_bytes == s.devices["d0"].cache.used_bytes
 
 

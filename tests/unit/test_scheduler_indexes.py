@@ -62,8 +62,8 @@ class ScanningScheduler(Scheduler):
                         default=0.0)
         theirs = self.finish_wall_s(owner, steal.flops) + max(overdue_s, 0.0) + \
             backlog[owner.device_id] * steal.flops / max(owner.rate_flops, 1.0) * self.dilation \
-            + self._backlog_fetch_s(owner)
-        mine = self.finish_wall_s(slot, steal.flops) + self._fetch_s(slot, steal)
+            + self._backlog_fetch_s(owner, now_s)
+        mine = self.finish_wall_s(slot, steal.flops) + self._fetch_s(slot, steal, now_s)
         if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:
             for t in pending:
                 if t.owner == owner.device_id and not t.done and self._eligible(slot, t):
@@ -87,7 +87,7 @@ class ScanningScheduler(Scheduler):
                         or (not known and now_s - copy.expected_s < overdue_s)):
                     continue
                 remaining = self.remaining_s(copy, now_s)
-                mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task)
+                mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task, now_s)
                 if (remaining > best_remaining and straggles(remaining, mine)
                         and remaining - mine >= MIN_BACKUP_GAIN_S):
                     best, best_remaining = task, remaining

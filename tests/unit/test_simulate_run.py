@@ -133,11 +133,11 @@ def test_a_thousand_devices_compute_every_planned_tile_once(tmp_path: Path) -> N
     plan, place = sim.planner.plan, sim.scheduler._place
 
     def recording_plan(job, slots):  # type: ignore[no-untyped-def]
-        tile_m, tile_n, k_parts, owners = plan(job, slots)
+        cut = plan(job, slots)
         m, k = job.a.shape
         n = job.b.shape[1]
-        planned[job.uid] = len(cut_k(m, n, k, tile_m, tile_n, k_parts))
-        return tile_m, tile_n, k_parts, owners
+        planned[job.uid] = len(cut_k(m, n, k, cut.tile_m, cut.tile_n, cut.k_parts, cut.k_block))
+        return cut
 
     def counting_place(slot, copy, c, compute_s, energy_j):  # type: ignore[no-untyped-def]
         placed[copy.task.job.uid] += 1

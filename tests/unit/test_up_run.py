@@ -229,10 +229,14 @@ def test_a_small_run_fits_and_a_huge_one_is_refused_naming_each_limit() -> None:
     assert tasks.startswith("processes: 9001 agent(s)") and "kernel.threads-max" in tasks
     assert "9002 node shells" in tasks
     assert fds.startswith("file descriptors:") and "4096" in fds
-    # the memory figure follows the rule: PS + per agent (base + cache bounded by the weights)
-    weights = capacity.weight_bytes(_topology(1).job)
-    want = (capacity.PS_BASE_BYTES + 4 * weights + 9_001 * (capacity.AGENT_BASE_BYTES
-                                                              + weights)
+    # the memory figure follows the rule: PS + per agent its base, and the caches, each within
+    # its budget and all together within CACHE_SHARES times a step's operands
+    job = _topology(1).job
+    weights, operands = capacity.weight_bytes(job), capacity.operand_bytes(job)
+    assert operands > weights
+    cached = min(9_001 * min(capacity.agent_cache_bytes(job, 9_001), operands),
+                 capacity.CACHE_SHARES * operands)
+    want = (capacity.PS_BASE_BYTES + 4 * weights + 9_001 * capacity.AGENT_BASE_BYTES + cached
             + 9_002 * capacity.SHELL_BYTES)
     assert abs(needs.memory_bytes - want) <= 1e-9 * want
 

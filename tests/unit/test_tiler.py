@@ -1,0 +1,30 @@
+"""Cutting a GEMM into tiles: K slices made of whole parts (``k_block``) and a slice's parts."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.ps_backend.tiler import cut_k, k_pieces
+
+
+@pytest.mark.parametrize("k, k_parts, k_block", [(300, 3, 16), (96, 4, 8), (100, 3, 7),
+                                                  (64, 2, 64), (50, 5, 10)])
+def test_k_slices_are_runs_of_whole_parts_and_cover_k(k: int, k_parts: int, k_block: int
+                                                      ) -> None:
+    boxes = cut_k(32, 16, k, 16, 16, k_parts, k_block)
+    slices = sorted({(b.part, b.k0, b.k1) for b in boxes if b.split} or {(0, 0, k)})
+    assert slices[0][1] == 0 and slices[-1][2] == k
+    for (_, _, end), (_, start, _) in zip(slices, slices[1:]):
+        assert end == start  # contiguous, in summation order
+    for _, k0, k1 in slices:
+        assert k0 % k_block == 0 and (k1 % k_block == 0 or k1 == k)
+        pieces = k_pieces(k0, k1, k_block)
+        assert pieces[0][0] == k0 and pieces[-1][1] == k1
+        assert all(hi - lo <= k_block and lo % k_block == 0 for lo, hi in pieces)
+        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    assert len(slices) <= k_parts
+
+
+def test_without_parts_a_slice_is_one_piece_and_the_cut_is_unchanged() -> None:
+    assert k_pieces(5, 37, 0) == [(5, 37)]
+    assert cut_k(32, 16, 300, 16, 16, 3) == cut_k(32, 16, 300, 16, 16, 3, 100)
