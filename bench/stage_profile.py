@@ -7,14 +7,18 @@ stages' bound (docs/planning.md, "The bound") and the ratio, then the step's tot
 summed over the layers show which part of the chain holds a step away from its bound; `--stages`
 lists every stage with the term that set its bound; `--layers` prints, per linear shape, the
 planner's prediction for its forward and backward planned apart and on one grid (devices keeping
-forward's W and X blocks for backward; docs/planning.md) and which it takes.
+forward's W and X blocks for backward, the grid's blocks cut into parts; docs/planning.md) and
+which it takes.
 
     .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--quick]
                                             [--window-scale N]
+    .venv/bin/python bench/stage_profile.py --run RUN_DIR [--step N] [--stages]
 
 `--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
 topologies/hotcarbon.yaml (about 10 s). `--window-scale` sets the scheduler's window depth
-(`Scheduler.window_scale`) to see what other windows do.
+(`Scheduler.window_scale`) to see what other windows do. `--run` prints the same table for a
+step of a run directory (its stages.jsonl: `testbed up`, or `testbed simulate`), so an emulated
+step's stages can be set beside the simulated ones.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE, WINDOW_SCALE  # noqa: E402
 from testbed.ps_backend.step_plan import LAYER_GAIN  # noqa: E402
+from testbed.runlog import read_jsonl  # noqa: E402
 from testbed.simulate.chain import linears  # noqa: E402
 from testbed.simulate.sim import Simulation  # noqa: E402
 from testbed.topology import Topology, load_topology  # noqa: E402
@@ -53,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="tiles in a median-speed device's window (default: the planner's, "
                         f"{PLANNED_WINDOW_SCALE} for auto and {WINDOW_SCALE} for fifo; a "
                         "device's max_in_flight still caps it)")
+    p.add_argument("--run", default=None, metavar="RUN_DIR",
+                   help="print a run directory's step (its stages.jsonl) instead of simulating")
+    p.add_argument("--step", type=int, default=0, help="with --run: which step (default 0)")
     args = p.parse_args(argv)
+    if args.run is not None:
+        return print_run(Path(args.run), args.step, args.stages)
     topology = load_topology(args.topology).with_overrides(steps=1)
     if args.quick:
         job = topology.job
@@ -66,18 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     sim.start()
     device_s, stats, record = sim.run_step(0)
     print(f"{topology.name}: one step, simulated in {time.monotonic() - started:.1f} s")
-    kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
-    for stage, spent_s, bound_s, limit in record.stages:
-        totals = kinds[stage_kind(stage)]
-        totals[0] += spent_s
-        totals[1] += bound_s
-        totals[2] += 1
-        if args.stages:
-            print(f"  {stage:36s} {spent_s:9.3f} s  bound {bound_s:8.3f} s  "
-                  f"x{spent_s / bound_s:5.2f}  ({limit})")
-    print(f"{'stage kind':16s} {'stages':>6s} {'device s':>10s} {'bound s':>10s} {'ratio':>6s}")
-    for kind, (spent_s, bound_s, count) in kinds.items():
-        print(f"{kind:16s} {count:6d} {spent_s:10.2f} {bound_s:10.2f} {spent_s / bound_s:6.2f}")
+    print_kinds(record.stages, args.stages)
     print(f"step: {device_s:.2f} s device time, bound_s {record.bound_s:.2f} s "
           f"(x{device_s / record.bound_s:.2f}); bytes down {stats.bytes_down / 1e9:.2f} GB "
           f"against bytes_min_down {record.bytes_min_down / 1e9:.2f} GB, "
@@ -88,13 +87,48 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def print_kinds(stages: list[tuple[str, float, float, str]], every: bool) -> None:
+    """Per kind of stage (``every``: per stage too) the device seconds, bound and ratio."""
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for stage, spent_s, bound_s, limit in stages:
+        totals = kinds[stage_kind(stage)]
+        totals[0] += spent_s
+        totals[1] += bound_s
+        totals[2] += 1
+        if every:
+            print(f"  {stage:36s} {spent_s:9.3f} s  bound {bound_s:8.3f} s  "
+                  f"x{spent_s / bound_s:5.2f}  ({limit})")
+    print(f"{'stage kind':16s} {'stages':>6s} {'device s':>10s} {'bound s':>10s} {'ratio':>6s}")
+    for kind, (spent_s, bound_s, count) in kinds.items():
+        print(f"{kind:16s} {count:6d} {spent_s:10.2f} {bound_s:10.2f} {spent_s / bound_s:6.2f}")
+
+
+def print_run(run_dir: Path, step: int, every: bool) -> int:
+    """The table of a run directory's step, from its stages.jsonl and steps.jsonl."""
+    stages = [(r["stage"], r["device_s"], r["bound_s"], r["limit"])
+              for r in read_jsonl(run_dir / "stages.jsonl") if r["step"] == step]
+    steps = [r for r in read_jsonl(run_dir / "steps.jsonl") if r["step"] == step]
+    if not stages or not steps:
+        print(f"{run_dir}: no stages of step {step} (stages.jsonl, steps.jsonl)",
+              file=sys.stderr)
+        return 2
+    print(f"{run_dir}: step {step}")
+    print_kinds(stages, every)
+    s = steps[0]
+    print(f"step: {s['device_time_s']:.2f} s device time (stages {sum(x[1] for x in stages):.2f}), "
+          f"bound_s {s['bound_s']:.2f} s (x{s['device_time_s'] / s['bound_s']:.2f}); bytes "
+          f"down {s['bytes_down'] / 1e9:.2f} GB, up {s['bytes_up'] / 1e9:.2f} GB; "
+          f"{s['tiles']} tiles, {s['backups']} backup copies")
+    return 0
+
+
 def print_layers(sim: Simulation, topology: Topology) -> None:
     """Per distinct linear shape: forward + backward predicted apart and on one grid."""
     tokens = topology.job.batch_size * topology.job.model.seq_len
     item = sim.config.dtype.itemsize
     slots = [s for s in sim.scheduler.devices.values() if not s.quarantined]
     print(f"{'linear (T x out x in)':24s} {'apart s':>8s} {'one grid s':>11s} "
-          f"{'(fwd + bwd)':>15s} {'grid':>12s}  taken")
+          f"{'(fwd + bwd)':>15s} {'grid':>12s} {'parts':>9s}  taken")
     seen = set()
     for lin in linears(topology.job):
         shape = (tokens, lin.d_out, lin.d_in)
@@ -108,7 +142,8 @@ def print_layers(sim: Simulation, topology: Topology) -> None:
         taken = "one grid" if layer.predicted_s < LAYER_GAIN * apart else "apart"
         print(f"{'x'.join(map(str, shape)):24s} {apart:8.3f} {layer.predicted_s:11.3f} "
               f"({layer.forward_s:6.3f} +{layer.backward_s:6.3f}) "
-              f"{'x'.join(map(str, layer.pair.grid)):>12s}  {taken}")
+              f"{'x'.join(map(str, layer.pair.grid)):>12s} "
+              f"{'x'.join(map(str, layer.fine)):>9s}  {taken}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
     topology.yaml    the resolved topology (defaults filled in, paths absolute)
     events.jsonl     one JSON object per line: every join, leave, crash, partition, requeue...
     steps.jsonl      one line per training step: loss, wall and device time, tiles, bytes
+    stages.jsonl     one line per stage of each step's GEMM chain (forward layer by layer, the
+                     backward pairs): device seconds some GEMM of it was out, and its bound
     devices.jsonl    per-device samples: tiles done, bytes, telemetry (one line per device per
                      sample period, and a final one)
     status.json      the latest snapshot for the live view (replaced atomically)
@@ -100,6 +102,8 @@ class RunLog:
         line = json.dumps({"t": round(now, 6), "elapsed_s": round(elapsed, 6), **record},
                           default=str)
         with self._lock:
+            if name not in self._files:  # stages.jsonl: only runs with offloaded GEMMs
+                self._files[name] = open(self.run_dir / f"{name}.jsonl", "a", buffering=1)
             self._files[name].write(line + "\n")
 
     def event(self, kind: str, /, *, at_t: float | None = None, **fields: Any) -> None:
@@ -111,6 +115,15 @@ class RunLog:
     def step(self, **fields: Any) -> None:
         """Record one finished training step."""
         self._write("steps", fields)
+
+    def stages(self, step: int, stages: list[tuple[str, float, float, str]],
+               dilation: float = 1.0) -> None:
+        """Record one step's stages (``StepRecord.stages``: stage, wall seconds some GEMM of it
+        was out, its bound, the bound's limiting term) as device seconds (wall / ``dilation``)."""
+        for stage, spent_s, bound_s, limit in stages:
+            self._write("stages", {"step": step, "stage": stage,
+                                   "device_s": round(spent_s / dilation, 6),
+                                   "bound_s": round(bound_s, 6), "limit": limit})
 
     def device(self, **fields: Any) -> None:
         """Record one device sample."""

@@ -530,6 +530,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                         backups=stats.backups, backup_wins=stats.backup_wins,
                         wasted=stats.wasted, tiles_from_ledger=stats.from_ledger,
                         time_dilation=round(dilation, 6), **step_fidelity)
+            runlog.stages(result.step, planned_step.stages, dilation)
             if controller is not None:  # between steps: the only place D may change
                 controller.observe(stats.tile_errors)
                 new = controller.between_steps()

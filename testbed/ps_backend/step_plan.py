@@ -81,7 +81,7 @@ class StepRecord:
     limits: dict[str, int] = field(default_factory=dict)  # stage limit term -> stages
     gemm_wall_s: float = 0.0  # time some offloaded GEMM was out (the simulator: virtual)
     # per stage of the chain, in order: (stage key, seconds some GEMM of it was outstanding,
-    # its bound, the bound's limiting term); for bench/stage_profile.py, not in steps.jsonl
+    # its bound, the bound's limiting term); the run directory's stages.jsonl
     stages: list[tuple[str, float, float, str]] = field(default_factory=list)
 
     def fields(self) -> dict[str, Any]:

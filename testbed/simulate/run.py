@@ -59,6 +59,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
                      energy_j=round(stats.energy_j, 6), failed_checks=0, backups=stats.backups,
                      backup_wins=stats.backup_wins, wasted=stats.wasted, tiles_from_ledger=0,
                      simulated=True)
+            log.stages(step, record.stages)
             steps_done += 1
             if progress is not None:
                 progress(step, device_s, time.monotonic() - t0)
