@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testbed.ps_backend.bound import stage_key
 from testbed.runlog import read_jsonl
 from testbed.simulate.chain import linears, step_chain
 from testbed.topology import load_topology
@@ -52,6 +53,16 @@ def test_device_time_is_at_least_the_bound_on_a_real_run(tmp_path: Path) -> None
         assert s["bytes_min_down"] >= once_down * (1 - 1e-9)
         assert s["bytes_min_up"] >= once_up * (1 - 1e-9)
         assert s["bytes_up"] >= once_up
+    # each step's stages (stages.jsonl): one line per stage of the chain, their bounds summing
+    # to the step's, each stage within the step's device time (they follow one another)
+    stages = read_jsonl(run_dir / "stages.jsonl")
+    for s in steps:
+        mine = [r for r in stages if r["step"] == s["step"]]
+        assert len(mine) == len({stage_key(g.layer, g.op) for g in gemms}) >= 2
+        assert sum(r["bound_s"] for r in mine) == pytest.approx(s["bound_s"], rel=1e-4,
+                                                                 abs=1e-5)
+        assert all(0 < r["device_s"] <= s["device_time_s"] for r in mine)
+        assert sum(r["device_s"] for r in mine) <= s["device_time_s"] * (1 + 1e-6)
     # the plans were made before training started, one per distinct linear shape
     events = [e["event"] for e in read_jsonl(run_dir / "events.jsonl")]
     planned = next(e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "planned")
