@@ -969,8 +969,13 @@ def _predict_layer(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
     moved = all(q == 1 for _, q in by_name.values())  # parts only where boxes replay
     while moved:
         moved = False
-        around = [best_fine[:axis] + (n,) + best_fine[axis + 1:]
-                  for axis in range(3) for n in FINE_PARTS[axis] if n != best_fine[axis]]
+        around: list[Fine] = []
+        for axis in range(3):
+            for n in FINE_PARTS[axis]:
+                if n != best_fine[axis]:
+                    f = list(best_fine)
+                    f[axis] = n
+                    around.append((f[0], f[1], f[2]))
         for fine in around:
             if not allowed(fine):
                 continue
