@@ -483,13 +483,13 @@ class PsCore:
             task, job = a.task, a.task.job
             m, n = task.box.shape
             k0, k1 = task.k_range
-            blocks = iter(zip(task.blocks, a.send, a.keep))
+            half = len(task.pieces)  # task.blocks: A's parts, then B's
             operands = []
-            for side, transposed in ((task.a_piece, job.a_transposed),
-                                     (task.b_piece, job.b_transposed)):
+            for side, transposed, of in ((task.a_piece, job.a_transposed, slice(0, half)),
+                                         (task.b_piece, job.b_transposed, slice(half, None))):
                 parts = []
-                for piece in task.pieces():
-                    (key, _), send, keep = next(blocks)
+                for piece, (key, _), send, keep in zip(task.pieces, task.blocks[of], a.send[of],
+                                                        a.keep[of]):
                     data = None
                     if send:  # a block travels as its tensor is stored, as its key names it
                         data = side(piece).T if transposed else side(piece)

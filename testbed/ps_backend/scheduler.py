@@ -167,7 +167,7 @@ class Task:
     # the blocks it needs, (cache key, bytes): A's parts along K, then B's (one each unless
     # the GEMM has K parts, GemmJob.k_block)
     blocks: tuple[tuple[str, int], ...] = field(init=False)
-    a_parts: int = field(init=False)  # how many of ``blocks`` are A's
+    pieces: tuple[tuple[int, int], ...] = field(init=False)  # its K range as ``blocks`` cut it
     a_nbytes: int = field(init=False)
     b_nbytes: int = field(init=False)
 
@@ -179,21 +179,15 @@ class Task:
         self.flops = gemm_flops(m, k, n)
         # Blocks are named in their stored tensor's own coordinates, so that another GEMM with
         # the same tensor (same key), in either orientation, and the same block is a cache hit.
-        pieces = k_pieces(k0, k1, job.k_block)
+        self.pieces = pieces = tuple(k_pieces(k0, k1, job.k_block))
         a_item, b_item = job.a.itemsize, job.b.itemsize
         self.blocks = tuple(
             [(block_key(job.a_key, (box.r0, box.r1), p, job.a_transposed),
               m * (p[1] - p[0]) * a_item) for p in pieces]
             + [(block_key(job.b_key, p, (box.c0, box.c1), job.b_transposed),
                 (p[1] - p[0]) * n * b_item) for p in pieces])
-        self.a_parts = len(pieces)
         self.a_nbytes = m * k * a_item
         self.b_nbytes = k * n * b_item
-
-    def pieces(self) -> list[tuple[int, int]]:
-        """Its K range as its blocks cut it (:attr:`blocks`)."""
-        k0, k1 = self.k_range
-        return k_pieces(k0, k1, self.job.k_block)
 
     @property
     def k_range(self) -> tuple[int, int]:
@@ -207,7 +201,7 @@ class Task:
         return self.b_piece(self.k_range)
 
     def a_piece(self, k: tuple[int, int]) -> np.ndarray:
-        """A's rows of the tile over the contraction range ``k`` (one of :meth:`pieces`)."""
+        """A's rows of the tile over the contraction range ``k`` (one of :attr:`pieces`)."""
         return self.job.a[self.box.r0:self.box.r1, k[0]:k[1]]
 
     def b_piece(self, k: tuple[int, int]) -> np.ndarray:
@@ -238,15 +232,6 @@ class Assignment:
     send: tuple[bool, ...]
     keep: tuple[bool, ...]
     backup: bool = False
-
-    @property
-    def send_a(self) -> bool:
-        """Whether any of A's blocks travels."""
-        return any(self.send[:self.task.a_parts])
-
-    @property
-    def send_b(self) -> bool:
-        return any(self.send[self.task.a_parts:])
 
     @property
     def nbytes(self) -> int:

@@ -84,10 +84,10 @@ def test_affinity_prefers_cached_blocks() -> None:
     j = job(b_key="w@0:T")
     s.submit(j, 16, 64)  # 4 row blocks, 1 column block: B is shared by every tile
     first = s.assign("d0")[0]
-    assert first.send_a and first.send_b
+    assert first.send == (True, True)
     s.accept("d0", first.task.task_id, 0, first.task.a_block() @ first.task.b_block())
     second = s.assign("d0")[0]
-    assert second.send_a and not second.send_b  # on a hit only A's block travels
+    assert second.send == (True, False)  # on a hit only A's block travels
 
 
 def test_removed_device_requeues_in_flight_with_new_attempt() -> None:
@@ -156,7 +156,7 @@ def test_cache_mirror_stays_exact() -> None:
                 operands = []
                 for piece_of in (t.a_piece, t.b_piece):
                     parts = []
-                    for piece in t.pieces():
+                    for piece in t.pieces:
                         (key, _), send, keep = next(used)
                         block = piece_of(piece)
                         if send:

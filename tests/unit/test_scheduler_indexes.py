@@ -204,11 +204,11 @@ def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
         elif r < 0.5 or not out:  # pump, fastest first, at this moment
             order = sorted((s for s in pair[0].devices.values() if s.free > 0),
                            key=lambda s: (-s.rate_flops, s.device_id))
-            indexed = {slot.device_id: [(a.task.task_id, a.task.attempt, a.backup, a.send_a,
-                                         a.send_b) for a in got]
+            indexed = {slot.device_id: [(a.task.task_id, a.task.attempt, a.backup, a.send)
+                                        for a in got]
                        for slot, got in pair[0].assign_each(order, now)}
             for slot in order:
-                got = [(a.task.task_id, a.task.attempt, a.backup, a.send_a, a.send_b)
+                got = [(a.task.task_id, a.task.attempt, a.backup, a.send)
                        for a in pair[1].assign(slot.device_id, now_s=now)]
                 assert indexed.get(slot.device_id, []) == got, (seed, now, slot.device_id)
                 decisions += 1

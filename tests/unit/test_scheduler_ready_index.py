@@ -85,14 +85,13 @@ def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
             (blocked.add if down else blocked.discard)(who)
             ready.block(indexed.devices[who], down)
         elif r < 0.5 or not out:
-            want = [(x.device_id, [(a.task.task_id, a.task.attempt, a.backup, a.send_a,
-                                    a.send_b) for a in got])
+            want = [(x.device_id, [(a.task.task_id, a.task.attempt, a.backup, a.send) for a in got])
                     for x, got in plain.assign_each(_plain_order(plain, blocked), now)]
             got_ix = indexed.assign_ready(ready, now)
             for x, _ in got_ix:
                 ready.touch(x)
-            have = [(x.device_id, [(a.task.task_id, a.task.attempt, a.backup, a.send_a,
-                                    a.send_b) for a in got]) for x, got in got_ix]
+            have = [(x.device_id, [(a.task.task_id, a.task.attempt, a.backup, a.send)
+                                   for a in got]) for x, got in got_ix]
             assert have == want, (seed, now)
             for device, got in want:
                 handed += len(got)
