@@ -80,13 +80,13 @@ def weight_bytes(job: Any) -> float:
 
 
 def operand_bytes(job: Any) -> float:
-    """Bytes of a step's GEMM operands: the weights, and each linear's input and output
-    gradient (per layer q/k/v, out_proj, fc1 and fc2: 8·hidden + 2·ffn columns a token, and the
-    LM head's), in the job's dtype. Blocks of older steps are dropped, so no cache holds more."""
-    m = job.model
-    h, f = m.hidden, m.ffn
-    tokens = job.batch_size * m.seq_len
-    columns = m.layers * (8 * h + 2 * f) + h + m.vocab
+    """Bytes of a step's GEMM operands: the weights, and each offloaded linear's input and
+    output gradient (:func:`~testbed.simulate.chain.linears`), in the job's dtype. Blocks of
+    older steps are dropped, so no cache holds more."""
+    from testbed.simulate.chain import linears
+
+    tokens = job.batch_size * job.model.seq_len
+    columns = sum(lin.d_in + lin.d_out for lin in linears(job))
     return weight_bytes(job) + tokens * columns * (8 if job.dtype == "float64" else 4)
 
 
@@ -108,7 +108,7 @@ def needs_of(topology: Any, backend: str) -> Needs:
     operands = operand_bytes(topology.job)
     # each agent's cache up to its budget, all of them together what a step sends them (blocks
     # of older steps are dropped): each block to CACHE_SHARES devices on average, a generous
-    # figure (hotcarbon's step sends 1.7 times its operands simulated, 2.7 times emulated)
+    # figure (hotcarbon's step sends 1.7 times its operands, simulated and emulated)
     cached = min(agents * min(agent_cache_bytes(topology.job, agents), operands),
                  CACHE_SHARES * operands)
     memory = (PS_BASE_BYTES + 4 * weights + agents * AGENT_BASE_BYTES + cached
