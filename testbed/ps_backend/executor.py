@@ -82,11 +82,6 @@ class LocalExecutor:
         return DoneHandle(a @ b)
 
 
-def tensor_name(t: torch.Tensor) -> str:
-    """A name for a tensor's storage within a step (a transpose or a reshape keeps it)."""
-    return f"{t.untyped_storage().data_ptr()}:{t.untyped_storage().nbytes()}"
-
-
 class WatchdogError(RuntimeError):
     """The progress watchdog ended the run; the message says which condition."""
 
@@ -200,7 +195,6 @@ class TileExecutor:
         b_ident_key, b_transposed, b_np = self._operands.get(b, spec.step)
         uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
-                      a_name=tensor_name(a), b_name=tensor_name(b),
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
                       a_key=a_key, b_key=spec.b_key or b_ident_key, a_transposed=a_transposed,
                       b_transposed=b_transposed, done=Future(),

@@ -126,6 +126,8 @@ class GemmJob:
     b: np.ndarray
     c: np.ndarray
     version: int  # cache version of its blocks (the training step)
+    # the operands' tensors in the step (OperandKeys): their blocks' cache keys, and what the
+    # bound counts as held once an earlier stage sent it
     a_key: str
     b_key: str
     remaining: int = 0
@@ -133,8 +135,6 @@ class GemmJob:
     submitted_s: float = field(default_factory=time.monotonic)
     digest: str = ""  # checksum of A and B (the ledger checks it before reusing tiles)
     check: GemmCheck | None = None  # Freivalds' shared work for its tiles (Scheduler.submit)
-    a_name: str = ""  # the operands' tensor identity in the step (the bound's held data)
-    b_name: str = ""
     # an operand that is the transpose of a stored tensor (Wᵀ in forward, dYᵀ in the weight
     # gradient): its blocks are named, sent and cached in the stored orientation (Task)
     a_transposed: bool = False

@@ -92,6 +92,14 @@ class StepRecord:
                 "bound_limits": dict(self.limits), "gemm_wall_s": round(self.gemm_wall_s, 6)}
 
 
+def bound_gemm(job: GemmJob) -> BoundGemm:
+    """A GEMM as the bound sees it: its operands named by their keys, so a tensor an earlier
+    stage sent counts as held (an address the allocator reused for a new tensor does not)."""
+    m, k = job.a.shape
+    return BoundGemm(m, k, job.b.shape[1], job.a.itemsize,
+                     stage_key(job.spec.layer, job.spec.op), job.a_key, job.b_key)
+
+
 class StepPlanner:
     """Plans the GEMMs of a run and records each step for its bound."""
 
@@ -227,7 +235,7 @@ class StepPlanner:
             span[1] = self.clock()
 
         job.done.add_done_callback(ended)
-        self._gemms.append(BoundGemm(m, k, n, item, stage, job.a_name, job.b_name))
+        self._gemms.append(bound_gemm(job))
         if self.mode != "auto":
             self._count_min(m, k, n, item, None, slots)
             return Cut(self.config.tile_m, self.config.tile_n, 1, None)

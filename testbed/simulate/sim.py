@@ -286,7 +286,7 @@ class Simulation(EventLoop):
         job = GemmJob(uid=uid, spec=spec, a=shape_only(g.m, g.k, self.dtype),
                       b=shape_only(g.k, g.n, self.dtype), c=shape_only(g.m, g.n, self.dtype),
                       version=step, a_key=a_key, b_key=b_key, done=Future(),
-                      a_name=g.a_name, b_name=g.b_name, a_transposed=g.a_transposed,
+                      a_transposed=g.a_transposed,
                       b_transposed=g.b_transposed, submitted_s=self.now_s)
         job.done.add_done_callback(lambda _f: done())
         slots = [d.slot for d in self.devices.values() if d.slot is not None]

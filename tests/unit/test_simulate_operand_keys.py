@@ -11,13 +11,24 @@ same sharing, with the same orientation flags, GEMM for GEMM.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 import yaml
 
+from testbed.ps_backend.bound import BoundDevice, BoundGemm, stage_key, step_bound
 from testbed.ps_backend.engine.trainer import Trainer
-from testbed.ps_backend.executor import DoneHandle, GemmHandle, GemmSpec, OperandKeys
+from testbed.ps_backend.executor import (
+    DoneHandle,
+    GemmHandle,
+    GemmSpec,
+    OperandKeys,
+    TileExecutor,
+)
+from testbed.ps_backend.scheduler import GemmJob
+from testbed.ps_backend.step_plan import bound_gemm
 from testbed.simulate.chain import step_chain
 from testbed.simulate.sim import Simulation
 from testbed.topology import Topology, load_topology
@@ -96,3 +107,44 @@ def test_step_bytes_down_are_each_distinct_operand_once(tmp_path: Path) -> None:
         assert sum(sim.tiles_per_gemm[u] for u in sim.tiles_per_gemm
                    if u.startswith(f"s{step}/")) == len(ps)  # one tile per GEMM
         assert stats.bytes_down == sum(distinct.values()), step  # exact: whole blocks
+
+
+class CoreStub:
+    """What TileExecutor hands its GEMMs to: keeps each job and completes it at once."""
+
+    watchdog_reason = None
+
+    def __init__(self) -> None:
+        self.jobs: list[GemmJob] = []
+
+    def submit(self, job: GemmJob) -> None:
+        self.jobs.append(job)
+        job.done.set_result(job.a @ job.b)
+
+
+def test_the_bound_holds_the_operands_the_simulator_holds(tmp_path: Path) -> None:
+    """The PS's own executor names each operand for the bound (``bound_gemm``) so that a
+    stage counts as held exactly the tensors the simulator's chain does: the two bounds agree
+    stage by stage. Naming by storage address did not: the allocator gives a layer's new dY
+    the address of the one before it, which the bound then took as already sent."""
+    topology = load_topology(TINY)
+    core = CoreStub()
+    server = SimpleNamespace(config=SimpleNamespace(min_offload_flops=0), ledger=None,
+                             core=core, loop=SimpleNamespace(call_soon_threadsafe=(
+                                 lambda fn, *args: fn(*args))))
+    Trainer(topology.job, topology.seed, TileExecutor(server)).step()  # type: ignore[arg-type]
+    chain = [g for group in step_chain(topology.job) for g in group]
+    assert [(j.spec.layer, j.spec.op) for j in core.jobs] == [(g.layer, g.op) for g in chain]
+    item = core.jobs[0].a.itemsize
+    simulated = [BoundGemm(g.m, g.k, g.n, item, stage_key(g.layer, g.op), *g.keys(0))
+                 for g in chain]
+    devices = [BoundDevice("phone", 2e9, 1e6, 1e6, 0.01), BoundDevice("laptop", 2e10, 5e6, 5e6)]
+    ps, sim = step_bound([bound_gemm(j) for j in core.jobs], devices), \
+        step_bound(simulated, devices)
+    assert [s.stage for s in ps.stages] == [s.stage for s in sim.stages]
+    for a, b in zip(ps.stages, sim.stages):
+        assert a.bound_s == pytest.approx(b.bound_s, rel=1e-9), a.stage
+    # the test can fail: with every operand new, the backward stages' bound is higher
+    fresh = step_bound([BoundGemm(g.m, g.k, g.n, g.itemsize, g.stage) for g in simulated],
+                       devices)
+    assert fresh.bound_s > 1.05 * sim.bound_s
