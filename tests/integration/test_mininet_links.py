@@ -12,7 +12,13 @@ import sys
 import pytest
 
 from testbed.emulator.network.base import AppShaping
-from testbed.emulator.network.check import check_devices, format_table, path_rate_bps
+from testbed.emulator.network.check import (
+    check_devices,
+    format_table,
+    measure_duplex_bps,
+    path_rate_bps,
+    start_iperf_server,
+)
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.emulator.network.probe import probe
 from testbed.topology import parse_topology
@@ -57,6 +63,27 @@ def test_rates_each_way_and_rtt_within_tolerance():
     assert configured[("b-0", "rtt")] == pytest.approx(2 * (5e-3 + 1e-3 + 1e-3))
     bad = [r for r in rows if not r.ok]
     assert not bad, "links off by more than the tolerance:\n" + table
+
+
+@needs_mininet
+def test_a_link_carries_its_rate_both_ways_at_once():
+    """Tiles go down while results go up on one device link. Each direction's ACKs travel
+    the other way, behind that direction's queued data; a shaped egress that queued them with
+    the data cut a 2 Mbit/s link's upload to 1.2 Mbit/s while a download ran (the ACKs of the
+    download waited behind a queue of upload data and the other way round)."""
+    topo = parse_topology({
+        "name": "duplex",
+        "network": {"backend": "mininet", "switches": ["ap0"],
+                    "ps": {"switch": "ap0", "link": {"down": "1Gbit", "up": "1Gbit"}}},
+        "devices": [{"group": "a", "profile": "snapdragon888", "count": 1, "switch": "ap0",
+                     "link": {"down": "2Mbit", "up": "2Mbit", "queue": 100}}],
+        "job": JOB})
+    with MininetNetwork(topo) as net:
+        start_iperf_server(net, None)
+        rates = measure_duplex_bps(net, topo.devices[0], seconds=4)
+    # HTB charges whole frames: a full link delivers ~4 % under the configured rate
+    assert rates["down"] == pytest.approx(2e6, rel=0.10), rates
+    assert rates["up"] == pytest.approx(2e6, rel=0.10), rates
 
 
 @needs_mininet

@@ -125,23 +125,45 @@ def measure_throughput_bps(net: MininetNetwork, device: DeviceSpec, direction: s
     the receiving interface's byte counter while it runs (:func:`window_rate_bps`).
     """
     receiver, sender = (device.name, None) if direction == "down" else (None, device.name)
-    skip, seconds = measurement_window_s(net.topology, device, direction, seconds)
-    _wait_quiet(net, [receiver, sender])
-    run_s = skip + seconds + 1  # traffic outlasts the window
-    argv = ["iperf3", "-c", net.host_ip(sender), "-p", str(port), "-R", "-t", f"{run_s:g}"]
-    proc = net.popen(receiver, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    return _measure(net, device, ["-c", net.host_ip(sender), "-R"], receiver, {direction: receiver},
+                    seconds, port)[direction]
+
+
+def measure_duplex_bps(net: MininetNetwork, device: DeviceSpec, seconds: float = 3.0,
+                       port: int = IPERF_PORT) -> dict[str, float]:
+    """Bits per second the path delivers each way while both ways are saturated at once.
+
+    The link is full duplex: each direction has its own configured rate, and the ACKs of one
+    direction's flow travel behind the other's data (iperf3 --bidir from the device to the
+    server in the PS's host, :func:`start_iperf_server`). Both receiving interfaces' counters
+    are sampled as in :func:`measure_throughput_bps`.
+    """
+    return _measure(net, device, ["-c", net.host_ip(None), "--bidir"], device.name,
+                    {"down": device.name, "up": None}, seconds, port)
+
+
+def _measure(net: MininetNetwork, device: DeviceSpec, iperf_args: list[str],
+             client: str | None, receivers: dict[str, str | None], seconds: float,
+             port: int) -> dict[str, float]:
+    """Run an iperf3 client in `client` and measure each direction's receiving interface."""
+    windows = {d: measurement_window_s(net.topology, device, d, seconds) for d in receivers}
+    _wait_quiet(net, [device.name, None])
+    run_s = max(skip + secs for skip, secs in windows.values()) + 1  # traffic outlasts it
+    argv = ["iperf3", *iperf_args, "-p", str(port), "-t", f"{run_s:g}"]
+    proc = net.popen(client, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                      text=True)
-    samples = []
+    samples: dict[str, list[tuple[float, int]]] = {d: [] for d in receivers}
     deadline = time.monotonic() + run_s + 60
     while proc.poll() is None and time.monotonic() < deadline:
-        samples.append(_rx_bytes_now(net, receiver))
+        for d, node in receivers.items():
+            samples[d].append(_rx_bytes_now(net, node))
         time.sleep(SAMPLE_EVERY_S)
     _, err = proc.communicate(timeout=5)
     if proc.returncode != 0:
-        raise RuntimeError(f"iperf3 for {device.name} {direction} failed "
+        raise RuntimeError(f"iperf3 for {device.name} {'+'.join(receivers)} failed "
                            f"(exit {proc.returncode}): {err.strip()}")
-    return window_rate_bps(samples, skip, seconds,
-                           path_rate_bps(net.topology, device, direction))
+    return {d: window_rate_bps(samples[d], *windows[d],
+                               path_rate_bps(net.topology, device, d)) for d in receivers}
 
 
 SAMPLE_EVERY_S = 0.02
@@ -280,7 +302,7 @@ class Row:
     """One measured quantity of one device against its configured value."""
 
     device: str
-    quantity: str  # "down", "up" (bit/s) or "rtt" (s)
+    quantity: str  # "down", "up" (bit/s), "down*", "up*" (both at once) or "rtt" (s)
     configured: float
     measured: float
     tolerance: float  # relative
@@ -299,8 +321,9 @@ class Row:
 
 
 def check_devices(net: MininetNetwork, devices: list[DeviceSpec], tolerance: float = 0.10,
-                  seconds: float = 3.0, samples: int = 10) -> list[Row]:
-    """Measure each device's path (throughput both ways, RTT) on a started network."""
+                  seconds: float = 3.0, samples: int = 10, duplex: bool = False) -> list[Row]:
+    """Measure each device's path (throughput each way, RTT) on a started network; with
+    ``duplex`` also both ways at once (rows ``down*`` and ``up*``)."""
     topo = net.topology
     start_iperf_server(net, None)
     start_echo_server(net)
@@ -311,6 +334,10 @@ def check_devices(net: MininetNetwork, devices: list[DeviceSpec], tolerance: flo
             measured = measure_throughput_bps(net, device, direction, seconds)
             rows.append(Row(device.name, direction, path_rate_bps(topo, device, direction),
                             measured, tolerance))
+        if duplex:
+            for direction, measured in measure_duplex_bps(net, device, seconds).items():
+                rows.append(Row(device.name, f"{direction}*",
+                                path_rate_bps(topo, device, direction), measured, tolerance))
         server.terminate()
         server.wait()
         rows.append(Row(device.name, "rtt", 2 * path_delay_s(topo, device),
@@ -330,6 +357,8 @@ def format_table(rows: list[Row]) -> str:
         lines.append(f"{r.device:<16} {r.quantity:<5} {_fmt(r.quantity, r.configured):>14} "
                      f"{_fmt(r.quantity, r.measured):>14} {r.error * 100:>7.1f}%  "
                      f"{'yes' if r.ok else 'NO'}")
+    if any(r.quantity.endswith("*") for r in rows):
+        lines.append("* both directions saturated at once")
     return "\n".join(lines)
 
 

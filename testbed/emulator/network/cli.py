@@ -35,6 +35,10 @@ def add_parser(subparsers: Any) -> None:
                         "measure longer and skip more of slow start: 4x and 2x the "
                         "time their device link's queue takes to drain")
     p.add_argument("--samples", type=int, default=10, help="RTT samples per device (default 10)")
+    p.add_argument("--duplex", action="store_true",
+                   help="also measure both directions at once (rows down* and up*): each "
+                        "must still get its own rate, as training's tiles down and results "
+                        "up do")
     p.add_argument("--devices", nargs="*", metavar="NAME",
                    help="only these devices (default: all, one after another)")
     p.set_defaults(func=run_check)
@@ -75,7 +79,8 @@ def run_check(args: argparse.Namespace) -> int:
         with MininetNetwork(topology, capabilities=caps) as net:
             print(f"network {net.prefix}: {len(net.hosts)} hosts up in {net.bringup_s:.1f} s; "
                   f"rate: HTB, delay and loss: {caps.delay_mechanism}")
-            rows = check_devices(net, devices, args.tolerance, args.seconds, args.samples)
+            rows = check_devices(net, devices, args.tolerance, args.seconds, args.samples,
+                                 args.duplex)
     except (RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -33,12 +33,17 @@ Which YAML key becomes which kernel setting (each on the *egress* of one end of 
     switch link, up      port of the lower switch                   network.links[*].up
 
 On each of those egresses: ``htb`` root ``1:`` with one class ``1:1`` at ``rate = ceil = rate_bps /
-dilation`` (tc unit ``bit``, i.e. bit/s), burst max(15 kB, 1 ms of the rate). Under it, when the
-kernel has netem: ``netem delay <delay_s * dilation> loss <loss %> limit <queue or 1000>``;
-otherwise, when ``queue`` is given, ``pfifo limit <queue>`` (packets). Without netem, delay and loss
-are not in the kernel: :meth:`MininetNetwork.app_shaping` returns the whole path's one-way delay
-and loss for the application to apply, undilated (as the loopback backend returns them, so the
-agent treats both alike). ``describe()`` states which mechanism is active.
+dilation`` (tc unit ``bit``, i.e. bit/s), burst max(15 kB, 1 ms of the rate). When the kernel has
+the u32 classifier, ``1:1`` has two children that share its rate, ``1:2`` (5 % assured, prio 0)
+for TCP segments under 128 bytes (pure ACKs, HTTP/2 window updates and pings) and ``1:3`` (the
+rest, prio 1, the default) for everything else, each allowed the whole rate: a link is full
+duplex, as topologies, the simulator and the bound take it, and a direction's ACKs must not wait
+behind the other direction's queued data (docs/network.md, "Both ways at once"). Under each leaf,
+when the kernel has netem: ``netem delay <delay_s * dilation> loss <loss %> limit <queue or
+1000>``; otherwise, when ``queue`` is given, ``pfifo limit <queue>`` (packets). Without netem,
+delay and loss are not in the kernel: :meth:`MininetNetwork.app_shaping` returns the whole path's
+one-way delay and loss for the application to apply, undilated (as the loopback backend returns
+them, so the agent treats both alike). ``describe()`` states which mechanism is active.
 
 Processes started with :meth:`MininetNetwork.popen` run in the node's namespace (``mnexec -a``) and
 carry ``TESTBED_NET_PREFIX=P`` in their environment, which is how :mod:`.cleanup` finds them after
@@ -64,6 +69,9 @@ from testbed.topology import DeviceSpec, LinkSpec, Topology
 log = logging.getLogger(__name__)
 
 IFNAME_MAX = 15
+# HTB classes of a shaped egress when small TCP segments go first (tc_commands): the share of
+# the rate assured to them (an ACK per two full segments is ~2 % of the other way's data)
+ACK_CLASS, DATA_CLASS, ACK_SHARE = 2, 3, 0.05
 PS_IP = "10.0.0.1"
 PREFIX_LEN = 8  # the /8 of the address plan
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -94,20 +102,39 @@ class Egress:
     queue_packets: int | None
 
 
-def tc_commands(e: Egress, netem: bool) -> list[str]:
-    """The tc commands (without the leading 'tc') that shape one egress."""
-    rate = f"{max(1, round(e.rate_bps))}bit"
+def tc_commands(e: Egress, netem: bool, acks_first: bool = True) -> list[str]:
+    """The tc commands (without the leading 'tc') that shape one egress (module docstring).
+
+    ``acks_first`` (the kernel has the u32 classifier): two HTB classes share the rate, small
+    TCP segments (under 128 bytes: pure ACKs, HTTP/2 window updates and pings) ahead of data.
+    """
+    rate = max(1, round(e.rate_bps))
     burst_bytes = max(15_000, round(e.rate_bps / 8 * 1e-3))
-    cmds = [f"qdisc replace dev {e.intf} root handle 1: htb default 1",
-            f"class add dev {e.intf} parent 1: classid 1:1 htb rate {rate} ceil {rate} "
-            f"burst {burst_bytes}b cburst {burst_bytes}b"]
-    if netem and (e.delay_s > 0 or e.loss_fraction > 0):
-        cmds.append(f"qdisc add dev {e.intf} parent 1:1 handle 10: netem "
-                    f"delay {e.delay_s * 1e6:.0f}us loss {e.loss_fraction * 100:.6f}% "
-                    f"limit {e.queue_packets or 1000}")
-    elif e.queue_packets:
-        cmds.append(f"qdisc add dev {e.intf} parent 1:1 handle 10: pfifo "
-                    f"limit {e.queue_packets}")
+    burst = f"burst {burst_bytes}b cburst {burst_bytes}b"
+    leaves = [ACK_CLASS, DATA_CLASS] if acks_first else [1]
+    cmds = [f"qdisc replace dev {e.intf} root handle 1: htb default {leaves[-1]}",
+            f"class add dev {e.intf} parent 1: classid 1:1 htb rate {rate}bit ceil {rate}bit "
+            f"{burst}"]
+    if acks_first:
+        # a child class at its own rate sends without asking its parent: the two rates must
+        # add up to the link's, and each may borrow the rest of it
+        acks = max(1, round(rate * ACK_SHARE))
+        cmds += [f"class add dev {e.intf} parent 1:1 classid 1:{ACK_CLASS} htb rate {acks}bit "
+                 f"ceil {rate}bit prio 0 {burst}",
+                 f"class add dev {e.intf} parent 1:1 classid 1:{DATA_CLASS} htb rate "
+                 f"{max(1, rate - acks)}bit ceil {rate}bit prio 1 {burst}",
+                 # IPv4, TCP, a 20-byte IP header, total length under 128 bytes
+                 f"filter add dev {e.intf} parent 1: protocol ip prio 1 u32 "
+                 f"match ip protocol 6 0xff match u8 0x05 0x0f at 0 "
+                 f"match u16 0x0000 0xff80 at 2 flowid 1:{ACK_CLASS}"]
+    for leaf in leaves:
+        if netem and (e.delay_s > 0 or e.loss_fraction > 0):
+            cmds.append(f"qdisc add dev {e.intf} parent 1:{leaf} handle {10 + leaf}: netem "
+                        f"delay {e.delay_s * 1e6:.0f}us loss {e.loss_fraction * 100:.6f}% "
+                        f"limit {e.queue_packets or 1000}")
+        elif e.queue_packets:
+            cmds.append(f"qdisc add dev {e.intf} parent 1:{leaf} handle {10 + leaf}: pfifo "
+                        f"limit {e.queue_packets}")
     return cmds
 
 
@@ -323,14 +350,15 @@ class MininetNetwork:
                       spec.loss_fraction, spec.queue_packets)
 
     def _shape_root(self, egress: list[Egress]) -> None:
-        batch = "".join(c + "\n" for e in egress for c in tc_commands(e, self.caps.netem))
+        batch = "".join(c + "\n" for e in egress
+                        for c in tc_commands(e, self.caps.netem, self.caps.u32))
         done = subprocess.run(["tc", "-batch", "-"], input=batch, capture_output=True,
                               text=True)
         if done.returncode != 0:
             raise RuntimeError(f"tc on the switch ports failed: {done.stderr.strip()}")
 
     def _shape_host(self, host: Any, e: Egress) -> None:
-        script = " && ".join(f"tc {c}" for c in tc_commands(e, self.caps.netem))
+        script = " && ".join(f"tc {c}" for c in tc_commands(e, self.caps.netem, self.caps.u32))
         out = host.cmd(f"{script} && echo TC-OK")
         if "TC-OK" not in out:
             raise RuntimeError(f"tc in host {host.name} failed: {out.strip()}")
@@ -398,7 +426,8 @@ class MininetNetwork:
         """Facts for the run log and summary.json."""
         mech = self.caps.delay_mechanism
         return {"backend": "mininet", "prefix": self.prefix, "switch": "linux-bridge",
-                "controller": None, "hosts": len(self.hosts), "rate": "htb",
+                "controller": None, "hosts": len(self.hosts),
+                "rate": "htb, small TCP segments first" if self.caps.u32 else "htb",
                 "delay": mech, "loss": mech,
                 "queue": "netem limit" if self.caps.netem else "pfifo (when set)",
                 "dilation": self.dilation, "address_plan": f"10.0.0.0/8, PS {PS_IP}",

@@ -3,9 +3,10 @@
 :func:`probe` answers once per process (cached): are we root, are the programs there (``mnexec``
 from the Debian ``mininet`` package, ``brctl`` from ``bridge-utils``, ``ip`` and ``tc`` from
 ``iproute2``, ``iperf3``), does the Python ``mininet`` package import, can we make a network
-namespace, and does the kernel have the ``htb`` and ``netem`` qdiscs. The qdisc probes run inside a
-throwaway anonymous network namespace (``unshare --net``) on its own ``lo``: the kernel deletes the
-namespace with the probing process, so nothing is left behind and nothing outside is touched.
+namespace, does the kernel have the ``htb`` and ``netem`` qdiscs and the ``u32`` classifier. The
+qdisc probes run inside a throwaway anonymous network namespace (``unshare --net``) on its own
+``lo``: the kernel deletes the namespace with the probing process, so nothing is left behind and
+nothing outside is touched.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Capabilities:
     htb: bool
     netem: bool
     iperf3: bool
+    u32: bool = False  # the u32 classifier: pure ACKs get their own class (mininet.tc_commands)
 
     def missing(self) -> list[str]:
         """Everything the Mininet backend needs that is not here, in words a user can act on."""
@@ -67,7 +69,7 @@ class Capabilities:
         """The answers as plain data for the run log."""
         return {"root": self.root, "programs": dict(self.programs),
                 "mininet_python": self.mininet_python, "netns": self.netns, "htb": self.htb,
-                "netem": self.netem, "iperf3": self.iperf3}
+                "netem": self.netem, "iperf3": self.iperf3, "u32": self.u32}
 
 
 def _in_scratch_netns(script: str) -> bool:
@@ -97,7 +99,12 @@ def probe() -> Capabilities:
         "tc class add dev lo parent 1: classid 1:1 htb rate 10mbit")
     netem = tc_ok and _in_scratch_netns("ip link set lo up; tc qdisc add dev lo root netem "
                                         "delay 1ms loss 1%")
+    u32 = htb and _in_scratch_netns(
+        "ip link set lo up; tc qdisc add dev lo root handle 1: htb default 1; "
+        "tc class add dev lo parent 1: classid 1:1 htb rate 10mbit; "
+        "tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff "
+        "flowid 1:1")
     caps = Capabilities(root, programs, mininet_python, bool(netns), bool(htb), bool(netem),
-                        shutil.which("iperf3") is not None)
+                        shutil.which("iperf3") is not None, bool(u32))
     log.debug("network capabilities: %s", caps.as_dict())
     return caps
