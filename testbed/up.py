@@ -24,7 +24,8 @@ restores the newest checkpoint and reuses the ledger's tiles (docs/fault-toleran
 devices present when the run stopped are started again and the churn trace goes on from where the
 run was.
 
-Every child process gets the join token through its environment, one BLAS thread, and
+Every child process gets the join token through its environment, one BLAS thread (the PS sets
+its own torch threads, ``--threads``), and
 ``PR_SET_PDEATHSIG`` so that it dies with ``testbed up`` even on a SIGKILL. Children are forked by
 one thread that lives as long as the run (:class:`Spawner`), because that signal follows the
 forking *thread*. The pids go to ``pids.json`` as each process starts, so that ``testbed clean

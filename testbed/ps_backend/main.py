@@ -628,7 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--join-timeout-s", type=float, default=60.0,
                    help="start training after this long even if not every device joined")
     p.add_argument("--dilation", type=float, default=1.0, help="time dilation factor D >= 1")
-    p.add_argument("--threads", type=int, default=1, help="torch threads on the PS")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads for the PS's own work between GEMMs (attention, norms, "
+                        "the loss, the optimizer), when no device has work; default 0: one per "
+                        "core this process may run on")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its newest checkpoint and ledger")
     p.add_argument("--checkpoint-every", type=int, default=1,
@@ -650,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print("error: TESTBED_TOKEN is not set", file=sys.stderr)
         return 2
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads if args.threads > 0 else len(os.sched_getaffinity(0)))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
