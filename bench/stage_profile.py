@@ -12,13 +12,16 @@ which it takes.
 
     .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--quick]
                                             [--window-scale N]
-    .venv/bin/python bench/stage_profile.py --run RUN_DIR [--step N] [--stages]
+    .venv/bin/python bench/stage_profile.py --run RUN_DIR [--step N] [--stages] [--tiles]
 
 `--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
 topologies/hotcarbon.yaml (about 10 s). `--window-scale` sets the scheduler's window depth
 (`Scheduler.window_scale`) to see what other windows do. `--run` prints the same table for a
 step of a run directory (its stages.jsonl: `testbed up`, or `testbed simulate`), so an emulated
-step's stages can be set beside the simulated ones.
+step's stages can be set beside the simulated ones. With `--tiles` (a run of `testbed up
+--trace-tiles`, its tiles.jsonl) it also prints, per GEMM, how long its tiles took on each leg, in
+device seconds, median and largest: down (handed out -> on the device), wait (-> started),
+compute (-> done), up (-> accepted by the PS).
 """
 
 from __future__ import annotations
@@ -61,9 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", default=None, metavar="RUN_DIR",
                    help="print a run directory's step (its stages.jsonl) instead of simulating")
     p.add_argument("--step", type=int, default=0, help="with --run: which step (default 0)")
+    p.add_argument("--tiles", action="store_true",
+                   help="with --run: per GEMM, its tiles' legs (tiles.jsonl of a run of "
+                        "testbed up --trace-tiles)")
     args = p.parse_args(argv)
     if args.run is not None:
-        return print_run(Path(args.run), args.step, args.stages)
+        code = print_run(Path(args.run), args.step, args.stages)
+        return print_tiles(Path(args.run), args.step) if code == 0 and args.tiles else code
     topology = load_topology(args.topology).with_overrides(steps=1)
     if args.quick:
         job = topology.job
@@ -119,6 +126,34 @@ def print_run(run_dir: Path, step: int, every: bool) -> int:
           f"bound_s {s['bound_s']:.2f} s (x{s['device_time_s'] / s['bound_s']:.2f}); bytes "
           f"down {s['bytes_down'] / 1e9:.2f} GB, up {s['bytes_up'] / 1e9:.2f} GB; "
           f"{s['tiles']} tiles, {s['backups']} backup copies")
+    return 0
+
+
+LEGS = (("down", "sent_s", "arrived_s"), ("wait", "arrived_s", "started_s"),
+        ("compute", "started_s", "done_s"), ("up", "done_s", "accepted_s"))
+
+
+def print_tiles(run_dir: Path, step: int) -> int:
+    """Per GEMM of a traced step: tiles, span, and each leg's median and largest (device s)."""
+    path = run_dir / "tiles.jsonl"
+    if not path.exists():
+        print(f"{run_dir}: no tiles.jsonl (run testbed up with --trace-tiles)", file=sys.stderr)
+        return 2
+    dilation = next(r["time_dilation"] for r in read_jsonl(run_dir / "steps.jsonl")
+                    if r["step"] == step)
+    gemms: dict[str, list[dict]] = defaultdict(list)
+    for r in read_jsonl(path):
+        if r["step"] == step:
+            gemms[r["gemm"]].append(r)
+    print(f"{'gemm':44s} {'tiles':>5s} {'span':>6s}  "
+          + "  ".join(f"{leg:>13s}" for leg, _, _ in LEGS) + "   (median/largest, device s)")
+    for gemm, rows in gemms.items():
+        span = (max(r["accepted_s"] for r in rows) - min(r["sent_s"] for r in rows)) / dilation
+        legs = []
+        for _, start, end in LEGS:
+            took = sorted((r[end] - r[start]) / dilation for r in rows)
+            legs.append(f"{took[len(took) // 2]:6.3f}/{took[-1]:6.3f}")
+        print(f"{gemm.split('/', 1)[-1]:44s} {len(rows):5d} {span:6.2f}  " + "  ".join(legs))
     return 0
 
 

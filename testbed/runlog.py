@@ -102,7 +102,7 @@ class RunLog:
         line = json.dumps({"t": round(now, 6), "elapsed_s": round(elapsed, 6), **record},
                           default=str)
         with self._lock:
-            if name not in self._files:  # stages.jsonl: only runs with offloaded GEMMs
+            if name not in self._files:  # stages, tiles: only runs that have them
                 self._files[name] = open(self.run_dir / f"{name}.jsonl", "a", buffering=1)
             self._files[name].write(line + "\n")
 
@@ -124,6 +124,12 @@ class RunLog:
             self._write("stages", {"step": step, "stage": stage,
                                    "device_s": round(spent_s / dilation, 6),
                                    "bound_s": round(bound_s, 6), "limit": limit})
+
+    def tile(self, **fields: Any) -> None:
+        """Record one accepted tile (``testbed up --trace-tiles``): its times are monotonic
+        seconds, the PS's for ``sent_s``/``accepted_s`` and the device's own for the rest (one
+        clock for every process of this host; a phone's differs)."""
+        self._write("tiles", fields)
 
     def device(self, **fields: Any) -> None:
         """Record one device sample."""

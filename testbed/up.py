@@ -131,8 +131,10 @@ class Run:
 
     def __init__(self, topology: Topology, run_dir: Path, network: Network, dilation: float,
                  join_timeout_s: float = 60.0, schedule: ChurnSchedule | None = None,
-                 resume: bool = False, stop: threading.Event | None = None):
+                 resume: bool = False, stop: threading.Event | None = None,
+                 trace_tiles: bool = False):
         self.topology = topology
+        self.trace_tiles = trace_tiles
         self.run_dir = run_dir
         self.network = network
         self.dilation = dilation
@@ -263,6 +265,8 @@ class Run:
                 "--run-dir", str(self.run_dir), "--listen", f"{self.network.ps_listen_host()}:0",
                 "--steps", str(self.topology.job.steps), "--expect-devices", str(expected),
                 "--join-timeout-s", str(self.join_timeout_s), "--dilation", str(self.dilation)]
+        if self.trace_tiles:
+            argv.append("--trace-tiles")
         ps_json = self.run_dir / "ps.json"
         if self.resume:
             argv.append("--resume")
@@ -512,7 +516,7 @@ def run_up(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     code = EXIT_FAILURE
     run = Run(topology, run_dir, network, dilation, args.join_timeout, schedule,
-              resume=resume_dir is not None, stop=stop)
+              resume=resume_dir is not None, stop=stop, trace_tiles=args.trace_tiles)
     try:
         run.start(progress=lambda s: console.print(s, style="dim", soft_wrap=True))
         code = _watch(run, stop, console, live=not args.no_live)
@@ -698,6 +702,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--churn", default=None, help="churn trace CSV (overrides the topology's)")
     p.add_argument("--join-timeout", type=float, default=60.0,
                    help="seconds to wait for the devices before training starts anyway")
+    p.add_argument("--trace-tiles", action="store_true",
+                   help="write RUN_DIR/tiles.jsonl: every accepted tile's times (handed out, "
+                        "arrived, started, done, accepted) and result bytes, to see where a "
+                        "step's time goes (bench/stage_profile.py --run RUN_DIR --tiles); "
+                        "~300 bytes a tile")
     p.set_defaults(func=run_up)
     c = sub.add_parser(
         "clean", help="remove what killed runs left behind (processes, namespaces, interfaces)",

@@ -167,6 +167,7 @@ class PsConfig:
     planned_groups: tuple[tuple[str, int, float], ...] = ()
     no_progress_s: float = NO_PROGRESS_S  # watchdog: 0 = off (job.watchdog.no_progress_s)
     fd_limit: int = 0  # soft RLIMIT_NOFILE the server runs with (0: read it at start)
+    trace_tiles: bool = False  # tiles.jsonl: each accepted tile's times (PsCore._accepted)
 
     @property
     def window_scale(self) -> float:
@@ -592,6 +593,15 @@ class PsCore:
                                                      result.compute_s, dilation))
             self.stats.tile_lags_s.append(result.done_s - result.started_s
                                           - result.compute_s * dilation)
+        if self.config.trace_tiles and self.runlog is not None:
+            self.runlog.tile(step=task.job.spec.step, gemm=task.job.uid, task=task.task_id,
+                             device=conn.slot.name, attempt=result.attempt,
+                             backup=outcome.backup_won, bytes_up=result.nbytes,
+                             sent_s=round(outcome.sent_s, 6),
+                             arrived_s=round(result.received_s, 6),
+                             started_s=round(result.started_s, 6),
+                             done_s=round(result.done_s, 6),
+                             accepted_s=round(time.monotonic(), 6))
         if self.ledger is not None:
             self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,
                                task.box.key, c, task.task_id,

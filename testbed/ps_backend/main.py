@@ -435,7 +435,8 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
 
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,
            join_timeout_s: float, dilation: float, stop: threading.Event, resume: bool = False,
-           checkpoint_every: int = 1, watchdog_s: float | None = None) -> int:
+           checkpoint_every: int = 1, watchdog_s: float | None = None,
+           trace_tiles: bool = False) -> int:
     """Train the topology's job with devices; return the process exit code.
 
     With adaptive dilation (``time_dilation: {target_p95: ...}``) D = ``dilation`` is only
@@ -450,6 +451,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
 
     runlog = RunLog(run_dir)
     config = ps_config(topology, token=token, run_name=run_dir.name, time_dilation=dilation,
+                       trace_tiles=trace_tiles,
                        no_progress_s=no_progress_s(job, watchdog_s), fd_limit=raise_fd_limit())
     trainer = Trainer(job, topology.seed, None)
     losses: list[float] = _restore(trainer, run_dir, runlog) if resume else []
@@ -634,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                         "core this process may run on")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its newest checkpoint and ledger")
+    p.add_argument("--trace-tiles", action="store_true",
+                   help="write RUN_DIR/tiles.jsonl: each accepted tile's times and bytes")
     p.add_argument("--checkpoint-every", type=int, default=1,
                    help="write a checkpoint every N steps (and after the last)")
     p.add_argument("--no-progress-s", type=float, default=None,
@@ -666,4 +670,4 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return run_ps(topology, args.run_dir, args.listen, token, expected, args.join_timeout_s,
                   args.dilation, stop, resume=args.resume, checkpoint_every=args.checkpoint_every,
-                  watchdog_s=args.no_progress_s)
+                  watchdog_s=args.no_progress_s, trace_tiles=args.trace_tiles)

@@ -953,6 +953,7 @@ class Outcome:
     attempt: int = 0
     cancelled: list[str] = field(default_factory=list)  # devices whose losing copy stopped
     # counting as in flight when this result won
+    sent_s: float = 0.0  # when the accepted copy was handed out (the PS's monotonic clock)
 
 
 @dataclass
@@ -1744,7 +1745,7 @@ class Scheduler:
         job.remaining -= 1
         return Outcome(Verdict.ACCEPTED, completed_job=job if job.remaining == 0 else None,
                        task=task, checked=True, backup_won=copy.backup, attempt=copy.attempt,
-                       cancelled=cancelled)
+                       cancelled=cancelled, sent_s=copy.sent_s)
 
     @staticmethod
     def _store(job: GemmJob, box: TileBox, c: np.ndarray) -> None:

@@ -32,7 +32,7 @@ def _topology(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_device_time_is_at_least_the_bound_on_a_real_run(tmp_path: Path) -> None:
     topology = _topology(tmp_path)
-    proc = start_up(topology, tmp_path / "runs")
+    proc = start_up(topology, tmp_path / "runs", "--trace-tiles")
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     run_dir = run_dir_of(tmp_path / "runs")
@@ -63,6 +63,15 @@ def test_device_time_is_at_least_the_bound_on_a_real_run(tmp_path: Path) -> None
                                                                  abs=1e-5)
         assert all(0 < r["device_s"] <= s["device_time_s"] for r in mine)
         assert sum(r["device_s"] for r in mine) <= s["device_time_s"] * (1 + 1e-6)
+    # --trace-tiles: every accepted tile once, its legs in order (one clock on this host)
+    tiles = read_jsonl(run_dir / "tiles.jsonl")
+    for s in steps:
+        mine = [t for t in tiles if t["step"] == s["step"]]
+        assert len(mine) == s["tiles"] == len({(t["gemm"], t["task"]) for t in mine})
+        assert sum(t["bytes_up"] for t in mine) <= s["bytes_up"]
+        for t in mine:
+            legs = [t["sent_s"], t["arrived_s"], t["started_s"], t["done_s"], t["accepted_s"]]
+            assert all(b >= a - 1e-6 for a, b in zip(legs, legs[1:])), t
     # the plans were made before training started, one per distinct linear shape
     events = [e["event"] for e in read_jsonl(run_dir / "events.jsonl")]
     planned = next(e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "planned")
