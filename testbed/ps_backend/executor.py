@@ -133,14 +133,22 @@ class OperandKeys:
     """
 
     def __init__(self) -> None:
+        # identity -> (root, key, the PS's array, whether that array is a copy)
         self._keys: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], str,
-                                                  weakref.ref[np.ndarray]]] = {}
+                                                  weakref.ref[np.ndarray], bool]] = {}
         self._serial = itertools.count()
         self._step = -1
 
-    def get(self, t: torch.Tensor, step: int) -> tuple[str, bool, np.ndarray]:
-        """(key, transposed, the PS's own copy in the operand's orientation) of an operand of a
-        GEMM of this step; ``transposed``: the key names the tensor ``t`` is a transpose of."""
+    def get(self, t: torch.Tensor, step: int, own_copy: bool = True
+            ) -> tuple[str, bool, np.ndarray]:
+        """(key, transposed, the PS's array of it in the operand's orientation) of an operand of
+        a GEMM of this step; ``transposed``: the key names the tensor ``t`` is a transpose of.
+
+        ``own_copy``: the array is a copy (a weight: the optimizer steps it in place once the
+        step's GEMMs are done, and late copies of tiles are still checked against it); without
+        it the array shares the tensor's memory and keeps it alive (an activation, which the
+        engine never changes in place: copying them cost 5.9 s of a hotcarbon step's 29 s of
+        the PS's own work, `py-spy` of the PS)."""
         if step != self._step:
             self._keys.clear()
             self._step = step
@@ -152,19 +160,19 @@ class OperandKeys:
         entry = self._keys.get(ident)
         if entry is not None and entry[0]() is root:
             copy = entry[2]()
-            if copy is not None:
+            if copy is not None and (entry[3] or not own_copy):
                 return entry[1], transposed, copy.T if transposed else copy
             key = entry[1]
         else:
             key = f"t{next(self._serial)}@{step}"
-        # Own copies: the engine may change its tensors in place once the GEMM is done (the
-        # optimizer steps the weights), and late copies of tiles are still checked against them.
-        copy = np.array(stored.detach().numpy(), order="C", copy=True)  # as stored
+        array = stored.detach().numpy()
+        own_copy = own_copy or not array.flags.c_contiguous  # as stored, in C order
+        copy = np.array(array, order="C", copy=True) if own_copy else array
         if not np.isfinite(copy).all():
             raise DivergedError(f"an operand of a step-{step} GEMM ({tuple(t.shape)}) has "
                                 f"non-finite values (NaN or Inf): the model diverged (check "
                                 f"job.optimizer.lr)")
-        self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy))
+        self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy), own_copy)
         return key, transposed, copy.T if transposed else copy
 
 
@@ -191,8 +199,11 @@ class TileExecutor:
             self.local_gemms += 1
             return DoneHandle(a @ b)
         self.offloaded_gemms += 1
-        a_key, a_transposed, a_np = self._operands.get(a, spec.step)
-        b_ident_key, b_transposed, b_np = self._operands.get(b, spec.step)
+        # A is an activation in every GEMM of a linear (X, dY, dYᵀ); B is a weight when the
+        # spec names one (Wᵀ, W) and an activation otherwise (X of the weight gradient)
+        a_key, a_transposed, a_np = self._operands.get(a, spec.step, own_copy=False)
+        b_ident_key, b_transposed, b_np = self._operands.get(b, spec.step,
+                                                             own_copy=spec.b_key is not None)
         uid = f"s{spec.step}/{spec.layer}/{spec.op}#{seq}"
         job = GemmJob(uid=uid, spec=spec, a=a_np, b=b_np,
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,

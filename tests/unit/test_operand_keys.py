@@ -55,3 +55,17 @@ def test_freed_tensor_address_is_not_reused_as_a_hit() -> None:
         assert key not in seen and float(copy[0, 0]) == float(i)
         seen.add(key)
         del t
+
+
+def test_an_activation_is_shared_and_a_weight_copied() -> None:
+    keys = OperandKeys()
+    x = torch.randn(8, 4)
+    k_x, _, view = keys.get(x, 0, own_copy=False)  # an activation: no copy of its memory
+    assert np.shares_memory(view, x.numpy()) and view.flags.c_contiguous
+    k_w, _, copy = keys.get(x, 0)  # the same tensor asked as a weight: a copy of its own
+    assert k_w == k_x and not np.shares_memory(copy, x.numpy())
+    assert keys.get(x, 0, own_copy=False)[2] is copy  # a copy serves an activation too
+    x.mul_(2.0)  # what the optimizer does to a weight after the step's GEMMs
+    assert np.array_equal(copy * 2.0, x.numpy())
+    k_s, _, strided = keys.get(torch.randn(8, 4)[::2], 0, own_copy=False)
+    assert strided.flags.c_contiguous  # a strided view is copied into C order regardless
