@@ -17,7 +17,7 @@ import threading
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -112,30 +112,38 @@ class TileHandle:
                 continue
 
 
+class _Operand(NamedTuple):
+    """What :class:`OperandKeys` keeps of one tensor of the step."""
+
+    root: weakref.ref[torch.Tensor]  # the tensor (a view's base): its address is reused once freed
+    key: str
+    array: weakref.ref[np.ndarray]  # the PS's array of it, as stored
+    copied: bool  # the array is a copy, not the tensor's memory
+
+
 class OperandKeys:
-    """Cache keys and PS copies of GEMM operands by tensor identity within a step.
+    """Cache keys and the PS's arrays of GEMM operands by tensor identity within a step.
 
     Two GEMMs whose operand is the same tensor (X in forward and in the weight gradient) get the
     same key, so a block a device received for one is a cache hit for the other, and they share
-    the PS's copy. So do the two orientations of one tensor: a
-    transposed view (``Wᵀ`` in forward, ``dYᵀ`` in the weight gradient) is keyed as the stored
-    tensor it views, with a flag, and its blocks are named, sent and cached as stored; the device
-    uses them transposed (:func:`testbed.wire.tensors.operand_array`). A tensor is identified by
-    its storage address, offset, shape and strides (after undoing a transpose) and its version
-    counter (an in-place change makes a new key). An address is reused only after its tensor is
+    the PS's array (a weight's copy, an activation's own memory: :meth:`get`). So do the two
+    orientations of one tensor: a transposed view (``Wᵀ`` in forward, ``dYᵀ`` in the weight
+    gradient) is keyed as the stored tensor it views, with a flag, and its blocks are named, sent
+    and cached as stored; the device uses them transposed
+    (:func:`testbed.wire.tensors.operand_array`). A tensor is identified by its storage address,
+    offset, shape and strides (after undoing a transpose) and its version counter (an in-place
+    change makes a new key). An address is reused only after its tensor is
     freed, so the key stays only while a weak reference to the tensor's root (the base of a
     view) is alive; a freed root's address gets a fresh key. Keys end with the step (the
     weights' version), and the table is emptied when the step changes.
 
-    Each fresh copy is checked for finiteness once (shared copies are not checked again): a
+    Each fresh array is checked for finiteness once (shared ones are not checked again): a
     non-finite operand raises :class:`DivergedError`, since every honest device's result would
     be refused for the PS's own divergence and the GEMM would never finish.
     """
 
     def __init__(self) -> None:
-        # identity -> (root, key, the PS's array, whether that array is a copy)
-        self._keys: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], str,
-                                                  weakref.ref[np.ndarray], bool]] = {}
+        self._keys: dict[tuple[Any, ...], _Operand] = {}
         self._serial = itertools.count()
         self._step = -1
 
@@ -158,11 +166,11 @@ class OperandKeys:
         ident = (stored.data_ptr(), stored.storage_offset(), tuple(stored.shape),
                  stored.stride(), stored.dtype, stored._version)
         entry = self._keys.get(ident)
-        if entry is not None and entry[0]() is root:
-            copy = entry[2]()
-            if copy is not None and (entry[3] or not own_copy):
-                return entry[1], transposed, copy.T if transposed else copy
-            key = entry[1]
+        if entry is not None and entry.root() is root:
+            copy = entry.array()
+            if copy is not None and (entry.copied or not own_copy):
+                return entry.key, transposed, copy.T if transposed else copy
+            key = entry.key
         else:
             key = f"t{next(self._serial)}@{step}"
         array = stored.detach().numpy()
@@ -172,7 +180,7 @@ class OperandKeys:
             raise DivergedError(f"an operand of a step-{step} GEMM ({tuple(t.shape)}) has "
                                 f"non-finite values (NaN or Inf): the model diverged (check "
                                 f"job.optimizer.lr)")
-        self._keys[ident] = (weakref.ref(root), key, weakref.ref(copy), own_copy)
+        self._keys[ident] = _Operand(weakref.ref(root), key, weakref.ref(copy), own_copy)
         return key, transposed, copy.T if transposed else copy
 
 

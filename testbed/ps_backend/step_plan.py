@@ -225,17 +225,15 @@ class StepPlanner:
         slots = list(slots)
         for s in slots:
             self.saw(s)
-        m, k = job.a.shape
-        n = job.b.shape[1]
-        item = job.a.itemsize
+        gemm = bound_gemm(job)
+        self._gemms.append(gemm)
+        m, k, n, item = gemm.m, gemm.k, gemm.n, gemm.itemsize
         span = [self.clock(), math.nan]
-        stage = stage_key(job.spec.layer, job.spec.op)
-        self._spans.append((stage, span))
+        self._spans.append((gemm.stage, span))
         def ended(_done: object, span: list[float] = span) -> None:
             span[1] = self.clock()
 
         job.done.add_done_callback(ended)
-        self._gemms.append(bound_gemm(job))
         if self.mode != "auto":
             self._count_min(m, k, n, item, None, slots)
             return Cut(self.config.tile_m, self.config.tile_n, 1, None)

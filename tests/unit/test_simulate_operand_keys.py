@@ -10,6 +10,7 @@ same sharing, with the same orientation flags, GEMM for GEMM.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -122,17 +123,22 @@ class CoreStub:
         job.done.set_result(job.a @ job.b)
 
 
-def test_the_bound_holds_the_operands_the_simulator_holds(tmp_path: Path) -> None:
-    """The PS's own executor names each operand for the bound (``bound_gemm``) so that a
-    stage counts as held exactly the tensors the simulator's chain does: the two bounds agree
-    stage by stage. Naming by storage address did not: the allocator gives a layer's new dY
-    the address of the one before it, which the bound then took as already sent."""
-    topology = load_topology(TINY)
+def stub_executor() -> tuple[TileExecutor, CoreStub]:
+    """The PS's TileExecutor with every GEMM handed to a CoreStub (no server, no devices)."""
     core = CoreStub()
     server = SimpleNamespace(config=SimpleNamespace(min_offload_flops=0), ledger=None,
                              core=core, loop=SimpleNamespace(call_soon_threadsafe=(
                                  lambda fn, *args: fn(*args))))
-    Trainer(topology.job, topology.seed, TileExecutor(server)).step()  # type: ignore[arg-type]
+    return TileExecutor(server), core  # type: ignore[arg-type]
+
+
+def test_the_bound_holds_the_operands_the_simulator_holds(tmp_path: Path) -> None:
+    """The PS's own executor names each operand for the bound (``bound_gemm``) so that a
+    stage counts as held exactly the tensors the simulator's chain does: the two bounds agree
+    stage by stage."""
+    topology = load_topology(TINY)
+    executor, core = stub_executor()
+    Trainer(topology.job, topology.seed, executor).step()
     chain = [g for group in step_chain(topology.job) for g in group]
     assert [(j.spec.layer, j.spec.op) for j in core.jobs] == [(g.layer, g.op) for g in chain]
     item = core.jobs[0].a.itemsize
@@ -148,3 +154,27 @@ def test_the_bound_holds_the_operands_the_simulator_holds(tmp_path: Path) -> Non
     fresh = step_bound([BoundGemm(g.m, g.k, g.n, g.itemsize, g.stage) for g in simulated],
                        devices)
     assert fresh.bound_s > 1.05 * sim.bound_s
+
+
+def test_a_new_tensor_at_a_freed_tensors_address_is_not_held() -> None:
+    """The allocator gives a layer's new dY the address of the layer before's once that one is
+    freed (a real hotcarbon run: layer 0's backward q/k/v bound 0.215 s against 0.503). Here
+    the second GEMM's A is a new tensor in the first one's storage: the bound must count it as
+    new, as it does a tensor elsewhere, and never as held."""
+    executor, core = stub_executor()
+    w = torch.randn(16, 8)
+    first = torch.randn(32, 16)
+    executor.submit(first, w, GemmSpec("l.1", "input_grad", 0, "w@0")).result()
+    reused = torch.empty(0).set_(first.untyped_storage(), 0, first.shape, first.stride())
+    reused.copy_(torch.randn(32, 16))  # new values where the freed tensor was
+    elsewhere = torch.randn(32, 16)
+    for a in (reused, elsewhere):
+        executor.submit(a, w, GemmSpec("l.0", "input_grad", 0, "w@0")).result()
+    jobs = [bound_gemm(j) for j in core.jobs]
+    device = [BoundDevice("phone", 1e12, 1e3, 1e9)]  # the down link sets the bound
+    at_reused = step_bound(jobs[:2], device).stages[1].bound_s
+    at_elsewhere = step_bound([jobs[0], jobs[2]], device).stages[1].bound_s
+    assert at_reused == pytest.approx(at_elsewhere, rel=1e-9)
+    again = dataclasses.replace(jobs[0], stage=jobs[1].stage)  # the first's A once more: held
+    held = step_bound([jobs[0], again], device).stages[1].bound_s
+    assert at_reused > 2 * held

@@ -102,7 +102,7 @@ class Egress:
     queue_packets: int | None
 
 
-def tc_commands(e: Egress, netem: bool, acks_first: bool = True) -> list[str]:
+def tc_commands(e: Egress, netem: bool, acks_first: bool) -> list[str]:
     """The tc commands (without the leading 'tc') that shape one egress (module docstring).
 
     ``acks_first`` (the kernel has the u32 classifier): two HTB classes share the rate, small
