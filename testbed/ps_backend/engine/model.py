@@ -17,7 +17,8 @@ own first and last blocks. The parameters stay the three projections' own (``sta
 name the tied parameter, ``embed_tokens.weight``.
 
 What stays on the PS (not GEMMs of a weight): embeddings, layer norms, the attention scores
-``Q·Kᵀ`` and ``P·V`` (batched, activation × activation), the causal mask and softmax, ReLU.
+``Q·Kᵀ`` and ``P·V`` (batched, activation × activation), the causal mask and softmax (torch's
+``scaled_dot_product_attention``), ReLU.
 
 Departures from OPT, on purpose: no dropout (runs must be deterministic); positions start at 0
 (OPT offsets them by 2); the vocabulary is the model spec's (256 byte tokens by default).
@@ -87,13 +88,12 @@ class SelfAttention(nn.Module):
         b, t, hidden = x.shape
         qkv = fused_linear(x, self.qkv, self.qkv_name)
         q, k, v = (self._split(p) for p in qkv.split(hidden, dim=-1))
-        q = q * (self.head_dim ** -0.5)
-        scores = torch.matmul(q, k.transpose(-1, -2))  # [B, heads, T, T], on the PS
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        scores = scores.masked_fill(causal, float("-inf"))
-        probs = F.softmax(scores, dim=-1)
-        ctx = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, hidden)
-        return self.out_proj(ctx)
+        # softmax(Q·Kᵀ/√d + causal mask)·V on the PS, by torch's fused kernel: it never holds
+        # the [B, heads, T, T] scores, and at OPT-125m's shape (B 16, T 512) forward and
+        # backward take a third of the explicit products' time on a 2-core host
+        # (docs/engine.md, "Decisions")
+        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out_proj(ctx.transpose(1, 2).reshape(b, t, hidden))
 
 
 class DecoderLayer(nn.Module):
