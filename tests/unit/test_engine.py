@@ -286,6 +286,71 @@ def test_fused_linears_are_one_gemm_of_each_kind_and_each_linear_as_its_own() ->
         fused_linear(ref_x, layers, "fused")
 
 
+class _LoggedHandle:
+    def __init__(self, value: torch.Tensor, spec: GemmSpec, log: list[str]) -> None:
+        self.value, self.spec, self.log = value, spec, log
+
+    def result(self) -> torch.Tensor:
+        self.log.append(f"wait {self.spec.layer} {self.spec.op}")
+        return self.value
+
+
+class _LoggedStep(torch.autograd.Function):
+    """The identity, which logs when autograd reaches it: the PS's own work between linears."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, log: list[str]) -> torch.Tensor:  # type: ignore[override]
+        ctx.log = log  # type: ignore[attr-defined]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, dy: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        ctx.log.append("ps work")  # type: ignore[attr-defined]
+        return dy, None
+
+
+def test_a_weight_gradient_is_awaited_after_the_ps_work_and_before_the_next_gemm() -> None:
+    """Backward waits for dX, goes on with autograd while dW is out, and takes dW before the
+    next linear's GEMMs go out and before the pass ends; the gradients are torch's, bit for
+    bit (the tied, the fused and the plain weights)."""
+    log: list[str] = []
+
+    class Logged(LocalExecutor):
+        def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> _LoggedHandle:  # type: ignore[override]
+            log.append(f"submit {spec.layer} {spec.op}")
+            return _LoggedHandle(super().submit(a, b, spec).result(), spec, log)
+
+    torch.manual_seed(3)
+    ctx = GemmContext(executor=Logged())
+    qkv = [OffloadedLinear(6, n, name=f"p{n}", context=ctx).double() for n in (5, 3)]
+    head = OffloadedLinear(8, 6, name="head", context=ctx).double()
+    tied = nn.Parameter(torch.randn(6, 8, dtype=torch.float64))
+    head.weight = tied
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+
+    def model(x: torch.Tensor, linear: object) -> torch.Tensor:
+        h = linear(x, qkv) if linear is not None else fused_linear(x, qkv, "qkv")
+        h = _LoggedStep.apply(torch.tanh(h), log)
+        y = F.linear(h, tied, head.bias) if linear is not None else head(h)
+        return (y.sum(-1) + (x @ tied).pow(2).sum(-1)).sum()  # tied: a second use of the weight
+
+    model(x, None).backward()
+    assert log == ["submit qkv forward", "wait qkv forward", "submit head forward",
+                   "wait head forward",
+                   "submit head input_grad", "submit head weight_grad", "wait head input_grad",
+                   "ps work", "wait head weight_grad",
+                   "submit qkv input_grad", "submit qkv weight_grad", "wait qkv input_grad",
+                   "wait qkv weight_grad"]
+    got = [x.grad, tied.grad, head.bias.grad] + [p.grad for q in qkv for p in (q.weight, q.bias)]
+    params = [x, tied, head.bias] + [p for q in qkv for p in (q.weight, q.bias)]
+    for p in params:
+        p.grad = None
+    model(x, lambda x, ls: torch.cat([F.linear(x, q.weight, q.bias) for q in ls], -1)).backward()
+    for g, p in zip(got, params):
+        assert g is not None and p.grad is not None
+        torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-15)
+
+
 def test_executor_returning_a_wrong_shape_is_a_clear_error() -> None:
     class Wrong:
         def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> DoneHandle:
