@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from testbed.ps_backend.ledger import gemm_digest
+from testbed.ps_backend.ledger import stored_crc, stored_operand
 from testbed.ps_backend.scheduler import GemmJob
 from testbed.ps_backend.tiler import gemm_flops
 
@@ -196,12 +196,14 @@ class TileExecutor:
         self.offloaded_gemms = 0
         self._step = -1  # GEMM uids count from 0 in every step, so a restart names them alike
         self._operands = OperandKeys()
+        self._crcs: dict[str, str] = {}  # operand key -> its stored tensor's CRC, this step
 
     def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
         m, k = a.shape
         n = b.shape[1]
         if spec.step != self._step:
             self._step, self._uids = spec.step, itertools.count()
+            self._crcs.clear()
         seq = next(self._uids)
         if gemm_flops(m, k, n) < self.config.min_offload_flops:
             self.local_gemms += 1
@@ -217,8 +219,22 @@ class TileExecutor:
                       c=np.empty((m, n), dtype=a_np.dtype), version=spec.step,
                       a_key=a_key, b_key=spec.b_key or b_ident_key, a_transposed=a_transposed,
                       b_transposed=b_transposed, done=Future(),
-                      digest=gemm_digest(a_np, b_np) if self.server.ledger is not None else "")
+                      digest=self._digest((a_key, a_np), (b_ident_key, b_np))
+                      if self.server.ledger is not None else "")
         core = self.server.core
         assert core is not None
         self.server.loop.call_soon_threadsafe(core.submit, job)
         return TileHandle(job, self.interrupted, core)
+
+    def _digest(self, *operands: tuple[str, np.ndarray]) -> str:
+        """:func:`~testbed.ps_backend.ledger.gemm_digest` of operands named by their keys, each
+        operand's CRC taken once a step (the key, not the address: a freed tensor's storage is
+        reused within a step, see OperandKeys)."""
+        parts = []
+        for key, x in operands:
+            stored, flag = stored_operand(x)
+            crc = self._crcs.get(key)
+            if crc is None:
+                crc = self._crcs[key] = stored_crc(stored)
+            parts.append(crc + flag)
+        return "".join(parts)

@@ -178,3 +178,29 @@ def test_a_new_tensor_at_a_freed_tensors_address_is_not_held() -> None:
     again = dataclasses.replace(jobs[0], stage=jobs[1].stage)  # the first's A once more: held
     held = step_bound([jobs[0], again], device).stages[1].bound_s
     assert at_reused > 2 * held
+
+
+def test_each_gemms_digest_is_its_operands_though_each_operand_is_checksummed_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a ledger the PS checksums every GEMM's operands (``GemmJob.digest``); it keeps each
+    operand's CRC by its key for the step, and the digest is still the GEMM's own, step after
+    step (a weight's new version is checksummed anew)."""
+    from testbed.ps_backend import executor as executor_module
+    from testbed.ps_backend.ledger import gemm_digest
+
+    topology = load_topology(TINY)
+    executor, core = stub_executor()
+    executor.server.ledger = SimpleNamespace()  # type: ignore[attr-defined]  # any: it digests
+    crcs: list[int] = []
+    real = executor_module.stored_crc
+
+    def counted(stored: Any) -> str:
+        crcs.append(stored.size)
+        return real(stored)
+    monkeypatch.setattr(executor_module, "stored_crc", counted)
+    trainer = Trainer(topology.job, topology.seed, executor)
+    for _ in range(2):
+        trainer.step()
+    assert core.jobs and all(j.digest == gemm_digest(j.a, j.b) for j in core.jobs)
+    operands = sum(j.a.size + j.b.size for j in core.jobs)
+    assert sum(crcs) < 0.6 * operands  # each tensor once, though each serves two GEMMs
