@@ -17,18 +17,20 @@ Names and units, written down once:
 * an operand is **held** when an earlier stage of the step already sent the same tensor
   (by name): devices may still have it, so the bound does not count it as traffic.
 
-The per-stage bound is ``rtt_min + W`` where ``W`` is the smallest window in which the stage's
-multiply-adds fit on the devices, each device limited by its compute rate and, through the
-Loomis-Whitney inequality ``V_i <= sqrt(a_i·b_i·c_i)``, by what its links can carry in ``W``
-(Irony, Toledo and Tiskin 2004; Demmel et al., IPDPS 2013), and ``W`` is at least each aggregate
-term (compute, new down bytes, result bytes over the summed rates, and over the PS link).
+The per-stage bound is the smallest stage time ``T`` in which the stage's multiply-adds fit on
+the devices, each device working only in its own window ``T - rtt_i`` (its first operand byte
+is one way from the PS, its last result one way back), limited there by its compute rate and,
+through the Loomis-Whitney inequality ``V_i <= sqrt(a_i·b_i·c_i)``, by what its links can carry
+(Irony, Toledo and Tiskin 2004; Demmel et al., IPDPS 2013); ``T`` is at least each aggregate
+term too (compute, new down bytes, result bytes over the rates summed over those windows, and
+over the PS link after the shortest round trip).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -189,18 +191,28 @@ class _DeviceArrays:
     rate_flops: np.ndarray
     down_Bps: np.ndarray
     up_Bps: np.ndarray
+    rtt_s: np.ndarray
 
     @classmethod
     def of(cls, devices: Sequence[BoundDevice]) -> _DeviceArrays:
         return cls(np.array([d.rate_flops for d in devices], dtype=float),
                    np.array([d.down_Bps for d in devices], dtype=float),
-                   np.array([d.up_Bps for d in devices], dtype=float))
+                   np.array([d.up_Bps for d in devices], dtype=float),
+                   np.array([d.rtt_s for d in devices], dtype=float))
 
 
-def total_capacity(g: BoundGemm, devs: _DeviceArrays, window_s: float, held_a: bool,
+def total_capacity(g: BoundGemm, devs: _DeviceArrays, stage_s: float, held_a: bool,
                    held_b: bool) -> float:
-    """Sum over devices of :func:`device_capacity` (the same terms, vectorised)."""
+    """Most multiply-adds of ``g`` the devices can do in a stage of ``stage_s``: the sum of
+    :func:`device_capacity` over each device's own window, ``stage_s`` less its round trip
+    (vectorised)."""
     s = g.itemsize
+    window_s = stage_s - devs.rtt_s
+    working = window_s > 0  # the others' operands could not even have arrived
+    if not working.all():
+        window_s = window_s[working]
+        devs = _DeviceArrays(devs.rate_flops[working], devs.down_Bps[working],
+                             devs.up_Bps[working], devs.rtt_s[working])
     compute = devs.rate_flops * (window_s / 2.0)
     x = devs.down_Bps * window_s / s
     c = np.minimum(devs.up_Bps * window_s / s, g.m * g.n)
@@ -220,27 +232,50 @@ def total_capacity(g: BoundGemm, devs: _DeviceArrays, window_s: float, held_a: b
     return float(np.minimum(each, float(g.m) * g.k * g.n).sum())
 
 
-def _gemm_window_s(g: BoundGemm, devices: Sequence[BoundDevice] | _DeviceArrays, held_a: bool,
-                   held_b: bool) -> float:
-    """Smallest window in which the devices could do all of g's multiply-adds."""
-    need = float(g.m) * g.k * g.n
-    devs = devices if isinstance(devices, _DeviceArrays) else _DeviceArrays.of(devices)
-
-    def feasible(w: float) -> bool:
-        return total_capacity(g, devs, w, held_a, held_b) >= need
-
-    lo, hi = 0.0, 1e-6
-    while not feasible(hi):
-        hi *= 2
-        if hi > 1e12:
+def _smallest_stage_s(feasible: Callable[[float], bool], start: float) -> float:
+    """The infimum of the stage times from ``start`` on that are ``feasible`` (monotone):
+    bisection, from below, so still a lower bound."""
+    step = 1e-6
+    while not feasible(start + step):
+        step *= 2
+        if step > 1e12:
             return INF
+    lo, hi = start, start + step
     for _ in range(60):  # bisection to ~1e-18 relative: plenty
         mid = (lo + hi) / 2
         if feasible(mid):
             hi = mid
         else:
             lo = mid
-    return lo  # the infimum from below: still a lower bound
+    return lo
+
+
+def _gemm_stage_s(g: BoundGemm, devices: Sequence[BoundDevice] | _DeviceArrays, held_a: bool,
+                  held_b: bool) -> float:
+    """Shortest stage in which the devices, each in its own window, could do all of g's
+    multiply-adds."""
+    need = float(g.m) * g.k * g.n
+    devs = devices if isinstance(devices, _DeviceArrays) else _DeviceArrays.of(devices)
+    return _smallest_stage_s(lambda t: total_capacity(g, devs, t, held_a, held_b) >= need,
+                             float(devs.rtt_s.min()))
+
+
+def fill_s(amount: float, rates: np.ndarray, rtt_s: np.ndarray) -> float:
+    """Shortest stage ``T`` with ``sum(rate_i · max(T - rtt_i, 0)) >= amount``: devices each
+    moving or computing at its rate in its own window (exact; the sum is piecewise linear in T).
+    Nothing to do still takes the shortest round trip."""
+    total = weighted = 0.0  # over the devices whose window has opened: sum rate, sum rate·rtt
+    for i in np.argsort(rtt_s, kind="stable"):
+        rate, rtt = float(rates[i]), float(rtt_s[i])
+        if total > 0 and (amount + weighted) / total <= rtt:
+            break  # the devices already working finish before this one's window opens
+        if rate == INF:
+            return rtt
+        total += rate
+        weighted += rate * rtt
+    if total <= 0:
+        return INF
+    return (amount + weighted) / total
 
 
 @dataclass
@@ -268,12 +303,14 @@ class StepBound:
 def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: PsLink,
                 held: set[str], stage: str = "", arrays: _DeviceArrays | None = None
                 ) -> StageBound:
-    """Lower bound on the time of GEMMs that run together, given names devices already hold."""
+    """Lower bound on the time of GEMMs that run together, given names devices already hold.
+
+    Every term is a stage time: each device works in its own window, the stage less its round
+    trip, and the PS link carries what it must after the shortest round trip."""
     if not devices:
         return StageBound(stage, len(gemms), INF, INF, 0.0, {"no devices": INF})
-    rate = sum(d.rate_flops for d in devices)
-    down = sum(d.down_Bps for d in devices)
-    up = sum(d.up_Bps for d in devices)
+    devs = arrays or _DeviceArrays.of(devices)
+    rtt = float(devs.rtt_s.min())
     new_down: dict[str, float] = {}  # distinct tensors of the stage that must travel down
     up_bytes = flops = 0.0
     terms: dict[str, float] = {}
@@ -286,17 +323,15 @@ def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: 
                 new_down[key] = size * g.itemsize
         held_a = bool(g.a_name) and g.a_name in held
         held_b = bool(g.b_name) and g.b_name in held
-        terms[f"gemm{i}"] = _gemm_window_s(g, arrays or _DeviceArrays.of(devices), held_a,
-                                           held_b)
+        terms[f"gemm{i}"] = _gemm_stage_s(g, devs, held_a, held_b)
     down_bytes = sum(new_down.values())
-    terms["compute"] = flops / rate if rate > 0 else INF
-    terms["down"] = down_bytes / down if down > 0 else INF
-    terms["up"] = up_bytes / up if up > 0 else INF
-    terms["ps_down"] = down_bytes / ps.down_Bps
-    terms["ps_up"] = up_bytes / ps.up_Bps
-    window = max(terms.values())
-    rtt = min(d.rtt_s for d in devices)
-    return StageBound(stage, len(gemms), rtt + window, window, rtt, terms)
+    terms["compute"] = fill_s(flops, devs.rate_flops, devs.rtt_s)
+    terms["down"] = fill_s(down_bytes, devs.down_Bps, devs.rtt_s)
+    terms["up"] = fill_s(up_bytes, devs.up_Bps, devs.rtt_s)
+    terms["ps_down"] = rtt + down_bytes / ps.down_Bps
+    terms["ps_up"] = rtt + up_bytes / ps.up_Bps
+    bound = max(terms.values())
+    return StageBound(stage, len(gemms), bound, bound - rtt, rtt, terms)
 
 
 def group_stages(gemms: Sequence[BoundGemm]) -> list[list[BoundGemm]]:

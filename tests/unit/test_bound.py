@@ -142,10 +142,45 @@ def test_vectorised_capacity_equals_the_per_device_sum() -> None:
         g = BoundGemm(rng.randint(1, 4096), rng.randint(1, 4096), rng.randint(1, 4096),
                       rng.choice([2, 4]), "s")
         devs = [BoundDevice(f"d{i}", 10 ** rng.uniform(8, 12), 10 ** rng.uniform(4, 9),
-                            10 ** rng.uniform(4, 9)) for i in range(rng.randint(1, 30))]
+                            10 ** rng.uniform(4, 9), rng.choice([0.0, 10 ** rng.uniform(-4, 1)]))
+                for i in range(rng.randint(1, 30))]
         w = 10 ** rng.uniform(-5, 2)
         for held_a in (False, True):
             for held_b in (False, True):
-                each = sum(device_capacity(g, d, w, held_a, held_b) for d in devs)
+                # each device in its own window: the stage less its round trip
+                each = sum(device_capacity(g, d, max(w - d.rtt_s, 0.0), held_a, held_b)
+                           for d in devs)
                 assert total_capacity(g, _DeviceArrays.of(devs), w, held_a, held_b) == \
                     pytest.approx(each, rel=1e-9)
+
+
+def test_fill_counts_each_device_from_its_round_trip_on() -> None:
+    import numpy as np
+
+    from testbed.ps_backend.bound import fill_s
+
+    rates, rtts = np.array([1.0, 1.0]), np.array([0.0, 1.0])
+    assert close(fill_s(0.5, rates, rtts), 0.5)  # done before the second one's window opens
+    assert close(fill_s(3.0, rates, rtts), 2.0)  # 1 alone until t = 1, then 2 per second
+    assert fill_s(0.0, rates, rtts) == 0.0
+    assert fill_s(10.0, np.array([1.0, INF]), np.array([0.0, 2.0])) == 2.0
+    assert fill_s(10.0, np.array([1.0, INF]), np.array([0.0, 20.0])) == 10.0
+    assert fill_s(1.0, np.array([0.0]), np.array([0.0])) == INF
+
+
+def test_a_device_whose_round_trip_outlasts_the_stage_does_not_help() -> None:
+    """Two equal devices, one 100 s away: the stage is what the near one takes alone (its
+    round trip and its transfers), not half of it."""
+    m = k = n = 64
+    s = 8
+    g = BoundGemm(m, k, n, s, "s")
+    near = BoundDevice("near", INF, 1e6, 1e6, rtt_s=0.01)
+    far = BoundDevice("far", INF, 1e6, 1e6, rtt_s=100.0)
+    alone = stage_bound([g], [near], PsLink(), set())
+    assert close(alone.bound_s, (m * k + k * n) * s / 1e6 + 0.01)
+    both = stage_bound([g], [near, far], PsLink(), set())
+    assert close(both.bound_s, alone.bound_s)
+    # the same far device 10 ms away halves the transfers again
+    close_by = stage_bound([g], [near, BoundDevice("f", INF, 1e6, 1e6, rtt_s=0.01)], PsLink(),
+                           set())
+    assert close_by.bound_s < 0.75 * alone.bound_s
