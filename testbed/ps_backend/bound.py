@@ -65,6 +65,9 @@ class BoundGemm:
     stage: str  # GEMMs with the same stage key (consecutive) may run together
     a_name: str = ""  # tensor identity of A ("" = unique); a repeated name is held
     b_name: str = ""
+    # nothing later in the step waits for it (a weight gradient, :func:`floats`): it may run
+    # together with any later stage, so only the last stage counts it
+    floating: bool = False
 
     @property
     def flops(self) -> float:
@@ -347,23 +350,40 @@ def group_stages(gemms: Sequence[BoundGemm]) -> list[list[BoundGemm]]:
 
 def step_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice],
                ps: PsLink = PsLink()) -> StepBound:
-    """Lower bound on a step's device time: the sum of its stages' bounds, in chain order."""
+    """Lower bound on a step's device time: the sum of its stages' bounds, in chain order.
+
+    A floating GEMM (a weight gradient) may run alongside any later stage, so no stage but the
+    last counts it: the sum of the stages' bounds must not charge work a schedule can hide in
+    a later stage's slack. In the last stage it runs with that stage's GEMMs (nothing comes
+    after), and a stage's bound with more of what runs in it only grows."""
     held: set[str] = set()
     stages = []
     arrays = _DeviceArrays.of(devices)
-    for group in group_stages(gemms):
-        stages.append(stage_bound(group, devices, ps, held, group[0].stage, arrays))
+    groups = group_stages(gemms)
+    for i, group in enumerate(groups):
+        chained = group if i == len(groups) - 1 else \
+            [g for g in group if not g.floating] or group[:0]
+        if chained:
+            stages.append(stage_bound(chained, devices, ps, held, group[0].stage, arrays))
         for g in group:  # what this stage sent, later stages may find on devices
             held.update(x for x in (g.a_name, g.b_name) if x)
     return StepBound(sum(s.bound_s for s in stages), stages)
+
+
+def floats(op: str) -> bool:
+    """Whether nothing later in the step waits for a GEMM of this op: a weight gradient, which
+    only the optimizer reads, so the engine lets it run on while the next layers' GEMMs go out
+    (docs/engine.md) and the bound lets it run with any later stage."""
+    return op == "weight_grad"
 
 
 def stage_key(layer: str, op: str) -> str:
     """Which GEMMs may run together: a layer's forward alone, its dX with its dW.
 
     Backward, the input- and weight-gradient GEMMs of one layer are independent (the engine
-    submits them together). Linears that read one input and could run together are one GEMM
-    already (the model's ``qkv_proj``, :func:`~testbed.ps_backend.engine.offload.fused_linear`).
+    submits them together); the weight gradient may also run on with later stages
+    (:func:`floats`). Linears that read one input and could run together are one GEMM already
+    (the model's ``qkv_proj``, :func:`~testbed.ps_backend.engine.offload.fused_linear`).
     """
     phase = "fwd" if op == "forward" else "bwd"
     return f"{phase}:{layer}"

@@ -20,6 +20,7 @@ from testbed.ps_backend.bound import (
     BoundGemm,
     PsLink,
     comm_min_shares,
+    floats,
     stage_key,
     step_bound,
 )
@@ -97,7 +98,8 @@ def bound_gemm(job: GemmJob) -> BoundGemm:
     stage sent counts as held (an address the allocator reused for a new tensor does not)."""
     m, k = job.a.shape
     return BoundGemm(m, k, job.b.shape[1], job.a.itemsize,
-                     stage_key(job.spec.layer, job.spec.op), job.a_key, job.b_key)
+                     stage_key(job.spec.layer, job.spec.op), job.a_key, job.b_key,
+                     floats(job.spec.op))
 
 
 class StepPlanner:
@@ -128,7 +130,7 @@ class StepPlanner:
             = {}
         # (submitted, done) times of the step's offloaded GEMMs, by stage key: the rest of the
         # step is the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
-        self._spans: list[tuple[str, list[float]]] = []
+        self._spans: list[tuple[str, bool, list[float]]] = []  # (stage, floating, span)
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
@@ -229,7 +231,7 @@ class StepPlanner:
         self._gemms.append(gemm)
         m, k, n, item = gemm.m, gemm.k, gemm.n, gemm.itemsize
         span = [self.clock(), math.nan]
-        self._spans.append((gemm.stage, span))
+        self._spans.append((gemm.stage, gemm.floating, span))
         def ended(_done: object, span: list[float] = span) -> None:
             span[1] = self.clock()
 
@@ -491,14 +493,18 @@ class StepPlanner:
             term = "gemm" if stage.limit.startswith("gemm") else stage.limit
             limits[term] = limits.get(term, 0) + 1
         now = self.clock()
+        # a stage's time is its chained GEMMs' (a floating one runs on into later stages),
+        # the last stage's every GEMM's (as its bound counts them)
+        last = sb.stages[-1].stage if sb.stages else None
         by_stage: dict[str, list[list[float]]] = {}
-        for key, span in self._spans:
-            by_stage.setdefault(key, []).append(span)
+        for key, floating, span in self._spans:
+            if not floating or key == last:
+                by_stage.setdefault(key, []).append(span)
         stages = [(b.stage, busy_s(by_stage.get(b.stage, []), now), b.bound_s, b.limit)
                   for b in sb.stages]
         record = StepRecord(sb.bound_s if self._gemms else 0.0, self._min_down, self._min_up,
                             len(self._gemms), dict(self._sat_out), limits,
-                            busy_s([span for _, span in self._spans], now), stages)
+                            busy_s([span for _, _, span in self._spans], now), stages)
         self._gemms, self._sat_out, self._dealt, self._spans = [], {}, {}, []
         self._pair_dealt, self._layers, self._held, self._layer_dealt = {}, {}, {}, {}
         self._min_down = self._min_up = 0.0

@@ -49,6 +49,7 @@ from testbed.emulator.device_model import DeviceModel, device_model_for
 from testbed.emulator.network.base import path_delay_s, path_loss
 from testbed.perf_model.profiles import load_profile
 from testbed.ps_backend.accounting import StepStats
+from testbed.ps_backend.bound import floats
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import (
     Assignment,
@@ -493,20 +494,23 @@ class Simulation(EventLoop):
         """Run one training step's GEMM chain; (device time, totals, the planner's record)."""
         start_s = self.now_s
         seq = itertools.count()
-        for group in step_chain(self.job):
-            left = [0]  # GEMMs of this submission still running
+        floating = [0]  # weight gradients still running: the step waits for them at its end
 
-            def one_done(left: list[int] = left) -> None:
-                left[0] -= 1
+        def one_done(left: list[int]) -> None:
+            left[0] -= 1
+        for group in step_chain(self.job):
+            left = [0]  # GEMMs of this submission the next one waits for, still running
             for g in group:
                 if gemm_flops(g.m, g.k, g.n) < self.job.parallelism.min_offload_flops:
                     next(seq)
                     continue  # the PS computes it (no virtual time: see the module docstring)
                 if self.ps_gemm_s > 0:  # the PS's own work before this GEMM goes out
                     self.pass_time(self.now_s + self.ps_gemm_s)
-                left[0] += 1
-                self.submit(step, next(seq), g, one_done)
+                waited = floating if floats(g.op) else left  # as the engine (GemmContext.defer)
+                waited[0] += 1
+                self.submit(step, next(seq), g, functools.partial(one_done, waited))
             self._run_until(functools.partial(_zero, left))
+        self._run_until(functools.partial(_zero, floating))
         record = self.planner.take_step([d.slot for d in self.devices.values()
                                          if d.slot is not None])
         stats, self.stats = self.stats, StepStats()

@@ -184,3 +184,22 @@ def test_a_device_whose_round_trip_outlasts_the_stage_does_not_help() -> None:
     close_by = stage_bound([g], [near, BoundDevice("f", INF, 1e6, 1e6, rtt_s=0.01)], PsLink(),
                            set())
     assert close_by.bound_s < 0.75 * alone.bound_s
+
+
+def test_a_floating_gemm_counts_only_in_the_last_stage() -> None:
+    """A weight gradient may run on with every later stage: the sum of the stages' bounds
+    charges it nowhere but in the last stage (with nothing after it to hide in)."""
+    from testbed.ps_backend.bound import floats
+
+    assert floats("weight_grad") and not floats("input_grad") and not floats("forward")
+    dev = [BoundDevice("d", 1e9, INF, INF, rtt_s=0.5)]
+    flops = 2 * 32 ** 3
+
+    def pair(layer: str) -> list[BoundGemm]:
+        return [BoundGemm(32, 32, 32, 8, stage_key(layer, op), floating=floats(op))
+                for op in ("input_grad", "weight_grad")]
+    sb = step_bound([*pair("l.1"), *pair("l.0")], dev)
+    assert [s.gemms for s in sb.stages] == [1, 2]  # l.1's dW floats, l.0's is the last stage
+    assert close(sb.bound_s, 2 * 0.5 + 3 * flops / 1e9)
+    alone = step_bound(pair("l.0"), dev)  # one pair: the last stage, both GEMMs
+    assert close(alone.bound_s, 0.5 + 2 * flops / 1e9)

@@ -309,10 +309,10 @@ class _LoggedStep(torch.autograd.Function):
         return dy, None
 
 
-def test_a_weight_gradient_is_awaited_after_the_ps_work_and_before_the_next_gemm() -> None:
-    """Backward waits for dX, goes on with autograd while dW is out, and takes dW before the
-    next linear's GEMMs go out and before the pass ends; the gradients are torch's, bit for
-    bit (the tied, the fused and the plain weights)."""
+def test_a_weight_gradient_is_awaited_when_the_backward_pass_ends() -> None:
+    """Backward waits for dX and goes on with autograd (the PS's work, the next linear's
+    GEMMs) while dW is out; it takes every dW when the pass ends, and the gradients are
+    torch's, bit for bit (the tied, the fused and the plain weights)."""
     log: list[str] = []
 
     class Logged(LocalExecutor):
@@ -338,9 +338,9 @@ def test_a_weight_gradient_is_awaited_after_the_ps_work_and_before_the_next_gemm
     assert log == ["submit qkv forward", "wait qkv forward", "submit head forward",
                    "wait head forward",
                    "submit head input_grad", "submit head weight_grad", "wait head input_grad",
-                   "ps work", "wait head weight_grad",
+                   "ps work",
                    "submit qkv input_grad", "submit qkv weight_grad", "wait qkv input_grad",
-                   "wait qkv weight_grad"]
+                   "wait head weight_grad", "wait qkv weight_grad"]
     got = [x.grad, tied.grad, head.bias.grad] + [p.grad for q in qkv for p in (q.weight, q.bias)]
     params = [x, tied, head.bias] + [p for q in qkv for p in (q.weight, q.bias)]
     for p in params:

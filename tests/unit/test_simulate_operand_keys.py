@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from testbed.ps_backend.bound import BoundDevice, BoundGemm, stage_key, step_bound
+from testbed.ps_backend.bound import BoundDevice, BoundGemm, floats, stage_key, step_bound
 from testbed.ps_backend.engine.trainer import Trainer
 from testbed.ps_backend.executor import (
     DoneHandle,
@@ -142,8 +142,8 @@ def test_the_bound_holds_the_operands_the_simulator_holds(tmp_path: Path) -> Non
     chain = [g for group in step_chain(topology.job) for g in group]
     assert [(j.spec.layer, j.spec.op) for j in core.jobs] == [(g.layer, g.op) for g in chain]
     item = core.jobs[0].a.itemsize
-    simulated = [BoundGemm(g.m, g.k, g.n, item, stage_key(g.layer, g.op), *g.keys(0))
-                 for g in chain]
+    simulated = [BoundGemm(g.m, g.k, g.n, item, stage_key(g.layer, g.op), *g.keys(0),
+                           floats(g.op)) for g in chain]
     devices = [BoundDevice("phone", 2e9, 1e6, 1e6, 0.01), BoundDevice("laptop", 2e10, 5e6, 5e6)]
     ps, sim = step_bound([bound_gemm(j) for j in core.jobs], devices), \
         step_bound(simulated, devices)
@@ -151,8 +151,8 @@ def test_the_bound_holds_the_operands_the_simulator_holds(tmp_path: Path) -> Non
     for a, b in zip(ps.stages, sim.stages):
         assert a.bound_s == pytest.approx(b.bound_s, rel=1e-9), a.stage
     # the test can fail: with every operand new, the backward stages' bound is higher
-    fresh = step_bound([BoundGemm(g.m, g.k, g.n, g.itemsize, g.stage) for g in simulated],
-                       devices)
+    fresh = step_bound([BoundGemm(g.m, g.k, g.n, g.itemsize, g.stage, floating=g.floating)
+                        for g in simulated], devices)
     assert fresh.bound_s > 1.05 * sim.bound_s
 
 

@@ -68,8 +68,9 @@ class GemmContext:
         self._settle_queued = False
 
     def defer(self, pending: _PendingGrad) -> None:
-        """Leave a weight gradient in flight until the next GEMM's submission or the end of
-        this backward pass, whichever comes first."""
+        """Leave a weight gradient in flight until the end of this backward pass: nothing in
+        the pass reads it, so the next layers' GEMMs go out while it runs on
+        (:func:`~testbed.ps_backend.bound.floats`)."""
         self.pending_grads.append(pending)
         if not self._settle_queued:
             # runs when the whole backward pass is done, before .backward() returns (the
@@ -110,7 +111,6 @@ class ExecutorResultError(RuntimeError):
 
 def _submit(ctx: GemmContext, executor: GemmExecutor, a: torch.Tensor, b: torch.Tensor,
             spec: GemmSpec) -> GemmHandle:
-    ctx.settle()  # a stage's GEMMs start once the previous stage's are done (docs/engine.md)
     ctx.gemms += 1
     ctx.gemm_flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
     return executor.submit(a, b, spec)
@@ -160,9 +160,9 @@ class OffloadedLinearFunction(torch.autograd.Function):
         db = dy.sum(0) if (need_b and has_bias) else None
         dx = None if dx_handle is None else _result(dx_handle, tuple(x2d.shape), dy.dtype, dx_spec)
         if dw_handle is not None:
-            # Nothing in this pass reads dW: autograd goes on with dX (the PS's own work up to
-            # the next linear) while dW's last results are still coming; the context adds dW
-            # into the parameters' .grad before the next GEMM goes out or the pass ends.
+            # Nothing in this pass reads dW: autograd goes on with dX (the PS's own work, the
+            # next layers' GEMMs) while dW's results are still coming; the context adds dW into
+            # the parameters' .grad when the pass ends.
             gemm_ctx.defer(_PendingGrad(dw_handle, (weight.shape[0], weight.shape[1]), dy.dtype,
                                         dw_spec, targets))
         return dx, None, db, None, None, None, None
