@@ -23,6 +23,9 @@ As the PS's host ticks its core (``PsCore.tick``, every ``min(0.25, lease_s / 4)
 simulation pumps at that period while anything is under way, so copies that become overdue
 with no result coming (a partitioned device's) get their backups as time passes.
 
+The chain goes as the engine submits it: each submission once the one before is done, except
+the weight gradients (``bound.floats``), which the step waits for at its end.
+
 Time is device seconds (dilation 1): the scheduler's ``dilation`` is 1, and ``device_time_s`` of
 a step is the virtual time it took. The PS's own work (layer norms, attention, the optimizer, the
 GEMMs below ``min_offload_flops``, its software per GEMM) takes no virtual time unless
