@@ -615,7 +615,9 @@ def fidelity_warning(summary: dict[str, Any]) -> str:
     return (f"WARNING: emulation fidelity missed its target: p95 tile-time error "
             f"{100 * summary['tile_error_p95']:.1f}% > {100 * summary['dilation_target_p95']:.0f}%"
             f" (time dilation {summary.get('dilation_min')}..{summary.get('dilation_max')}); "
-            f"device times of this run are off by that much")
+            f"device times of this run are off by that much. A larger time_dilation gives the "
+            f"emulated devices more of this host's CPU per device second (a number fixes it; "
+            f"time_dilation: {{target_p95: ...}} raises it between steps)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,3 +145,12 @@ def test_controller_window_keeps_whole_steps_and_the_latest_step_entire() -> Non
     c.observe([0.0] * 300)
     c.observe([0.0] * 300)  # the 1200-tile step is dropped whole once 600 newer tiles suffice
     assert len(c.window) == 600
+
+
+def test_a_missed_fidelity_target_says_by_how_much_and_what_to_change() -> None:
+    from testbed.ps_backend.main import fidelity_warning
+
+    line = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
+                             "dilation_min": 2.2, "dilation_max": 2.2})
+    assert "p95 tile-time error 75.0% > 10%" in line and "(time dilation 2.2..2.2)" in line
+    assert "A larger time_dilation" in line and "time_dilation: {target_p95: ...}" in line
