@@ -162,6 +162,11 @@ class PsConfig:
     group_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     plan_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     ps_link_Bps: tuple[float, float] = (float("inf"), float("inf"))  # PS (down, up)
+    # per group, the links it shares with others on the way from the PS (switch links by their
+    # lower switch, then "ps"), and each one's down_Bps (main.plan_inputs): stealing and
+    # backups count what a block waits behind on them
+    group_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    shared_down_Bps: dict[str, float] = field(default_factory=dict)
     # the devices the topology names, as (group, count, gflops): plans are made for these so
     # a restarted PS cuts every GEMM the same way
     planned_groups: tuple[tuple[str, int, float], ...] = ()

@@ -124,6 +124,7 @@ def fault_metrics(core: Any, cpu: CpuClock) -> dict[str, Any]:
     return out
 
 
+PS_LINK = "ps"  # the PS's own link in group_paths (switch links go by their lower switch)
 PLANNED_MESSAGE_BYTES = 64 * 1024 * 1024  # planned tiles are larger; the planner keeps under
 
 
@@ -204,9 +205,11 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
     ``group_links`` is what each group's own path carries: the bound's (a subset of the devices
     could have a shared switch link to themselves). ``plan_links`` is that capped at the group's
     fair share of the switch links it shares (:func:`fair_shares_Bps`): the planner's, and what
-    stealing and backups weigh. The PS link they see is the PS's own, capped by what the switch
-    links let through to all devices (:func:`cut_Bps`): a lower bound stays one, and the planner
-    sees the shared uplink.
+    stealing and backups weigh, with ``group_paths`` (each group's switch links up to the PS's
+    switch, by lower switch, then the PS's link) and ``shared_down_Bps`` (their rates): a block
+    for a device queues behind what they carry for the others. The PS link they see is the
+    PS's own, capped by what the switch links let through to all devices (:func:`cut_Bps`): a
+    lower bound stays one, and the planner sees the shared uplink.
     """
     from testbed.agent.link import mathis_rate_bps
     from testbed.emulator.network.base import path_delay_s, path_loss
@@ -232,8 +235,19 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
         groups.append((g.group, g.count, float(gflops)))
     ps = topology.network.ps.link
     cut_down, cut_up = cut_Bps(topology)
+    uplinks = {sl.lower: sl for sl in topology.network.links}
+    paths = {}
+    for g in topology.groups:  # the switch links up to the PS's switch, then the PS's link
+        path, switch = [], g.switch
+        while switch in uplinks:
+            path.append(switch)
+            switch = uplinks[switch].upper
+        paths[g.group] = (*path, PS_LINK)
+    shared = {lower: sl.link.down_bps / 8 for lower, sl in uplinks.items()}
+    shared[PS_LINK] = ps.down_bps / 8
     return {"group_links": links, "plan_links": plan_links,
             "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),
+            "group_paths": paths, "shared_down_Bps": shared,
             "planned_groups": tuple(groups)}
 
 

@@ -267,6 +267,15 @@ def message_runs(assignments: list[Assignment], down_Bps: float) -> list[list[As
 
 
 @dataclass(eq=False)
+class SharedLink:
+    """A link several devices' downloads cross (the PS's own, a switch link above them): when
+    (wall, the scheduler's clock) what was handed to the devices below it has crossed it."""
+
+    down_Bps: float  # bytes per device second
+    free_s: float = 0.0
+
+
+@dataclass(eq=False)
 class DeviceSlot:
     device_id: str
     name: str
@@ -305,6 +314,17 @@ class DeviceSlot:
     # thief's blocks queue behind its own, and an owner handed its box a moment ago is not
     # behind (without it, the first devices of a pump stole from those not yet pumped)
     down_free_s: float = 0.0
+    # the links it shares with other devices on the way from the PS (the planner sets them):
+    # a block for it waits behind what they carry for the others too
+    shared: tuple[SharedLink, ...] = ()
+
+    def queued_s(self, now_s: float) -> float:
+        """Wall seconds until a block handed to it now could start down: behind what its own
+        link and every shared link on its path still carry."""
+        free = self.down_free_s
+        for link in self.shared:
+            free = max(free, link.free_s)
+        return max(0.0, free - now_s)
 
     def __post_init__(self) -> None:
         self.cache = BlockCache(self.cache_bytes)
@@ -1462,7 +1482,7 @@ class Scheduler:
         if not 0 < slot.down_Bps < math.inf:
             return 0.0
         missing = sum(nbytes for key, nbytes in task.blocks if key not in slot.cache)
-        return missing / slot.down_Bps * self.dilation + max(0.0, slot.down_free_s - now_s)
+        return missing / slot.down_Bps * self.dilation + slot.queued_s(now_s)
 
     def _backlog_fetch_s(self, owner: DeviceSlot, now_s: float) -> float:
         """Wall seconds the owner needs to receive the distinct blocks of its pending tasks
@@ -1477,8 +1497,7 @@ class Scheduler:
             for key, nbytes in t.blocks:
                 if key not in owner.cache:
                     missing[key] = nbytes
-        return sum(missing.values()) / owner.down_Bps * self.dilation + \
-            max(0.0, owner.down_free_s - now_s)
+        return sum(missing.values()) / owner.down_Bps * self.dilation + owner.queued_s(now_s)
 
     def _pick_beyond(self, slot: DeviceSlot) -> Task | None:
         for task in self.pending:
@@ -1540,7 +1559,7 @@ class Scheduler:
         overhead_s = self._overhead_s(slot)
         down_Bps = slot.down_Bps
         fetch = 0 < down_Bps < math.inf
-        queued_s = max(0.0, slot.down_free_s - now_s)
+        queued_s = slot.queued_s(now_s)
         cache = slot.cache
 
         def qualifies(remaining: float, copy: Copy, other: DeviceSlot) -> bool:
@@ -1626,6 +1645,9 @@ class Scheduler:
         if sent and 0 < slot.down_Bps < math.inf:
             slot.down_free_s = max(slot.down_free_s, now_s) + \
                 sent / slot.down_Bps * self.dilation
+        if sent:
+            for link in slot.shared:
+                link.free_s = max(link.free_s, now_s) + sent / link.down_Bps * self.dilation
         return Assignment(task, tuple(send), tuple(keep), backup)
 
     # -- results in ----------------------------------------------------------------------------

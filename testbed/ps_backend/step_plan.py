@@ -36,7 +36,7 @@ from testbed.ps_backend.planner import (
     plan_layer,
     plan_pair,
 )
-from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, SharedLink
 from testbed.ps_backend.tiler import cut_k
 
 INF = float("inf")
@@ -131,13 +131,19 @@ class StepPlanner:
         # (submitted, done) times of the step's offloaded GEMMs, by stage key: the rest of the
         # step is the PS's own work (non-GEMM ops, small GEMMs, the engine) between them
         self._spans: list[tuple[str, bool, list[float]]] = []  # (stage, floating, span)
+        # the links devices share on the way from the PS, one queue each (DeviceSlot.shared)
+        self._shared = {name: SharedLink(rate) for name, rate in
+                        config.shared_down_Bps.items() if 0 < rate < math.inf}
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
         """A device took part in this step (joined or present): the bound counts it."""
         self._seen[slot.device_id] = slot
-        # the scheduler's stealing and backups weigh what a device must still receive
+        # the scheduler's stealing and backups weigh what a device must still receive, behind
+        # what its links carry (its own, and those it shares with the devices beside it)
         slot.down_Bps = self._link(slot.group)[0]
+        slot.shared = tuple(self._shared[name] for name in
+                            self.config.group_paths.get(slot.group, ()) if name in self._shared)
 
     def _link(self, group: str) -> tuple[float, float, float]:
         """The group's link as plans, stealing and backups weigh it: its fair share."""

@@ -43,7 +43,8 @@ def test_plans_weigh_the_share_and_the_bound_the_own_link() -> None:
     config = SimpleNamespace(planner="auto", planned_groups=[("p", 2, 10.0)],
                              group_links={"p": (4e6, 2e6, 0.01)},
                              plan_links={"p": (1e6, 0.5e6, 0.01)},
-                             ps_link_Bps=(float("inf"), float("inf")),
+                             ps_link_Bps=(float("inf"), float("inf")), group_paths={},
+                             shared_down_Bps={},
                              max_message_bytes=64 << 20, tile_m=256, tile_n=256)
     planner = StepPlanner(config)  # type: ignore[arg-type]
     slot = DeviceSlot("d0", "p-0", 10.0, 4, 1 << 20, group="p")

@@ -123,7 +123,8 @@ def _planner(groups: list[tuple[str, int, float]], link: tuple[float, float, flo
 
     config = SimpleNamespace(planner="auto", planned_groups=groups,
                              group_links={g: link for g, _, _ in groups}, plan_links={},
-                             ps_link_Bps=(float("inf"), float("inf")),
+                             ps_link_Bps=(float("inf"), float("inf")), group_paths={},
+                             shared_down_Bps={},
                              max_message_bytes=64 << 20, tile_m=256, tile_n=256)
     return StepPlanner(config)
 

@@ -151,3 +151,27 @@ def test_a_backup_goes_to_the_first_qualifying_copy_among_ties() -> None:
     thief.rate_flops, thief.window = 1e12, 2  # it turned out fast, with room for one more
     got = s.assign("thief", now_s=1e-6)
     assert [a.task.task_id for a in got] == [tiles[1]] and got[0].backup  # b's, not none
+
+
+@pytest.mark.parametrize("dilation", [1.0, 3.0])
+def test_a_block_waits_behind_what_a_shared_link_carries_for_the_others(dilation: float) -> None:
+    """Two devices below one shared 1 MB/s link, each with a 1 MB/s link of its own: what the
+    first is handed crosses the shared link first, so a block for the idle second one waits
+    for it (stealing and backups count that wait); a device beside the link does not."""
+    from testbed.ps_backend.scheduler import SharedLink
+
+    s = Scheduler(dilation=dilation)
+    uplink = SharedLink(1e6)
+    for name in ("a", "b", "c"):
+        d = slot(name, gflops=10, window=1)
+        d.down_Bps = 1e6
+        d.shared = (uplink,) if name != "c" else ()
+        s.add_device(d)
+    s.submit(job(64, 32, 64), 32, 64)  # two tiles, each A and B blocks of its own
+    (given,) = s.assign("a", now_s=0.0)
+    sent = sum(nbytes for (key, nbytes), new in zip(given.task.blocks, given.send) if new)
+    assert sent > 0 and uplink.free_s == pytest.approx(sent / 1e6 * dilation)
+    assert s.devices["b"].queued_s(0.0) == pytest.approx(sent / 1e6 * dilation)
+    assert s.devices["c"].queued_s(0.0) == 0.0
+    left = next(t for t in s.pending if not t.done)
+    assert s._fetch_s(s.devices["b"], left, 0.0) > s._fetch_s(s.devices["c"], left, 0.0)
