@@ -253,12 +253,10 @@ def _smallest_stage_s(feasible: Callable[[float], bool], start: float) -> float:
     return lo
 
 
-def _gemm_stage_s(g: BoundGemm, devices: Sequence[BoundDevice] | _DeviceArrays, held_a: bool,
-                  held_b: bool) -> float:
+def _gemm_stage_s(g: BoundGemm, devs: _DeviceArrays, held_a: bool, held_b: bool) -> float:
     """Shortest stage in which the devices, each in its own window, could do all of g's
     multiply-adds."""
     need = float(g.m) * g.k * g.n
-    devs = devices if isinstance(devices, _DeviceArrays) else _DeviceArrays.of(devices)
     return _smallest_stage_s(lambda t: total_capacity(g, devs, t, held_a, held_b) >= need,
                              float(devs.rtt_s.min()))
 
@@ -267,18 +265,18 @@ def fill_s(amount: float, rates: np.ndarray, rtt_s: np.ndarray) -> float:
     """Shortest stage ``T`` with ``sum(rate_i · max(T - rtt_i, 0)) >= amount``: devices each
     moving or computing at its rate in its own window (exact; the sum is piecewise linear in T).
     Nothing to do still takes the shortest round trip."""
-    total = weighted = 0.0  # over the devices whose window has opened: sum rate, sum rate·rtt
-    for i in np.argsort(rtt_s, kind="stable"):
-        rate, rtt = float(rates[i]), float(rtt_s[i])
-        if total > 0 and (amount + weighted) / total <= rtt:
-            break  # the devices already working finish before this one's window opens
-        if rate == INF:
-            return rtt
-        total += rate
-        weighted += rate * rtt
-    if total <= 0:
-        return INF
-    return (amount + weighted) / total
+    order = np.argsort(rtt_s, kind="stable")
+    rates, rtt_s = rates[order], rtt_s[order]
+    infinite = np.isinf(rates)
+    k = int(np.argmax(infinite)) if infinite.any() else len(rates)  # done once its window opens
+    total = np.cumsum(rates[:k])  # with the first j + 1 devices working: sum rate, sum rate·rtt
+    with np.errstate(divide="ignore", invalid="ignore"):
+        finish = np.where(total > 0, (amount + np.cumsum(rates[:k] * rtt_s[:k])) / total, INF)
+    opens = np.append(rtt_s[1:], INF)[:k]  # when the next device's window opens
+    done = finish <= opens  # the first j + 1 finish before the next one could help
+    if done.any():
+        return float(finish[np.argmax(done)])
+    return float(rtt_s[k]) if k < len(rates) else INF
 
 
 @dataclass
@@ -361,8 +359,7 @@ def step_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice],
     arrays = _DeviceArrays.of(devices)
     groups = group_stages(gemms)
     for i, group in enumerate(groups):
-        chained = group if i == len(groups) - 1 else \
-            [g for g in group if not g.floating] or group[:0]
+        chained = group if i == len(groups) - 1 else [g for g in group if not g.floating]
         if chained:
             stages.append(stage_bound(chained, devices, ps, held, group[0].stage, arrays))
         for g in group:  # what this stage sent, later stages may find on devices
