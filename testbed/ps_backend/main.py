@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from testbed.emulator.dilation import DilationController, error_quantiles, probe_dilation
+from testbed.emulator.network.base import switch_path
 from testbed.ps_backend.admission import raise_fd_limit
 from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S, PsConfig
 from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor, WatchdogError
@@ -175,13 +176,11 @@ def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
 
     uplinks = {sl.lower: sl for sl in topology.network.links}
     below: dict[str, int] = {}  # devices below each switch link
-    paths_of: list[list[str]] = []
+    paths_of: list[tuple[str, ...]] = []
     for d in topology.devices:
-        path, switch = [], d.group.switch
-        while switch in uplinks:  # up the tree to the PS's switch
-            path.append(switch)
+        path = tuple(sl.lower for sl in switch_path(topology, d.group.switch))
+        for switch in path:
             below[switch] = below.get(switch, 0) + 1
-            switch = uplinks[switch].upper
         paths_of.append(path)
     partial = [s for s, n in below.items() if n < len(topology.devices)]
     link_of = {s: i for i, s in enumerate(partial)}  # the shared links come first
@@ -235,15 +234,10 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
         groups.append((g.group, g.count, float(gflops)))
     ps = topology.network.ps.link
     cut_down, cut_up = cut_Bps(topology)
-    uplinks = {sl.lower: sl for sl in topology.network.links}
-    paths = {}
-    for g in topology.groups:  # the switch links up to the PS's switch, then the PS's link
-        path, switch = [], g.switch
-        while switch in uplinks:
-            path.append(switch)
-            switch = uplinks[switch].upper
-        paths[g.group] = (*path, PS_LINK)
-    shared = {lower: sl.link.down_bps / 8 for lower, sl in uplinks.items()}
+    # each group's switch links up to the PS's switch, then the PS's link
+    paths = {g.group: (*(sl.lower for sl in switch_path(topology, g.switch)), PS_LINK)
+             for g in topology.groups}
+    shared = {sl.lower: sl.link.down_bps / 8 for sl in topology.network.links}
     shared[PS_LINK] = ps.down_bps / 8
     return {"group_links": links, "plan_links": plan_links,
             "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),

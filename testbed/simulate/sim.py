@@ -49,7 +49,7 @@ from testbed.capacity import agent_cache_bytes
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
 from testbed.emulator.device_model import DeviceModel, device_model_for
-from testbed.emulator.network.base import path_delay_s, path_loss
+from testbed.emulator.network.base import path_delay_s, path_loss, switch_path
 from testbed.perf_model.profiles import load_profile
 from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.bound import floats
@@ -182,11 +182,10 @@ class Simulation(EventLoop):
         ps = topo.network.ps.link
         ps_down = net.add_link(ps.down_bps / 8, "ps:down")
         ps_up = net.add_link(ps.up_bps / 8, "ps:up")
-        switch_links: dict[str, tuple[int, int, str]] = {}
+        switch_links: dict[str, tuple[int, int]] = {}
         for sl in topo.network.links:
             switch_links[sl.lower] = (net.add_link(sl.link.down_bps / 8, f"{sl.lower}:down"),
-                                      net.add_link(sl.link.up_bps / 8, f"{sl.lower}:up"),
-                                      sl.upper)
+                                      net.add_link(sl.link.up_bps / 8, f"{sl.lower}:up"))
         profiles = {g.group: load_profile(str(g.profile_path)) for g in topo.groups}
         out: dict[str, SimDevice] = {}
         for d in topo.devices:
@@ -197,9 +196,8 @@ class Simulation(EventLoop):
             own_down = net.add_link(down_Bps, f"{d.name}:down")
             own_up = net.add_link(up_Bps, f"{d.name}:up")
             mid_down, mid_up = [], []
-            switch = d.group.switch
-            while switch in switch_links:
-                down, up, switch = switch_links[switch]
+            for sl in switch_path(topo, d.group.switch):
+                down, up = switch_links[sl.lower]
                 mid_down.append(down)
                 mid_up.append(up)
             profile = profiles[d.group.group]

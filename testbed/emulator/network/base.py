@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from testbed.topology import DeviceSpec, Topology
+from testbed.topology import DeviceSpec, SwitchLink, Topology
 
 
 @dataclass(frozen=True)
@@ -75,23 +75,28 @@ class Network(Protocol):
         ...
 
 
+def switch_path(topology: Topology, switch: str | None) -> list[SwitchLink]:
+    """The switch links from ``switch`` up the tree to the PS's switch, nearest first (none
+    from the PS's own switch, or for no switch)."""
+    parents = {link.lower: link for link in topology.network.links}
+    path: list[SwitchLink] = []
+    while switch in parents:
+        path.append(parents[switch])
+        switch = parents[switch].upper
+    return path
+
+
 def path_delay_s(topology: Topology, device: DeviceSpec) -> float:
     """One-way delay from the PS to a device: its own link, the switch links, the PS's link."""
     delay = device.link.delay_s + topology.network.ps.link.delay_s
-    parents = {link.lower: link for link in topology.network.links}
-    switch = device.group.switch
-    while switch in parents:
-        delay += parents[switch].link.delay_s
-        switch = parents[switch].upper
+    for sl in switch_path(topology, device.group.switch):
+        delay += sl.link.delay_s
     return delay
 
 
 def path_loss(topology: Topology, device: DeviceSpec) -> float:
     """Loss probability on the whole PS-device path (independent losses per hop)."""
     keep = (1 - device.link.loss_fraction) * (1 - topology.network.ps.link.loss_fraction)
-    parents = {link.lower: link for link in topology.network.links}
-    switch = device.group.switch
-    while switch in parents:
-        keep *= 1 - parents[switch].link.loss_fraction
-        switch = parents[switch].upper
+    for sl in switch_path(topology, device.group.switch):
+        keep *= 1 - sl.link.loss_fraction
     return 1 - keep

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from testbed.agent.hold import HOLD_RT_PRIORITY, hold_until
-from testbed.emulator.network.base import AppShaping, path_delay_s
+from testbed.emulator.network.base import AppShaping, path_delay_s, switch_path
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.topology import DeviceSpec, Topology
 
@@ -62,13 +62,9 @@ RTT_ABS_TOLERANCE_S = 1e-3
 def path_rate_bps(topology: Topology, device: DeviceSpec, direction: str) -> float:
     """The smallest configured rate on the device's path to the PS in 'down' or 'up'."""
     key = "down_bps" if direction == "down" else "up_bps"
-    rates = [getattr(device.link, key), getattr(topology.network.ps.link, key)]
-    parents = {link.lower: link for link in topology.network.links}
-    switch = device.group.switch
-    while switch in parents:
-        rates.append(getattr(parents[switch].link, key))
-        switch = parents[switch].upper
-    return min(rates)
+    links = [device.link, topology.network.ps.link,
+             *(sl.link for sl in switch_path(topology, device.group.switch))]
+    return min(getattr(link, key) for link in links)
 
 
 # -- measurements ------------------------------------------------------------------------------
