@@ -140,12 +140,8 @@ def cut_Bps(topology: Topology) -> tuple[float, float]:
     links = {sl.lower: sl for sl in topology.network.links}
     top: dict[str | None, list[float]] = {}  # top link's lower switch -> [down, up] of members
     for g in topology.groups:
-        switch: str | None = g.switch
-        while switch in links and links[switch].upper != topology.network.ps.switch and \
-                links[switch].upper in links:
-            switch = links[switch].upper
-        key = switch if switch in links else None
-        agg = top.setdefault(key, [0.0, 0.0])
+        path = switch_path(topology, g.switch)
+        agg = top.setdefault(path[-1].lower if path else None, [0.0, 0.0])
         agg[0] += g.count * g.link.down_bps / 8
         agg[1] += g.count * g.link.up_bps / 8
     down = up = 0.0
