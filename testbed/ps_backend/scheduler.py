@@ -26,13 +26,17 @@ used both ways:
 * when a device sits idle (nothing pending it may take) it takes a **backup copy** of an in-flight
   task whose holder's remaining time straggles behind the idle device's finish. The holder's
   remaining time is its predicted return time minus now, or, once overdue, the time it has held
-  the tile so far (it is assumed to take as long again). At most two copies of a task exist; a
-  device never gets the same task twice, only devices whose overhead is known (one valid result
-  each) take part, and the backup must promise to save at least ``MIN_BACKUP_GAIN_S`` (50 ms) of
-  wall time, so that the jitter of a loaded host does not look like straggling. The first
-  *valid* result wins and is placed; a later copy
-  is still checked (a wrong late tile counts against its device) and then dropped as ``LATE``
-  (counted as wasted).
+  the tile so far (it is assumed to take as long again). Where the topology gives a device's
+  uplink, a return is predicted after the results the device owes have gone up too (the
+  larger of its compute queue and its upload queue, ``DeviceSlot.upload_s``), and the idle
+  device's finish counts the upload of its own result: a link-bound device is not late when
+  its results queue on its uplink, and backing it up only spends links. At most two copies of a
+  task exist; a device never gets the same task twice, only devices whose overhead is known (one
+  valid result each) take part, and the backup must promise to save at least
+  ``MIN_BACKUP_GAIN_S`` (50 ms) of wall time, so that the jitter of a loaded host does not look
+  like straggling. The first *valid* result wins and is placed; a later copy is still checked
+  (a wrong late tile counts against its device) and then dropped as ``LATE`` (counted as
+  wasted).
 
 **Plans.** A GEMM submitted with a plan (:mod:`testbed.ps_backend.planner`) may be K-split (its
 tiles return partials that are summed per block in slice order, whatever device computed them,
@@ -170,6 +174,7 @@ class Task:
     pieces: tuple[tuple[int, int], ...] = field(init=False)  # its K range as ``blocks`` cut it
     a_nbytes: int = field(init=False)
     b_nbytes: int = field(init=False)
+    result_nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
         job, box = self.job, self.box
@@ -188,6 +193,7 @@ class Task:
                 (p[1] - p[0]) * n * b_item) for p in pieces])
         self.a_nbytes = m * k * a_item
         self.b_nbytes = k * n * b_item
+        self.result_nbytes = m * n * job.c.itemsize
 
     @property
     def k_range(self) -> tuple[int, int]:
@@ -317,6 +323,7 @@ class DeviceSlot:
     # the links it shares with other devices on the way from the PS (the planner sets them):
     # a block for it waits behind what they carry for the others too
     shared: tuple[SharedLink, ...] = ()
+    up_Bps: float = math.inf  # its uplink, bytes per device second (the planner sets it)
 
     def queued_s(self, now_s: float) -> float:
         """Wall seconds until a block handed to it now could start down: behind what its own
@@ -325,6 +332,20 @@ class DeviceSlot:
         for link in self.shared:
             free = max(free, link.free_s)
         return max(0.0, free - now_s)
+
+    @property
+    def owed_nbytes(self) -> int:
+        """The result bytes of the copies it holds (cancelled ones too: it still sends them)."""
+        return sum(c.task.result_nbytes for c in itertools.chain(
+            self.in_flight.values(), self.cancelled.values()))
+
+    def upload_s(self, nbytes: int, owed_nbytes: int | None = None) -> float:
+        """Device seconds its uplink needs for the results it owes and ``nbytes`` more (0 when
+        its uplink is unknown)."""
+        if not 0 < self.up_Bps < math.inf:
+            return 0.0
+        owed = self.owed_nbytes if owed_nbytes is None else owed_nbytes
+        return (owed + nbytes) / self.up_Bps
 
     def __post_init__(self) -> None:
         self.cache = BlockCache(self.cache_bytes)
@@ -1560,6 +1581,7 @@ class Scheduler:
         down_Bps = slot.down_Bps
         fetch = 0 < down_Bps < math.inf
         queued_s = slot.queued_s(now_s)
+        owed = slot.owed_nbytes
         cache = slot.cache
 
         def qualifies(remaining: float, copy: Copy, other: DeviceSlot) -> bool:
@@ -1569,7 +1591,8 @@ class Scheduler:
                     or task.task_id in slot.given
                     or (not known and now_s - copy.expected_s < overdue_s)):
                 return False
-            mine = held * (task.flops / rate) * dilation + overhead_s
+            mine = max(held * (task.flops / rate),
+                       slot.upload_s(task.result_nbytes, owed)) * dilation + overhead_s
             if fetch:
                 missing = sum(nbytes for key, nbytes in task.blocks if key not in cache)
                 mine += missing / down_Bps * dilation + queued_s
@@ -1621,7 +1644,9 @@ class Scheduler:
 
     def _give(self, slot: DeviceSlot, task: Task, now_s: float, backup: bool) -> Assignment:
         compute_wall_s = slot.finish_estimate_s(task.flops) * self.dilation
-        expected = now_s + compute_wall_s + (slot.overhead_s or 0.0)
+        # back once computed and once the results ahead of it and its own have gone up
+        upload_wall_s = slot.upload_s(task.result_nbytes) * self.dilation
+        expected = now_s + max(compute_wall_s, upload_wall_s) + (slot.overhead_s or 0.0)
         task.holder, task.sent_s = slot.device_id, now_s
         task.holders.add(slot.device_id)
         copy = Copy(task, task.attempt, backup, now_s, expected, compute_wall_s,

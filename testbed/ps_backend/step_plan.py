@@ -141,7 +141,7 @@ class StepPlanner:
         self._seen[slot.device_id] = slot
         # the scheduler's stealing and backups weigh what a device must still receive, behind
         # what its links carry (its own, and those it shares with the devices beside it)
-        slot.down_Bps = self._link(slot.group)[0]
+        slot.down_Bps, slot.up_Bps = self._link(slot.group)[:2]
         slot.shared = tuple(self._shared[name] for name in
                             self.config.group_paths.get(slot.group, ()) if name in self._shared)
 

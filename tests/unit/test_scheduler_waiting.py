@@ -175,3 +175,46 @@ def test_a_block_waits_behind_what_a_shared_link_carries_for_the_others(dilation
     assert s.devices["c"].queued_s(0.0) == 0.0
     left = next(t for t in s.pending if not t.done)
     assert s._fetch_s(s.devices["b"], left, 0.0) > s._fetch_s(s.devices["c"], left, 0.0)
+
+
+@pytest.mark.parametrize("dilation", [1.0, 3.0])
+def test_a_copy_is_expected_back_after_the_results_its_device_owes_went_up(dilation: float
+                                                                          ) -> None:
+    """A device of fast compute on a 32 KB/s uplink handed three tiles of 32 KB results: the
+    k-th copy is due once k results have gone up (a link-bound device is not late when its
+    results queue on its uplink, and a backup of them would only be wasted)."""
+    s = Scheduler(dilation=dilation)
+    d = slot("a", gflops=1e6, window=3)
+    d.up_Bps = 64 * 64 * 8 / 1.0  # one float64 64 x 64 result a second
+    d.overhead_s = 0.0
+    s.add_device(d)
+    d.window = 3
+    s.submit(job(192, 32, 64), 64, 64)  # three tiles
+    given = s.assign("a", now_s=0.0)
+    assert len(given) == 3
+    due = sorted(c.expected_s for c in s.devices["a"].in_flight.values())
+    assert due == pytest.approx([1.0 * dilation, 2.0 * dilation, 3.0 * dilation], rel=1e-6)
+
+
+@pytest.mark.parametrize("dilation", [1.0, 3.0])
+def test_a_backup_counts_the_upload_of_its_own_result(dilation: float) -> None:
+    """An idle device of fast compute backs up a slow device's tile (0.13 s of compute left)
+    unless its own uplink would take 0.1 s to return the result: then it could not save
+    enough (the straggler rule's factor of 2)."""
+    def backed_up(up_Bps: float) -> bool:
+        s = Scheduler(dilation=dilation)
+        s.add_device(slot("slow", gflops=0.001, window=1))
+        s.add_device(slot("idle", gflops=100, window=1))
+        s.devices["idle"].up_Bps = up_Bps
+        for d in s.devices.values():
+            d.overhead_s = 0.0
+        s.submit(job(64, 32, 64), 32, 64)  # two tiles of 32 x 64, 0.13 s each on "slow"
+        (held,) = s.assign("slow", now_s=0.0)
+        (other,) = s.assign("idle", now_s=0.0)
+        assert s.accept("idle", other.task.task_id, 0, honest(other.task),
+                        now_s=0.0).verdict is Verdict.ACCEPTED
+        got = s.assign("idle", now_s=0.0)
+        return [a.task.task_id for a in got] == [held.task.task_id] and got[0].backup
+
+    assert backed_up(float("inf"))
+    assert not backed_up(32 * 64 * 8 / 0.1)
