@@ -374,8 +374,17 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
         rows, cols, slices, each = member_part(b[1] - b[0], b[3] - b[2], b[5] - b[4],
                                                by_name[name][1])
         down_total += each * slices * (rows * a_b + cols * b_b)
-    t = max(t, down_total / ps_down_Bps, tiles * c_b / ps_up_Bps)
+    per_device = tiles / max(1.0, sum(by_name[name][1] for name in boxes))
+    t = max(t, link_s(down_total / ps_down_Bps, tiles * c_b / ps_up_Bps, per_device))
     return t + min(c.rtt_s for c in classes)
+
+
+def link_s(down_s: float, up_s: float, tiles_per_device: float) -> float:
+    """Seconds the PS link carries a GEMM's blocks down and results up: both ways at once
+    only between a device's first block and its last result, as in a two-machine flow shop of
+    ``tiles_per_device`` equal jobs (one tile each: down, then up)."""
+    n = max(1.0, tiles_per_device)
+    return max(down_s + up_s / n, down_s / n + up_s)
 
 
 def _candidates(extent: int, most: int, step: float = 1.25, devices: int = 1) -> list[int]:
@@ -713,7 +722,9 @@ def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
         up += bt * bo * bc * (dx_b + dw_b)
         pt, po, pc, each = member_part(bt, bo, bc, by_name[name][1])  # every member's
         down += each * (pt * po * dy_b + po * pc * w_b + pt * pc * x_b)
-    return max(slowest, down / ps_down_Bps, up / ps_up_Bps) + min(c.rtt_s for c in classes)
+    per_device = math.prod(grid) / max(1.0, sum(by_name[n_][1] for n_ in boxes))
+    return max(slowest, link_s(down / ps_down_Bps, up / ps_up_Bps, per_device)) + \
+        min(c.rtt_s for c in classes)
 
 
 def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
@@ -953,11 +964,14 @@ def _predict_layer(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
         fwd_down += each * pc * (pt * x_b + po * w_b)
         bwd_down += each * pt * po * dy_b
     rtt = min(c.rtt_s for c in classes)
-    fwd_link = max(fwd_down / ps_down_Bps, blocks * tm * to * itemsize / ps_up_Bps)
-    bwd_link = max(bwd_down / ps_down_Bps, blocks * (dx_b + dw_b) / ps_up_Bps)
+    per_device = blocks / max(1.0, sum(q for _, q in by_name.values()))
 
     def times(fine: Fine) -> tuple[float, float]:
-        fwd, bwd = fwd_link, bwd_link
+        # forward's tiles are a block's (t, o) parts, backward's dX (t, c) parts (dW's alike)
+        fwd = link_s(fwd_down / ps_down_Bps, blocks * tm * to * itemsize / ps_up_Bps,
+                     per_device * fine[0] * fine[1])
+        bwd = link_s(bwd_down / ps_down_Bps, blocks * (dx_b + dw_b) / ps_up_Bps,
+                     per_device * fine[0] * fine[2])
         for name, box in boxes.items():
             d, q = by_name[name]
             f, b = layer_box_times_s(d, box, t, o, i, itemsize, grid, q, fine)

@@ -203,3 +203,21 @@ def test_the_best_fit_is_the_best_of_every_cut_and_split() -> None:
                      abs(2 * at - extent), at, i)
                     for at in range(1, extent) for i in range(1, len(prefix)))
         assert planner._best_fit(extent, total, prefix) == every
+
+
+def test_the_ps_link_carries_both_ways_at_once_only_between_first_block_and_last_result() -> None:
+    from testbed.ps_backend.planner import link_s
+
+    assert link_s(1.0, 2.0, 1) == 3.0  # one tile a device: all down, then all up
+    assert link_s(1.0, 2.0, 4) == max(1.0 + 2.0 / 4, 1.0 / 4 + 2.0)
+    assert abs(link_s(1.0, 2.0, 1e9) - 2.0) < 1e-8  # many: the busier way
+    assert link_s(1.0, 2.0, 0.5) == 3.0  # fewer tiles than devices: still one each
+
+
+def test_a_gemm_of_one_tile_a_device_behind_a_narrow_ps_link_is_predicted_down_then_up() -> None:
+    # two devices of ample compute and links behind a 1 MB/s PS link, a 2 x 1 grid of 32 x 64
+    # tiles (float32, K 32): 2 x (4 KiB of A + 8 KiB of B) down, 2 x 8 KiB of results up
+    devices = [PlanDevice("d", 1e15, 1e12, 1e12, count=2)]
+    got = planner.predict_s(64, 32, 64, 4, (2, 1, 1), devices, 1e6, 1e6)
+    down_s, up_s = 2 * (32 * 32 + 32 * 64) * 4 / 1e6, 2 * 32 * 64 * 4 / 1e6
+    assert abs(got - (down_s + up_s)) <= 1e-3 * (down_s + up_s)
