@@ -1573,7 +1573,10 @@ class Scheduler:
             return None  # not even the longest copy could qualify
         mine_min = self.finish_wall_s(slot, index.min_flops)
         # finish_wall_s(slot, flops) and _fetch_s(slot, task), the same expressions inlined
-        # (this runs for every copy tested)
+        # (this runs for every copy tested), with the compute queue raised to the upload queue
+        # where that is longer (a backup's result goes up behind what the device owes; the
+        # pruning above leaves it out, which only keeps it a lower bound). Stealing and the
+        # tail's straggler test (finish_wall_s) do not count the upload yet.
         held = len(slot.in_flight) + len(slot.cancelled) + 1
         rate = max(slot.rate_flops, 1.0)
         dilation = self.dilation
