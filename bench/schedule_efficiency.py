@@ -97,7 +97,7 @@ def describe(result: dict[str, Any]) -> str:
 
 def plan_only(names: list[str], quick: bool) -> None:
     """Print, per GEMM shape, the plan's predicted time against the GEMM's bound."""
-    from testbed.ps_backend.bound import BoundDevice, BoundGemm, PsLink, stage_bound
+    from testbed.ps_backend.bound import BoundDevice, BoundGemm, PsLink, SwitchLink, stage_bound
     from testbed.ps_backend.main import plan_inputs
     from testbed.ps_backend.planner import PlanDevice, plan_gemm
     from testbed.topology import load_topology
@@ -106,10 +106,19 @@ def plan_only(names: list[str], quick: bool) -> None:
         topo = load_topology(REPO / "topologies" / f"{name}.yaml")
         inputs = plan_inputs(topo)
         plan_links, own_links = inputs["plan_links"], inputs["group_links"]
-        classes = [PlanDevice(g, r * 1e9, *plan_links[g], count=n) for g, n, r in
-                   inputs["planned_groups"]]
-        devices = [BoundDevice(f"{c.name}{i}", c.rate_flops, *own_links[c.name])
-                   for c in classes for i in range(c.count)]
+        classes = []
+        for g, n, r in inputs["planned_groups"]:
+            down, up, rtt = plan_links[g]
+            classes.append(PlanDevice(g, r * 1e9, down, up, rtt, count=n))
+        # each device below the lowest switch link on its path, which the bound caps them by
+        links = {sw: SwitchLink(*v) for sw, v in inputs["switch_links"].items()}
+        lowest = {g: next(iter(p), "") for g, p in inputs["group_paths"].items()}
+        devices = []
+        for c in classes:
+            down, up, rtt = own_links[c.name]
+            link = lowest[c.name] if lowest[c.name] in links else ""
+            devices += [BoundDevice(f"{c.name}{i}", c.rate_flops, down, up, rtt, link)
+                        for i in range(c.count)]
         spec = topo.job.model
         hidden, ffn, seq = (128, 512, 64) if quick else (spec.hidden, spec.ffn, spec.seq_len)
         tokens = topo.job.batch_size * seq
@@ -121,7 +130,7 @@ def plan_only(names: list[str], quick: bool) -> None:
                                  ("dW fc1", (ffn, tokens, hidden))):
             plan = plan_gemm(m, k, n, item, classes, *inputs["ps_link_Bps"])
             bound = stage_bound([BoundGemm(m, k, n, item, "s")], devices,
-                                PsLink(*inputs["ps_link_Bps"]), set())
+                                PsLink(*inputs["ps_link_Bps"]), set(), links=links)
             print(f"  {label:8s} grid {plan.grid} tile {plan.tile_m}x{plan.tile_n} "
                   f"predicted {plan.predicted_s:8.4f} s  bound {bound.bound_s:8.4f} s "
                   f"({bound.limit})  ratio {plan.predicted_s / bound.bound_s:5.2f}"

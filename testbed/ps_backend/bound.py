@@ -23,14 +23,15 @@ is one way from the PS, its last result one way back), limited there by its comp
 through the Loomis-Whitney inequality ``V_i <= sqrt(a_i·b_i·c_i)``, by what its links can carry
 (Irony, Toledo and Tiskin 2004; Demmel et al., IPDPS 2013); ``T`` is at least each aggregate
 term too (compute, new down bytes, result bytes over the rates summed over those windows, and
-over the PS link after the shortest round trip).
+over the PS link after the shortest round trip; the devices below a switch link move together
+no more than it carries).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,12 +47,23 @@ class BoundDevice:
     down_Bps: float  # bytes per device second, PS -> device
     up_Bps: float  # bytes per device second, device -> PS
     rtt_s: float = 0.0  # round trip to the PS, device seconds
+    link: str = ""  # the lowest switch link on its path to the PS (:class:`SwitchLink`), if any
 
 
 @dataclass(frozen=True)
 class PsLink:
     down_Bps: float = INF  # PS -> devices
     up_Bps: float = INF  # devices -> PS
+
+
+@dataclass(frozen=True)
+class SwitchLink:
+    """A switch-to-switch link the devices below it share on their way to the PS (a Wi-Fi
+    access point's uplink): together they move no more than it carries."""
+
+    down_Bps: float  # towards the devices
+    up_Bps: float  # towards the PS
+    parent: str = ""  # the next switch link up ("": the PS's switch is above it)
 
 
 @dataclass(frozen=True)
@@ -188,20 +200,75 @@ def device_capacity(g: BoundGemm, dev: BoundDevice, window_s: float, held_a: boo
 
 
 @dataclass(frozen=True)
+class _Shared:
+    """One switch link as the sums see it: which devices and links sit directly below it."""
+
+    down_Bps: float
+    up_Bps: float
+    rtt_s: float  # the shortest round trip below it: its window is the stage less this
+    devices: np.ndarray  # indices of the devices whose lowest switch link it is
+    children: tuple[int, ...]  # positions (in _DeviceArrays.shared) of the links below it
+
+
+@dataclass(frozen=True)
 class _DeviceArrays:
-    """The devices' rates as arrays: the window search evaluates all of them at once."""
+    """The devices' rates as arrays: the window search evaluates all of them at once; and the
+    switch links they share, deepest first."""
 
     rate_flops: np.ndarray
     down_Bps: np.ndarray
     up_Bps: np.ndarray
     rtt_s: np.ndarray
+    shared: tuple[_Shared, ...] = ()
+    roots: tuple[int, ...] = ()  # positions of the shared links with no shared link above
+    free: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # below none
 
     @classmethod
-    def of(cls, devices: Sequence[BoundDevice]) -> _DeviceArrays:
+    def of(cls, devices: Sequence[BoundDevice],
+           links: Mapping[str, SwitchLink] | None = None) -> _DeviceArrays:
+        rtt = np.array([d.rtt_s for d in devices], dtype=float)
+        links = links or {}
+        # each device's chain of switch links, lowest first (an unknown name: none)
+        chains = []
+        for d in devices:
+            chain, name = [], d.link
+            while name in links and name not in chain:
+                chain.append(name)
+                name = links[name].parent
+            chains.append(chain)
+        depth: dict[str, int] = {}  # switch links above it (one chain up from any link)
+        for chain in chains:
+            for i, name in enumerate(chain):
+                depth[name] = len(chain) - 1 - i
+        order = sorted(depth, key=lambda x: (-depth[x], x))  # deepest first
+        pos = {name: i for i, name in enumerate(order)}
+        shared = []
+        for name in order:
+            below = [i for i, chain in enumerate(chains) if name in chain]
+            shared.append(_Shared(
+                links[name].down_Bps, links[name].up_Bps,
+                float(rtt[below].min()) if below else INF,
+                np.array([i for i, chain in enumerate(chains) if chain and chain[0] == name],
+                         dtype=int),
+                tuple(pos[c] for c in order if links[c].parent == name)))
+        roots = tuple(pos[n] for n in order if links[n].parent not in pos)
+        free = np.array([i for i, chain in enumerate(chains) if not chain], dtype=int)
         return cls(np.array([d.rate_flops for d in devices], dtype=float),
                    np.array([d.down_Bps for d in devices], dtype=float),
-                   np.array([d.up_Bps for d in devices], dtype=float),
-                   np.array([d.rtt_s for d in devices], dtype=float))
+                   np.array([d.up_Bps for d in devices], dtype=float), rtt, tuple(shared),
+                   roots, free)
+
+    def capped_sum(self, each: np.ndarray, at_link: Callable[[_Shared], float]) -> float:
+        """Σ ``each`` over the devices, where the devices below a switch link count together
+        for no more than ``at_link`` of that link (a cap that binds at several levels binds at
+        the lowest first)."""
+        if not self.shared:
+            return float(each.sum())
+        below: list[float] = []
+        for link in self.shared:  # deepest first: a link's children are done before it
+            total = float(each[link.devices].sum()) + sum(below[c] for c in link.children)
+            below.append(min(total, at_link(link)))
+        return float(each[self.free].sum()) + sum(below[r] for r in self.roots)
 
 
 def total_capacity(g: BoundGemm, devs: _DeviceArrays, stage_s: float, held_a: bool,
@@ -279,6 +346,28 @@ def fill_s(amount: float, rates: np.ndarray, rtt_s: np.ndarray) -> float:
     return float(rtt_s[k]) if k < len(rates) else INF
 
 
+def _carried(rate: float, window_s: float) -> float:
+    return rate * window_s if window_s > 0 else 0.0  # an infinite rate in no window: 0
+
+
+def _moved_s(amount: float, devs: _DeviceArrays, rates: np.ndarray, link_Bps: str) -> float:
+    """:func:`fill_s` with the devices' switch links: the devices below one move together no
+    more than it carries in its window (bisection, from below; ``fill_s`` itself without any
+    shared link)."""
+    if not devs.shared:
+        return fill_s(amount, rates, devs.rtt_s)
+
+    def moved(stage_s: float) -> float:
+        window = np.maximum(stage_s - devs.rtt_s, 0.0)
+        with np.errstate(invalid="ignore"):  # an infinite rate in no window: masked to 0
+            each = np.where(window > 0, rates * window, 0.0)
+        return devs.capped_sum(each, lambda link: _carried(getattr(link, link_Bps),
+                                                           stage_s - link.rtt_s))
+    if amount <= 0:
+        return fill_s(amount, rates, devs.rtt_s)
+    return _smallest_stage_s(lambda t: moved(t) >= amount, float(devs.rtt_s.min()))
+
+
 @dataclass
 class StageBound:
     """The bound of one stage, with the term that set it."""
@@ -302,15 +391,17 @@ class StepBound:
 
 
 def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: PsLink,
-                held: set[str], stage: str = "", arrays: _DeviceArrays | None = None
-                ) -> StageBound:
+                held: set[str], stage: str = "", arrays: _DeviceArrays | None = None,
+                links: Mapping[str, SwitchLink] | None = None) -> StageBound:
     """Lower bound on the time of GEMMs that run together, given names devices already hold.
 
     Every term is a stage time: each device works in its own window, the stage less its round
-    trip, and the PS link carries what it must after the shortest round trip."""
+    trip, the devices below a switch link (``links``, by name; :attr:`BoundDevice.link`) move
+    together what it carries in its window, and the PS link carries what it must after the
+    shortest round trip."""
     if not devices:
         return StageBound(stage, len(gemms), INF, INF, 0.0, {"no devices": INF})
-    devs = arrays or _DeviceArrays.of(devices)
+    devs = arrays or _DeviceArrays.of(devices, links)
     rtt = float(devs.rtt_s.min())
     new_down: dict[str, float] = {}  # distinct tensors of the stage that must travel down
     up_bytes = flops = 0.0
@@ -327,8 +418,8 @@ def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: 
         terms[f"gemm{i}"] = _gemm_stage_s(g, devs, held_a, held_b)
     down_bytes = sum(new_down.values())
     terms["compute"] = fill_s(flops, devs.rate_flops, devs.rtt_s)
-    terms["down"] = fill_s(down_bytes, devs.down_Bps, devs.rtt_s)
-    terms["up"] = fill_s(up_bytes, devs.up_Bps, devs.rtt_s)
+    terms["down"] = _moved_s(down_bytes, devs, devs.down_Bps, "down_Bps")
+    terms["up"] = _moved_s(up_bytes, devs, devs.up_Bps, "up_Bps")
     terms["ps_down"] = rtt + down_bytes / ps.down_Bps
     terms["ps_up"] = rtt + up_bytes / ps.up_Bps
     bound = max(terms.values())
@@ -347,7 +438,8 @@ def group_stages(gemms: Sequence[BoundGemm]) -> list[list[BoundGemm]]:
 
 
 def step_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice],
-               ps: PsLink = PsLink()) -> StepBound:
+               ps: PsLink = PsLink(), links: Mapping[str, SwitchLink] | None = None
+               ) -> StepBound:
     """Lower bound on a step's device time: the sum of its stages' bounds, in chain order.
 
     A floating GEMM (a weight gradient) may run alongside any later stage, so no stage but the
@@ -356,7 +448,7 @@ def step_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice],
     after), and a stage's bound with more of what runs in it only grows."""
     held: set[str] = set()
     stages = []
-    arrays = _DeviceArrays.of(devices)
+    arrays = _DeviceArrays.of(devices, links)
     groups = group_stages(gemms)
     for i, group in enumerate(groups):
         chained = group if i == len(groups) - 1 else [g for g in group if not g.floating]

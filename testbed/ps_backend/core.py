@@ -167,6 +167,9 @@ class PsConfig:
     # backups count what a block waits behind on them
     group_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
     shared_down_Bps: dict[str, float] = field(default_factory=dict)
+    # switch link (by its lower switch) -> (down_Bps, up_Bps, the next one up or ""): the
+    # devices below one move together no more than it carries (the bound's; main.plan_inputs)
+    switch_links: dict[str, tuple[float, float, str]] = field(default_factory=dict)
     # the devices the topology names, as (group, count, gflops): plans are made for these so
     # a restarted PS cuts every GEMM the same way
     planned_groups: tuple[tuple[str, int, float], ...] = ()

@@ -235,9 +235,16 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
              for g in topology.groups}
     shared = {sl.lower: sl.link.down_bps / 8 for sl in topology.network.links}
     shared[PS_LINK] = ps.down_bps / 8
+    # the bound's: each switch link's (down, up) and the next switch link above it
+    uplinks = {}
+    for g in topology.groups:
+        path = switch_path(topology, g.switch)
+        for i, sl in enumerate(path):
+            uplinks[sl.lower] = (sl.link.down_bps / 8, sl.link.up_bps / 8,
+                                 path[i + 1].lower if i + 1 < len(path) else "")
     return {"group_links": links, "plan_links": plan_links,
             "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),
-            "group_paths": paths, "shared_down_Bps": shared,
+            "group_paths": paths, "shared_down_Bps": shared, "switch_links": uplinks,
             "planned_groups": tuple(groups)}
 
 

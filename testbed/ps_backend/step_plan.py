@@ -19,6 +19,7 @@ from testbed.ps_backend.bound import (
     BoundDevice,
     BoundGemm,
     PsLink,
+    SwitchLink,
     comm_min_shares,
     floats,
     stage_key,
@@ -487,13 +488,20 @@ class StepPlanner:
                 continue
             down, up, rtt = self._own_link(s.group)
             rate = max(s.predicted_gflops * 1e9, s.peak_rate_flops, s.rate_flops)
-            out.append(BoundDevice(s.name, rate, down, up, rtt))
+            path = self.config.group_paths.get(s.group, ())
+            link = path[0] if path and path[0] in self.config.switch_links else ""
+            out.append(BoundDevice(s.name, rate, down, up, rtt, link))
         return out
+
+    def bound_links(self) -> dict[str, SwitchLink]:
+        """The switch links the bound caps the devices below each by."""
+        return {name: SwitchLink(*v) for name, v in self.config.switch_links.items()}
 
     def take_step(self, present: Iterable[DeviceSlot]) -> StepRecord:
         """The step's record; starts the next step with the devices present now."""
         ps_down, ps_up = self.config.ps_link_Bps
-        sb = step_bound(self._gemms, self.bound_devices(), PsLink(ps_down, ps_up))
+        sb = step_bound(self._gemms, self.bound_devices(), PsLink(ps_down, ps_up),
+                        self.bound_links())
         limits: dict[str, int] = {}
         for stage in sb.stages:
             term = "gemm" if stage.limit.startswith("gemm") else stage.limit

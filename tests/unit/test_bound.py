@@ -10,6 +10,7 @@ from testbed.ps_backend.bound import (
     BoundDevice,
     BoundGemm,
     PsLink,
+    SwitchLink,
     comm_min_accessed,
     comm_min_bytes,
     comm_min_point,
@@ -203,3 +204,43 @@ def test_a_floating_gemm_counts_only_in_the_last_stage() -> None:
     assert close(sb.bound_s, 2 * 0.5 + 3 * flops / 1e9)
     alone = step_bound(pair("l.0"), dev)  # one pair: the last stage, both GEMMs
     assert close(alone.bound_s, 0.5 + 2 * flops / 1e9)
+
+
+def test_devices_below_a_switch_link_move_no_more_than_it_carries() -> None:
+    # 4 devices with 1 MB/s down each below one 1 MB/s access point: the stage's 2 MB of
+    # operands take 2 s (not 0.5 s as four own links); a device beside it adds its own 1 MB/s
+    s, dev_Bps = 8, 1e6
+    g = BoundGemm(250, 500, 250, s, "s")  # A, B 1 MB each; C 0.5 MB
+    below = [BoundDevice(f"p{i}", INF, dev_Bps, INF, 0.0, "ap") for i in range(4)]
+    links = {"ap": SwitchLink(dev_Bps, INF)}
+    free = stage_bound([g], below, PsLink(), set())
+    capped = stage_bound([g], below, PsLink(), set(), links=links)
+    assert close(free.terms["down"], 0.5) and close(capped.terms["down"], 2.0)
+    beside = BoundDevice("laptop", INF, dev_Bps, INF)
+    assert close(stage_bound([g], [*below, beside], PsLink(), set(), links=links)
+                 .terms["down"], 1.0)
+    # a name the links do not know caps nothing
+    lost = [BoundDevice(f"p{i}", INF, dev_Bps, INF, 0.0, "elsewhere") for i in range(4)]
+    assert stage_bound([g], lost, PsLink(), set(), links=links).terms == free.terms
+
+
+def test_switch_links_nest_and_the_lowest_cap_binds_first() -> None:
+    # two access points of 1 MB/s up, two devices of 1 MB/s up below each, both below a core
+    # link of 1.5 MB/s up: 3 MB of results take 2 s; without the core link 1.5 s
+    s = 8
+    g = BoundGemm(375, 1, 1000, s, "s", "A", "B")  # C 3 MB; A and B held
+    devs = [BoundDevice(f"{ap}-{i}", INF, INF, 1e6, 0.0, ap) for ap in ("ap0", "ap1")
+            for i in range(2)]
+    aps = {"ap0": SwitchLink(INF, 1e6, "core"), "ap1": SwitchLink(INF, 1e6, "core")}
+    held = {"A", "B"}
+    two_aps = stage_bound([g], devs, PsLink(), held, links={**aps, "core":
+                                                              SwitchLink(INF, INF)})
+    assert close(two_aps.terms["up"], 1.5)
+    core = stage_bound([g], devs, PsLink(), held, links={**aps, "core": SwitchLink(INF, 1.5e6)})
+    assert close(core.terms["up"], 2.0)
+    # each device from its own round trip on, each link from the shortest below it
+    late = [BoundDevice(d.name, INF, INF, 1e6, 0.5 if d.name.endswith("1") else 0.1, d.link)
+            for d in devs]
+    # ap0 and ap1 each: one device from 0.1 s, then both capped at 1 MB/s: by T, 1.5 MB each
+    # once T - 0.1 >= 1.5 (the first alone carries 1 MB/s from 0.1): T = 1.6
+    assert close(stage_bound([g], late, PsLink(), held, links=aps).terms["up"], 1.6, 1e-6)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+from testbed.ps_backend.bound import SwitchLink
 from testbed.ps_backend.main import plan_inputs
 from testbed.ps_backend.scheduler import DeviceSlot
 from testbed.ps_backend.step_plan import StepPlanner
@@ -31,6 +32,16 @@ def test_devices_below_a_shared_uplink_plan_with_their_share_the_bound_with_thei
     assert all(plan[g][2] == own[g][2] for g in own)
 
 
+def test_the_bound_gets_every_switch_link_with_the_one_above_it() -> None:
+    inputs = plan_inputs(load_topology(TOPOLOGIES / "large.yaml"))
+    # four access points, each's uplink straight to the PS's switch (core)
+    assert inputs["switch_links"] == {f"ap{i}": (1e9 / 8, 1e9 / 8, "") for i in range(4)}
+    inputs = plan_inputs(load_topology(TOPOLOGIES / "campus.yaml"))
+    assert inputs["switch_links"]["acc0"] == (10e9 / 8, 10e9 / 8, "core")
+    assert inputs["switch_links"]["core"] == (1e9 / 8, 1e9 / 8, "")
+    assert inputs["group_paths"]["lab-laptops"][:2] == ("acc0", "core")
+
+
 def test_a_switch_link_every_device_sits_below_is_left_to_the_ps_link_cap() -> None:
     # campus: all 32 devices below the one 1 Gbit uplink; their plans use the 8 laptops, which
     # then have it to themselves, and the PS link (capped at 1 Gbit) weighs it
@@ -43,8 +54,10 @@ def test_plans_weigh_the_share_and_the_bound_the_own_link() -> None:
     config = SimpleNamespace(planner="auto", planned_groups=[("p", 2, 10.0)],
                              group_links={"p": (4e6, 2e6, 0.01)},
                              plan_links={"p": (1e6, 0.5e6, 0.01)},
-                             ps_link_Bps=(float("inf"), float("inf")), group_paths={},
-                             shared_down_Bps={},
+                             ps_link_Bps=(float("inf"), float("inf")),
+                             group_paths={"p": ("ap", "ps")},
+                             shared_down_Bps={"ap": 8e6, "ps": float("inf")},
+                             switch_links={"ap": (8e6, 3e6, "")},
                              max_message_bytes=64 << 20, tile_m=256, tile_n=256)
     planner = StepPlanner(config)  # type: ignore[arg-type]
     slot = DeviceSlot("d0", "p-0", 10.0, 4, 1 << 20, group="p")
@@ -52,4 +65,6 @@ def test_plans_weigh_the_share_and_the_bound_the_own_link() -> None:
     assert slot.down_Bps == 1e6  # stealing and backups weigh the share
     [device] = planner.bound_devices()
     assert (device.down_Bps, device.up_Bps) == (4e6, 2e6)
+    # ... and the switch link above it, which the devices below share
+    assert device.link == "ap" and planner.bound_links() == {"ap": SwitchLink(8e6, 3e6, "")}
     assert [(c.down_Bps, c.up_Bps) for c in planner._classes([slot])] == [(1e6, 0.5e6)]
