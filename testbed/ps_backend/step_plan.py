@@ -43,7 +43,8 @@ from testbed.ps_backend.tiler import cut_k
 INF = float("inf")
 # The backward pass submits a linear's input- and weight-gradient GEMMs together: each gets
 # half of every group's devices (alternating by name), so the two do not both spread over every
-# device and both send every device blocks of their own.
+# device and both send every device blocks of their own; and half the PS link, which both cross
+# at once.
 PAIR_HALF = {"input_grad": 0, "weight_grad": 1}
 # ... when that is predicted at least 10 % faster: sharing every device overlaps one GEMM's fill
 # and tail with the other's work, which the sum of their two plans does not credit (hotcarbon in
@@ -438,6 +439,8 @@ class StepPlanner:
             if not classes:
                 return None
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
+            if half is not None:  # the other GEMM of the pair crosses the PS link meanwhile
+                ps_down_Bps, ps_up_Bps = ps_down_Bps / 2, ps_up_Bps / 2
             plan = plan_gemm(m, k, n, item, classes, ps_down_Bps, ps_up_Bps,
                              max_tile_elems=self._max_tile_elems(item))
             if static:  # the same cut after a restart

@@ -118,12 +118,13 @@ def test_a_pair_through_the_scheduler_is_bit_identical_and_shares_its_dy_blocks(
     assert sent["dw"] == sent["dx"] and len(sent["dx"]) > 1
 
 
-def _planner(groups: list[tuple[str, int, float]], link: tuple[float, float, float]) -> object:
+def _planner(groups: list[tuple[str, int, float]], link: tuple[float, float, float],
+             ps_link_Bps: tuple[float, float] = (float("inf"), float("inf"))) -> object:
     from testbed.ps_backend.step_plan import StepPlanner
 
     config = SimpleNamespace(planner="auto", planned_groups=groups,
                              group_links={g: link for g, _, _ in groups}, plan_links={},
-                             ps_link_Bps=(float("inf"), float("inf")), group_paths={},
+                             ps_link_Bps=ps_link_Bps, group_paths={},
                              shared_down_Bps={},
                              max_message_bytes=64 << 20, tile_m=256, tile_n=256)
     return StepPlanner(config)
@@ -149,3 +150,21 @@ def test_the_step_planner_gives_a_slow_link_pair_one_layout() -> None:
     for (tb, c, ob), owner in own_x.items():
         assert own_w[(ob, c, tb)] == owner
     assert len(set(own_x.values())) == 15
+
+
+def test_a_pair_on_two_halves_shares_the_ps_link() -> None:
+    # dX and dW of a pair split over two halves of the devices run at once: each half's plan
+    # gets half the PS link, so neither is predicted to have all of it (campus's shared uplink)
+    ps_Bps = 10e6
+    planner = _planner([("laptops", 4, 100.0)], (1e9, 1e9, 0.0), (ps_Bps, ps_Bps))
+    slots = [DeviceSlot(f"l{j}", f"laptops-{j}", 100.0, 4, 64 << 20, group="laptops")
+             for j in range(4)]
+    t, o, i, item = 1024, 256, 1024, 4
+    halves = [planner.half_of(slots, h) for h in (0, 1)]  # type: ignore[attr-defined]
+    dx = planner._plan_for(t, o, i, item, halves[0], 0)  # type: ignore[attr-defined]
+    dw = planner._plan_for(o, t, i, item, halves[1], 1)  # type: ignore[attr-defined]
+    assert dx.predicted_s >= (t * o + o * i) * item / (ps_Bps / 2)  # dY and W come down
+    assert dw.predicted_s >= (o * t + t * i) * item / (ps_Bps / 2)  # dYᵀ and X
+    # the pair's time, split or spread, is at least what both GEMMs bring down over the link
+    _, predicted_s = planner._split_pair((t, o, i), item, slots)  # type: ignore[attr-defined]
+    assert predicted_s >= (2 * t * o + o * i + t * i) * item / ps_Bps

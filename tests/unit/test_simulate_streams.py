@@ -69,8 +69,9 @@ def test_a_partitioned_devices_tiles_get_backups_before_its_lease_ends(tmp_path:
 def test_the_simulator_sends_each_message_the_ps_would(monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     """The simulator sends a pump's tiles as scheduler.message_runs cuts them, as PsCore.pump
-    does: with no wait allowed every tile is a message of its own, though some pumps hand a
-    device two tiles (tiny at batch 64)."""
+    does: with no wait allowed every tile that brings bytes is a message of its own (one whose
+    blocks the device holds rides along for free), though some pumps hand a device two tiles
+    (tiny at batch 64)."""
     import testbed.ps_backend.scheduler as scheduler_module
     import testbed.ps_backend.step_plan as step_plan_module
     import testbed.simulate.sim as sim_module
@@ -80,11 +81,16 @@ def test_the_simulator_sends_each_message_the_ps_would(monkeypatch: pytest.Monke
     monkeypatch.setattr(step_plan_module, "LAYER_GAIN", 0.0)
     pumped: list[int] = []
     sent: list[int] = []
+    cut: list[int] = []  # the messages message_runs made, tiles each
     real_runs = sim_module.message_runs
 
     def spy_runs(assignments: list, down_Bps: float) -> list:
         pumped.append(len(assignments))
-        return real_runs(assignments, down_Bps)
+        runs = real_runs(assignments, down_Bps)
+        cut.extend(len(r) for r in runs)
+        # no wait: a message's tiles after its first bring no bytes
+        assert all(a.nbytes == 0 for r in runs for a in r[1:])
+        return runs
     monkeypatch.setattr(sim_module, "message_runs", spy_runs)
     real_send = Simulation._send
     monkeypatch.setattr(Simulation, "_send",
@@ -94,5 +100,6 @@ def test_the_simulator_sends_each_message_the_ps_would(monkeypatch: pytest.Monke
     sim = Simulation(load_topology(path).with_overrides(steps=1), noise=False)
     sim.start()
     sim.run_step(0)
-    assert max(pumped) > 1
-    assert set(sent) == {1} and len(sent) == sum(pumped)
+    assert max(pumped) > 1 and max(cut) >= 1
+    assert sent == cut and sum(sent) == sum(pumped)
+    assert sum(1 for n in sent if n == 1) > len(sent) / 2  # most tiles bring their blocks
