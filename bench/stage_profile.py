@@ -8,10 +8,11 @@ summed over the layers show which part of the chain holds a step away from its b
 lists every stage with the term that set its bound; `--layers` prints, per linear shape, the
 planner's prediction for its forward and backward planned apart and on one grid (devices keeping
 forward's W and X blocks for backward, the grid's blocks cut into parts; docs/planning.md) and
-which it takes.
+which it takes; `--links`, per pass, the device whose link carried the most and how much of the
+pass that link alone needed (the bytes of the plans, at its rate).
 
-    .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--quick]
-                                            [--window-scale N]
+    .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--links]
+                                            [--quick] [--window-scale N]
     .venv/bin/python bench/stage_profile.py --run RUN_DIR [--step N] [--stages] [--tiles]
 
 `--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", action="store_true", help="list every stage, not only kinds")
     p.add_argument("--layers", action="store_true",
                    help="per linear shape: planned apart or on one grid, predicted")
+    p.add_argument("--links", action="store_true",
+                   help="per pass: the device whose link carried the most, against the pass")
     p.add_argument("--quick", action="store_true", help="cut the model to 2 layers")
     p.add_argument("--window-scale", type=float, default=None,
                    help="tiles in a median-speed device's window (default: the planner's, "
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
           f"copies ({stats.backup_wins} won), {stats.wasted} results wasted")
     if args.layers:
         print_layers(sim, topology)
+    if args.links:
+        print_links(sim, record.stages)
     return 0
 
 
@@ -108,6 +113,32 @@ def print_kinds(stages: list[tuple[str, float, float, str]], every: bool) -> Non
     print(f"{'stage kind':16s} {'stages':>6s} {'device s':>10s} {'bound s':>10s} {'ratio':>6s}")
     for kind, (spent_s, bound_s, count) in kinds.items():
         print(f"{kind:16s} {count:6d} {spent_s:10.2f} {bound_s:10.2f} {spent_s / bound_s:6.2f}")
+
+
+def print_links(sim: Simulation, stages: list[tuple[str, float, float, str]]) -> None:
+    """Per pass (forward, backward): its stages' device seconds; the device whose link was
+    busiest in it, with the bytes it received and sent and the seconds its down- and uplink
+    needed for them; and the same for all devices' bytes through the PS link (as the planner
+    sees it: the PS's own, capped by the switch links every device sits below). A pass cannot
+    end before its busiest link has carried its bytes (stages run one after another), so the
+    share says how near the pass is to what its plans' bytes allow."""
+    spent = {"fwd": 0.0, "bwd": 0.0}
+    for stage, spent_s, _, _ in stages:
+        spent[stage.partition(":")[0]] += spent_s
+    print(f"{'pass':5s} {'device s':>9s}  {'busiest link':18s} {'MB down':>8s} {'MB up':>8s} "
+          f"{'down s':>7s} {'up s':>7s}  share")
+
+    def row(phase: str, name: str, down: float, up: float, rates: tuple[float, float]) -> None:
+        down_s, up_s = down / rates[0], up / rates[1]
+        print(f"{phase:5s} {spent[phase]:9.2f}  {name:18s} {down / 1e6:8.1f} {up / 1e6:8.1f} "
+              f"{down_s:7.2f} {up_s:7.2f}  {max(down_s, up_s) / spent[phase]:5.2f}")
+    for phase in ("fwd", "bwd"):
+        busiest = max(sim.devices.values(), key=lambda d: max(
+            d.moved[phase][0] / d.link_Bps[0], d.moved[phase][1] / d.link_Bps[1]))
+        down, up = busiest.moved[phase]
+        row(phase, busiest.spec.name, down, up, busiest.link_Bps)
+        row(phase, "PS link", sum(d.moved[phase][0] for d in sim.devices.values()),
+            sum(d.moved[phase][1] for d in sim.devices.values()), sim.config.ps_link_Bps)
 
 
 def print_run(run_dir: Path, step: int, every: bool) -> int:

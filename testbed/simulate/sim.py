@@ -129,6 +129,14 @@ class SimDevice:
     queued: tuple[deque[Callable[[], None]], deque[Callable[[], None]]] = field(
         default_factory=lambda: (deque(), deque()))
     sessions: int = 0
+    # bytes it received and sent, per pass ("fwd", "bwd"): which link a pass is bound by
+    moved: dict[str, list[int]] = field(
+        default_factory=lambda: {"fwd": [0, 0], "bwd": [0, 0]})
+
+
+def pass_of(op: str) -> str:
+    """The pass a GEMM's op belongs to: ``fwd`` (forward) or ``bwd`` (both gradients)."""
+    return "fwd" if op == "forward" else "bwd"
 
 
 class Simulation(EventLoop):
@@ -337,6 +345,7 @@ class Simulation(EventLoop):
         copies = []
         for a in assignments:
             nbytes += a.nbytes
+            dev.moved[pass_of(a.task.job.spec.op)][0] += a.nbytes
             self.stats.backups += a.backup
             copies.append((a.task, a.task.attempt))  # the attempt this copy was given as
         self.stats.bytes_down += nbytes
@@ -393,6 +402,7 @@ class Simulation(EventLoop):
             def back() -> None:
                 if dev.session == session:
                     self._result(dev, task, attempt, seconds, joules, m * n)
+            dev.moved[pass_of(task.job.spec.op)][1] += m * n * self.dtype.itemsize
             self._transfer(dev, 1, m * n * self.dtype.itemsize + MESSAGE_OVERHEAD_BYTES, back)
         self.at(dev.busy_until_s, computed)
 

@@ -103,3 +103,22 @@ def test_the_simulator_sends_each_message_the_ps_would(monkeypatch: pytest.Monke
     assert max(pumped) > 1 and max(cut) >= 1
     assert sent == cut and sum(sent) == sum(pumped)
     assert sum(1 for n in sent if n == 1) > len(sent) / 2  # most tiles bring their blocks
+
+
+def test_each_device_counts_its_bytes_per_pass() -> None:
+    """What each device received and sent, per pass (bench/stage_profile.py --links), adds up
+    to the step's bytes; forward's results are the forward GEMMs' outputs."""
+    from testbed.simulate.chain import linears
+
+    topology = load_topology(TINY).with_overrides(steps=1)
+    sim = Simulation(topology, noise=False)
+    sim.start()
+    _, stats, _ = sim.run_step(0)
+    moved = [d.moved for d in sim.devices.values()]
+    assert sum(m["fwd"][0] + m["bwd"][0] for m in moved) == stats.bytes_down
+    assert sum(m["fwd"][1] + m["bwd"][1] for m in moved) == stats.bytes_up
+    job = topology.job
+    tokens = job.batch_size * job.model.seq_len
+    item = sim.dtype.itemsize
+    outputs = sum(tokens * lin.d_out * item for lin in linears(job))  # K split: partials more
+    assert sum(m["fwd"][1] for m in moved) >= outputs
