@@ -235,13 +235,12 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
              for g in topology.groups}
     shared = {sl.lower: sl.link.down_bps / 8 for sl in topology.network.links}
     shared[PS_LINK] = ps.down_bps / 8
-    # the bound's: each switch link's (down, up) and the next switch link above it
-    uplinks = {}
-    for g in topology.groups:
-        path = switch_path(topology, g.switch)
-        for i, sl in enumerate(path):
-            uplinks[sl.lower] = (sl.link.down_bps / 8, sl.link.up_bps / 8,
-                                 path[i + 1].lower if i + 1 < len(path) else "")
+    # the bound's: each switch link's (down, up) and the next switch link above it (the one
+    # whose lower switch is its upper; none above a link to the PS's switch)
+    lowers = {sl.lower for sl in topology.network.links}
+    uplinks = {sl.lower: (sl.link.down_bps / 8, sl.link.up_bps / 8,
+                          sl.upper if sl.upper in lowers else "")
+               for sl in topology.network.links}
     return {"group_links": links, "plan_links": plan_links,
             "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),
             "group_paths": paths, "shared_down_Bps": shared, "switch_links": uplinks,
