@@ -350,21 +350,20 @@ def _carried(rate: float, window_s: float) -> float:
     return rate * window_s if window_s > 0 else 0.0  # an infinite rate in no window: 0
 
 
-def _moved_s(amount: float, devs: _DeviceArrays, rates: np.ndarray, link_Bps: str) -> float:
-    """:func:`fill_s` with the devices' switch links: the devices below one move together no
-    more than it carries in its window (bisection, from below; ``fill_s`` itself without any
-    shared link)."""
-    if not devs.shared:
+def _moved_s(amount: float, devs: _DeviceArrays, direction: int) -> float:
+    """:func:`fill_s` of ``amount`` bytes down (``direction`` 0) or up (1) with the devices'
+    switch links: the devices below one move together no more than it carries in its window
+    (bisection, from below; ``fill_s`` itself without any shared link)."""
+    rates = (devs.down_Bps, devs.up_Bps)[direction]
+    if not devs.shared or amount <= 0:
         return fill_s(amount, rates, devs.rtt_s)
 
     def moved(stage_s: float) -> float:
         window = np.maximum(stage_s - devs.rtt_s, 0.0)
         with np.errstate(invalid="ignore"):  # an infinite rate in no window: masked to 0
             each = np.where(window > 0, rates * window, 0.0)
-        return devs.capped_sum(each, lambda link: _carried(getattr(link, link_Bps),
-                                                           stage_s - link.rtt_s))
-    if amount <= 0:
-        return fill_s(amount, rates, devs.rtt_s)
+        return devs.capped_sum(each, lambda link: _carried(
+            (link.down_Bps, link.up_Bps)[direction], stage_s - link.rtt_s))
     return _smallest_stage_s(lambda t: moved(t) >= amount, float(devs.rtt_s.min()))
 
 
@@ -418,8 +417,8 @@ def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: 
         terms[f"gemm{i}"] = _gemm_stage_s(g, devs, held_a, held_b)
     down_bytes = sum(new_down.values())
     terms["compute"] = fill_s(flops, devs.rate_flops, devs.rtt_s)
-    terms["down"] = _moved_s(down_bytes, devs, devs.down_Bps, "down_Bps")
-    terms["up"] = _moved_s(up_bytes, devs, devs.up_Bps, "up_Bps")
+    terms["down"] = _moved_s(down_bytes, devs, 0)
+    terms["up"] = _moved_s(up_bytes, devs, 1)
     terms["ps_down"] = rtt + down_bytes / ps.down_Bps
     terms["ps_up"] = rtt + up_bytes / ps.up_Bps
     bound = max(terms.values())
@@ -466,6 +465,11 @@ def floats(op: str) -> bool:
     return op == "weight_grad"
 
 
+def pass_of(op: str) -> str:
+    """The pass a GEMM's op belongs to: ``fwd`` (forward) or ``bwd`` (both gradients)."""
+    return "fwd" if op == "forward" else "bwd"
+
+
 def stage_key(layer: str, op: str) -> str:
     """Which GEMMs may run together: a layer's forward alone, its dX with its dW.
 
@@ -474,5 +478,4 @@ def stage_key(layer: str, op: str) -> str:
     (:func:`floats`). Linears that read one input and could run together are one GEMM already
     (the model's ``qkv_proj``, :func:`~testbed.ps_backend.engine.offload.fused_linear`).
     """
-    phase = "fwd" if op == "forward" else "bwd"
-    return f"{phase}:{layer}"
+    return f"{pass_of(op)}:{layer}"

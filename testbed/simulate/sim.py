@@ -52,7 +52,7 @@ from testbed.emulator.device_model import DeviceModel, device_model_for
 from testbed.emulator.network.base import path_delay_s, path_loss, switch_path
 from testbed.perf_model.profiles import load_profile
 from testbed.ps_backend.accounting import StepStats
-from testbed.ps_backend.bound import floats
+from testbed.ps_backend.bound import floats, pass_of
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import (
     Assignment,
@@ -132,11 +132,6 @@ class SimDevice:
     # bytes it received and sent, per pass ("fwd", "bwd"): which link a pass is bound by
     moved: dict[str, list[int]] = field(
         default_factory=lambda: {"fwd": [0, 0], "bwd": [0, 0]})
-
-
-def pass_of(op: str) -> str:
-    """The pass a GEMM's op belongs to: ``fwd`` (forward) or ``bwd`` (both gradients)."""
-    return "fwd" if op == "forward" else "bwd"
 
 
 class Simulation(EventLoop):
@@ -402,8 +397,9 @@ class Simulation(EventLoop):
             def back() -> None:
                 if dev.session == session:
                     self._result(dev, task, attempt, seconds, joules, m * n)
-            dev.moved[pass_of(task.job.spec.op)][1] += m * n * self.dtype.itemsize
-            self._transfer(dev, 1, m * n * self.dtype.itemsize + MESSAGE_OVERHEAD_BYTES, back)
+            nbytes = m * n * self.dtype.itemsize
+            dev.moved[pass_of(task.job.spec.op)][1] += nbytes
+            self._transfer(dev, 1, nbytes + MESSAGE_OVERHEAD_BYTES, back)
         self.at(dev.busy_until_s, computed)
 
     def _result(self, dev: SimDevice, task: Task, attempt: int, compute_s: float,
