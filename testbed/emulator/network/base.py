@@ -15,6 +15,20 @@ from typing import Any, Protocol, Sequence
 
 from testbed.topology import DeviceSpec, SwitchLink, Topology
 
+# A topology's link rate is what the application's bytes get: a saturated TCP flow's payload,
+# as the loopback backend (the agent's token bucket counts messages), the simulator, the planner
+# and the bound all count it. A kernel shaper charges whole Ethernet frames: a full-size segment
+# (MTU 1500; 1448 payload bytes behind 20 of IP and 32 of TCP with timestamps, 14 of Ethernet)
+# is a 1514-byte frame, so the kernel's rate is the topology's times FRAME_BYTES / MSS_BYTES
+# (HTB at the topology's rate delivered 0.956 of it as payload: docs/network.md, "Rates").
+MSS_BYTES = 1448
+FRAME_BYTES = 1514
+
+
+def wire_rate_bps(payload_bps: float) -> float:
+    """The rate a kernel shaper that charges frames needs for ``payload_bps`` of TCP payload."""
+    return payload_bps * FRAME_BYTES / MSS_BYTES
+
 
 @dataclass(frozen=True)
 class AppShaping:

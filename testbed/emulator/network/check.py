@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from testbed.agent.hold import HOLD_RT_PRIORITY, hold_until
-from testbed.emulator.network.base import AppShaping, path_delay_s, switch_path
+from testbed.emulator.network.base import FRAME_BYTES, AppShaping, path_delay_s, switch_path
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.topology import DeviceSpec, Topology
 
@@ -94,7 +94,7 @@ def _wait_listening(net: MininetNetwork, node: str | None, port: int,
 
 
 DEFAULT_QUEUE_PACKETS = 1000  # Linux's txqueuelen, the queue when a link sets none
-FRAME_BITS = 1514 * 8
+FRAME_BITS = FRAME_BYTES * 8
 MAX_SKIP_S = 10
 
 

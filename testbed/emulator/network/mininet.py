@@ -32,8 +32,10 @@ Which YAML key becomes which kernel setting (each on the *egress* of one end of 
     switch link, down    port of the upper switch (nearer the PS)   network.links[*].down
     switch link, up      port of the lower switch                   network.links[*].up
 
-On each of those egresses: ``htb`` root ``1:`` with one class ``1:1`` at ``rate = ceil = rate_bps /
-dilation`` (tc unit ``bit``, i.e. bit/s), burst max(15 kB, 1 ms of the rate). When the kernel has
+On each of those egresses: ``htb`` root ``1:`` with one class ``1:1`` at ``rate = ceil =
+wire_rate_bps(rate_bps) / dilation`` (tc unit ``bit``, i.e. bit/s: HTB charges whole frames, and a
+topology's rate is the TCP payload's, :data:`~testbed.emulator.network.base.MSS_BYTES`), burst
+max(15 kB, 1 ms of the rate). When the kernel has
 the u32 classifier, ``1:1`` has two children that share its rate, ``1:2`` (5 % assured, prio 0)
 for TCP segments under 128 bytes (pure ACKs, HTTP/2 window updates and pings) and ``1:3`` (the
 rest, prio 1, the default) for everything else, each allowed the whole rate: a link is full
@@ -62,7 +64,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from testbed.emulator.network import cleanup
-from testbed.emulator.network.base import AppShaping, path_delay_s, path_loss
+from testbed.emulator.network.base import AppShaping, path_delay_s, path_loss, wire_rate_bps
 from testbed.emulator.network.probe import Capabilities, probe
 from testbed.topology import DeviceSpec, LinkSpec, Topology
 
@@ -346,7 +348,7 @@ class MininetNetwork:
         raise KeyError(f"no interface {intf} in host {host.name}")
 
     def _egress(self, intf: str, rate_bps: float, spec: LinkSpec) -> Egress:
-        return Egress(intf, rate_bps / self.dilation, spec.delay_s * self.dilation,
+        return Egress(intf, wire_rate_bps(rate_bps) / self.dilation, spec.delay_s * self.dilation,
                       spec.loss_fraction, spec.queue_packets)
 
     def _shape_root(self, egress: list[Egress]) -> None:
