@@ -9,7 +9,8 @@ link of its own. The test shows:
   through the forwarder running in that host's namespace (``/proc/PID/net/tcp`` of the PS and of
   the forwarder: a connection between the phone's address and the PS's);
 * its bytes cross its own shaped link: the host interface's counters grow while it computes, and
-  the HTB class on that interface has the phone's ``up`` rate and carried those bytes;
+  the HTB class on that interface has the phone's ``up`` rate (scaled for whole frames, so the
+  payload gets it) and carried those bytes;
 * a USB hiccup, then the cable pulled mid-step: every tile the phone held is re-queued, the job
   ends, and the losses equal those of the same model trained in one process;
 * ``summary.json`` has the phone's interface counters, read at stop.
@@ -20,6 +21,7 @@ Needs root, Mininet and the ``adb`` client's fake; skips naming what is missing.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from testbed.emulator.network.base import wire_rate_bps
 from testbed.emulator.network.probe import probe
 from testbed.runlog import read_jsonl
 from tests.conftest import TINY, read_status, reference_losses, run_dir_of, start_up, wait_for
@@ -42,7 +45,7 @@ SERIAL = "MNPHONE1"
 NAME = "adb-mnphone1"
 PHONE_IP = "10.0.0.6"  # device_ip(4): after the topology's 4 devices
 PS_IP = "10.0.0.1"
-UP_RATE = "20Mbit"
+UP_RATE, UP_RATE_BPS = "20Mbit", 20e6
 STEPS = 60
 
 
@@ -140,7 +143,10 @@ def test_phone_in_its_own_mininet_host(fake_adb_server: FakeAdbServer, tmp_path:
         assert tx1 > tx0 + 2 * 16 * 16 * 8  # at least two float64 16x16 results went up
         tc = subprocess.run(["mnexec", "-a", str(fwd["pid"]), "tc", "-s", "class", "show",
                              "dev", intf], capture_output=True, text=True, check=True).stdout
-        assert f"rate {UP_RATE}" in tc, tc
+        # the class runs at the rate that gives the payload the phone's up rate
+        rates = [float(x) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[unit]
+                 for x, unit in re.findall(r"\brate (\d+(?:\.\d+)?)([KMG]?)bit", tc)]
+        assert any(r == pytest.approx(wire_rate_bps(UP_RATE_BPS), rel=1e-3) for r in rates), tc
         sent = int(tc.split("Sent ", 1)[1].split()[0])
         assert sent >= tx0 // 2, (sent, tx0)  # the phone's traffic went through the class
         # A USB hiccup, then the cable pulled as the first tiles of the new session arrive.
