@@ -20,7 +20,8 @@ from testbed.topology import DeviceSpec, SwitchLink, Topology
 # and the bound all count it. A kernel shaper charges whole Ethernet frames: a full-size segment
 # (MTU 1500; 1448 payload bytes behind 20 of IP and 32 of TCP with timestamps, 14 of Ethernet)
 # is a 1514-byte frame, so the kernel's rate is the topology's times FRAME_BYTES / MSS_BYTES
-# (HTB at the topology's rate delivered 0.956 of it as payload: docs/network.md, "Rates").
+# (HTB at the topology's rate gave the payload 0.956 of it: docs/network.md, "A rate is the
+# payload's").
 MSS_BYTES = 1448
 FRAME_BYTES = 1514
 

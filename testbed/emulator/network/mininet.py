@@ -35,17 +35,17 @@ Which YAML key becomes which kernel setting (each on the *egress* of one end of 
 On each of those egresses: ``htb`` root ``1:`` with one class ``1:1`` at ``rate = ceil =
 wire_rate_bps(rate_bps) / dilation`` (tc unit ``bit``, i.e. bit/s: HTB charges whole frames, and a
 topology's rate is the TCP payload's, :data:`~testbed.emulator.network.base.MSS_BYTES`), burst
-max(15 kB, 1 ms of the rate). When the kernel has
-the u32 classifier, ``1:1`` has two children that share its rate, ``1:2`` (5 % assured, prio 0)
-for TCP segments under 128 bytes (pure ACKs, HTTP/2 window updates and pings) and ``1:3`` (the
-rest, prio 1, the default) for everything else, each allowed the whole rate: a link is full
-duplex, as topologies, the simulator and the bound take it, and a direction's ACKs must not wait
-behind the other direction's queued data (docs/network.md, "Both ways at once"). Under each leaf,
-when the kernel has netem: ``netem delay <delay_s * dilation> loss <loss %> limit <queue or
-1000>``; otherwise, when ``queue`` is given, ``pfifo limit <queue>`` (packets). Without netem,
-delay and loss are not in the kernel: :meth:`MininetNetwork.app_shaping` returns the whole path's
-one-way delay and loss for the application to apply, undilated (as the loopback backend returns
-them, so the agent treats both alike). ``describe()`` states which mechanism is active.
+max(15 kB, 1 ms of the rate). When the kernel has the u32 classifier, ``1:1`` has two children that
+share its rate, ``1:2`` (5 % assured, prio 0) for TCP segments under 128 bytes (pure ACKs, HTTP/2
+window updates and pings) and ``1:3`` (the rest, prio 1, the default) for everything else, each
+allowed the whole rate: a link is full duplex, as topologies, the simulator and the bound take it,
+and a direction's ACKs must not wait behind the other direction's queued data (docs/network.md,
+"Both ways at once"). Under each leaf, when the kernel has netem: ``netem delay <delay_s *
+dilation> loss <loss %> limit <queue or 1000>``; otherwise, when ``queue`` is given, ``pfifo limit
+<queue>`` (packets). Without netem, delay and loss are not in the kernel:
+:meth:`MininetNetwork.app_shaping` returns the whole path's one-way delay and loss for the
+application to apply, undilated (as the loopback backend returns them, so the agent treats both
+alike). ``describe()`` states which mechanism is active.
 
 Processes started with :meth:`MininetNetwork.popen` run in the node's namespace (``mnexec -a``) and
 carry ``TESTBED_NET_PREFIX=P`` in their environment, which is how :mod:`.cleanup` finds them after
