@@ -41,7 +41,9 @@ Schema (units are always written out, see :mod:`testbed.units`)::
     churn: traces/flaky-phones.csv  # optional, relative to the topology file
     time_dilation: auto             # auto | {target_p95: 10%} (adaptive) | a number >= 1 (fixed)
 
-Link directions: ``down`` is PS -> device (the device's downlink), ``up`` is device -> PS. A link's
+Link directions: ``down`` is PS -> device (the device's downlink), ``up`` is device -> PS. A rate is
+what the application's bytes get (TCP payload, as a speed test reports it), on both network
+backends, in the simulator and in the bound (docs/network.md, "A rate is the payload's"). A link's
 ``queue`` is in packets. Rates of behaviours are a share of tiles: a number in [0, 1] or a
 percentage (``20%``); ``byzantine.noise`` is the noise's standard deviation relative to the tile's
 RMS, ``byzantine.scale`` the factor a scaled tile is multiplied by. ``validation.quarantine_after``
