@@ -97,7 +97,14 @@ def describe(result: dict[str, Any]) -> str:
 
 def plan_only(names: list[str], quick: bool) -> None:
     """Print, per GEMM shape, the plan's predicted time against the GEMM's bound."""
-    from testbed.ps_backend.bound import BoundDevice, BoundGemm, PsLink, SwitchLink, stage_bound
+    from testbed.ps_backend.bound import (
+        BoundDevice,
+        BoundGemm,
+        PsLink,
+        SwitchLink,
+        lowest_switch_link,
+        stage_bound,
+    )
     from testbed.ps_backend.main import plan_inputs
     from testbed.ps_backend.planner import PlanDevice, plan_gemm
     from testbed.topology import load_topology
@@ -112,11 +119,10 @@ def plan_only(names: list[str], quick: bool) -> None:
             classes.append(PlanDevice(g, r * 1e9, down, up, rtt, count=n))
         # each device below the lowest switch link on its path, which the bound caps them by
         links = {sw: SwitchLink(*v) for sw, v in inputs["switch_links"].items()}
-        lowest = {g: next(iter(p), "") for g, p in inputs["group_paths"].items()}
         devices = []
         for c in classes:
             down, up, rtt = own_links[c.name]
-            link = lowest[c.name] if lowest[c.name] in links else ""
+            link = lowest_switch_link(inputs["group_paths"][c.name], links)
             devices += [BoundDevice(f"{c.name}{i}", c.rate_flops, down, up, rtt, link)
                         for i in range(c.count)]
         spec = topo.job.model

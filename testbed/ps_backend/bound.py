@@ -66,6 +66,12 @@ class SwitchLink:
     parent: str = ""  # the next switch link up ("": the PS's switch is above it)
 
 
+def lowest_switch_link(path: Sequence[str], links: Mapping[str, object]) -> str:
+    """The :attr:`BoundDevice.link` of a device whose way to the PS crosses ``path`` (link
+    names, lowest first): the first of them that is a switch link, if it is one."""
+    return path[0] if path and path[0] in links else ""
+
+
 @dataclass(frozen=True)
 class BoundGemm:
     """One offloaded GEMM of the step, as the bound sees it."""

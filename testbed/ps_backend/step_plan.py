@@ -22,6 +22,7 @@ from testbed.ps_backend.bound import (
     SwitchLink,
     comm_min_shares,
     floats,
+    lowest_switch_link,
     stage_key,
     step_bound,
 )
@@ -491,8 +492,8 @@ class StepPlanner:
                 continue
             down, up, rtt = self._own_link(s.group)
             rate = max(s.predicted_gflops * 1e9, s.peak_rate_flops, s.rate_flops)
-            path = self.config.group_paths.get(s.group, ())
-            link = path[0] if path and path[0] in self.config.switch_links else ""
+            link = lowest_switch_link(self.config.group_paths.get(s.group, ()),
+                                      self.config.switch_links)
             out.append(BoundDevice(s.name, rate, down, up, rtt, link))
         return out
 
