@@ -13,6 +13,7 @@ and the weight-gradient GEMMs of one layer in flight together; ``result()`` bloc
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import weakref
 from concurrent.futures import Future
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from testbed.ps_backend.ledger import stored_crc, stored_operand
+from testbed.ps_backend.ledger import stored_digest, stored_operand
 from testbed.ps_backend.scheduler import GemmJob
 from testbed.ps_backend.tiler import gemm_flops
 
@@ -176,7 +177,10 @@ class OperandKeys:
         array = stored.detach().numpy()
         own_copy = own_copy or not array.flags.c_contiguous  # as stored, in C order
         copy = np.array(array, order="C", copy=True) if own_copy else array
-        if not np.isfinite(copy).all():
+        # one pass and no temporary (an isfinite mask is a new array a quarter of the operand's
+        # size, on the step's critical path): NaN comes out of both ends, ±Inf out of its own
+        lo, hi = torch.aminmax(stored.detach()) if stored.numel() else (0.0, 0.0)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
             raise DivergedError(f"an operand of a step-{step} GEMM ({tuple(t.shape)}) has "
                                 f"non-finite values (NaN or Inf): the model diverged (check "
                                 f"job.optimizer.lr)")
@@ -196,14 +200,14 @@ class TileExecutor:
         self.offloaded_gemms = 0
         self._step = -1  # GEMM uids count from 0 in every step, so a restart names them alike
         self._operands = OperandKeys()
-        self._crcs: dict[str, str] = {}  # operand key -> its stored tensor's CRC, this step
+        self._digests: dict[str, str] = {}  # operand key -> its stored tensor's, this step
 
     def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
         m, k = a.shape
         n = b.shape[1]
         if spec.step != self._step:
             self._step, self._uids = spec.step, itertools.count()
-            self._crcs.clear()
+            self._digests.clear()
         seq = next(self._uids)
         if gemm_flops(m, k, n) < self.config.min_offload_flops:
             self.local_gemms += 1
@@ -228,13 +232,13 @@ class TileExecutor:
 
     def _digest(self, *operands: tuple[str, np.ndarray]) -> str:
         """:func:`~testbed.ps_backend.ledger.gemm_digest` of operands named by their keys, each
-        operand's CRC taken once a step (the key, not the address: a freed tensor's storage is
+        operand's digest taken once a step (the key, not the address: a freed tensor's storage is
         reused within a step, see OperandKeys)."""
         parts = []
         for key, x in operands:
             stored, flag = stored_operand(x)
-            crc = self._crcs.get(key)
-            if crc is None:
-                crc = self._crcs[key] = stored_crc(stored)
-            parts.append(crc + flag)
+            digest = self._digests.get(key)
+            if digest is None:
+                digest = self._digests[key] = stored_digest(stored)
+            parts.append(digest + flag)
         return "".join(parts)

@@ -3,9 +3,11 @@
 Layout: ``<run_dir>/ledger/step-000012.tiles`` holds the tiles accepted during step 12, one
 record each, in the order they were accepted. A record is::
 
-    b"TBL1" | u32 header length | header (JSON, UTF-8) | u64 payload length | payload | u32 CRC
+    b"TBL2" | u32 header length | header (JSON, UTF-8) | u64 payload length | payload | u64 hash
 
-(little-endian; the CRC-32 covers header and payload). The header names the tile: ``gemm`` (the
+(little-endian; the hash, XXH3-64, covers header and payload; records of ``b"TBL1"``, which
+earlier versions wrote, end in a u32 CRC-32 instead and are still read). The header names the
+tile: ``gemm`` (the
 GEMM's uid, ``s<step>/<layer>/<op>#<seq>``, deterministic across a restart), ``digest`` (a
 checksum of the GEMM's A and B), the box ``r0 r1 c0 c1`` (and ``k0 k1`` for a partial of a K-split
 GEMM), ``dtype``, and for the record ``task``,
@@ -16,8 +18,11 @@ GEMM), ``dtype``, and for the record ``task``,
 tile it accepted (the kernel holds the page). ``fsync`` runs at most every
 ``FSYNC_INTERVAL_S`` (0.2 s) from the PS's periodic tick and at every step end before the
 checkpoint, so a host crash loses at most the last 0.2 s of tiles. Losing them costs only their
-recomputation: a torn or corrupt tail is detected by length and CRC, cut off, and reading stops
-there.
+recomputation: a torn or corrupt tail is detected by length and hash, cut off, and reading
+stops there. A record goes out with one ``writev`` of its header, the tile's own memory and the
+hash, so the PS's loop thread never copies a tile to journal it: 8.7 GB of results a hotcarbon
+step went through two copies and a CRC-32 each, on the loop's own time while results stream in
+(``bench/operand_digest.py`` prints the hashes' rates).
 
 **Reuse.** After a restart the PS restores the last checkpoint (next step ``s``) and loads every
 record of steps ``>= s``. When the trainer submits a GEMM whose uid *and* digest match, the
@@ -42,10 +47,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import xxhash
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TBL1"
+MAGIC = b"TBL2"
+MAGIC_CRC32 = b"TBL1"  # earlier versions' records: a u32 CRC-32 where TBL2 has its hash
 FSYNC_INTERVAL_S = 0.2
 MAX_HEADER_BYTES = 1 << 16
 _NAME_RE = re.compile(r"^step-(\d{6,})\.tiles$")
@@ -53,18 +60,19 @@ Box = tuple[int, ...]  # r0, r1, c0, c1 (+ k0, k1 for a K-split partial)
 
 
 def gemm_digest(a: np.ndarray, b: np.ndarray) -> str:
-    """A checksum of a GEMM's operands (shape, dtype and bytes of A and of B: CRC-32 each).
+    """A checksum of a GEMM's operands (shape, dtype and bytes of A and of B: XXH3-64 each).
 
     It tells a journaled tile's computation from another (a restart that restored a different
     checkpoint, a changed job), as the records' own CRC-32 tells a torn record; nothing hostile
-    chooses the operands. The trainer computes it before each GEMM is submitted, on the step's
-    critical path, over every operand byte (10.4 GB a step of OPT-125m on hotcarbon): BLAKE2b
-    at ~0.9 GB/s cost 11 s of wall time a step, CRC-32 runs at ~4 GB/s, and each operand's is
+    chooses the operands, so a fast non-cryptographic hash serves. The trainer computes it
+    before each GEMM is submitted, on the step's critical path, over every operand byte (10.4 GB
+    a step of OPT-125m on hotcarbon; ``bench/operand_digest.py``: BLAKE2b at ~0.9 GB/s would
+    cost 11 s of it, CRC-32 at ~4 GB/s 2.5 s, XXH3 at ~30 GB/s 0.35 s), and each operand's is
     taken once a step (every operand serves two GEMMs of its linear; ``TileExecutor`` keeps
     them by operand key). A transposed view (Wᵀ, dYᵀ) is checksummed as its stored tensor, with
     the orientation after it, rather than copied to C order first.
     """
-    return "".join(stored_crc(stored) + flag for stored, flag in map(stored_operand, (a, b)))
+    return "".join(stored_digest(stored) + flag for stored, flag in map(stored_operand, (a, b)))
 
 
 def stored_operand(x: np.ndarray) -> tuple[np.ndarray, str]:
@@ -74,10 +82,11 @@ def stored_operand(x: np.ndarray) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(x), ""
 
 
-def stored_crc(stored: np.ndarray) -> str:
-    """CRC-32 of a C-ordered array's shape, dtype and bytes, as 8 hex digits."""
-    crc = zlib.crc32(f"{stored.shape}{stored.dtype.str}".encode())
-    return f"{zlib.crc32(stored.data, crc):08x}"
+def stored_digest(stored: np.ndarray) -> str:
+    """XXH3-64 of a C-ordered array's shape, dtype and bytes, as 16 hex digits."""
+    h = xxhash.xxh3_64(f"{stored.shape}{stored.dtype.str}".encode())
+    h.update(stored.data)
+    return h.hexdigest()
 
 
 def step_file_name(step: int) -> str:
@@ -106,18 +115,31 @@ class ReadResult:
     torn_bytes: int  # bytes after it (a torn or corrupt tail)
 
 
-def encode_record(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
-                  task: int = -1, attempt: int = 0, device: str = "") -> bytes:
-    """The bytes of one journal record."""
+def record_parts(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
+                 task: int = -1, attempt: int = 0, device: str = "") -> list[bytes | memoryview]:
+    """One journal record as buffers to write in order: its head, the tile's C (its own memory
+    when C-contiguous) and the hash."""
     header = json.dumps({"step": step, "gemm": gemm, "digest": digest, "r0": box[0],
                          "r1": box[1], "c0": box[2], "c1": box[3], "dtype": c.dtype.str,
                          "task": task, "attempt": attempt, "device": device,
                          **({"k0": box[4], "k1": box[5]} if len(box) == 6 else {})},
                         separators=(",", ":")).encode()
-    payload = np.ascontiguousarray(c).tobytes()
-    crc = zlib.crc32(payload, zlib.crc32(header))
-    return b"".join((MAGIC, struct.pack("<I", len(header)), header,
-                     struct.pack("<Q", len(payload)), payload, struct.pack("<I", crc)))
+    payload = np.ascontiguousarray(c).data.cast("B")
+    return [b"".join((MAGIC, struct.pack("<I", len(header)), header,
+                      struct.pack("<Q", payload.nbytes))),
+            payload, struct.pack("<Q", _record_hash(header, payload))]
+
+
+def encode_record(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
+                  task: int = -1, attempt: int = 0, device: str = "") -> bytes:
+    """The bytes of one journal record."""
+    return b"".join(record_parts(step, gemm, digest, box, c, task, attempt, device))
+
+
+def _record_hash(header: bytes | memoryview, payload: bytes | memoryview) -> int:
+    h = xxhash.xxh3_64(header)
+    h.update(payload)
+    return h.intdigest()
 
 
 def read_records(path: Path) -> ReadResult:
@@ -135,7 +157,8 @@ def read_records(path: Path) -> ReadResult:
 
 
 def _decode_at(data: bytes, pos: int) -> tuple[LedgerRecord | None, int]:
-    if data[pos:pos + 4] != MAGIC or pos + 8 > len(data):
+    magic = data[pos:pos + 4]
+    if magic not in (MAGIC, MAGIC_CRC32) or pos + 8 > len(data):
         return None, pos
     (hlen,) = struct.unpack_from("<I", data, pos + 4)
     if hlen > MAX_HEADER_BYTES or pos + 8 + hlen + 8 > len(data):
@@ -143,12 +166,16 @@ def _decode_at(data: bytes, pos: int) -> tuple[LedgerRecord | None, int]:
     header = data[pos + 8:pos + 8 + hlen]
     (plen,) = struct.unpack_from("<Q", data, pos + 8 + hlen)
     start = pos + 16 + hlen
-    end = start + plen + 4
+    end = start + plen + (8 if magic == MAGIC else 4)
     if end > len(data):
         return None, pos
     payload = data[start:start + plen]
-    (crc,) = struct.unpack_from("<I", data, start + plen)
-    if zlib.crc32(payload, zlib.crc32(header)) != crc:
+    if magic == MAGIC:
+        intact = struct.unpack_from("<Q", data, start + plen)[0] == _record_hash(header, payload)
+    else:
+        intact = struct.unpack_from("<I", data, start + plen)[0] == \
+            zlib.crc32(payload, zlib.crc32(header))
+    if not intact:
         return None, pos
     try:
         h = json.loads(header)
@@ -194,7 +221,10 @@ class Ledger:
         if self._step != step:
             self._open(step)
         assert self._fd is not None
-        os.write(self._fd, encode_record(step, gemm, digest, box, c, task, attempt, device))
+        parts = record_parts(step, gemm, digest, box, c, task, attempt, device)
+        left = sum(len(p) for p in parts) - os.writev(self._fd, parts)
+        if left:  # short (a full disk, a signal): the rest, or a torn tail the reader cuts
+            os.write(self._fd, b"".join(bytes(p) for p in parts)[-left:])
         self._dirty = True
         self.appended += 1
 

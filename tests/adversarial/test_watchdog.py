@@ -145,10 +145,12 @@ def test_the_ps_refuses_to_offload_a_diverged_gemm() -> None:
     server = PsServer(config).start()
     try:
         executor = TileExecutor(server)
-        a = torch.ones(32, 16)
-        a[3, 5] = float("nan")
-        with pytest.raises(DivergedError, match="non-finite.*job.optimizer.lr"):
-            executor.submit(a, torch.ones(16, 32), GemmSpec("l", "forward", 0))
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            for operand in (0, 1):  # A, then B (a weight's transpose, as forward passes it)
+                a, w = torch.ones(32, 16), torch.ones(32, 16)
+                (a if operand == 0 else w)[3, 5] = bad
+                with pytest.raises(DivergedError, match="non-finite.*job.optimizer.lr"):
+                    executor.submit(a, w.t(), GemmSpec("l", "forward", 0))
         assert server.call(lambda: len(server.core.scheduler.pending)) == 0  # nothing queued
     finally:
         server.stop()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,28 @@ def test_torn_and_corrupt_tails_are_cut(tmp_path: Path) -> None:
     ledger.append(0, "g", "d", (8, 12, 0, 3), tile(3))
     ledger.close()
     assert [r.box for r in read_records(path).records] == [(0, 4, 0, 3), (8, 12, 0, 3)]
+
+
+def test_records_of_the_earlier_format_are_still_read(tmp_path: Path) -> None:
+    """A run journaled by an earlier version (b"TBL1": a CRC-32 where TBL2 has XXH3-64) resumes
+    with its tiles; a corrupt one is cut like any other."""
+    def tbl1(box: tuple[int, int, int, int], c: np.ndarray) -> bytes:
+        header = json.dumps({"step": 0, "gemm": "g", "digest": "d", "r0": box[0], "r1": box[1],
+                             "c0": box[2], "c1": box[3], "dtype": c.dtype.str}).encode()
+        payload = c.tobytes()
+        return b"".join((b"TBL1", struct.pack("<I", len(header)), header,
+                         struct.pack("<Q", len(payload)), payload,
+                         struct.pack("<I", zlib.crc32(payload, zlib.crc32(header)))))
+    path = tmp_path / step_file_name(0)
+    old = tbl1((0, 4, 0, 3), tile(1))
+    path.write_bytes(old + encode_record(0, "g", "d", (4, 8, 0, 3), tile(2)))
+    records = read_records(path).records
+    assert [r.box for r in records] == [(0, 4, 0, 3), (4, 8, 0, 3)]
+    assert np.array_equal(records[0].c, tile(1)) and np.array_equal(records[1].c, tile(2))
+    flipped = bytearray(old)
+    flipped[-10] ^= 0x01
+    path.write_bytes(bytes(flipped))
+    assert read_records(path).records == [] and read_records(path).torn_bytes == len(old)
 
 
 def test_records_survive_sigkill_without_fsync(tmp_path: Path) -> None:

@@ -183,7 +183,7 @@ def test_a_new_tensor_at_a_freed_tensors_address_is_not_held() -> None:
 def test_each_gemms_digest_is_its_operands_though_each_operand_is_checksummed_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a ledger the PS checksums every GEMM's operands (``GemmJob.digest``); it keeps each
-    operand's CRC by its key for the step, and the digest is still the GEMM's own, step after
+    operand's digest by its key for the step, and the digest is still the GEMM's own, step after
     step (a weight's new version is checksummed anew)."""
     from testbed.ps_backend import executor as executor_module
     from testbed.ps_backend.ledger import gemm_digest
@@ -191,16 +191,16 @@ def test_each_gemms_digest_is_its_operands_though_each_operand_is_checksummed_on
     topology = load_topology(TINY)
     executor, core = stub_executor()
     executor.server.ledger = SimpleNamespace()  # type: ignore[attr-defined]  # any: it digests
-    crcs: list[int] = []
-    real = executor_module.stored_crc
+    hashed: list[int] = []
+    real = executor_module.stored_digest
 
     def counted(stored: Any) -> str:
-        crcs.append(stored.size)
+        hashed.append(stored.size)
         return real(stored)
-    monkeypatch.setattr(executor_module, "stored_crc", counted)
+    monkeypatch.setattr(executor_module, "stored_digest", counted)
     trainer = Trainer(topology.job, topology.seed, executor)
     for _ in range(2):
         trainer.step()
     assert core.jobs and all(j.digest == gemm_digest(j.a, j.b) for j in core.jobs)
     operands = sum(j.a.size + j.b.size for j in core.jobs)
-    assert sum(crcs) < 0.6 * operands  # each tensor once, though each serves two GEMMs
+    assert sum(hashed) < 0.6 * operands  # each tensor once, though each serves two GEMMs
