@@ -48,7 +48,7 @@ from testbed.baselines.membership import ReplicaMembership, row_weights
 from testbed.ps_backend.engine.data import BatchSampler, Corpus, load_corpus
 from testbed.ps_backend.engine.model import OptDecoder
 from testbed.ps_backend.engine.offload import OffloadedLinear
-from testbed.ps_backend.engine.trainer import DTYPES
+from testbed.ps_backend.engine.trainer import DTYPES, adamw
 from testbed.topology import JobSpec
 
 DILOCO_OUTER_LR = 0.7  # Douillard et al. 2023 (arXiv 2311.08105), section 3
@@ -75,11 +75,6 @@ def _reference_model(job: JobSpec, seed: int) -> OptDecoder:
         raise ValueError(f"job.dtype: expected one of {tuple(DTYPES)}, got {job.dtype!r}")
     torch.manual_seed(seed)
     return OptDecoder(job.model).to(DTYPES[job.dtype])
-
-
-def _adamw(params: list[nn.Parameter], job: JobSpec) -> torch.optim.AdamW:
-    opt = job.optimizer
-    return torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
 
 
 class Stage(nn.Module):
@@ -135,7 +130,7 @@ class PipelineTrainer:
         model = _reference_model(job, seed)
         n = len(bounds)
         self.stages = [Stage(model, a, b, i == 0, i == n - 1) for i, (a, b) in enumerate(bounds)]
-        self.optimizers = [_adamw(list(s.parameters()), job) for s in self.stages]
+        self.optimizers = [adamw(list(s.parameters()), job) for s in self.stages]
         self.sampler = BatchSampler(corpus if corpus is not None else load_corpus(job.data),
                                     job.batch_size, job.model.seq_len, seed)
         self.next_step = 0
@@ -232,7 +227,7 @@ class DataParallelTrainer:
         self.rows = split_rows(job.batch_size, replicas)
         model = _reference_model(job, seed)
         self.replicas = [copy.deepcopy(model) for _ in range(replicas)]
-        self.optimizers = [_adamw(list(m.parameters()), job) for m in self.replicas]
+        self.optimizers = [adamw(list(m.parameters()), job) for m in self.replicas]
         self.global_model = copy.deepcopy(model)  # the PS's copy (DiLoCo's outer parameters)
         self.outer = torch.optim.SGD(self.global_model.parameters(), lr=outer_lr,
                                      momentum=outer_momentum, nesterov=outer_momentum > 0)
@@ -317,7 +312,7 @@ class DataParallelTrainer:
                     for q, p in zip(self.replicas[r].parameters(),
                                     self.global_model.parameters()):
                         q.copy_(p)
-                    self.optimizers[r] = _adamw(list(self.replicas[r].parameters()), self.job)
+                    self.optimizers[r] = adamw(list(self.replicas[r].parameters()), self.job)
 
     def _outer_step(self, live: list[int]) -> None:
         """DiLoCo's outer step over the replicas present; every replica restarts from it."""

@@ -83,9 +83,9 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
     from testbed.baselines.engine import (
         DILOCO_OUTER_LR,
         DILOCO_OUTER_MOMENTUM,
-        _adamw,
         _reference_model,
     )
+    from testbed.ps_backend.engine.trainer import adamw
     from testbed.topology import load_topology
 
     torch.set_num_threads(1)
@@ -99,7 +99,7 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
     initial = set(plan.get("initial", range(len(rows))))
     model = _reference_model(job, topo.seed) if keep_state or H > 1 else None
     params = [p for _, p in model.named_parameters()] if model is not None else []
-    opt = _adamw(params, job) if keep_state and H == 1 else None
+    opt = adamw(params, job) if keep_state and H == 1 else None
     outer = (torch.optim.SGD(params, lr=DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM,
                              nesterov=True) if H > 1 else None)
     listener = socket.create_server((plan["ps_ip"], PORT), backlog=len(rows) + 8)
@@ -262,8 +262,9 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     import torch.nn.functional as F
 
     from testbed.baselines import cost
-    from testbed.baselines.engine import _adamw, _reference_model
+    from testbed.baselines.engine import _reference_model
     from testbed.ps_backend.engine.data import BatchSampler, load_corpus
+    from testbed.ps_backend.engine.trainer import adamw
     from testbed.topology import load_topology
 
     torch.set_num_threads(1)
@@ -272,7 +273,7 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     H = int(plan.get("local_steps", 1))
     model = _reference_model(job, topo.seed)
     params = [p for _, p in model.named_parameters()]
-    opt = _adamw(params, job)
+    opt = adamw(params, job)
     npdtype = np.float64 if job.dtype == "float64" else np.float32
     b = cost.DTYPE_BYTES[job.dtype]
     lo, hi = plan["rows"][r]

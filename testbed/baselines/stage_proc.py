@@ -146,8 +146,9 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from testbed.baselines import cost
-    from testbed.baselines.engine import Stage, _adamw, _reference_model
+    from testbed.baselines.engine import Stage, _reference_model
     from testbed.ps_backend.engine.data import BatchSampler, load_corpus
+    from testbed.ps_backend.engine.trainer import adamw
     from testbed.topology import load_topology
 
     torch.set_num_threads(1)
@@ -161,7 +162,7 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
     model = _reference_model(job, topo.seed)
     stage = Stage(model, a, e, first, last)
     del model
-    opt = _adamw(list(stage.parameters()), job)
+    opt = adamw(list(stage.parameters()), job)
     dtype = torch.float64 if job.dtype == "float64" else torch.float32
     npdtype = np.float64 if job.dtype == "float64" else np.float32
     b = cost.DTYPE_BYTES[job.dtype]
