@@ -63,7 +63,7 @@ def gemm_digest(a: np.ndarray, b: np.ndarray) -> str:
     """A checksum of a GEMM's operands (shape, dtype and bytes of A and of B: XXH3-64 each).
 
     It tells a journaled tile's computation from another (a restart that restored a different
-    checkpoint, a changed job), as the records' own CRC-32 tells a torn record; nothing hostile
+    checkpoint, a changed job), as the records' own hash tells a torn record; nothing hostile
     chooses the operands, so a fast non-cryptographic hash serves. The trainer computes it
     before each GEMM is submitted, on the step's critical path, over every operand byte (10.4 GB
     a step of OPT-125m on hotcarbon; ``bench/operand_digest.py``: BLAKE2b at ~0.9 GB/s would
