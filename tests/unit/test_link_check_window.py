@@ -49,8 +49,9 @@ def test_slow_paths_skip_and_measure_longer():
                      "link": {"down": "1Mbit", "up": "1Mbit"}}],
         "job": {"model": {"hidden": 64, "layers": 1, "heads": 1, "ffn": 64, "seq_len": 16}}})
     p, q = topo.devices
-    # 100 frames of 1514 bytes drain in 1.21 s at 1 Mbit/s: skip 3 s, measure 5 s
-    assert measurement_window_s(topo, p, "down", 3) == (3, 5)
+    # 100 frames of 1514 bytes drain in 1.21 s at 1 Mbit/s: skip 3 s, measure 5 s, and 20
+    # lumps of 64 KB at 1 Mbit/s take 10.5 s: measure 11
+    assert measurement_window_s(topo, p, "down", 3) == (3, 11)
     assert measurement_window_s(topo, p, "up", 3) == (1, 3)
     # no queue given: Linux's 1000 packets, 12 s to drain; the skip is capped at 10 s
     assert measurement_window_s(topo, q, "up", 3) == (10, 40)
