@@ -7,11 +7,10 @@ record each, in the order they were accepted. A record is::
 
 (little-endian; the hash, XXH3-64, covers header and payload; records of ``b"TBL1"``, which
 earlier versions wrote, end in a u32 CRC-32 instead and are still read). The header names the
-tile: ``gemm`` (the
-GEMM's uid, ``s<step>/<layer>/<op>#<seq>``, deterministic across a restart), ``digest`` (a
-checksum of the GEMM's A and B), the box ``r0 r1 c0 c1`` (and ``k0 k1`` for a partial of a K-split
-GEMM), ``dtype``, and for the record ``task``,
-``attempt``, ``device``. The payload is the tile's C, row-major.
+tile: ``gemm`` (the GEMM's uid, ``s<step>/<layer>/<op>#<seq>``, deterministic across a
+restart), ``digest`` (a checksum of the GEMM's A and B), the box ``r0 r1 c0 c1`` (and ``k0 k1``
+for a partial of a K-split GEMM), ``dtype``, and for the record ``task``, ``attempt``,
+``device``. The payload is the tile's C, row-major.
 
 **Durability (the fsync policy).** Each record goes to the file with one ``write`` on an
 ``O_APPEND`` descriptor as soon as the tile is accepted, so a PS killed with SIGKILL keeps every
