@@ -200,7 +200,7 @@ class TileExecutor:
         self.offloaded_gemms = 0
         self._step = -1  # GEMM uids count from 0 in every step, so a restart names them alike
         self._operands = OperandKeys()
-        self._digests: dict[str, str] = {}  # operand key -> its stored tensor's, this step
+        self._digests: dict[str, str] = {}  # operand key -> its stored tensor's digest, this step
 
     def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
         m, k = a.shape

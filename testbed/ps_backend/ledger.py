@@ -64,10 +64,10 @@ def gemm_digest(a: np.ndarray, b: np.ndarray) -> str:
     It tells a journaled tile's computation from another (a restart that restored a different
     checkpoint, a changed job), as the records' own hash tells a torn record; nothing hostile
     chooses the operands, so a fast non-cryptographic hash serves. The trainer computes it
-    before each GEMM is submitted, on the step's critical path, over every operand byte (10.4 GB
-    a step of OPT-125m on hotcarbon; ``bench/operand_digest.py``: BLAKE2b at ~0.9 GB/s would
-    cost 11 s of it, CRC-32 at ~4 GB/s 2.5 s, XXH3 at ~30 GB/s 0.35 s), and each operand's is
-    taken once a step (every operand serves two GEMMs of its linear; ``TileExecutor`` keeps
+    before each GEMM is submitted, on the step's critical path, over every operand byte (5.2 GB
+    a step of OPT-125m on hotcarbon; ``bench/operand_digest.py``: BLAKE2b at ~0.8 GB/s would
+    cost 6-7 s of it, CRC-32 at 3.3-4.2 GB/s 1.2-1.6 s, XXH3 at 23-29 GB/s 0.2 s), each
+    operand's once a step although it serves two GEMMs of its linear (``TileExecutor`` keeps
     them by operand key). A transposed view (Wᵀ, dYᵀ) is checksummed as its stored tensor, with
     the orientation after it, rather than copied to C order first.
     """
@@ -83,9 +83,15 @@ def stored_operand(x: np.ndarray) -> tuple[np.ndarray, str]:
 
 def stored_digest(stored: np.ndarray) -> str:
     """XXH3-64 of a C-ordered array's shape, dtype and bytes, as 16 hex digits."""
-    h = xxhash.xxh3_64(f"{stored.shape}{stored.dtype.str}".encode())
-    h.update(stored.data)
-    return h.hexdigest()
+    return _xxh3(f"{stored.shape}{stored.dtype.str}".encode(), stored.data).hexdigest()
+
+
+def _xxh3(*buffers: bytes | memoryview) -> Any:
+    """XXH3-64 over the buffers in order (no copy of them)."""
+    h = xxhash.xxh3_64()
+    for b in buffers:
+        h.update(b)
+    return h
 
 
 def step_file_name(step: int) -> str:
@@ -126,19 +132,13 @@ def record_parts(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
     payload = np.ascontiguousarray(c).data.cast("B")
     return [b"".join((MAGIC, struct.pack("<I", len(header)), header,
                       struct.pack("<Q", payload.nbytes))),
-            payload, struct.pack("<Q", _record_hash(header, payload))]
+            payload, struct.pack("<Q", _xxh3(header, payload).intdigest())]
 
 
 def encode_record(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
                   task: int = -1, attempt: int = 0, device: str = "") -> bytes:
     """The bytes of one journal record."""
     return b"".join(record_parts(step, gemm, digest, box, c, task, attempt, device))
-
-
-def _record_hash(header: bytes | memoryview, payload: bytes | memoryview) -> int:
-    h = xxhash.xxh3_64(header)
-    h.update(payload)
-    return h.intdigest()
 
 
 def read_records(path: Path) -> ReadResult:
@@ -170,7 +170,8 @@ def _decode_at(data: bytes, pos: int) -> tuple[LedgerRecord | None, int]:
         return None, pos
     payload = data[start:start + plen]
     if magic == MAGIC:
-        intact = struct.unpack_from("<Q", data, start + plen)[0] == _record_hash(header, payload)
+        intact = struct.unpack_from("<Q", data, start + plen)[0] == \
+            _xxh3(header, payload).intdigest()
     else:
         intact = struct.unpack_from("<I", data, start + plen)[0] == \
             zlib.crc32(payload, zlib.crc32(header))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from testbed.ps_backend.ledger import (
     Ledger,
@@ -107,6 +109,22 @@ def test_records_of_the_earlier_format_are_still_read(tmp_path: Path) -> None:
     flipped[-10] ^= 0x01
     path.write_bytes(bytes(flipped))
     assert read_records(path).records == [] and read_records(path).torn_bytes == len(old)
+
+
+def test_a_short_write_is_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``writev`` may write less than the record (a full disk, a signal): the rest follows."""
+    real = os.writev
+
+    def short(fd: int, buffers: list) -> int:
+        return real(fd, [bytes(buffers[0])[:10]])  # the first 10 bytes only
+    monkeypatch.setattr(os, "writev", short)
+    ledger = Ledger(tmp_path)
+    ledger.append(0, "g", "d", (0, 4, 0, 3), tile(1))
+    ledger.append(0, "g", "d", (4, 8, 0, 3), tile(2))
+    ledger.close()
+    records = read_records(tmp_path / step_file_name(0)).records
+    assert [r.box for r in records] == [(0, 4, 0, 3), (4, 8, 0, 3)]
+    assert np.array_equal(records[1].c, tile(2))
 
 
 def test_records_survive_sigkill_without_fsync(tmp_path: Path) -> None:
