@@ -704,8 +704,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for the devices before training starts anyway")
     p.add_argument("--trace-tiles", action="store_true",
                    help="write RUN_DIR/tiles.jsonl: every accepted tile's times (handed out, "
-                        "arrived, started, done, accepted) and result bytes, to see where a "
-                        "step's time goes (bench/stage_profile.py --run RUN_DIR --tiles); "
+                        "arrived, started, done, accepted), its modelled compute_s and result "
+                        "bytes, to see where a step's time goes (bench/stage_profile.py --run RUN_DIR --tiles); "
                         "~300 bytes a tile")
     p.set_defaults(func=run_up)
     c = sub.add_parser(

@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 # the thread is then woken on time, reads the clock and drops back to normal priority before it
 # does anything else (microseconds at RT; the compute itself never runs at RT).
 HOLD_RT_PRIORITY = 1
+# Even at real-time priority a sleep ends 20-35 us late on an idle host, ~70 us for sleeps of a
+# few ms (timer and wake-up path; a one-off loop of hold_until), i.e. 10 % of a 0.3 ms hold (a
+# laptop's small tile at D 3). The last SPIN_S of a hold is therefore spun on the clock instead.
+SPIN_S = 150e-6
 _rt_hold = [hasattr(os, "sched_setscheduler")]  # off after the host refused it once
 
 
@@ -37,9 +41,15 @@ def hold_until(deadline_s: float) -> float:
                      exc)
         else:
             try:
-                time.sleep(max(0.0, deadline_s - time.monotonic()))
-                return time.monotonic()  # before the switch back, which may yield the CPU
+                return _sleep_then_spin(deadline_s)  # before the switch back, which may yield
             finally:
                 os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    time.sleep(max(0.0, deadline_s - time.monotonic()))
-    return time.monotonic()
+    return _sleep_then_spin(deadline_s)
+
+
+def _sleep_then_spin(deadline_s: float) -> float:
+    time.sleep(max(0.0, deadline_s - SPIN_S - time.monotonic()))
+    now = time.monotonic()
+    while now < deadline_s:
+        now = time.monotonic()
+    return now

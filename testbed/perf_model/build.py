@@ -11,11 +11,15 @@ same YAML. Every figure in a profile carries a provenance entry; derived figures
   each device has its own level P and overhead o from its own rows (M-series: mlx-benchmark's
   PyTorch-CPU rows) or a cited figure (Snapdragon 888: ncnn's ViT row; Pixel 7a: vfpbench's
   peak). docs/perf-models.md has the figures and the held-out accuracy of each.
+* Their per-tile noise: the per-call spread of ncnn's repeated runs (:func:`call_spread`), the
+  same for every phone and laptop; the models' errors across shapes stay in ``evaluation``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +118,51 @@ VIT_GENERATIONS = ("chips' announcement years: SD855+ 2019 (refresh of the 855, 
                    "generations before the SD888), SD765G 2019 (mid-range, 2 big cores, "
                    "announced with the SD865), SD888 2020, 8 Gen 2 2022 (two generations "
                    "after), Dimensity 9300 2023")
+
+
+@dataclass(frozen=True)
+class CallSpread:
+    """How much one call of the same work varies around its mean on a device: the per-tile
+    noise of an emulated phone or laptop (``ExportedTimeModel.noise_levels`` and
+    ``noise_log_quantiles``), with where it came from."""
+
+    levels: tuple[float, ...]
+    log_quantiles: tuple[float, ...]
+    how: str
+
+    def apply(self, model: ExportedTimeModel) -> ExportedTimeModel:
+        return replace(model, noise_levels=self.levels, noise_log_quantiles=self.log_quantiles)
+
+
+def call_spread(timings: list) -> CallSpread:
+    """The per-call spread of CPU inference, from repeated runs' (min, mean, max) of N calls.
+
+    A tile's noise is what the same tile does from one call to the next. A profile's held-out
+    error across shapes is something else: how wrong the model is for a shape, the same on every
+    call (the M-series fits miss their own rows by a factor of 3-4 on the median, which drawn
+    per tile made one laptop tile 0.01 times its mean and the next 27 times). Of N calls, the
+    fastest lies near the 1/(N+1) quantile and the slowest near N/(N+1): across the rows of the
+    most common N, the medians of log(min / mean) and log(max / mean) are those two quantiles,
+    and the mean is taken as the median (the model predicts the mean).
+    """
+    cpu = [t for t in timings if t.cores != "gpu" and t.precision != "int8" and t.loops > 1]
+    if not cpu:
+        raise ValueError("no CPU float rows with a loop count to take a per-call spread from")
+    loops = Counter(t.loops for t in cpu).most_common(1)[0][0]
+    rows = [t for t in cpu if t.loops == loops]
+    low = float(np.median([np.log(t.min_ms / t.avg_ms) for t in rows]))
+    high = float(np.median([np.log(t.max_ms / t.avg_ms) for t in rows]))
+    how = (f"per-call spread: of {loops} calls the fastest {np.exp(low):.4f} and the slowest "
+           f"{np.exp(high):.4f} times the mean (medians over the {len(rows)} CPU float rows of "
+           f"{len({t.device for t in rows})} devices that ncnn's benchmark ran {loops} times; "
+           f"{NCNN_ATTRIBUTION}), at the {1 / (loops + 1):.3f} and {loops / (loops + 1):.3f} "
+           f"quantiles; not the model's error across shapes (evaluation)")
+    return CallSpread((1 / (loops + 1), 0.5, loops / (loops + 1)), (low, 0.0, high), how)
+
+
+def ncnn_call_spread() -> CallSpread:
+    """:func:`call_spread` of ncnn's benchmark table in ../shared/data."""
+    return call_spread(import_ncnn(SHARED / "ncnn" / "ncnn_benchmark_parsed.csv"))
 
 
 def sd888_rows_in_data() -> str:
@@ -254,7 +303,8 @@ def host_profile() -> dict[str, Any]:
     }
 
 
-def m_series_profile(name: str, efficiency: Any, mlx_rows: list) -> dict[str, Any]:
+def m_series_profile(name: str, efficiency: Any, mlx_rows: list, spread: CallSpread
+                     ) -> dict[str, Any]:
     """An Apple M-series laptop profile from its mlx-benchmark PyTorch-CPU rows."""
     prefix = M_SERIES[name]
     rows = [r for r in mlx_rows if r.device.startswith(prefix)]
@@ -267,7 +317,7 @@ def m_series_profile(name: str, efficiency: Any, mlx_rows: list) -> dict[str, An
     use_constant = np.mean(np.abs(constant.loo_log_residuals_)) < \
         np.mean(np.abs(fitted.loo_log_residuals_))
     chosen = constant if use_constant else fitted
-    model = chosen.export()
+    model = spread.apply(chosen.export())
     loo = scores(y * np.exp(-chosen.loo_log_residuals_), y)
     held: dict[str, Any] = {"leave-one-out over its own mlx-benchmark CPU rows": as_plain(
         {"x": {"y": loo}})["x"]["y"]}
@@ -297,7 +347,7 @@ def m_series_profile(name: str, efficiency: Any, mlx_rows: list) -> dict[str, An
                      + ("constant rate (h = 0): it beat the ARM curve on leave-one-out"
                         if use_constant else f"shape curve {curve_how}"),
             "tile_overhead_s": "fitted with the level (per-call overhead)",
-            "noise": "spread of the leave-one-out log(measured / predicted), centred",
+            "noise": spread.how,
             "power": "assumed: ~30 W CPU package under all-core load, 3 W idle (no measurement "
                      "in the shared data); radio 0.5 W Wi-Fi (HotCarbon'25)",
             "thermal": "none: no sustained-load data; a fan-cooled laptop assumed not to throttle",
@@ -333,7 +383,7 @@ def phone_thermal() -> dict[str, Any]:
             "min_speed": params.min_speed, "expected_sustained_slowdown": round(1 - speed, 3)}
 
 
-def phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
+def phone_profile(name: str, efficiency: Any, spread: CallSpread) -> dict[str, Any]:
     """Snapdragon 888 class phone or Pixel 7a, derived (no per-shape float32 data exists)."""
     sd_peak, sd_how = sd888_peak_gflops()
     halves, curve_how = efficiency
@@ -351,11 +401,7 @@ def phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
                f"{sd_how}")
     else:
         raise ValueError(name)
-    # noise: the ARM sets' own spread around the family curve (each set's leave-one-out)
-    residuals = np.concatenate([
-        OverheadRateRegressor(halves=halves).fit(X, y).loo_log_residuals_
-        for X, y in group_sets([r for r in shape_sets() if r.backend in ARM_BACKENDS]).values()])
-    model = _export_rate(halves, PHONE_OVERHEAD_S, sustained * 1e9, residuals)
+    model = spread.apply(_export_rate(halves, PHONE_OVERHEAD_S, sustained * 1e9, np.zeros(0)))
     evaluation: dict[str, Any] = {
         "held_out": {"ncnn vision_transformer (model level)": vit_check(
             model, one_core, SD888_VIT_ROW)},  # pixel7a's level is scaled from it too
@@ -377,8 +423,7 @@ def phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
                      f"shape curve {curve_how} (float data only; no int8 curve)",
             "sustained_gflops": f"the model's rate at the {REFERENCE_TILE} tile",
             "tile_overhead_s": "assumed: Python + numpy dispatch per tile on a phone core",
-            "noise": "spread of the ARM float sets' leave-one-out log(measured / "
-                     "predicted) around the family curve, centred",
+            "noise": spread.how,
             "thermal": "calibrated: a Galaxy S21 Ultra (SD888) lost about 20% of its benchmark "
                        "score over four back-to-back runs (Notebookcheck, via shared/data/"
                        "SOURCES.md); parameters chosen so sustained load settles at a 20% "
@@ -401,7 +446,7 @@ MEASURED_PHONES = {  # profile -> (set key in shape_sets, description, assumes)
 }
 
 
-def measured_phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
+def measured_phone_profile(name: str, efficiency: Any, spread: CallSpread) -> dict[str, Any]:
     """A phone profile fitted on its own per-shape set (family curve or constant, by LOO)."""
     key, desc, assumes = MEASURED_PHONES[name]
     sets = group_sets(shape_sets())
@@ -412,7 +457,7 @@ def measured_phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
     use_constant = np.mean(np.abs(constant.loo_log_residuals_)) < \
         np.mean(np.abs(curve.loo_log_residuals_))
     chosen = constant if use_constant else curve
-    model = chosen.export()
+    model = spread.apply(chosen.export())
     loo = scores(y * np.exp(-chosen.loo_log_residuals_), y)
     loso = leave_one_set_out(sets)[set_label(key)]
     held = {
@@ -441,7 +486,7 @@ def measured_phone_profile(name: str, efficiency: Any) -> dict[str, Any]:
                         if use_constant else f"shape curve {curve_how}"),
             "sustained_gflops": f"the model's rate at the {REFERENCE_TILE} tile",
             "tile_overhead_s": "fitted with the level (per-call overhead)",
-            "noise": "spread of the leave-one-out log(measured / predicted), centred",
+            "noise": spread.how,
             "thermal": "as snapdragon888: sustained load settles at a 20% throughput loss "
                        "(Galaxy S21 Ultra, Notebookcheck) -- not measured on this phone",
             "power": "assumed: 5 W CPU under all-core load, 0.5 W idle; radio 0.5 W Wi-Fi "
@@ -455,10 +500,11 @@ def build_all(out_dir: Path = PROFILE_DIR) -> list[Path]:
     write_sets()
     efficiency = arm_halves()
     mlx_rows = import_mlx(SHARED / "mlx-benchmark" / "linear_matmul_ms.csv", backend="cpu")
+    spread = ncnn_call_spread()  # every phone's and laptop's per-tile noise
     profiles = [host_profile()]
-    profiles += [m_series_profile(name, efficiency, mlx_rows) for name in M_SERIES]
-    profiles += [phone_profile(name, efficiency) for name in ("snapdragon888", "pixel7a")]
-    profiles += [measured_phone_profile(name, efficiency) for name in MEASURED_PHONES]
+    profiles += [m_series_profile(name, efficiency, mlx_rows, spread) for name in M_SERIES]
+    profiles += [phone_profile(name, efficiency, spread) for name in ("snapdragon888", "pixel7a")]
+    profiles += [measured_phone_profile(name, efficiency, spread) for name in MEASURED_PHONES]
     paths = []
     for profile in profiles:
         profile = {k: v for k, v in profile.items() if v is not None}

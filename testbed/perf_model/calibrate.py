@@ -5,12 +5,14 @@ shape curve (its ``half_m, half_k, half_n``; a base without the ``rate`` form is
 constant rate) and fits the device's own level (peak_flops) and per-call overhead on relative
 error (:func:`testbed.perf_model.estimators.calibrate`). The new profile keeps the base's thermal
 and power sections, records leave-one-out figures of the measured shapes under
-``evaluation.calibration`` and draws its noise from their spread.
+``evaluation.calibration`` and keeps the base's per-tile noise (a call-to-call spread; how
+far the fit misses the measured shapes is an error of the model, reported, not drawn per tile).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -80,6 +82,11 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
         halves_model = base.model
     fitted = calibrate(halves_model, X, y)
     model = fitted.export()
+    inherit_noise = base.model is not None and bool(base.model.noise_levels)
+    if inherit_noise:  # a tile's call-to-call spread, not the fit's misses across shapes
+        assert base.model is not None
+        model = replace(model, noise_levels=base.model.noise_levels,
+                        noise_log_quantiles=base.model.noise_log_quantiles)
     loo = scores(y * np.exp(-fitted.loo_log_residuals_), y)
     new_name = name or f"{base.name}-calibrated"
     raw: dict[str, Any] = {k: v for k, v in base.raw.items()
@@ -104,8 +111,10 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
                   f"({base_prov[:300]}); level peak_flops = {model.peak_flops / 1e9:.2f} GFLOP/s "
                   f"and overhead {model.overhead_s * 1e6:.1f} us fitted on {len(y)} shapes of "
                   f"{rows[0].device} ({rows[0].provenance})"),
-        "noise": "spread of the leave-one-out log(measured / predicted) of the calibration "
-                 "shapes, centred",
+        "noise": (f"the base profile {base.name}'s: "
+                  f"{(base.provenance or {}).get('noise', 'per-call spread')}"
+                  if inherit_noise else "spread of the leave-one-out log(measured / predicted) "
+                  "of the calibration shapes, centred (the base profile has none)"),
     }
     header = (f"# Calibrated by `testbed perf calibrate {base.name} {source}` from "
               f"{len(y)} shapes\n")

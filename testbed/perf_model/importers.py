@@ -338,6 +338,7 @@ class ModelTiming:
     min_ms: float
     max_ms: float
     provenance: str
+    loops: int = 0  # calls min, mean and max were taken over (0 = not stated)
 
 
 _POWERSAVE = {"0": "all", "1": "little", "2": "big"}
@@ -352,6 +353,8 @@ def import_ncnn(path: str | Path) -> list[ModelTiming]:
         try:
             threads = _positive_int(rec["num_threads"], "num_threads")
             times = [_positive_time(rec[c], c) for c in ("min_ms", "max_ms", "avg_ms")]
+            loops = _positive_int(rec["loop_count"], "loop_count") \
+                if (rec.get("loop_count") or "").strip() else 0
         except ValueError as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
         gpu = rec["gpu_device"].strip() != "-1"
@@ -362,7 +365,7 @@ def import_ncnn(path: str | Path) -> list[ModelTiming]:
                                precision="int8" if model.endswith("_int8") else
                                "fp16 where the CPU has it (ncnn default)",
                                min_ms=times[0], max_ms=times[1], avg_ms=times[2],
-                               provenance=NCNN_ATTRIBUTION))
+                               provenance=NCNN_ATTRIBUTION, loops=loops))
     return out
 
 

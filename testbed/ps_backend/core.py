@@ -609,6 +609,7 @@ class PsCore:
                              arrived_s=round(result.received_s, 6),
                              started_s=round(result.started_s, 6),
                              done_s=round(result.done_s, 6),
+                             compute_s=round(result.compute_s, 9),
                              accepted_s=round(time.monotonic(), 6))
         if self.ledger is not None:
             self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,

@@ -130,6 +130,10 @@ def test_perf_calibrate_writes_a_profile_that_predicts_the_device(tmp_path, caps
     assert profile.evaluation["calibration"]["leave_one_out"]["within_10"] == 100.0
     predicted = profile.model.predict_one(200, 700, 300)
     assert predicted == pytest.approx(truth.predict_one(200, 700, 300), rel=0.01)
+    # the per-tile noise is the base's call-to-call spread, not the five shapes' misfit
+    base = load_profile("snapdragon888").model
+    assert profile.model.noise_levels == pytest.approx(base.noise_levels)
+    assert profile.model.noise_log_quantiles == pytest.approx(base.noise_log_quantiles)
 
 
 @pytest.mark.parametrize("content, needle", [
