@@ -159,6 +159,10 @@ class Run:
         self.adb: Any = None  # the ADB bridge (testbed.adb_bridge.run_hook), when enabled
         self._stopped = False
         self._started = False  # every process of start-up is running
+        # an adaptive D moves in the PS; the kernel's links and the churn clock follow it here
+        self.adaptive = topology.time_dilation is None and topology.dilation_adaptive
+        self._follower: threading.Thread | None = None
+        self._follower_stop = threading.Event()
         self._spawner = Spawner()
         self._lock = threading.Lock()  # agents and pids.json: the replay thread changes them
         (run_dir / "agents").mkdir(parents=True, exist_ok=True)
@@ -193,6 +197,10 @@ class Run:
         self._check_stop()
         progress("PS: starting")
         self._start_ps(expected=len(present) + len(phones))
+        if self.adaptive:
+            self._follower = threading.Thread(target=self._follow_dilation, name="dilation",
+                                              daemon=True)
+            self._follower.start()
         if self.join_command:
             progress("devices on other machines join with (the token file is readable only "
                      f"by its owner; copy it over):\n  {self.join_command}")
@@ -267,6 +275,8 @@ class Run:
                 "--join-timeout-s", str(self.join_timeout_s), "--dilation", str(self.dilation)]
         if self.trace_tiles:
             argv.append("--trace-tiles")
+        if self.adaptive:
+            argv.append("--links-follow-dilation")
         ps_json = self.run_dir / "ps.json"
         if self.resume:
             argv.append("--resume")
@@ -314,6 +324,25 @@ class Run:
                                             self.run_dir / "agents" / f"{name}.log")
             self._write_pids()
 
+    def _follow_dilation(self) -> None:
+        """Move the links and the churn clock to each D the PS asks for (link_dilation)."""
+        from testbed.emulator.link_dilation import POLL_S, DilationFollower
+
+        def apply(dilation: float) -> None:
+            started = time.monotonic()
+            self.network.set_dilation(dilation)
+            if self.replay is not None:
+                self.replay.set_dilation(dilation)
+            old, self.dilation = self.dilation, dilation
+            if self.runlog is not None:
+                self.runlog.event("links_dilation", old=round(old, 4), new=round(dilation, 4),
+                                  backend=self.network.kind,
+                                  seconds=round(time.monotonic() - started, 3))
+
+        follower = DilationFollower(self.run_dir, apply)
+        while not self._follower_stop.wait(POLL_S):
+            follower.poll()
+
     def signal_agent(self, name: str, sig: int) -> bool:
         """Send a signal to a device's agent; False if it is not running."""
         proc = self.agents.get(name)
@@ -350,6 +379,9 @@ class Run:
             self._stopped = True  # no agent starts after this
         if self.replay is not None:
             self.replay.stop()
+        self._follower_stop.set()
+        if self._follower is not None:
+            self._follower.join(5)
         if self.adb is not None:  # first: phones' agents leave while the PS is still there
             self.adb.stop()
         procs = ([self.ps] if self.ps is not None else []) + list(self.agents.values())
@@ -705,8 +737,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace-tiles", action="store_true",
                    help="write RUN_DIR/tiles.jsonl: every accepted tile's times (handed out, "
                         "arrived, started, done, accepted), its modelled compute_s and result "
-                        "bytes, to see where a step's time goes (bench/stage_profile.py --run RUN_DIR --tiles); "
-                        "~300 bytes a tile")
+                        "bytes, to see where a step's time goes (bench/stage_profile.py --run "
+                        "RUN_DIR --tiles); ~300 bytes a tile")
     p.set_defaults(func=run_up)
     c = sub.add_parser(
         "clean", help="remove what killed runs left behind (processes, namespaces, interfaces)",

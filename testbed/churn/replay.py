@@ -13,8 +13,10 @@ slow       write ``agents/<device>.slow`` (``{"slow": factor}``), which the agen
 
 **Clock.** Trace time 0 is the moment training starts (``status.json`` leaves ``starting`` and
 ``waiting for devices``), so a trace means the same thing however long the devices take to join;
-an action at trace time ``t`` is applied ``t x D`` wall seconds later (D: time dilation). Each
-applied action is one ``churn`` event in ``events.jsonl`` with its effect.
+an action at trace time ``t`` is applied ``t x D`` wall seconds later (D: time dilation; when an
+adaptive D changes, :meth:`Replay.set_dilation`, trace time runs on at the new rate from that
+moment, as the devices' clocks do). Each applied action is one ``churn`` event in
+``events.jsonl`` with its effect.
 
 **Resume.** ``testbed up --resume`` goes on from where the run was (:func:`resume_point`): the
 actions already recorded as ``churn`` events are not applied again, the devices present after them
@@ -40,6 +42,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
+from testbed.emulator.dilation import DeviceClock
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +153,9 @@ class Replay:
         self.start_state = start or ReplayState(present=set(schedule.initially_present))
         self.stopping = threading.Event()
         self.applied = self.start_state.applied
+        self._clock: DeviceClock | None = None  # trace time since begin, once training runs
+        self._clock_lock = threading.Lock()
+        self._changed = threading.Event()  # D changed: a wait for the next action starts over
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -162,8 +168,23 @@ class Replay:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop applying actions; wait for the thread."""
         self.stopping.set()
+        self._changed.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+    def set_dilation(self, dilation: float) -> None:
+        """From now on trace time runs at 1 / dilation of wall time."""
+        with self._clock_lock:
+            self.dilation = dilation
+            if self._clock is not None:
+                self._clock.set_dilation(dilation, time.monotonic())
+        self._changed.set()
+
+    def _wall_until(self, trace_s: float) -> float:
+        """Wall seconds from now until trace time trace_s (since begin), at the current D."""
+        with self._clock_lock:
+            assert self._clock is not None
+            return (trace_s - self._clock.device_s(time.monotonic())) * self._clock.dilation
 
     def _run(self) -> None:
         try:
@@ -175,7 +196,8 @@ class Replay:
     def _replay(self) -> None:
         if not self._wait_for_training():
             return
-        begin = time.monotonic()
+        with self._clock_lock:
+            self._clock = DeviceClock(time.monotonic(), self.dilation)
         offset = self.start_state.trace_s
         self.event("churn_clock_start", actions=len(self.schedule.actions),
                    already_applied=self.applied, offset_s=round(offset, 6))
@@ -185,8 +207,13 @@ class Replay:
             self.event("churn_restore", device=name, action="partition",
                        effect=apply_action(action, self.run, agents_dir))
         for action in self.schedule.actions[self.applied:]:
-            due = begin + (action.time_s - offset) * self.dilation
-            if self.stopping.wait(max(0.0, due - time.monotonic())):
+            while not self.stopping.is_set():
+                self._changed.clear()  # before reading the clock: a change after it wakes us
+                wait_s = self._wall_until(action.time_s - offset)
+                if wait_s <= 0:
+                    break
+                self._changed.wait(wait_s)  # wakes early for a new D or a stop
+            if self.stopping.is_set():
                 return
             began_t = time.time()  # the PS may log what the action causes before it returns
             effect = apply_action(action, self.run, agents_dir)

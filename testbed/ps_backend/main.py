@@ -28,12 +28,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from testbed.emulator.dilation import DilationController, error_quantiles, probe_dilation
+from testbed.emulator.link_dilation import DilationRequester
 from testbed.emulator.network.base import switch_path
 from testbed.ps_backend.admission import raise_fd_limit
 from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S, PsConfig
@@ -446,12 +447,15 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,
            join_timeout_s: float, dilation: float, stop: threading.Event, resume: bool = False,
            checkpoint_every: int = 1, watchdog_s: float | None = None,
-           trace_tiles: bool = False) -> int:
+           trace_tiles: bool = False,
+           links_follow: Callable[[float], None] | None = None) -> int:
     """Train the topology's job with devices; return the process exit code.
 
     With adaptive dilation (``time_dilation: {target_p95: ...}``) D = ``dilation`` is only
     where the probe starts; the probe's choice holds from the first step and the controller may
     change it between steps. Otherwise D holds for the whole run and fidelity is only reported.
+    ``links_follow(D)``, when given, returns once what the PS does not shape itself (the
+    kernel's links, the churn replay's clock) has moved to a new D (``link_dilation``).
     """
     job = topology.job
     adaptive = topology.time_dilation is None and topology.dilation_adaptive
@@ -503,6 +507,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             dilation, probe = run_probe(server, executor, job, joined, dilation, target,
                                         topology.seed)
             server.call(lambda: server.core.set_dilation(dilation))  # type: ignore[union-attr]
+            if links_follow is not None:
+                links_follow(dilation)
             runlog.event("dilation_probe", chosen=round(dilation, 4), target_p95=target,
                          rounds=probe)
             log.info("probe: time dilation %.2f for a p95 tile error <= %.0f%% (%s)", dilation,
@@ -554,6 +560,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                     dilation = new
                     server.call(functools.partial(server.core.set_dilation,  # type: ignore
                                                   new))
+                    if links_follow is not None:
+                        links_follow(new)
             server.call(ledger.sync)
             if trainer.next_step % checkpoint_every == 0 or trainer.next_step == job.steps:
                 _save(trainer, run_dir, losses)
@@ -648,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
                         "core this process may run on")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its newest checkpoint and ledger")
+    p.add_argument("--links-follow-dilation", action="store_true",
+                   help="when D changes (adaptive dilation), ask the run's owner (testbed up) "
+                        "to move the kernel's links and the churn clock to it, through "
+                        "RUN_DIR/dilation.request.json, and wait for its answer")
     p.add_argument("--trace-tiles", action="store_true",
                    help="write RUN_DIR/tiles.jsonl: each accepted tile's times and bytes")
     p.add_argument("--checkpoint-every", type=int, default=1,
@@ -682,4 +694,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return run_ps(topology, args.run_dir, args.listen, token, expected, args.join_timeout_s,
                   args.dilation, stop, resume=args.resume, checkpoint_every=args.checkpoint_every,
-                  watchdog_s=args.no_progress_s, trace_tiles=args.trace_tiles)
+                  watchdog_s=args.no_progress_s, trace_tiles=args.trace_tiles,
+                  links_follow=DilationRequester(args.run_dir) if args.links_follow_dilation
+                  else None)

@@ -17,7 +17,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
+from testbed.emulator.network.probe import probe
 from testbed.ps_backend.main import run_probe
 from testbed.runlog import read_jsonl
 from tests.conftest import run_dir_of, start_up, tiny_topology
@@ -101,6 +103,32 @@ def test_adaptive_d_changes_only_between_steps_and_device_time_holds(tmp_path: P
         assert s["emulated_tiles"] == s["tiles"] and s["tile_error_p95"] is not None
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["tile_error_p95"] is not None and summary["dilation_target_p95"] == 0.1
+
+
+@pytest.mark.skipif(bool(probe().missing()), reason="Mininet backend unavailable, missing: "
+                    + "; ".join(probe().missing()))
+def test_on_mininet_the_kernels_links_follow_every_new_d_before_the_next_step(
+        tmp_path: Path) -> None:
+    topology = tiny_topology(tmp_path, name="adaptive-mn", steps=3,
+                             time_dilation={"target_p95": "10%"})
+    raw = yaml.safe_load(topology.read_text())
+    raw["network"] = {"backend": "mininet"}
+    topology.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "runs"
+    proc = start_up(topology, out)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    events = read_jsonl(run_dir_of(out) / "events.jsonl")
+    steps = read_jsonl(run_dir_of(out) / "steps.jsonl")
+    asked = [e for e in events if e["event"] in ("dilation_probe", "dilation_change")]
+    moved = [e for e in events if e["event"] == "links_dilation"]
+    assert asked and len(moved) == len(asked), (asked, moved)
+    for ask, move in zip(asked, moved):
+        new = ask.get("chosen", ask.get("new"))
+        assert move["new"] == pytest.approx(new, rel=1e-4) and move["backend"] == "mininet"
+        # the PS waited for the links: they moved before the step at the new D began
+        first = next(s for s in steps if s["time_dilation"] == pytest.approx(new, rel=1e-4))
+        assert move["t"] <= first["t"] - first["wall_s"] + 0.05, (move, first)
 
 
 def test_device_time_per_step_is_the_same_at_different_fixed_d(tmp_path: Path) -> None:

@@ -155,3 +155,32 @@ def test_partition_cuts_a_device_off_and_heal_restores_it():
         assert net.set_partitioned(device, False)
         assert becomes_reachable(device, tries=5)
         assert server.poll() is None
+
+
+@needs_mininet
+def test_a_new_dilation_moves_the_kernels_rates_both_ways():
+    """An adaptive run changes D between steps; the links must follow (link_dilation): brought
+    up at D 1 and moved to D 4, a 20 Mbit/s link carries 5 Mbit/s of payload each way (down:
+    the switch port's egress in the root namespace; up: the device host's own)."""
+    topo = parse_topology({
+        "name": "redilate",
+        "network": {"backend": "mininet", "switches": ["ap0"],
+                    "ps": {"switch": "ap0", "link": {"down": "1Gbit", "up": "1Gbit"}}},
+        "devices": [{"group": "a", "profile": "snapdragon888", "count": 1, "switch": "ap0",
+                     "link": {"down": "20Mbit", "up": "20Mbit"}}],
+        "job": JOB})
+    with MininetNetwork(topo, dilation=1) as net:
+        net.set_dilation(4)
+        assert net.describe()["dilation"] == 4
+        start_iperf_server(net, None)
+        rates = {}
+        for direction, extra in (("up", []), ("down", ["-R"])):
+            run = net.popen("a-0", ["iperf3", "-c", net.host_ip(None), "-t", "4", "-O", "2",
+                                    "-J", *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+            out, err = run.communicate(timeout=60)
+            assert run.returncode == 0, err
+            rates[direction] = json.loads(out)["end"]["sum_received"]["bits_per_second"]
+    # the same tolerance as the payload test above: 20 Mbit/s / 4
+    for direction, bps in rates.items():
+        assert 0.97 * 5e6 <= bps <= 1.01 * 5e6, (direction, rates)

@@ -298,3 +298,23 @@ def test_pids_survive_a_torn_file(tmp_path: Path) -> None:
     (tmp_path / "pids.json").write_text('{"ps": 12')  # killed mid-write (not atomic elsewhere)
     assert clean_run_dir(tmp_path)[0].endswith("stopped 0 leftover process(es)")
     assert os.path.exists(tmp_path / "pids.json")
+
+
+def test_a_new_dilation_moves_the_replays_clock_from_that_moment(tmp_path: Path) -> None:
+    # phones-0 leaves at trace time 0.1: 5 wall seconds at D 50; after 0.2 s (trace 0.004) D
+    # becomes 1, so the leave is due ~0.1 s later, not 4.8 s
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    run = FakeRun()
+    replay = Replay(_schedule(), run, tmp_path, dilation=50.0, event=lambda *a, **k: None)
+    started = time.monotonic()
+    replay.start()
+    time.sleep(0.2)
+    assert replay.applied == 0
+    replay.set_dilation(1.0)
+    deadline = time.monotonic() + 10
+    while replay.applied < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    elapsed = time.monotonic() - started
+    replay.stop()
+    assert run.calls[0] == ("signal", "phones-0", "SIGTERM")
+    assert 0.25 <= elapsed < 2.0, elapsed  # ~0.3 s; at the old D it would be 5 s

@@ -85,6 +85,11 @@ class Network(Protocol):
         """Take a device's link down (True) or up; False if the backend cannot (the app does)."""
         ...
 
+    def set_dilation(self, dilation: float) -> None:
+        """Follow a new time dilation D (between steps): what this backend shapes in the kernel
+        moves to it; what the application shapes follows the PS's announcement by itself."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """Facts for the run log and summary.json: backend, delay mechanism, ..."""
         ...

@@ -44,6 +44,9 @@ class LoopbackNetwork:
     def set_partitioned(self, device: DeviceSpec, partitioned: bool) -> bool:
         return False  # the agent blackholes its own traffic
 
+    def set_dilation(self, dilation: float) -> None:
+        pass  # every link is the application's, and the agents follow the PS's D
+
     def describe(self) -> dict[str, Any]:
         return {"backend": "loopback", "rate": "application", "delay": "application",
                 "loss": "application"}

@@ -45,7 +45,9 @@ dilation> loss <loss %> limit <queue or 1000>``; otherwise, when ``queue`` is gi
 <queue>`` (packets). Without netem, delay and loss are not in the kernel:
 :meth:`MininetNetwork.app_shaping` returns the whole path's one-way delay and loss for the
 application to apply, undilated (as the loopback backend returns them, so the agent treats both
-alike). ``describe()`` states which mechanism is active.
+alike). ``describe()`` states which mechanism is active. :meth:`MininetNetwork.set_dilation`
+moves every egress to a new D in place (``tc class change``, and ``qdisc change`` for netem),
+between the steps of an adaptive run (:mod:`testbed.emulator.link_dilation`).
 
 Processes started with :meth:`MininetNetwork.popen` run in the node's namespace (``mnexec -a``) and
 carry ``TESTBED_NET_PREFIX=P`` in their environment, which is how :mod:`.cleanup` finds them after
@@ -104,40 +106,62 @@ class Egress:
     queue_packets: int | None
 
 
+TcCommands = Callable[[Egress, bool, bool], list[str]]  # tc_commands or tc_change_commands
+
+
 def tc_commands(e: Egress, netem: bool, acks_first: bool) -> list[str]:
     """The tc commands (without the leading 'tc') that shape one egress (module docstring).
 
     ``acks_first`` (the kernel has the u32 classifier): two HTB classes share the rate, small
     TCP segments (under 128 bytes: pure ACKs, HTTP/2 window updates and pings) ahead of data.
     """
-    rate = max(1, round(e.rate_bps))
-    burst_bytes = max(15_000, round(e.rate_bps / 8 * 1e-3))
-    burst = f"burst {burst_bytes}b cburst {burst_bytes}b"
     leaves = [ACK_CLASS, DATA_CLASS] if acks_first else [1]
-    cmds = [f"qdisc replace dev {e.intf} root handle 1: htb default {leaves[-1]}",
-            f"class add dev {e.intf} parent 1: classid 1:1 htb rate {rate}bit ceil {rate}bit "
-            f"{burst}"]
-    if acks_first:
-        # a child class at its own rate sends without asking its parent: the two rates must
-        # add up to the link's, and each may borrow the rest of it
-        acks = max(1, round(rate * ACK_SHARE))
-        cmds += [f"class add dev {e.intf} parent 1:1 classid 1:{ACK_CLASS} htb rate {acks}bit "
-                 f"ceil {rate}bit prio 0 {burst}",
-                 f"class add dev {e.intf} parent 1:1 classid 1:{DATA_CLASS} htb rate "
-                 f"{max(1, rate - acks)}bit ceil {rate}bit prio 1 {burst}",
-                 # IPv4, TCP, a 20-byte IP header, total length under 128 bytes
-                 f"filter add dev {e.intf} parent 1: protocol ip prio 1 u32 "
-                 f"match ip protocol 6 0xff match u8 0x05 0x0f at 0 "
-                 f"match u16 0x0000 0xff80 at 2 flowid 1:{ACK_CLASS}"]
+    cmds = [f"qdisc replace dev {e.intf} root handle 1: htb default {leaves[-1]}"]
+    cmds += [f"class add {c}" for c in _htb_classes(e, acks_first)]
+    if acks_first:  # IPv4, TCP, a 20-byte IP header, total length under 128 bytes
+        cmds.append(f"filter add dev {e.intf} parent 1: protocol ip prio 1 u32 "
+                    f"match ip protocol 6 0xff match u8 0x05 0x0f at 0 "
+                    f"match u16 0x0000 0xff80 at 2 flowid 1:{ACK_CLASS}")
     for leaf in leaves:
         if netem and (e.delay_s > 0 or e.loss_fraction > 0):
-            cmds.append(f"qdisc add dev {e.intf} parent 1:{leaf} handle {10 + leaf}: netem "
-                        f"delay {e.delay_s * 1e6:.0f}us loss {e.loss_fraction * 100:.6f}% "
-                        f"limit {e.queue_packets or 1000}")
+            cmds.append(f"qdisc add {_netem(e, leaf)}")
         elif e.queue_packets:
             cmds.append(f"qdisc add dev {e.intf} parent 1:{leaf} handle {10 + leaf}: pfifo "
                         f"limit {e.queue_packets}")
     return cmds
+
+
+def tc_change_commands(e: Egress, netem: bool, acks_first: bool) -> list[str]:
+    """The tc commands that move an egress :func:`tc_commands` shaped to ``e``'s rate (and,
+    with netem, delay) in place: its queued packets stay (a new D between steps)."""
+    cmds = [f"class change {c}" for c in _htb_classes(e, acks_first)]
+    if netem and (e.delay_s > 0 or e.loss_fraction > 0):
+        cmds += [f"qdisc change {_netem(e, leaf)}"
+                 for leaf in ([ACK_CLASS, DATA_CLASS] if acks_first else [1])]
+    return cmds
+
+
+def _htb_classes(e: Egress, acks_first: bool) -> list[str]:
+    """The HTB classes of one egress, after the verb (``class add`` or ``class change``)."""
+    rate = max(1, round(e.rate_bps))
+    burst_bytes = max(15_000, round(e.rate_bps / 8 * 1e-3))
+    burst = f"burst {burst_bytes}b cburst {burst_bytes}b"
+    classes = [f"dev {e.intf} parent 1: classid 1:1 htb rate {rate}bit ceil {rate}bit {burst}"]
+    if acks_first:
+        # a child class at its own rate sends without asking its parent: the two rates must
+        # add up to the link's, and each may borrow the rest of it
+        acks = max(1, round(rate * ACK_SHARE))
+        classes += [f"dev {e.intf} parent 1:1 classid 1:{ACK_CLASS} htb rate {acks}bit "
+                    f"ceil {rate}bit prio 0 {burst}",
+                    f"dev {e.intf} parent 1:1 classid 1:{DATA_CLASS} htb rate "
+                    f"{max(1, rate - acks)}bit ceil {rate}bit prio 1 {burst}"]
+    return classes
+
+
+def _netem(e: Egress, leaf: int) -> str:
+    return (f"dev {e.intf} parent 1:{leaf} handle {10 + leaf}: netem delay "
+            f"{e.delay_s * 1e6:.0f}us loss {e.loss_fraction * 100:.6f}% "
+            f"limit {e.queue_packets or 1000}")
 
 
 class MininetNetwork:
@@ -161,6 +185,11 @@ class MininetNetwork:
         self.hosts: dict[str | None, Any] = {}  # None = the PS
         self.device_port: dict[str, str] = {}  # device name -> its switch port (root ns)
         self.procs: list[subprocess.Popen] = []
+        # the shaped egresses (switch ports in the root namespace; each host's e0 by node) and
+        # each interface's topology rate and link, to shape them again for a new D
+        self.root_egress: list[Egress] = []
+        self.host_egress: dict[str | None, Egress] = {}
+        self.nominal: dict[str, tuple[float, LinkSpec]] = {}
         self.started = False
         self.bringup_s = 0.0
         self.teardown_s = 0.0
@@ -319,12 +348,13 @@ class MininetNetwork:
         self._report("configure", 0, total)
         net.build()  # addresses on every host (ifconfig in each namespace)
         net.start()  # brctl addbr/addif, bridges up
-        self._shape_root(egress)
+        self._shape_root(egress, tc_commands)
         for n, (node, e) in enumerate(host_egress.items(), start=1):
-            self._shape_host(self.hosts[node], e)
+            self._shape_host(self.hosts[node], e, tc_commands)
             if n % self.progress_every == 0:
                 self._report("shape", n, total)
         self._report("shape", total, total)
+        self.root_egress, self.host_egress = egress, host_egress
 
     def phone_places(self) -> list[tuple[str, str | None, LinkSpec]]:
         """(node name, switch, link) of each phone the topology's ``adb:`` section places."""
@@ -348,22 +378,42 @@ class MininetNetwork:
         raise KeyError(f"no interface {intf} in host {host.name}")
 
     def _egress(self, intf: str, rate_bps: float, spec: LinkSpec) -> Egress:
+        self.nominal[intf] = (rate_bps, spec)  # set_dilation shapes it again from these
         return Egress(intf, wire_rate_bps(rate_bps) / self.dilation, spec.delay_s * self.dilation,
                       spec.loss_fraction, spec.queue_packets)
 
-    def _shape_root(self, egress: list[Egress]) -> None:
+    def _shape_root(self, egress: list[Egress], commands: TcCommands) -> None:
         batch = "".join(c + "\n" for e in egress
-                        for c in tc_commands(e, self.caps.netem, self.caps.u32))
+                        for c in commands(e, self.caps.netem, self.caps.u32))
         done = subprocess.run(["tc", "-batch", "-"], input=batch, capture_output=True,
                               text=True)
         if done.returncode != 0:
             raise RuntimeError(f"tc on the switch ports failed: {done.stderr.strip()}")
 
-    def _shape_host(self, host: Any, e: Egress) -> None:
-        script = " && ".join(f"tc {c}" for c in tc_commands(e, self.caps.netem, self.caps.u32))
+    def _shape_host(self, host: Any, e: Egress, commands: TcCommands) -> None:
+        script = " && ".join(f"tc {c}" for c in commands(e, self.caps.netem, self.caps.u32))
         out = host.cmd(f"{script} && echo TC-OK")
         if "TC-OK" not in out:
             raise RuntimeError(f"tc in host {host.name} failed: {out.strip()}")
+
+    def set_dilation(self, dilation: float) -> None:
+        """Shape every egress for a new D in place (rates / D, netem delays x D; queued packets
+        stay): the PS changes D between steps when it is adaptive, and the kernel's links must
+        follow as the agents' clocks and application-level delays do."""
+        if dilation < 1:
+            raise ValueError(f"dilation must be >= 1, got {dilation}")
+        if not self.started:
+            raise RuntimeError("the network is not started")
+        t0 = time.monotonic()
+        self.dilation = dilation
+        self.root_egress = [self._egress(e.intf, *self.nominal[e.intf]) for e in self.root_egress]
+        self.host_egress = {node: self._egress(e.intf, *self.nominal[e.intf])
+                            for node, e in self.host_egress.items()}
+        self._shape_root(self.root_egress, tc_change_commands)
+        for node, e in self.host_egress.items():
+            self._shape_host(self.hosts[node], e, tc_change_commands)
+        log.info("%s: links shaped for time dilation %.4g in %.2f s", self.prefix, dilation,
+                 time.monotonic() - t0)
 
     def _report(self, phase: str, done: int, total: int) -> None:
         if self.progress is not None:
