@@ -95,6 +95,10 @@ def _planning_lines(steps: list[dict[str, Any]], summary: dict[str, Any]) -> lis
     eff = summary.get("efficiency")
     if isinstance(eff, (int, float)):
         lines.append(f"- schedule efficiency (bound / device time): {eff:.2f}")
+    below = summary.get("steps_below_bound") or 0
+    if below:
+        lines.append(f"- **{below} step(s) below their lower bound**: the emulated links or "
+                     f"time dilation did not follow the topology; device times are wrong")
     sat_out: dict[str, set[str]] = {}
     for s in steps:
         for group, why in (s.get("sat_out") or {}).items():

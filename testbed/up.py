@@ -577,9 +577,10 @@ def run_up(args: argparse.Namespace) -> int:
     console.print(f"{summary.get('state', 'failed')}: {summary.get('steps_done', 0)} steps, "
                   f"final loss {loss if loss is None else f'{loss:.4f}'}, "
                   f"{summary.get('tiles', 0)} tiles; run directory {run_dir}")
-    if summary.get("fidelity_ok") is False:
-        from testbed.ps_backend.main import fidelity_warning
-        console.print(fidelity_warning(summary), style="bold red", markup=False)
+    from testbed.ps_backend.main import run_warnings
+
+    for warning in run_warnings(summary):
+        console.print(warning, style="bold red", markup=False)
     return code
 
 

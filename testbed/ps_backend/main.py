@@ -278,8 +278,12 @@ class BoundTotals:
         self.bound_s = self.device_time_s = 0.0
         self.min_down = self.min_up = 0.0
         self.sat_out: dict[str, str] = {}
+        # steps faster than their lower bound: impossible for a faithful emulation or simulation
+        # (links or D not what the topology says); summary.json counts them, the run warns
+        self.below = 0
 
     def add(self, record: Any, device_time_s: float) -> None:
+        self.below += device_time_s < record.bound_s
         self.bound_s += record.bound_s
         self.device_time_s += device_time_s
         self.min_down += record.bytes_min_down
@@ -290,7 +294,7 @@ class BoundTotals:
         return {"bound_s": round(self.bound_s, 6), "device_time_s": round(self.device_time_s, 6),
                 "bytes_min_down": int(self.min_down), "bytes_min_up": int(self.min_up),
                 "efficiency": efficiency(self.bound_s, self.device_time_s),
-                "sat_out": self.sat_out}
+                "steps_below_bound": self.below, "sat_out": self.sat_out}
 
 
 def _save(trainer: Any, run_dir: Path, losses: list[float]) -> Path:
@@ -619,13 +623,27 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                       exc)
             server.stop("run " + state)
             write_json_atomic(run_dir / "ps_summary.json", summary)
-        if summary.get("fidelity_ok") is False:
-            log.warning(fidelity_warning(summary))
+        for warning in run_warnings(summary):
+            log.warning(warning)
         runlog.event("ps_stop", state=state)
         server.stop("run " + state)
         ledger.close()
         runlog.close()
     return code
+
+
+def run_warnings(summary: dict[str, Any]) -> list[str]:
+    """The lines a run's end carries when its device times are not to be trusted."""
+    out = []
+    below = summary.get("steps_below_bound") or 0
+    if below:
+        out.append(f"WARNING: {below} step(s) took less device time than their lower bound "
+                   f"(bound_s), which no schedule on this topology can: the emulated links or "
+                   f"time dilation did not follow the topology, and this run's device times "
+                   f"are wrong (steps.jsonl: efficiency > 1)")
+    if summary.get("fidelity_ok") is False:
+        out.append(fidelity_warning(summary))
+    return out
 
 
 def fidelity_warning(summary: dict[str, Any]) -> str:

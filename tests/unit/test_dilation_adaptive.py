@@ -154,3 +154,23 @@ def test_a_missed_fidelity_target_says_by_how_much_and_what_to_change() -> None:
                              "dilation_min": 2.2, "dilation_max": 2.2})
     assert "p95 tile-time error 75.0% > 10%" in line and "(time dilation 2.2..2.2)" in line
     assert "A larger time_dilation" in line and "time_dilation: {target_p95: ...}" in line
+
+
+def test_a_step_faster_than_its_bound_is_counted_and_the_run_warns() -> None:
+    from types import SimpleNamespace
+
+    from testbed.ps_backend.main import BoundTotals, run_warnings
+
+    bound = BoundTotals()
+    step = SimpleNamespace(bound_s=1.25, bytes_min_down=1.0, bytes_min_up=1.0, sat_out={})
+    bound.add(step, 2.34)
+    assert bound.fields()["steps_below_bound"] == 0 and run_warnings(bound.fields()) == []
+    bound.add(step, 0.66)  # links 8x too fast: what a run whose links kept an old D reported
+    bound.add(step, 1.25)  # at the bound exactly: possible
+    fields = bound.fields()
+    assert fields["steps_below_bound"] == 1
+    (line,) = run_warnings(fields)
+    assert "1 step(s) took less device time than their lower bound" in line
+    both = run_warnings({**fields, "fidelity_ok": False, "tile_error_p95": 0.75,
+                         "dilation_target_p95": 0.1, "dilation_min": 2.2, "dilation_max": 2.2})
+    assert len(both) == 2 and "p95 tile-time error 75.0%" in both[1]
