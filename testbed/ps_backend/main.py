@@ -282,8 +282,9 @@ class BoundTotals:
         # (links or D not what the topology says); summary.json counts them, the run warns
         self.below = 0
 
-    def add(self, record: Any, device_time_s: float) -> None:
-        self.below += device_time_s < record.bound_s
+    def add(self, record: Any, device_time_s: float, from_ledger: int = 0) -> None:
+        # a resumed step's tiles journaled before the crash cost no device time: it may be
+        self.below += device_time_s < record.bound_s and not from_ledger
         self.bound_s += record.bound_s
         self.device_time_s += device_time_s
         self.min_down += record.bytes_min_down
@@ -538,7 +539,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             losses.append(result.loss)
             device_time_s = wall_s / dilation  # D was constant during the step
             step_fidelity = fidelity.add(stats.tile_errors, stats.tile_lags_s, dilation)
-            bound.add(planned_step, device_time_s)
+            bound.add(planned_step, device_time_s, stats.from_ledger)
             runlog.step(step=result.step, loss=result.loss, wall_s=round(wall_s, 6),
                         device_time_s=round(device_time_s, 6), **planned_step.fields(),
                         efficiency=efficiency(planned_step.bound_s, device_time_s),

@@ -167,6 +167,7 @@ def test_a_step_faster_than_its_bound_is_counted_and_the_run_warns() -> None:
     assert bound.fields()["steps_below_bound"] == 0 and run_warnings(bound.fields()) == []
     bound.add(step, 0.66)  # links 8x too fast: what a run whose links kept an old D reported
     bound.add(step, 1.25)  # at the bound exactly: possible
+    bound.add(step, 0.5, from_ledger=40)  # a resumed step's journaled tiles cost no time
     fields = bound.fields()
     assert fields["steps_below_bound"] == 1
     (line,) = run_warnings(fields)
