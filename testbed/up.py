@@ -215,8 +215,9 @@ class Run:
         if self.schedule is not None and self.schedule.actions:
             from testbed.churn.replay import Replay
 
-            self.replay = Replay(self.schedule, self, self.run_dir, self.dilation,
-                                 self.runlog.event, self.notes.append, start=replay_from)
+            with self._lock:  # the dilation follower reads both
+                self.replay = Replay(self.schedule, self, self.run_dir, self.dilation,
+                                     self.runlog.event, self.notes.append, start=replay_from)
             self.replay.start()
         with self._lock:
             self._started = True
@@ -331,9 +332,10 @@ class Run:
         def apply(dilation: float) -> None:
             started = time.monotonic()
             self.network.set_dilation(dilation)
-            if self.replay is not None:
-                self.replay.set_dilation(dilation)
-            old, self.dilation = self.dilation, dilation
+            with self._lock:  # a replay made meanwhile starts at the new D
+                if self.replay is not None:
+                    self.replay.set_dilation(dilation)
+                old, self.dilation = self.dilation, dilation
             if self.runlog is not None:
                 self.runlog.event("links_dilation", old=round(old, 4), new=round(dilation, 4),
                                   backend=self.network.kind,

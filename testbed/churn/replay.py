@@ -98,18 +98,27 @@ def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
 
     Applied = the number of ``churn`` events (each action is recorded once, whichever session
     applied it). Trace time reached = the last ``churn_clock_start``'s offset plus the device
-    time from it to the last record of that session.
+    time from it to the last record of that session: wall time over ``dilation``, the D the
+    run started with, or over the D of the last ``links_dilation`` record before it (an
+    adaptive run's).
     """
     applied = min(sum(e.get("event") == "churn" for e in events), len(schedule.actions))
     clock_t: float | None = None
-    offset_s = 0.0
-    last_t = 0.0
+    offset_s = device_s = 0.0
+    since_t = last_t = 0.0  # the current D holds since since_t
     for e in events:
         t = float(e.get("t", 0.0) or 0.0)
-        if e.get("event") == "churn_clock_start":
-            clock_t, offset_s = t, float(e.get("offset_s", 0.0) or 0.0)
+        kind = e.get("event")
+        if kind == "churn_clock_start":
+            clock_t, offset_s, device_s, since_t = t, float(e.get("offset_s", 0.0) or 0.0), 0.0, t
+        elif kind == "links_dilation":
+            if clock_t is not None:
+                device_s += max(0.0, t - since_t) / dilation
+                since_t = t
+            dilation = float(e["new"])
         last_t = max(last_t, t)
-    trace_s = offset_s + max(0.0, last_t - clock_t) / dilation if clock_t is not None else 0.0
+    trace_s = offset_s + device_s + max(0.0, last_t - since_t) / dilation \
+        if clock_t is not None else 0.0
     return state_after(schedule, applied, trace_s)
 
 

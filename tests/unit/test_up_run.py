@@ -318,3 +318,14 @@ def test_a_new_dilation_moves_the_replays_clock_from_that_moment(tmp_path: Path)
     replay.stop()
     assert run.calls[0] == ("signal", "phones-0", "SIGTERM")
     assert 0.25 <= elapsed < 2.0, elapsed  # ~0.3 s; at the old D it would be 5 s
+
+
+def test_resume_counts_trace_time_at_each_d_an_adaptive_run_had() -> None:
+    # clock started at t=100 at D 2; the links moved to D 4 at t=100.2; stopped at t=100.6:
+    # 0.2 / 2 + 0.4 / 4 = 0.2 of trace time (at D 2 throughout it would be 0.3)
+    events = [{"event": "links_dilation", "t": 99.0, "old": 1.0, "new": 2.0},  # the probe's
+              {"event": "churn_clock_start", "t": 100.0, "offset_s": 0.0},
+              {"event": "links_dilation", "t": 100.2, "old": 2.0, "new": 4.0},
+              {"event": "run_stop", "t": 100.6}]
+    state = resume_point(_schedule(), events, dilation=1.0)
+    assert abs(state.trace_s - 0.2) <= 1e-9
