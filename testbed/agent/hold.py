@@ -21,8 +21,12 @@ log = logging.getLogger(__name__)
 HOLD_RT_PRIORITY = 1
 # Even at real-time priority a sleep ends 20-35 us late on an idle host, ~70 us for sleeps of a
 # few ms (timer and wake-up path; a one-off loop of hold_until), i.e. 10 % of a 0.3 ms hold (a
-# laptop's small tile at D 3). The last SPIN_S of a hold is therefore spun on the clock instead.
+# laptop's small tile at D 3). The last SPIN_S of a hold shorter than SPIN_BELOW_S is therefore
+# spun on the clock instead. Longer holds sleep to the end: there the lateness is under 1.5 %,
+# and a spin at real-time priority takes the core from the PS and the other agents (docs/
+# architecture.md, "Time").
 SPIN_S = 150e-6
+SPIN_BELOW_S = 5e-3
 _rt_hold = [hasattr(os, "sched_setscheduler")]  # off after the host refused it once
 
 
@@ -31,6 +35,7 @@ def hold_until(deadline_s: float) -> float:
     remaining = deadline_s - time.monotonic()
     if remaining <= 0:
         return time.monotonic()
+    spin_s = SPIN_S if remaining < SPIN_BELOW_S else 0.0
     # only a normal thread switches (and back): one the caller made real-time already stays so
     if _rt_hold[0] and os.sched_getscheduler(0) == os.SCHED_OTHER:
         try:  # pid 0: this thread only
@@ -41,14 +46,14 @@ def hold_until(deadline_s: float) -> float:
                      exc)
         else:
             try:
-                return _sleep_then_spin(deadline_s)  # before the switch back, which may yield
+                return _sleep_then_spin(deadline_s, spin_s)  # before the switch back (may yield)
             finally:
                 os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    return _sleep_then_spin(deadline_s)
+    return _sleep_then_spin(deadline_s, spin_s)
 
 
-def _sleep_then_spin(deadline_s: float) -> float:
-    time.sleep(max(0.0, deadline_s - SPIN_S - time.monotonic()))
+def _sleep_then_spin(deadline_s: float, spin_s: float) -> float:
+    time.sleep(max(0.0, deadline_s - spin_s - time.monotonic()))
     now = time.monotonic()
     while now < deadline_s:
         now = time.monotonic()
