@@ -556,7 +556,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             runlog.stages(result.step, planned_step.stages, dilation)
             if controller is not None:  # between steps: the only place D may change
                 controller.observe(stats.tile_errors)
-                new = controller.between_steps()
+                # (after the last step a new D would only move the links for nothing)
+                new = controller.between_steps() if trainer.next_step < job.steps else dilation
                 if new != dilation:
                     runlog.event("dilation_change", step=result.step + 1, old=round(dilation, 4),
                                  new=round(new, 4), target_p95=target)
