@@ -73,11 +73,11 @@ class DilationFollower:
         self.apply = apply
         self.last_id: str | None = None
 
-    def poll(self) -> float | None:
-        """Apply a request not seen before; return its D (None when there was none)."""
+    def poll(self) -> None:
+        """Apply a request not seen before, once, and answer it."""
         request = _read(self.run_dir / REQUEST)
         if request is None or request.get("id") == self.last_id:
-            return None
+            return
         self.last_id = request.get("id")
         dilation = float(request["dilation"])
         error = None
@@ -88,7 +88,6 @@ class DilationFollower:
             error = f"{type(exc).__name__}: {exc}"
         write_json_atomic(self.run_dir / APPLIED, {"id": self.last_id, "dilation": dilation,
                                                    "error": error})
-        return None if error else dilation
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -500,6 +500,11 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                  max_connections=server.max_connections, no_progress_s=config.no_progress_s,
                  lan_address=ps_json.get("lan_address"), fingerprint=ps_json.get("fingerprint"))
     trainer.executor = executor
+
+    def set_dilation(new: float) -> None:  # between steps: the devices, then the links
+        server.call(functools.partial(server.core.set_dilation, new))  # type: ignore[union-attr]
+        if links_follow is not None:
+            links_follow(new)
     bound = BoundTotals()
     started = time.monotonic()
     state, code = "done", 0
@@ -511,9 +516,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             status.fields["state"] = "probing time dilation"
             dilation, probe = run_probe(server, executor, job, joined, dilation, target,
                                         topology.seed)
-            server.call(lambda: server.core.set_dilation(dilation))  # type: ignore[union-attr]
-            if links_follow is not None:
-                links_follow(dilation)
+            set_dilation(dilation)
             runlog.event("dilation_probe", chosen=round(dilation, 4), target_p95=target,
                          rounds=probe)
             log.info("probe: time dilation %.2f for a p95 tile error <= %.0f%% (%s)", dilation,
@@ -564,10 +567,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                     log.info("time dilation %.2f -> %.2f after step %d", dilation, new,
                              result.step)
                     dilation = new
-                    server.call(functools.partial(server.core.set_dilation,  # type: ignore
-                                                  new))
-                    if links_follow is not None:
-                        links_follow(new)
+                    set_dilation(new)
             server.call(ledger.sync)
             if trainer.next_step % checkpoint_every == 0 or trainer.next_step == job.steps:
                 _save(trainer, run_dir, losses)

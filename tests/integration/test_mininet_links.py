@@ -87,29 +87,38 @@ def test_a_link_carries_its_rate_both_ways_at_once():
     assert rates["up"] == pytest.approx(2e6, rel=0.10), rates
 
 
-@needs_mininet
-def test_a_link_rate_is_what_tcp_payload_gets():
-    """A topology's rate is the application's bytes', as on loopback and in the simulator: HTB
-    charges whole frames (1514 bytes for 1448 of payload), so at the configured rate a
-    saturated flow's payload got 0.956 of it; the kernel's rate is scaled up by that."""
-    topo = parse_topology({
-        "name": "goodput",
+def one_20mbit_device(name: str):
+    """One device on a 20 Mbit/s link each way, the PS on 1 Gbit."""
+    return parse_topology({
+        "name": name,
         "network": {"backend": "mininet", "switches": ["ap0"],
                     "ps": {"switch": "ap0", "link": {"down": "1Gbit", "up": "1Gbit"}}},
         "devices": [{"group": "a", "profile": "snapdragon888", "count": 1, "switch": "ap0",
                      "link": {"down": "20Mbit", "up": "20Mbit"}}],
         "job": JOB})
-    with MininetNetwork(topo, dilation=2) as net:
-        start_iperf_server(net, None)
-        # 2 s of slow start omitted, 5 s measured; iperf3's figure counts payload only
-        run = net.popen("a-0", ["iperf3", "-c", net.host_ip(None), "-t", "5", "-O", "2",
-                                "-J"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        text=True)
-        out, err = run.communicate(timeout=60)
+
+
+def payload_bps(net: MininetNetwork, *extra: str, seconds: int = 5) -> float:
+    """iperf3 from device a-0 to the PS's server (``-R``: back), slow start's 2 s omitted: the
+    payload's bits a second (iperf3 counts payload only)."""
+    run = net.popen("a-0", ["iperf3", "-c", net.host_ip(None), "-t", str(seconds), "-O", "2",
+                            "-J", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True)
+    out, err = run.communicate(timeout=60)
     assert run.returncode == 0, err
-    payload_bps = json.loads(out)["end"]["sum_received"]["bits_per_second"]
+    return json.loads(out)["end"]["sum_received"]["bits_per_second"]
+
+
+@needs_mininet
+def test_a_link_rate_is_what_tcp_payload_gets():
+    """A topology's rate is the application's bytes', as on loopback and in the simulator: HTB
+    charges whole frames (1514 bytes for 1448 of payload), so at the configured rate a
+    saturated flow's payload got 0.956 of it; the kernel's rate is scaled up by that."""
+    with MininetNetwork(one_20mbit_device("goodput"), dilation=2) as net:
+        start_iperf_server(net, None)
+        bps = payload_bps(net)
     # dilation 2: the kernel carries 10 Mbit/s of payload; at the rate unscaled 0.956 of it
-    assert 0.97 * 10e6 <= payload_bps <= 1.01 * 10e6, (payload_bps, FRAME_BYTES / MSS_BYTES)
+    assert 0.97 * 10e6 <= bps <= 1.01 * 10e6, (bps, FRAME_BYTES / MSS_BYTES)
 
 
 @needs_mininet
@@ -162,25 +171,11 @@ def test_a_new_dilation_moves_the_kernels_rates_both_ways():
     """An adaptive run changes D between steps; the links must follow (link_dilation): brought
     up at D 1 and moved to D 4, a 20 Mbit/s link carries 5 Mbit/s of payload each way (down:
     the switch port's egress in the root namespace; up: the device host's own)."""
-    topo = parse_topology({
-        "name": "redilate",
-        "network": {"backend": "mininet", "switches": ["ap0"],
-                    "ps": {"switch": "ap0", "link": {"down": "1Gbit", "up": "1Gbit"}}},
-        "devices": [{"group": "a", "profile": "snapdragon888", "count": 1, "switch": "ap0",
-                     "link": {"down": "20Mbit", "up": "20Mbit"}}],
-        "job": JOB})
-    with MininetNetwork(topo, dilation=1) as net:
+    with MininetNetwork(one_20mbit_device("redilate"), dilation=1) as net:
         net.set_dilation(4)
         assert net.describe()["dilation"] == 4
         start_iperf_server(net, None)
-        rates = {}
-        for direction, extra in (("up", []), ("down", ["-R"])):
-            run = net.popen("a-0", ["iperf3", "-c", net.host_ip(None), "-t", "4", "-O", "2",
-                                    "-J", *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-            out, err = run.communicate(timeout=60)
-            assert run.returncode == 0, err
-            rates[direction] = json.loads(out)["end"]["sum_received"]["bits_per_second"]
+        rates = {"up": payload_bps(net, seconds=4), "down": payload_bps(net, "-R", seconds=4)}
     # the same tolerance as the payload test above: 20 Mbit/s / 4
     for direction, bps in rates.items():
         assert 0.97 * 5e6 <= bps <= 1.01 * 5e6, (direction, rates)

@@ -348,13 +348,9 @@ class MininetNetwork:
         self._report("configure", 0, total)
         net.build()  # addresses on every host (ifconfig in each namespace)
         net.start()  # brctl addbr/addif, bridges up
-        self._shape_root(egress, tc_commands)
-        for n, (node, e) in enumerate(host_egress.items(), start=1):
-            self._shape_host(self.hosts[node], e, tc_commands)
-            if n % self.progress_every == 0:
-                self._report("shape", n, total)
-        self._report("shape", total, total)
         self.root_egress, self.host_egress = egress, host_egress
+        self._shape_all(tc_commands)
+        self._report("shape", len(host_egress), len(host_egress))
 
     def phone_places(self) -> list[tuple[str, str | None, LinkSpec]]:
         """(node name, switch, link) of each phone the topology's ``adb:`` section places."""
@@ -381,6 +377,14 @@ class MininetNetwork:
         self.nominal[intf] = (rate_bps, spec)  # set_dilation shapes it again from these
         return Egress(intf, wire_rate_bps(rate_bps) / self.dilation, spec.delay_s * self.dilation,
                       spec.loss_fraction, spec.queue_packets)
+
+    def _shape_all(self, commands: TcCommands) -> None:
+        """Shape every egress: the switch ports in one tc batch, then each host's own."""
+        self._shape_root(self.root_egress, commands)
+        for n, (node, e) in enumerate(self.host_egress.items(), start=1):
+            self._shape_host(self.hosts[node], e, commands)
+            if n % self.progress_every == 0:
+                self._report("shape", n, len(self.host_egress))
 
     def _shape_root(self, egress: list[Egress], commands: TcCommands) -> None:
         batch = "".join(c + "\n" for e in egress
@@ -409,9 +413,7 @@ class MininetNetwork:
         self.root_egress = [self._egress(e.intf, *self.nominal[e.intf]) for e in self.root_egress]
         self.host_egress = {node: self._egress(e.intf, *self.nominal[e.intf])
                             for node, e in self.host_egress.items()}
-        self._shape_root(self.root_egress, tc_change_commands)
-        for node, e in self.host_egress.items():
-            self._shape_host(self.hosts[node], e, tc_change_commands)
+        self._shape_all(tc_change_commands)
         log.info("%s: links shaped for time dilation %.4g in %.2f s", self.prefix, dilation,
                  time.monotonic() - t0)
 
