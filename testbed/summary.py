@@ -102,7 +102,7 @@ def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilatio
         summary["real_devices"] = real
     from testbed.emulator.energy import topology_energy
 
-    summary["energy"] = topology_energy(topology, summary.get("devices") or [], events,
-                                        float(summary.get("time_dilation") or dilation))
+    # the D the run started with; events.jsonl has every change from it (an adaptive run's)
+    summary["energy"] = topology_energy(topology, summary.get("devices") or [], events, dilation)
     write_json_atomic(run_dir / "summary.json", summary)
     return summary

@@ -98,12 +98,42 @@ def run_summary(devices: dict[str, EnergyAccount],
     return {"grid_g_per_kwh": grid_g_per_kwh, "devices": per_device, "total": total}
 
 
-def device_presence_s(events: list[dict[str, Any]], end_elapsed_s: float) -> dict[str, float]:
-    """Wall seconds each device was a member of the run, from events.jsonl.
+def dilation_timeline(events: list[dict[str, Any]], dilation: float) -> list[tuple[float, float]]:
+    """(elapsed_s, D) from each point on: the D the PS started with (its ``ps_start`` record,
+    else ``dilation``), then the probe's choice and each change between steps."""
+    timeline = [(0.0, dilation)]
+    for e in events:
+        kind, t = e.get("event"), float(e.get("elapsed_s", 0.0))
+        if kind == "ps_start" and e.get("time_dilation"):
+            timeline = [(0.0, float(e["time_dilation"]))]
+        elif kind == "dilation_probe":
+            timeline.append((t, float(e["chosen"])))
+        elif kind == "dilation_change":
+            timeline.append((t, float(e["new"])))
+    return timeline
+
+
+def _device_s(t0: float, t1: float, timeline: list[tuple[float, float]]) -> float:
+    """Device seconds between two elapsed wall times, each stretch over the D it ran at."""
+    total = 0.0
+    for i, (since, d) in enumerate(timeline):
+        until = timeline[i + 1][0] if i + 1 < len(timeline) else float("inf")
+        lo, hi = max(t0, since), min(t1, until)
+        if hi > lo:
+            total += (hi - lo) / d
+    return total
+
+
+def device_presence_s(events: list[dict[str, Any]], end_elapsed_s: float,
+                      dilation: float = 1.0) -> dict[str, float]:
+    """Device seconds each device was a member of the run, from events.jsonl.
 
     A device is present from its ``join`` to its ``leave``/``disconnect``/``lease_expired``
-    (or the end of the run); a device that joins again adds its new stretch.
+    (or the end of the run); a device that joins again adds its new stretch. Wall time becomes
+    device time over the D of each stretch (:func:`dilation_timeline`): an adaptive run's D
+    changes between steps.
     """
+    timeline = dilation_timeline(events, dilation)
     since: dict[str, float] = {}
     total: dict[str, float] = {}
     for e in events:
@@ -113,9 +143,9 @@ def device_presence_s(events: list[dict[str, Any]], end_elapsed_s: float) -> dic
         if kind == "join":
             since.setdefault(name, t)
         elif kind in ("leave", "disconnect", "lease_expired") and name in since:
-            total[name] = total.get(name, 0.0) + t - since.pop(name)
+            total[name] = total.get(name, 0.0) + _device_s(since.pop(name), t, timeline)
     for name, t in since.items():
-        total[name] = total.get(name, 0.0) + max(0.0, end_elapsed_s - t)
+        total[name] = total.get(name, 0.0) + _device_s(t, max(t, end_elapsed_s), timeline)
     return total
 
 
@@ -135,7 +165,7 @@ def run_energy(devices: list[dict[str, Any]], events: list[dict[str, Any]],
 
     Devices without a power model are listed with ``null`` energy.
     """
-    presence = device_presence_s(events, end_elapsed_s)
+    presence = device_presence_s(events, end_elapsed_s, dilation)
     accounts: dict[str, EnergyAccount] = {}
     merged: dict[str, dict[str, float]] = {}
     for d in devices:  # a device that rejoined has several records: add them up
@@ -151,7 +181,7 @@ def run_energy(devices: list[dict[str, Any]], events: list[dict[str, Any]],
             continue
         down_bps, up_bps = links.get(name, (0.0, 0.0))
         acc = EnergyAccount(compute_j=m["energy_j"], tiles=int(m["tiles"]), busy_s=m["compute_s"])
-        acc.idle_s = max(0.0, presence.get(name, 0.0) / dilation - m["compute_s"])
+        acc.idle_s = max(0.0, presence.get(name, 0.0) - m["compute_s"])
         acc.idle_j = idle_joules(acc.idle_s, params)
         if down_bps > 0:
             acc.add_radio(m["bytes_down"], down_bps, params.radio_w)

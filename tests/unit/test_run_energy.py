@@ -16,6 +16,22 @@ def test_presence_from_events() -> None:
     assert device_presence_s(events, 10.0) == {"a": 4.0 + 3.0, "b": 8.0}
 
 
+def test_presence_counts_each_stretch_at_the_d_it_ran_at() -> None:
+    # an adaptive run: started at D 2, the probe chose 4 at 6 s, a change to 8 at 10 s
+    events = [{"event": "ps_start", "time_dilation": 2.0, "elapsed_s": 0.5},
+              {"event": "join", "device": "a", "elapsed_s": 2.0},
+              {"event": "dilation_probe", "chosen": 4.0, "elapsed_s": 6.0},
+              {"event": "join", "device": "b", "elapsed_s": 8.0},
+              {"event": "dilation_change", "old": 4.0, "new": 8.0, "elapsed_s": 10.0},
+              {"event": "leave", "device": "b", "elapsed_s": 14.0}]
+    presence = device_presence_s(events, 18.0, dilation=99.0)  # ps_start's D wins
+    assert presence["a"] == pytest.approx(4.0 / 2 + 4.0 / 4 + 8.0 / 8)
+    assert presence["b"] == pytest.approx(2.0 / 4 + 4.0 / 8)
+    # without the PS's record the given D starts the timeline
+    assert device_presence_s(events[1:], 18.0, dilation=1.0)["a"] == \
+        pytest.approx(4.0 / 1 + 4.0 / 4 + 8.0 / 8)
+
+
 def test_run_energy_sums_the_power_model() -> None:
     power = PowerParams(active_w=5.0, idle_w=0.5, radio_w=0.5)
     events = [{"event": "join", "device": "p", "elapsed_s": 0.0},
