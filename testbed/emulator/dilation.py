@@ -45,7 +45,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -171,6 +171,34 @@ def tile_error(started_s: float, done_s: float, compute_s: float, dilation: floa
     return (done_s - started_s) / (dilation * compute_s) - 1.0
 
 
+def lateness_bound_s(late_s: Mapping[tuple[str, str], float]) -> float:
+    """How much device time a step's tile lateness can have added to it, at most (first order).
+
+    ``late_s``: per (GEMM, device), the device seconds its tiles of that GEMM ran past their
+    model's time. A device computes one tile after another, so its lateness in a GEMM delays
+    its last result by at most the sum; a GEMM ends with its last device; the GEMMs of a step
+    run one after another or overlap. The sum over GEMMs of the largest device sum is therefore
+    an upper bound on how far the step's device time moved (the scheduler's reaction to a late
+    tile, a steal or a backup, is second order and not counted).
+    """
+    worst: dict[str, float] = {}
+    for (gemm, _device), late in late_s.items():
+        worst[gemm] = max(worst.get(gemm, 0.0), late)
+    return sum(worst.values())
+
+
+def fidelity_ok(p95: float | None, late_share: float | None, target: float | None
+                ) -> bool | None:
+    """Whether device times hold within the target: the tiles kept their times (p95 error
+    within it), or, where they did not, their lateness moved no step's device time by more
+    than it (``late_share``: :func:`lateness_bound_s` over the step's device time; a thousand
+    60 µs tiles late by 100 % move a step by 60 ms at most, a link-bound device's by less).
+    The run's verdict, the controller's and the probe's: a D is raised only when it fails."""
+    if target is None or p95 is None:
+        return None
+    return bool(p95 <= target or (late_share is not None and late_share <= target))
+
+
 def error_quantiles(errors: Sequence[float]) -> dict[str, float | None]:
     """p50 and p95 of tile errors (fractions; late tiles count, early ones count as their size)."""
     if len(errors) == 0:
@@ -221,14 +249,18 @@ class DilationController:
         self.max_dilation = max_dilation
         self.window_tiles = window_tiles
         self._steps: deque[Sequence[float]] = deque()
+        self._late_shares: deque[float | None] = deque()  # per step, as fidelity_ok takes it
 
-    def observe(self, errors: Sequence[float]) -> None:
-        """Add one step's tile errors (measured at the current D)."""
+    def observe(self, errors: Sequence[float], late_share: float | None = None) -> None:
+        """Add one step's tile errors (measured at the current D) and the share of its device
+        time their lateness can account for (None: not known)."""
         self._steps.append(list(errors))
+        self._late_shares.append(late_share)
         self.steps_at_d += 1
         while len(self._steps) > 1 and \
                 len(self.window) - len(self._steps[0]) >= self.window_tiles:
             self._steps.popleft()
+            self._late_shares.popleft()
 
     @property
     def window(self) -> list[float]:
@@ -243,6 +275,10 @@ class DilationController:
         p95 = error_quantiles(window)["p95"]
         assert p95 is not None
         new = next_dilation(self.dilation, p95, self.target, self.max_dilation)
+        shares = [s for s in self._late_shares if s is not None]
+        late = max(shares) if shares and len(shares) == len(self._late_shares) else None
+        if new > self.dilation and fidelity_ok(p95, late, self.target):
+            return self.dilation  # tiles miss, but their lateness cannot move a step that far
         if new < self.dilation and (len(window) < self.lower_min_tiles
                                     or self.steps_at_d < self.lower_min_steps):
             return self.dilation  # headroom, but not yet seen over enough tiles and steps
@@ -250,13 +286,16 @@ class DilationController:
             self.dilation = new
             self.steps_at_d = 0
             self._steps.clear()  # errors measured at the old D say nothing about the new one
+            self._late_shares.clear()
         return self.dilation
 
 
-def probe_dilation(measure: Callable[[float], Sequence[float]], start: float, target: float,
+def probe_dilation(measure: Callable[[float], tuple[Sequence[float], float | None]],
+                   start: float, target: float,
                    rounds: int = 3, max_dilation: float = MAX_DILATION, warmup: bool = True
                    ) -> tuple[float, list[dict[str, Any]]]:
-    """Pick D by measurement: ``measure(D)`` runs a few tiles at D and returns their errors.
+    """Pick D by measurement: ``measure(D)`` runs a few tiles at D and returns their errors
+    and the share of the round's device time their lateness can account for (None: unknown).
 
     With ``warmup``, a first round at ``start`` is measured and not judged: the devices' first
     tiles of a shape pay once for allocation and code paths (bench/emulation_fidelity.py saw a
@@ -267,20 +306,18 @@ def probe_dilation(measure: Callable[[float], Sequence[float]], start: float, ta
     """
     dilation, history = start, []
     for i in range(rounds + warmup):
-        errors = measure(dilation)
+        errors, late_share = measure(dilation)
         q = error_quantiles(errors)
         history.append({"dilation": round(dilation, 4), "tiles": len(errors),
                         "p50": None if q["p50"] is None else round(q["p50"], 5),
-                        "p95": None if q["p95"] is None else round(q["p95"], 5)})
+                        "p95": None if q["p95"] is None else round(q["p95"], 5),
+                        "late_share": None if late_share is None else round(late_share, 5)})
         if warmup and i == 0:
             history[-1]["warmup"] = True
             continue
-        if q["p95"] is None:
-            break
-        new = next_dilation(dilation, q["p95"], target, max_dilation)
-        if new <= dilation:  # met the target: keep D (lowering is left to the run's headroom)
-            break
-        dilation = new
+        if q["p95"] is None or fidelity_ok(q["p95"], late_share, target):
+            break  # met the target: keep D (lowering is left to the run's headroom)
+        dilation = next_dilation(dilation, q["p95"], target, max_dilation)
     return dilation, history
 
 

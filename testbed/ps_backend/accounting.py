@@ -34,13 +34,15 @@ class StepStats:
     # device-side error (hold / (D x compute_s) - 1) and lateness in wall seconds
     tile_errors: list[float] = field(default_factory=list)
     tile_lags_s: list[float] = field(default_factory=list)
+    # device seconds past the model's time, per (GEMM, device): lateness_bound_s's input
+    tile_late_s: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def add(self, step: StepStats) -> None:
         """Absorb one step's figures into these totals (sums; the largest lag; per-tile lists
-        stay with the step)."""
+        and maps stay with the step)."""
         for f in fields(self):
             mine = getattr(self, f.name)
-            if isinstance(mine, list):
+            if isinstance(mine, (list, dict)):
                 continue
             theirs = getattr(step, f.name)
             setattr(self, f.name, max(mine, theirs) if f.name == "lag_s_max" else mine + theirs)

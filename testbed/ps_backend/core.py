@@ -599,8 +599,12 @@ class PsCore:
             dilation = self.config.time_dilation
             self.stats.tile_errors.append(tile_error(result.started_s, result.done_s,
                                                      result.compute_s, dilation))
-            self.stats.tile_lags_s.append(result.done_s - result.started_s
-                                          - result.compute_s * dilation)
+            lag_s = result.done_s - result.started_s - result.compute_s * dilation
+            self.stats.tile_lags_s.append(lag_s)
+            if lag_s > 0:
+                key = (task.job.uid, conn.slot.name)
+                self.stats.tile_late_s[key] = self.stats.tile_late_s.get(key, 0.0) \
+                    + lag_s / dilation
         if self.config.trace_tiles and self.runlog is not None:
             self.runlog.tile(step=task.job.spec.step, gemm=task.job.uid, task=task.task_id,
                              device=conn.slot.name, attempt=result.attempt,
@@ -700,7 +704,8 @@ class PsCore:
     @property
     def totals(self) -> StepStats:
         """The run's figures so far: the finished steps and the one under way."""
-        out = dataclasses.replace(self._finished, tile_errors=[], tile_lags_s=[])
+        out = dataclasses.replace(self._finished, tile_errors=[], tile_lags_s=[],
+                                  tile_late_s={})
         out.add(self.stats)
         return out
 

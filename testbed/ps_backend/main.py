@@ -33,7 +33,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from testbed.emulator.dilation import DilationController, error_quantiles, probe_dilation
+from testbed.emulator.dilation import (
+    DilationController,
+    error_quantiles,
+    fidelity_ok,
+    lateness_bound_s,
+    probe_dilation,
+)
 from testbed.emulator.link_dilation import DilationRequester
 from testbed.emulator.network.base import switch_path
 from testbed.ps_backend.admission import raise_fd_limit
@@ -351,17 +357,20 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
     dtype = torch.float64 if job.dtype == "float64" else torch.float32
     round_ids = itertools.count()
 
-    def measure(dilation: float) -> list[float]:
+    def measure(dilation: float) -> tuple[list[float], float | None]:
         server.call(lambda: core.set_dilation(dilation))
         r = next(round_ids)
+        started = time.monotonic()
         b = torch.randn(k, n, generator=gen, dtype=dtype)
         handles = [executor.submit(torch.randn(m, k, generator=gen, dtype=dtype), b,
                                    GemmSpec(f"probe{r}", "forward", PROBE_STEP)) for _ in range(2)]
         for h in handles:
             h.result()
         # the probe is no training: its tiles stay out of the run's totals
+        device_s = (time.monotonic() - started) / dilation
         stats = server.call(lambda: core.take_step_stats(count=False))
-        return stats.tile_errors
+        late_s = lateness_bound_s(stats.tile_late_s)
+        return stats.tile_errors, late_s / device_s if device_s > 0 else None
 
     try:
         return probe_dilation(measure, start, target, rounds=rounds)
@@ -371,32 +380,43 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
 
 
 class Fidelity:
-    """The run's tile errors and lags, for summary.json (one float32 per emulated tile)."""
+    """The run's tile errors and lags, for summary.json (one float32 per emulated tile), and
+    how much of each step's device time their lateness can account for."""
 
     def __init__(self, target: float | None):
         self.target = target
         self.errors: list[np.ndarray] = []
         self.lags: list[np.ndarray] = []
         self.dilations: list[float] = []
+        self.late_shares: list[float] = []
 
-    def add(self, errors: list[float], lags_s: list[float], dilation: float) -> dict[str, Any]:
-        """Record one step; return its fields for steps.jsonl."""
+    def add(self, errors: list[float], lags_s: list[float], dilation: float,
+            late_bound_s: float = 0.0, device_time_s: float = 0.0) -> dict[str, Any]:
+        """Record one step (``late_bound_s``: :func:`lateness_bound_s` of its tiles); return
+        its fields for steps.jsonl."""
         self.errors.append(np.asarray(errors, dtype=np.float32))
         self.lags.append(np.asarray(lags_s, dtype=np.float32))
         self.dilations.append(dilation)
-        return fidelity_fields(errors, lags_s)
+        out = fidelity_fields(errors, lags_s)
+        share = late_bound_s / device_time_s if device_time_s > 0 and len(errors) else None
+        if share is not None:
+            self.late_shares.append(share)
+        out["lateness_share"] = None if share is None else round(share, 6)
+        return out
 
     def fields(self) -> dict[str, Any]:
-        """The run's figures: p50/p95 error and lag over every tile, the D range, the verdict."""
+        """The run's figures: p50/p95 error and lag over every tile, the largest step share of
+        lateness, the D range, the verdict."""
         errors = np.concatenate(self.errors) if self.errors else np.zeros(0)
         lags = np.concatenate(self.lags) if self.lags else np.zeros(0)
         out = fidelity_fields(errors.tolist(), lags.tolist())
+        out["lateness_share_max"] = round(max(self.late_shares), 6) if self.late_shares \
+            else None
         out["dilation_target_p95"] = self.target
         out["dilation_min"] = round(min(self.dilations), 4) if self.dilations else None
         out["dilation_max"] = round(max(self.dilations), 4) if self.dilations else None
-        p95 = out["tile_error_p95"]
-        out["fidelity_ok"] = None if self.target is None or p95 is None else \
-            bool(p95 <= self.target)
+        out["fidelity_ok"] = fidelity_ok(out["tile_error_p95"], out["lateness_share_max"],
+                                         self.target)
         return out
 
 
@@ -541,7 +561,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                                     f"model diverged (check job.optimizer.lr)")
             losses.append(result.loss)
             device_time_s = wall_s / dilation  # D was constant during the step
-            step_fidelity = fidelity.add(stats.tile_errors, stats.tile_lags_s, dilation)
+            step_fidelity = fidelity.add(stats.tile_errors, stats.tile_lags_s, dilation,
+                                         lateness_bound_s(stats.tile_late_s), device_time_s)
             bound.add(planned_step, device_time_s, stats.from_ledger)
             runlog.step(step=result.step, loss=result.loss, wall_s=round(wall_s, 6),
                         device_time_s=round(device_time_s, 6), **planned_step.fields(),
@@ -558,7 +579,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                         time_dilation=round(dilation, 6), **step_fidelity)
             runlog.stages(result.step, planned_step.stages, dilation)
             if controller is not None:  # between steps: the only place D may change
-                controller.observe(stats.tile_errors)
+                controller.observe(stats.tile_errors, step_fidelity["lateness_share"])
                 # (after the last step a new D would only move the links for nothing)
                 new = controller.between_steps() if trainer.next_step < job.steps else dilation
                 if new != dilation:
@@ -650,11 +671,14 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
 
 def fidelity_warning(summary: dict[str, Any]) -> str:
     """The one line a run whose emulated tile times missed the target ends with."""
+    share = summary.get("lateness_share_max")
+    moved = f"up to {100 * share:.1f}%" if isinstance(share, (int, float)) else "that much"
     return (f"WARNING: emulation fidelity missed its target: p95 tile-time error "
             f"{100 * summary['tile_error_p95']:.1f}% > {100 * summary['dilation_target_p95']:.0f}%"
             f" (time dilation {summary.get('dilation_min')}..{summary.get('dilation_max')}); "
-            f"device times of this run are off by that much. A larger time_dilation gives the "
-            f"emulated devices more of this host's CPU per device second (a number fixes it; "
+            f"the tiles' lateness can have moved a step's device time by {moved}. A larger "
+            f"time_dilation gives the emulated devices more of this host's CPU per device "
+            f"second (a number fixes it; "
             f"time_dilation: {{target_p95: ...}} raises it between steps)")
 
 

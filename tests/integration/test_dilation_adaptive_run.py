@@ -48,10 +48,12 @@ def _probe(agents: int, cores: set[int] | None) -> tuple[float, list[dict]]:
         for i in range(agents):
             ps.spawn(f"emu-{i}", "emulated", "snapdragon888", seed=i, cores=cores)
         ps.wait_joined(agents)
-        # a 50% target: the probe raises D by at most 8x a round, so with a tight target both
-        # hosts would hit that cap in the first round and choose the same D; 5 rounds, so that
-        # on a host others load heavily both probes still get to D that meet the target
-        return run_probe(ps.server, ps.executor, job, agents, 1.0, 0.50, seed=0, rounds=5)
+        # a 20% target: the probe raises D by at most 8x a round, so with a tight target both
+        # hosts would hit that cap in the first round and choose the same D; and it raises D
+        # only while the tiles' lateness can move the round's device time by more than the
+        # target (one ~13 ms tile a device and GEMM: on the slow host it can); 5 rounds, so
+        # that on a host others load heavily both probes still get to D that meet the target
+        return run_probe(ps.server, ps.executor, job, agents, 1.0, 0.20, seed=0, rounds=5)
 
 
 def test_probe_picks_a_larger_dilation_on_a_host_made_slow() -> None:
@@ -84,11 +86,13 @@ def _run(tmp_path: Path, name: str, dilation: object, steps: int) -> Path:
 
 
 def test_adaptive_d_changes_only_between_steps_and_device_time_holds(tmp_path: Path) -> None:
-    run_dir = _run(tmp_path, "adaptive", {"target_p95": "10%"}, 4)
+    # a 0.2% target: the tiny job's tiles (model time ~ microseconds) miss by far at D = 1,
+    # and their lateness is a few percent of a step, so the probe raises D
+    run_dir = _run(tmp_path, "adaptive", {"target_p95": "0.2%"}, 4)
     steps = read_jsonl(run_dir / "steps.jsonl")
     events = read_jsonl(run_dir / "events.jsonl")
     probe = [e for e in events if e["event"] == "dilation_probe"]
-    assert len(probe) == 1 and probe[0]["chosen"] > 1  # 16-wide tiles: model time ~ microseconds
+    assert len(probe) == 1 and probe[0]["chosen"] > 1
     assert steps[0]["time_dilation"] == pytest.approx(probe[0]["chosen"], rel=1e-4)
     changes = {e["step"]: e for e in events if e["event"] == "dilation_change"}
     for prev, cur in zip(steps, steps[1:]):
@@ -102,7 +106,8 @@ def test_adaptive_d_changes_only_between_steps_and_device_time_holds(tmp_path: P
                                                    abs=1e-6)
         assert s["emulated_tiles"] == s["tiles"] and s["tile_error_p95"] is not None
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["tile_error_p95"] is not None and summary["dilation_target_p95"] == 0.1
+    assert summary["tile_error_p95"] is not None and summary["dilation_target_p95"] == 0.002
+    assert all(r["late_share"] is not None for r in probe[0]["rounds"])
 
 
 @pytest.mark.skipif(bool(probe().missing()), reason="Mininet backend unavailable, missing: "

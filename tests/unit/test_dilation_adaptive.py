@@ -39,8 +39,8 @@ def test_next_dilation_raises_by_the_error_ratio_and_lowers_gently() -> None:
 
 def _host(lateness_s: float, model_s: float = 0.01):
     """A host where every tile is lateness_s wall seconds late whatever D is."""
-    def measure(dilation: float) -> list[float]:
-        return [lateness_s / (dilation * model_s)] * 40
+    def measure(dilation: float) -> tuple[list[float], float | None]:
+        return [lateness_s / (dilation * model_s)] * 40, None
     return measure
 
 
@@ -53,8 +53,24 @@ def test_probe_picks_larger_d_on_a_slower_host_and_meets_the_target() -> None:
     assert [r["dilation"] for r in slow][0] == 1.0 and len(slow) >= 2
 
 
+def test_probe_and_controller_keep_d_when_late_tiles_cannot_move_a_step_that_far() -> None:
+    # every tile 150 % late, but the lateness accounts for 2 % of the round's device time
+    d, history = probe_dilation(lambda _d: ([1.5] * 40, 0.02), 3.0, 0.1)
+    assert d == 3.0 and history[-1]["late_share"] == 0.02
+    d, _ = probe_dilation(lambda _d: ([1.5] * 40, 0.3), 3.0, 0.1)  # 30 %: raise
+    assert d > 3.0
+    c = DilationController(3.0, 0.1)
+    c.observe([1.5] * 40, 0.02)
+    assert c.between_steps() == 3.0
+    c.observe([1.5] * 40, None)  # a step whose share is unknown: judged by its tiles
+    assert c.between_steps() > 3.0
+    c = DilationController(3.0, 0.1)
+    c.observe([1.5] * 40, 0.25)
+    assert c.between_steps() > 3.0
+
+
 def test_probe_without_samples_keeps_the_start() -> None:
-    d, history = probe_dilation(lambda _d: [], 3.0, 0.1)
+    d, history = probe_dilation(lambda _d: ([], None), 3.0, 0.1)
     assert d == 3.0 and history[0]["p95"] is None
 
 
@@ -110,15 +126,15 @@ def test_topology_bad_time_dilation_names_the_field(tmp_path: Path, value: objec
 def test_probe_does_not_judge_its_cold_first_round() -> None:
     calls: list[float] = []
 
-    def measure(dilation: float) -> list[float]:
+    def measure(dilation: float) -> tuple[list[float], float | None]:
         calls.append(dilation)
         # the first round pays once for the devices' first tiles: 5x late; then 4% at D = 2
-        return [5.0] * 40 if len(calls) == 1 else [0.04 * 2.0 / dilation] * 40
+        return [5.0] * 40 if len(calls) == 1 else [0.04 * 2.0 / dilation] * 40, None
 
     d, history = probe_dilation(measure, 2.0, 0.1)
     assert d == 2.0 and calls == [2.0, 2.0]  # warm-up, then one judged round that met it
     assert history[0]["warmup"] is True and "warmup" not in history[1]
-    d_cold, _ = probe_dilation(lambda _d: [5.0] * 40, 2.0, 0.1, warmup=False)
+    d_cold, _ = probe_dilation(lambda _d: ([5.0] * 40, None), 2.0, 0.1, warmup=False)
     assert d_cold > 2.0  # without the warm-up a cold round raises D
 
 
@@ -154,6 +170,38 @@ def test_a_missed_fidelity_target_says_by_how_much_and_what_to_change() -> None:
                              "dilation_min": 2.2, "dilation_max": 2.2})
     assert "p95 tile-time error 75.0% > 10%" in line and "(time dilation 2.2..2.2)" in line
     assert "A larger time_dilation" in line and "time_dilation: {target_p95: ...}" in line
+    line = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
+                             "dilation_min": 2.2, "dilation_max": 2.2,
+                             "lateness_share_max": 0.234})
+    assert "moved a step's device time by up to 23.4%" in line
+
+
+def test_lateness_bound_adds_each_gemms_latest_device() -> None:
+    from testbed.emulator.dilation import lateness_bound_s
+
+    late = {("g0", "laptop-0"): 0.004, ("g0", "laptop-1"): 0.006, ("g0", "phone-0"): 0.001,
+            ("g1", "phone-0"): 0.010, ("g1", "laptop-0"): 0.002}
+    # g0 ends at most 6 ms late (its latest device), g1 at most 10 ms: 16 ms for the step
+    assert lateness_bound_s(late) == pytest.approx(0.016)
+    assert lateness_bound_s({}) == 0.0
+
+
+def test_the_verdict_holds_when_late_tiles_cannot_move_a_step_by_the_target() -> None:
+    from testbed.emulator.dilation import fidelity_ok
+    from testbed.ps_backend.main import Fidelity
+
+    assert fidelity_ok(0.05, None, 0.1) is True
+    assert fidelity_ok(1.5, 0.02, 0.1) is True  # tiny tiles miss, the steps hold
+    assert fidelity_ok(1.5, 0.2, 0.1) is False
+    assert fidelity_ok(None, None, 0.1) is None and fidelity_ok(0.5, 0.5, None) is None
+    fid = Fidelity(0.1)
+    # a step of 2.4 s whose late tiles can account for 24 ms of it, then one for 480 ms
+    assert fid.add([1.5] * 20 + [0.0] * 20, [0.0] * 40, 3.0, 0.024, 2.4)["lateness_share"] \
+        == pytest.approx(0.01)
+    assert fid.fields()["fidelity_ok"] is True and fid.fields()["tile_error_p95"] > 0.1
+    fid.add([1.5] * 40, [0.0] * 40, 3.0, 0.48, 2.4)
+    out = fid.fields()
+    assert out["lateness_share_max"] == pytest.approx(0.2) and out["fidelity_ok"] is False
 
 
 def test_a_step_faster_than_its_bound_is_counted_and_the_run_warns() -> None:

@@ -33,3 +33,16 @@ def test_report_from_run_files(tmp_path: Path) -> None:
 
 def test_report_refuses_a_non_run_directory(tmp_path: Path) -> None:
     assert main(["report", str(tmp_path)]) == 2
+
+
+def test_fidelity_line_gives_the_verdict_and_what_late_tiles_can_account_for() -> None:
+    from testbed.report import fidelity_line
+
+    fields = {"tile_error_p50": 0.001, "tile_error_p95": 1.5, "lag_p95_s": 0.0004,
+              "dilation_min": 3.4, "dilation_max": 3.4, "dilation_target_p95": 0.1}
+    met = fidelity_line({**fields, "lateness_share_max": 0.012, "fidelity_ok": True})
+    assert "(target 10%: met)" in met and "p95 150.0%" in met
+    assert "up to 1.2% of a step's device time" in met
+    missed = fidelity_line({**fields, "lateness_share_max": 0.3, "fidelity_ok": False})
+    assert "**MISSED**" in missed and "up to 30.0%" in missed
+    assert fidelity_line({}) == "- emulation fidelity: no emulated tiles"
