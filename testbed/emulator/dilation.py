@@ -31,6 +31,9 @@ which removes most of it) and the GIL (bounded by the agent's switch interval). 
 wall-clock amounts that do not grow with D, so the error falls at least as 1 / D, and
 :func:`next_dilation` scales D by ``p95 / target`` (with a margin) when the p95 error is above the
 target, and lowers it by a bounded factor when there is ample headroom over a longer window.
+A raise is made only when the tiles' lateness can also move a step (or a probe round) by more
+than the target (:func:`fidelity_ok`, :func:`lateness_bound_s`): a thousand 60 µs tiles late by
+100 % cost a step 60 ms at most, and a D large enough to hold them costs the run its wall time.
 A short probe before training (:func:`probe_dilation`, driven by the PS) applies this rule
 after one warm-up round until the target is met;
 during the run :class:`DilationController` applies it between steps over a window of tiles.
