@@ -251,24 +251,22 @@ class DilationController:
         self.steps_at_d = 0  # steps observed since D last changed
         self.max_dilation = max_dilation
         self.window_tiles = window_tiles
-        self._steps: deque[Sequence[float]] = deque()
-        self._late_shares: deque[float | None] = deque()  # per step, as fidelity_ok takes it
+        # per step: its tile errors and its lateness share (as fidelity_ok takes it)
+        self._steps: deque[tuple[list[float], float | None]] = deque()
 
     def observe(self, errors: Sequence[float], late_share: float | None = None) -> None:
         """Add one step's tile errors (measured at the current D) and the share of its device
         time their lateness can account for (None: not known)."""
-        self._steps.append(list(errors))
-        self._late_shares.append(late_share)
+        self._steps.append((list(errors), late_share))
         self.steps_at_d += 1
         while len(self._steps) > 1 and \
-                len(self.window) - len(self._steps[0]) >= self.window_tiles:
+                len(self.window) - len(self._steps[0][0]) >= self.window_tiles:
             self._steps.popleft()
-            self._late_shares.popleft()
 
     @property
     def window(self) -> list[float]:
         """The tile errors the next decision looks at (oldest first)."""
-        return [e for step in self._steps for e in step]
+        return [e for errors, _ in self._steps for e in errors]
 
     def between_steps(self) -> float:
         """Call only between steps: the D for the next step (the window restarts on a change)."""
@@ -278,8 +276,8 @@ class DilationController:
         p95 = error_quantiles(window)["p95"]
         assert p95 is not None
         new = next_dilation(self.dilation, p95, self.target, self.max_dilation)
-        shares = [s for s in self._late_shares if s is not None]
-        late = max(shares) if shares and len(shares) == len(self._late_shares) else None
+        shares = [share for _, share in self._steps]
+        late = None if None in shares else max(s for s in shares if s is not None)
         if new > self.dilation and fidelity_ok(p95, late, self.target):
             return self.dilation  # tiles miss, but their lateness cannot move a step that far
         if new < self.dilation and (len(window) < self.lower_min_tiles
@@ -289,7 +287,6 @@ class DilationController:
             self.dilation = new
             self.steps_at_d = 0
             self._steps.clear()  # errors measured at the old D say nothing about the new one
-            self._late_shares.clear()
         return self.dilation
 
 

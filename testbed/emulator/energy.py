@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.emulator.dilation import DeviceClock
 from testbed.perf_model.profiles import WIFI_RADIO_W, PowerParams, load_profile
 
 DEFAULT_GRID_G_PER_KWH = 475.0  # world-average electricity, gCO2e/kWh (IEA, 2019 figure)
@@ -98,54 +99,34 @@ def run_summary(devices: dict[str, EnergyAccount],
     return {"grid_g_per_kwh": grid_g_per_kwh, "devices": per_device, "total": total}
 
 
-def dilation_timeline(events: list[dict[str, Any]], dilation: float) -> list[tuple[float, float]]:
-    """(elapsed_s, D) from each point on: the D the PS started with (its ``ps_start`` record,
-    else ``dilation``), then the probe's choice and each change between steps."""
-    timeline = [(0.0, dilation)]
-    for e in events:
-        kind, t = e.get("event"), float(e.get("elapsed_s", 0.0))
-        if kind == "ps_start" and e.get("time_dilation"):
-            timeline = [(0.0, float(e["time_dilation"]))]
-        elif kind == "dilation_probe":
-            timeline.append((t, float(e["chosen"])))
-        elif kind == "dilation_change":
-            timeline.append((t, float(e["new"])))
-    return timeline
-
-
-def _device_s(t0: float, t1: float, timeline: list[tuple[float, float]]) -> float:
-    """Device seconds between two elapsed wall times, each stretch over the D it ran at."""
-    total = 0.0
-    for i, (since, d) in enumerate(timeline):
-        until = timeline[i + 1][0] if i + 1 < len(timeline) else float("inf")
-        lo, hi = max(t0, since), min(t1, until)
-        if hi > lo:
-            total += (hi - lo) / d
-    return total
-
-
 def device_presence_s(events: list[dict[str, Any]], end_elapsed_s: float,
                       dilation: float = 1.0) -> dict[str, float]:
     """Device seconds each device was a member of the run, from events.jsonl.
 
     A device is present from its ``join`` to its ``leave``/``disconnect``/``lease_expired``
     (or the end of the run); a device that joins again adds its new stretch. Wall time becomes
-    device time over the D of each stretch (:func:`dilation_timeline`): an adaptive run's D
-    changes between steps.
+    device time on a :class:`DeviceClock` that follows the PS's D: the one it started with (its
+    ``ps_start`` record, else ``dilation``), the probe's choice and each change between steps
+    (an adaptive run's).
     """
-    timeline = dilation_timeline(events, dilation)
-    since: dict[str, float] = {}
+    clock = DeviceClock(0.0, dilation)
+    since: dict[str, float] = {}  # device seconds at each present device's join
     total: dict[str, float] = {}
     for e in events:
         name, kind, t = e.get("device"), e.get("event"), float(e.get("elapsed_s", 0.0))
-        if not name:
+        if kind == "ps_start" and e.get("time_dilation"):
+            clock = DeviceClock(0.0, float(e["time_dilation"]))
+        elif kind in ("dilation_probe", "dilation_change"):
+            clock.set_dilation(float(e["chosen"] if kind == "dilation_probe" else e["new"]), t)
+        elif not name:
             continue
-        if kind == "join":
-            since.setdefault(name, t)
+        elif kind == "join":
+            since.setdefault(name, clock.device_s(t))
         elif kind in ("leave", "disconnect", "lease_expired") and name in since:
-            total[name] = total.get(name, 0.0) + _device_s(since.pop(name), t, timeline)
-    for name, t in since.items():
-        total[name] = total.get(name, 0.0) + _device_s(t, max(t, end_elapsed_s), timeline)
+            total[name] = total.get(name, 0.0) + clock.device_s(t) - since.pop(name)
+    end = clock.device_s(end_elapsed_s)
+    for name, joined in since.items():
+        total[name] = total.get(name, 0.0) + max(0.0, end - joined)
     return total
 
 

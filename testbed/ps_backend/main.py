@@ -391,7 +391,7 @@ class Fidelity:
         self.late_shares: list[float] = []
 
     def add(self, errors: list[float], lags_s: list[float], dilation: float,
-            late_bound_s: float = 0.0, device_time_s: float = 0.0) -> dict[str, Any]:
+            late_bound_s: float, device_time_s: float) -> dict[str, Any]:
         """Record one step (``late_bound_s``: :func:`lateness_bound_s` of its tiles); return
         its fields for steps.jsonl."""
         self.errors.append(np.asarray(errors, dtype=np.float32))
