@@ -21,7 +21,9 @@ The per-stage bound is the smallest stage time ``T`` in which the stage's multip
 the devices, each device working only in its own window ``T - rtt_i`` (its first operand byte
 is one way from the PS, its last result one way back), limited there by its compute rate and,
 through the Loomis-Whitney inequality ``V_i <= sqrt(a_i·b_i·c_i)``, by what its links can carry
-(Irony, Toledo and Tiskin 2004; Demmel et al., IPDPS 2013); ``T`` is at least each aggregate
+(Irony, Toledo and Tiskin 2004; Demmel et al., IPDPS 2013), and together with the devices below
+the same switch link, or behind the PS link, by the entries that link carries to them, each
+device its own copy (:func:`entry_yield`); ``T`` is at least each aggregate
 term too (compute, new down bytes, result bytes over the rates summed over those windows, and
 over the PS link after the shortest round trip; the devices below a switch link move together
 no more than it carries).
@@ -202,7 +204,10 @@ def device_capacity(g: BoundGemm, dev: BoundDevice, window_s: float, held_a: boo
         ab = min(x, cap_a) * cap_b
     else:
         ab = _max_ab(x, cap_a, cap_b)
-    return min(compute, math.sqrt(max(ab, 0.0) * max(c, 0.0)), g.m * g.k * g.n)
+    fan = float(entry_yield(g, np.array([c]), held_a, held_b)[0])  # products an entry
+    received = INF if math.isinf(fan) else fan * x if fan > 0 else 0.0
+    return min(compute, math.sqrt(max(ab, 0.0) * max(c, 0.0)), received, g.k * c,
+               g.m * g.k * g.n)
 
 
 @dataclass(frozen=True)
@@ -264,34 +269,41 @@ class _DeviceArrays:
                    np.array([d.up_Bps for d in devices], dtype=float), rtt, tuple(shared),
                    roots, free)
 
-    def capped_sum(self, each: np.ndarray, at_link: Callable[[_Shared], float]) -> float:
+    def capped_sum(self, each: np.ndarray, at_link: Callable[[_Shared, int], float]) -> float:
         """Σ ``each`` over the devices, where the devices below a switch link count together
-        for no more than ``at_link`` of that link (a cap that binds at several levels binds at
-        the lowest first)."""
+        for no more than ``at_link(link, its position in shared)`` (a cap that binds at
+        several levels binds at the lowest first)."""
         if not self.shared:
             return float(each.sum())
         below: list[float] = []
-        for link in self.shared:  # deepest first: a link's children are done before it
+        for pos, link in enumerate(self.shared):  # deepest first: children before parents
             total = float(each[link.devices].sum()) + sum(below[c] for c in link.children)
-            below.append(min(total, at_link(link)))
+            below.append(min(total, at_link(link, pos)))
         return float(each[self.free].sum()) + sum(below[r] for r in self.roots)
+
+    def subtree_max(self, values: np.ndarray) -> list[float]:
+        """Per shared link (in ``shared``'s order), the largest of ``values`` over the devices
+        below it, at any depth (-inf: none)."""
+        out: list[float] = []
+        for link in self.shared:  # deepest first
+            here = float(values[link.devices].max()) if len(link.devices) else -INF
+            out.append(max([here, *(out[c] for c in link.children)]))
+        return out
 
 
 def total_capacity(g: BoundGemm, devs: _DeviceArrays, stage_s: float, held_a: bool,
-                   held_b: bool) -> float:
+                   held_b: bool, ps: PsLink | None = None) -> float:
     """Most multiply-adds of ``g`` the devices can do in a stage of ``stage_s``: the sum of
     :func:`device_capacity` over each device's own window, ``stage_s`` less its round trip
-    (vectorised)."""
+    (vectorised), where the devices below a switch link, and all of them behind the PS link,
+    do no more than the entries that link carries to them allow (:func:`entry_yield`)."""
     s = g.itemsize
-    window_s = stage_s - devs.rtt_s
-    working = window_s > 0  # the others' operands could not even have arrived
-    if not working.all():
-        window_s = window_s[working]
-        devs = _DeviceArrays(devs.rate_flops[working], devs.down_Bps[working],
-                             devs.up_Bps[working], devs.rtt_s[working])
-    compute = devs.rate_flops * (window_s / 2.0)
-    x = devs.down_Bps * window_s / s
-    c = np.minimum(devs.up_Bps * window_s / s, g.m * g.n)
+    window_s = np.maximum(stage_s - devs.rtt_s, 0.0)  # 0: its operands could not even arrive
+    working = window_s > 0
+    with np.errstate(invalid="ignore"):  # an infinite rate in no window: masked to 0
+        compute = np.where(working, devs.rate_flops * (window_s / 2.0), 0.0)
+        x = np.where(working, devs.down_Bps * window_s / s, 0.0)
+        c = np.where(working, np.minimum(devs.up_Bps * window_s / s, g.m * g.n), 0.0)
     cap_a, cap_b = float(g.m * g.k), float(g.k * g.n)
     if held_a and held_b:
         ab = np.full_like(x, cap_a * cap_b)
@@ -304,8 +316,46 @@ def total_capacity(g: BoundGemm, devs: _DeviceArrays, stage_s: float, held_a: bo
         half = x / 2
         ab = np.where(x >= cap_a + cap_b, cap_a * cap_b,
                       np.where(half <= lo, half * half, lo * (x - lo)))
+    yields = np.where(working, entry_yield(g, c, held_a, held_b), 0.0)
     each = np.minimum(compute, np.sqrt(np.maximum(ab, 0.0) * np.maximum(c, 0.0)))
-    return float(np.minimum(each, float(g.m) * g.k * g.n).sum())
+    each = np.minimum(each, g.k * c)  # a result entry sums at most k products
+    if not (held_a and held_b):  # ... and an entry received is in at most its yield
+        with np.errstate(invalid="ignore"):  # no yield at an infinite rate: masked to 0
+            each = np.minimum(each, np.where(yields > 0, yields * x, 0.0))
+    each = np.where(working, np.minimum(each, float(g.m) * g.k * g.n), 0.0)
+    if not devs.shared and (ps is None or (math.isinf(ps.down_Bps) and math.isinf(ps.up_Bps))):
+        return float(each.sum())
+    best = devs.subtree_max(yields)
+
+    def link_cap(down_Bps: float, up_Bps: float, window: float, most_yield: float) -> float:
+        # the entries it carries down, at the best yield below it; the partial results it
+        # carries up, each the sum of at most k products
+        if most_yield <= 0:
+            return 0.0  # nobody below works (or can send a result): each of them is 0 already
+        down = INF if math.isinf(most_yield) else most_yield * _carried(down_Bps, window) / s
+        return min(down, g.k * _carried(up_Bps, window) / s)
+    total = devs.capped_sum(each, lambda link, pos: link_cap(
+        link.down_Bps, link.up_Bps, stage_s - link.rtt_s, best[pos]))
+    if ps is not None:
+        total = min(total, link_cap(ps.down_Bps, ps.up_Bps, stage_s - float(devs.rtt_s.min()),
+                                    float(yields.max())))
+    return total
+
+
+def entry_yield(g: BoundGemm, c: np.ndarray, held_a: bool, held_b: bool) -> np.ndarray:
+    """Most multiply-adds of ``g`` per operand entry a device receives, for devices that send
+    at most ``c`` result entries: with neither operand held, ``V <= sqrt(a·b·c) <= (a + b)/2
+    · sqrt(c)`` and ``V <= min(a·n, b·m) <= (a + b)·mn/(m + n)`` (an entry of A is in n
+    products, one of B in m); with B held only A travels, ``V <= a·n``; with A held, ``V <=
+    b·m``; with both held nothing travels (infinite)."""
+    c = np.asarray(c, dtype=float)
+    if held_a and held_b:
+        return np.full(c.shape, INF)
+    if held_a:
+        return np.full(c.shape, float(g.m))
+    if held_b:
+        return np.full(c.shape, float(g.n))
+    return np.minimum(np.sqrt(np.maximum(c, 0.0)) / 2, g.m * g.n / (g.m + g.n))
 
 
 def _smallest_stage_s(feasible: Callable[[float], bool], start: float) -> float:
@@ -326,11 +376,12 @@ def _smallest_stage_s(feasible: Callable[[float], bool], start: float) -> float:
     return lo
 
 
-def _gemm_stage_s(g: BoundGemm, devs: _DeviceArrays, held_a: bool, held_b: bool) -> float:
+def _gemm_stage_s(g: BoundGemm, devs: _DeviceArrays, held_a: bool, held_b: bool,
+                  ps: PsLink | None = None) -> float:
     """Shortest stage in which the devices, each in its own window, could do all of g's
     multiply-adds."""
     need = float(g.m) * g.k * g.n
-    return _smallest_stage_s(lambda t: total_capacity(g, devs, t, held_a, held_b) >= need,
+    return _smallest_stage_s(lambda t: total_capacity(g, devs, t, held_a, held_b, ps) >= need,
                              float(devs.rtt_s.min()))
 
 
@@ -368,7 +419,7 @@ def _moved_s(amount: float, devs: _DeviceArrays, direction: int) -> float:
         window = np.maximum(stage_s - devs.rtt_s, 0.0)
         with np.errstate(invalid="ignore"):  # an infinite rate in no window: masked to 0
             each = np.where(window > 0, rates * window, 0.0)
-        return devs.capped_sum(each, lambda link: _carried(
+        return devs.capped_sum(each, lambda link, _pos: _carried(
             (link.down_Bps, link.up_Bps)[direction], stage_s - link.rtt_s))
     return _smallest_stage_s(lambda t: moved(t) >= amount, float(devs.rtt_s.min()))
 
@@ -420,7 +471,7 @@ def stage_bound(gemms: Sequence[BoundGemm], devices: Sequence[BoundDevice], ps: 
                 new_down[key] = size * g.itemsize
         held_a = bool(g.a_name) and g.a_name in held
         held_b = bool(g.b_name) and g.b_name in held
-        terms[f"gemm{i}"] = _gemm_stage_s(g, devs, held_a, held_b)
+        terms[f"gemm{i}"] = _gemm_stage_s(g, devs, held_a, held_b, ps)
     down_bytes = sum(new_down.values())
     terms["compute"] = fill_s(flops, devs.rate_flops, devs.rtt_s)
     terms["down"] = _moved_s(down_bytes, devs, 0)

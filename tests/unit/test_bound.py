@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from testbed.ps_backend.bound import (
@@ -15,6 +16,7 @@ from testbed.ps_backend.bound import (
     comm_min_bytes,
     comm_min_point,
     comm_min_shares,
+    entry_yield,
     group_stages,
     stage_bound,
     stage_key,
@@ -244,3 +246,74 @@ def test_switch_links_nest_and_the_lowest_cap_binds_first() -> None:
     # ap0 and ap1 each: one device from 0.1 s, then both capped at 1 MB/s: by T, 1.5 MB each
     # once T - 0.1 >= 1.5 (the first alone carries 1 MB/s from 0.1): T = 1.6
     assert close(stage_bound([g], late, PsLink(), held, links=aps).terms["up"], 1.6, 1e-6)
+
+
+def test_what_devices_receive_through_a_shared_link_caps_their_products() -> None:
+    # C[100 x 100] = A·B, k = 100, 4 bytes an entry. Four devices, each with 10k entries/s down
+    # and 1k up, below one access point that carries 10k entries/s down. Every device receives
+    # its own copy of what it uses (no multicast), so through the access point they get 10k·T
+    # entries together, and an entry received yields at most sqrt(c)/2 products, c <= 1k·T the
+    # results a device can send: 10k·T · sqrt(1000·T)/2 >= 100³ at T = 6.325^(2/3) = 3.420 s.
+    # Each device on a link of its own: a result entry sums at most k = 100 products, so
+    # 4 · 1000·T · 100 >= 100³ at T = 2.5 s (sqrt((5k·T)² · 1000·T) alone would allow 1.357).
+    s = 4
+    g = BoundGemm(100, 100, 100, s, "s")
+    devs = [BoundDevice(f"p{i}", INF, 10e3 * s, 1e3 * s, 0.0, "ap") for i in range(4)]
+    own = stage_bound([g], devs, PsLink(), set())
+    assert close(own.terms["gemm0"], 2.5)
+    shared = stage_bound([g], devs, PsLink(), set(), links={"ap": SwitchLink(10e3 * s, INF)})
+    assert close(shared.terms["gemm0"], (200 / math.sqrt(1e3)) ** (2 / 3))
+    # the distinct bytes alone (the down term) would allow 2 s, the results (up) 2.5 s
+    assert close(shared.terms["down"], 2.0) and close(shared.terms["up"], 2.5)
+    assert shared.limit == "gemm0"
+    # the PS link carries every device's copy the same way
+    behind_ps = stage_bound([g], devs, PsLink(10e3 * s, INF), set())
+    assert close(behind_ps.terms["gemm0"], shared.terms["gemm0"])
+    # a link that carries as much as its devices together caps nothing
+    wide = stage_bound([g], devs, PsLink(40e3 * s, INF), set(),
+                       links={"ap": SwitchLink(40e3 * s, 4e3 * s)})
+    assert close(wide.terms["gemm0"], own.terms["gemm0"])
+
+
+def test_a_held_operand_lets_each_received_entry_yield_a_row_of_products() -> None:
+    # B held: only A travels, and an entry of A is in n products. Four devices below a link of
+    # 200 entries/s: 1000 x 10 x 10 multiply-adds need 1e4 entries of A, 50 s through it.
+    s = 4
+    g = BoundGemm(1000, 10, 10, s, "s", "", "W")
+    devs = [BoundDevice(f"p{i}", INF, 400 * s, INF, 0.0, "ap") for i in range(4)]
+    capped = stage_bound([g], devs, PsLink(), {"W"}, links={"ap": SwitchLink(200 * s, INF)})
+    assert close(capped.terms["gemm0"], 50.0)
+    # the yield per entry: n with B held, m with A held, sqrt(c)/2 (at most mn/(m + n)) with
+    # neither, unbounded with both
+    c = np.array([0.0, 16.0, 1e12])
+    assert list(entry_yield(g, c, False, True)) == [10.0] * 3
+    assert list(entry_yield(g, c, True, False)) == [1000.0] * 3
+    assert list(entry_yield(g, c, False, False)) == [0.0, 2.0, 1000 * 10 / 1010]
+    assert np.isinf(entry_yield(g, c, True, True)).all()
+
+
+def test_links_only_lower_what_the_devices_can_do() -> None:
+    import random
+
+    from testbed.ps_backend.bound import _DeviceArrays, total_capacity
+
+    rng = random.Random(11)
+    for _ in range(200):
+        g = BoundGemm(rng.randint(1, 4096), rng.randint(1, 4096), rng.randint(1, 4096), 4, "s")
+        devs = [BoundDevice(f"d{i}", 10 ** rng.uniform(8, 12), 10 ** rng.uniform(4, 9),
+                            10 ** rng.uniform(4, 9), rng.choice([0.0, 10 ** rng.uniform(-4, 0)]),
+                            rng.choice(["", "ap0", "ap1"]))
+                for i in range(rng.randint(1, 30))]
+        links = {"ap0": SwitchLink(10 ** rng.uniform(4, 10), 10 ** rng.uniform(4, 10), "core"),
+                 "ap1": SwitchLink(10 ** rng.uniform(4, 10), 10 ** rng.uniform(4, 10)),
+                 "core": SwitchLink(10 ** rng.uniform(4, 10), 10 ** rng.uniform(4, 10))}
+        ps = PsLink(10 ** rng.uniform(4, 10), 10 ** rng.uniform(4, 10))
+        w = 10 ** rng.uniform(-4, 1)
+        for held_a in (False, True):
+            for held_b in (False, True):
+                free = total_capacity(g, _DeviceArrays.of(devs), w, held_a, held_b)
+                capped = total_capacity(g, _DeviceArrays.of(devs, links), w, held_a, held_b, ps)
+                assert 0.0 <= capped <= free * (1 + 1e-12)
+                wide = {n: SwitchLink(INF, INF, link.parent) for n, link in links.items()}
+                assert total_capacity(g, _DeviceArrays.of(devs, wide), w, held_a, held_b,
+                                      PsLink()) == pytest.approx(free, rel=1e-12)
