@@ -103,22 +103,19 @@ def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
     adaptive run's).
     """
     applied = min(sum(e.get("event") == "churn" for e in events), len(schedule.actions))
-    clock_t: float | None = None
-    offset_s = device_s = 0.0
-    since_t = last_t = 0.0  # the current D holds since since_t
+    clock: DeviceClock | None = None  # the last session's trace clock, from its start
+    offset_s = last_t = 0.0
     for e in events:
         t = float(e.get("t", 0.0) or 0.0)
         kind = e.get("event")
         if kind == "churn_clock_start":
-            clock_t, offset_s, device_s, since_t = t, float(e.get("offset_s", 0.0) or 0.0), 0.0, t
+            clock, offset_s = DeviceClock(t, dilation), float(e.get("offset_s", 0.0) or 0.0)
         elif kind == "links_dilation":
-            if clock_t is not None:
-                device_s += max(0.0, t - since_t) / dilation
-                since_t = t
             dilation = float(e["new"])
+            if clock is not None:
+                clock.set_dilation(dilation, t)
         last_t = max(last_t, t)
-    trace_s = offset_s + device_s + max(0.0, last_t - since_t) / dilation \
-        if clock_t is not None else 0.0
+    trace_s = offset_s + clock.device_s(last_t) if clock is not None else 0.0
     return state_after(schedule, applied, trace_s)
 
 
