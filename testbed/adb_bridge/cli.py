@@ -115,6 +115,17 @@ def _devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number), got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text!r}")
+    return value
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from testbed.adb_bridge.doctor import Doctor
 
@@ -123,7 +134,8 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     doctor = Doctor(_server(args), serial=args.serial or os.environ.get("ANDROID_SERIAL") or None,
-                    push=args.push, phone_port=args.phone_port)
+                    push=args.push, phone_port=args.phone_port,
+                    probe_timeout_s=args.probe_timeout)
     ok = doctor.run()
     print(doctor.report())
     return EXIT_OK if ok else EXIT_FAILURE
@@ -199,6 +211,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--phone-port", type=int, default=7700,
                    help="phone port for the join check (default 7700; the probe uses +1, the "
                         "Termux listener's control port +2)")
+    p.add_argument("--probe-timeout", type=_positive_seconds, default=25.0, metavar="SECONDS",
+                   help="how long to wait for the report of the probe Termux runs (default 25; "
+                        "a slow phone's first python start may need more)")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")
