@@ -27,6 +27,7 @@ bound their own quantities further (a link's delay, for example, in :mod:`testbe
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 
@@ -88,6 +89,23 @@ def parse_duration_s(text: object) -> float:
     if not math.isfinite(value * _DURATION_S[unit]):
         raise UnitError(f"a duration must be finite, got {text!r}")
     return value * _DURATION_S[unit]
+
+
+def duration_arg(text: str) -> float:
+    """An argparse type: a duration with its unit (``'10min'``) in seconds, or the parser's
+    error naming the option (exit 2)."""
+    try:
+        return parse_duration_s(text)
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def positive_duration_arg(text: str) -> float:
+    """:func:`duration_arg` above 0 (a timeout)."""
+    seconds = duration_arg(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"a duration must be above 0, got {text!r}")
+    return seconds
 
 
 def parse_fraction(text: object) -> float:

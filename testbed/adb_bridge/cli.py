@@ -19,6 +19,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from testbed.units import positive_duration_arg
+
 if TYPE_CHECKING:
     from testbed.adb_bridge.client import AdbServer
 
@@ -115,17 +117,6 @@ def _devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _positive_seconds(text: str) -> float:
-    """An argparse type: a number of seconds above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a number), got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text!r}")
-    return value
-
-
 def _doctor(args: argparse.Namespace) -> int:
     from testbed.adb_bridge.doctor import Doctor
 
@@ -211,9 +202,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--phone-port", type=int, default=7700,
                    help="phone port for the join check (default 7700; the probe uses +1, the "
                         "Termux listener's control port +2)")
-    p.add_argument("--probe-timeout", type=_positive_seconds, default=25.0, metavar="SECONDS",
-                   help="how long to wait for the report of the probe Termux runs (default 25; "
-                        "a slow phone's first python start may need more)")
+    p.add_argument("--probe-timeout", type=positive_duration_arg, default=25.0,
+                   metavar="DURATION",
+                   help="how long to wait for the report of the probe Termux runs, e.g. 40s "
+                        "(default 25s; a slow phone's first python start may need more)")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")

@@ -26,13 +26,6 @@ class _BadInput(Exception):
     """An option or file the user must fix; the message is printed as is."""
 
 
-def _duration(text: str) -> float:
-    try:
-        return units.parse_duration_s(text)
-    except units.UnitError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
 def _topology(path: str) -> Any:
     try:
         return load_topology(path)
@@ -160,18 +153,19 @@ def add_parser(subparsers: Any) -> None:
                                      "daily availability cycle.")
     gen.add_argument("--topology", required=True, help="topology YAML naming the devices")
     gen.add_argument("--groups", help="comma-separated groups to churn (default: all)")
-    gen.add_argument("--duration", type=_duration, required=True, help="trace length, e.g. 10min")
-    gen.add_argument("--session-mean", type=_duration, required=True,
+    gen.add_argument("--duration", type=units.duration_arg, required=True,
+                     help="trace length, e.g. 10min")
+    gen.add_argument("--session-mean", type=units.duration_arg, required=True,
                      help="mean time a device stays, e.g. 2min")
-    gen.add_argument("--absence-mean", type=_duration, required=True,
+    gen.add_argument("--absence-mean", type=units.duration_arg, required=True,
                      help="mean time a device stays away, e.g. 30s")
     gen.add_argument("--dist", choices=("exponential", "weibull"), default="exponential")
     gen.add_argument("--shape", type=float, default=1.0, help="Weibull shape k (default 1)")
     gen.add_argument("--diurnal-amplitude", type=float, default=0.0,
                      help="daily availability swing in [0, 1] (default 0: none)")
-    gen.add_argument("--diurnal-period", type=_duration, default=86400.0,
+    gen.add_argument("--diurnal-period", type=units.duration_arg, default=86400.0,
                      help="period of the availability cycle (default 24h)")
-    gen.add_argument("--diurnal-peak", type=_duration, default=0.0,
+    gen.add_argument("--diurnal-peak", type=units.duration_arg, default=0.0,
                      help="time of highest availability (default 0s)")
     gen.add_argument("--crash-fraction", type=float, default=0.0,
                      help="share of departures that are crashes (default 0)")
@@ -196,9 +190,9 @@ def add_parser(subparsers: Any) -> None:
     imp.add_argument("kind", choices=("fedscale", "sessions"))
     imp.add_argument("source", help="the file to import")
     imp.add_argument("--topology", required=True, help="topology YAML naming the devices")
-    imp.add_argument("--start", type=_duration, default=0.0,
+    imp.add_argument("--start", type=units.duration_arg, default=0.0,
                      help="fedscale: trace time that becomes time 0 (default 0s)")
-    imp.add_argument("--duration", type=_duration, default=None,
+    imp.add_argument("--duration", type=units.duration_arg, default=None,
                      help="fedscale: span to import (default: up to the longest finish_time)")
     imp.add_argument("--time-scale", type=float, default=1.0,
                      help="fedscale: divide trace times by this (60: an hour replays in a "

@@ -204,7 +204,7 @@ def device_capacity(g: BoundGemm, dev: BoundDevice, window_s: float, held_a: boo
         ab = min(x, cap_a) * cap_b
     else:
         ab = _max_ab(x, cap_a, cap_b)
-    fan = float(entry_yield(g, np.array([c]), held_a, held_b)[0])  # products an entry
+    fan = float(entry_yield(g, c, held_a, held_b))  # products an entry received is in
     received = INF if math.isinf(fan) else fan * x if fan > 0 else 0.0
     return min(compute, math.sqrt(max(ab, 0.0) * max(c, 0.0)), received, g.k * c,
                g.m * g.k * g.n)
@@ -342,7 +342,8 @@ def total_capacity(g: BoundGemm, devs: _DeviceArrays, stage_s: float, held_a: bo
     return total
 
 
-def entry_yield(g: BoundGemm, c: np.ndarray, held_a: bool, held_b: bool) -> np.ndarray:
+def entry_yield(g: BoundGemm, c: np.ndarray | float, held_a: bool, held_b: bool
+                ) -> np.ndarray:
     """Most multiply-adds of ``g`` per operand entry a device receives, for devices that send
     at most ``c`` result entries: with neither operand held, ``V <= sqrt(a·b·c) <= (a + b)/2
     · sqrt(c)`` and ``V <= min(a·n, b·m) <= (a + b)·mn/(m + n)`` (an entry of A is in n

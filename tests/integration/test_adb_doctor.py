@@ -87,7 +87,7 @@ def test_doctor_names_problem_and_fix(fake_adb_server: FakeAdbServer, tmp_path: 
     if not installed:
         phone.termux = None
     # a probe that never reports (Termux ignored the intent, no python) is waited for this long
-    done = doctor(fake_adb_server.port, "--probe-timeout", "10", env={"ANDROID_SERIAL": SERIAL})
+    done = doctor(fake_adb_server.port, "--probe-timeout", "10s", env={"ANDROID_SERIAL": SERIAL})
     assert done.returncode == 1, done.stdout
     assert problem in done.stdout, (scenario, done.stdout)
     assert f"fix: {fix}" in done.stdout or fix in done.stdout.split("fix:")[-1], done.stdout

@@ -246,14 +246,16 @@ def test_agent_zip_refuses_torch(tmp_path: Path) -> None:
         build_agent_zip(root)
 
 
-@pytest.mark.parametrize("value, expected", [("0", "expected seconds above 0, got '0'"),
-                                             ("-3", "expected seconds above 0"),
-                                             ("inf", "expected seconds above 0"),
-                                             ("soon", "expected seconds (a number)")])
-def test_doctor_probe_timeout_must_be_seconds_above_zero(
+@pytest.mark.parametrize("value, expected", [
+    ("0s", "a duration must be above 0, got '0s'"),
+    ("-3s", "expected a duration such as '10ms'"),
+    ("25", "(no unit)"),
+    ("soon", "expected a duration such as '10ms', got 'soon'"),
+])
+def test_doctor_probe_timeout_must_be_a_duration_above_zero(
         value: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     from testbed.cli import main
 
-    assert main(["adb", "doctor", "--probe-timeout", value]) == 2
+    assert main(["adb", "doctor", f"--probe-timeout={value}"]) == 2
     err = capsys.readouterr().err
     assert "--probe-timeout" in err and expected in err
