@@ -106,3 +106,30 @@ def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilatio
     summary["energy"] = topology_energy(topology, summary.get("devices") or [], events, dilation)
     write_json_atomic(run_dir / "summary.json", summary)
     return summary
+
+
+def run_warnings(summary: dict[str, Any]) -> list[str]:
+    """The lines a run's end carries when its device times are not to be trusted."""
+    out = []
+    below = summary.get("steps_below_bound") or 0
+    if below:
+        out.append(f"WARNING: {below} step(s) took less device time than their lower bound "
+                   f"(bound_s), which no schedule on this topology can: the emulated links or "
+                   f"time dilation did not follow the topology, and this run's device times "
+                   f"are wrong (steps.jsonl: efficiency > 1)")
+    if summary.get("fidelity_ok") is False:
+        out.append(fidelity_warning(summary))
+    return out
+
+
+def fidelity_warning(summary: dict[str, Any]) -> str:
+    """The one line a run whose emulated tile times missed the target ends with."""
+    share = summary.get("lateness_share_max")
+    moved = f"up to {100 * share:.1f}%" if isinstance(share, (int, float)) else "that much"
+    return (f"WARNING: emulation fidelity missed its target: p95 tile-time error "
+            f"{100 * summary['tile_error_p95']:.1f}% > {100 * summary['dilation_target_p95']:.0f}%"
+            f" (time dilation {summary.get('dilation_min')}..{summary.get('dilation_max')}); "
+            f"the tiles' lateness can have moved a step's device time by {moved}. A larger "
+            f"time_dilation gives the emulated devices more of this host's CPU per device "
+            f"second (a number fixes it; "
+            f"time_dilation: {{target_p95: ...}} raises it between steps)")

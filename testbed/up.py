@@ -566,7 +566,7 @@ def run_up(args: argparse.Namespace) -> int:
         run.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    from testbed.summary import write_summary
+    from testbed.summary import run_warnings, write_summary
 
     summary = write_summary(run_dir, topology, run.network.describe(), run.dilation, code,
                             {"time_dilation_mode": dilation_info,
@@ -579,8 +579,6 @@ def run_up(args: argparse.Namespace) -> int:
     console.print(f"{summary.get('state', 'failed')}: {summary.get('steps_done', 0)} steps, "
                   f"final loss {loss if loss is None else f'{loss:.4f}'}, "
                   f"{summary.get('tiles', 0)} tiles; run directory {run_dir}")
-    from testbed.ps_backend.main import run_warnings
-
     for warning in run_warnings(summary):
         console.print(warning, style="bold red", markup=False)
     return code

@@ -164,7 +164,7 @@ def test_controller_window_keeps_whole_steps_and_the_latest_step_entire() -> Non
 
 
 def test_a_missed_fidelity_target_says_by_how_much_and_what_to_change() -> None:
-    from testbed.ps_backend.main import fidelity_warning
+    from testbed.summary import fidelity_warning
 
     line = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
                              "dilation_min": 2.2, "dilation_max": 2.2})
@@ -207,7 +207,8 @@ def test_the_verdict_holds_when_late_tiles_cannot_move_a_step_by_the_target() ->
 def test_a_step_faster_than_its_bound_is_counted_and_the_run_warns() -> None:
     from types import SimpleNamespace
 
-    from testbed.ps_backend.main import BoundTotals, run_warnings
+    from testbed.ps_backend.main import BoundTotals
+    from testbed.summary import run_warnings
 
     bound = BoundTotals()
     step = SimpleNamespace(bound_s=1.25, bytes_min_down=1.0, bytes_min_up=1.0, sat_out={})
