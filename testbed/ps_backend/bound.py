@@ -15,7 +15,10 @@ Names and units, written down once:
   input; the input- and weight-gradient GEMMs of a layer); stages run one after another because
   each needs the PS's output of the previous one. The step's bound is the sum of its stages'.
 * an operand is **held** when an earlier stage of the step already sent the same tensor
-  (by name): devices may still have it, so the bound does not count it as traffic.
+  (by name): devices may still have it, so the bound does not count it as traffic. What is
+  not held travels in the stage that uses it, as the PS sends it: a schedule that sent a
+  weight ahead, in an earlier stage, is not covered (docs/planning.md, "Operands travel in
+  their stage").
 
 The per-stage bound is the smallest stage time ``T`` in which the stage's multiply-adds fit on
 the devices, each device working only in its own window ``T - rtt_i`` (its first operand byte
