@@ -145,8 +145,8 @@ def test_on_mininet_the_kernels_links_follow_every_new_d_before_the_next_step(
 def test_device_time_per_step_is_the_same_at_different_fixed_d(tmp_path: Path) -> None:
     # The tiny job's step is ~8 ms of device time (71 tiles of ~1 us model time plus the
     # PS's share); at D = 200 and D = 800 the host's overhead is a small part of the wall time
-    # (at D 300 and 1200 one run's steps differed by 3-8 %: the host's overhead was up to 10 %
-    # of the device time at D 300, so up to 15 % at D 200 and 4 % at D 800)
+    # (at D 300 and 1200 one run's steps 1-2 differed by 7-8 %: the host's overhead was about 10 %
+    # of the device time at D 300, so about 15 % at D 200 and 4 % at D 800)
     low = read_jsonl(_run(tmp_path, "d200", 200, 3) / "steps.jsonl")
     high = read_jsonl(_run(tmp_path, "d800", 800, 3) / "steps.jsonl")
     for a, b in zip(low[1:], high[1:]):  # step 0 includes the devices' first operand fetches
