@@ -126,7 +126,8 @@ def _doctor(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     doctor = Doctor(_server(args), serial=args.serial or os.environ.get("ANDROID_SERIAL") or None,
                     push=args.push, phone_port=args.phone_port,
-                    probe_timeout_s=args.probe_timeout)
+                    probe_timeout_s=Doctor.probe_timeout_s if args.probe_timeout is None
+                    else args.probe_timeout)
     ok = doctor.run()
     print(doctor.report())
     return EXIT_OK if ok else EXIT_FAILURE
@@ -202,7 +203,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--phone-port", type=int, default=7700,
                    help="phone port for the join check (default 7700; the probe uses +1, the "
                         "Termux listener's control port +2)")
-    p.add_argument("--probe-timeout", type=positive_duration_arg, default=25.0,
+    # default: Doctor's (None here: its module is too heavy to import for every command line)
+    p.add_argument("--probe-timeout", type=positive_duration_arg, default=None,
                    metavar="DURATION",
                    help="how long to wait for the report of the probe Termux runs, e.g. 40s "
                         "(default 25s; a slow phone's first python start may need more)")
