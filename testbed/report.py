@@ -4,7 +4,8 @@
 ``events.jsonl`` and ``summary.json`` and writes:
 
 * ``report.png``: loss per step; step wall time (and device time when dilated); bytes each way
-  per step; tiles done per device, with departures marked;
+  per step; tiles done per device, with departures marked (per group, past
+  ``DEVICE_BARS`` devices: one bar per device would not be readable);
 * ``report.md``: the headline figures, the network mechanism, and the events by kind.
 
 It reads only what the run wrote, so it works on a finished, failed or interrupted run.
@@ -16,11 +17,49 @@ import argparse
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from testbed.runlog import read_jsonl
 from testbed.units import format_bytes
+
+DEVICE_BARS = 30  # past this many devices, the tiles panel shows one bar per group
+
+
+@dataclass(frozen=True)
+class TileBar:
+    """One bar of the tiles panel: a device, or a group's devices (mean, with their range)."""
+
+    label: str
+    tiles: float
+    low: float
+    high: float
+    departed: int  # how many of its devices left, crashed or lost their link at least once
+
+
+def tile_bars(devices: list[dict[str, Any]], departed: set[str]) -> list[TileBar]:
+    """The tiles panel's bars, by name: one per device, or, past ``DEVICE_BARS`` devices
+    (large.yaml has 240), one per group, labelled with its size."""
+    tiles: Counter[str] = Counter()
+    group_of: dict[str, str] = {}
+    for d in devices:
+        name = str(d["device"])
+        tiles[name] += d.get("tiles_done", 0)
+        # run directories from before devices carried their group: topology names are group-i
+        group_of[name] = str(d.get("group") or name.rsplit("-", 1)[0])
+    if len(tiles) <= DEVICE_BARS:
+        return [TileBar(n, tiles[n], tiles[n], tiles[n], int(n in departed))
+                for n in sorted(tiles)]
+    members: dict[str, list[str]] = {}
+    for name in tiles:
+        members.setdefault(group_of[name], []).append(name)
+    bars = []
+    for group, names in sorted(members.items()):
+        counts = [tiles[n] for n in names]
+        bars.append(TileBar(f"{group} ({len(names)})", sum(counts) / len(counts), min(counts),
+                            max(counts), sum(n in departed for n in names)))
+    return bars
 
 
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
@@ -35,13 +74,24 @@ def plot(run_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps, events, summary = _load(run_dir)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     (ax_loss, ax_time), (ax_bytes, ax_dev) = axes
     x = [s["step"] for s in steps]
-    ax_loss.plot(x, [s["loss"] for s in steps], marker=".")
+    for ax in (ax_loss, ax_time, ax_bytes):  # whole steps, even for a run of one
+        if x:
+            ax.set_xlim(min(x) - 0.5, max(x) + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    losses = [(s["step"], s["loss"]) for s in steps if isinstance(s.get("loss"), (int, float))]
+    ax_loss.plot([p[0] for p in losses], [p[1] for p in losses], marker=".")
     ax_loss.set(title="loss", xlabel="step", ylabel="cross-entropy (nats)")
+    if not losses:  # say why the panel is empty rather than draw empty axes
+        ax_loss.text(0.5, 0.5, "no loss: a simulated run has no tensors"
+                     if summary.get("simulated") else "no loss recorded", ha="center",
+                     va="center", transform=ax_loss.transAxes)
+        ax_loss.set_yticks([])
     ax_time.plot(x, [s["wall_s"] for s in steps], marker=".", label="wall")
     if any(s.get("device_time_s") != s.get("wall_s") for s in steps):
         ax_time.plot(x, [s["device_time_s"] for s in steps], marker=".", label="device time")
@@ -64,22 +114,23 @@ def plot(run_dir: Path) -> Path:
                     linestyle=":", label="time dilation D")
         ax_err.set(ylabel="% / D")
         ax_err.legend(loc="upper right")
-    ax_bytes.plot(x, [s["bytes_down"] / 1e6 for s in steps], label="down (PS to devices)")
-    ax_bytes.plot(x, [s["bytes_up"] / 1e6 for s in steps], label="up (devices to PS)")
+    ax_bytes.plot(x, [s["bytes_down"] / 1e6 for s in steps], marker=".",
+                  label="down (PS to devices)")
+    ax_bytes.plot(x, [s["bytes_up"] / 1e6 for s in steps], marker=".", label="up (devices to PS)")
     ax_bytes.set(title="payload per step", xlabel="step", ylabel="MB")
     ax_bytes.legend()
-    devices = summary.get("devices") or []
-    tiles: Counter[str] = Counter()
-    for d in devices:
-        tiles[d["device"]] += d.get("tiles_done", 0)
-    names = sorted(tiles)
-    ax_dev.barh(names, [tiles[n] for n in names])
-    departed = {e.get("device") for e in events
+    departed = {str(e.get("device")) for e in events
                 if e.get("event") in ("leave", "disconnect", "lease_expired")}
-    for label in ax_dev.get_yticklabels():
-        if label.get_text() in departed:
+    bars = tile_bars(summary.get("devices") or [], departed)
+    grouped = len(summary.get("devices") or []) > DEVICE_BARS
+    ax_dev.barh([b.label for b in bars], [b.tiles for b in bars],
+                xerr=[[b.tiles - b.low for b in bars], [b.high - b.tiles for b in bars]]
+                if grouped else None)
+    for label, bar in zip(ax_dev.get_yticklabels(), bars):
+        if bar.departed:
             label.set_color("red")
-    ax_dev.set(title="tiles per device (red: departed at least once)", xlabel="tiles")
+    ax_dev.set(title="tiles per device by group: mean, range (red: departed)"
+               if grouped else "tiles per device (red: departed at least once)", xlabel="tiles")
     fig.suptitle(f"{run_dir.name}: {summary.get('state', '?')}, "
                  f"{summary.get('steps_done', len(steps))} steps")
     fig.tight_layout()
@@ -140,7 +191,7 @@ def markdown(run_dir: Path) -> Path:
         "",
         f"- state: {summary.get('state', '?')} (exit code {summary.get('exit_code', '?')})",
         f"- steps: {summary.get('steps_done', len(steps))} of {summary.get('steps', '?')}; "
-        f"final loss {loss:.4f}" if isinstance(loss, float) else "- final loss: none",
+        + (f"final loss {loss:.4f}" if isinstance(loss, float) else "final loss: none"),
         f"- tiles: {summary.get('tiles', 0)}, recomputed {summary.get('recomputed_tiles', 0)}, "
         f"re-queued {summary.get('requeued_tiles', 0)}, rejected {summary.get('rejected', 0)}",
         f"- payload: down {format_bytes(summary.get('bytes_down', 0))}, "

@@ -46,3 +46,37 @@ def test_fidelity_line_gives_the_verdict_and_what_late_tiles_can_account_for() -
     missed = fidelity_line({**fields, "lateness_share_max": 0.3, "fidelity_ok": False})
     assert "**MISSED**" in missed and "up to 30.0%" in missed
     assert fidelity_line({}) == "- emulation fidelity: no emulated tiles"
+
+
+def test_tiles_panel_has_a_bar_per_device_up_to_a_readable_count_then_per_group() -> None:
+    from testbed.report import DEVICE_BARS, TileBar, tile_bars
+
+    few = [{"device": f"phones-{i}", "group": "phones", "tiles_done": i} for i in range(3)]
+    assert tile_bars(few, {"phones-1"}) == [TileBar("phones-0", 0, 0, 0, 0),
+                                            TileBar("phones-1", 1, 1, 1, 1),
+                                            TileBar("phones-2", 2, 2, 2, 0)]
+    # large.yaml has 240 devices: one bar each would be unreadable, so groups with their range
+    many = [{"device": f"phones-{i}", "group": "phones", "tiles_done": i}
+            for i in range(DEVICE_BARS)]
+    many += [{"device": f"laptops-{i}", "tiles_done": 50} for i in range(4)]  # no group field
+    bars = tile_bars(many, {"phones-3", "phones-7", "gone-0"})
+    assert bars == [TileBar("laptops (4)", 50, 50, 50, 0),
+                    TileBar(f"phones ({DEVICE_BARS})", (DEVICE_BARS - 1) / 2, 0,
+                            DEVICE_BARS - 1, 2)]
+
+
+def test_report_of_a_simulated_run_keeps_its_step_count_and_plots_without_a_loss(
+        tmp_path: Path) -> None:
+    log = RunLog(tmp_path)
+    log.step(step=0, loss=None, wall_s=2.0, device_time_s=2.0, bound_s=0.8, bytes_down=3e8,
+             bytes_up=1e8, tiles=1644)
+    log.close()
+    write_json_atomic(tmp_path / "summary.json", {
+        "state": "done", "exit_code": 0, "steps_done": 1, "steps": 1, "final_loss": None,
+        "simulated": True, "wall_s": 2.0, "time_dilation": 1.0,
+        "devices": [{"device": f"phones-{i}", "group": "phones", "tiles_done": i % 7}
+                    for i in range(240)]})
+    assert main(["report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "- steps: 1 of 1; final loss: none" in text
+    assert (tmp_path / "report.png").stat().st_size > 10_000
