@@ -88,14 +88,14 @@ def _short_bytes(size_bytes: float) -> str:
 def render_devices(devices: list[dict[str, Any]]) -> RenderableType:
     """A table of devices: state, tiles done, in flight, bytes, speed, telemetry.
 
-    Compact enough for an 80-column terminal; the device name carries its group.
+    Compact enough for an 80-column terminal; the device name carries its group. Past
+    ``MAX_DEVICE_ROWS`` devices (large.yaml has 240) a row per group instead
+    (:func:`render_groups`): the first forty names would hide most of the run.
     """
-    table = Table(expand=False, box=None, header_style="bold", pad_edge=False)
-    for column in ("device", "state", "tiles", "flight", "down", "up", "GFLOPS", "°C",
-                   "energy J"):
-        table.add_column(column, justify="left" if column in ("device", "state") else "right",
-                         no_wrap=True)
-    for d in sorted(devices, key=lambda d: str(d.get("device", "")))[:MAX_DEVICE_ROWS]:
+    if len(devices) > MAX_DEVICE_ROWS:
+        return render_groups(devices)
+    table = _device_table("device")
+    for d in sorted(devices, key=lambda d: str(d.get("device", ""))):
         state = d.get("state", "?")
         telemetry = d.get("telemetry") or {}
         temp = telemetry.get("temperature_c")
@@ -106,8 +106,42 @@ def render_devices(devices: list[dict[str, Any]]) -> RenderableType:
                       f"{d.get('observed_gflops', 0):.1f}",
                       f"{temp:.1f}" if isinstance(temp, (int, float)) else "-",
                       f"{d.get('energy_j', 0):.1f}")
-    if len(devices) > MAX_DEVICE_ROWS:
-        table.add_row(f"... {len(devices) - MAX_DEVICE_ROWS} more", *[""] * 8)
+    return table
+
+
+def _device_table(first: str) -> Table:
+    table = Table(expand=False, box=None, header_style="bold", pad_edge=False)
+    for column in (first, "state", "tiles", "flight", "down", "up", "GFLOPS", "°C",
+                   "energy J"):
+        table.add_column(column, justify="left" if column in (first, "state") else "right",
+                         no_wrap=True)
+    return table
+
+
+def render_groups(devices: list[dict[str, Any]]) -> RenderableType:
+    """One row per device group: how many are in each state, and the group's tiles, tiles in
+    flight, bytes and energy summed, its mean observed speed and its hottest device."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for d in devices:  # a record without its group: topology names are group-i
+        name = str(d.get("device", "?"))
+        groups.setdefault(str(d.get("group") or name.rsplit("-", 1)[0]), []).append(d)
+    table = _device_table("group")
+    for group, members in sorted(groups.items()):
+        states: dict[str, int] = {}
+        for d in members:
+            states[str(d.get("state", "?"))] = states.get(str(d.get("state", "?")), 0) + 1
+        temps = [t for d in members
+                 if isinstance(t := (d.get("telemetry") or {}).get("temperature_c"), (int, float))]
+        table.add_row(f"{group} ({len(members)})",
+                      " ".join(f"[{STATE_STYLE.get(k, 'white')}]{n} {k}[/]"
+                               for k, n in sorted(states.items())),
+                      str(sum(d.get("tiles_done", 0) for d in members)),
+                      str(sum(d.get("in_flight", 0) for d in members)),
+                      _short_bytes(sum(d.get("bytes_down", 0) for d in members)),
+                      _short_bytes(sum(d.get("bytes_up", 0) for d in members)),
+                      f"{sum(d.get('observed_gflops', 0) for d in members) / len(members):.1f}",
+                      f"{max(temps):.1f}" if temps else "-",
+                      f"{sum(d.get('energy_j', 0) for d in members):.1f}")
     return table
 
 

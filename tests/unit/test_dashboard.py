@@ -23,3 +23,23 @@ def test_render_snapshot() -> None:
     for needle in ("step 3/20", "loss 4.2500", "1234", "321/s", "12.5 MB", "phones-0", "busy",
                    "41.5", "laptops-0", "left", "requeued 2"):
         assert needle in text, needle
+
+
+def test_past_forty_devices_the_view_has_a_row_per_group() -> None:
+    from testbed.dashboard import MAX_DEVICE_ROWS, render_devices
+
+    devices = [{"device": f"phones-{i}", "group": "phones", "state": "busy" if i % 3 else "idle",
+                "tiles_done": 2, "in_flight": 1, "bytes_down": 1e6, "bytes_up": 1e5,
+                "observed_gflops": 10.0 + i % 2, "energy_j": 0.5,
+                "telemetry": {"temperature_c": 30.0 + i}} for i in range(MAX_DEVICE_ROWS)]
+    devices.append({"device": "laptops-0", "state": "left", "tiles_done": 7})  # no group field
+    console = Console(record=True, width=100, file=open("/dev/null", "w"))
+    console.print(render_devices(devices))
+    lines = console.export_text().splitlines()
+    assert len(lines) == 3  # the header and one row per group, no device rows
+    laptops, phones = lines[1].split(), lines[2].split()
+    assert laptops[:5] == ["laptops", "(1)", "1", "left", "7"]
+    # 40 phones: 14 idle (i % 3 == 0), 26 busy; 80 tiles, 40 in flight, 40 MB down, 4 MB up,
+    # mean speed 10.5 GFLOPS, the hottest at 69 °C, 20 J
+    assert phones == ["phones", "(40)", "26", "busy", "14", "idle", "80", "40", "40M", "4.0M",
+                      "10.5", "69.0", "20.0"]
