@@ -126,9 +126,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
+    eff = summary.get("efficiency")
+    eff_text = f"{eff:.2f}" if isinstance(eff, float) else "n/a (no bound for this strategy)"
     print(f"done: {summary['steps_done']} steps, {summary['wall_s']:.3f} s device time, "
-          f"efficiency {summary.get('efficiency', 'n/a (no bound for this strategy)')}, energy "
-          f"{summary['energy']['total']['total_j']:.1f} J")
+          f"efficiency {eff_text}, energy {summary['energy']['total']['total_j']:.1f} J")
     return EXIT_OK
 
 
