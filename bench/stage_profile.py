@@ -14,21 +14,26 @@ pass that link alone needed (the bytes of the plans, at its rate).
     .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--links]
                                             [--quick] [--window-scale N]
     .venv/bin/python bench/stage_profile.py --run RUN_DIR [--step N] [--stages] [--tiles]
+                                            [--gemm SUBSTRING]
 
 `--quick` cuts the job to 2 layers (a few seconds on hotcarbon); the default topology is
 topologies/hotcarbon.yaml (about 10 s). `--window-scale` sets the scheduler's window depth
 (`Scheduler.window_scale`) to see what other windows do. `--run` prints the same table for a
 step of a run directory (its stages.jsonl: `testbed up`, or `testbed simulate`), so an emulated
 step's stages can be set beside the simulated ones. With `--tiles` (a run of `testbed up
---trace-tiles`, its tiles.jsonl) it also prints, per GEMM, how long its tiles took on each leg, in
-device seconds, median and largest: down (handed out -> on the device), wait (-> started),
-compute (-> done), up (-> accepted by the PS).
+--trace-tiles` or `testbed simulate --trace-tiles`, its tiles.jsonl) it also prints, per GEMM, how
+long its tiles took on each leg, in device seconds, median and largest: down (handed out -> on the
+device), wait (-> started), compute (-> done), up (-> accepted by the PS). `--gemm` keeps the
+GEMMs whose name contains it and adds, per device group, when its devices' first operands
+arrived and their last results were back (earliest, median and latest of its devices), from the
+GEMM's first tile handed out: which group a GEMM waits for, and from when.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import time
 from collections import defaultdict
@@ -69,11 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, default=0, help="with --run: which step (default 0)")
     p.add_argument("--tiles", action="store_true",
                    help="with --run: per GEMM, its tiles' legs (tiles.jsonl of a run of "
-                        "testbed up --trace-tiles)")
+                        "testbed up or testbed simulate with --trace-tiles)")
+    p.add_argument("--gemm", default=None, metavar="SUBSTRING",
+                   help="with --tiles: only GEMMs whose name contains this (e.g. "
+                        "layers.0.fc1/forward), each with its device groups' first arrivals "
+                        "and last results")
     args = p.parse_args(argv)
     if args.run is not None:
         code = print_run(Path(args.run), args.step, args.stages)
-        return print_tiles(Path(args.run), args.step) if code == 0 and args.tiles else code
+        if code == 0 and args.tiles:
+            return print_tiles(Path(args.run), args.step, args.gemm)
+        return code
     topology = load_topology(args.topology).with_overrides(steps=1)
     if args.quick:
         job = topology.job
@@ -171,18 +182,27 @@ LEGS = (("down", "sent_s", "arrived_s"), ("wait", "arrived_s", "started_s"),
         ("compute", "started_s", "done_s"), ("up", "done_s", "accepted_s"))
 
 
-def print_tiles(run_dir: Path, step: int) -> int:
-    """Per GEMM of a traced step: tiles, span, and each leg's median and largest (device s)."""
+def print_tiles(run_dir: Path, step: int, only: str | None = None) -> int:
+    """Per GEMM of a traced step: tiles, span, and each leg's median and largest (device s);
+    with ``only``, the GEMMs whose name contains it, each with its groups' timelines."""
     path = run_dir / "tiles.jsonl"
     if not path.exists():
-        print(f"{run_dir}: no tiles.jsonl (run testbed up with --trace-tiles)", file=sys.stderr)
+        print(f"{run_dir}: no tiles.jsonl (run testbed up or testbed simulate with "
+              "--trace-tiles)", file=sys.stderr)
         return 2
     dilation = next(r["time_dilation"] for r in read_jsonl(run_dir / "steps.jsonl")
                     if r["step"] == step)
     gemms: dict[str, list[dict]] = defaultdict(list)
     for r in read_jsonl(path):
-        if r["step"] == step:
+        if r["step"] == step and (only is None or only in r["gemm"]):
             gemms[r["gemm"]].append(r)
+    if not gemms:
+        print(f"{run_dir}: no tiles of step {step}" + (f" in a GEMM named *{only}*" if only
+                                                       else ""), file=sys.stderr)
+        return 2
+    group_of = {str(r["device"]): str(r.get("group") or "")
+                for r in read_jsonl(run_dir / "devices.jsonl")} \
+        if (run_dir / "devices.jsonl").exists() else {}
     print(f"{'gemm':44s} {'tiles':>5s} {'span':>6s}  "
           + "  ".join(f"{leg:>13s}" for leg, _, _ in LEGS) + "   (median/largest, device s)")
     for gemm, rows in gemms.items():
@@ -192,7 +212,34 @@ def print_tiles(run_dir: Path, step: int) -> int:
             took = sorted((r[end] - r[start]) / dilation for r in rows)
             legs.append(f"{took[len(took) // 2]:6.3f}/{took[-1]:6.3f}")
         print(f"{gemm.split('/', 1)[-1]:44s} {len(rows):5d} {span:6.2f}  " + "  ".join(legs))
+        if only is not None:
+            print_groups(rows, group_of, dilation)
     return 0
+
+
+def print_groups(rows: list[dict], group_of: dict[str, str], dilation: float) -> None:
+    """A GEMM's device groups: per group, its devices' first operands on the device and last
+    result accepted, in device ms from the GEMM's first tile handed out (earliest / median /
+    latest device)."""
+    t0 = min(r["sent_s"] for r in rows)
+    per_device: dict[str, list[float]] = {}
+    for r in rows:
+        first_last = per_device.setdefault(r["device"], [math.inf, -math.inf, 0])
+        first_last[0] = min(first_last[0], r["arrived_s"])
+        first_last[1] = max(first_last[1], r["accepted_s"])
+        first_last[2] += 1
+    groups: dict[str, list[list[float]]] = defaultdict(list)
+    for device, first_last in per_device.items():
+        groups[group_of.get(device) or device.rsplit("-", 1)[0]].append(first_last)
+
+    def spread(values: list[float]) -> str:
+        ms = sorted(1e3 * (v - t0) / dilation for v in values)
+        return f"{ms[0]:6.1f} /{ms[len(ms) // 2]:6.1f} /{ms[-1]:6.1f}"
+    print(f"    {'group':14s} {'devices':>7s} {'tiles':>6s}  {'first on device, ms':>22s}  "
+          f"{'last result back, ms':>22s}")
+    for group, devices in sorted(groups.items()):
+        print(f"    {group:14s} {len(devices):7d} {int(sum(d[2] for d in devices)):6d}  "
+              f"{spread([d[0] for d in devices]):>22s}  {spread([d[1] for d in devices]):>22s}")
 
 
 def print_layers(sim: Simulation, topology: Topology) -> None:

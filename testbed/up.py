@@ -488,6 +488,10 @@ def run_up(args: argparse.Namespace) -> int:
         return inputs
     topology, churn, schedule = inputs
     if topology.job.parallelism.strategy != "tile-tp":  # the baselines' own processes
+        if args.trace_tiles:
+            print(f"error: --trace-tiles: the {topology.job.parallelism.strategy} baseline "
+                  "hands out no tiles (job.parallelism.strategy)", file=sys.stderr)
+            return EXIT_BAD_INPUT
         from testbed.baselines.up_baseline import run_baseline_up
         return run_baseline_up(args, topology, schedule)
     from testbed import capacity

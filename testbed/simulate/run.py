@@ -1,5 +1,5 @@
-"""``testbed simulate TOPOLOGY [--churn TRACE] [--steps N] [--out DIR]``: a run directory in
-virtual time.
+"""``testbed simulate TOPOLOGY [--churn TRACE] [--steps N] [--out DIR] [--trace-tiles]``: a run
+directory in virtual time.
 
 The same validation as ``testbed up`` (topology, profiles, churn trace: exit 2 before anything
 is written), then the same run directory (``runlog.py``'s files; ``summary.json`` with
@@ -7,6 +7,9 @@ is written), then the same run directory (``runlog.py``'s files; ``summary.json`
 reads a run reads a simulated one. Every JSON line's ``elapsed_s`` is virtual (device) seconds
 since training started and ``t`` is the run's origin plus that; ``wall_s`` of a step is its
 device time (what the deployment would take) and ``sim_wall_s`` what simulating it took.
+With ``--trace-tiles``, ``tiles.jsonl`` has every accepted tile's times as ``testbed up
+--trace-tiles`` writes them, in virtual seconds, so ``bench/stage_profile.py --run RUN --tiles``
+reads either.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
-             report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0
-             ) -> dict[str, Any]:
+             report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0,
+             trace_tiles: bool = False) -> dict[str, Any]:
     """Simulate the topology's job into run_dir; return the summary."""
     from testbed.emulator.energy import topology_energy
     from testbed.ps_backend.main import BoundTotals, efficiency
@@ -34,7 +37,8 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
 
     sim: Simulation | None = None  # the log's clock: virtual seconds once the simulation exists
     log = RunLog(run_dir, elapsed_s=lambda: sim.now_s if sim is not None else 0.0)
-    sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s)
+    sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s,
+                     tile=log.tile if trace_tiles else None)
     job = topology.job
     bound = BoundTotals()
     started = time.monotonic()
@@ -49,7 +53,8 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
             device_s, stats, record = sim.run_step(step)
             bound.add(record, device_s)
             log.step(step=step, loss=None, wall_s=round(device_s, 6),
-                     device_time_s=round(device_s, 6), sim_wall_s=round(time.monotonic() - t0, 6),
+                     device_time_s=round(device_s, 6), time_dilation=1.0,
+                     sim_wall_s=round(time.monotonic() - t0, 6),
                      **record.fields(), efficiency=efficiency(record.bound_s, device_s),
                      tiles=stats.tiles, recomputed_tiles=stats.recomputed,
                      requeued_tiles=stats.requeued, rejected=stats.rejected, late=stats.late,
@@ -110,6 +115,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     topology, _, schedule = inputs
+    strategy = topology.job.parallelism.strategy
+    if args.trace_tiles and strategy != "tile-tp":
+        print(f"error: --trace-tiles: the {strategy} baseline hands out no tiles "
+              "(job.parallelism.strategy)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     run_dir = make_run_dir(Path(args.out), topology.name)
     (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
     (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(), sort_keys=False))
@@ -117,12 +127,12 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     def progress(step: int, device_s: float, wall_s: float) -> None:
         print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)")
-    if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
+    if strategy != "tile-tp":  # the baselines (docs/baselines.md)
         from testbed.baselines.run import simulate_baseline
         summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
     else:
         summary = simulate(topology, run_dir, schedule, progress=progress,
-                           ps_gemm_s=args.ps_gemm_s)
+                           ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles)
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
@@ -149,4 +159,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ps-gemm-s", type=float, default=0.0,
                    help="the PS's own time per offloaded GEMM, device seconds (default 0: not "
                         "modelled; see docs/simulate.md)")
+    p.add_argument("--trace-tiles", action="store_true",
+                   help="write RUN_DIR/tiles.jsonl: every accepted tile's times (handed out, "
+                        "on the device, started, done, back), virtual seconds, as testbed up "
+                        "--trace-tiles writes them (read with bench/stage_profile.py --run RUN "
+                        "--tiles); ~300 bytes a tile")
     p.set_defaults(func=run_simulate)

@@ -139,7 +139,7 @@ class Simulation(EventLoop):
 
     def __init__(self, topology: Topology, schedule: ChurnSchedule | None = None,
                  event: Callable[..., None] | None = None, noise: bool = True,
-                 ps_gemm_s: float = 0.0):
+                 ps_gemm_s: float = 0.0, tile: Callable[..., None] | None = None):
         from testbed.ps_backend.main import ps_config
 
         self.topology = topology
@@ -153,6 +153,7 @@ class Simulation(EventLoop):
             raise ValueError(f"ps_gemm_s must be >= 0 seconds, got {ps_gemm_s}")
         self.ps_gemm_s = ps_gemm_s  # the PS's own time per offloaded GEMM (see run_step)
         self.emit = event or _no_event
+        self.trace_tile = tile  # each accepted tile's times, as the PS's trace_tiles records
         self.config = ps_config(topology, run_name="simulated", check_values=False)
         c = self.config
         self.scheduler = ValuelessScheduler(check_values=False,
@@ -382,6 +383,7 @@ class Simulation(EventLoop):
 
     def _arrived(self, dev: SimDevice, task: Task, attempt: int, session: int) -> None:
         """A tile's operands are on the device: it computes after the tiles before it."""
+        arrived_s = self.now_s
         start = max(self.now_s, dev.busy_until_s)
         m, n = task.box.shape
         k0, k1 = task.k_range
@@ -396,18 +398,21 @@ class Simulation(EventLoop):
 
             def back() -> None:
                 if dev.session == session:
-                    self._result(dev, task, attempt, seconds, joules, m * n)
+                    self._result(dev, task, attempt, seconds, joules,
+                                 (arrived_s, start, start + seconds))
             nbytes = m * n * self.dtype.itemsize
             dev.moved[pass_of(task.job.spec.op)][1] += nbytes
             self._transfer(dev, 1, nbytes + MESSAGE_OVERHEAD_BYTES, back)
         self.at(dev.busy_until_s, computed)
 
     def _result(self, dev: SimDevice, task: Task, attempt: int, compute_s: float,
-                energy_j: float, elems: int) -> None:
-        """A result is back on the PS: the scheduler decides (PsCore._on_result)."""
+                energy_j: float, times: tuple[float, float, float]) -> None:
+        """A result is back on the PS: the scheduler decides (PsCore._on_result). ``times``:
+        when its operands arrived on the device, and when it started and finished it."""
         assert dev.slot is not None
         m, n = task.box.shape
-        self.stats.bytes_up += m * n * self.dtype.itemsize
+        nbytes = m * n * self.dtype.itemsize
+        self.stats.bytes_up += nbytes
         outcome = self.scheduler.accept(dev.slot.device_id, task.task_id, attempt,
                                         shape_only(m, n, self.dtype), compute_s, energy_j,
                                         now_s=self.now_s)
@@ -425,6 +430,14 @@ class Simulation(EventLoop):
             self.stats.backup_wins += outcome.backup_won
             self.stats.device_compute_s += compute_s
             self.stats.energy_j += energy_j
+            if self.trace_tile is not None:  # the fields of PsCore's tiles.jsonl records
+                arrived_s, started_s, done_s = times
+                self.trace_tile(step=task.job.spec.step, gemm=task.job.uid, task=task.task_id,
+                                device=dev.spec.name, attempt=attempt,
+                                backup=outcome.backup_won, bytes_up=nbytes,
+                                sent_s=round(outcome.sent_s, 9), arrived_s=round(arrived_s, 9),
+                                started_s=round(started_s, 9), done_s=round(done_s, 9),
+                                compute_s=round(compute_s, 9), accepted_s=round(self.now_s, 9))
             if outcome.completed_job is not None:
                 outcome.completed_job.done.set_result(None)
         self.pump()

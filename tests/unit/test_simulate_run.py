@@ -157,3 +157,51 @@ def test_a_thousand_devices_compute_every_planned_tile_once(tmp_path: Path) -> N
     # the plan spreads the tiles over the devices (the layers planned on one grid,
     # planner.plan_layer, take fewer of them than planned apart, for a faster step)
     assert len(placed_by) > 300
+
+
+def test_trace_tiles_records_every_accepted_tile_as_testbed_up_does(tmp_path: Path,
+                                                                     capsys) -> None:
+    """`testbed simulate --trace-tiles`: one tiles.jsonl row per accepted tile, with the PS's
+    fields in virtual seconds, in order on each tile's way; bench/stage_profile.py reads it."""
+    import sys
+
+    run_root = tmp_path / "runs"
+    assert main(["simulate", str(TINY), "--steps", "1", "--trace-tiles",
+                 "--out", str(run_root)]) == 0
+    run_dir = next(run_root.iterdir())
+    summary = read_jsonl(run_dir / "steps.jsonl")[0]
+    rows = read_jsonl(run_dir / "tiles.jsonl")
+    assert len(rows) == summary["tiles"] > 0 and summary["time_dilation"] == 1.0
+    names = {d.name for d in load_topology(TINY).devices}
+    for r in rows:
+        assert r["device"] in names and r["step"] == 0 and r["bytes_up"] > 0
+        times = [r["sent_s"], r["arrived_s"], r["started_s"], r["done_s"], r["accepted_s"]]
+        assert times == sorted(times), r  # handed out, on the device, started, done, back
+        # a simulated device computes for exactly its modelled time (no dilation, no lag)
+        assert abs(r["done_s"] - r["started_s"] - r["compute_s"]) <= 1e-6 * r["done_s"] + 1e-9
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import stage_profile
+
+    capsys.readouterr()
+    assert stage_profile.main(["--run", str(run_dir), "--tiles", "--gemm", "fc1/forward"]) == 0
+    out = capsys.readouterr().out
+    assert "layers.0.fc1/forward" in out and "layers.1.fc1/forward" in out
+    assert "qkv_proj" not in out.split("(median/largest")[1]  # only the GEMMs asked for
+    # one line per group that computed some of a GEMM's tiles, under each of the two GEMMs
+    assert sum(line.split()[0] in ("phones", "laptops") for line in out.splitlines()
+               if line.startswith("    ") and not line.strip().startswith("group")) >= 2
+    assert stage_profile.main(["--run", str(run_dir), "--tiles", "--gemm", "nothing"]) == 2
+
+
+@pytest.mark.parametrize("command", ["simulate", "up"])
+def test_trace_tiles_is_refused_for_a_baseline_before_anything_is_written(
+        tmp_path: Path, command: str) -> None:
+    import yaml
+
+    raw = yaml.safe_load(TINY.read_text())
+    raw["job"]["parallelism"] = {"strategy": "data-parallel"}
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    run_root = tmp_path / "runs"
+    assert main([command, str(path), "--trace-tiles", "--out", str(run_root)]) == 2
+    assert not run_root.exists()
