@@ -27,8 +27,10 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
              report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0,
-             trace_tiles: bool = False) -> dict[str, Any]:
-    """Simulate the topology's job into run_dir; return the summary."""
+             trace_tiles: bool = False, during: Any = None) -> dict[str, Any]:
+    """Simulate the topology's job into run_dir; return the summary. ``progress(step, device
+    s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far)``
+    every ten seconds of wall time within a step."""
     from testbed.emulator.energy import topology_energy
     from testbed.ps_backend.main import BoundTotals, efficiency
     from testbed.runlog import RunLog, read_jsonl, write_json_atomic
@@ -37,8 +39,13 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
 
     sim: Simulation | None = None  # the log's clock: virtual seconds once the simulation exists
     log = RunLog(run_dir, elapsed_s=lambda: sim.now_s if sim is not None else 0.0)
+    current = [0, time.monotonic()]  # the step under way, when it started (wall)
+
+    def within(device_s: float, stats: Any) -> None:
+        during(current[0], device_s, stats.tiles, time.monotonic() - current[1])
     sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s,
-                     tile=log.tile if trace_tiles else None)
+                     tile=log.tile if trace_tiles else None,
+                     during=within if during is not None else None)
     job = topology.job
     bound = BoundTotals()
     started = time.monotonic()
@@ -50,6 +57,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         sim.start()
         for step in range(job.steps):
             t0 = time.monotonic()
+            current[:] = [step, t0]
             device_s, stats, record = sim.run_step(step)
             bound.add(record, device_s)
             log.step(step=step, loss=None, wall_s=round(device_s, 6),
@@ -126,13 +134,19 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(f"run directory: {run_dir} (simulated)")
 
     def progress(step: int, device_s: float, wall_s: float) -> None:
-        print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)")
+        print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)",
+              flush=True)
+
+    def during(step: int, device_s: float, tiles: int, wall_s: float) -> None:
+        print(f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles "
+              f"({wall_s:.0f} s)", flush=True)
     if strategy != "tile-tp":  # the baselines (docs/baselines.md)
         from testbed.baselines.run import simulate_baseline
         summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
     else:
         summary = simulate(topology, run_dir, schedule, progress=progress,
-                           ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles)
+                           ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
+                           during=during)
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
@@ -151,7 +165,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "models, churn and a flow-level network in virtual time. Writes the same "
                     "run directory as `testbed up`, marked simulated. A job whose "
                     "parallelism.strategy is pipeline or data-parallel runs those baselines "
-                    "(docs/baselines.md). Exit 2 on bad input.")
+                    "(docs/baselines.md). Prints each step's device time, and within a long "
+                    "step (a thousand devices take minutes) its progress every 10 s. Exit 2 on "
+                    "bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")

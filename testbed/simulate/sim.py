@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -139,7 +140,9 @@ class Simulation(EventLoop):
 
     def __init__(self, topology: Topology, schedule: ChurnSchedule | None = None,
                  event: Callable[..., None] | None = None, noise: bool = True,
-                 ps_gemm_s: float = 0.0, tile: Callable[..., None] | None = None):
+                 ps_gemm_s: float = 0.0, tile: Callable[..., None] | None = None,
+                 during: Callable[[float, StepStats], None] | None = None,
+                 during_every_s: float = 10.0):
         from testbed.ps_backend.main import ps_config
 
         self.topology = topology
@@ -154,6 +157,11 @@ class Simulation(EventLoop):
         self.ps_gemm_s = ps_gemm_s  # the PS's own time per offloaded GEMM (see run_step)
         self.emit = event or _no_event
         self.trace_tile = tile  # each accepted tile's times, as the PS's trace_tiles records
+        # a long step's progress: every during_every_s of wall time, the step's device seconds
+        # and its totals so far (a 1,000-device step takes minutes to simulate)
+        self.during, self.during_every_s = during, during_every_s
+        self._step_start_s = 0.0
+        self._next_during = 0.0
         self.config = ps_config(topology, run_name="simulated", check_values=False)
         c = self.config
         self.scheduler = ValuelessScheduler(check_values=False,
@@ -214,6 +222,15 @@ class Simulation(EventLoop):
 
     # -- the event queue -----------------------------------------------------------------------
     def _run_until(self, done: Callable[[], bool]) -> None:
+        if self.during is not None:
+            report, every, until = self.during, self.during_every_s, done
+
+            def done() -> bool:  # after every event: a clock read, a report now and then
+                wall = time.monotonic()
+                if wall >= self._next_during:
+                    self._next_during = wall + every
+                    report(self.now_s - self._step_start_s, self.stats)
+                return until()
         if not self.run_until(done):
             raise RuntimeError(f"simulation stalled at t={self.now_s:.6f} s: "
                                f"{len(self.scheduler.tasks)} tiles outstanding, no device "
@@ -512,7 +529,8 @@ class Simulation(EventLoop):
 
     def run_step(self, step: int) -> tuple[float, StepStats, StepRecord]:
         """Run one training step's GEMM chain; (device time, totals, the planner's record)."""
-        start_s = self.now_s
+        start_s = self._step_start_s = self.now_s
+        self._next_during = time.monotonic() + self.during_every_s
         seq = itertools.count()
         floating = [0]  # weight gradients still running: the step waits for them at its end
 

@@ -205,3 +205,21 @@ def test_trace_tiles_is_refused_for_a_baseline_before_anything_is_written(
     run_root = tmp_path / "runs"
     assert main([command, str(path), "--trace-tiles", "--out", str(run_root)]) == 2
     assert not run_root.exists()
+
+
+def test_a_long_step_reports_its_progress_while_it_runs() -> None:
+    """`during` is called every `during_every_s` of wall time within a step (0: after every
+    event) with the step's device seconds and totals so far, both only growing."""
+    topology = load_topology(TINY).with_overrides(steps=2)
+    seen: list[tuple[float, int]] = []
+    sim = Simulation(topology, noise=False, during=lambda s, st: seen.append((s, st.tiles)),
+                     during_every_s=0.0)
+    sim.start()
+    for step in range(2):
+        seen.clear()
+        device_s, stats, _ = sim.run_step(step)
+        assert len(seen) > 10
+        assert [s for s, _ in seen] == sorted(s for s, _ in seen)
+        assert [t for _, t in seen] == sorted(t for _, t in seen)
+        assert seen[0] == (0.0, 0) and 0 < seen[-1][0] <= device_s
+        assert 0 < seen[-1][1] <= stats.tiles
