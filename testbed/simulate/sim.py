@@ -222,16 +222,17 @@ class Simulation(EventLoop):
 
     # -- the event queue -----------------------------------------------------------------------
     def _run_until(self, done: Callable[[], bool]) -> None:
+        check = done
         if self.during is not None:
-            report, every, until = self.during, self.during_every_s, done
+            report, every = self.during, self.during_every_s
 
-            def done() -> bool:  # after every event: a clock read, a report now and then
+            def check() -> bool:  # after every event: a clock read, a report now and then
                 wall = time.monotonic()
                 if wall >= self._next_during:
                     self._next_during = wall + every
                     report(self.now_s - self._step_start_s, self.stats)
-                return until()
-        if not self.run_until(done):
+                return done()
+        if not self.run_until(check):
             raise RuntimeError(f"simulation stalled at t={self.now_s:.6f} s: "
                                f"{len(self.scheduler.tasks)} tiles outstanding, no device "
                                "can make progress")
