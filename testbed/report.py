@@ -3,9 +3,10 @@
 ``testbed report RUN_DIR`` (and ``testbed up`` when a run ends) reads ``steps.jsonl``,
 ``events.jsonl`` and ``summary.json`` and writes:
 
-* ``report.png``: loss per step; step wall time (and device time when dilated); bytes each way
-  per step; tiles done per device, with departures marked (per group, past
-  ``DEVICE_BARS`` devices: one bar per device would not be readable);
+* ``report.png``: loss per step; step wall time, device time and the bound, with the p95
+  tile-time error on a second axis and the time dilation in the title (marked where an adaptive
+  run changed it); bytes each way per step; tiles done per device, with departures marked (per
+  group past ``DEVICE_BARS`` devices: one bar per device would not be readable);
 * ``report.md``: the headline figures, the network mechanism, and the events by kind.
 
 It reads only what the run wrote, so it works on a finished, failed or interrupted run.
@@ -70,6 +71,18 @@ def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
 
 def plot(run_dir: Path) -> Path:
     """Draw report.png for a run directory; return its path."""
+    import matplotlib.pyplot as plt
+
+    fig = draw(run_dir)
+    out = run_dir / "report.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def draw(run_dir: Path) -> Any:
+    """report.png's figure (a matplotlib Figure): loss, step time against the bound with the
+    tile-time error, payload, tiles per device or group."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,18 +115,37 @@ def plot(run_dir: Path) -> Path:
                          label="device time")
         ax_time.plot([b[0] for b in bounded], [b[1] for b in bounded], marker=".",
                      linestyle="--", label="bound (bound_s)")
-    ax_time.set(title="step time", xlabel="step", ylabel="s")
-    ax_time.legend(loc="upper left")
-    fid = [(s["step"], s["tile_error_p95"], s.get("time_dilation")) for s in steps
+    # D in the title (it is a factor, not a percentage: on the error axis it lay flat at 0)
+    dilations = sorted({float(s["time_dilation"]) for s in steps
+                        if isinstance(s.get("time_dilation"), (int, float))})
+    dilation_text = "" if not dilations or dilations == [1.0] else \
+        f" at time dilation D {dilations[0]:.2f}" if len(dilations) == 1 else \
+        f" at time dilation D {dilations[0]:.2f}-{dilations[-1]:.2f}"
+    ax_time.set(title="step time" + dilation_text, xlabel="step", ylabel="s")
+    previous = None
+    for s in steps:  # an adaptive run: where D changed, at that step's wall time
+        d = s.get("time_dilation")
+        if len(dilations) > 1 and isinstance(d, (int, float)) and d != previous:
+            ax_time.annotate(f"D {d:.2f}", (s["step"], s["wall_s"]), fontsize="x-small",
+                             textcoords="offset points", xytext=(0, 5), ha="center")
+        previous = d
+    top = max((v for s in steps for v in (s.get("wall_s"), s.get("device_time_s"),
+                                          s.get("bound_s")) if isinstance(v, (int, float))),
+              default=0.0)
+    if top > 0:  # room above the lines for the legend
+        ax_time.set_ylim(0, 1.4 * top)
+    handles, labels = ax_time.get_legend_handles_labels()
+    fid = [(s["step"], s["tile_error_p95"]) for s in steps
            if isinstance(s.get("tile_error_p95"), (int, float))]
-    if fid:  # fidelity per step on a second axis: p95 tile-time error and D
+    if fid:  # fidelity per step on a second axis: p95 tile-time error
         ax_err = ax_time.twinx()
         ax_err.plot([f[0] for f in fid], [100 * f[1] for f in fid], color="tab:red",
                     linestyle="--", label="p95 tile error %")
-        ax_err.plot([f[0] for f in fid], [f[2] or 1 for f in fid], color="tab:gray",
-                    linestyle=":", label="time dilation D")
-        ax_err.set(ylabel="% / D")
-        ax_err.legend(loc="upper right")
+        ax_err.set_ylim(0, 1.4 * max(100 * f[1] for f in fid) or 1.0)
+        ax_err.set(ylabel="p95 tile-time error %")
+        more_handles, more_labels = ax_err.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    ax_time.legend(handles, labels, loc="upper left", ncol=2, fontsize="small")
     ax_bytes.plot(x, [s["bytes_down"] / 1e6 for s in steps], marker=".",
                   label="down (PS to devices)")
     ax_bytes.plot(x, [s["bytes_up"] / 1e6 for s in steps], marker=".", label="up (devices to PS)")
@@ -134,10 +166,7 @@ def plot(run_dir: Path) -> Path:
     fig.suptitle(f"{run_dir.name}: {summary.get('state', '?')}, "
                  f"{summary.get('steps_done', len(steps))} steps")
     fig.tight_layout()
-    out = run_dir / "report.png"
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def _planning_lines(steps: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:

@@ -80,3 +80,23 @@ def test_report_of_a_simulated_run_keeps_its_step_count_and_plots_without_a_loss
     text = (tmp_path / "report.md").read_text()
     assert "- steps: 1 of 1; final loss: none" in text
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_report_of_an_adaptive_run_marks_where_d_changed(tmp_path: Path) -> None:
+    log = RunLog(tmp_path)
+    for step, d in enumerate([2.0, 2.0, 8.0, 8.0]):
+        log.step(step=step, loss=5.0 - step / 10, wall_s=d * 0.5, device_time_s=0.5,
+                 bound_s=0.4, bytes_down=2e6, bytes_up=1e6, tiles=10, time_dilation=d,
+                 tile_error_p95=0.05)
+    log.close()
+    write_json_atomic(tmp_path / "summary.json", {"state": "done", "steps_done": 4,
+                                                  "devices": [{"device": "phones-0"}]})
+    import matplotlib.pyplot as plt
+
+    from testbed.report import draw
+
+    fig = draw(tmp_path)
+    ax_time = fig.axes[1]
+    plt.close(fig)
+    assert ax_time.get_title() == "step time at time dilation D 2.00-8.00"
+    assert [t.get_text() for t in ax_time.texts] == ["D 2.00", "D 8.00"]
