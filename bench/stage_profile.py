@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE, WINDOW_SCALE  # noqa: E402
 from testbed.ps_backend.step_plan import LAYER_GAIN  # noqa: E402
-from testbed.runlog import read_jsonl  # noqa: E402
+from testbed.runlog import device_group, read_jsonl  # noqa: E402
 from testbed.simulate.chain import linears  # noqa: E402
 from testbed.simulate.sim import Simulation  # noqa: E402
 from testbed.topology import Topology, load_topology  # noqa: E402
@@ -200,7 +200,7 @@ def print_tiles(run_dir: Path, step: int, only: str | None = None) -> int:
         print(f"{run_dir}: no tiles of step {step}" + (f" in a GEMM named *{only}*" if only
                                                        else ""), file=sys.stderr)
         return 2
-    group_of = {str(r["device"]): str(r.get("group") or "")
+    group_of = {str(r["device"]): device_group(r)
                 for r in read_jsonl(run_dir / "devices.jsonl")} \
         if (run_dir / "devices.jsonl").exists() else {}
     print(f"{'gemm':44s} {'tiles':>5s} {'span':>6s}  "
@@ -230,7 +230,7 @@ def print_groups(rows: list[dict], group_of: dict[str, str], dilation: float) ->
         first_last[2] += 1
     groups: dict[str, list[list[float]]] = defaultdict(list)
     for device, first_last in per_device.items():
-        groups[group_of.get(device) or device.rsplit("-", 1)[0]].append(first_last)
+        groups[group_of.get(device, device)].append(first_last)
 
     def spread(values: list[float]) -> str:
         ms = sorted(1e3 * (v - t0) / dilation for v in values)

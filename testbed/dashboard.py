@@ -7,6 +7,7 @@ snapshot into a console that writes to a string.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -14,6 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from testbed.runlog import device_group
 from testbed.units import format_bytes
 
 STATE_STYLE = {"busy": "green", "idle": "yellow", "left": "red", "partitioned": "magenta",
@@ -122,14 +124,11 @@ def render_groups(devices: list[dict[str, Any]]) -> RenderableType:
     """One row per device group: how many are in each state, and the group's tiles, tiles in
     flight, bytes and energy summed, its mean observed speed and its hottest device."""
     groups: dict[str, list[dict[str, Any]]] = {}
-    for d in devices:  # a record without its group: topology names are group-i
-        name = str(d.get("device", "?"))
-        groups.setdefault(str(d.get("group") or name.rsplit("-", 1)[0]), []).append(d)
+    for d in devices:
+        groups.setdefault(device_group(d), []).append(d)
     table = _device_table("group")
     for group, members in sorted(groups.items()):
-        states: dict[str, int] = {}
-        for d in members:
-            states[str(d.get("state", "?"))] = states.get(str(d.get("state", "?")), 0) + 1
+        states = Counter(str(d.get("state", "?")) for d in members)
         temps = [t for d in members
                  if isinstance(t := (d.get("telemetry") or {}).get("temperature_c"), (int, float))]
         table.add_row(f"{group} ({len(members)})",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.runlog import read_jsonl
+from testbed.runlog import device_group, read_jsonl
 from testbed.units import format_bytes
 
 DEVICE_BARS = 30  # past this many devices, the tiles panel shows one bar per group
@@ -39,19 +39,19 @@ class TileBar:
     departed: int  # how many of its devices left, crashed or lost their link at least once
 
 
-def tile_bars(devices: list[dict[str, Any]], departed: set[str]) -> list[TileBar]:
-    """The tiles panel's bars, by name: one per device, or, past ``DEVICE_BARS`` devices
-    (large.yaml has 240), one per group, labelled with its size."""
+def tile_bars(devices: list[dict[str, Any]], departed: set[str]
+              ) -> tuple[list[TileBar], bool]:
+    """The tiles panel's bars, by name, and whether they are groups: one per device, or,
+    past ``DEVICE_BARS`` devices (large.yaml has 240), one per group, labelled with its size."""
     tiles: Counter[str] = Counter()
     group_of: dict[str, str] = {}
     for d in devices:
         name = str(d["device"])
         tiles[name] += d.get("tiles_done", 0)
-        # run directories from before devices carried their group: topology names are group-i
-        group_of[name] = str(d.get("group") or name.rsplit("-", 1)[0])
+        group_of[name] = device_group(d)
     if len(tiles) <= DEVICE_BARS:
         return [TileBar(n, tiles[n], tiles[n], tiles[n], int(n in departed))
-                for n in sorted(tiles)]
+                for n in sorted(tiles)], False
     members: dict[str, list[str]] = {}
     for name in tiles:
         members.setdefault(group_of[name], []).append(name)
@@ -60,7 +60,7 @@ def tile_bars(devices: list[dict[str, Any]], departed: set[str]) -> list[TileBar
         counts = [tiles[n] for n in names]
         bars.append(TileBar(f"{group} ({len(names)})", sum(counts) / len(counts), min(counts),
                             max(counts), sum(n in departed for n in names)))
-    return bars
+    return bars, True
 
 
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
@@ -153,8 +153,7 @@ def draw(run_dir: Path) -> Any:
     ax_bytes.legend()
     departed = {str(e.get("device")) for e in events
                 if e.get("event") in ("leave", "disconnect", "lease_expired")}
-    bars = tile_bars(summary.get("devices") or [], departed)
-    grouped = len(summary.get("devices") or []) > DEVICE_BARS
+    bars, grouped = tile_bars(summary.get("devices") or [], departed)
     ax_dev.barh([b.label for b in bars], [b.tiles for b in bars],
                 xerr=[[b.tiles - b.low for b in bars], [b.high - b.tiles for b in bars]]
                 if grouped else None)

@@ -55,6 +55,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 CLOCK_FILE = "clock.json"
 
 
+def device_group(record: dict[str, Any]) -> str:
+    """The group of a device record (devices.jsonl, status.json, summary.json's devices):
+    every writer names it; a record without one counts as a group of its own."""
+    return str(record.get("group") or record.get("device", "?"))
+
+
 def run_origin_s(run_dir: Path) -> float:
     """The run's time origin (Unix s): created once by the first caller, read by every other.
 

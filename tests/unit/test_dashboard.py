@@ -38,7 +38,7 @@ def test_past_forty_devices_the_view_has_a_row_per_group() -> None:
     lines = console.export_text().splitlines()
     assert len(lines) == 3  # the header and one row per group, no device rows
     laptops, phones = lines[1].split(), lines[2].split()
-    assert laptops[:5] == ["laptops", "(1)", "1", "left", "7"]
+    assert laptops[:5] == ["laptops-0", "(1)", "1", "left", "7"]  # without a group: its own
     # 40 phones: 14 idle (i % 3 == 0), 26 busy; 80 tiles, 40 in flight, 40 MB down, 4 MB up,
     # mean speed 10.5 GFLOPS, the hottest at 69 °C, 20 J
     assert phones == ["phones", "(40)", "26", "busy", "14", "idle", "80", "40", "40M", "4.0M",

@@ -52,17 +52,19 @@ def test_tiles_panel_has_a_bar_per_device_up_to_a_readable_count_then_per_group(
     from testbed.report import DEVICE_BARS, TileBar, tile_bars
 
     few = [{"device": f"phones-{i}", "group": "phones", "tiles_done": i} for i in range(3)]
-    assert tile_bars(few, {"phones-1"}) == [TileBar("phones-0", 0, 0, 0, 0),
-                                            TileBar("phones-1", 1, 1, 1, 1),
-                                            TileBar("phones-2", 2, 2, 2, 0)]
+    assert tile_bars(few, {"phones-1"}) == ([TileBar("phones-0", 0, 0, 0, 0),
+                                             TileBar("phones-1", 1, 1, 1, 1),
+                                             TileBar("phones-2", 2, 2, 2, 0)], False)
     # large.yaml has 240 devices: one bar each would be unreadable, so groups with their range
     many = [{"device": f"phones-{i}", "group": "phones", "tiles_done": i}
             for i in range(DEVICE_BARS)]
-    many += [{"device": f"laptops-{i}", "tiles_done": 50} for i in range(4)]  # no group field
-    bars = tile_bars(many, {"phones-3", "phones-7", "gone-0"})
-    assert bars == [TileBar("laptops (4)", 50, 50, 50, 0),
-                    TileBar(f"phones ({DEVICE_BARS})", (DEVICE_BARS - 1) / 2, 0,
-                            DEVICE_BARS - 1, 2)]
+    many += [{"device": f"laptops-{i}", "group": "laptops", "tiles_done": 50} for i in range(4)]
+    many.append({"device": "adb-x1", "tiles_done": 9})  # a record without a group: its own
+    bars, grouped = tile_bars(many, {"phones-3", "phones-7", "gone-0"})
+    assert grouped and bars == [TileBar("adb-x1 (1)", 9, 9, 9, 0),
+                                TileBar("laptops (4)", 50, 50, 50, 0),
+                                TileBar(f"phones ({DEVICE_BARS})", (DEVICE_BARS - 1) / 2, 0,
+                                        DEVICE_BARS - 1, 2)]
 
 
 def test_report_of_a_simulated_run_keeps_its_step_count_and_plots_without_a_loss(
