@@ -159,19 +159,18 @@ def test_a_thousand_devices_compute_every_planned_tile_once(tmp_path: Path) -> N
     assert len(placed_by) > 300
 
 
-def test_trace_tiles_records_every_accepted_tile_as_testbed_up_does(tmp_path: Path,
-                                                                     capsys) -> None:
+def test_trace_tiles_records_every_accepted_tile_as_testbed_up_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`testbed simulate --trace-tiles`: one tiles.jsonl row per accepted tile, with the PS's
     fields in virtual seconds, in order on each tile's way; bench/stage_profile.py reads it."""
-    import sys
-
     run_root = tmp_path / "runs"
     assert main(["simulate", str(TINY), "--steps", "1", "--trace-tiles",
                  "--out", str(run_root)]) == 0
     run_dir = next(run_root.iterdir())
-    summary = read_jsonl(run_dir / "steps.jsonl")[0]
+    step = read_jsonl(run_dir / "steps.jsonl")[0]
     rows = read_jsonl(run_dir / "tiles.jsonl")
-    assert len(rows) == summary["tiles"] > 0 and summary["time_dilation"] == 1.0
+    assert len(rows) == step["tiles"] > 0 and step["time_dilation"] == 1.0
     names = {d.name for d in load_topology(TINY).devices}
     for r in rows:
         assert r["device"] in names and r["step"] == 0 and r["bytes_up"] > 0
@@ -179,7 +178,7 @@ def test_trace_tiles_records_every_accepted_tile_as_testbed_up_does(tmp_path: Pa
         assert times == sorted(times), r  # handed out, on the device, started, done, back
         # a simulated device computes for exactly its modelled time (no dilation, no lag)
         assert abs(r["done_s"] - r["started_s"] - r["compute_s"]) <= 1e-6 * r["done_s"] + 1e-9
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
     import stage_profile
 
     capsys.readouterr()
