@@ -131,11 +131,20 @@ class RunLog:
                                    "device_s": round(spent_s / dilation, 6),
                                    "bound_s": round(bound_s, 6), "limit": limit})
 
-    def tile(self, **fields: Any) -> None:
-        """Record one accepted tile (``testbed up --trace-tiles``): its times are monotonic
-        seconds, the PS's for ``sent_s``/``accepted_s`` and the device's own for the rest (one
-        clock for every process of this host; a phone's differs)."""
-        self._write("tiles", fields)
+    def tile(self, *, step: int, gemm: str, task: int, device: str, attempt: int,
+             backup: bool, bytes_up: int, sent_s: float, arrived_s: float, started_s: float,
+             done_s: float, compute_s: float, accepted_s: float) -> None:
+        """Record one accepted tile (``--trace-tiles`` of ``testbed up`` and ``testbed
+        simulate``): handed out, on the device, started, done, accepted. On a real run the
+        times are monotonic seconds, the PS's for ``sent_s``/``accepted_s`` and the device's
+        own for the rest (one clock for every process of this host; a phone's differs); in a
+        simulation, virtual seconds. ``compute_s``: the modelled compute time."""
+        self._write("tiles", {
+            "step": step, "gemm": gemm, "task": task, "device": device, "attempt": attempt,
+            "backup": backup, "bytes_up": bytes_up, "sent_s": round(sent_s, 6),
+            "arrived_s": round(arrived_s, 6), "started_s": round(started_s, 6),
+            "done_s": round(done_s, 6), "compute_s": round(compute_s, 9),
+            "accepted_s": round(accepted_s, 6)})
 
     def device(self, **fields: Any) -> None:
         """Record one device sample."""

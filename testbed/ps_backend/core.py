@@ -609,12 +609,9 @@ class PsCore:
             self.runlog.tile(step=task.job.spec.step, gemm=task.job.uid, task=task.task_id,
                              device=conn.slot.name, attempt=result.attempt,
                              backup=outcome.backup_won, bytes_up=result.nbytes,
-                             sent_s=round(outcome.sent_s, 6),
-                             arrived_s=round(result.received_s, 6),
-                             started_s=round(result.started_s, 6),
-                             done_s=round(result.done_s, 6),
-                             compute_s=round(result.compute_s, 9),
-                             accepted_s=round(time.monotonic(), 6))
+                             sent_s=outcome.sent_s, arrived_s=result.received_s,
+                             started_s=result.started_s, done_s=result.done_s,
+                             compute_s=result.compute_s, accepted_s=time.monotonic())
         if self.ledger is not None:
             self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,
                                task.box.key, c, task.task_id,

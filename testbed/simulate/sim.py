@@ -448,14 +448,13 @@ class Simulation(EventLoop):
             self.stats.backup_wins += outcome.backup_won
             self.stats.device_compute_s += compute_s
             self.stats.energy_j += energy_j
-            if self.trace_tile is not None:  # the fields of PsCore's tiles.jsonl records
+            if self.trace_tile is not None:  # RunLog.tile, as PsCore records a tile
                 arrived_s, started_s, done_s = times
                 self.trace_tile(step=task.job.spec.step, gemm=task.job.uid, task=task.task_id,
                                 device=dev.spec.name, attempt=attempt,
                                 backup=outcome.backup_won, bytes_up=nbytes,
-                                sent_s=round(outcome.sent_s, 9), arrived_s=round(arrived_s, 9),
-                                started_s=round(started_s, 9), done_s=round(done_s, 9),
-                                compute_s=round(compute_s, 9), accepted_s=round(self.now_s, 9))
+                                sent_s=outcome.sent_s, arrived_s=arrived_s, started_s=started_s,
+                                done_s=done_s, compute_s=compute_s, accepted_s=self.now_s)
             if outcome.completed_job is not None:
                 outcome.completed_job.done.set_result(None)
         self.pump()
