@@ -460,6 +460,11 @@ def load_run_inputs(args: argparse.Namespace) -> tuple[Topology, Path | None, An
             print("error: --steps must be positive", file=sys.stderr)
             return EXIT_BAD_INPUT
         topology = topology.with_overrides(steps=args.steps)
+    strategy = topology.job.parallelism.strategy
+    if args.trace_tiles and strategy != "tile-tp":
+        print(f"error: --trace-tiles: the {strategy} baseline hands out no tiles "
+              "(job.parallelism.strategy)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     churn = Path(args.churn).resolve() if args.churn else topology.churn
     schedule = None
     if churn is not None:
@@ -488,10 +493,6 @@ def run_up(args: argparse.Namespace) -> int:
         return inputs
     topology, churn, schedule = inputs
     if topology.job.parallelism.strategy != "tile-tp":  # the baselines' own processes
-        if args.trace_tiles:
-            print(f"error: --trace-tiles: the {topology.job.parallelism.strategy} baseline "
-                  "hands out no tiles (job.parallelism.strategy)", file=sys.stderr)
-            return EXIT_BAD_INPUT
         from testbed.baselines.up_baseline import run_baseline_up
         return run_baseline_up(args, topology, schedule)
     from testbed import capacity
