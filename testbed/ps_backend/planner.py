@@ -127,20 +127,25 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
     5 x 3 grid get one tile each (plain bisection cuts 15 devices 7 | 8 and the 5 rows 2 | 3).
     """
     named = sorted(((n, w) for n, w in weights if w > 0), key=lambda x: (-x[1], x[0]))
+    names = [n for n, _ in named]
+    ws = [w for _, w in named]
     out: dict[str, Box] = {}
     a_b, b_b, c_b = tile_bytes
 
-    def cut(box: Box, devs: list[tuple[str, float]]) -> None:
+    def cut(box: Box, first: int, end: int) -> None:
+        """Cut ``box`` among the devices ``first`` to ``end`` (excluded) of the order."""
         r0, r1, c0, c1, s0, s1 = box
         nr, nc, ns = r1 - r0, c1 - c0, s1 - s0
-        if len(devs) == 1 or nr * nc * ns == 1:
-            out[devs[0][0]] = box
+        if end - first == 1 or nr * nc * ns == 1:
+            out[names[first]] = box
             return
-        prefix = list(itertools.accumulate(w for _, w in devs))
+        prefix = list(itertools.accumulate(ws[first:end]))
         total = prefix[-1]
-        # (duplicated bytes, dimension, extent) of each possible cut
-        options = [(nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc), (nr * nc * c_b, 2, ns)]
-        options = sorted((o for o in options if o[2] >= 2), key=lambda o: (o[0], o[1]))
+        # (duplicated bytes, dimension, extent) of each possible cut, cheapest first (the
+        # dimensions differ, so ties go to the lower one)
+        options = [o for o in ((nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc),
+                               (nr * nc * c_b, 2, ns)) if o[2] >= 2]
+        options.sort()
         if fit:
             # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
             # gets tiles exactly in proportion to its weight; the first good one wins
@@ -152,24 +157,23 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
             j = len(fits) - 1 if fits[-1][0] <= FIT_SLACK else \
                 min(range(len(fits)), key=lambda j: fits[j][0])
             dim, at, split = options[j][1], fits[j][2], fits[j][3]
-            left, right = devs[:split], devs[split:]
         else:
             # the split whose left run's weight is nearest half: beside where half falls
-            j = bisect.bisect_left(prefix, total / 2, 0, len(devs) - 1)
-            split = min(range(max(1, j), min(len(devs) - 1, j + 1) + 1),
+            count = end - first
+            j = bisect.bisect_left(prefix, total / 2, 0, count - 1)
+            split = min(range(max(1, j), min(count - 1, j + 1) + 1),
                         key=lambda i: abs(prefix[i - 1] - total / 2))
-            left, right = devs[:split], devs[split:]
             share = prefix[split - 1] / total
             _, dim, extent = options[0]
             at = min(extent - 1, max(1, round(extent * share)))
         lo, hi = list(box), list(box)
         lo[2 * dim + 1] = box[2 * dim] + at
         hi[2 * dim] = box[2 * dim] + at
-        cut((lo[0], lo[1], lo[2], lo[3], lo[4], lo[5]), left)
-        cut((hi[0], hi[1], hi[2], hi[3], hi[4], hi[5]), right)
+        cut((lo[0], lo[1], lo[2], lo[3], lo[4], lo[5]), first, first + split)
+        cut((hi[0], hi[1], hi[2], hi[3], hi[4], hi[5]), first + split, end)
 
     if named:
-        cut((0, grid[0], 0, grid[1], 0, grid[2]), named)
+        cut((0, grid[0], 0, grid[1], 0, grid[2]), 0, len(named))
     return out
 
 
@@ -178,30 +182,33 @@ def _best_fit(extent: int, total: float, prefix: Sequence[float]) -> tuple[float
     the devices split before ``split`` (``prefix``: their running weights); imbalance 1 = each
     run gets tiles in proportion to its weight. For one cut the imbalance falls as the left
     run's weight nears the cut's share and rises after it, and for one split likewise as the
-    cut nears its share: so only the pairs beside those points need trying, from whichever
-    side has fewer (trying every pair made the search quadratic at 1,000 devices)."""
+    cut nears its share: so only the two pairs beside that point can be best, tried from
+    whichever side has fewer (trying every pair made the search quadratic at 1,000 devices;
+    ``tests/unit/test_planner.py`` checks the result against trying every pair)."""
     splits = len(prefix) - 1
+    last = extent - 1
+    pairs: list[tuple[int, int]] = []  # (at, split) beside where the shares meet
+    if extent <= splits:
+        for at in range(1, extent):
+            # split j leaves the left run just below the cut's share, j + 1 at or above it
+            j = bisect.bisect_left(prefix, at / extent * total, 0, splits)
+            pairs += [(at, j), (at, j + 1)] if 1 <= j < splits else [(at, max(1, min(j, splits)))]
+    else:
+        for i in range(1, splits + 1):
+            # the cuts beside where the left run's share of the extent falls
+            mid = int(prefix[i - 1] / total * extent)
+            pairs += [(mid, i), (mid + 1, i)] if 1 <= mid < last else [(max(1, min(mid, last)), i)]
     best = (INF, 0, 0, 0)
-
-    def consider(at: int, i: int) -> None:
-        nonlocal best
+    for at, i in pairs:
         left = prefix[i - 1]
-        value = max(at / extent * total / left, (extent - at) / extent * total / (total - left))
+        value = at / extent * total / left
+        right = (extent - at) / extent * total / (total - left)
+        if right > value:
+            value = right
         if value <= best[0]:
             key = (value, abs(2 * at - extent), at, i)
             if key < best:
                 best = key
-
-    if extent <= splits:
-        for at in range(1, extent):
-            j = bisect.bisect_left(prefix, at / extent * total, 0, splits)
-            for i in range(max(1, j - 1), min(splits, j + 2) + 1):
-                consider(at, i)
-    else:
-        for i in range(1, splits + 1):
-            mid = int(prefix[i - 1] / total * extent)
-            for at in range(max(1, mid - 1), min(extent - 1, mid + 2) + 1):
-                consider(at, i)
     return best
 
 
