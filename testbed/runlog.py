@@ -150,6 +150,15 @@ class RunLog:
         """Record one device sample."""
         self._write("devices", fields)
 
+    def finish(self, devices: list[dict[str, Any]], state: str) -> list[dict[str, Any]]:
+        """End a run in virtual time as the PS ends one: the devices' final records, ``ps_stop``,
+        the files closed; returns the events as written (for the summary's counts)."""
+        for record in devices:
+            self.device(**record)
+        self.event("ps_stop", state=state)
+        self.close()
+        return read_jsonl(self.run_dir / "events.jsonl")
+
     def close(self) -> None:
         with self._lock:
             for f in self._files.values():

@@ -108,6 +108,23 @@ def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilatio
     return summary
 
 
+def write_simulated_summary(run_dir: Path, topology: Any, summary: dict[str, Any],
+                            events: list[dict[str, Any]], report: bool) -> dict[str, Any]:
+    """Finish a simulated run's summary.json (``testbed simulate``, a baseline in virtual time):
+    the events' counts and the energy (virtual time is device time: D 1) added, written, and
+    with ``report`` the report drawn; return it."""
+    from testbed.emulator.energy import topology_energy
+
+    summary.update(event_counts(events))
+    summary["energy"] = topology_energy(topology, summary["devices"], events, 1.0)
+    write_json_atomic(run_dir / "summary.json", summary)
+    if report:
+        from testbed.report import make_report
+
+        make_report(run_dir)
+    return summary
+
+
 def run_warnings(summary: dict[str, Any]) -> list[str]:
     """The lines a run's end carries when its device times are not to be trusted."""
     out = []

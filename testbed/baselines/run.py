@@ -27,9 +27,8 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
                       progress: Callable[[int, float, float], None] | None = None
                       ) -> dict[str, Any]:
     """Simulate a pipeline or data-parallel job into run_dir; return the summary."""
-    from testbed.emulator.energy import topology_energy
-    from testbed.runlog import RunLog, read_jsonl, write_json_atomic
-    from testbed.summary import event_counts
+    from testbed.runlog import RunLog
+    from testbed.summary import write_simulated_summary
 
     strategy = topology.job.parallelism.strategy
     world: BaselineWorld | None = None
@@ -65,11 +64,7 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
         state, error = "failed", str(exc)
         log.event("ps_failed", error=error)
     devices = world.device_records()
-    for record in devices:
-        log.device(**record)
-    log.event("ps_stop", state=state)
-    log.close()
-    events = read_jsonl(run_dir / "events.jsonl")
+    events = log.finish(devices, state)
     done = sorted({o.step for o in executed})
     summary: dict[str, Any] = {
         "run": run_dir.name, "simulated": True, "strategy": strategy, "state": state,
@@ -99,11 +94,4 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
                        dropped_replica_steps=sim.dropped_replica_steps,
                        placement={"replicas": list(sim.plan.replicas) if sim.plan else [],
                                   "rows": list(sim.plan.rows) if sim.plan else []})
-    summary.update(event_counts(events))
-    summary["energy"] = topology_energy(topology, devices, events, 1.0)
-    write_json_atomic(run_dir / "summary.json", summary)
-    if report:
-        from testbed.report import make_report
-
-        make_report(run_dir)
-    return summary
+    return write_simulated_summary(run_dir, topology, summary, events, report)

@@ -31,11 +31,10 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     """Simulate the topology's job into run_dir; return the summary. ``progress(step, device
     s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far)``
     every ten seconds of wall time within a step."""
-    from testbed.emulator.energy import topology_energy
     from testbed.ps_backend.main import BoundTotals, efficiency
-    from testbed.runlog import RunLog, read_jsonl, write_json_atomic
+    from testbed.runlog import RunLog
     from testbed.simulate.sim import Simulation
-    from testbed.summary import event_counts
+    from testbed.summary import write_simulated_summary
 
     sim: Simulation | None = None  # the log's clock: virtual seconds once the simulation exists
     log = RunLog(run_dir, elapsed_s=lambda: sim.now_s if sim is not None else 0.0)
@@ -80,13 +79,9 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         state, error = "failed", str(exc)
         log.event("ps_failed", error=error)
     devices = sim.device_records()
-    for device_record in devices:
-        log.device(**device_record)
-    log.event("ps_stop", state=state)
-    log.close()
+    events = log.finish(devices, state)
     t = sim.totals
     k = sim.scheduler.counters
-    events = read_jsonl(run_dir / "events.jsonl")
     summary: dict[str, Any] = {
         "run": run_dir.name, "simulated": True, "state": state, "error": error,
         "steps_done": steps_done, "steps": job.steps, "final_loss": None, "losses": [],
@@ -101,14 +96,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         "network": {"backend": "simulated", "rate": "flow-level max-min fair",
                     "delay": "path delay", "loss": "Mathis cap on the device link"},
         "exit_code": EXIT_OK if state == "done" else EXIT_FAILURE, "devices": devices}
-    summary.update(event_counts(events))
-    summary["energy"] = topology_energy(topology, devices, events, 1.0)
-    write_json_atomic(run_dir / "summary.json", summary)
-    if report:
-        from testbed.report import make_report
-
-        make_report(run_dir)
-    return summary
+    return write_simulated_summary(run_dir, topology, summary, events, report)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
