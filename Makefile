@@ -15,8 +15,9 @@ $(STAMP): requirements.txt pyproject.toml scripts/install-system-packages.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first and exact: the CPU build. A bare `torch` requirement could pull a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/python -c "import torch, sys; sys.exit('torch has CUDA: refusing a GPU build' if torch.version.cuda else 0)"
 	$(BIN)/pip install --quiet -r requirements.txt torch==2.13.0
+	# checked once numpy is in too (torch warns on import without it)
+	$(BIN)/python -c "import torch, sys; sys.exit('torch has CUDA: refusing a GPU build' if torch.version.cuda else 0)"
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
