@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, 
 
 import numpy as np
 
-from testbed.ps_backend.tiler import TileBox, cut_k, gemm_flops, k_pieces
+from testbed.ps_backend.tiler import Region, TileBox, cut_k, cut_regions, gemm_flops, k_pieces
 from testbed.ps_backend.validation import GemmCheck, check_result
 from testbed.wire.cache import BlockCache
 
@@ -1133,19 +1133,23 @@ class Scheduler:
     # -- work in -------------------------------------------------------------------------------
     def submit(self, job: GemmJob, tile_m: int, tile_n: int,
                prefilled: dict[tuple[int, ...], np.ndarray] | None = None, k_parts: int = 1,
-               owners: dict[tuple[int, int, int], str] | None = None, k_block: int = 0) -> int:
+               owners: dict[tuple[int, int, int], str] | None = None, k_block: int = 0,
+               regions: list[Region] | None = None) -> int:
         """Queue every tile of a GEMM; tiles in ``prefilled`` (by box key) are placed at once.
 
         ``k_parts`` > 1 splits K, into runs of ``k_block`` parts when that is set
-        (:func:`~testbed.ps_backend.tiler.cut_k`); ``owners`` maps tile ``(row, col, part)``
-        to the device the plan gave it (tasks are queued in the plan's dealing order, ``(part,
-        row, col)``). Returns how many tiles were prefilled. A GEMM whose every tile is
-        prefilled is done when this returns (its future is resolved).
+        (:func:`~testbed.ps_backend.tiler.cut_k`); ``regions``, when given, cut runs of C's rows
+        each their own way instead (:func:`~testbed.ps_backend.tiler.cut_regions`). ``owners``
+        maps tile ``(row, col, part)`` to the device the plan gave it (tasks are queued in the
+        plan's dealing order, ``(part, row, col)``, region by region). Returns how many tiles
+        were prefilled. A GEMM whose every tile is prefilled is done when this returns (its
+        future is resolved).
         """
-        boxes = cut_k(job.a.shape[0], job.b.shape[1], job.a.shape[1], tile_m, tile_n, k_parts,
-                      k_block)
-        job.tile_m, job.tile_n, job.k_block = tile_m, tile_n, k_block
-        job.k_parts = len({b.part for b in boxes})
+        m, n, k = job.a.shape[0], job.b.shape[1], job.a.shape[1]
+        boxes = cut_regions(n, k, regions) if regions else \
+            cut_k(m, n, k, tile_m, tile_n, k_parts, k_block)
+        job.tile_m, job.tile_n, job.k_block = tile_m, tile_n, 0 if regions else k_block
+        job.k_parts = max(b.parts for b in boxes)
         if self.check_values:  # Freivalds' work shared by the GEMM's tiles (K-split: per slice)
             job.check = GemmCheck(job.a, job.b, [(b.c0, b.c1, b.k0, b.k1) if b.split
                                                  else (b.c0, b.c1) for b in boxes],
@@ -1806,10 +1810,10 @@ class Scheduler:
             return
         parts = job.partials.setdefault((box.row, box.col), {})
         parts[box.part] = c
-        if len(parts) < job.k_parts:
+        if len(parts) < box.parts:
             return
         total = parts[0].copy()
-        for s in range(1, job.k_parts):
+        for s in range(1, box.parts):
             total += parts[s]
         job.c[box.r0:box.r1, box.c0:box.c1] = total
         del job.partials[(box.row, box.col)]

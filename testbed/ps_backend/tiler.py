@@ -26,6 +26,7 @@ class TileBox:
     k0: int = 0  # contraction range of a K-split tile; k1 == -1: the whole K
     k1: int = -1
     part: int = 0  # its slice number (summation order)
+    parts: int = 1  # slices its block of C is cut into (the partials the PS sums)
 
     @property
     def split(self) -> bool:
@@ -71,8 +72,34 @@ def cut_k(m: int, n: int, k: int, tile_m: int, tile_n: int, k_parts: int,
         parts = -(-k // k_block)
         size = k_block * -(-parts // k_parts)
     slices = [(k0, min(k0 + size, k)) for k0 in range(0, k, size)]
-    return [TileBox(b.row, b.col, b.r0, b.r1, b.c0, b.c1, k0, k1, s)
+    return [TileBox(b.row, b.col, b.r0, b.r1, b.c0, b.c1, k0, k1, s, len(slices))
             for s, (k0, k1) in enumerate(slices) for b in boxes]
+
+
+@dataclass(frozen=True)
+class Region:
+    """A run of C's rows cut its own way: ``rows`` ``r0:r1`` in tiles of ``tile_m x tile_n``
+    over ``k_parts`` K slices (:func:`cut_k`)."""
+
+    r0: int
+    r1: int
+    tile_m: int
+    tile_n: int
+    k_parts: int = 1
+
+
+def cut_regions(n: int, k: int, regions: list[Region]) -> list[TileBox]:
+    """The tiles of a result whose runs of rows are cut differently (:class:`Region`, in row
+    order, together covering every row once), region by region in :func:`cut_k`'s order. Tile
+    rows are numbered through the regions, so ``(row, col, part)`` names one tile of C."""
+    out: list[TileBox] = []
+    rows = 0
+    for g in regions:
+        boxes = cut_k(g.r1 - g.r0, n, k, g.tile_m, g.tile_n, g.k_parts)
+        out += [TileBox(b.row + rows, b.col, b.r0 + g.r0, b.r1 + g.r0, b.c0, b.c1, b.k0, b.k1,
+                        b.part, b.parts) for b in boxes]
+        rows += -(-(g.r1 - g.r0) // g.tile_m)
+    return out
 
 
 def k_pieces(k0: int, k1: int, k_block: int) -> list[tuple[int, int]]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import numpy as np
 import pytest
 
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
-from testbed.ps_backend.tiler import cut
+from testbed.ps_backend.tiler import Region, cut
 from testbed.wire.cache import BlockCache
 
 
@@ -447,35 +448,62 @@ def test_a_lone_device_may_retry_its_own_failed_task() -> None:
 
 
 # -- plans: K split and owners ----------------------------------------------------------------
-def _run_k_split(order_seed: int, departs: bool = False) -> np.ndarray:
-    """A K-split GEMM through three devices, results returned in a shuffled order."""
+def _three_devices() -> Scheduler:
     s = Scheduler()
     for d in ("d0", "d1", "d2"):
         s.add_device(slot(d))
-    j = job(m=32, k=96, n=32)
-    owners = {(r, c, p): f"d{(r + c + p) % 3}" for r in range(2) for c in range(2)
-              for p in range(3)}
-    s.submit(j, 16, 16, k_parts=3, owners=owners)
+    return s
+
+
+def _finish(s: Scheduler, j: GemmJob, order_seed: int, departs: bool) -> np.ndarray:
+    """Compute a submitted GEMM's tiles, results returned in a shuffled order; with
+    ``departs``, d2 leaves holding its first tiles (they go back to the queue: orphans anyone
+    takes)."""
     rng = random.Random(order_seed)
     if departs:
         s.assign("d2")
-        s.remove_device("d2")  # its tasks go back to the queue: orphans anyone takes
+        s.remove_device("d2")
     while j.remaining:
         out = [(d, a) for d in list(s.devices) for a in s.assign(d)]
         rng.shuffle(out)
         for d, a in out:
             t = a.task
-            assert t.box.split and t.a_block().shape[1] == 32
             assert s.accept(d, t.task_id, t.attempt, t.a_block() @ t.b_block()).verdict \
                 is Verdict.ACCEPTED
     return j.c.copy()
 
 
-def test_k_split_sums_partials_in_slice_order_bit_identical() -> None:
-    first = _run_k_split(0)
-    assert np.array_equal(first, _run_k_split(1))
-    assert np.array_equal(first, _run_k_split(2, departs=True))
+def _run_k_split(order_seed: int, departs: bool = False) -> np.ndarray:
+    """A K-split GEMM through three devices."""
+    s = _three_devices()
     j = job(m=32, k=96, n=32)
+    owners = {(r, c, p): f"d{(r + c + p) % 3}" for r in range(2) for c in range(2)
+              for p in range(3)}
+    s.submit(j, 16, 16, k_parts=3, owners=owners)
+    assert all(t.box.split and t.a_block().shape[1] == 32 for t in s.tasks.values())
+    return _finish(s, j, order_seed, departs)
+
+
+def _run_regions(order_seed: int, departs: bool = False) -> np.ndarray:
+    """A GEMM in two regions of rows, K-split two and three ways, through three devices."""
+    s = _three_devices()
+    j = job(m=48, k=96, n=32)
+    regions = [Region(0, 16, 16, 32, 2), Region(16, 48, 16, 16, 3)]
+    owners = {(0, 0, p): "d0" for p in range(2)} | {
+        (r, c, p): f"d{1 + (r + c + p) % 2}" for r in (1, 2) for c in range(2) for p in range(3)}
+    s.submit(j, 16, 32, owners=owners, regions=regions)
+    assert j.remaining == 2 + 2 * 2 * 3
+    return _finish(s, j, order_seed, departs)
+
+
+@pytest.mark.parametrize("run, m", [(_run_k_split, 32), (_run_regions, 48)])
+def test_partials_are_summed_in_slice_order_bit_identical(run: Any, m: int) -> None:
+    """Each block of C is its partials' sum in slice order, whichever device sent which and
+    when (one grid's K split, and regions of rows each split its own way)."""
+    first = run(0)
+    assert np.array_equal(first, run(1))
+    assert np.array_equal(first, run(2, departs=True))
+    j = job(m=m, k=96, n=32)
     np.testing.assert_allclose(first, j.a @ j.b, rtol=1e-12, atol=1e-12)
 
 

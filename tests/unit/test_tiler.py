@@ -1,10 +1,12 @@
-"""Cutting a GEMM into tiles: K slices made of whole parts (``k_block``) and a slice's parts."""
+"""Cutting a GEMM into tiles: K slices made of whole parts (``k_block``) and a slice's parts;
+runs of rows cut each their own way (regions)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from testbed.ps_backend.tiler import cut_k, k_pieces
+from testbed.ps_backend.tiler import Region, cut_k, cut_regions, k_pieces
 
 
 @pytest.mark.parametrize("k, k_parts, k_block", [(300, 3, 16), (96, 4, 8), (100, 3, 7),
@@ -28,3 +30,23 @@ def test_k_slices_are_runs_of_whole_parts_and_cover_k(k: int, k_parts: int, k_bl
 def test_without_parts_a_slice_is_one_piece_and_the_cut_is_unchanged() -> None:
     assert k_pieces(5, 37, 0) == [(5, 37)]
     assert cut_k(32, 16, 300, 16, 16, 3) == cut_k(32, 16, 300, 16, 16, 3, 100)
+
+
+def test_regions_cover_every_product_once_and_name_each_tile_once() -> None:
+    m, n, k = 70, 45, 50
+    regions = [Region(0, 30, 16, 45), Region(30, 70, 8, 16, 3)]
+    boxes = cut_regions(n, k, regions)
+    products = np.zeros((m, n, k), dtype=int)
+    for b in boxes:
+        k0, k1 = (b.k0, b.k1) if b.split else (0, k)
+        products[b.r0:b.r1, b.c0:b.c1, k0:k1] += 1
+    assert (products == 1).all()
+    assert len({(b.row, b.col, b.part) for b in boxes}) == len(boxes)
+    first = [b for b in boxes if b.r0 < 30]
+    assert all(not b.split and b.parts == 1 and b.r1 <= 30 for b in first)
+    second = [b for b in boxes if b.r0 >= 30]
+    assert {b.parts for b in second} == {3} and {b.part for b in second} == {0, 1, 2}
+    assert min(b.row for b in second) == max(b.row for b in first) + 1
+    # a region's boxes are its own cut_k, moved down to its first row
+    assert [(b.r0 - 30, b.r1 - 30, b.c0, b.c1, b.k0, b.k1, b.part) for b in second] == \
+        [(b.r0, b.r1, b.c0, b.c1, b.k0, b.k1, b.part) for b in cut_k(40, n, k, 8, 16, 3)]
