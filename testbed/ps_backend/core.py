@@ -380,7 +380,7 @@ class PsCore:
         prefilled = self.ledger.take(job.uid, job.digest) if self.ledger is not None else {}
         cut = self.planner.plan(job, self.scheduler.devices.values())
         served = self.scheduler.submit(job, cut.tile_m, cut.tile_n, prefilled, cut.k_parts,
-                                       cut.owners, cut.k_block)
+                                       cut.owners, cut.k_block, list(cut.regions))
         if served:
             self.stats.from_ledger += served
             self._event("ledger_reuse", gemm=job.uid, step=job.spec.step, tiles=served,

@@ -466,7 +466,8 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     shapes = [(tokens, g.out_features, g.in_features) for g in trainer.model.gemm_layers()]
     planned = core.planner.prepare(shapes, trainer.dtype.itemsize, slots)
     wall_s = time.monotonic() - started
-    runlog.event("planned", shapes=planned, wall_s=round(wall_s, 3))
+    runlog.event("planned", shapes=planned, wall_s=round(wall_s, 3),
+                 regions=core.planner.region_shapes())
     log.info("planned %d GEMM shape(s) in %.1f s", planned, wall_s)
 
 

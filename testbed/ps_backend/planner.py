@@ -614,6 +614,90 @@ def deal_boxes(plan: GemmPlan, m: int, k: int, n: int, itemsize: int,
     return out
 
 
+# -- regions of C -----------------------------------------------------------------------------
+# One grid for every device gives the laptops and the phones of a mix the same tiles. On
+# large's forward the phones, rationed by their access points, would do best with a thin slice
+# of K and a large block of results, sending partials; the laptops, whose uplinks carry their
+# results, with no K split at all. A region plan cuts C's rows in two runs, each planned on its
+# own (plan_gemm) over one side of the classes: the tiler cuts each run its own way
+# (tiler.cut_regions) and the PS sums each block's partials in slice order as for any K split.
+REGION_GAIN = 0.95  # regions when predicted this much faster than one grid
+REGION_PROBES = 6  # row counts tried (each two plan_gemm searches)
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """C's rows in runs ``bounds[i]:bounds[i + 1]``, run i planned by ``plans[i]`` (its row
+    count as m) over its own classes."""
+
+    bounds: tuple[int, ...]
+    plans: tuple[GemmPlan, ...]
+    predicted_s: float
+
+
+def _region_sides(order: Sequence[tuple[float, PlanDevice]]
+                  ) -> tuple[list[PlanDevice], list[PlanDevice]]:
+    """The classes (in plan_gemm's order, each with what one of its devices would take for the
+    whole GEMM) cut where that time grows most from one class to the next. One cut keeps the
+    search to a few plans (the planner runs before a first step)."""
+    keys = [max(key, 1e-12) for key, _ in order]
+    at = max(range(1, len(keys)), key=lambda i: keys[i] / keys[i - 1])
+    return [c for _, c in order[:at]], [c for _, c in order[at:]]
+
+
+def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevice],
+                 ps_down_Bps: float = INF, ps_up_Bps: float = INF,
+                 max_tile_elems: int = 1 << 22) -> RegionPlan | None:
+    """C's rows in two runs, the faster classes on the first, the others on the second, each
+    run planned on its own (:func:`plan_gemm`); None for fewer than two classes or too few rows.
+
+    The first run's rows (in ``MIN_TILE`` steps) are bisected for where the two runs'
+    predicted times meet, from where the two sides' rates for the whole GEMM would share them,
+    ``REGION_PROBES`` row counts at most; the best of them is kept. Each side sees the PS link
+    in proportion to what its own links carry of all the classes'.
+    """
+    if len(classes) < 2 or m < 2 * MIN_TILE:
+        return None
+    flops = 2.0 * m * k * n
+    order = sorted(((_tile_cost_s(c, flops, m * k * itemsize, k * n * itemsize,
+                                  m * n * itemsize, 1.0), c.name, c) for c in classes),
+                   key=lambda x: (x[0], x[1]))
+    sides = _region_sides([(key, c) for key, _, c in order])
+    ps = []
+    for side in sides:
+        share = []
+        for rate in (lambda c: c.down_Bps, lambda c: c.up_Bps):
+            total = sum(rate(c) * c.count for c in classes)
+            share.append(sum(rate(c) * c.count for c in side) / total if total > 0 else 0.5)
+        ps.append((ps_down_Bps * share[0], ps_up_Bps * share[1]))
+
+    whole = [plan_gemm(m, k, n, itemsize, side, *link, max_tile_elems=max_tile_elems)
+             for side, link in zip(sides, ps)]
+    if not all(0 < p.predicted_s < INF for p in whole):
+        return None
+    # the first run's time grows with its rows and the second's shrinks: bisect for where they
+    # meet, from where the two sides' rates for the whole GEMM would share the rows
+    lo, hi = 1, m // MIN_TILE - 1  # rows in MIN_TILE steps
+    rate0, rate1 = 1.0 / whole[0].predicted_s, 1.0 / whole[1].predicted_s
+    at = min(hi, max(lo, round(m * rate0 / (rate0 + rate1) / MIN_TILE)))
+    best: RegionPlan | None = None
+    for _ in range(REGION_PROBES):
+        rows = at * MIN_TILE
+        p0, p1 = (plan_gemm(r, k, n, itemsize, side, *link, max_tile_elems=max_tile_elems)
+                  for r, side, link in zip((rows, m - rows), sides, ps))
+        found = RegionPlan((0, rows, m), (p0, p1), max(p0.predicted_s, p1.predicted_s))
+        if best is None or found.predicted_s < best.predicted_s:
+            best = found
+        if p0.predicted_s > p1.predicted_s:
+            hi = at - 1
+        else:
+            lo = at + 1
+        if lo > hi:
+            break
+        at = (lo + hi) // 2
+    return best
+
+
 # -- backward pairs ---------------------------------------------------------------------------
 # A linear's backward is two GEMMs on one new operand: ``dX[T x I] = dY[T x O] @ W[O x I]`` and
 # ``dW[O x I] = dYᵀ[O x T] @ X[T x I]`` (T tokens, O output and I input features). Both walk

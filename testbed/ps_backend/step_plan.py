@@ -27,19 +27,22 @@ from testbed.ps_backend.bound import (
     step_bound,
 )
 from testbed.ps_backend.planner import (
+    REGION_GAIN,
     GemmPlan,
     LayerPlan,
     PairPlan,
     PlanDevice,
+    RegionPlan,
     deal_boxes,
     deal_layer,
     deal_pair,
     plan_gemm,
     plan_layer,
     plan_pair,
+    plan_regions,
 )
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, SharedLink
-from testbed.ps_backend.tiler import cut_k
+from testbed.ps_backend.tiler import Region, TileBox, cut_k, cut_regions
 
 INF = float("inf")
 # The backward pass submits a linear's input- and weight-gradient GEMMs together: each gets
@@ -71,6 +74,7 @@ class Cut(NamedTuple):
     k_parts: int
     owners: dict[tuple[int, int, int], str] | None  # tile (row, col, slice) -> device
     k_block: int = 0  # K parts, each its own cached block (0: a slice is one block)
+    regions: tuple[Region, ...] = ()  # runs of C's rows cut each its own way (then these rule)
 
 
 @dataclass
@@ -124,6 +128,7 @@ class StepPlanner:
                                                       dict[tuple[int, int, int], str]]] = {}
         self._pair_split: dict[tuple[Any, ...], tuple[bool, float]] = {}
         self._pair_plans: dict[tuple[Any, ...], PairPlan | None] = {}
+        self._region_plans: dict[tuple[Any, ...], RegionPlan | None] = {}
         self._layer_plans: dict[tuple[Any, ...], LayerPlan | None] = {}
         # this step's layers planned on one grid: layer -> (its pair, dX's and dW's owners)
         self._layers: dict[str, tuple[PairPlan, dict[tuple[int, int, int], str],
@@ -215,8 +220,9 @@ class StepPlanner:
         many shapes were planned.
 
         The searches (a linear's forward, its backward pair, both on one grid, the pair on two
-        halves) are what :meth:`plan` would run at a shape's first GEMM, with the same inputs
-        (the topology's groups and the devices present), and it then finds them made. The PS
+        halves, the forward in regions of rows) are what :meth:`plan` would run at a shape's
+        first GEMM, with the same inputs (the topology's groups and the devices present), and
+        it then finds them made. The PS
         runs this before its first step, off the loop thread: searched at first use, they ran
         on the loop that serves the devices' streams, inside the step (seconds a shape on
         campus, with every device idle and its lease running), and the step's device time
@@ -229,6 +235,10 @@ class StepPlanner:
         shapes = sorted(set(linears))
         for dx in shapes:
             self.layer_or_apart(dx, item, slots)
+            t, o, i = dx
+            forward = self._plan_for(t, i, o, item, slots)
+            if forward is not None:  # its forward planned apart may take regions
+                self._regions_for(t, i, o, item, slots, forward)
         return len(shapes)
 
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
@@ -274,11 +284,54 @@ class StepPlanner:
             if plan is None:
                 self._count_min(m, k, n, item, None, slots)
                 return Cut(self.config.tile_m, self.config.tile_n, 1, None)
+            regions = self._regions_for(m, k, n, item, mine, plan) \
+                if job.spec.op == "forward" else None
+            if regions is not None:
+                return self._region_cut(regions, m, k, n, item, mine)
             owners = self._owners(plan, m, k, n, item, mine)
         for group, why in plan.sat_out.items():
             self._sat_out.setdefault(group, why)
         self._count_min(m, k, n, item, (plan, owners), slots)
         return Cut(plan.tile_m, plan.tile_n, plan.k_parts, owners, plan.k_block)
+
+    def region_shapes(self) -> list[str]:
+        """The forward GEMM shapes (``m x k x n``) planned in regions of rows so far."""
+        return sorted({f"{key[0]}x{key[1]}x{key[2]}" for key, found in
+                       self._region_plans.items() if found is not None})
+
+    def _regions_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
+                     plan: GemmPlan) -> RegionPlan | None:
+        """A forward GEMM's rows in two runs, each planned on one side of the classes, when
+        that is predicted faster (``REGION_GAIN``) than ``plan``, its one grid; else None.
+        (Backward pairs have their own ways of sharing the devices: halves, one grid.)"""
+        static = self._static(slots)
+        key: tuple[Any, ...] = (m, k, n, item) if static else \
+            (m, k, n, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        if key not in self._region_plans:
+            ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
+            found = plan_regions(m, k, n, item, self._classes(slots), ps_down_Bps, ps_up_Bps,
+                                 max_tile_elems=self._max_tile_elems(item))
+            self._region_plans[key] = found if found is not None and \
+                found.predicted_s < REGION_GAIN * plan.predicted_s else None
+        return self._region_plans[key]
+
+    def _region_cut(self, regions: RegionPlan, m: int, k: int, n: int, item: int,
+                    slots: list[DeviceSlot]) -> Cut:
+        """The cut of a region plan: each run's tiles, their rows numbered through the runs,
+        dealt to the devices of its own plan."""
+        cuts, owners = [], {}
+        rows = 0
+        for r0, r1, plan in zip(regions.bounds, regions.bounds[1:], regions.plans):
+            cuts.append(Region(r0, r1, plan.tile_m, plan.tile_n, plan.k_parts))
+            for (r, c, p), name in (self._owners(plan, r1 - r0, k, n, item, slots) or {}).items():
+                owners[(r + rows, c, p)] = name
+            rows += plan.grid[0]
+            for group, why in plan.sat_out.items():
+                self._sat_out.setdefault(group, why)
+        boxes = cut_regions(n, k, cuts)
+        self._count_shares(m, k, n, item, boxes, owners, slots)
+        first = regions.plans[0]
+        return Cut(first.tile_m, first.tile_n, first.k_parts, owners, 0, tuple(cuts))
 
     def _count_min(self, m: int, k: int, n: int, item: int,
                    planned: tuple[GemmPlan, dict[tuple[int, int, int], str] | None] | None,
@@ -288,12 +341,19 @@ class StepPlanner:
         With owners, a device's share is the multiply-adds of the tiles dealt to it; without
         (``fifo``, or nobody of the plan present), the devices present share equally.
         """
+        owners = planned[1] if planned is not None else None
+        boxes = [] if planned is None or not owners else cut_k(
+            m, n, k, planned[0].tile_m, planned[0].tile_n, planned[0].k_parts, planned[0].k_block)
+        self._count_shares(m, k, n, item, boxes, owners, slots)
+
+    def _count_shares(self, m: int, k: int, n: int, item: int, boxes: list[TileBox],
+                      owners: dict[tuple[int, int, int], str] | None,
+                      slots: list[DeviceSlot]) -> None:
+        """:meth:`_count_min` of a GEMM cut into ``boxes`` dealt to ``owners``."""
         shares: list[float]
-        owners = planned[1] if planned else None
-        if planned is not None and owners:
-            plan = planned[0]
+        if owners:
             by_device: dict[str, float] = {}
-            for b in cut_k(m, n, k, plan.tile_m, plan.tile_n, plan.k_parts, plan.k_block):
+            for b in boxes:
                 owner = owners.get((b.row, b.col, b.part))
                 k0, k1 = (b.k0, b.k1) if b.split else (0, k)
                 by_device[owner or ""] = by_device.get(owner or "", 0.0) + \

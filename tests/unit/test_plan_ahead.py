@@ -46,7 +46,7 @@ def _step(topology: Topology, ahead: bool, monkeypatch: pytest.MonkeyPatch) -> t
 
         def no_search(*_args: object, **_kwargs: object) -> None:
             raise AssertionError("a search ran inside the step")
-        for name in ("plan_gemm", "plan_pair", "plan_layer"):
+        for name in ("plan_gemm", "plan_pair", "plan_layer", "plan_regions"):
             monkeypatch.setattr(step_plan, name, no_search)
     device_s, stats, _record = sim.run_step(0)
     monkeypatch.undo()

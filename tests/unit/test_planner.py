@@ -7,6 +7,7 @@ import random
 
 from testbed.ps_backend import planner
 from testbed.ps_backend.planner import (
+    REGION_GAIN,
     TILE_OVERHEAD_S,
     PlanDevice,
     box_time_s,
@@ -16,6 +17,7 @@ from testbed.ps_backend.planner import (
     pipeline_s,
     plan_gemm,
     plan_pair,
+    plan_regions,
     split_boxes,
 )
 
@@ -221,3 +223,31 @@ def test_a_gemm_of_one_tile_a_device_behind_a_narrow_ps_link_is_predicted_down_t
     got = planner.predict_s(64, 32, 64, 4, (2, 1, 1), devices, 1e6, 1e6)
     down_s, up_s = 2 * (32 * 32 + 32 * 64) * 4 / 1e6, 2 * 32 * 64 * 4 / 1e6
     assert abs(got - (down_s + up_s)) <= 1e-3 * (down_s + up_s)
+
+
+# large's classes (topologies/large.yaml as the PS plans it): phones with a fair share of their
+# access point's 1 Gbit, laptops on their own 300/100 Mbit links
+LAPTOPS = PlanDevice("laptops", 239.9e9, 37.5e6, 12.5e6, 0.011, count=4)
+PHONES = [PlanDevice("phones-a", 20.21e9, 2.12e6, 2.12e6, 0.023, count=59),
+          PlanDevice("phones-c", 20.21e9, 2.12e6, 2.12e6, 0.023, count=59),
+          PlanDevice("phones-b", 20.21e9, 1.30e6, 1.25e6, 0.043, count=59)]
+
+
+def test_laptops_and_rationed_phones_take_regions_of_rows_each_cut_its_own_way() -> None:
+    # large's forward fc1: one grid for all gives the phones 147 x 47 tiles over the whole K
+    m, k, n = 2048, 256, 1024
+    one = plan_gemm(m, k, n, 4, [LAPTOPS, *PHONES], 650e6, 410e6)
+    regions = plan_regions(m, k, n, 4, [*PHONES, LAPTOPS], 650e6, 410e6)
+    assert regions is not None
+    assert regions.predicted_s < REGION_GAIN * one.predicted_s
+    first, second = regions.plans
+    assert first.used == ("laptops",) and first.k_parts == 1
+    assert set(second.used) <= {p.name for p in PHONES} and second.k_parts > 1
+    r0, rows, r1 = regions.bounds
+    assert (r0, r1) == (0, m) and 0 < rows < m and rows % 16 == 0
+    assert regions.predicted_s == max(first.predicted_s, second.predicted_s)
+
+
+def test_one_class_or_too_few_rows_take_no_regions() -> None:
+    assert plan_regions(2048, 256, 1024, 4, [LAPTOPS]) is None
+    assert plan_regions(16, 256, 1024, 4, [LAPTOPS, *PHONES]) is None

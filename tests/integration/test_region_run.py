@@ -1,0 +1,84 @@
+"""Forward GEMMs cut in regions of rows on a real loopback run, while devices come and go.
+
+tests/data/regions.yaml mixes one laptop on a fast link with three phones on slow ones, so the
+PS plans its forward GEMMs in two runs of rows, the laptop's whole and the phones' K-split
+(planner.plan_regions). Real PS and agent processes over gRPC: the PS says so in its `planned`
+event, and with a phone crashing and another leaving mid-step the losses and final weights
+still equal the single-process run's (float64).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from testbed.runlog import read_jsonl
+from tests.conftest import REPO, reference_losses, run_dir_of, start_up
+
+pytestmark = pytest.mark.integration
+
+REGIONS = REPO / "tests" / "data" / "regions.yaml"
+# a step takes about a second: both departures land inside steps
+TRACE = """time_s,device,event,arg
+1.2,phones-0,crash,
+2.5,phones-1,leave,
+"""
+
+
+def test_the_plan_cuts_this_mix_in_regions_with_a_k_split_run() -> None:
+    from testbed.ps_backend.main import ps_config
+    from testbed.ps_backend.scheduler import DeviceSlot
+    from testbed.ps_backend.step_plan import StepPlanner
+    from testbed.simulate.chain import linears
+    from testbed.topology import load_topology
+
+    topo = load_topology(REGIONS)
+    planner = StepPlanner(ps_config(topo))
+    slots = [DeviceSlot(device_id=d.name, name=d.name, predicted_gflops=10.0, max_in_flight=8,
+                        cache_bytes=1 << 26, group=d.group.group) for d in topo.devices]
+    tokens = topo.job.batch_size * topo.job.model.seq_len
+    shapes = [(tokens, lin.d_out, lin.d_in) for lin in linears(topo.job)]
+    planner.prepare(shapes, 8, slots)
+    assert planner.region_shapes(), "no forward GEMM of this mix was cut in regions"
+    split = [found for found in planner._region_plans.values()
+             if found is not None and found.plans[1].k_parts > 1]
+    assert split, "no region was K-split"
+    for found in split:
+        assert found.plans[0].used == ("laptops",) and found.plans[1].used == ("phones",)
+
+
+@pytest.mark.slow
+def test_regions_keep_the_single_process_result_while_phones_go(tmp_path: Path) -> None:
+    raw = yaml.safe_load(REGIONS.read_text())
+    raw["job"]["steps"] = steps = 4
+    trace = tmp_path / "two-go.csv"
+    trace.write_text(TRACE)
+    raw["churn"] = str(trace)
+    topology = tmp_path / "regions.yaml"
+    topology.write_text(yaml.safe_dump(raw))
+
+    proc = start_up(topology, tmp_path / "runs")
+    output, _ = proc.communicate(timeout=300)
+    run_dir = run_dir_of(tmp_path / "runs")
+    assert proc.returncode == 0, output
+    events = read_jsonl(run_dir / "events.jsonl")
+    (planned,) = [e for e in events if e["event"] == "planned"]
+    assert planned["regions"], planned
+    departed = [e for e in events if e["event"] in ("leave", "disconnect", "lease_expired")]
+    assert {e["device"] for e in departed} == {"phones-0", "phones-1"}
+    last_step_t = read_jsonl(run_dir / "steps.jsonl")[-1]["elapsed_s"]
+    assert all(e["elapsed_s"] < last_step_t for e in departed), "a departure after the last step"
+
+    steps_done = read_jsonl(run_dir / "steps.jsonl")
+    assert [s["step"] for s in steps_done] == list(range(steps))
+    want_losses, want_weights = reference_losses(topology, steps)
+    for s, want in zip(steps_done, want_losses):
+        assert abs(s["loss"] - want) <= 1e-8 * abs(want), (s["step"], s["loss"], want)
+    checkpoints = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    got = torch.load(checkpoints[-1], weights_only=True)["model"]
+    scale = max(w.abs().max().item() for w in want_weights.values())
+    for name, want in want_weights.items():
+        assert (got[name] - want).abs().max().item() <= 1e-8 * scale, name
