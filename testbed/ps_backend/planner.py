@@ -663,13 +663,20 @@ def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDe
                                   m * n * itemsize, 1.0), c.name, c) for c in classes),
                    key=lambda x: (x[0], x[1]))
     sides = _region_sides([(key, c) for key, _, c in order])
-    ps = []
-    for side in sides:
-        share = []
-        for rate in (lambda c: c.down_Bps, lambda c: c.up_Bps):
-            total = sum(rate(c) * c.count for c in classes)
-            share.append(sum(rate(c) * c.count for c in side) / total if total > 0 else 0.5)
-        ps.append((ps_down_Bps * share[0], ps_up_Bps * share[1]))
+    def share(side: Sequence[PlanDevice], ps_Bps: float, rate: Callable[[PlanDevice], float]
+              ) -> float:
+        """The side's part of the PS link: as much as its devices' links carry of all of
+        theirs (each capped by the PS link: a device the topology does not declare has no
+        link limit)."""
+        if math.isinf(ps_Bps):
+            return ps_Bps
+        total = sum(min(rate(c), ps_Bps) * c.count for c in classes)
+        return ps_Bps * sum(min(rate(c), ps_Bps) * c.count for c in side) / total \
+            if total > 0 else 0.0
+    ps = [(share(side, ps_down_Bps, lambda c: c.down_Bps),
+           share(side, ps_up_Bps, lambda c: c.up_Bps)) for side in sides]
+    if not all(down > 0 and up > 0 for down, up in ps):
+        return None
 
     whole = [plan_gemm(m, k, n, itemsize, side, *link, max_tile_elems=max_tile_elems)
              for side, link in zip(sides, ps)]

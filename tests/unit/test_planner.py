@@ -251,3 +251,12 @@ def test_laptops_and_rationed_phones_take_regions_of_rows_each_cut_its_own_way()
 def test_one_class_or_too_few_rows_take_no_regions() -> None:
     assert plan_regions(2048, 256, 1024, 4, [LAPTOPS]) is None
     assert plan_regions(16, 256, 1024, 4, [LAPTOPS, *PHONES]) is None
+
+
+def test_the_region_search_shares_a_ps_link_with_devices_of_no_link_limit() -> None:
+    # devices the topology does not declare have no link of their own (infinite rates): the
+    # PS link is then the side's whole limit, never a share of infinity
+    undeclared = PlanDevice("undeclared", 10e9, INF, INF, count=2)
+    for ps in ((650e6, 410e6), (INF, INF)):
+        regions = plan_regions(2048, 256, 1024, 4, [undeclared, *PHONES], *ps)
+        assert regions is None or all(0 < p.predicted_s < INF for p in regions.plans)
