@@ -663,6 +663,7 @@ def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDe
                                   m * n * itemsize, 1.0), c.name, c) for c in classes),
                    key=lambda x: (x[0], x[1]))
     sides = _region_sides([(key, c) for key, _, c in order])
+
     def share(side: Sequence[PlanDevice], ps_Bps: float, rate: Callable[[PlanDevice], float]
               ) -> float:
         """The side's part of the PS link: as much as its devices' links carry of all of
@@ -673,6 +674,7 @@ def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDe
         total = sum(min(rate(c), ps_Bps) * c.count for c in classes)
         return ps_Bps * sum(min(rate(c), ps_Bps) * c.count for c in side) / total \
             if total > 0 else 0.0
+
     ps = [(share(side, ps_down_Bps, lambda c: c.down_Bps),
            share(side, ps_up_Bps, lambda c: c.up_Bps)) for side in sides]
     if not all(down > 0 and up > 0 for down, up in ps):

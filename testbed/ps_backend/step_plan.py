@@ -222,12 +222,12 @@ class StepPlanner:
         The searches (a linear's forward, its backward pair, both on one grid, the pair on two
         halves, the forward in regions of rows) are what :meth:`plan` would run at a shape's
         first GEMM, with the same inputs (the topology's groups and the devices present), and
-        it then finds them made. The PS
-        runs this before its first step, off the loop thread: searched at first use, they ran
-        on the loop that serves the devices' streams, inside the step (seconds a shape on
-        campus, with every device idle and its lease running), and the step's device time
-        counted them. Only plans that depend on the topology alone are kept across steps; with
-        devices the topology does not declare, a later change of devices plans again.
+        it then finds them made. The PS runs this before its first step, off the loop thread:
+        searched at first use, they ran on the loop that serves the devices' streams, inside
+        the step (seconds a shape on campus, with every device idle and its lease running), and
+        the step's device time counted them. Only plans that depend on the topology alone are
+        kept across steps; with devices the topology does not declare, a later change of
+        devices plans again.
         """
         if self.mode != "auto":
             return 0
