@@ -143,9 +143,6 @@ class GemmJob:
     # gradient): its blocks are named, sent and cached in the stored orientation (Task)
     a_transposed: bool = False
     b_transposed: bool = False
-    tile_m: int = 0  # the tiling it was cut with (set by Scheduler.submit)
-    tile_n: int = 0
-    k_parts: int = 1  # K slices (set by Scheduler.submit); partials are summed in slice order
     # K parts (set by Scheduler.submit; 0: none): a tile's operands travel and are cached as
     # its K range cut at multiples of this, so a slice spanning several parts reuses the
     # blocks another GEMM of the step cut finer (a linear's forward and backward on one grid)
@@ -1148,8 +1145,7 @@ class Scheduler:
         m, n, k = job.a.shape[0], job.b.shape[1], job.a.shape[1]
         boxes = cut_regions(n, k, regions) if regions else \
             cut_k(m, n, k, tile_m, tile_n, k_parts, k_block)
-        job.tile_m, job.tile_n, job.k_block = tile_m, tile_n, 0 if regions else k_block
-        job.k_parts = max(b.parts for b in boxes)
+        job.k_block = 0 if regions else k_block
         if self.check_values:  # Freivalds' work shared by the GEMM's tiles (K-split: per slice)
             job.check = GemmCheck(job.a, job.b, [(b.c0, b.c1, b.k0, b.k1) if b.split
                                                  else (b.c0, b.c1) for b in boxes],

@@ -208,6 +208,13 @@ class StepPlanner:
             return slot.group
         return f"{slot.group or 'undeclared'}@{slot.predicted_gflops:g}"
 
+    def _plan_key(self, shape: tuple[Any, ...], slots: list[DeviceSlot]) -> tuple[Any, ...]:
+        """A search's cache key: the shape alone when the plan depends only on the topology
+        (:meth:`_static`), else with the devices present too."""
+        if self._static(slots):
+            return shape
+        return (*shape, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+
     def _static(self, slots: list[DeviceSlot]) -> bool:
         """Whether the plan depends only on the topology (then a restarted PS cuts the same)."""
         return bool(self._planned) and all(s.group in self._planned or s.quarantined
@@ -304,9 +311,7 @@ class StepPlanner:
         """A forward GEMM's rows in two runs, each planned on one side of the classes, when
         that is predicted faster (``REGION_GAIN``) than ``plan``, its one grid; else None.
         (Backward pairs have their own ways of sharing the devices: halves, one grid.)"""
-        static = self._static(slots)
-        key: tuple[Any, ...] = (m, k, n, item) if static else \
-            (m, k, n, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        key = self._plan_key((m, k, n, item), slots)
         if key not in self._region_plans:
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
             found = plan_regions(m, k, n, item, self._classes(slots), ps_down_Bps, ps_up_Bps,
@@ -419,9 +424,7 @@ class StepPlanner:
         the predicted time of planning its forward and its backward pair apart (forward's own
         plan and the pair's best)."""
         t, o, i = dx
-        static = self._static(slots)
-        key: tuple[Any, ...] = (dx, item) if static else \
-            (dx, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        key = self._plan_key((dx, item), slots)
         if key not in self._layer_plans:
             classes = self._classes(slots)
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
@@ -471,9 +474,7 @@ class StepPlanner:
 
     def _pair_plan(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
                    ) -> PairPlan | None:
-        static = self._static(slots)
-        key: tuple[Any, ...] = (dx, item) if static else \
-            (dx, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        key = self._plan_key((dx, item), slots)
         if key in self._pair_plans:
             return self._pair_plans[key]
         classes = self._classes(slots)
