@@ -379,8 +379,7 @@ class PsCore:
             self.invalidate(job.version)
         prefilled = self.ledger.take(job.uid, job.digest) if self.ledger is not None else {}
         cut = self.planner.plan(job, self.scheduler.devices.values())
-        served = self.scheduler.submit(job, cut.tile_m, cut.tile_n, prefilled, cut.k_parts,
-                                       cut.owners, cut.k_block, list(cut.regions))
+        served = self.scheduler.submit(job, cut.regions, prefilled, cut.owners)
         if served:
             self.stats.from_ledger += served
             self._event("ledger_reuse", gemm=job.uid, step=job.spec.step, tiles=served,

@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, 
 
 import numpy as np
 
-from testbed.ps_backend.tiler import Region, TileBox, cut_k, cut_regions, gemm_flops, k_pieces
+from testbed.ps_backend.tiler import Region, TileBox, cut_regions, gemm_flops, k_pieces
 from testbed.ps_backend.validation import GemmCheck, check_result
 from testbed.wire.cache import BlockCache
 
@@ -143,10 +143,6 @@ class GemmJob:
     # gradient): its blocks are named, sent and cached in the stored orientation (Task)
     a_transposed: bool = False
     b_transposed: bool = False
-    # K parts (set by Scheduler.submit; 0: none): a tile's operands travel and are cached as
-    # its K range cut at multiples of this, so a slice spanning several parts reuses the
-    # blocks another GEMM of the step cut finer (a linear's forward and backward on one grid)
-    k_block: int = 0
     partials: dict[tuple[int, int], dict[int, np.ndarray]] = field(default_factory=dict)
 
 
@@ -166,7 +162,7 @@ class Task:
     # fixed facts of the tile, computed once: the scheduler reads them on every pick
     flops: float = field(init=False)
     # the blocks it needs, (cache key, bytes): A's parts along K, then B's (one each unless
-    # the GEMM has K parts, GemmJob.k_block)
+    # the tile has K parts, TileBox.k_block)
     blocks: tuple[tuple[str, int], ...] = field(init=False)
     pieces: tuple[tuple[int, int], ...] = field(init=False)  # its K range as ``blocks`` cut it
     a_nbytes: int = field(init=False)
@@ -181,7 +177,7 @@ class Task:
         self.flops = gemm_flops(m, k, n)
         # Blocks are named in their stored tensor's own coordinates, so that another GEMM with
         # the same tensor (same key), in either orientation, and the same block is a cache hit.
-        self.pieces = pieces = tuple(k_pieces(k0, k1, job.k_block))
+        self.pieces = pieces = tuple(k_pieces(k0, k1, box.k_block))
         a_item, b_item = job.a.itemsize, job.b.itemsize
         self.blocks = tuple(
             [(block_key(job.a_key, (box.r0, box.r1), p, job.a_transposed),
@@ -1128,24 +1124,22 @@ class Scheduler:
             s.window = max(1, min(s.max_in_flight, scaled))
 
     # -- work in -------------------------------------------------------------------------------
-    def submit(self, job: GemmJob, tile_m: int, tile_n: int,
-               prefilled: dict[tuple[int, ...], np.ndarray] | None = None, k_parts: int = 1,
-               owners: dict[tuple[int, int, int], str] | None = None, k_block: int = 0,
-               regions: list[Region] | None = None) -> int:
-        """Queue every tile of a GEMM; tiles in ``prefilled`` (by box key) are placed at once.
-
-        ``k_parts`` > 1 splits K, into runs of ``k_block`` parts when that is set
-        (:func:`~testbed.ps_backend.tiler.cut_k`); ``regions``, when given, cut runs of C's rows
-        each their own way instead (:func:`~testbed.ps_backend.tiler.cut_regions`). ``owners``
-        maps tile ``(row, col, part)`` to the device the plan gave it (tasks are queued in the
-        plan's dealing order, ``(part, row, col)``, region by region). Returns how many tiles
-        were prefilled. A GEMM whose every tile is prefilled is done when this returns (its
-        future is resolved).
+    def submit(self, job: GemmJob, regions: Sequence[Region],
+               prefilled: dict[tuple[int, ...], np.ndarray] | None = None,
+               owners: dict[tuple[int, int, int], str] | None = None) -> int:
+        """Queue every tile of a GEMM cut in ``regions`` (runs of C's rows, each cut its own
+        way, :func:`~testbed.ps_backend.tiler.cut_regions`; a uniform cut is one,
+        :func:`~testbed.ps_backend.tiler.uniform`); tiles in ``prefilled`` (by box key) are
+        placed at once. ``owners`` maps tile ``(row, col, part)`` to the device the plan gave
+        it (tasks are queued in the plan's dealing order, ``(part, row, col)``, region by
+        region). Returns how many tiles were prefilled. A GEMM whose every tile is prefilled is
+        done when this returns (its future is resolved).
         """
-        m, n, k = job.a.shape[0], job.b.shape[1], job.a.shape[1]
-        boxes = cut_regions(n, k, regions) if regions else \
-            cut_k(m, n, k, tile_m, tile_n, k_parts, k_block)
-        job.k_block = 0 if regions else k_block
+        m = job.a.shape[0]
+        if not regions or regions[0].r0 != 0 or regions[-1].r1 != m or any(
+                a.r1 != b.r0 for a, b in zip(regions, regions[1:])):
+            raise ValueError(f"{job.uid}: regions {regions} do not cover rows 0:{m} once")
+        boxes = cut_regions(job.b.shape[1], job.a.shape[1], regions)
         if self.check_values:  # Freivalds' work shared by the GEMM's tiles (K-split: per slice)
             job.check = GemmCheck(job.a, job.b, [(b.c0, b.c1, b.k0, b.k1) if b.split
                                                  else (b.c0, b.c1) for b in boxes],

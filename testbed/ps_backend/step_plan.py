@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from testbed.ps_backend.bound import (
     BoundDevice,
@@ -42,7 +42,7 @@ from testbed.ps_backend.planner import (
     plan_regions,
 )
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, SharedLink
-from testbed.ps_backend.tiler import Region, TileBox, cut_k, cut_regions
+from testbed.ps_backend.tiler import Region, cut_regions, uniform
 
 INF = float("inf")
 # The backward pass submits a linear's input- and weight-gradient GEMMs together: each gets
@@ -69,12 +69,8 @@ HELD_SHARE = 0.5
 class Cut(NamedTuple):
     """How the scheduler cuts a GEMM (:meth:`Scheduler.submit`'s arguments)."""
 
-    tile_m: int
-    tile_n: int
-    k_parts: int
+    regions: tuple[Region, ...]  # runs of C's rows, each cut its own way (uniform: one)
     owners: dict[tuple[int, int, int], str] | None  # tile (row, col, slice) -> device
-    k_block: int = 0  # K parts, each its own cached block (0: a slice is one block)
-    regions: tuple[Region, ...] = ()  # runs of C's rows cut each its own way (then these rule)
 
 
 @dataclass
@@ -263,8 +259,7 @@ class StepPlanner:
 
         job.done.add_done_callback(ended)
         if self.mode != "auto":
-            self._count_min(m, k, n, item, None, slots)
-            return Cut(self.config.tile_m, self.config.tile_n, 1, None)
+            return self._fifo_cut(m, k, n, item, slots)
         half = PAIR_HALF.get(job.spec.op)
         plan: GemmPlan | None = None
         owners: dict[tuple[int, int, int], str] | None = None
@@ -289,8 +284,7 @@ class StepPlanner:
                 half = None
             plan = self._plan_for(m, k, n, item, mine, half)
             if plan is None:
-                self._count_min(m, k, n, item, None, slots)
-                return Cut(self.config.tile_m, self.config.tile_n, 1, None)
+                return self._fifo_cut(m, k, n, item, slots)
             regions = self._regions_for(m, k, n, item, mine, plan) \
                 if job.spec.op == "forward" else None
             if regions is not None:
@@ -298,8 +292,14 @@ class StepPlanner:
             owners = self._owners(plan, m, k, n, item, mine)
         for group, why in plan.sat_out.items():
             self._sat_out.setdefault(group, why)
-        self._count_min(m, k, n, item, (plan, owners), slots)
-        return Cut(plan.tile_m, plan.tile_n, plan.k_parts, owners, plan.k_block)
+        cut = uniform(m, plan.tile_m, plan.tile_n, plan.k_parts, plan.k_block)
+        self._count_shares(m, k, n, item, cut, owners, slots)
+        return Cut(cut, owners)
+
+    def _fifo_cut(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot]) -> Cut:
+        """The configured square tiles, anyone's (``fifo``, or no plan)."""
+        self._count_shares(m, k, n, item, (), None, slots)
+        return Cut(uniform(m, self.config.tile_m, self.config.tile_n), None)
 
     def region_shapes(self) -> list[str]:
         """The forward GEMM shapes (``m x k x n``) planned in regions of rows so far."""
@@ -327,38 +327,28 @@ class StepPlanner:
         cuts, owners = [], {}
         rows = 0
         for r0, r1, plan in zip(regions.bounds, regions.bounds[1:], regions.plans):
-            cuts.append(Region(r0, r1, plan.tile_m, plan.tile_n, plan.k_parts))
+            cuts.append(Region(r0, r1, plan.tile_m, plan.tile_n, plan.k_parts, plan.k_block))
             for (r, c, p), name in (self._owners(plan, r1 - r0, k, n, item, slots) or {}).items():
                 owners[(r + rows, c, p)] = name
             rows += plan.grid[0]
             for group, why in plan.sat_out.items():
                 self._sat_out.setdefault(group, why)
-        boxes = cut_regions(n, k, cuts)
-        self._count_shares(m, k, n, item, boxes, owners, slots)
-        first = regions.plans[0]
-        return Cut(first.tile_m, first.tile_n, first.k_parts, owners, 0, tuple(cuts))
+        self._count_shares(m, k, n, item, tuple(cuts), owners, slots)
+        return Cut(tuple(cuts), owners)
 
-    def _count_min(self, m: int, k: int, n: int, item: int,
-                   planned: tuple[GemmPlan, dict[tuple[int, int, int], str] | None] | None,
-                   slots: list[DeviceSlot]) -> None:
-        """Add the GEMM's minimal traffic for the devices the plan used, with their shares.
-
-        With owners, a device's share is the multiply-adds of the tiles dealt to it; without
-        (``fifo``, or nobody of the plan present), the devices present share equally.
-        """
-        owners = planned[1] if planned is not None else None
-        boxes = [] if planned is None or not owners else cut_k(
-            m, n, k, planned[0].tile_m, planned[0].tile_n, planned[0].k_parts, planned[0].k_block)
-        self._count_shares(m, k, n, item, boxes, owners, slots)
-
-    def _count_shares(self, m: int, k: int, n: int, item: int, boxes: list[TileBox],
+    def _count_shares(self, m: int, k: int, n: int, item: int, cut: Sequence[Region],
                       owners: dict[tuple[int, int, int], str] | None,
                       slots: list[DeviceSlot]) -> None:
-        """:meth:`_count_min` of a GEMM cut into ``boxes`` dealt to ``owners``."""
+        """Add the GEMM's minimal traffic for the devices the plan used, with their shares.
+
+        With owners, a device's share is the multiply-adds of the tiles of ``cut`` dealt to
+        it; without (``fifo``, or nobody of the plan present), the devices present share
+        equally.
+        """
         shares: list[float]
         if owners:
             by_device: dict[str, float] = {}
-            for b in boxes:
+            for b in cut_regions(n, k, cut):
                 owner = owners.get((b.row, b.col, b.part))
                 k0, k1 = (b.k0, b.k1) if b.split else (0, k)
                 by_device[owner or ""] = by_device.get(owner or "", 0.0) + \

@@ -10,7 +10,8 @@ PS sums the partials of a block in slice order (see :mod:`testbed.ps_backend.pla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class TileBox:
     k1: int = -1
     part: int = 0  # its slice number (summation order)
     parts: int = 1  # slices its block of C is cut into (the partials the PS sums)
+    # K parts (0: none): its operands travel and are cached as its K range cut at multiples of
+    # this, so a slice spanning several parts reuses the blocks another GEMM of the step cut
+    # finer (a linear's forward and backward on one grid)
+    k_block: int = 0
 
     @property
     def split(self) -> bool:
@@ -66,38 +71,45 @@ def cut_k(m: int, n: int, k: int, tile_m: int, tile_n: int, k_parts: int,
     """
     boxes = cut(m, n, tile_m, tile_n)
     if k_parts <= 1:
-        return boxes
+        return [replace(b, k_block=k_block) for b in boxes] if k_block > 0 else boxes
     size = -(-k // k_parts)
     if k_block > 0:
         parts = -(-k // k_block)
         size = k_block * -(-parts // k_parts)
     slices = [(k0, min(k0 + size, k)) for k0 in range(0, k, size)]
-    return [TileBox(b.row, b.col, b.r0, b.r1, b.c0, b.c1, k0, k1, s, len(slices))
+    return [TileBox(b.row, b.col, b.r0, b.r1, b.c0, b.c1, k0, k1, s, len(slices), k_block)
             for s, (k0, k1) in enumerate(slices) for b in boxes]
 
 
 @dataclass(frozen=True)
 class Region:
     """A run of C's rows cut its own way: ``rows`` ``r0:r1`` in tiles of ``tile_m x tile_n``
-    over ``k_parts`` K slices (:func:`cut_k`)."""
+    over ``k_parts`` K slices, runs of ``k_block`` parts when set (:func:`cut_k`)."""
 
     r0: int
     r1: int
     tile_m: int
     tile_n: int
     k_parts: int = 1
+    k_block: int = 0
 
 
-def cut_regions(n: int, k: int, regions: list[Region]) -> list[TileBox]:
-    """The tiles of a result whose runs of rows are cut differently (:class:`Region`, in row
-    order, together covering every row once), region by region in :func:`cut_k`'s order. Tile
-    rows are numbered through the regions, so ``(row, col, part)`` names one tile of C."""
+def uniform(m: int, tile_m: int, tile_n: int, k_parts: int = 1, k_block: int = 0
+            ) -> tuple[Region, ...]:
+    """A cut with one region: every row of an ``m``-row result cut the same way."""
+    return (Region(0, m, tile_m, tile_n, k_parts, k_block),)
+
+
+def cut_regions(n: int, k: int, regions: Sequence[Region]) -> list[TileBox]:
+    """The tiles of a result whose runs of rows may be cut differently (:class:`Region`, in
+    row order, together covering every row once), region by region in :func:`cut_k`'s order.
+    Tile rows are numbered through the regions, so ``(row, col, part)`` names one tile of C.
+    A uniform cut is one region (:func:`uniform`)."""
     out: list[TileBox] = []
     rows = 0
     for g in regions:
-        boxes = cut_k(g.r1 - g.r0, n, k, g.tile_m, g.tile_n, g.k_parts)
-        out += [TileBox(b.row + rows, b.col, b.r0 + g.r0, b.r1 + g.r0, b.c0, b.c1, b.k0, b.k1,
-                        b.part, b.parts) for b in boxes]
+        boxes = cut_k(g.r1 - g.r0, n, k, g.tile_m, g.tile_n, g.k_parts, g.k_block)
+        out += [replace(b, row=b.row + rows, r0=b.r0 + g.r0, r1=b.r1 + g.r0) for b in boxes]
         rows += -(-(g.r1 - g.r0) // g.tile_m)
     return out
 

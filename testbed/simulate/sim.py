@@ -315,8 +315,7 @@ class Simulation(EventLoop):
         job.done.add_done_callback(lambda _f: done())
         slots = [d.slot for d in self.devices.values() if d.slot is not None]
         cut = self.planner.plan(job, slots)
-        self.scheduler.submit(job, cut.tile_m, cut.tile_n, None, cut.k_parts, cut.owners,
-                              cut.k_block, list(cut.regions))
+        self.scheduler.submit(job, cut.regions, None, cut.owners)
         self.tiles_per_gemm[uid] = job.remaining
         self.pump()
         if not self._ticking:

@@ -22,7 +22,7 @@ from testbed.ps_backend.planner import (
 )
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
 from testbed.ps_backend.step_plan import StepPlanner
-from testbed.ps_backend.tiler import TileBox, cut_k
+from testbed.ps_backend.tiler import TileBox, cut_regions
 
 TOKENS, OUT, IN = 96, 64, 32  # a layer this planner cuts on one grid for both passes
 SLOW = PlanDevice("p", 10e9, 1e6, 1e6, count=3)  # 3 devices on 1 MB/s links
@@ -103,8 +103,10 @@ def _layer_jobs(seed: int = 3) -> tuple[list[GemmJob], dict[str, np.ndarray]]:
 def test_the_step_planner_keeps_a_layers_grid_for_its_backward() -> None:
     planner_, slots = _config(64 << 20)
     (fwd, dx, dw), _ = _layer_jobs()
-    f, x, w = planner_.plan(fwd, slots), planner_.plan(dx, slots), planner_.plan(dw, slots)
-    assert f.owners is not None and x.owners is not None and w.owners is not None
+    cuts = planner_.plan(fwd, slots), planner_.plan(dx, slots), planner_.plan(dw, slots)
+    assert all(c.owners is not None and len(c.regions) == 1 for c in cuts)
+    (f,), (x,), (w,) = (c.regions for c in cuts)
+    owners = [c.owners or {} for c in cuts]
     # forward (tm, to, n_c), dX (tm, tc, n_o), dW (to, tc, n_t) on one grid (n_t, n_o, n_c),
     # each K slice a run of parts as long as the other passes' tiles: forward's K parts are
     # dX's and dW's columns, dX's K parts forward's columns, dW's forward's rows
@@ -118,25 +120,26 @@ def test_the_step_planner_keeps_a_layers_grid_for_its_backward() -> None:
     def k_of(b: TileBox, k: int) -> tuple[int, int]:
         return (b.k0, b.k1) if b.split else (0, k)
 
-    fwd_boxes = cut_k(TOKENS, OUT, IN, f.tile_m, f.tile_n, f.k_parts, f.k_block)
+    fwd_boxes = cut_regions(OUT, IN, (f,))
     checked = 0
     for fb in fwd_boxes:
-        owner = f.owners[(fb.row, fb.col, fb.part)]
+        owner = owners[0][(fb.row, fb.col, fb.part)]
         fk0, fk1 = k_of(fb, IN)
-        for xb in cut_k(TOKENS, IN, OUT, x.tile_m, x.tile_n, x.k_parts, x.k_block):
+        for xb in cut_regions(IN, OUT, (x,)):
             xk0, xk1 = k_of(xb, OUT)
             if (xb.r0, xb.r1) == (fb.r0, fb.r1) and fk0 <= xb.c0 < fk1 and xk0 <= fb.c0 < xk1:
-                assert x.owners[(xb.row, xb.col, xb.part)] == owner
+                assert owners[1][(xb.row, xb.col, xb.part)] == owner
                 checked += 1
-        for wb in cut_k(OUT, IN, TOKENS, w.tile_m, w.tile_n, w.k_parts, w.k_block):
+        for wb in cut_regions(IN, TOKENS, (w,)):
             wk0, wk1 = k_of(wb, TOKENS)
             if (wb.r0, wb.r1) == (fb.c0, fb.c1) and fk0 <= wb.c0 < fk1 and wk0 <= fb.r0 < wk1:
-                assert w.owners[(wb.row, wb.col, wb.part)] == owner
+                assert owners[2][(wb.row, wb.col, wb.part)] == owner
                 checked += 1
     assert checked >= 2 * len(fwd_boxes)
     # caches too small to hold a layer's blocks for its backward: forward plans on its own
     small, slots = _config(4096)
-    assert small.plan(fwd, slots)[:3] == (lambda p: (p.tile_m, p.tile_n, p.k_parts))(
+    (g,) = small.plan(fwd, slots).regions
+    assert (g.tile_m, g.tile_n, g.k_parts) == (lambda p: (p.tile_m, p.tile_n, p.k_parts))(
         plan_gemm(TOKENS, IN, OUT, 8, [SLOW], max_tile_elems=small._max_tile_elems(8)))
 
 
@@ -154,9 +157,8 @@ def _run_layer(order_seed: int) -> tuple[list[np.ndarray], set[str]]:
     for batch in (jobs[:1], jobs[1:]):
         for job in batch:
             cut = planner_.plan(job, slots)
-            s.submit(job, cut.tile_m, cut.tile_n, k_parts=cut.k_parts, owners=cut.owners,
-                     k_block=cut.k_block)
-            parts = max(parts, cut.k_block)
+            s.submit(job, cut.regions, owners=cut.owners)
+            parts = max(parts, *(g.k_block for g in cut.regions))
         while any(job.remaining for job in batch):
             out = [(d, a) for d in list(s.devices) for a in s.assign(d)]
             assert out

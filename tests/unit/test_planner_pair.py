@@ -17,6 +17,7 @@ from testbed.ps_backend.planner import (
     split_boxes,
 )
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
+from testbed.ps_backend.tiler import uniform
 
 PHONES = PlanDevice("phones", 20e9, 10e6, 10e6, 0.0, count=15)  # hotcarbon's 15 phones
 
@@ -87,8 +88,9 @@ def _run_pair(order_seed: int, departs: bool = False
     for d in devices:
         s.add_device(DeviceSlot(d.name, d.name, 10.0, 4, 1 << 20))
     dx, dw, dy, w, x = _pair_jobs(t, o, i)
-    s.submit(dx, pair.dx.tile_m, pair.dx.tile_n, k_parts=pair.dx.k_parts, owners=dx_owners)
-    s.submit(dw, pair.dw.tile_m, pair.dw.tile_n, k_parts=pair.dw.k_parts, owners=dw_owners)
+    for gemm, plan, owners in ((dx, pair.dx, dx_owners), (dw, pair.dw, dw_owners)):
+        s.submit(gemm, uniform(gemm.a.shape[0], plan.tile_m, plan.tile_n, plan.k_parts),
+                 owners=owners)
     sent: dict[str, set[str]] = {"dx": set(), "dw": set()}
     rng = random.Random(order_seed)
     if departs:
@@ -142,8 +144,9 @@ def test_the_step_planner_gives_a_slow_link_pair_one_layout() -> None:
             GemmJob(uid="dw", spec=GemmSpec("l.q_proj", "weight_grad", 0), a=dx.T,
                     b=np.broadcast_to(np.zeros((), dtype=np.float32), (t, i)),
                     c=np.empty((0, 0)), version=0, a_key="dY", b_key="X", a_transposed=True)]
-    (tm_x, tn_x, k_x, own_x), (tm_w, tn_w, k_w, own_w) = (
-        planner.plan(j, slots)[:4] for j in jobs)  # type: ignore[attr-defined]
+    cut_x, cut_w = (planner.plan(j, slots) for j in jobs)  # type: ignore[attr-defined]
+    ((x,), own_x), ((w,), own_w) = cut_x, cut_w
+    tm_x, tn_x, k_x, tm_w, tn_w, k_w = x.tile_m, x.tile_n, x.k_parts, w.tile_m, w.tile_n, w.k_parts
     assert own_x is not None and own_w is not None
     assert k_x * tm_w >= o and k_w * tm_x >= t  # each GEMM's K slices are the other's rows
     assert -(-o // k_x) == tm_w and -(-t // k_w) == tm_x and tn_x == tn_w

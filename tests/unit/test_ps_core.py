@@ -8,6 +8,7 @@ from testbed.ps_backend.core import Descriptor, Outgoing, PsConfig, PsCore, Resu
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import GemmJob
 from testbed.ps_backend.service import message_to_pb
+from testbed.ps_backend.tiler import uniform
 from testbed.wire.cache import BlockCache
 from testbed.wire.tensors import operand_array
 
@@ -182,7 +183,7 @@ def test_a_tile_of_parts_joins_cached_blocks_and_its_parts_serve_a_finer_cut() -
 
     # whole K (6) in parts of 2, then K split in 3 slices of 2: the same blocks
     for job, k_parts, k_block in ((jobs[0], 1, 2), (jobs[1], 3, 0)):
-        core.scheduler.submit(job, 4, 4, k_parts=k_parts, k_block=k_block)
+        core.scheduler.submit(job, uniform(job.a.shape[0], 4, 4, k_parts, k_block))
         core.pump()
         tiles = []
         while not job.done.done():  # the window is 2 tiles: results free slots for the rest

@@ -11,7 +11,7 @@ import pytest
 
 from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
-from testbed.ps_backend.tiler import Region, cut
+from testbed.ps_backend.tiler import Region, cut, uniform
 from testbed.wire.cache import BlockCache
 
 
@@ -66,7 +66,7 @@ def test_full_gemm_through_devices_matches_numpy() -> None:
     s.add_device(slot("d0"))
     s.add_device(slot("d1"))
     j = job()
-    s.submit(j, 16, 16)
+    s.submit(j, uniform(j.a.shape[0], 16, 16))
     rounds = 0
     while j.remaining:
         rounds += 1
@@ -79,11 +79,22 @@ def test_full_gemm_through_devices_matches_numpy() -> None:
     assert rounds < 20
 
 
+@pytest.mark.parametrize("regions", [[], [Region(0, 32, 16, 16)], [Region(16, 64, 16, 16)],
+                                     [Region(0, 32, 16, 16), Region(40, 64, 16, 16)],
+                                     [Region(0, 40, 16, 16), Region(32, 64, 16, 16)]])
+def test_a_cut_must_cover_every_row_once(regions: list[Region]) -> None:
+    s = Scheduler()
+    with pytest.raises(ValueError, match="do not cover rows 0:64 once"):
+        s.submit(job(64, 32, 64), regions)
+    assert not s.tasks and not s.pending
+
+
 def test_affinity_prefers_cached_blocks() -> None:
     s = Scheduler()
     s.add_device(slot("d0", window=1))
     j = job(b_key="w@0:T")
-    s.submit(j, 16, 64)  # 4 row blocks, 1 column block: B is shared by every tile
+    # 4 row blocks, 1 column block: B is shared by every tile
+    s.submit(j, uniform(j.a.shape[0], 16, 64))
     first = s.assign("d0")[0]
     assert first.send == (True, True)
     s.accept("d0", first.task.task_id, 0, first.task.a_block() @ first.task.b_block())
@@ -96,7 +107,7 @@ def test_removed_device_requeues_in_flight_with_new_attempt() -> None:
     s.add_device(slot("d0"))
     s.add_device(slot("d1"))
     j = job()
-    s.submit(j, 32, 32)
+    s.submit(j, uniform(j.a.shape[0], 32, 32))
     given = s.assign("d0")
     requeued = s.remove_device("d0")
     assert {t.task_id for t in requeued} == {a.task.task_id for a in given}
@@ -118,7 +129,7 @@ def test_bad_results_are_rejected_and_requeued(bad, words: str) -> None:
     s = Scheduler()
     s.add_device(slot("d0"))
     j = job()
-    s.submit(j, 16, 16)
+    s.submit(j, uniform(j.a.shape[0], 16, 16))
     t = s.assign("d0")[0].task
     outcome = s.accept("d0", t.task_id, t.attempt, bad(t.a_block() @ t.b_block()))
     assert outcome.verdict is Verdict.REJECTED and words in outcome.reason
@@ -129,7 +140,7 @@ def test_result_for_a_task_never_given_is_rejected() -> None:
     s = Scheduler()
     s.add_device(slot("d0"))
     s.add_device(slot("d1"))
-    s.submit(job(), 16, 16)
+    s.submit(job(), uniform(64, 16, 16))
     t = s.assign("d0")[0].task
     outcome = s.accept("d1", t.task_id, t.attempt, t.a_block() @ t.b_block())
     assert outcome.verdict is Verdict.REJECTED and "not given to device d1" in outcome.reason
@@ -149,7 +160,7 @@ def test_cache_mirror_stays_exact() -> None:
         for i, j in enumerate(jobs):
             # the last two: K in 2 slices of parts 8 long (24 = 8 + 8 | 8), blocks of the
             # first two's whole-K blocks' tensors cut finer
-            s.submit(j, 16, 16, k_parts=2 if i >= 2 else 1, k_block=8 if i >= 2 else 0)
+            s.submit(j, uniform(j.a.shape[0], 16, 16, 2 if i >= 2 else 1, 8 if i >= 2 else 0))
         while any(j.remaining for j in jobs):
             for a in s.assign("d0"):
                 t = a.task
@@ -171,7 +182,7 @@ def test_cache_mirror_stays_exact() -> None:
                     operands.append(parts)
                 a_op = np.concatenate(operands[0], axis=1)
                 b_op = np.concatenate(operands[1], axis=0)
-                assert len(operands[0]) == (2 if t.job.k_block and t.k_range == (0, 16) else 1)
+                assert len(operands[0]) == (2 if t.box.k_block and t.k_range == (0, 16) else 1)
                 assert s.accept("d0", t.task_id, t.attempt, a_op @ b_op).verdict is \
                     Verdict.ACCEPTED
     assert device.used_bytes == s.devices["d0"].cache.used_bytes
@@ -202,7 +213,7 @@ def test_straggles_is_one_rule() -> None:
 def test_idle_device_backs_up_a_straggler_and_the_first_valid_result_wins() -> None:
     s = two_speeds()
     j = job(64, 32, 64)
-    s.submit(j, 32, 64)  # two tiles
+    s.submit(j, uniform(j.a.shape[0], 32, 64))  # two tiles
     slow_task = s.assign("slow", now_s=0.0)[0].task
     fast_task = s.assign("fast", now_s=0.0)[0].task
     assert s.accept("fast", fast_task.task_id, 0, honest(fast_task), now_s=0.0).verdict \
@@ -220,7 +231,7 @@ def test_idle_device_backs_up_a_straggler_and_the_first_valid_result_wins() -> N
 
 def test_a_wrong_losing_copy_is_still_refused() -> None:
     s = two_speeds()
-    s.submit(job(64, 32, 64), 32, 64)
+    s.submit(job(64, 32, 64), uniform(64, 32, 64))
     t = s.assign("slow", now_s=0.0)[0].task
     other = s.assign("fast", now_s=0.0)[0].task
     s.accept("fast", other.task_id, 0, honest(other), now_s=0.0)
@@ -239,7 +250,7 @@ def test_no_backup_that_saves_less_than_the_jitter_floor() -> None:
     s.add_device(slot("slow", gflops=1, window=1))  # 10x slower, but ~0.1 ms a tile
     for d in s.devices.values():
         d.overhead_s = 0.0
-    s.submit(job(64, 32, 64), 32, 64)
+    s.submit(job(64, 32, 64), uniform(64, 32, 64))
     t = s.assign("slow", now_s=0.0)[0].task
     u = s.assign("fast", now_s=0.0)[0].task
     s.accept("fast", u.task_id, 0, honest(u), now_s=0.0)
@@ -251,7 +262,7 @@ def test_no_backup_between_equal_devices_or_before_overheads_are_known() -> None
     s = Scheduler()
     s.add_device(slot("a", gflops=10, window=1))
     s.add_device(slot("b", gflops=10, window=1))
-    s.submit(job(64, 32, 64), 32, 64)
+    s.submit(job(64, 32, 64), uniform(64, 32, 64))
     s.assign("a", now_s=0.0)
     t = s.assign("b", now_s=0.0)[0].task
     s.accept("b", t.task_id, 0, honest(t), now_s=0.0)
@@ -267,7 +278,7 @@ def test_an_overdue_copy_is_backed_up() -> None:
     s.add_device(slot("b", gflops=10, window=1))
     for d in s.devices.values():
         d.overhead_s = 0.01
-    s.submit(job(64, 32, 64), 32, 64)
+    s.submit(job(64, 32, 64), uniform(64, 32, 64))
     t = s.assign("a", now_s=0.0)[0].task
     u = s.assign("b", now_s=0.0)[0].task
     s.accept("b", u.task_id, 0, honest(u), now_s=0.011)
@@ -280,7 +291,8 @@ def test_at_most_two_copies_and_never_twice_to_one_device() -> None:
     for name, g in (("slow", 0.001), ("f1", 100), ("f2", 100)):
         s.add_device(slot(name, gflops=g, window=1))
         s.devices[name].overhead_s = 0.0
-    s.submit(job(64, 32, 64), 16, 64)  # four tiles: not the tail yet, the slow device gets one
+    # four tiles: not the tail yet, the slow device gets one
+    s.submit(job(64, 32, 64), uniform(64, 16, 64))
     t = s.assign("slow", now_s=0.0)[0].task
     for name in ("f1", "f2", "f1", "f2"):
         for a in s.assign(name, now_s=0.0):
@@ -297,14 +309,14 @@ def test_at_most_two_copies_and_never_twice_to_one_device() -> None:
 def test_tail_rule_passes_over_a_straggler() -> None:
     s = two_speeds()
     s.devices["fast"].max_in_flight = s.devices["fast"].window = 4
-    s.submit(job(32, 32, 64), 32, 64)  # one tile, and the fast device has free windows
+    s.submit(job(32, 32, 64), uniform(32, 32, 64))  # one tile, and the fast device has free windows
     assert s.assign("slow", now_s=0.0) == []
     assert len(s.assign("fast", now_s=0.0)) == 1
 
 
 def test_a_departure_requeues_only_tasks_nobody_else_holds() -> None:
     s = two_speeds()
-    s.submit(job(64, 32, 64), 32, 64)
+    s.submit(job(64, 32, 64), uniform(64, 32, 64))
     t = s.assign("slow", now_s=0.0)[0].task
     u = s.assign("fast", now_s=0.0)[0].task
     s.accept("fast", u.task_id, 0, honest(u), now_s=0.0)
@@ -318,7 +330,7 @@ def test_quarantine_after_failed_checks() -> None:
     s.add_device(slot("liar", gflops=100, window=8))
     s.add_device(slot("honest", gflops=10, window=4))
     assert s.devices["liar"].window == 4
-    s.submit(job(64, 32, 64), 16, 16)  # 16 tiles
+    s.submit(job(64, 32, 64), uniform(64, 16, 16))  # 16 tiles
     given = [a.task for a in s.assign("liar")]
     first = s.accept("liar", given[0].task_id, 0, honest(given[0]) * 3)
     assert first.failed_check and first.quarantined is None
@@ -341,7 +353,7 @@ def test_quarantine_after_zero_never_quarantines() -> None:
     s = Scheduler(quarantine_after=0)
     s.add_device(slot("liar", window=8))
     s.add_device(slot("other", window=8))  # could take the failed tiles: the liar may not
-    s.submit(job(64, 32, 64), 16, 16)
+    s.submit(job(64, 32, 64), uniform(64, 16, 16))
     while given := s.assign("liar"):
         for a in given:
             s.accept("liar", a.task.task_id, 0, honest(a.task) * 2)
@@ -353,7 +365,7 @@ def test_quarantine_after_zero_never_quarantines() -> None:
 def test_validation_can_be_switched_off() -> None:
     s = Scheduler(check_values=False)
     s.add_device(slot("d0"))
-    s.submit(job(), 16, 16)
+    s.submit(job(), uniform(64, 16, 16))
     t = s.assign("d0")[0].task
     assert s.accept("d0", t.task_id, 0, honest(t) * 1.5).verdict is Verdict.ACCEPTED
 
@@ -365,15 +377,15 @@ def test_prefilled_tiles_are_placed_and_not_queued() -> None:
     full = j.a @ j.b
     boxes = cut(64, 64, 16, 16)
     prefilled = {(b.r0, b.r1, b.c0, b.c1): full[b.r0:b.r1, b.c0:b.c1] for b in boxes[:10]}
-    assert s.submit(j, 16, 16, prefilled) == 10
+    assert s.submit(j, uniform(j.a.shape[0], 16, 16), prefilled) == 10
     assert len(s.pending) == 6 and j.remaining == 6
     while j.remaining:
         for a in s.assign("d0"):
             s.accept("d0", a.task.task_id, 0, honest(a.task))
     np.testing.assert_allclose(j.c, full, rtol=1e-12)
     everything = job(64, 32, 64, uid="h")
-    served = s.submit(everything, 16, 16, {(b.r0, b.r1, b.c0, b.c1): full[b.r0:b.r1, b.c0:b.c1]
-                                           for b in boxes})
+    served = s.submit(everything, uniform(64, 16, 16),
+                      {(b.r0, b.r1, b.c0, b.c1): full[b.r0:b.r1, b.c0:b.c1] for b in boxes})
     assert served == 16 and everything.done.done() and not s.pending
 
 
@@ -394,7 +406,7 @@ def test_random_churn_speeds_and_liars_still_compute_every_tile_once(seed: int) 
         add()
     jobs = [job(48, 16, 48, uid=f"g{i}") for i in range(3)]
     for j in jobs:
-        s.submit(j, 16, 16)
+        s.submit(j, uniform(j.a.shape[0], 16, 16))
     placed: dict[int, int] = {}
     now = 0.0
     for _ in range(2000):
@@ -430,7 +442,7 @@ def test_the_tail_rule_ignores_a_device_that_cannot_take_the_task() -> None:
     s.add_device(slot("rogue", gflops=1000, window=1))
     s.add_device(slot("honest", gflops=10, window=2))
     s.devices["honest"].overhead_s = 0.005
-    s.submit(job(16, 32, 16), 16, 16)  # one tile
+    s.submit(job(16, 32, 16), uniform(16, 16, 16))  # one tile
     t = s.assign("rogue")[0].task
     s.accept("rogue", t.task_id, 0, honest(t) * 2)  # refused, re-queued
     assert s.assign("rogue") == []  # not to the device that failed it, while another can
@@ -440,7 +452,7 @@ def test_the_tail_rule_ignores_a_device_that_cannot_take_the_task() -> None:
 def test_a_lone_device_may_retry_its_own_failed_task() -> None:
     s = Scheduler(quarantine_after=0)
     s.add_device(slot("only", window=1))
-    s.submit(job(16, 32, 16), 16, 16)
+    s.submit(job(16, 32, 16), uniform(16, 16, 16))
     t = s.assign("only")[0].task
     s.accept("only", t.task_id, 0, honest(t) * 2)
     again = s.assign("only")
@@ -479,7 +491,7 @@ def _run_k_split(order_seed: int, departs: bool = False) -> np.ndarray:
     j = job(m=32, k=96, n=32)
     owners = {(r, c, p): f"d{(r + c + p) % 3}" for r in range(2) for c in range(2)
               for p in range(3)}
-    s.submit(j, 16, 16, k_parts=3, owners=owners)
+    s.submit(j, uniform(j.a.shape[0], 16, 16, 3), owners=owners)
     assert all(t.box.split and t.a_block().shape[1] == 32 for t in s.tasks.values())
     return _finish(s, j, order_seed, departs)
 
@@ -491,7 +503,7 @@ def _run_regions(order_seed: int, departs: bool = False) -> np.ndarray:
     regions = [Region(0, 16, 16, 32, 2), Region(16, 48, 16, 16, 3)]
     owners = {(0, 0, p): "d0" for p in range(2)} | {
         (r, c, p): f"d{1 + (r + c + p) % 2}" for r in (1, 2) for c in range(2) for p in range(3)}
-    s.submit(j, 16, 32, owners=owners, regions=regions)
+    s.submit(j, regions, owners=owners)
     assert j.remaining == 2 + 2 * 2 * 3
     return _finish(s, j, order_seed, departs)
 
@@ -513,7 +525,7 @@ def test_planned_tasks_go_to_their_owner_first() -> None:
     s.add_device(slot("d1", window=2))
     j = job(m=32, k=16, n=32)
     owners = {(r, c, 0): "d1" if r == 1 else "d0" for r in range(2) for c in range(2)}
-    s.submit(j, 16, 16, owners=owners)
+    s.submit(j, uniform(j.a.shape[0], 16, 16), owners=owners)
     got = [a.task.box.row for a in s.assign("d1")]
     assert got == [1, 1]
     # d0 gets its own row; d1 (no speed seen yet) never steals
@@ -526,7 +538,7 @@ def test_a_planned_task_its_owner_failed_goes_to_another_device() -> None:
     s.add_device(slot("liar", window=1))
     s.add_device(slot("honest", window=1))
     j = job(m=16, k=16, n=16)
-    s.submit(j, 16, 16, owners={(0, 0, 0): "liar"})
+    s.submit(j, uniform(j.a.shape[0], 16, 16), owners={(0, 0, 0): "liar"})
     assert s.assign("honest") == []  # the owner has not had it yet: no steal without a backlog
     (given,) = s.assign("liar")
     t = given.task
@@ -546,7 +558,8 @@ def test_planned_tasks_of_an_owner_that_never_returns_are_taken_by_others() -> N
     s.add_device(slot("stuck", window=1))
     s.add_device(slot("honest", window=1))
     j = job(m=48, k=16, n=16)
-    s.submit(j, 16, 16, owners={(0, 0, 0): "honest", (1, 0, 0): "stuck", (2, 0, 0): "stuck"})
+    s.submit(j, uniform(j.a.shape[0], 16, 16),
+             owners={(0, 0, 0): "honest", (1, 0, 0): "stuck", (2, 0, 0): "stuck"})
     (mine,) = s.assign("honest", now_s=0.0)
     (held,) = s.assign("stuck", now_s=0.0)  # never answered
     t = mine.task

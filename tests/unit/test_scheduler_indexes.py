@@ -27,7 +27,7 @@ from testbed.ps_backend.scheduler import (
     Task,
     straggles,
 )
-from testbed.ps_backend.tiler import TileBox, cut_k
+from testbed.ps_backend.tiler import TileBox, cut_k, uniform
 
 
 class ScanningScheduler(Scheduler):
@@ -192,7 +192,7 @@ def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
             if rng.random() < 0.7 and live:
                 owners = {(b.row, b.col, b.part): rng.choice(live) for b in boxes}
             for s in pair:
-                s.submit(_job(f"g{gemms}", m, k, n, gemms), tm, tn, None, kp, owners)
+                s.submit(_job(f"g{gemms}", m, k, n, gemms), uniform(m, tm, tn, kp), owners=owners)
             gemms += 1
         elif r < 0.08 and len(live) > 2:  # a departure
             gone = rng.choice(live)

@@ -16,7 +16,7 @@ import random
 import numpy as np
 
 from testbed.ps_backend.scheduler import DeviceSlot, ReadyIndex, Scheduler
-from testbed.ps_backend.tiler import cut_k
+from testbed.ps_backend.tiler import cut_k, uniform
 from tests.unit.test_scheduler_indexes import _job, _slot
 
 
@@ -69,7 +69,7 @@ def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
                 owners = {(b.row, b.col, b.part): rng.choice(live)
                           for b in cut_k(m, n, k, tm, tn, kp)}
             for s in (plain, indexed):
-                s.submit(_job(f"g{gemms}", m, k, n, gemms), tm, tn, None, kp, owners)
+                s.submit(_job(f"g{gemms}", m, k, n, gemms), uniform(m, tm, tn, kp), owners=owners)
             gemms += 1
         elif r < 0.07 and len(live) > 2:
             gone = rng.choice(live)

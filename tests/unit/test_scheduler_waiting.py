@@ -17,6 +17,7 @@ from testbed.ps_backend.scheduler import (
     Scheduler,
     Verdict,
 )
+from testbed.ps_backend.tiler import uniform
 from tests.unit.test_scheduler import honest, job, slot
 
 
@@ -26,7 +27,7 @@ def _stuck_and_fast(dilation: float) -> tuple[Scheduler, int, float]:
     s = Scheduler(dilation=dilation)
     s.add_device(slot("stuck", gflops=10, window=1))
     s.add_device(slot("fast", gflops=10, window=1))
-    s.submit(job(64, 32, 64), 32, 64)  # two tiles
+    s.submit(job(64, 32, 64), uniform(64, 32, 64))  # two tiles
     (mine,) = s.assign("stuck", now_s=0.0)
     (theirs,) = s.assign("fast", now_s=0.0)
     assert s.accept("fast", theirs.task.task_id, 0, honest(theirs.task),
@@ -59,7 +60,7 @@ def test_a_known_holder_learned_from_a_result_lets_its_other_copies_be_backed_up
     s = Scheduler()
     s.add_device(slot("slow", gflops=10, window=2))  # equal predictions: windows of two
     s.add_device(slot("fast", gflops=10, window=2))
-    s.submit(job(64, 32, 64), 16, 64)  # four tiles
+    s.submit(job(64, 32, 64), uniform(64, 16, 64))  # four tiles
     first, second = s.assign("slow", now_s=0.0)  # the slow one's copies wait: overhead unknown
     for a in s.assign("fast", now_s=0.0):
         s.accept("fast", a.task.task_id, 0, honest(a.task), compute_s=1e-5, now_s=1e-4)
@@ -116,7 +117,7 @@ def test_the_walk_skips_only_a_qualified_copys_ties_in_its_list() -> None:
     for name, gflops in (("slow", 1.0), ("b", 10.0), ("c", 10.0), ("d", 10.0), ("fast", 100.0)):
         s.add_device(slot(name, gflops=gflops, window=1))
         s.note_overhead(name, 0.0)
-    s.submit(job(80, 32, 64), 16, 64)  # five equal tiles
+    s.submit(job(80, 32, 64), uniform(80, 16, 64))  # five equal tiles
     for name in ("slow", "b", "c", "d", "fast"):
         assert len(s.assign(name, now_s=0.0)) == 1
 
@@ -145,7 +146,8 @@ def test_a_backup_goes_to_the_first_qualifying_copy_among_ties() -> None:
     for name in ("thief", "b", "c"):
         s.add_device(slot(name, gflops=0.001, window=1))
         s.note_overhead(name, 0.0)
-    s.submit(job(48, 32, 64), 16, 64)  # three equal tiles: three copies with one return time
+    # three equal tiles: three copies with one return time
+    s.submit(job(48, 32, 64), uniform(48, 16, 64))
     tiles = [s.assign(name, now_s=0.0)[0].task.task_id for name in ("thief", "b", "c")]
     thief = s.devices["thief"]
     thief.rate_flops, thief.window = 1e12, 2  # it turned out fast, with room for one more
@@ -167,7 +169,7 @@ def test_a_block_waits_behind_what_a_shared_link_carries_for_the_others(dilation
         d.down_Bps = 1e6
         d.shared = (uplink,) if name != "c" else ()
         s.add_device(d)
-    s.submit(job(64, 32, 64), 32, 64)  # two tiles, each A and B blocks of its own
+    s.submit(job(64, 32, 64), uniform(64, 32, 64))  # two tiles, each A and B blocks of its own
     (given,) = s.assign("a", now_s=0.0)
     sent = sum(nbytes for (key, nbytes), new in zip(given.task.blocks, given.send) if new)
     assert sent > 0 and uplink.free_s == pytest.approx(sent / 1e6 * dilation)
@@ -189,7 +191,7 @@ def test_a_copy_is_expected_back_after_the_results_its_device_owes_went_up(dilat
     d.overhead_s = 0.0
     s.add_device(d)
     d.window = 3
-    s.submit(job(192, 32, 64), 64, 64)  # three tiles
+    s.submit(job(192, 32, 64), uniform(192, 64, 64))  # three tiles
     given = s.assign("a", now_s=0.0)
     assert len(given) == 3
     due = sorted(c.expected_s for c in s.devices["a"].in_flight.values())
@@ -208,7 +210,8 @@ def test_a_backup_counts_the_upload_of_its_own_result(dilation: float) -> None:
         s.devices["idle"].up_Bps = up_Bps
         for d in s.devices.values():
             d.overhead_s = 0.0
-        s.submit(job(64, 32, 64), 32, 64)  # two tiles of 32 x 64, 0.13 s each on "slow"
+        # two tiles of 32 x 64, 0.13 s each on "slow"
+        s.submit(job(64, 32, 64), uniform(64, 32, 64))
         (held,) = s.assign("slow", now_s=0.0)
         (other,) = s.assign("idle", now_s=0.0)
         assert s.accept("idle", other.task.task_id, 0, honest(other.task),

@@ -9,7 +9,7 @@ import pytest
 
 from testbed.churn.schedule import load_schedule
 from testbed.cli import main
-from testbed.ps_backend.tiler import cut_k
+from testbed.ps_backend.tiler import cut_regions
 from testbed.runlog import read_jsonl
 from testbed.simulate.chain import step_chain
 from testbed.simulate.run import simulate
@@ -134,9 +134,7 @@ def test_a_thousand_devices_compute_every_planned_tile_once(tmp_path: Path) -> N
 
     def recording_plan(job, slots):  # type: ignore[no-untyped-def]
         cut = plan(job, slots)
-        m, k = job.a.shape
-        n = job.b.shape[1]
-        planned[job.uid] = len(cut_k(m, n, k, cut.tile_m, cut.tile_n, cut.k_parts, cut.k_block))
+        planned[job.uid] = len(cut_regions(job.b.shape[1], job.a.shape[1], cut.regions))
         return cut
 
     def counting_place(slot, copy, c, compute_s, energy_j):  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed.ps_backend.tiler import Region, cut_k, cut_regions, k_pieces
+from testbed.ps_backend.tiler import Region, cut_k, cut_regions, k_pieces, uniform
 
 
 @pytest.mark.parametrize("k, k_parts, k_block", [(300, 3, 16), (96, 4, 8), (100, 3, 7),
@@ -29,7 +29,19 @@ def test_k_slices_are_runs_of_whole_parts_and_cover_k(k: int, k_parts: int, k_bl
 
 def test_without_parts_a_slice_is_one_piece_and_the_cut_is_unchanged() -> None:
     assert k_pieces(5, 37, 0) == [(5, 37)]
-    assert cut_k(32, 16, 300, 16, 16, 3) == cut_k(32, 16, 300, 16, 16, 3, 100)
+    assert [(b.key, b.part) for b in cut_k(32, 16, 300, 16, 16, 3)] == \
+        [(b.key, b.part) for b in cut_k(32, 16, 300, 16, 16, 3, 100)]
+
+
+def test_a_uniform_cut_is_one_region_and_each_tile_carries_its_parts() -> None:
+    n, k = 16, 64
+    assert cut_regions(n, k, uniform(32, 16, 8, 2, 16)) == cut_k(32, n, k, 16, 8, 2, 16)
+    # whole K in parts of 16: the tiles are not split, but their blocks travel as parts
+    whole = cut_regions(n, k, uniform(32, 16, 8, 1, 16))
+    assert all(not b.split and b.k_block == 16 for b in whole)
+    mixed = cut_regions(n, k, [Region(0, 16, 16, 8, 2, 16), Region(16, 32, 8, 16, 4)])
+    assert {b.k_block for b in mixed if b.r0 < 16} == {16}
+    assert {b.k_block for b in mixed if b.r0 >= 16} == {0}
 
 
 def test_regions_cover_every_product_once_and_name_each_tile_once() -> None:
