@@ -185,7 +185,8 @@ def _planning_lines(steps: list[dict[str, Any]], summary: dict[str, Any]) -> lis
     if sat_out:
         lines += ["", "## Device groups that sat out", "",
                   "Left out of some GEMMs by the planner (`link`: moving its share costs more "
-                  "than computing it; `speed`: too slow to shorten the GEMM):", ""]
+                  "than computing it; `speed`: too slow to shorten the GEMM; `in N of M ... "
+                  "GEMMs`: it computed the others):", ""]
         lines += [f"- {g}: {', '.join(sorted(w))}" for g, w in sorted(sat_out.items())]
     return [*lines, ""] if lines else []
 

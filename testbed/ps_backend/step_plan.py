@@ -64,6 +64,7 @@ PAIR_JOINT_GAIN = 1.0
 # blocks flow through the rest.
 LAYER_GAIN = 0.95
 HELD_SHARE = 0.5
+PASSES = ("forward", "backward")  # a step's GEMMs, as sat_out counts them
 
 
 class Cut(NamedTuple):
@@ -81,7 +82,8 @@ class StepRecord:
     bytes_min_down: float
     bytes_min_up: float
     gemms: int
-    sat_out: dict[str, str] = field(default_factory=dict)  # group -> link | speed
+    # group -> link | speed, and the GEMMs it sat out when not all (sat_out_scope)
+    sat_out: dict[str, str] = field(default_factory=dict)
     limits: dict[str, int] = field(default_factory=dict)  # stage limit term -> stages
     gemm_wall_s: float = 0.0  # time some offloaded GEMM was out (the simulator: virtual)
     # per stage of the chain, in order: (stage key, seconds some GEMM of it was outstanding,
@@ -94,6 +96,17 @@ class StepRecord:
                 "bytes_min_down": int(self.bytes_min_down),
                 "bytes_min_up": int(self.bytes_min_up), "sat_out": dict(self.sat_out),
                 "bound_limits": dict(self.limits), "gemm_wall_s": round(self.gemm_wall_s, 6)}
+
+
+def sat_out_scope(why: str, out: dict[str, int], gemms: dict[str, int]) -> str:
+    """Why a group sat out, and of which GEMMs when not of all the step's: ``out`` and
+    ``gemms`` count, per pass (forward, backward), the GEMMs it sat out and all planned. On
+    large, phones that compute half of forward but sit the backward pairs out read ``link in
+    10 of 10 backward GEMMs``, not ``link`` as a group that never computed does."""
+    if all(out.get(p, 0) >= n for p, n in gemms.items()):
+        return why
+    return why + " in " + ", ".join(f"{out[p]} of {gemms[p]} {p} GEMMs"
+                                    for p in PASSES if out.get(p))
 
 
 def bound_gemm(job: GemmJob) -> BoundGemm:
@@ -117,7 +130,9 @@ class StepPlanner:
         self._gemms: list[BoundGemm] = []
         self._seen: dict[str, DeviceSlot] = {}
         self._min_down = self._min_up = 0.0
-        self._sat_out: dict[str, str] = {}
+        self._sat_out: dict[str, str] = {}  # group -> the first reason it sat out
+        self._sat_count: dict[tuple[str, str], int] = {}  # (group, pass) -> GEMMs sat out
+        self._pass_gemms: dict[str, int] = {}  # pass -> GEMMs planned
         self._dealt: dict[tuple[Any, ...], dict[tuple[int, int, int], str]] = {}
         # a backward pair's owners, dX's and dW's (plan_pair), dealt once per step and devices
         self._pair_dealt: dict[tuple[Any, ...], tuple[dict[tuple[int, int, int], str],
@@ -258,6 +273,8 @@ class StepPlanner:
             span[1] = self.clock()
 
         job.done.add_done_callback(ended)
+        pass_ = "forward" if job.spec.op == "forward" else "backward"
+        self._pass_gemms[pass_] = self._pass_gemms.get(pass_, 0) + 1
         if self.mode != "auto":
             return self._fifo_cut(m, k, n, item, slots)
         half = PAIR_HALF.get(job.spec.op)
@@ -288,13 +305,19 @@ class StepPlanner:
             regions = self._regions_for(m, k, n, item, mine, plan) \
                 if job.spec.op == "forward" else None
             if regions is not None:
+                self._note_sat_out(pass_, *(p.sat_out for p in regions.plans))
                 return self._region_cut(regions, m, k, n, item, mine)
             owners = self._owners(plan, m, k, n, item, mine)
-        for group, why in plan.sat_out.items():
-            self._sat_out.setdefault(group, why)
+        self._note_sat_out(pass_, plan.sat_out)
         cut = uniform(m, plan.tile_m, plan.tile_n, plan.k_parts, plan.k_block)
         self._count_shares(m, k, n, item, cut, owners, slots)
         return Cut(cut, owners)
+
+    def _note_sat_out(self, pass_: str, *sat_outs: dict[str, str]) -> None:
+        """Record the groups one GEMM's plans (its regions') left out, with why."""
+        for group in {g for sat in sat_outs for g in sat}:
+            self._sat_out.setdefault(group, next(s[group] for s in sat_outs if group in s))
+            self._sat_count[(group, pass_)] = self._sat_count.get((group, pass_), 0) + 1
 
     def _fifo_cut(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot]) -> Cut:
         """The configured square tiles, anyone's (``fifo``, or no plan)."""
@@ -331,8 +354,6 @@ class StepPlanner:
             for (r, c, p), name in (self._owners(plan, r1 - r0, k, n, item, slots) or {}).items():
                 owners[(r + rows, c, p)] = name
             rows += plan.grid[0]
-            for group, why in plan.sat_out.items():
-                self._sat_out.setdefault(group, why)
         self._count_shares(m, k, n, item, tuple(cuts), owners, slots)
         return Cut(tuple(cuts), owners)
 
@@ -571,10 +592,13 @@ class StepPlanner:
                 by_stage.setdefault(key, []).append(span)
         stages = [(b.stage, busy_s(by_stage.get(b.stage, []), now), b.bound_s, b.limit)
                   for b in sb.stages]
+        sat_out = {g: sat_out_scope(why, {p: self._sat_count.get((g, p), 0) for p in PASSES},
+                                    self._pass_gemms) for g, why in self._sat_out.items()}
         record = StepRecord(sb.bound_s if self._gemms else 0.0, self._min_down, self._min_up,
-                            len(self._gemms), dict(self._sat_out), limits,
+                            len(self._gemms), sat_out, limits,
                             busy_s([span for _, _, span in self._spans], now), stages)
         self._gemms, self._sat_out, self._dealt, self._spans = [], {}, {}, []
+        self._sat_count, self._pass_gemms = {}, {}
         self._pair_dealt, self._layers, self._held, self._layer_dealt = {}, {}, {}, {}
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
