@@ -47,7 +47,7 @@ def render_header(snapshot: dict[str, Any], title: str = "") -> RenderableType:
         parts.append(f"tile err p50 {100 * (snapshot.get('tile_error_p50') or 0):.1f}% "
                      f"p95 {100 * snapshot['tile_error_p95']:.1f}%")
     if snapshot.get("sat_out"):  # groups the planner left out, and why
-        parts.append("sat out " + ",".join(f"{g}:{w}" for g, w in snapshot["sat_out"].items()))
+        parts.append("sat out " + "; ".join(f"{g}: {w}" for g, w in snapshot["sat_out"].items()))
     return Text.from_markup("  ".join(p for p in parts if p))
 
 

@@ -25,6 +25,15 @@ def test_render_snapshot() -> None:
         assert needle in text, needle
 
 
+def test_the_header_names_each_group_that_sat_out_with_its_reason() -> None:
+    snapshot = {"state": "training", "step": 1, "steps": 5,
+                "sat_out": {"phones-a": "link in 13 of 18 backward GEMMs", "phones-d": "link"}}
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))
+    console.print(render(snapshot, "large"))
+    assert "sat out phones-a: link in 13 of 18 backward GEMMs; phones-d: link" in \
+        console.export_text()
+
+
 def test_past_forty_devices_the_view_has_a_row_per_group() -> None:
     from testbed.dashboard import MAX_DEVICE_ROWS, render_devices
 
