@@ -101,8 +101,8 @@ class StepRecord:
 def sat_out_scope(why: str, out: dict[str, int], gemms: dict[str, int]) -> str:
     """Why a group sat out, and of which GEMMs when not of all the step's: ``out`` and
     ``gemms`` count, per pass (forward, backward), the GEMMs it sat out and all planned. On
-    large, phones that compute half of forward but sit the backward pairs out read ``link in
-    10 of 10 backward GEMMs``, not ``link`` as a group that never computed does."""
+    large, phones that compute half of forward but sit most backward pairs out read ``link in
+    13 of 18 backward GEMMs``, not ``link`` as a group that never computed does."""
     if all(out.get(p, 0) >= n for p, n in gemms.items()):
         return why
     return why + " in " + ", ".join(f"{out[p]} of {gemms[p]} {p} GEMMs"
@@ -315,7 +315,7 @@ class StepPlanner:
 
     def _note_sat_out(self, pass_: str, *sat_outs: dict[str, str]) -> None:
         """Record the groups one GEMM's plans (its regions') left out, with why."""
-        for group in {g for sat in sat_outs for g in sat}:
+        for group in dict.fromkeys(g for sat in sat_outs for g in sat):  # in plan order
             self._sat_out.setdefault(group, next(s[group] for s in sat_outs if group in s))
             self._sat_count[(group, pass_)] = self._sat_count.get((group, pass_), 0) + 1
 
