@@ -29,9 +29,15 @@ TRACE = """time_s,device,event,arg
 
 
 def test_the_plan_cuts_this_mix_in_regions_with_a_k_split_run() -> None:
+    from concurrent.futures import Future
+
+    import numpy as np
+
+    from testbed.ps_backend.executor import GemmSpec
     from testbed.ps_backend.main import ps_config
-    from testbed.ps_backend.scheduler import DeviceSlot
+    from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
     from testbed.ps_backend.step_plan import StepPlanner
+    from testbed.ps_backend.tiler import cut_regions
     from testbed.simulate.chain import linears
     from testbed.topology import load_topology
 
@@ -39,15 +45,26 @@ def test_the_plan_cuts_this_mix_in_regions_with_a_k_split_run() -> None:
     planner = StepPlanner(ps_config(topo))
     slots = [DeviceSlot(device_id=d.name, name=d.name, predicted_gflops=10.0, max_in_flight=8,
                         cache_bytes=1 << 26, group=d.group.group) for d in topo.devices]
+    group = {s.name: s.group for s in slots}
     tokens = topo.job.batch_size * topo.job.model.seq_len
     shapes = [(tokens, lin.d_out, lin.d_in) for lin in linears(topo.job)]
     planner.prepare(shapes, 8, slots)
     assert planner.region_shapes(), "no forward GEMM of this mix was cut in regions"
-    split = [found for found in planner._region_plans.values()
-             if found is not None and found.plans[1].k_parts > 1]
+    split = 0
+    for shape in planner.region_shapes():  # each as the PS cuts it in a step: plan()
+        m, k, n = (int(x) for x in shape.split("x"))
+        zeros = np.zeros((), dtype=np.float64)
+        job = GemmJob(uid=shape, spec=GemmSpec("l", "forward", 0),
+                      a=np.broadcast_to(zeros, (m, k)), b=np.broadcast_to(zeros, (k, n)),
+                      c=np.empty((0, 0)), version=0, a_key="x", b_key="w", done=Future())
+        cut = planner.plan(job, slots)
+        assert len(cut.regions) == 2 and cut.owners, cut
+        first, second = cut.regions
+        split += second.k_parts > 1
+        for box in cut_regions(n, k, cut.regions):  # the laptop's rows, then the phones'
+            owner = group[cut.owners[(box.row, box.col, box.part)]]
+            assert owner == ("laptops" if box.r1 <= first.r1 else "phones"), (shape, box)
     assert split, "no region was K-split"
-    for found in split:
-        assert found.plans[0].used == ("laptops",) and found.plans[1].used == ("phones",)
 
 
 @pytest.mark.slow
