@@ -353,7 +353,7 @@ class StepPlanner:
             cuts.append(Region(r0, r1, plan.tile_m, plan.tile_n, plan.k_parts, plan.k_block))
             for (r, c, p), name in (self._owners(plan, r1 - r0, k, n, item, slots) or {}).items():
                 owners[(r + rows, c, p)] = name
-            rows += plan.grid[0]
+            rows += cuts[-1].tile_rows  # the tiler's numbering of the runs' tile rows
         self._count_shares(m, k, n, item, tuple(cuts), owners, slots)
         return Cut(tuple(cuts), owners)
 

@@ -93,6 +93,12 @@ class Region:
     k_parts: int = 1
     k_block: int = 0
 
+    @property
+    def tile_rows(self) -> int:
+        """How many rows of tiles the run is cut into (:func:`cut_regions` numbers the next
+        run's from there)."""
+        return -(-(self.r1 - self.r0) // self.tile_m)
+
 
 def uniform(m: int, tile_m: int, tile_n: int, k_parts: int = 1, k_block: int = 0
             ) -> tuple[Region, ...]:
@@ -110,7 +116,7 @@ def cut_regions(n: int, k: int, regions: Sequence[Region]) -> list[TileBox]:
     for g in regions:
         boxes = cut_k(g.r1 - g.r0, n, k, g.tile_m, g.tile_n, g.k_parts, g.k_block)
         out += [replace(b, row=b.row + rows, r0=b.r0 + g.r0, r1=b.r1 + g.r0) for b in boxes]
-        rows += -(-(g.r1 - g.r0) // g.tile_m)
+        rows += g.tile_rows
     return out
 
 
