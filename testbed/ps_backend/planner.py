@@ -367,6 +367,29 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     tile rate); the GEMM takes as long as the slowest box (:func:`box_time_s`), at least what
     the PS link carries, plus one round trip (the fastest).
     """
+    shares = _box_shares(m, k, n, itemsize, grid, classes)
+    t = max((box_time_s(d, b, *shares.tile, q) for d, q, b in shares.boxes), default=INF)
+    t = max(t, link_s(shares.down_B / ps_down_Bps, shares.up_B / ps_up_Bps,
+                      shares.per_device))
+    return t + min(c.rtt_s for c in classes)
+
+
+@dataclass(frozen=True)
+class _Shares:
+    """A GEMM's grid cut among devices: each (device, members, box), one tile's FLOPs and
+    A, B and result bytes, and what the PS link carries: blocks down (every member's), results
+    up, and tiles per (member) device."""
+
+    boxes: tuple[tuple[PlanDevice, float, Box], ...]
+    tile: tuple[float, float, float, float]
+    down_B: float
+    up_B: float
+    per_device: float
+
+
+def _box_shares(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
+                classes: Sequence[PlanDevice]) -> _Shares:
+    """The boxes :func:`predict_s` and :func:`predict_together_s` time."""
     devices = _expand(classes)
     flops, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
     tiles = grid[0] * grid[1] * grid[2]
@@ -374,16 +397,91 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     weights = [(d.name, box_weight(d, flops, a_b, b_b, c_b, reuse)) for d, _ in devices]
     boxes = split_boxes(grid, weights, (a_b, b_b, c_b), fit=True)
     by_name = {d.name: (d, q) for d, q in devices}
-    t = max((box_time_s(by_name[n_][0], b, flops, a_b, b_b, c_b, by_name[n_][1])
-             for n_, b in boxes.items()), default=INF)
     down_total = 0.0
     for name, b in boxes.items():  # what every (member) device receives, over the PS link
         rows, cols, slices, each = member_part(b[1] - b[0], b[3] - b[2], b[5] - b[4],
                                                by_name[name][1])
         down_total += each * slices * (rows * a_b + cols * b_b)
     per_device = tiles / max(1.0, sum(by_name[name][1] for name in boxes))
-    t = max(t, link_s(down_total / ps_down_Bps, tiles * c_b / ps_up_Bps, per_device))
-    return t + min(c.rtt_s for c in classes)
+    return _Shares(tuple((*by_name[name], b) for name, b in boxes.items()),
+                   (flops, a_b, b_b, c_b), down_total, tiles * c_b, per_device)
+
+
+def predict_together_s(gemms: Sequence[tuple[int, int, int, GemmPlan]], itemsize: int,
+                       classes: Sequence[PlanDevice], ps_down_Bps: float = INF,
+                       ps_up_Bps: float = INF) -> float:
+    """Predicted device seconds of GEMMs ``(m, k, n, plan)`` submitted together, each cut
+    by its own plan over the classes it counts on: a device does its boxes of all of them as
+    one stream of tiles (the first GEMM's, then the next's: the scheduler's queue order), so
+    one GEMM's last results go up while the next one's first blocks come down, and the PS
+    link carries all of their bytes; one round trip. The sum of their own predictions counts
+    each GEMM's fill and drain apart (large's fc1 backward pair spread over every device:
+    98 + 101 ms summed, 104 simulated)."""
+    streams: dict[str, list[tuple[PlanDevice, float, Box, tuple[float, float, float, float]]]]
+    streams = {}
+    down_s = up_s = per_device = 0.0
+    rtt = INF
+    for m, k, n, plan in gemms:
+        taking = [replace(c, count=plan.counts.get(c.name, c.count)) for c in classes
+                  if c.name in plan.used]
+        if not taking:
+            return INF
+        shares = _box_shares(m, k, n, itemsize, plan.grid, taking)
+        for d, q, b in shares.boxes:
+            streams.setdefault(d.name, []).append((d, q, b, shares.tile))
+        down_s += shares.down_B / ps_down_Bps
+        up_s += shares.up_B / ps_up_Bps
+        per_device += shares.per_device
+        rtt = min(rtt, min(c.rtt_s for c in taking))
+    slowest = max((_stream_time_s(parts) for parts in streams.values()), default=INF)
+    return max(slowest, link_s(down_s, up_s, per_device)) + rtt
+
+
+def _stream_time_s(parts: Sequence[tuple[PlanDevice, float, Box,
+                                         tuple[float, float, float, float]]]) -> float:
+    """Device seconds for one device to do its boxes of several GEMMs in order (each part:
+    the device as that GEMM's plan sees it, its members, its box and the GEMM's tile): the
+    boxes' tiles replayed as one stream (:func:`pipeline_s`), or for a pseudo-device, as in
+    :func:`box_time_s`, the slowest of the three streams summed over the boxes plus the other
+    two ends of the first or last tile."""
+    if len(parts) == 1:
+        d, q, b, tile = parts[0]
+        return box_time_s(d, b, *tile, q)
+    timed = []
+    for d, q, b, (flops, a_b, b_b, c_b) in parts:
+        rate, down, up = d.rate_flops / q, d.down_Bps / q, d.up_Bps / q
+        timed.append((b, q, flops / max(rate, 1.0), a_b / down if down > 0 else INF,
+                      b_b / down if down > 0 else INF, c_b / up if up > 0 else INF))
+    tiles = 0.0
+    if all(q == 1 for _, q, *_ in timed):
+        for b, _, *_ in timed:
+            tiles += (b[1] - b[0]) * (b[3] - b[2]) * (b[5] - b[4])
+        return _boxes_replay_s(tuple((b[1] - b[0], b[3] - b[2], b[5] - b[4], *times)
+                                     for b, _, *times in timed)) + tiles * TILE_OVERHEAD_S
+    down_s = up_s = compute_s = 0.0
+    for b, q, f_s, a_s, b_s, c_s in timed:
+        nr, nc = (b[1] - b[0]) / math.sqrt(q), (b[3] - b[2]) / math.sqrt(q)
+        ns = b[5] - b[4]
+        n_tiles = nr * nc * ns
+        tiles += n_tiles
+        down_s += ns * (nr * a_s + nc * b_s)
+        up_s += n_tiles * c_s
+        compute_s += n_tiles * f_s
+    _, _, f_first, a_first, b_first, _ = timed[0]
+    _, _, f_last, _, _, c_last = timed[-1]
+    return max(down_s + f_last + c_last, a_first + b_first + f_first + up_s,
+               a_first + b_first + compute_s + c_last) + tiles * TILE_OVERHEAD_S
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _boxes_replay_s(boxes: tuple[tuple[int, int, int, float, float, float, float], ...]
+                    ) -> float:
+    """:func:`pipeline_s` of one device's boxes of several GEMMs, one after another, each
+    ``(rows, columns, slices, compute, A block, B block, result seconds)`` in the scheduler's
+    ``(s, r, c)`` order (:func:`_box_replay_s` for one)."""
+    return pipeline_s([(((("a", g, r, s), a_s), (("b", g, c, s), b_s)), f_s, c_s)
+                       for g, (nr, nc, ns, f_s, a_s, b_s, c_s) in enumerate(boxes)
+                       for s in range(ns) for r in range(nr) for c in range(nc)])
 
 
 def link_s(down_s: float, up_s: float, tiles_per_device: float) -> float:
