@@ -40,6 +40,7 @@ from testbed.ps_backend.planner import (
     plan_layer,
     plan_pair,
     plan_regions,
+    predict_together_s,
 )
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, SharedLink
 from testbed.ps_backend.tiler import Region, cut_regions, uniform
@@ -50,10 +51,10 @@ INF = float("inf")
 # device and both send every device blocks of their own; and half the PS link, which both cross
 # at once.
 PAIR_HALF = {"input_grad": 0, "weight_grad": 1}
-# ... when that is predicted at least 10 % faster: sharing every device overlaps one GEMM's fill
-# and tail with the other's work, which the sum of their two plans does not credit (hotcarbon in
-# the simulator: halves predicted 4-5 % faster ran 3 % slower; default's 17 % ran 14 % faster)
-PAIR_SPLIT_GAIN = 0.9
+# ... when that is predicted faster than both spread over every device, each device doing its
+# tiles of the two as one stream (planner.predict_together_s). Predicted as the sum of the two
+# GEMMs' plans, spreading was charged each GEMM's fill and drain apart, and halves needed a 10 %
+# margin to win (home-wifi's step: 1.20 s then, 1.16 s since).
 # ... unless planning the pair as one (planner.plan_pair: each device computes both GEMMs'
 # partials from the dY blocks it receives, so dY travels once) is predicted faster than both
 PAIR_JOINT_GAIN = 1.0
@@ -140,6 +141,7 @@ class StepPlanner:
         self._pair_split: dict[tuple[Any, ...], tuple[bool, float]] = {}
         self._pair_plans: dict[tuple[Any, ...], PairPlan | None] = {}
         self._region_plans: dict[tuple[Any, ...], RegionPlan | None] = {}
+        self._forward_shapes: set[tuple[int, ...]] = set()  # (m, k, n) of forward GEMMs
         self._layer_plans: dict[tuple[Any, ...], LayerPlan | None] = {}
         # this step's layers planned on one grid: layer -> (its pair, dX's and dW's owners)
         self._layers: dict[str, tuple[PairPlan, dict[tuple[int, int, int], str],
@@ -256,7 +258,7 @@ class StepPlanner:
             t, o, i = dx
             forward = self._plan_for(t, i, o, item, slots)
             if forward is not None:  # its forward planned apart may take regions
-                self._regions_for(t, i, o, item, slots, forward)
+                self._forward_regions(t, i, o, item, slots, forward)
         return len(shapes)
 
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
@@ -280,6 +282,7 @@ class StepPlanner:
         half = PAIR_HALF.get(job.spec.op)
         plan: GemmPlan | None = None
         owners: dict[tuple[int, int, int], str] | None = None
+        spread: tuple[int, int, int] | None = None  # the pair (T, out, in), when spread
         if job.spec.op == "forward":
             layer = self._layer(job.spec.layer, (m, n, k), item, slots)
             if layer is not None:
@@ -294,7 +297,7 @@ class StepPlanner:
                 pair, dx_owners, dw_owners = joint
                 plan, owners = (pair.dx, dx_owners) if half == 0 else (pair.dw, dw_owners)
             elif not self._split_pair(dx, item, slots)[0]:
-                half = None
+                half, spread = None, dx
         if plan is None:
             mine = self.half_of(slots, half)
             if mine is slots:
@@ -302,8 +305,10 @@ class StepPlanner:
             plan = self._plan_for(m, k, n, item, mine, half)
             if plan is None:
                 return self._fifo_cut(m, k, n, item, slots)
-            regions = self._regions_for(m, k, n, item, mine, plan) \
+            regions = self._forward_regions(m, k, n, item, mine, plan) \
                 if job.spec.op == "forward" else None
+            if spread is not None:  # a GEMM of a backward pair spread over every device
+                regions = self._spread_regions(m, k, n, item, mine, plan, spread)
             if regions is not None:
                 self._note_sat_out(pass_, *(p.sat_out for p in regions.plans))
                 return self._region_cut(regions, m, k, n, item, mine)
@@ -325,15 +330,25 @@ class StepPlanner:
         return Cut(uniform(m, self.config.tile_m, self.config.tile_n), None)
 
     def region_shapes(self) -> list[str]:
-        """The forward GEMM shapes (``m x k x n``) planned in regions of rows so far."""
+        """The forward GEMM shapes (``m x k x n``) planned in regions of rows so far (a
+        backward pair spread over every device may cut its GEMMs so too where its forward is
+        one of them, :meth:`_spread_regions`)."""
         return sorted({f"{key[0]}x{key[1]}x{key[2]}" for key, found in
-                       self._region_plans.items() if found is not None})
+                       self._region_plans.items()
+                       if found is not None and tuple(key[:3]) in self._forward_shapes})
+
+    def _forward_regions(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
+                         plan: GemmPlan) -> RegionPlan | None:
+        """:meth:`_regions_for` of a forward GEMM (:meth:`region_shapes` lists those)."""
+        self._forward_shapes.add((m, k, n))
+        return self._regions_for(m, k, n, item, slots, plan)
 
     def _regions_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
                      plan: GemmPlan) -> RegionPlan | None:
-        """A forward GEMM's rows in two runs, each planned on one side of the classes, when
-        that is predicted faster (``REGION_GAIN``) than ``plan``, its one grid; else None.
-        (Backward pairs have their own ways of sharing the devices: halves, one grid.)"""
+        """A GEMM's rows in two runs, each planned on one side of the classes, when that is
+        predicted faster (``REGION_GAIN``) than ``plan``, its one grid; else None. Asked of
+        forward GEMMs and of the GEMMs of a backward pair spread over every device (a pair's
+        other ways of sharing the devices, halves, one grid or the joint pair, cut no regions)."""
         key = self._plan_key((m, k, n, item), slots)
         if key not in self._region_plans:
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
@@ -387,7 +402,8 @@ class StepPlanner:
         """Whether a backward pair (``dX[T x in] = dY[T x out]·W``, ``dW[out x in] =
         dYᵀ·X``; ``dx`` = (T, out, in)) is faster on two halves of the devices, one GEMM each,
         than with both GEMMs spread over every device (predicted: the slower half against
-        ``PAIR_SPLIT_GAIN`` times the two plans' sum), and the predicted time of the choice."""
+        the two together, :func:`predict_together_s`, each in regions of rows where
+        :meth:`_spread_regions` finds them), and the predicted time of the choice."""
         key = (dx, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
         known = self._pair_split.get(key)
         if known is not None:
@@ -397,17 +413,43 @@ class StepPlanner:
         split, predicted_s = False, INF
         spread = [self._plan_for(t, o, i, item, slots), self._plan_for(o, t, i, item, slots)]
         if spread[0] is not None and spread[1] is not None:
-            predicted_s = spread[0].predicted_s + spread[1].predicted_s
+            predicted_s = predict_together_s(
+                self._runs(t, o, i, item, slots, spread[0], dx) +
+                self._runs(o, t, i, item, slots, spread[1], dx),
+                item, self._classes(slots), *self.config.ps_link_Bps)
         if halves[0] is not slots and halves[1] is not slots:
-            plans = [*spread, self._plan_for(t, o, i, item, halves[0], 0),
+            plans = [self._plan_for(t, o, i, item, halves[0], 0),
                      self._plan_for(o, t, i, item, halves[1], 1)]
-            if all(p is not None for p in plans):
-                full, dw, h0, h1 = (p.predicted_s for p in plans if p is not None)
-                split = max(h0, h1) < PAIR_SPLIT_GAIN * (full + dw)
+            if plans[0] is not None and plans[1] is not None:
+                halved_s = max(plans[0].predicted_s, plans[1].predicted_s)
+                split = halved_s < predicted_s
                 if split:
-                    predicted_s = max(h0, h1)
+                    predicted_s = halved_s
         self._pair_split[key] = split, predicted_s
         return split, predicted_s
+
+    def _runs(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
+              plan: GemmPlan, dx: tuple[int, int, int]) -> list[tuple[int, int, int, GemmPlan]]:
+        """A GEMM of the pair ``dx`` as :func:`predict_together_s` takes it: its runs of rows
+        with their plans when it takes regions (:meth:`_spread_regions`), else the whole GEMM
+        on ``plan``."""
+        regions = self._spread_regions(m, k, n, item, slots, plan, dx)
+        if regions is None:
+            return [(m, k, n, plan)]
+        return [(r1 - r0, k, n, p) for r0, r1, p in
+                zip(regions.bounds, regions.bounds[1:], regions.plans)]
+
+    def _spread_regions(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
+                        plan: GemmPlan, dx: tuple[int, int, int]) -> RegionPlan | None:
+        """A GEMM of the backward pair ``dx`` = (T, out, in), spread over every device, in
+        regions of rows (:meth:`_regions_for`). Searched only for a linear whose forward took
+        regions: the same devices on the same cube of multiply-adds; elsewhere the searches
+        (two a GEMM) doubled campus's planning and found nothing."""
+        t, o, i = dx
+        forward = self._plan_for(t, i, o, item, slots)
+        if forward is None or self._forward_regions(t, i, o, item, slots, forward) is None:
+            return None
+        return self._regions_for(m, k, n, item, slots, plan)
 
     def _joint(self, dx: tuple[int, int, int], item: int, slots: list[DeviceSlot]
                ) -> tuple[PairPlan, dict[tuple[int, int, int], str],

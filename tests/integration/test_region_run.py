@@ -1,10 +1,12 @@
-"""Forward GEMMs cut in regions of rows on a real loopback run, while devices come and go.
+"""GEMMs cut in regions of rows on a real loopback run, while devices come and go.
 
 tests/data/regions.yaml mixes one laptop on a fast link with three phones on slow ones, so the
 PS plans its forward GEMMs in two runs of rows, the laptop's whole and the phones' K-split
-(planner.plan_regions). Real PS and agent processes over gRPC: the PS says so in its `planned`
-event, and with a phone crashing and another leaving mid-step the losses and final weights
-still equal the single-process run's (float64).
+(planner.plan_regions). tests/data/regions-backward.yaml widens the layers and slows the
+phones' uplinks, so that out_proj's backward pair is spread over every device and both of its
+GEMMs are cut in regions too. Real PS and agent processes over gRPC: the PS says so in its
+`planned` event, and with a phone crashing and another leaving mid-step the losses and final
+weights still equal the single-process run's (float64).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tests.conftest import REPO, reference_losses, run_dir_of, start_up
 pytestmark = pytest.mark.integration
 
 REGIONS = REPO / "tests" / "data" / "regions.yaml"
+BACKWARD = REPO / "tests" / "data" / "regions-backward.yaml"
 # a step takes about a second: both departures land inside steps
 TRACE = """time_s,device,event,arg
 1.2,phones-0,crash,
@@ -67,9 +70,51 @@ def test_the_plan_cuts_this_mix_in_regions_with_a_k_split_run() -> None:
     assert split, "no region was K-split"
 
 
+def test_a_spread_backward_pair_is_cut_in_regions_too() -> None:
+    from concurrent.futures import Future
+
+    import numpy as np
+
+    from testbed.ps_backend.executor import GemmSpec
+    from testbed.ps_backend.main import ps_config
+    from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
+    from testbed.ps_backend.step_plan import StepPlanner
+    from testbed.ps_backend.tiler import cut_regions
+    from testbed.simulate.chain import linears
+    from testbed.topology import load_topology
+
+    topo = load_topology(BACKWARD)
+    planner = StepPlanner(ps_config(topo))
+    slots = [DeviceSlot(device_id=d.name, name=d.name, predicted_gflops=10.0, max_in_flight=8,
+                        cache_bytes=1 << 26, group=d.group.group) for d in topo.devices]
+    group = {s.name: s.group for s in slots}
+    tokens = topo.job.batch_size * topo.job.model.seq_len
+    shapes = sorted({(tokens, lin.d_out, lin.d_in) for lin in linears(topo.job)})
+    planner.prepare(shapes, 8, slots)
+    in_regions = []
+    for t, o, i in shapes:  # each linear's dX = dY·W and dW = dYᵀ·X, as the PS submits them
+        for op, (m, k, n) in (("input_grad", (t, o, i)), ("weight_grad", (o, t, i))):
+            zeros = np.zeros((), dtype=np.float64)
+            job = GemmJob(uid=f"{op}{m}x{k}x{n}", spec=GemmSpec("l", op, 0),
+                          a=np.broadcast_to(zeros, (m, k)), b=np.broadcast_to(zeros, (k, n)),
+                          c=np.empty((0, 0)), version=0, a_key="dy", b_key="w", done=Future())
+            cut = planner.plan(job, slots)
+            if len(cut.regions) == 1:
+                continue
+            in_regions.append(op)
+            assert len(cut.regions) == 2 and cut.owners, cut
+            first = cut.regions[0]
+            for box in cut_regions(n, k, cut.regions):  # the laptop's rows, the phones'
+                owner = group[cut.owners[(box.row, box.col, box.part)]]
+                assert owner == ("laptops" if box.r1 <= first.r1 else "phones"), (op, box)
+    assert {"input_grad", "weight_grad"} <= set(in_regions), in_regions
+
+
 @pytest.mark.slow
-def test_regions_keep_the_single_process_result_while_phones_go(tmp_path: Path) -> None:
-    raw = yaml.safe_load(REGIONS.read_text())
+@pytest.mark.parametrize("mix", [REGIONS, BACKWARD], ids=["forward", "backward"])
+def test_regions_keep_the_single_process_result_while_phones_go(mix: Path, tmp_path: Path
+                                                                 ) -> None:
+    raw = yaml.safe_load(mix.read_text())
     raw["job"]["steps"] = steps = 4
     trace = tmp_path / "two-go.csv"
     trace.write_text(TRACE)
