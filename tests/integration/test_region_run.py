@@ -11,13 +11,22 @@ weights still equal the single-process run's (float64).
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
+from testbed.ps_backend.executor import GemmSpec
+from testbed.ps_backend.main import ps_config
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
+from testbed.ps_backend.step_plan import Cut, StepPlanner
+from testbed.ps_backend.tiler import cut_regions
 from testbed.runlog import read_jsonl
+from testbed.simulate.chain import linears
+from testbed.topology import load_topology
 from tests.conftest import REPO, reference_losses, run_dir_of, start_up
 
 pytestmark = pytest.mark.integration
@@ -31,82 +40,57 @@ TRACE = """time_s,device,event,arg
 """
 
 
-def test_the_plan_cuts_this_mix_in_regions_with_a_k_split_run() -> None:
-    from concurrent.futures import Future
-
-    import numpy as np
-
-    from testbed.ps_backend.executor import GemmSpec
-    from testbed.ps_backend.main import ps_config
-    from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
-    from testbed.ps_backend.step_plan import StepPlanner
-    from testbed.ps_backend.tiler import cut_regions
-    from testbed.simulate.chain import linears
-    from testbed.topology import load_topology
-
-    topo = load_topology(REGIONS)
+def _planned(path: Path) -> tuple[StepPlanner, list[DeviceSlot], list[tuple[int, int, int]]]:
+    """A StepPlanner over the topology's devices, every linear (tokens, out, in) planned ahead
+    as the PS's prepare does before the first step."""
+    topo = load_topology(path)
     planner = StepPlanner(ps_config(topo))
     slots = [DeviceSlot(device_id=d.name, name=d.name, predicted_gflops=10.0, max_in_flight=8,
                         cache_bytes=1 << 26, group=d.group.group) for d in topo.devices]
-    group = {s.name: s.group for s in slots}
     tokens = topo.job.batch_size * topo.job.model.seq_len
-    shapes = [(tokens, lin.d_out, lin.d_in) for lin in linears(topo.job)]
+    shapes = sorted({(tokens, lin.d_out, lin.d_in) for lin in linears(topo.job)})
     planner.prepare(shapes, 8, slots)
+    return planner, slots, shapes
+
+
+def _cut(planner: StepPlanner, slots: list[DeviceSlot], op: str, m: int, k: int, n: int
+         ) -> Cut:
+    """How the PS cuts an m x k x n GEMM of this op in a step (plan()), each region's tiles
+    checked to go to its own side: the laptop's rows first, then the phones'."""
+    zeros = np.zeros((), dtype=np.float64)
+    job = GemmJob(uid=f"{op}{m}x{k}x{n}", spec=GemmSpec("l", op, 0),
+                  a=np.broadcast_to(zeros, (m, k)), b=np.broadcast_to(zeros, (k, n)),
+                  c=np.empty((0, 0)), version=0, a_key="a", b_key="b", done=Future())
+    cut = planner.plan(job, slots)
+    if len(cut.regions) > 1:
+        assert len(cut.regions) == 2 and cut.owners, cut
+        group = {s.name: s.group for s in slots}
+        first = cut.regions[0]
+        for box in cut_regions(n, k, cut.regions):
+            owner = group[cut.owners[(box.row, box.col, box.part)]]
+            assert owner == ("laptops" if box.r1 <= first.r1 else "phones"), (op, box)
+    return cut
+
+
+def test_the_plan_cuts_this_mix_in_regions_with_a_k_split_run() -> None:
+    planner, slots, _ = _planned(REGIONS)
     assert planner.region_shapes(), "no forward GEMM of this mix was cut in regions"
     split = 0
-    for shape in planner.region_shapes():  # each as the PS cuts it in a step: plan()
+    for shape in planner.region_shapes():
         m, k, n = (int(x) for x in shape.split("x"))
-        zeros = np.zeros((), dtype=np.float64)
-        job = GemmJob(uid=shape, spec=GemmSpec("l", "forward", 0),
-                      a=np.broadcast_to(zeros, (m, k)), b=np.broadcast_to(zeros, (k, n)),
-                      c=np.empty((0, 0)), version=0, a_key="x", b_key="w", done=Future())
-        cut = planner.plan(job, slots)
-        assert len(cut.regions) == 2 and cut.owners, cut
-        first, second = cut.regions
-        split += second.k_parts > 1
-        for box in cut_regions(n, k, cut.regions):  # the laptop's rows, then the phones'
-            owner = group[cut.owners[(box.row, box.col, box.part)]]
-            assert owner == ("laptops" if box.r1 <= first.r1 else "phones"), (shape, box)
+        cut = _cut(planner, slots, "forward", m, k, n)
+        assert len(cut.regions) == 2, (shape, cut)
+        split += cut.regions[1].k_parts > 1
     assert split, "no region was K-split"
 
 
 def test_a_spread_backward_pair_is_cut_in_regions_too() -> None:
-    from concurrent.futures import Future
-
-    import numpy as np
-
-    from testbed.ps_backend.executor import GemmSpec
-    from testbed.ps_backend.main import ps_config
-    from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
-    from testbed.ps_backend.step_plan import StepPlanner
-    from testbed.ps_backend.tiler import cut_regions
-    from testbed.simulate.chain import linears
-    from testbed.topology import load_topology
-
-    topo = load_topology(BACKWARD)
-    planner = StepPlanner(ps_config(topo))
-    slots = [DeviceSlot(device_id=d.name, name=d.name, predicted_gflops=10.0, max_in_flight=8,
-                        cache_bytes=1 << 26, group=d.group.group) for d in topo.devices]
-    group = {s.name: s.group for s in slots}
-    tokens = topo.job.batch_size * topo.job.model.seq_len
-    shapes = sorted({(tokens, lin.d_out, lin.d_in) for lin in linears(topo.job)})
-    planner.prepare(shapes, 8, slots)
+    planner, slots, shapes = _planned(BACKWARD)
     in_regions = []
     for t, o, i in shapes:  # each linear's dX = dY·W and dW = dYᵀ·X, as the PS submits them
         for op, (m, k, n) in (("input_grad", (t, o, i)), ("weight_grad", (o, t, i))):
-            zeros = np.zeros((), dtype=np.float64)
-            job = GemmJob(uid=f"{op}{m}x{k}x{n}", spec=GemmSpec("l", op, 0),
-                          a=np.broadcast_to(zeros, (m, k)), b=np.broadcast_to(zeros, (k, n)),
-                          c=np.empty((0, 0)), version=0, a_key="dy", b_key="w", done=Future())
-            cut = planner.plan(job, slots)
-            if len(cut.regions) == 1:
-                continue
-            in_regions.append(op)
-            assert len(cut.regions) == 2 and cut.owners, cut
-            first = cut.regions[0]
-            for box in cut_regions(n, k, cut.regions):  # the laptop's rows, the phones'
-                owner = group[cut.owners[(box.row, box.col, box.part)]]
-                assert owner == ("laptops" if box.r1 <= first.r1 else "phones"), (op, box)
+            if len(_cut(planner, slots, op, m, k, n).regions) > 1:
+                in_regions.append(op)
     assert {"input_grad", "weight_grad"} <= set(in_regions), in_regions
 
 
