@@ -240,7 +240,8 @@ class StepPlanner:
         many shapes were planned.
 
         The searches (a linear's forward, its backward pair, both on one grid, the pair on two
-        halves, the forward in regions of rows) are what :meth:`plan` would run at a shape's
+        halves, the forward in regions of rows, and the pair spread with its GEMMs in regions
+        where the forward takes them) are what :meth:`plan` would run at a shape's
         first GEMM, with the same inputs (the topology's groups and the devices present), and
         it then finds them made. The PS runs this before its first step, off the loop thread:
         searched at first use, they ran on the loop that serves the devices' streams, inside
