@@ -441,6 +441,10 @@ class BackupIndex:
             else:
                 listed.append(held)
 
+    def blocks(self) -> int:
+        """How many blocks the copies in the search are filed under (some may be stale)."""
+        return len(self._by_block)
+
     def sharing_blocks(self, cache: BlockCache[Any]) -> Iterator[tuple[Copy, DeviceSlot]]:
         """The copies in the search whose task uses a block in ``cache`` (each once)."""
         by_block = self._by_block
@@ -1597,6 +1601,13 @@ class Scheduler:
                 mine += 0.0  # _fetch_s's 0.0, for the same sum
             return straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S
 
+        def could(remaining: float) -> bool:
+            # qualifies' own test at mine_min, no larger than any copy's ``mine`` (the tile
+            # in flight with the fewest FLOPs, nothing to fetch or send first): a copy that
+            # fails it fails qualifies, and so does every copy with less remaining time
+            return remaining > STRAGGLER_RATIO * mine_min and \
+                remaining - mine_min >= MIN_BACKUP_GAIN_S
+
         # below ``whole``, a copy qualifies only if the device holds one of its blocks (the
         # margin: the sum's rounding may only make the bound looser)
         whole = mine_min
@@ -1605,16 +1616,29 @@ class Scheduler:
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
-        shared = False  # whether the walk stopped where only shared blocks could qualify
+        shared = False  # whether to look for the copies sharing a block by block
+        # below ``whole``: how many more copies the walk tests (each fails qualifies unless
+        # it shares a block) before finding them by block is cheaper (-1: above ``whole``)
+        budget = -1
         walk = index.by_remaining(now_s, overdue_s)
         step = next(walk, None)
         while step is not None:
             remaining, entry = step
             if remaining < best_remaining or remaining <= 0.0:
                 break  # nor can any copy after it
-            if not remaining > STRAGGLER_RATIO * whole or remaining - whole < MIN_BACKUP_GAIN_S:
-                shared = whole > mine_min and best is None
-                break
+            if budget < 0 and (not remaining > STRAGGLER_RATIO * whole
+                               or remaining - whole < MIN_BACKUP_GAIN_S):
+                if not (whole > mine_min and best is None):
+                    break
+                # what sharing_blocks would scan: its keys, at least
+                budget = min(len(cache), index.blocks())
+            if budget >= 0:
+                if not could(remaining):
+                    break  # nor can any copy after it: every candidate was walked
+                if budget == 0:
+                    shared = True
+                    break
+                budget -= 1
             copy, other = entry[4], entry[5]
             qualified = False
             if len(copy.task.holders) >= MAX_COPIES:
@@ -1633,7 +1657,8 @@ class Scheduler:
                 if len(copy.task.holders) >= MAX_COPIES:
                     continue  # the walk parks these; either way no candidate
                 remaining = self.remaining_s(copy, now_s)
-                if remaining >= best_remaining and qualifies(remaining, copy, other):
+                if remaining >= best_remaining and could(remaining) and \
+                        qualifies(remaining, copy, other):
                     key = (other.order, copy.seq)
                     if best is None or remaining > best_remaining or key < best_key:
                         best, best_remaining, best_key = copy.task, remaining, key
