@@ -743,19 +743,17 @@ def _region_sides(order: Sequence[tuple[float, PlanDevice]]
     return [c for _, c in order[:at]], [c for _, c in order[at:]]
 
 
-def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevice],
-                 ps_down_Bps: float = INF, ps_up_Bps: float = INF,
-                 max_tile_elems: int = 1 << 22) -> RegionPlan | None:
-    """C's rows in two runs, the faster classes on the first, the others on the second, each
-    run planned on its own (:func:`plan_gemm`); None for fewer than two classes or too few rows.
+_RegionSides = tuple[tuple[list[PlanDevice], list[PlanDevice]],
+                     list[tuple[float, float]]]
 
-    The first run's rows (in ``MIN_TILE`` steps) are bisected for where the two runs'
-    predicted times meet, from where the two sides' rates for the whole GEMM would share them,
-    ``REGION_PROBES`` row counts at most; the best of them is kept. Each side sees the PS link
-    in proportion to what its own links carry of all the classes'.
-    """
-    if len(classes) < 2 or m < 2 * MIN_TILE:
-        return None
+
+def _region_sides_and_links(m: int, k: int, n: int, itemsize: int,
+                            classes: Sequence[PlanDevice], ps_down_Bps: float,
+                            ps_up_Bps: float) -> _RegionSides | None:
+    """The two sides :func:`plan_regions` plans apart (:func:`_region_sides`, the classes in
+    :func:`plan_gemm`'s order) and each side's (down, up) share of the PS link: as much as its
+    devices' links carry of all of theirs, each capped by the PS link (a device the topology
+    does not declare has no link limit). None when a side would get none of it."""
     flops = 2.0 * m * k * n
     order = sorted(((_tile_cost_s(c, flops, m * k * itemsize, k * n * itemsize,
                                   m * n * itemsize, 1.0), c.name, c) for c in classes),
@@ -764,9 +762,6 @@ def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDe
 
     def share(side: Sequence[PlanDevice], ps_Bps: float, rate: Callable[[PlanDevice], float]
               ) -> float:
-        """The side's part of the PS link: as much as its devices' links carry of all of
-        theirs (each capped by the PS link: a device the topology does not declare has no
-        link limit)."""
         if math.isinf(ps_Bps):
             return ps_Bps
         total = sum(min(rate(c), ps_Bps) * c.count for c in classes)
@@ -777,6 +772,53 @@ def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDe
            share(side, ps_up_Bps, lambda c: c.up_Bps)) for side in sides]
     if not all(down > 0 and up > 0 for down, up in ps):
         return None
+    return sides, ps
+
+
+def regions_floor_s(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevice],
+                    ps_down_Bps: float = INF, ps_up_Bps: float = INF) -> float:
+    """A floor under the prediction of every :class:`RegionPlan` :func:`plan_regions` could
+    find (inf when it finds none): at each row count it may try, the larger of the two sides'
+    :func:`_floor_s` for their runs (a side's FLOPs on all its compute, its operands and results
+    once through all its links or its share of the PS link: no larger than the floor of any
+    grid on any of the side's classes, so than :func:`plan_gemm`'s prediction), the least of
+    those over the row counts. Cheap: no plan is searched."""
+    if len(classes) < 2 or m < 2 * MIN_TILE:
+        return INF
+    split = _region_sides_and_links(m, k, n, itemsize, classes, ps_down_Bps, ps_up_Bps)
+    if split is None:
+        return INF
+    sides, ps = split
+
+    def floor(rows: int, side: Sequence[PlanDevice], link: tuple[float, float]) -> float:
+        return _floor_s(side, 2.0 * rows * k * n, rows * n * itemsize,
+                        (rows * k + k * n) * itemsize, *link)
+    rows = [at * MIN_TILE for at in range(1, m // MIN_TILE)]  # plan_regions' row counts
+    return min(max(floor(r, sides[0], ps[0]), floor(m - r, sides[1], ps[1])) for r in rows)
+
+
+def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevice],
+                 ps_down_Bps: float = INF, ps_up_Bps: float = INF,
+                 max_tile_elems: int = 1 << 22, beat_s: float = INF) -> RegionPlan | None:
+    """C's rows in two runs, the faster classes on the first, the others on the second, each
+    run planned on its own (:func:`plan_gemm`); None for fewer than two classes or too few rows,
+    and None at once when no split could be predicted below ``beat_s`` (its caller's one grid,
+    less the gain regions must bring; :func:`regions_floor_s`), which saves the searches.
+
+    The first run's rows (in ``MIN_TILE`` steps) are bisected for where the two runs'
+    predicted times meet, from where the two sides' rates for the whole GEMM would share them,
+    ``REGION_PROBES`` row counts at most; the best of them is kept. Each side sees the PS link
+    in proportion to what its own links carry of all the classes'.
+    """
+    if len(classes) < 2 or m < 2 * MIN_TILE:
+        return None
+    if beat_s < INF and \
+            regions_floor_s(m, k, n, itemsize, classes, ps_down_Bps, ps_up_Bps) >= beat_s:
+        return None
+    split = _region_sides_and_links(m, k, n, itemsize, classes, ps_down_Bps, ps_up_Bps)
+    if split is None:
+        return None
+    sides, ps = split
 
     whole = [plan_gemm(m, k, n, itemsize, side, *link, max_tile_elems=max_tile_elems)
              for side, link in zip(sides, ps)]

@@ -354,7 +354,8 @@ class StepPlanner:
         if key not in self._region_plans:
             ps_down_Bps, ps_up_Bps = self.config.ps_link_Bps
             found = plan_regions(m, k, n, item, self._classes(slots), ps_down_Bps, ps_up_Bps,
-                                 max_tile_elems=self._max_tile_elems(item))
+                                 max_tile_elems=self._max_tile_elems(item),
+                                 beat_s=REGION_GAIN * plan.predicted_s)
             self._region_plans[key] = found if found is not None and \
                 found.predicted_s < REGION_GAIN * plan.predicted_s else None
         return self._region_plans[key]

@@ -18,6 +18,7 @@ from testbed.ps_backend.planner import (
     plan_gemm,
     plan_pair,
     plan_regions,
+    regions_floor_s,
     split_boxes,
 )
 
@@ -246,6 +247,32 @@ def test_laptops_and_rationed_phones_take_regions_of_rows_each_cut_its_own_way()
     r0, rows, r1 = regions.bounds
     assert (r0, r1) == (0, m) and 0 < rows < m and rows % 16 == 0
     assert regions.predicted_s == max(first.predicted_s, second.predicted_s)
+
+
+def test_the_region_search_stops_early_only_where_no_split_could_win() -> None:
+    # the floor lies under the split the search finds, on mixes where regions pay (large's
+    # fc1), where they do not (phones alone) and on random ones
+    rng = random.Random(7)
+    mixes = [([*PHONES, LAPTOPS], 650e6, 410e6), (PHONES, 650e6, 410e6)]
+    mixes += [([PlanDevice(f"c{i}", rng.uniform(5e9, 300e9), rng.uniform(1e6, 50e6),
+                           rng.uniform(1e6, 20e6), rng.uniform(0.0, 0.05),
+                           count=rng.randint(1, 40)) for i in range(3)],
+               rng.uniform(50e6, 1e9), rng.uniform(50e6, 1e9)) for _ in range(3)]
+    m, k, n = 2048, 256, 1024
+    first = None
+    for classes, down, up in mixes:
+        found = plan_regions(m, k, n, 4, classes, down, up)
+        assert found is not None
+        first = first or found
+        floor = regions_floor_s(m, k, n, 4, classes, down, up)
+        assert 0 < floor <= found.predicted_s
+        # asked to beat a time at or below the floor, it gives up without searching
+        assert plan_regions(m, k, n, 4, classes, down, up, beat_s=floor) is None
+    # above the split's time it searches, and finds the same split
+    classes, down, up = mixes[0]
+    assert first is not None
+    assert plan_regions(m, k, n, 4, classes, down, up, beat_s=first.predicted_s * 1.01) == first
+    assert regions_floor_s(m, k, n, 4, [LAPTOPS]) == INF
 
 
 def test_one_class_or_too_few_rows_take_no_regions() -> None:
