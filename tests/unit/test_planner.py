@@ -250,8 +250,8 @@ def test_laptops_and_rationed_phones_take_regions_of_rows_each_cut_its_own_way()
 
 
 def test_the_region_search_stops_early_only_where_no_split_could_win() -> None:
-    # the floor lies under the split the search finds, on mixes where regions pay (large's
-    # fc1), where they do not (phones alone) and on random ones
+    # the floor lies under the split the search finds: on large's mix for its fc1 (where
+    # regions pay), on its phones alone and on random mixes
     rng = random.Random(7)
     mixes = [([*PHONES, LAPTOPS], 650e6, 410e6), (PHONES, 650e6, 410e6)]
     mixes += [([PlanDevice(f"c{i}", rng.uniform(5e9, 300e9), rng.uniform(1e6, 50e6),
