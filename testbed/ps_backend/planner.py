@@ -786,10 +786,13 @@ def regions_floor_s(m: int, k: int, n: int, itemsize: int, classes: Sequence[Pla
     if len(classes) < 2 or m < 2 * MIN_TILE:
         return INF
     split = _region_sides_and_links(m, k, n, itemsize, classes, ps_down_Bps, ps_up_Bps)
-    if split is None:
-        return INF
-    sides, ps = split
+    return INF if split is None else _split_floor_s(m, k, n, itemsize, *split)
 
+
+def _split_floor_s(m: int, k: int, n: int, itemsize: int,
+                   sides: tuple[list[PlanDevice], list[PlanDevice]],
+                   ps: list[tuple[float, float]]) -> float:
+    """:func:`regions_floor_s` for the sides and PS shares already found."""
     def floor(rows: int, side: Sequence[PlanDevice], link: tuple[float, float]) -> float:
         return _floor_s(side, 2.0 * rows * k * n, rows * n * itemsize,
                         (rows * k + k * n) * itemsize, *link)
@@ -812,13 +815,12 @@ def plan_regions(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDe
     """
     if len(classes) < 2 or m < 2 * MIN_TILE:
         return None
-    if beat_s < INF and \
-            regions_floor_s(m, k, n, itemsize, classes, ps_down_Bps, ps_up_Bps) >= beat_s:
-        return None
     split = _region_sides_and_links(m, k, n, itemsize, classes, ps_down_Bps, ps_up_Bps)
     if split is None:
         return None
     sides, ps = split
+    if beat_s < INF and _split_floor_s(m, k, n, itemsize, sides, ps) >= beat_s:
+        return None
 
     whole = [plan_gemm(m, k, n, itemsize, side, *link, max_tile_elems=max_tile_elems)
              for side, link in zip(sides, ps)]

@@ -112,6 +112,13 @@ def straggles(slow_s: float, fast_s: float, ratio: float = STRAGGLER_RATIO) -> b
     return slow_s > ratio * fast_s
 
 
+def copy_pays(theirs_s: float, mine_s: float) -> bool:
+    """Whether a device that would finish a tile in ``mine_s`` should take it (a steal or a
+    backup) from one that would finish in ``theirs_s``: it straggles, and by at least
+    ``MIN_BACKUP_GAIN_S``."""
+    return straggles(theirs_s, mine_s) and theirs_s - mine_s >= MIN_BACKUP_GAIN_S
+
+
 def block_key(key: str, rows: tuple[int, int], cols: tuple[int, int], transposed: bool) -> str:
     """The cache key of an operand block: its tensor's key and its rows and columns in the stored
     tensor (a transposed operand's rows are the stored tensor's columns)."""
@@ -1374,7 +1381,7 @@ class Scheduler:
         if task.task_id in slot.given:
             return True  # not this device's steal candidate: let _pick_planned decide
         mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task, now_s)
-        return straggles(bar_s, mine) and bar_s - mine >= MIN_BACKUP_GAIN_S
+        return copy_pays(bar_s, mine)
 
     def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
                          most: float | None = None) -> bool:
@@ -1389,8 +1396,7 @@ class Scheduler:
             (1 - 1e-9)
         if most is None:
             most = index.most_remaining_s(now_s, OVERDUE_BACKUP_S * self.dilation)
-        return most <= 0.0 or not most > STRAGGLER_RATIO * mine_min or \
-            most - mine_min < MIN_BACKUP_GAIN_S
+        return most <= 0.0 or not copy_pays(most, mine_min)
 
     def _pending_live(self) -> bool:
         first = self.pending.first()
@@ -1488,7 +1494,7 @@ class Scheduler:
             backlog * task.flops / max(owner.rate_flops, 1.0) * self.dilation + \
             self._backlog_fetch_s(owner, now_s)
         mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task, now_s)
-        if straggles(theirs, mine) and theirs - mine >= MIN_BACKUP_GAIN_S:
+        if copy_pays(theirs, mine):
             for t in self.pending.owned(owner.device_id):  # its last pending task: its run's end
                 if not t.done and self._eligible(slot, t):
                     steal = t
@@ -1546,8 +1552,7 @@ class Scheduler:
         if math.isinf(min_flops):
             return True
         mine_min = self.finish_wall_s(slot, min_flops)
-        return most_s <= 0.0 or not most_s > STRAGGLER_RATIO * mine_min or \
-            most_s - mine_min < MIN_BACKUP_GAIN_S
+        return most_s <= 0.0 or not copy_pays(most_s, mine_min)
 
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
         """The in-flight task with the longest remaining time whose holder straggles behind
@@ -1599,14 +1604,13 @@ class Scheduler:
                 mine += missing / down_Bps * dilation + queued_s
             else:
                 mine += 0.0  # _fetch_s's 0.0, for the same sum
-            return straggles(remaining, mine) and remaining - mine >= MIN_BACKUP_GAIN_S
+            return copy_pays(remaining, mine)
 
         def could(remaining: float) -> bool:
             # qualifies' own test at mine_min, no larger than any copy's ``mine`` (the tile
             # in flight with the fewest FLOPs, nothing to fetch or send first): a copy that
             # fails it fails qualifies, and so does every copy with less remaining time
-            return remaining > STRAGGLER_RATIO * mine_min and \
-                remaining - mine_min >= MIN_BACKUP_GAIN_S
+            return copy_pays(remaining, mine_min)
 
         # below ``whole``, a copy qualifies only if the device holds one of its blocks (the
         # margin: the sum's rounding may only make the bound looser)
@@ -1626,8 +1630,7 @@ class Scheduler:
             remaining, entry = step
             if remaining < best_remaining or remaining <= 0.0:
                 break  # nor can any copy after it
-            if budget < 0 and (not remaining > STRAGGLER_RATIO * whole
-                               or remaining - whole < MIN_BACKUP_GAIN_S):
+            if budget < 0 and not copy_pays(remaining, whole):
                 if not (whole > mine_min and best is None):
                     break
                 # what sharing_blocks would scan: its keys, at least
