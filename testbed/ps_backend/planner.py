@@ -542,10 +542,12 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                     grid = (g_r, g_c, g_k)
                     t_f, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
                     tiles = g_r * g_c * g_k
-                    candidates.append((_floor_s(taking_part, tiles * t_f, tiles * c_b,
-                                                g_k * (g_r * a_b + g_c * b_b), ps_down_Bps,
-                                                ps_up_Bps, (t_f, a_b + b_b, c_b)),
-                                       grid, taking_part))
+                    candidates.append((max(
+                        _floor_s(taking_part, tiles * t_f, tiles * c_b,
+                                 g_k * (g_r * a_b + g_c * b_b), ps_down_Bps, ps_up_Bps,
+                                 (t_f, a_b + b_b, c_b)),
+                        _boxes_floor_s(taking_part, tiles, t_f, a_b, b_b, c_b)),
+                        grid, taking_part))
     found = _predicted(candidates, lambda grid, taking_part: predict_s(
         m, k, n, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps))
     if found:
@@ -606,6 +608,69 @@ def _floor_s(classes: Sequence[PlanDevice], flops: float, up_B: float, down_B: f
                down_B / down if down > 0 else INF,
                down_B / own_down + ends(True, False, True) if own_down > 0 else INF
                ) + min(c.rtt_s for c in classes)
+
+
+def _boxes_floor_s(classes: Sequence[PlanDevice], tiles: int, t_f: float, a_b: float,
+                   b_b: float, c_b: float) -> float:
+    """A floor under the slowest box (:func:`box_time_s`) of any cut of ``tiles`` equal tiles
+    (one: ``t_f`` FLOPs, A and B blocks ``a_b`` and ``b_b`` bytes, a result of ``c_b``) among
+    these classes' devices, plus the fastest round trip, as :func:`predict_s` adds.
+
+    A device of a class doing ``t > 0`` tiles takes at least ``g(t) = d + max(f + t·u, t·f +
+    u) + t·o``: its first blocks down (``d``), then its tiles' compute (``f`` each) and results
+    up (``u`` each) one after another, the last result after the last compute, the first after
+    the first, and ``TILE_OVERHEAD_S`` (``o``) a tile. It also receives at least ``2·√(t·A·B)``
+    bytes (a box of ``r x c x s`` tiles takes ``s·(r·A + c·B)``, at least ``2·s·√(r·c·A·B)``),
+    and then computes and sends one tile more. However the tiles are shared out, some device
+    is at least at the level ``λ`` where what every device can do within ``λ`` adds up to
+    ``tiles``: for the first, the smallest ``λ`` whose ``g⁻¹(λ)`` summed over the devices is
+    ``tiles`` (continuous in λ and linear between each class's ``d + max(f, u)``, where it
+    starts, and ``d + f + u + o``, at one tile); for the second, ``λ = 2·√(A·B·tiles / Σ
+    down²)``. A pseudo-device's members each do ``1/members`` of its box (:func:`box_time_s`),
+    a fraction of a tile included, which ``g`` covers too (at ``t < 1`` it is the smaller of
+    the two lines). :func:`_floor_s`'s totals leave out that each device pays its own ends
+    and overheads and gets its own copies of the blocks: at 1,000 devices, grids of a few
+    tiles on a thousand devices were floored at a twentieth of their prediction."""
+    if tiles <= 0 or not classes:
+        return 0.0
+    # per class (count, d, the smaller and larger of f and u) of the devices that could take part
+    kinds = []
+    down_sq = 0.0
+    last_ends = INF
+    for c in classes:
+        if c.down_Bps <= 0 or c.up_Bps <= 0:
+            continue
+        f, u = t_f / max(c.rate_flops, 1.0), c_b / c.up_Bps
+        kinds.append((c.count, (a_b + b_b) / c.down_Bps, min(f, u), max(f, u)))
+        down_sq += c.count * c.down_Bps ** 2
+        last_ends = min(last_ends, f + u)
+    if not kinds:
+        return INF
+
+    def can_do(level: float) -> float:
+        """Tiles the devices can do each within ``level`` seconds."""
+        total = 0.0
+        for count, d, lo, hi in kinds:
+            if level > d + hi:
+                total += count * min((level - d - hi) / (lo + TILE_OVERHEAD_S),
+                                     (level - d - lo) / (hi + TILE_OVERHEAD_S))
+        return total
+
+    # can_do is linear between these levels and beyond the last: find the piece reaching tiles
+    levels = sorted({x for _, d, lo, hi in kinds for x in (d + hi, d + lo + hi + TILE_OVERHEAD_S)})
+    below, done_below = levels[0], 0.0
+    for level in levels[1:]:
+        done = can_do(level)
+        if done >= tiles:
+            break
+        below, done_below = level, done
+    else:
+        level = below + 1.0
+        done = can_do(level)
+    work = below + (tiles - done_below) / (done - done_below) * (level - below)
+    down = 2.0 * math.sqrt(a_b * b_b * tiles / down_sq) + last_ends
+    # a hair under: the floor of a one-device grid is its prediction, up to rounding
+    return (max(work, down) + min(c.rtt_s for c in classes)) * (1 - 1e-9)
 
 
 def _predicted(candidates: Sequence[_Found],

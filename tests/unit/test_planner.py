@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 from testbed.ps_backend import planner
@@ -178,6 +179,7 @@ def test_the_floor_cut_search_finds_what_predicting_every_grid_finds(monkeypatch
     pruned = [(plan_gemm(m, k, n, 4, classes, ps, ps), plan_pair(m, k, n, 4, classes, ps, ps))
               for classes, ps in MIXES for m, k, n in shapes]
     monkeypatch.setattr(planner, "_floor_s", lambda *args: 0.0)  # every grid predicted
+    monkeypatch.setattr(planner, "_boxes_floor_s", lambda *args: 0.0)
     full = [(plan_gemm(m, k, n, 4, classes, ps, ps), plan_pair(m, k, n, 4, classes, ps, ps))
             for classes, ps in MIXES for m, k, n in shapes]
     assert pruned == full
@@ -192,6 +194,27 @@ def test_a_floor_is_under_every_prediction() -> None:
                                      grid[2] * (grid[0] * a_b + grid[1] * b_b), ps, ps)
             predicted = planner.predict_s(8192, 768, 50272, 4, grid, classes, ps, ps)
             assert 0 < floor <= predicted * (1 + 1e-12), (grid, floor, predicted)
+
+
+def test_the_boxes_floor_is_under_every_prediction_and_sometimes_on_it() -> None:
+    # random mixes of up to three classes (some counted as pseudo-devices), shapes and grids:
+    # the per-device floor never passes the prediction, and on some (one device, a grid that
+    # shares evenly) it is the prediction, so a floor any higher would fail here
+    rng = random.Random(1)
+    tightest = 0.0
+    for _ in range(2000):
+        classes = [PlanDevice(f"c{j}", 10 ** rng.uniform(9, 11.5), 10 ** rng.uniform(5.5, 8.5),
+                              10 ** rng.uniform(5, 8), rng.uniform(0.001, 0.05),
+                              count=rng.choice([1, 2, 5, 15, 40, 300]))
+                   for j in range(rng.randint(1, 3))]
+        m, k, n = (rng.choice([256, 768, 2048, 4096]) for _ in range(3))
+        grid = (rng.randint(1, 40), rng.randint(1, 40), rng.randint(1, 8))
+        flops, a_b, b_b, c_b = planner._tile_bytes(m, k, n, 4, grid)
+        floor = planner._boxes_floor_s(classes, math.prod(grid), flops, a_b, b_b, c_b)
+        predicted = planner.predict_s(m, k, n, 4, grid, classes)
+        assert 0 < floor <= predicted, (classes, grid, (m, k, n), floor, predicted)
+        tightest = max(tightest, floor / predicted)
+    assert tightest > 0.999
 
 
 def test_the_best_fit_is_the_best_of_every_cut_and_split() -> None:
