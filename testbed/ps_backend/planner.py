@@ -326,11 +326,14 @@ def member_part(n1: float, n2: float, n3: float, members: float
     return p1, p2, n3, working
 
 
-def _expand(classes: Sequence[PlanDevice]) -> list[tuple[PlanDevice, float]]:
+@functools.lru_cache(maxsize=1 << 12)
+def _expanded(classes: tuple[PlanDevice, ...]
+              ) -> tuple[tuple[tuple[PlanDevice, float], ...],
+                         dict[str, tuple[PlanDevice, float]]]:
     """(device, members): a class's devices, or for a class of more than ``EXACT_CLASS_MAX``
-    ``PSEUDO_PER_CLASS``
-    pseudo-devices of ``members`` devices each (rates and links summed), to keep the search
-    cheap."""
+    ``PSEUDO_PER_CLASS`` pseudo-devices of ``members`` devices each (rates and links summed),
+    to keep the search cheap; and each by name. Cached, and so not to be changed: a search
+    predicts thousands of grids on the same classes."""
     out = []
     for c in classes:
         if c.count <= EXACT_CLASS_MAX:
@@ -340,7 +343,7 @@ def _expand(classes: Sequence[PlanDevice]) -> list[tuple[PlanDevice, float]]:
         q = c.count / PSEUDO_PER_CLASS
         out += [(PlanDevice(f"{c.name}#{i}", c.rate_flops * q, c.down_Bps * q, c.up_Bps * q,
                             c.rtt_s), q) for i in range(PSEUDO_PER_CLASS)]
-    return out
+    return tuple(out), {d.name: (d, q) for d, q in out}
 
 
 def _tile_bytes(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int]
@@ -390,13 +393,18 @@ class _Shares:
 def _box_shares(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
                 classes: Sequence[PlanDevice]) -> _Shares:
     """The boxes :func:`predict_s` and :func:`predict_together_s` time."""
-    devices = _expand(classes)
+    devices, by_name = _expanded(tuple(classes))
     flops, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
     tiles = grid[0] * grid[1] * grid[2]
     reuse = math.sqrt(max(1.0, tiles / max(1.0, sum(q for _, q in devices))))
-    weights = [(d.name, box_weight(d, flops, a_b, b_b, c_b, reuse)) for d, _ in devices]
+    weight_of: dict[tuple[float, float, float], float] = {}  # a class's devices weigh the same
+    weights = []
+    for d, _ in devices:
+        key = (d.rate_flops, d.down_Bps, d.up_Bps)
+        if key not in weight_of:
+            weight_of[key] = box_weight(d, flops, a_b, b_b, c_b, reuse)
+        weights.append((d.name, weight_of[key]))
     boxes = split_boxes(grid, weights, (a_b, b_b, c_b), fit=True)
-    by_name = {d.name: (d, q) for d, q in devices}
     down_total = 0.0
     for name, b in boxes.items():  # what every (member) device receives, over the PS link
         rows, cols, slices, each = member_part(b[1] - b[0], b[3] - b[2], b[5] - b[4],
@@ -542,14 +550,17 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
                     grid = (g_r, g_c, g_k)
                     t_f, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
                     tiles = g_r * g_c * g_k
-                    candidates.append((max(
-                        _floor_s(taking_part, tiles * t_f, tiles * c_b,
-                                 g_k * (g_r * a_b + g_c * b_b), ps_down_Bps, ps_up_Bps,
-                                 (t_f, a_b + b_b, c_b)),
-                        _boxes_floor_s(taking_part, tiles, t_f, a_b, b_b, c_b)),
-                        grid, taking_part))
+                    candidates.append((_floor_s(taking_part, tiles * t_f, tiles * c_b,
+                                                g_k * (g_r * a_b + g_c * b_b), ps_down_Bps,
+                                                ps_up_Bps, (t_f, a_b + b_b, c_b)),
+                                       grid, taking_part))
+
+    def finer_floor(grid: tuple[int, int, int], taking_part: tuple[PlanDevice, ...]) -> float:
+        t_f, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
+        return _boxes_floor_s(taking_part, math.prod(grid), t_f, a_b, b_b, c_b)
+
     found = _predicted(candidates, lambda grid, taking_part: predict_s(
-        m, k, n, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps))
+        m, k, n, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps), finer_floor)
     if found:
         best = _near_fastest(found)
     if best is None:  # nothing fits the message limit with this few tiles: fall back to many
@@ -674,18 +685,23 @@ def _boxes_floor_s(classes: Sequence[PlanDevice], tiles: int, t_f: float, a_b: f
 
 
 def _predicted(candidates: Sequence[_Found],
-               predict: Callable[[tuple[int, int, int], tuple[PlanDevice, ...]], float]
-               ) -> list[_Found]:
+               predict: Callable[[tuple[int, int, int], tuple[PlanDevice, ...]], float],
+               finer: Callable[[tuple[int, int, int], tuple[PlanDevice, ...]], float] | None
+               = None) -> list[_Found]:
     """Predict the candidates ``(floor, grid, classes)`` from the lowest floor up, until a
     floor is above NEAR_TIE of the fastest so far: no prediction of the rest could be near the
     fastest, so the choice is unchanged (at 1,000 devices ~40% of a GEMM's candidates and ~80%
-    of a pair's go unpredicted). In the candidates' order, for :func:`_near_fastest`'s ties."""
+    of a pair's go unpredicted). ``finer``, a second floor dearer to find, skips one candidate
+    the same way: found only for those the first lets through. In the candidates' order, for
+    :func:`_near_fastest`'s ties."""
     fastest = INF
     found: list[tuple[int, _Found]] = []
     for index in sorted(range(len(candidates)), key=lambda j: candidates[j][0]):
         floor, grid, taking_part = candidates[index]
         if floor > fastest * (1 + NEAR_TIE):
             break
+        if finer is not None and finer(grid, taking_part) > fastest * (1 + NEAR_TIE):
+            continue
         t = predict(grid, taking_part)
         fastest = min(fastest, t)
         found.append((index, (t, grid, taking_part)))
@@ -1017,9 +1033,8 @@ def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
                    ps_up_Bps: float = INF) -> float:
     """Predicted device seconds of a backward pair planned together on these classes: the
     slowest device's box, at least what the PS link carries, plus one round trip."""
-    devices = _expand(classes)
+    devices, by_name = _expanded(tuple(classes))
     boxes = _pair_boxes(devices, t, o, i, itemsize, grid)
-    by_name = {d.name: (d, q) for d, q in devices}
     slowest = max((pair_box_time_s(by_name[n_][0], b, t, o, i, itemsize, grid, by_name[n_][1])
                    for n_, b in boxes.items()), default=INF)
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
@@ -1256,11 +1271,10 @@ def _predict_layer(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
     every other count along one dimension (:data:`FINE_PARTS`, those ``allowed``) while that
     is faster. The boxes and the PS link's bytes do not depend on the parts, only the boxes'
     pipelines; a pseudo-device's closed form does not see parts, so large groups keep none."""
-    devices = _expand(classes)
+    devices, by_name = _expanded(tuple(classes))
     boxes = _pair_boxes(devices, t, o, i, itemsize, grid)
     if not boxes:
         return INF, INF, start
-    by_name = {d.name: (d, q) for d, q in devices}
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     tm, to, _ = _pair_sizes(t, o, i, grid)
     fwd_down = bwd_down = blocks = 0.0
