@@ -5,7 +5,9 @@ For 100 / 1,000 / 10,000 devices (quick mode: 100, a couple of minutes) on OPT-1
 2048) jobs: one step each, in a child process per case so that each peak RSS is its own. Wall
 seconds cover the whole run (joining every device, planning, the step, writing the run
 directory); CPU seconds are the child's user + system time (on a shared host, wall time
-includes waiting for a core).
+includes waiting for a core, and two runs of one case differ by up to a fifth); planner CPU
+seconds are the part of them the step planner took (``summary.json``'s ``planner_cpu_s``),
+steadier from run to run.
 
     .venv/bin/python bench/simulate_scale.py [--quick] [--steps N] [--timeout-s S]
 """
@@ -110,7 +112,7 @@ def one_case(devices: int, model: str, steps: int, timeout_s: float) -> dict[str
             "steps_per_wall_s": summary["steps_done"] / wall if wall > 0 else 0.0,
             "device_s_per_step": summary["wall_s"] / max(1, summary["steps_done"]),
             "tiles": summary["tiles"], "peak_rss_mb": rss_mb,
-            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "cpu_s": usage.ru_utime + usage.ru_stime, "plan_cpu_s": summary["planner_cpu_s"],
             "flow_recomputes": summary["flow_rate_recomputes"]}
 
 
@@ -132,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in args.devices.split(",") if x] or \
         ([100] if args.quick else [100, 1000, 10000])
     print(f"{'model':10} {'devices':>7} {'steps/wall s':>12} {'wall s':>8} {'cpu s':>8} "
-          f"{'device s/step':>13} {'tiles':>8} {'peak RSS MB':>11}", flush=True)
+          f"{'planner cpu s':>13} {'device s/step':>13} {'tiles':>8} {'peak RSS MB':>11}",
+          flush=True)
     for model in args.models.split(","):
         for n in sizes:
             cmd = [sys.executable, __file__, "--case", str(n), model, "--steps", str(args.steps)]
@@ -150,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             if r["state"] == "unfinished":
                 print(f"{model:10} {n:>7} {'< ' + format(1 / r['wall_s'], '.4f'):>12} "
-                      f"{r['wall_s']:>8.1f} {r['cpu_s']:>8.1f} {'unfinished':>13} "
+                      f"{r['wall_s']:>8.1f} {r['cpu_s']:>8.1f} {'-':>13} {'unfinished':>13} "
                       f"{r['tiles']:>8} {r['peak_rss_mb']:>11.0f}  (step not done: "
                       f"{r['virtual_s']:.3f} device s simulated)", flush=True)
                 continue
             print(f"{model:10} {n:>7} {r['steps_per_wall_s']:>12.4f} {r['wall_s']:>8.1f} "
-                  f"{r['cpu_s']:>8.1f} {r['device_s_per_step']:>13.3f} {r['tiles']:>8} "
+                  f"{r['cpu_s']:>8.1f} {r['plan_cpu_s']:>13.1f} {r['device_s_per_step']:>13.3f} "
+                  f"{r['tiles']:>8} "
                   f"{r['peak_rss_mb']:>11.0f}", flush=True)
     return 0
 

@@ -155,6 +155,8 @@ class StepPlanner:
         # the links devices share on the way from the PS, one queue each (DeviceSlot.shared)
         self._shared = {name: SharedLink(rate) for name, rate in
                         config.shared_down_Bps.items() if 0 < rate < math.inf}
+        # CPU seconds in plan() and prepare() (the calling thread's): what planning costs
+        self.cpu_s = 0.0
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
@@ -252,6 +254,7 @@ class StepPlanner:
         """
         if self.mode != "auto":
             return 0
+        started = time.thread_time()
         slots = list(slots)
         shapes = sorted(set(linears))
         for dx in shapes:
@@ -260,10 +263,19 @@ class StepPlanner:
             forward = self._plan_for(t, i, o, item, slots)
             if forward is not None:  # its forward planned apart may take regions
                 self._forward_regions(t, i, o, item, slots, forward)
+        self.cpu_s += time.thread_time() - started
         return len(shapes)
 
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
         """How to cut a GEMM and who owns its tiles; records it for the step's bound."""
+        started = time.thread_time()
+        try:
+            return self._cut(job, slots)
+        finally:
+            self.cpu_s += time.thread_time() - started
+
+    def _cut(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
+        """:meth:`plan`'s work."""
         slots = list(slots)
         for s in slots:
             self.saw(s)

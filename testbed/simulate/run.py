@@ -93,6 +93,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         "backups": k.backups, "backup_wins": k.backup_wins, "wasted_tiles": k.wasted,
         **bound.fields(), "planner": job.parallelism.planner,
         "flow_rate_recomputes": sim.net.recomputes, "ps_gemm_s": ps_gemm_s,
+        "planner_cpu_s": round(sim.planner.cpu_s, 3),
         "network": {"backend": "simulated", "rate": "flow-level max-min fair",
                     "delay": "path delay", "loss": "Mathis cap on the device link"},
         "exit_code": EXIT_OK if state == "done" else EXIT_FAILURE, "devices": devices}

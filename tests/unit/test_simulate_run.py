@@ -36,6 +36,8 @@ def test_run_directory_is_complete_and_marked(tmp_path: Path) -> None:
     assert summary["energy"]["total"]["carbon_g"] > 0
     assert (tmp_path / "report.png").stat().st_size > 0
     assert len(read_jsonl(tmp_path / "devices.jsonl")) == 4
+    # the planner's share of the simulation's own time: some, and no more than all of it
+    assert 0 < summary["planner_cpu_s"] <= summary["sim_wall_s"] + 0.01
 
 
 def test_every_tile_of_every_gemm_is_accepted_once(tmp_path: Path) -> None:
