@@ -632,16 +632,17 @@ def _boxes_floor_s(classes: Sequence[PlanDevice], tiles: int, t_f: float, a_b: f
     up (``u`` each) one after another, the last result after the last compute, the first after
     the first, and ``TILE_OVERHEAD_S`` (``o``) a tile. It also receives at least ``2·√(t·A·B)``
     bytes (a box of ``r x c x s`` tiles takes ``s·(r·A + c·B)``, at least ``2·s·√(r·c·A·B)``),
-    and then computes and sends one tile more. However the tiles are shared out, some device
-    is at least at the level ``λ`` where what every device can do within ``λ`` adds up to
-    ``tiles``: for the first, the smallest ``λ`` whose ``g⁻¹(λ)`` summed over the devices is
-    ``tiles`` (continuous in λ and linear between each class's ``d + max(f, u)``, where it
-    starts, and ``d + f + u + o``, at one tile); for the second, ``λ = 2·√(A·B·tiles / Σ
-    down²)``. A pseudo-device's members each do ``1/members`` of its box (:func:`box_time_s`),
-    a fraction of a tile included, which ``g`` covers too (at ``t < 1`` it is the smaller of
-    the two lines). :func:`_floor_s`'s totals leave out that each device pays its own ends
-    and overheads and gets its own copies of the blocks: at 1,000 devices, grids of a few
-    tiles on a thousand devices were floored at a twentieth of their prediction."""
+    and after its last blocks still computes and sends their tile. However the tiles are
+    shared out, some device is at least at the level ``λ`` where what every device can do
+    within ``λ`` adds up to ``tiles``: for the first, the smallest ``λ`` whose ``g⁻¹(λ)``
+    summed over the devices is ``tiles`` (continuous in λ and linear between each class's ``d
+    + max(f, u)``, where it starts, and ``d + f + u + o``, at one tile); for the second, ``λ =
+    2·√(A·B·tiles / Σ down²)``. A pseudo-device's members each do ``1/members`` of its box
+    (:func:`box_time_s`), a fraction of a tile included, which ``g`` covers too (below one
+    tile the box's time still has a whole tile's compute or result at one end, as ``g``
+    has). :func:`_floor_s`'s totals leave out that each device pays its own ends and overheads
+    and gets its own copies of the blocks (a third of large's first step's predictions are
+    skipped on it, half at 100 devices; docs/simulate.md, "Eighth round")."""
     if tiles <= 0 or not classes:
         return 0.0
     # per class (count, d, the smaller and larger of f and u) of the devices that could take part
@@ -973,6 +974,35 @@ def _pair_bytes(t: int, o: int, i: int, itemsize: int, grid: PairGrid
     return tm * to * s, to * tc * s, tm * tc * s, tm * tc * s, to * tc * s
 
 
+def _cube_floor_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
+                  classes: Sequence[PlanDevice], forward: bool = False) -> float:
+    """A floor under a pair's prediction on ``grid`` (:func:`predict_pair_s`), or under either
+    pass of a layer's (:func:`predict_layer_s`, whatever its parts; ``forward`` for its forward
+    pass), plus the fastest round trip, as each adds.
+
+    A device doing ``b`` of the grid's blocks computes them and sends their results one after
+    another (a block: forward one tile, a Y partial; backward two, a dX and a dW partial; a
+    layer's finer parts are the same FLOPs and bytes in more tiles), and pays
+    ``TILE_OVERHEAD_S`` a tile: at least ``b·(max(F, U) + O)`` with ``F`` a block's compute,
+    ``U`` its results' time up and ``O`` its tiles' overheads. Shared out any way, some device
+    is at least at the level where the devices' blocks add up to the grid's. The totals of
+    :func:`_floor_s` miss that a device's compute and uplink are its own (a phone's idle
+    compute does not carry a laptop's results) and the overheads."""
+    tm, to, tc = _pair_sizes(t, o, i, grid)
+    _, _, _, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
+    flops, up_B, tiles = ((2.0 * tm * to * tc, tm * to * itemsize, 1) if forward else
+                          (4.0 * tm * to * tc, dx_b + dw_b, 2))
+    rate = 0.0  # blocks a second, all devices
+    for c in classes:
+        if c.up_Bps > 0 and c.down_Bps > 0:
+            rate += c.count / (max(flops / max(c.rate_flops, 1.0), up_B / c.up_Bps)
+                               + tiles * TILE_OVERHEAD_S)
+    if rate <= 0:
+        return INF
+    # a hair under: rounding must not lift it over a prediction it meets
+    return (math.prod(grid) / rate + min(c.rtt_s for c in classes)) * (1 - 1e-9)
+
+
 def pair_box_time_s(d: PlanDevice, box: Box, t: int, o: int, i: int, itemsize: int,
                     grid: PairGrid, members: float = 1.0) -> float:
     """Device seconds for d to do a box ``(t0, t1, o0, o1, c0, c1)`` of a backward pair.
@@ -1074,7 +1104,8 @@ def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
 def _search_cube(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice],
                  ps_down_Bps: float, ps_up_Bps: float, max_tile_elems: int,
                  floor: Callable[[PairGrid, tuple[PlanDevice, ...]], float],
-                 predict: Callable[[PairGrid, tuple[PlanDevice, ...]], float]
+                 predict: Callable[[PairGrid, tuple[PlanDevice, ...]], float],
+                 finer: Callable[[PairGrid, tuple[PlanDevice, ...]], float] | None = None
                  ) -> tuple[list[PlanDevice], _Found | None]:
     """The search :func:`plan_pair` and :func:`plan_layer` share over the cube ``(t, o, i)``:
     the classes in order, and the near-fastest (prediction, grid, taking part) of every device
@@ -1090,7 +1121,7 @@ def _search_cube(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDe
         (floor(grid, taking_part), grid, taking_part)
         for taking_part in _device_sets(order, ps_down_Bps, ps_up_Bps)
         for grid in _pair_grids(t, o, i, sum(c.count for c in taking_part), max_tile_elems)]
-    found = _predicted(candidates, predict)
+    found = _predicted(candidates, predict, finer)
     return order, _near_fastest(found) if found else None
 
 
@@ -1127,7 +1158,8 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
     order, best = _search_cube(
         t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps, max_tile_elems, floor,
         lambda grid, taking_part: predict_pair_s(t, o, i, itemsize, grid, taking_part,
-                                                 ps_down_Bps, ps_up_Bps))
+                                                 ps_down_Bps, ps_up_Bps),
+        lambda grid, taking_part: _cube_floor_s(t, o, i, itemsize, grid, taking_part))
     return None if best is None else _pair_of(t, o, i, itemsize, order, best)
 
 
@@ -1349,6 +1381,10 @@ def plan_layer(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevi
             _floor_s(taking_part, 2 * flops, blocks * (dx_b + dw_b), n_t * n_o * dy_b,
                      ps_down_Bps, ps_up_Bps)
 
+    def finer_floor(grid: PairGrid, taking_part: tuple[PlanDevice, ...]) -> float:
+        return _cube_floor_s(t, o, i, itemsize, grid, taking_part, forward=True) + \
+            _cube_floor_s(t, o, i, itemsize, grid, taking_part)
+
     chosen: dict[tuple[PairGrid, tuple[PlanDevice, ...]], tuple[float, float, Fine]] = {}
 
     def predict(grid: PairGrid, taking_part: tuple[PlanDevice, ...]) -> float:
@@ -1358,7 +1394,7 @@ def plan_layer(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevi
         return got[0] + got[1]
 
     order, best = _search_cube(t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps,
-                               max_tile_elems, floor, predict)
+                               max_tile_elems, floor, predict, finer_floor)
     if best is None:
         return None
     fwd_s, bwd_s, fine = chosen[(best[1], best[2])]

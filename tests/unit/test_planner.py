@@ -180,6 +180,7 @@ def test_the_floor_cut_search_finds_what_predicting_every_grid_finds(monkeypatch
               for classes, ps in MIXES for m, k, n in shapes]
     monkeypatch.setattr(planner, "_floor_s", lambda *args: 0.0)  # every grid predicted
     monkeypatch.setattr(planner, "_boxes_floor_s", lambda *args: 0.0)
+    monkeypatch.setattr(planner, "_cube_floor_s", lambda *args, **kwargs: 0.0)
     full = [(plan_gemm(m, k, n, 4, classes, ps, ps), plan_pair(m, k, n, 4, classes, ps, ps))
             for classes, ps in MIXES for m, k, n in shapes]
     assert pruned == full
@@ -215,6 +216,31 @@ def test_the_boxes_floor_is_under_every_prediction_and_sometimes_on_it() -> None
         assert 0 < floor <= predicted, (classes, grid, (m, k, n), floor, predicted)
         tightest = max(tightest, floor / predicted)
     assert tightest > 0.999
+
+
+def test_the_cube_floor_is_under_every_pair_and_layer_prediction_and_sometimes_on_it() -> None:
+    # the same for a backward pair's grid and for either pass of a layer's, whatever its parts
+    rng = random.Random(2)
+    tightest = {"pair": 0.0, "forward": 0.0, "backward": 0.0}
+    fines = list(itertools.product(*planner.FINE_PARTS))
+    for _ in range(300):
+        classes = [PlanDevice(f"c{j}", 10 ** rng.uniform(9, 11.5), 10 ** rng.uniform(5.5, 8.5),
+                              10 ** rng.uniform(5, 8), rng.uniform(0.001, 0.05),
+                              count=rng.choice([1, 2, 5, 15, 40, 300]))
+                   for j in range(rng.randint(1, 3))]
+        t, o, i = (rng.choice([256, 768, 2048, 4096]) for _ in range(3))
+        grid = (rng.randint(1, 8), rng.randint(1, 8), rng.randint(1, 4))
+        backward = planner._cube_floor_s(t, o, i, 4, grid, classes)
+        forward = planner._cube_floor_s(t, o, i, 4, grid, classes, forward=True)
+        pair = planner.predict_pair_s(t, o, i, 4, grid, classes)
+        assert 0 < backward <= pair, (classes, grid, (t, o, i))
+        tightest["pair"] = max(tightest["pair"], backward / pair)
+        for fine in rng.sample(fines, 2) + [(1, 1, 1)]:
+            f, b = planner.predict_layer_s(t, o, i, 4, grid, classes, fine=fine)
+            assert forward <= f and backward <= b, (classes, grid, (t, o, i), fine)
+            tightest["forward"] = max(tightest["forward"], forward / f)
+            tightest["backward"] = max(tightest["backward"], backward / b)
+    assert min(tightest.values()) > 0.999, tightest
 
 
 def test_the_best_fit_is_the_best_of_every_cut_and_split() -> None:

@@ -71,6 +71,7 @@ def test_a_layer_floor_is_under_its_prediction_and_pruning_changes_nothing(monke
                                 PlanDevice("ph", 20e9, 25e6, 12.5e6, 0.01, count=4)])]
     pruned = [plan_layer(t, o, i, 4, classes, 1.25e8, 1.25e8) for t, o, i, classes in cases]
     monkeypatch.setattr(planner, "_floor_s", lambda *args: 0.0)  # every grid predicted
+    monkeypatch.setattr(planner, "_cube_floor_s", lambda *args, **kwargs: 0.0)
     full = [plan_layer(t, o, i, 4, classes, 1.25e8, 1.25e8) for t, o, i, classes in cases]
     assert pruned == full
     assert pruned[2].forward.used == pruned[2].pair.used == ("l", "ph")
