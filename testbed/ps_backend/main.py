@@ -638,6 +638,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             "energy_j": round(totals.energy_j, 6), **metrics, **bound.fields(),
             **fidelity.fields(),
             "planner": job.parallelism.planner,
+            "planner_cpu_s": round(core.planner.cpu_s, 3),
             "devices": server.call(core.device_records) + core.departed_records()}
         try:
             write_json_atomic(run_dir / "ps_summary.json", summary)

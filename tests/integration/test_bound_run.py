@@ -80,6 +80,7 @@ def test_device_time_is_at_least_the_bound_on_a_real_run(tmp_path: Path) -> None
     assert events.index("planned") < events.index("training_start")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["planner"] == "auto"
+    assert 0 < summary["planner_cpu_s"] < summary["wall_s"]  # planning ran, on the PS
     assert summary["bound_s"] == pytest.approx(sum(s["bound_s"] for s in steps), rel=1e-5)
     assert 0 < summary["efficiency"] <= 1
     want, _ = reference_losses(topology, 3)
