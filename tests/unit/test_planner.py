@@ -197,6 +197,19 @@ def test_a_floor_is_under_every_prediction() -> None:
             assert 0 < floor <= predicted * (1 + 1e-12), (grid, floor, predicted)
 
 
+def _random_case(rng: random.Random, most: tuple[int, int, int]
+                 ) -> tuple[list[PlanDevice], tuple[int, int, int], tuple[int, int, int]]:
+    """A mix of one to three classes (some large enough to count as pseudo-devices), a shape
+    and a grid of at most ``most`` along each dimension."""
+    classes = [PlanDevice(f"c{j}", 10 ** rng.uniform(9, 11.5), 10 ** rng.uniform(5.5, 8.5),
+                          10 ** rng.uniform(5, 8), rng.uniform(0.001, 0.05),
+                          count=rng.choice([1, 2, 5, 15, 40, 300]))
+               for j in range(rng.randint(1, 3))]
+    a, b, c = (rng.choice([256, 768, 2048, 4096]) for _ in range(3))
+    return classes, (a, b, c), (rng.randint(1, most[0]), rng.randint(1, most[1]),
+                                rng.randint(1, most[2]))
+
+
 def test_the_boxes_floor_is_under_every_prediction_and_sometimes_on_it() -> None:
     # random mixes of up to three classes (some counted as pseudo-devices), shapes and grids:
     # the per-device floor never passes the prediction, and on some (one device, a grid that
@@ -204,12 +217,7 @@ def test_the_boxes_floor_is_under_every_prediction_and_sometimes_on_it() -> None
     rng = random.Random(1)
     tightest = 0.0
     for _ in range(2000):
-        classes = [PlanDevice(f"c{j}", 10 ** rng.uniform(9, 11.5), 10 ** rng.uniform(5.5, 8.5),
-                              10 ** rng.uniform(5, 8), rng.uniform(0.001, 0.05),
-                              count=rng.choice([1, 2, 5, 15, 40, 300]))
-                   for j in range(rng.randint(1, 3))]
-        m, k, n = (rng.choice([256, 768, 2048, 4096]) for _ in range(3))
-        grid = (rng.randint(1, 40), rng.randint(1, 40), rng.randint(1, 8))
+        classes, (m, k, n), grid = _random_case(rng, (40, 40, 8))
         flops, a_b, b_b, c_b = planner._tile_bytes(m, k, n, 4, grid)
         floor = planner._boxes_floor_s(classes, math.prod(grid), flops, a_b, b_b, c_b)
         predicted = planner.predict_s(m, k, n, 4, grid, classes)
@@ -224,12 +232,7 @@ def test_the_cube_floor_is_under_every_pair_and_layer_prediction_and_sometimes_o
     tightest = {"pair": 0.0, "forward": 0.0, "backward": 0.0}
     fines = list(itertools.product(*planner.FINE_PARTS))
     for _ in range(300):
-        classes = [PlanDevice(f"c{j}", 10 ** rng.uniform(9, 11.5), 10 ** rng.uniform(5.5, 8.5),
-                              10 ** rng.uniform(5, 8), rng.uniform(0.001, 0.05),
-                              count=rng.choice([1, 2, 5, 15, 40, 300]))
-                   for j in range(rng.randint(1, 3))]
-        t, o, i = (rng.choice([256, 768, 2048, 4096]) for _ in range(3))
-        grid = (rng.randint(1, 8), rng.randint(1, 8), rng.randint(1, 4))
+        classes, (t, o, i), grid = _random_case(rng, (8, 8, 4))
         backward = planner._cube_floor_s(t, o, i, 4, grid, classes)
         forward = planner._cube_floor_s(t, o, i, 4, grid, classes, forward=True)
         pair = planner.predict_pair_s(t, o, i, 4, grid, classes)
