@@ -72,8 +72,9 @@ from testbed.emulator.dilation import (  # noqa: E402
 )
 from testbed.perf_model.profiles import load_profile  # noqa: E402
 from testbed.ps_backend.core import PsConfig  # noqa: E402
-from testbed.ps_backend.executor import GemmSpec, TileExecutor  # noqa: E402
+from testbed.ps_backend.executor import TileExecutor  # noqa: E402
 from testbed.ps_backend.host import PsServer  # noqa: E402
+from testbed.ps_backend.scheduler import GemmSpec  # noqa: E402
 
 log = logging.getLogger("bench.fidelity")
 

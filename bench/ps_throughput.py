@@ -37,10 +37,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from testbed.ps_backend.config import max_message_bytes  # noqa: E402
 from testbed.ps_backend.core import PsConfig  # noqa: E402
-from testbed.ps_backend.executor import GemmSpec, TileExecutor  # noqa: E402
+from testbed.ps_backend.executor import TileExecutor  # noqa: E402
 from testbed.ps_backend.host import PsServer  # noqa: E402
-from testbed.ps_backend.main import max_message_bytes  # noqa: E402
+from testbed.ps_backend.scheduler import GemmSpec  # noqa: E402
 
 TOKEN = "bench"
 WINDOW = 4  # tiles in flight per device, as the agents' --max-in-flight

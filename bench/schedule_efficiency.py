@@ -105,7 +105,7 @@ def plan_only(names: list[str], quick: bool) -> None:
         lowest_switch_link,
         stage_bound,
     )
-    from testbed.ps_backend.main import plan_inputs
+    from testbed.ps_backend.config import plan_inputs
     from testbed.ps_backend.planner import PlanDevice, plan_gemm
     from testbed.topology import load_topology
 

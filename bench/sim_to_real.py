@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from emulation_fidelity import PsHarness  # noqa: E402
 
-from testbed.ps_backend.executor import GemmSpec  # noqa: E402
+from testbed.ps_backend.scheduler import GemmSpec  # noqa: E402
 
 
 def step_gemms(ps: PsHarness, step: int, tokens: int, hidden: int, ffn: int, layers: int

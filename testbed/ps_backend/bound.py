@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -540,3 +540,37 @@ def stage_key(layer: str, op: str) -> str:
     (the model's ``qkv_proj``, :func:`~testbed.ps_backend.engine.offload.fused_linear`).
     """
     return f"{pass_of(op)}:{layer}"
+
+
+def efficiency(bound_s: float | None, device_time_s: float) -> float | None:
+    """bound / device time (1.0: the schedule reached the bound)."""
+    if bound_s is None or not device_time_s > 0 or not bound_s == bound_s:
+        return None
+    return round(bound_s / device_time_s, 6)
+
+
+class BoundTotals:
+    """The run's sums of the per-step bound fields (for summary.json)."""
+
+    def __init__(self) -> None:
+        self.bound_s = self.device_time_s = 0.0
+        self.min_down = self.min_up = 0.0
+        self.sat_out: dict[str, str] = {}
+        # steps faster than their lower bound: impossible for a faithful emulation or simulation
+        # (links or D not what the topology says); summary.json counts them, the run warns
+        self.below = 0
+
+    def add(self, record: Any, device_time_s: float, from_ledger: int = 0) -> None:
+        # a resumed step's tiles journaled before the crash cost no device time: it may be
+        self.below += device_time_s < record.bound_s and not from_ledger
+        self.bound_s += record.bound_s
+        self.device_time_s += device_time_s
+        self.min_down += record.bytes_min_down
+        self.min_up += record.bytes_min_up
+        self.sat_out.update(record.sat_out)
+
+    def fields(self) -> dict[str, Any]:
+        return {"bound_s": round(self.bound_s, 6), "device_time_s": round(self.device_time_s, 6),
+                "bytes_min_down": int(self.min_down), "bytes_min_up": int(self.min_up),
+                "efficiency": efficiency(self.bound_s, self.device_time_s),
+                "steps_below_bound": self.below, "sat_out": self.sat_out}

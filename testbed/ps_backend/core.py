@@ -158,17 +158,17 @@ class PsConfig:
     planner: str = "auto"  # job.parallelism.planner: auto (tile planner) | fifo (fixed tiles)
     # per device group: (down_Bps, up_Bps, rtt_s) in device time, from the topology: what its
     # own path carries (the bound's), and that capped at its fair share of the switch links it
-    # shares with other devices (the planner's; main.plan_inputs). No plan_links: group_links.
+    # shares with other devices (the planner's; config.plan_inputs). No plan_links: group_links.
     group_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     plan_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     ps_link_Bps: tuple[float, float] = (float("inf"), float("inf"))  # PS (down, up)
     # per group, the links it shares with others on the way from the PS (switch links by their
-    # lower switch, then "ps"), and each one's down_Bps (main.plan_inputs): stealing and
+    # lower switch, then "ps"), and each one's down_Bps (config.plan_inputs): stealing and
     # backups count what a block waits behind on them
     group_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
     shared_down_Bps: dict[str, float] = field(default_factory=dict)
     # switch link (by its lower switch) -> (down_Bps, up_Bps, the next one up or ""): the
-    # devices below one move together no more than it carries (the bound's; main.plan_inputs)
+    # devices below one move together no more than it carries (the bound's; config.plan_inputs)
     switch_links: dict[str, tuple[float, float, str]] = field(default_factory=dict)
     # the devices the topology names, as (group, count, gflops): plans are made for these so
     # a restarted PS cuts every GEMM the same way

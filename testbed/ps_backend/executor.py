@@ -24,31 +24,12 @@ import numpy as np
 import torch
 
 from testbed.ps_backend.ledger import stored_digest, stored_operand
-from testbed.ps_backend.scheduler import GemmJob
+from testbed.ps_backend.scheduler import GemmJob, GemmSpec
 from testbed.ps_backend.tiler import gemm_flops
 
 if TYPE_CHECKING:
     from testbed.ps_backend.core import PsCore
     from testbed.ps_backend.host import PsServer
-
-OPS = ("forward", "input_grad", "weight_grad")
-
-
-@dataclass(frozen=True)
-class GemmSpec:
-    """What one GEMM is, for scheduling, caching and the ledger.
-
-    ``b_key`` names B's tensor when B is a weight (or its transpose) at one version, for example
-    ``"layers.0.fc1.weight@3"``: devices cache blocks of B under that name, so that on a cache
-    hit only A's block travels. It names the tensor, not the orientation: ``W`` and ``Wᵀ`` share
-    blocks (:class:`OperandKeys`). ``None`` when B is an activation (the weight-gradient GEMM).
-    """
-
-    layer: str  # e.g. "layers.0.fc1"
-    op: str  # one of OPS
-    step: int  # training step, 0-based
-    b_key: str | None = None
-
 
 class GemmHandle(Protocol):
     def result(self) -> torch.Tensor:

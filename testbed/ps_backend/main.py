@@ -21,7 +21,6 @@ import functools
 import itertools
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -41,12 +40,14 @@ from testbed.emulator.dilation import (
     probe_dilation,
 )
 from testbed.emulator.link_dilation import DilationRequester
-from testbed.emulator.network.base import switch_path
 from testbed.ps_backend.admission import raise_fd_limit
-from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S, PsConfig
-from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor, WatchdogError
+from testbed.ps_backend.bound import BoundTotals, efficiency
+from testbed.ps_backend.config import ps_config
+from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S
+from testbed.ps_backend.executor import DivergedError, TileExecutor, WatchdogError
 from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
+from testbed.ps_backend.scheduler import GemmSpec
 from testbed.ps_backend.tls import make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.summary import run_warnings
@@ -57,11 +58,6 @@ log = logging.getLogger("testbed.ps")
 STATUS_PERIOD_S = 0.5
 DEVICE_SAMPLE_PERIOD_S = 2.0
 CHECKPOINTS_KEPT = 2
-
-
-def max_message_bytes(tile_m: int, tile_n: int) -> int:
-    """Largest device message the PS accepts: one float64 result tile, with room to spare."""
-    return 4 * tile_m * tile_n * 8 + 64 * 1024
 
 
 class StatusWriter:
@@ -131,178 +127,6 @@ def fault_metrics(core: Any, cpu: CpuClock) -> dict[str, Any]:
     useful = out.pop("useful_gflop")
     out["goodput_gflops"] = round(useful / wall_s, 6) if wall_s > 0 else None
     return out
-
-
-PS_LINK = "ps"  # the PS's own link in group_paths (switch links go by their lower switch)
-PLANNED_MESSAGE_BYTES = 64 * 1024 * 1024  # planned tiles are larger; the planner keeps under
-
-
-def cut_Bps(topology: Topology) -> tuple[float, float]:
-    """(down, up) bytes/s that can cross between the PS's switch and all the devices.
-
-    Devices below a switch-to-switch link share it: a subtree hanging off the PS's switch
-    carries at most its top link's rate and at most its devices' links summed; devices on the
-    PS's switch carry their own. Every byte to or from a device crosses exactly one of these,
-    so their sum caps the aggregate traffic (campus: the one shared 1 Gbit uplink).
-    """
-    links = {sl.lower: sl for sl in topology.network.links}
-    top: dict[str | None, list[float]] = {}  # top link's lower switch -> [down, up] of members
-    for g in topology.groups:
-        path = switch_path(topology, g.switch)
-        agg = top.setdefault(path[-1].lower if path else None, [0.0, 0.0])
-        agg[0] += g.count * g.link.down_bps / 8
-        agg[1] += g.count * g.link.up_bps / 8
-    down = up = 0.0
-    for key, (d, u) in top.items():
-        if key is None:
-            down, up = down + d, up + u
-        else:
-            link = links[key].link
-            down += min(d, link.down_bps / 8)
-            up += min(u, link.up_bps / 8)
-    return down, up
-
-
-def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
-                    ) -> dict[str, tuple[float, float]]:
-    """Per group, the (down, up) bytes/s one of its devices gets while every device of the
-    topology moves data at once: the max-min fair share of its own link (``own_Bps``, per group)
-    and of the switch links above it that only some of the devices sit below (large: 59 phones
-    below one 1 Gbit uplink get ~17 Mbit/s each of their 100).
-
-    A switch link that every device sits below is left out, as is the PS's own link: all the
-    traffic crosses it, so it caps the aggregate, which the planner weighs as the PS link
-    (``ps_link_Bps``, :func:`cut_Bps`) with the devices that take part. A fair share for every
-    device would not know which take part (campus's plans put the work on its 8 laptops, which
-    then have its one uplink to themselves).
-    """
-    from testbed.simulate.network import max_min_rates
-
-    uplinks = {sl.lower: sl for sl in topology.network.links}
-    below: dict[str, int] = {}  # devices below each switch link
-    paths_of: list[tuple[str, ...]] = []
-    for d in topology.devices:
-        path = tuple(sl.lower for sl in switch_path(topology, d.group.switch))
-        for switch in path:
-            below[switch] = below.get(switch, 0) + 1
-        paths_of.append(path)
-    partial = [s for s, n in below.items() if n < len(topology.devices)]
-    link_of = {s: i for i, s in enumerate(partial)}  # the shared links come first
-    shares = {g: [math.inf, math.inf] for g in own_Bps}
-    for direction in (0, 1):
-        capacity = [(uplinks[s].link.down_bps, uplinks[s].link.up_bps)[direction] / 8
-                    for s in partial]
-        paths = []
-        for d, switches in zip(topology.devices, paths_of):
-            capacity.append(own_Bps[d.group.group][direction])
-            paths.append([len(capacity) - 1, *(link_of[s] for s in switches if s in link_of)])
-        for d, rate in zip(topology.devices, max_min_rates(paths, capacity)):
-            group = shares[d.group.group]
-            group[direction] = min(group[direction], float(rate))
-    return {g: (down, up) for g, (down, up) in shares.items()}
-
-
-def plan_inputs(topology: Topology) -> dict[str, Any]:
-    """What the planner and the bound need from the topology: links, groups, PS link.
-
-    ``group_links`` is what each group's own path carries: the bound's (a subset of the devices
-    could have a shared switch link to themselves). ``plan_links`` is that capped at the group's
-    fair share of the switch links it shares (:func:`fair_shares_Bps`): the planner's, and what
-    stealing and backups weigh, with ``group_paths`` (each group's switch links up to the PS's
-    switch, by lower switch, then the PS's link) and ``shared_down_Bps`` (their rates): a block
-    for a device queues behind what they carry for the others. The PS link they see is the
-    PS's own, capped by what the switch links let through to all devices (:func:`cut_Bps`): a
-    lower bound stays one, and the planner sees the shared uplink.
-    """
-    from testbed.agent.link import mathis_rate_bps
-    from testbed.emulator.network.base import path_delay_s, path_loss
-    from testbed.perf_model.profiles import ProfileError, load_profile
-
-    links = {}
-    for d in topology.devices:  # per group: its first device (a group's devices share a path)
-        if d.group.group in links:
-            continue
-        delay_s = path_delay_s(topology, d)
-        # a lossy path carries what TCP gets through it (as the emulator's agent applies)
-        cap_bps = mathis_rate_bps(delay_s, path_loss(topology, d))
-        links[d.group.group] = (min(d.link.down_bps, cap_bps) / 8,
-                                min(d.link.up_bps, cap_bps) / 8, 2 * delay_s)
-    fair = fair_shares_Bps(topology, {g: (down, up) for g, (down, up, _) in links.items()})
-    plan_links = {g: (*fair[g], rtt) for g, (_, _, rtt) in links.items()}
-    groups = []
-    for g in topology.groups:
-        try:
-            gflops = load_profile(g.profile_path).sustained_gflops
-        except ProfileError:
-            gflops = 1.0
-        groups.append((g.group, g.count, float(gflops)))
-    ps = topology.network.ps.link
-    cut_down, cut_up = cut_Bps(topology)
-    # each group's switch links up to the PS's switch, then the PS's link
-    paths = {g.group: (*(sl.lower for sl in switch_path(topology, g.switch)), PS_LINK)
-             for g in topology.groups}
-    shared = {sl.lower: sl.link.down_bps / 8 for sl in topology.network.links}
-    shared[PS_LINK] = ps.down_bps / 8
-    # the bound's: each switch link's (down, up) and the next switch link above it (the one
-    # whose lower switch is its upper; none above a link to the PS's switch)
-    lowers = {sl.lower for sl in topology.network.links}
-    uplinks = {sl.lower: (sl.link.down_bps / 8, sl.link.up_bps / 8,
-                          sl.upper if sl.upper in lowers else "")
-               for sl in topology.network.links}
-    return {"group_links": links, "plan_links": plan_links,
-            "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),
-            "group_paths": paths, "shared_down_Bps": shared, "switch_links": uplinks,
-            "planned_groups": tuple(groups)}
-
-
-def ps_config(topology: Topology, **run: Any) -> PsConfig:
-    """The PS's configuration for a topology's job; ``run`` sets the run's own fields (token,
-    run name, dilation, ...). The simulator builds its scheduler and planner from the same."""
-    job = topology.job
-    p, validation = job.parallelism, job.validation
-    fields: dict[str, Any] = dict(
-        token="", run_name=topology.name, dtype=np.dtype(job.dtype), tile_m=p.tile_m,
-        tile_n=p.tile_n, min_offload_flops=p.min_offload_flops,
-        max_message_bytes=PLANNED_MESSAGE_BYTES if p.planner == "auto" else
-        max_message_bytes(p.tile_m, p.tile_n),
-        planner=p.planner, **plan_inputs(topology), check_values=validation.enabled,
-        freivalds_vectors=validation.freivalds_vectors,
-        quarantine_after=validation.quarantine_after)
-    return PsConfig(**{**fields, **run})
-
-
-def efficiency(bound_s: float | None, device_time_s: float) -> float | None:
-    """bound / device time (1.0: the schedule reached the bound)."""
-    if bound_s is None or not device_time_s > 0 or not bound_s == bound_s:
-        return None
-    return round(bound_s / device_time_s, 6)
-
-
-class BoundTotals:
-    """The run's sums of the per-step bound fields (for summary.json)."""
-
-    def __init__(self) -> None:
-        self.bound_s = self.device_time_s = 0.0
-        self.min_down = self.min_up = 0.0
-        self.sat_out: dict[str, str] = {}
-        # steps faster than their lower bound: impossible for a faithful emulation or simulation
-        # (links or D not what the topology says); summary.json counts them, the run warns
-        self.below = 0
-
-    def add(self, record: Any, device_time_s: float, from_ledger: int = 0) -> None:
-        # a resumed step's tiles journaled before the crash cost no device time: it may be
-        self.below += device_time_s < record.bound_s and not from_ledger
-        self.bound_s += record.bound_s
-        self.device_time_s += device_time_s
-        self.min_down += record.bytes_min_down
-        self.min_up += record.bytes_min_up
-        self.sat_out.update(record.sat_out)
-
-    def fields(self) -> dict[str, Any]:
-        return {"bound_s": round(self.bound_s, 6), "device_time_s": round(self.device_time_s, 6),
-                "bytes_min_down": int(self.min_down), "bytes_min_up": int(self.min_up),
-                "efficiency": efficiency(self.bound_s, self.device_time_s),
-                "steps_below_bound": self.below, "sat_out": self.sat_out}
 
 
 def _save(trainer: Any, run_dir: Path, losses: list[float]) -> Path:

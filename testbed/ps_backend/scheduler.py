@@ -78,16 +78,13 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from testbed.ps_backend.tiler import Region, TileBox, cut_regions, gemm_flops, k_pieces
 from testbed.ps_backend.validation import GemmCheck, check_result
 from testbed.wire.cache import BlockCache
-
-if TYPE_CHECKING:  # the executor imports this module
-    from testbed.ps_backend.executor import GemmSpec
 
 AFFINITY_SCAN = 32
 STRAGGLER_RATIO = 2.0
@@ -126,6 +123,24 @@ def block_key(key: str, rows: tuple[int, int], cols: tuple[int, int], transposed
         rows, cols = cols, rows
     return f"{key}/r{rows[0]}:{rows[1]}/c{cols[0]}:{cols[1]}"
 
+
+OPS = ("forward", "input_grad", "weight_grad")
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """What one GEMM is, for scheduling, caching and the ledger.
+
+    ``b_key`` names B's tensor when B is a weight (or its transpose) at one version, for example
+    ``"layers.0.fc1.weight@3"``: devices cache blocks of B under that name, so that on a cache
+    hit only A's block travels. It names the tensor, not the orientation: ``W`` and ``Wᵀ`` share
+    blocks (``executor.OperandKeys``). ``None`` when B is an activation (the weight-gradient GEMM).
+    """
+
+    layer: str  # e.g. "layers.0.fc1"
+    op: str  # one of OPS
+    step: int  # training step, 0-based
+    b_key: str | None = None
 
 @dataclass(eq=False)
 class GemmJob:

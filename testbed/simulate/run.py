@@ -31,7 +31,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     """Simulate the topology's job into run_dir; return the summary. ``progress(step, device
     s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far)``
     every ten seconds of wall time within a step."""
-    from testbed.ps_backend.main import BoundTotals, efficiency
+    from testbed.ps_backend.bound import BoundTotals, efficiency
     from testbed.runlog import RunLog
     from testbed.simulate.sim import Simulation
     from testbed.summary import write_simulated_summary

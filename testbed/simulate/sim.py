@@ -54,11 +54,11 @@ from testbed.emulator.network.base import path_delay_s, path_loss, switch_path
 from testbed.perf_model.profiles import load_profile
 from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.bound import floats, pass_of
-from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import (
     Assignment,
     DeviceSlot,
     GemmJob,
+    GemmSpec,
     ReadyIndex,
     Scheduler,
     Task,
@@ -143,7 +143,7 @@ class Simulation(EventLoop):
                  ps_gemm_s: float = 0.0, tile: Callable[..., None] | None = None,
                  during: Callable[[float, StepStats], None] | None = None,
                  during_every_s: float = 10.0):
-        from testbed.ps_backend.main import ps_config
+        from testbed.ps_backend.config import ps_config
 
         self.topology = topology
         job = topology.job

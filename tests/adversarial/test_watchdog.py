@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from testbed.ps_backend.core import PsConfig
-from testbed.ps_backend.executor import DivergedError, GemmSpec, TileExecutor
+from testbed.ps_backend.executor import DivergedError, TileExecutor
 from testbed.ps_backend.host import PsServer
+from testbed.ps_backend.scheduler import GemmSpec
 from testbed.runlog import read_jsonl
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire.tensors import to_tensor

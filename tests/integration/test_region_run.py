@@ -19,9 +19,8 @@ import pytest
 import torch
 import yaml
 
-from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.main import ps_config
-from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
+from testbed.ps_backend.config import ps_config
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, GemmSpec
 from testbed.ps_backend.step_plan import Cut, StepPlanner
 from testbed.ps_backend.tiler import cut_regions
 from testbed.runlog import read_jsonl

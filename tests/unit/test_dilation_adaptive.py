@@ -207,7 +207,7 @@ def test_the_verdict_holds_when_late_tiles_cannot_move_a_step_by_the_target() ->
 def test_a_step_faster_than_its_bound_is_counted_and_the_run_warns() -> None:
     from types import SimpleNamespace
 
-    from testbed.ps_backend.main import BoundTotals
+    from testbed.ps_backend.bound import BoundTotals
     from testbed.summary import run_warnings
 
     bound = BoundTotals()

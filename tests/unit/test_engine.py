@@ -28,7 +28,8 @@ from testbed.ps_backend.engine.offload import (
     fused_linear,
 )
 from testbed.ps_backend.engine.trainer import Trainer
-from testbed.ps_backend.executor import DoneHandle, GemmSpec, LocalExecutor
+from testbed.ps_backend.executor import DoneHandle, LocalExecutor
+from testbed.ps_backend.scheduler import GemmSpec
 from testbed.topology import DataSpec, JobSpec, ModelSpec, OptimizerSpec
 
 TINY = ModelSpec(hidden=32, layers=2, heads=2, ffn=64, seq_len=16)

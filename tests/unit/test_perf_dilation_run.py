@@ -29,8 +29,9 @@ import torch
 
 from testbed.emulator.dilation import device_seconds
 from testbed.ps_backend.core import PsConfig
-from testbed.ps_backend.executor import GemmSpec, TileExecutor
+from testbed.ps_backend.executor import TileExecutor
 from testbed.ps_backend.host import PsServer
+from testbed.ps_backend.scheduler import GemmSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DILATION = 3.0

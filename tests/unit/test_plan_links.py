@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from testbed.ps_backend.bound import SwitchLink
-from testbed.ps_backend.main import plan_inputs
+from testbed.ps_backend.config import plan_inputs
 from testbed.ps_backend.scheduler import DeviceSlot
 from testbed.ps_backend.step_plan import StepPlanner
 from testbed.topology import load_topology

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from testbed.ps_backend import planner
-from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.planner import (
     PlanDevice,
     deal_layer,
@@ -20,7 +19,7 @@ from testbed.ps_backend.planner import (
     predict_layer_s,
     predict_pair_s,
 )
-from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, GemmSpec, Scheduler, Verdict
 from testbed.ps_backend.step_plan import StepPlanner
 from testbed.ps_backend.tiler import TileBox, cut_regions
 

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.planner import (
     PlanDevice,
     deal_pair,
@@ -16,7 +15,7 @@ from testbed.ps_backend.planner import (
     plan_pair,
     split_boxes,
 )
-from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, GemmSpec, Scheduler, Verdict
 from testbed.ps_backend.tiler import uniform
 
 PHONES = PlanDevice("phones", 20e9, 10e6, 10e6, 0.0, count=15)  # hotcarbon's 15 phones

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from testbed.ps_backend.core import Descriptor, Outgoing, PsConfig, PsCore, ResultIn
-from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.scheduler import GemmJob
+from testbed.ps_backend.scheduler import GemmJob, GemmSpec
 from testbed.ps_backend.service import message_to_pb
 from testbed.ps_backend.tiler import uniform
 from testbed.wire.cache import BlockCache

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.scheduler import DeviceSlot, GemmJob
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, GemmSpec
 from testbed.ps_backend.step_plan import StepPlanner, sat_out_scope
 
 

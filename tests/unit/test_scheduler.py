@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from testbed.ps_backend.executor import GemmSpec
-from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, Scheduler, Verdict
+from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, GemmSpec, Scheduler, Verdict
 from testbed.ps_backend.tiler import Region, cut, uniform
 from testbed.wire.cache import BlockCache
 
@@ -48,7 +47,7 @@ def test_windows_follow_predicted_speed() -> None:
 
 
 def test_the_planner_gets_deeper_windows_than_the_queue() -> None:
-    from testbed.ps_backend.main import ps_config
+    from testbed.ps_backend.config import ps_config
     from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE, WINDOW_SCALE
     from testbed.topology import load_topology
     from tests.conftest import TINY

@@ -15,13 +15,13 @@ from collections import deque
 
 import numpy as np
 
-from testbed.ps_backend.executor import GemmSpec
 from testbed.ps_backend.scheduler import (
     MAX_COPIES,
     MIN_BACKUP_GAIN_S,
     OVERDUE_BACKUP_S,
     DeviceSlot,
     GemmJob,
+    GemmSpec,
     PendingQueue,
     Scheduler,
     Task,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -223,3 +225,15 @@ def test_a_long_step_reports_its_progress_while_it_runs() -> None:
         assert [t for _, t in seen] == sorted(t for _, t in seen)
         assert seen[0] == (0.0, 0) and 0 < seen[-1][0] <= device_s
         assert 0 < seen[-1][1] <= stats.tiles
+
+
+def test_simulate_runs_without_torch(tmp_path: Path) -> None:
+    """`testbed simulate` shares the PS's scheduler, planner, bound and configuration but none of
+    its tensors: it must not pay torch's import (about 1.5 s, each run) for them."""
+    code = ("import sys\n"
+            "from testbed.cli import main\n"
+            f"assert main(['simulate', {str(TINY)!r}, '--steps', '1', '--out', {str(tmp_path)!r}])"
+            " == 0\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\n"
+            "assert not heavy, heavy[:5]\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

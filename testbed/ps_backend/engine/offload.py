@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd import Variable
 
-from testbed.ps_backend.executor import GemmExecutor, GemmHandle, GemmSpec
+from testbed.ps_backend.executor import GemmExecutor, GemmHandle
+from testbed.ps_backend.scheduler import GemmSpec
 
 log = logging.getLogger(__name__)
 
