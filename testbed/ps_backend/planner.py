@@ -132,26 +132,29 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
     out: dict[str, Box] = {}
     a_b, b_b, c_b = tile_bytes
 
-    def cut(box: Box, first: int, end: int) -> None:
-        """Cut ``box`` among the devices ``first`` to ``end`` (excluded) of the order."""
+    def cut(box: Box, first: int, end: int, prefix: tuple[float, ...]) -> None:
+        """Cut ``box`` among the devices ``first`` to ``end`` (excluded, two or more) of the
+        order, whose running weights are ``prefix``; a part with one device or one tile is
+        that device's box."""
         r0, r1, c0, c1, s0, s1 = box
         nr, nc, ns = r1 - r0, c1 - c0, s1 - s0
-        if end - first == 1 or nr * nc * ns == 1:
-            out[names[first]] = box
-            return
-        prefix = list(itertools.accumulate(ws[first:end]))
         total = prefix[-1]
         # (duplicated bytes, dimension, extent) of each possible cut, cheapest first (the
         # dimensions differ, so ties go to the lower one)
-        options = [o for o in ((nc * ns * b_b, 0, nr), (nr * ns * a_b, 1, nc),
-                               (nr * nc * c_b, 2, ns)) if o[2] >= 2]
+        options = []
+        if nr >= 2:
+            options.append((nc * ns * b_b, 0, nr))
+        if nc >= 2:
+            options.append((nr * ns * a_b, 1, nc))
+        if ns >= 2:
+            options.append((nr * nc * c_b, 2, ns))
         options.sort()
         if fit:
             # per dimension the (imbalance, at, split) of its best cut: imbalance 1 = each run
             # gets tiles exactly in proportion to its weight; the first good one wins
             fits = []
             for _, _, extent_ in options:
-                fits.append(_best_fit(extent_, total, prefix))
+                fits.append(_best_fit(extent_, prefix))
                 if fits[-1][0] <= FIT_SLACK:
                     break
             j = len(fits) - 1 if fits[-1][0] <= FIT_SLACK else \
@@ -166,25 +169,47 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
             share = prefix[split - 1] / total
             _, dim, extent = options[0]
             at = min(extent - 1, max(1, round(extent * share)))
-        lo, hi = list(box), list(box)
-        lo[2 * dim + 1] = box[2 * dim] + at
-        hi[2 * dim] = box[2 * dim] + at
-        cut((lo[0], lo[1], lo[2], lo[3], lo[4], lo[5]), first, first + split)
-        cut((hi[0], hi[1], hi[2], hi[3], hi[4], hi[5]), first + split, end)
+        if dim == 0:
+            lo, hi = (r0, r0 + at, c0, c1, s0, s1), (r0 + at, r1, c0, c1, s0, s1)
+            lo_tiles, hi_tiles = at * nc * ns, (nr - at) * nc * ns
+        elif dim == 1:
+            lo, hi = (r0, r1, c0, c0 + at, s0, s1), (r0, r1, c0 + at, c1, s0, s1)
+            lo_tiles, hi_tiles = nr * at * ns, nr * (nc - at) * ns
+        else:
+            lo, hi = (r0, r1, c0, c1, s0, s0 + at), (r0, r1, c0, c1, s0 + at, s1)
+            lo_tiles, hi_tiles = nr * nc * at, nr * nc * (ns - at)
+        mid = first + split
+        if split == 1 or lo_tiles == 1:
+            out[names[first]] = lo
+        else:  # the left run's running weights are the first of these, to the last bit
+            cut(lo, first, mid, prefix[:split])
+        if end - mid == 1 or hi_tiles == 1:
+            out[names[mid]] = hi
+        else:
+            cut(hi, mid, end, tuple(itertools.accumulate(ws[mid:end])))
 
-    if named:
-        cut((0, grid[0], 0, grid[1], 0, grid[2]), 0, len(named))
+    box = (0, grid[0], 0, grid[1], 0, grid[2])
+    if len(named) == 1 or (named and grid[0] * grid[1] * grid[2] == 1):
+        out[names[0]] = box
+    elif named:
+        cut(box, 0, len(named), tuple(itertools.accumulate(ws)))
     return out
 
 
-def _best_fit(extent: int, total: float, prefix: Sequence[float]) -> tuple[float, int, int, int]:
+@functools.lru_cache(maxsize=1024)
+def _best_fit(extent: int, prefix: tuple[float, ...]) -> tuple[float, int, int, int]:
     """(imbalance, off-centre, at, split) of the best cut at ``at`` of ``extent`` tiles with
     the devices split before ``split`` (``prefix``: their running weights); imbalance 1 = each
     run gets tiles in proportion to its weight. For one cut the imbalance falls as the left
     run's weight nears the cut's share and rises after it, and for one split likewise as the
     cut nears its share: so only the two pairs beside that point can be best, tried from
     whichever side has fewer (trying every pair made the search quadratic at 1,000 devices;
-    ``tests/unit/test_planner.py`` checks the result against trying every pair)."""
+    ``tests/unit/test_planner.py`` checks the result against trying every pair).
+
+    Cached: runs of equal devices (a class's) meet boxes of equal extent again and again, in
+    one cut and across a search's grids (about half of the calls at 1,000 devices and on
+    large; a small cache holds them, for they come close together)."""
+    total = prefix[-1]
     splits = len(prefix) - 1
     last = extent - 1
     pairs: list[tuple[int, int]] = []  # (at, split) beside where the shares meet
@@ -192,12 +217,19 @@ def _best_fit(extent: int, total: float, prefix: Sequence[float]) -> tuple[float
         for at in range(1, extent):
             # split j leaves the left run just below the cut's share, j + 1 at or above it
             j = bisect.bisect_left(prefix, at / extent * total, 0, splits)
-            pairs += [(at, j), (at, j + 1)] if 1 <= j < splits else [(at, max(1, min(j, splits)))]
+            if 1 <= j < splits:
+                pairs += ((at, j), (at, j + 1))
+            else:
+                pairs.append((at, max(1, min(j, splits))))
     else:
         for i in range(1, splits + 1):
             # the cuts beside where the left run's share of the extent falls
             mid = int(prefix[i - 1] / total * extent)
-            pairs += [(mid, i), (mid + 1, i)] if 1 <= mid < last else [(max(1, min(mid, last)), i)]
+            if 1 <= mid < last:
+                pairs += ((mid, i), (mid + 1, i))
+            else:
+                pairs.append((max(1, min(mid, last)), i))
+    # the key orders every pair, so the order they are tried in does not matter
     best = (INF, 0, 0, 0)
     for at, i in pairs:
         left = prefix[i - 1]

@@ -257,7 +257,7 @@ def test_the_best_fit_is_the_best_of_every_cut_and_split() -> None:
                          (extent - at) / extent * total / (total - prefix[i - 1])),
                      abs(2 * at - extent), at, i)
                     for at in range(1, extent) for i in range(1, len(prefix)))
-        assert planner._best_fit(extent, total, prefix) == every
+        assert planner._best_fit(extent, tuple(prefix)) == every
 
 
 def test_the_ps_link_carries_both_ways_at_once_only_between_first_block_and_last_result() -> None:
