@@ -54,6 +54,7 @@ from testbed.emulator.network.base import path_delay_s, path_loss, switch_path
 from testbed.perf_model.profiles import load_profile
 from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.bound import floats, pass_of
+from testbed.ps_backend.config import ps_config
 from testbed.ps_backend.scheduler import (
     Assignment,
     DeviceSlot,
@@ -143,8 +144,6 @@ class Simulation(EventLoop):
                  ps_gemm_s: float = 0.0, tile: Callable[..., None] | None = None,
                  during: Callable[[float, StepStats], None] | None = None,
                  during_every_s: float = 10.0):
-        from testbed.ps_backend.config import ps_config
-
         self.topology = topology
         job = topology.job
         self.job = job
