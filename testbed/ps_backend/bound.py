@@ -562,6 +562,7 @@ class BoundTotals:
 
     def add(self, record: Any, device_time_s: float, from_ledger: int = 0) -> None:
         # a resumed step's tiles journaled before the crash cost no device time: it may be
+        # below its bound with nothing wrong (``from_ledger``: how many there were)
         self.below += device_time_s < record.bound_s and not from_ledger
         self.bound_s += record.bound_s
         self.device_time_s += device_time_s

@@ -22,7 +22,6 @@ def max_message_bytes(tile_m: int, tile_n: int) -> int:
     return 4 * tile_m * tile_n * 8 + 64 * 1024
 
 
-
 PS_LINK = "ps"  # the PS's own link in group_paths (switch links go by their lower switch)
 PLANNED_MESSAGE_BYTES = 64 * 1024 * 1024  # planned tiles are larger; the planner keeps under
 

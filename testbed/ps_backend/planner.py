@@ -188,11 +188,12 @@ def split_boxes(grid: tuple[int, int, int], weights: Sequence[tuple[str, float]]
         else:
             cut(hi, mid, end, tuple(itertools.accumulate(ws[mid:end])))
 
-    box = (0, grid[0], 0, grid[1], 0, grid[2])
-    if len(named) == 1 or (named and grid[0] * grid[1] * grid[2] == 1):
-        out[names[0]] = box
-    elif named:
-        cut(box, 0, len(named), tuple(itertools.accumulate(ws)))
+    if named:
+        box = (0, grid[0], 0, grid[1], 0, grid[2])
+        if len(named) == 1 or math.prod(grid) == 1:
+            out[names[0]] = box
+        else:
+            cut(box, 0, len(named), tuple(itertools.accumulate(ws)))
     return out
 
 

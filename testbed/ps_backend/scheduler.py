@@ -124,9 +124,6 @@ def block_key(key: str, rows: tuple[int, int], cols: tuple[int, int], transposed
     return f"{key}/r{rows[0]}:{rows[1]}/c{cols[0]}:{cols[1]}"
 
 
-OPS = ("forward", "input_grad", "weight_grad")
-
-
 @dataclass(frozen=True)
 class GemmSpec:
     """What one GEMM is, for scheduling, caching and the ledger.
@@ -138,9 +135,10 @@ class GemmSpec:
     """
 
     layer: str  # e.g. "layers.0.fc1"
-    op: str  # one of OPS
+    op: str  # "forward", "input_grad" or "weight_grad"
     step: int  # training step, 0-based
     b_key: str | None = None
+
 
 @dataclass(eq=False)
 class GemmJob:
