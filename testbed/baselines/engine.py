@@ -48,6 +48,7 @@ from testbed.baselines.membership import ReplicaMembership, row_weights
 from testbed.ps_backend.engine.data import BatchSampler, Corpus, load_corpus
 from testbed.ps_backend.engine.model import OptDecoder
 from testbed.ps_backend.engine.offload import OffloadedLinear
+from testbed.ps_backend.engine.optim import SGD
 from testbed.ps_backend.engine.trainer import DTYPES, adamw
 from testbed.topology import JobSpec
 
@@ -229,8 +230,8 @@ class DataParallelTrainer:
         self.replicas = [copy.deepcopy(model) for _ in range(replicas)]
         self.optimizers = [adamw(list(m.parameters()), job) for m in self.replicas]
         self.global_model = copy.deepcopy(model)  # the PS's copy (DiLoCo's outer parameters)
-        self.outer = torch.optim.SGD(self.global_model.parameters(), lr=outer_lr,
-                                     momentum=outer_momentum, nesterov=outer_momentum > 0)
+        self.outer = SGD(self.global_model.parameters(), lr=outer_lr, momentum=outer_momentum,
+                         nesterov=outer_momentum > 0)
         self.sampler = BatchSampler(corpus if corpus is not None else load_corpus(job.data),
                                     job.batch_size, job.model.seq_len, seed)
         self.next_step = 0

@@ -85,6 +85,7 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         DILOCO_OUTER_MOMENTUM,
         _reference_model,
     )
+    from testbed.ps_backend.engine.optim import SGD
     from testbed.ps_backend.engine.trainer import adamw
     from testbed.topology import load_topology
 
@@ -100,8 +101,8 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
     model = _reference_model(job, topo.seed) if keep_state or H > 1 else None
     params = [p for _, p in model.named_parameters()] if model is not None else []
     opt = adamw(params, job) if keep_state and H == 1 else None
-    outer = (torch.optim.SGD(params, lr=DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM,
-                             nesterov=True) if H > 1 else None)
+    outer = (SGD(params, lr=DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM, nesterov=True)
+             if H > 1 else None)
     listener = socket.create_server((plan["ps_ip"], PORT), backlog=len(rows) + 8)
     lock = threading.Lock()
     pending: list[tuple[int, socket.socket]] = []

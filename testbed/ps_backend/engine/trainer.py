@@ -22,6 +22,7 @@ from torch import nn
 from testbed.ps_backend.engine.data import BatchSampler, Corpus, load_corpus
 from testbed.ps_backend.engine.model import OptDecoder
 from testbed.ps_backend.engine.offload import GemmContext
+from testbed.ps_backend.engine.optim import AdamW
 from testbed.ps_backend.executor import GemmExecutor
 from testbed.topology import JobSpec
 
@@ -30,15 +31,15 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def adamw(params: Iterable[nn.Parameter], job: JobSpec) -> torch.optim.AdamW:
+def adamw(params: Iterable[nn.Parameter], job: JobSpec) -> AdamW:
     """The job's optimizer, as the trainer and the baselines build it.
 
     Fused: one pass over each parameter's tensors instead of one per term of the update (the PS
     runs it on the step's critical path, between its last GEMM and the next step's first).
+    torch's own kernel, without ``torch.optim``'s start-up cost (:mod:`.optim`).
     """
     opt = job.optimizer
-    return torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
-                             fused=True)
+    return AdamW(params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
 
 
 @dataclass(frozen=True)
