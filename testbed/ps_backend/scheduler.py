@@ -1613,6 +1613,8 @@ class Scheduler:
             mine = max(held * (task.flops / rate),
                        slot.upload_s(task.result_nbytes, owed)) * dilation + overhead_s
             if fetch:
+                if not copy_pays(remaining, mine + queued_s):
+                    return False  # nor with the blocks it lacks: they only add (exactly so)
                 missing = sum(nbytes for key, nbytes in task.blocks if key not in cache)
                 mine += missing / down_Bps * dilation + queued_s
             else:
