@@ -9,9 +9,10 @@ lists every stage with the term that set its bound; `--layers` prints, per linea
 planner's prediction for its forward and backward planned apart and on one grid (devices keeping
 forward's W and X blocks for backward, the grid's blocks cut into parts; docs/planning.md) and
 which it takes; `--links`, per pass, the device whose link carried the most and how much of the
-pass that link alone needed (the bytes of the plans, at its rate).
+pass that link alone needed (the bytes of the plans, at its rate); `--cpu`, where the
+simulation's own time went (the planner's CPU seconds, the scheduler's backup walk).
 
-    .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--links]
+    .venv/bin/python bench/stage_profile.py [topology] [--stages] [--layers] [--links] [--cpu]
                                             [--quick] [--window-scale N]
     .venv/bin/python bench/stage_profile.py --run RUN_DIR [--step N] [--stages] [--tiles]
                                             [--gemm SUBSTRING]
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--links", action="store_true",
                    help="per pass: the device whose link carried the most, against the pass")
     p.add_argument("--quick", action="store_true", help="cut the model to 2 layers")
+    p.add_argument("--cpu", action="store_true",
+                   help="where the simulation's own time went: the planner's CPU seconds and "
+                        "the scheduler's backup walk (calls and wall seconds)")
     p.add_argument("--window-scale", type=float, default=None,
                    help="tiles in a median-speed device's window (default: the planner's, "
                         f"{PLANNED_WINDOW_SCALE} for auto and {WINDOW_SCALE} for fifo; a "
@@ -93,10 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     sim = Simulation(topology, noise=True)
     if args.window_scale is not None:
         sim.scheduler.window_scale = args.window_scale  # before the devices join
+    calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    if args.cpu:
+        for name in ("_assign_backups", "_backup_candidate"):
+            time_calls(sim.scheduler, name, calls)
     started = time.monotonic()
     sim.start()
     device_s, stats, record = sim.run_step(0)
     print(f"{topology.name}: one step, simulated in {time.monotonic() - started:.1f} s")
+    if args.cpu:
+        walks, walk_s = calls["_assign_backups"]
+        print(f"  planner {sim.planner.cpu_s:.1f} CPU s; backup walk {walk_s:.1f} s in "
+              f"{walks:,.0f} calls, testing {calls['_backup_candidate'][0]:,.0f} devices")
     print_kinds(record.stages, args.stages)
     print(f"step: {device_s:.2f} s device time, bound_s {record.bound_s:.2f} s "
           f"(x{device_s / record.bound_s:.2f}); bytes down {stats.bytes_down / 1e9:.2f} GB "
@@ -108,6 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.links:
         print_links(sim, record.stages)
     return 0
+
+
+def time_calls(obj: object, name: str, calls: dict[str, list[float]]) -> None:
+    """Count ``obj.name``'s calls and their wall seconds into ``calls[name]`` (the instance's
+    method, wrapped: the class's own calls to it go through the wrapper too)."""
+    method = getattr(obj, name)
+
+    def timed(*args: object, **kwargs: object) -> object:
+        started = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            calls[name][0] += 1
+            calls[name][1] += time.perf_counter() - started
+    setattr(obj, name, timed)
 
 
 def print_kinds(stages: list[tuple[str, float, float, str]], every: bool) -> None:
