@@ -47,24 +47,31 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 def test_adamw_is_torchs_fused_adamw_bit_for_bit(dtype: torch.dtype) -> None:
     ours, theirs = _params(dtype), _params(dtype)
     kw = {"lr": 3e-2, "betas": (0.9, 0.95), "weight_decay": 0.1}
-    _train(AdamW(ours, **kw), ours, 6, _gen(1), skip_last=True)
+    opt = AdamW(ours, **kw)
+    _train(opt, ours, 6, _gen(1), skip_last=True)
     _train(torch.optim.AdamW(theirs, fused=True, **kw), theirs, 6, _gen(1),
            skip_last=True)
     _same(ours, theirs)
     assert not torch.equal(ours[0].detach(), _params(dtype)[0])  # it did move them
+    assert ours[-1] not in opt.state and opt.state[ours[0]]["step"] == 6
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sgd_nesterov_is_torchs_sgd_bit_for_bit(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("momentum, nesterov", [(0.9, True), (0.9, False), (0.0, False)])
+def test_sgd_is_torchs_sgd_bit_for_bit(dtype: torch.dtype, momentum: float,
+                                       nesterov: bool) -> None:
+    """DiLoCo's outer step as the baselines build it (Nesterov when the momentum is above 0)."""
     ours, theirs = _params(dtype), _params(dtype)
-    _train(SGD(ours, lr=0.7, momentum=0.9, nesterov=True), ours, 5, _gen(2))
-    _train(torch.optim.SGD(theirs, lr=0.7, momentum=0.9, nesterov=True), theirs, 5, _gen(2))
+    kw = {"lr": 0.7, "momentum": momentum, "nesterov": nesterov}
+    _train(SGD(ours, **kw), ours, 5, _gen(2))
+    _train(torch.optim.SGD(theirs, **kw), theirs, 5, _gen(2))
     _same(ours, theirs)
 
 
 def test_state_dicts_go_both_ways_and_training_goes_on_the_same() -> None:
-    """A checkpoint written by torch.optim (runs before this module) loads in ours, and ours in
-    torch's: three steps, the state handed over, three more, against six in one optimizer."""
+    """A checkpoint written by torch.optim (as the trainer's were before this module) loads in
+    ours, and ours in torch's: three steps, the state handed over, three more, against six in
+    one optimizer."""
     kw = {"lr": 1e-2, "betas": (0.9, 0.999), "weight_decay": 0.01}
     straight = _params(torch.float64)
     _train(AdamW(straight, **kw), straight, 6, _gen(3))
@@ -94,7 +101,7 @@ def test_a_state_for_other_parameters_is_refused() -> None:
 
 def test_training_a_step_does_not_import_torch_dynamo() -> None:
     """What the optimizers are for: a trainer's start and steps (and its checkpoint) without
-    torch._dynamo, whose import took 1.7-2.9 s of every PS start."""
+    torch._dynamo, whose import took 1.6-2.0 s of every PS start (docs/engine.md)."""
     code = (
         "import sys, io, torch\n"
         "from pathlib import Path\n"

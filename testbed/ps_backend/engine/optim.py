@@ -1,9 +1,9 @@
 """The optimizers of the trainer and the baselines: torch's own update arithmetic, called directly.
 
 ``torch.optim``'s classes import ``torch._dynamo`` at their first call (``Optimizer.step``'s
-wrapper and the methods marked ``_disable_dynamo`` do): 1.7-2.9 s of the start of every PS and
-every baseline stage or replica process on our 2-core hosts, for a compiler the testbed never
-uses. These two classes do the same updates without it:
+wrapper and the methods marked ``_disable_dynamo`` do): 1.6-2.0 s of the start of every PS and
+every baseline stage or replica process on our 2-core hosts (docs/engine.md), for a compiler the
+testbed never uses. These two classes do the same updates without it:
 
 * :class:`AdamW` runs the fused CPU kernel that ``torch.optim.AdamW(fused=True)`` runs
   (``torch._fused_adamw_``), on the same state (a float32 ``step`` tensor, ``exp_avg``,
@@ -53,7 +53,8 @@ class _Optimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Take the state (copied, floating tensors cast to their parameter's dtype, as
-        ``torch.optim`` does; ``step`` stays a float32 scalar)."""
+        ``torch.optim`` does; ``step`` stays a float32 scalar). The hyperparameters stay this
+        optimizer's own: the job's, which the checkpoint's owner checks (``Trainer``)."""
         groups = state_dict.get("param_groups", [])
         count = sum(len(g["params"]) for g in groups)
         if len(groups) != 1 or count != len(self.params):
