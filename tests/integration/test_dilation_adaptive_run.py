@@ -1,7 +1,7 @@
 """Adaptive time dilation with real agent processes and a real PS.
 
 * the probe picks a larger D on a host made slow on purpose (every agent pinned to one core
-  that a CPU burner we start also occupies) than on the same host left alone;
+  that CPU burners we start also occupy) than on the same host left alone;
 * in a run, D changes only between steps, and each step's device time (wall / D of that step)
   stays the same job's device time whatever D is.
 """
@@ -49,16 +49,15 @@ def _probe(agents: int, cores: set[int] | None) -> tuple[float, list[dict]]:
         for i in range(agents):
             ps.spawn(f"emu-{i}", "emulated", "snapdragon888", seed=i, cores=cores)
         ps.wait_joined(agents)
-        # a 6% target: the probe raises D only while the tiles' lateness can move the
+        # a 10% target: the probe raises D only while the tiles' lateness can move the
         # round's device time by more than the target. With 3 agents, in the judged rounds at
-        # D = 1 the idle host's lateness moved it by 0.4-2.7 % (p95 error 2-21 %) and the
-        # slowed host's by 16.8-22.2 % (7 idle and 5 slowed one-off runs of _probe): over
-        # twice off the target either way. (With 6 agents the idle host was itself near its
-        # two cores' capacity at D = 1: one of three idle probes, and one in a full suite run,
-        # moved the round by more than a 12 % target and chose D = 8, the 8x cap of one
-        # round, as the slowed host does.) 5 rounds, so that on a host others load heavily
-        # both probes still get to D that meet it
-        return run_probe(ps.server, ps.executor, job, agents, 1.0, 0.06, seed=0, rounds=5)
+        # D = 1 the idle host's lateness moved it by 0.03-7.0 % and the slowed host's (eight
+        # burners) by 17.4-41.5 % (8 idle and 5 slowed one-off runs of _probe on 2026-11-28;
+        # 0.4-2.7 % and, with four burners, 16.8-22.2 % in earlier ones; with four, 10.2-25.5 %
+        # that day): 1.4 times under the target and 1.7 times over it at the closest. (With 6
+        # agents the idle host was itself near its two cores' capacity at D = 1.) 5 rounds, so
+        # that on a host others load heavily both probes still get to D that meet it
+        return run_probe(ps.server, ps.executor, job, agents, 1.0, 0.10, seed=0, rounds=5)
 
 
 def _busy_share(window_s: float = 0.5) -> float:
@@ -86,14 +85,21 @@ def _wait_until_quiet(most_s: float = 30.0, busy: float = 0.1) -> None:
 
 def test_probe_picks_a_larger_dilation_on_a_host_made_slow() -> None:
     cores = sorted(os.sched_getaffinity(0))
-    _wait_until_quiet()
-    idle_d, idle = _probe(3, None)
-    # four burners on the agents' one core: the agents there get a small share of a core
+    # the host left alone, probed twice: what else runs can only make tiles late and raise D,
+    # never lower it, so the smaller choice is the idle host's (in one full suite run an idle
+    # probe (then at a 6 % target) chose D = 8, the one-round cap, as the slowed host does;
+    # one of 8 one-off idle probes chose 7.7)
+    probes = []
+    for _ in range(2):
+        _wait_until_quiet()
+        probes.append(_probe(3, None))
+    idle_d, idle = min(probes, key=lambda p: p[0])
+    # eight burners on the agents' one core: the agents there get a small share of a core
     # while the host's other work is spread over all cores (the agents hold at real-time
     # priority, so only their compute, not their wake-ups, feels the burners)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                 preexec_fn=lambda: os.sched_setaffinity(0, {cores[0]}))
-               for _ in range(4)]
+               for _ in range(8)]
     try:
         slow_d, slow = _probe(3, {cores[0]})
     finally:
