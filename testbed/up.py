@@ -581,7 +581,8 @@ def run_up(args: argparse.Namespace) -> int:
 
     make_report(run_dir)
     loss = summary.get("final_loss")
-    console.print(f"{summary.get('state', 'failed')}: {summary.get('steps_done', 0)} steps, "
+    done = summary.get("steps_done", 0)
+    console.print(f"{summary.get('state', 'failed')}: {done} step{'' if done == 1 else 's'}, "
                   f"final loss {loss if loss is None else f'{loss:.4f}'}, "
                   f"{summary.get('tiles', 0)} tiles; run directory {run_dir}")
     for warning in run_warnings(summary):

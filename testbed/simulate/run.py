@@ -27,10 +27,12 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
              report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0,
-             trace_tiles: bool = False, during: Any = None) -> dict[str, Any]:
+             trace_tiles: bool = False, during: Any = None, during_every_s: float = 10.0
+             ) -> dict[str, Any]:
     """Simulate the topology's job into run_dir; return the summary. ``progress(step, device
-    s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far)``
-    every ten seconds of wall time within a step."""
+    s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far,
+    planner CPU s so far)`` every ``during_every_s`` of wall time within a step (a large topology's
+    first step plans for most of its wall time: StepPlanner.cpu_s says so)."""
     from testbed.ps_backend.bound import BoundTotals, efficiency
     from testbed.runlog import RunLog
     from testbed.simulate.sim import Simulation
@@ -38,13 +40,17 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
 
     sim: Simulation | None = None  # the log's clock: virtual seconds once the simulation exists
     log = RunLog(run_dir, elapsed_s=lambda: sim.now_s if sim is not None else 0.0)
-    current = [0, time.monotonic()]  # the step under way, when it started (wall)
+    # the step under way, when it started (wall) and the planner's CPU seconds by then
+    current: list[float] = [0, time.monotonic(), 0.0]
 
     def within(device_s: float, stats: Any) -> None:
-        during(current[0], device_s, stats.tiles, time.monotonic() - current[1])
+        assert sim is not None
+        during(int(current[0]), device_s, stats.tiles, time.monotonic() - current[1],
+               sim.planner.cpu_s - current[2])
     sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s,
                      tile=log.tile if trace_tiles else None,
-                     during=within if during is not None else None)
+                     during=within if during is not None else None,
+                     during_every_s=during_every_s)
     job = topology.job
     bound = BoundTotals()
     started = time.monotonic()
@@ -56,7 +62,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         sim.start()
         for step in range(job.steps):
             t0 = time.monotonic()
-            current[:] = [step, t0]
+            current[:] = [step, t0, sim.planner.cpu_s]
             device_s, stats, record = sim.run_step(step)
             bound.add(record, device_s)
             log.step(step=step, loss=None, wall_s=round(device_s, 6),
@@ -121,9 +127,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)",
               flush=True)
 
-    def during(step: int, device_s: float, tiles: int, wall_s: float) -> None:
+    def during(step: int, device_s: float, tiles: int, wall_s: float, planning_s: float
+               ) -> None:
         print(f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles "
-              f"({wall_s:.0f} s)", flush=True)
+              f"({wall_s:.0f} s, planning {planning_s:.0f} CPU s of them)", flush=True)
     if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
         from testbed.baselines.run import simulate_baseline
         summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
@@ -136,7 +143,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     eff = summary.get("efficiency")
     eff_text = f"{eff:.2f}" if isinstance(eff, float) else "n/a (no bound for this strategy)"
-    print(f"done: {summary['steps_done']} steps, {summary['wall_s']:.3f} s device time, "
+    done = summary["steps_done"]
+    print(f"done: {done} step{'' if done == 1 else 's'}, {summary['wall_s']:.3f} s device time, "
           f"efficiency {eff_text}, energy {summary['energy']['total']['total_j']:.1f} J")
     return EXIT_OK
 

@@ -227,6 +227,30 @@ def test_a_long_step_reports_its_progress_while_it_runs() -> None:
         assert 0 < seen[-1][1] <= stats.tiles
 
 
+def test_simulate_reports_each_steps_planning_while_it_runs(tmp_path: Path) -> None:
+    """`simulate`'s `during` gets, with the step's totals so far, the planner's CPU seconds
+    of this step so far: never negative, only growing within a step, and over the steps no
+    more than the run's `planner_cpu_s` (the CLI prints it: a large topology's first step
+    plans for most of its wall time)."""
+    topology = load_topology(TINY).with_overrides(steps=2)
+    seen: list[tuple[int, float, float]] = []
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = simulate(topology, run_dir, noise=False, report=False,
+                       during=lambda step, _d, _t, wall, planning:
+                       seen.append((step, wall, planning)),
+                       during_every_s=0.0)
+    assert {step for step, _, _ in seen} == {0, 1}
+    last = {}
+    for step in (0, 1):
+        planning = [p for st, _, p in seen if st == step]
+        assert planning == sorted(planning) and planning[0] >= 0.0
+        last[step] = planning[-1]
+    # the first step plans every shape; the second finds them made (the topology's groups)
+    assert last[0] > 0.0 and last[1] < last[0]
+    assert last[0] + last[1] <= summary["planner_cpu_s"] + 1e-3
+
+
 def test_simulate_runs_without_torch(tmp_path: Path) -> None:
     """`testbed simulate` shares the PS's scheduler, planner, bound and configuration but none of
     its tensors: it must not pay torch's import (about 1.5 s, each run) for them."""
