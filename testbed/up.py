@@ -670,6 +670,7 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
             return {"state": "starting"}
 
     printed = 0
+    state = "starting"  # the PS's, as the plain output last said it
     with Live(render(snapshot(), run.topology.name), console=console, refresh_per_second=4,
               transient=False) if live else contextlib.nullcontext() as view:
         while not stop.wait(0.25):
@@ -677,6 +678,12 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
             if view is not None:
                 view.update(render(snapshot(), run.topology.name, run.notes))
             else:
+                # the PS's phases before training (waiting for devices, probing the time
+                # dilation, planning) take minutes on large topologies: say which one runs
+                now = snapshot().get("state", state)
+                if now != state and now not in ("training", "done", "failed", "interrupted"):
+                    console.print(f"PS: {now}")
+                state = now
                 steps = read_jsonl(run.run_dir / "steps.jsonl")
                 for s in steps[printed:]:
                     console.print(f"step {s['step']}: loss {s['loss']:.4f}, {s['tiles']} tiles, "
@@ -737,10 +744,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="override job.steps")
     p.add_argument("--out", default="runs", help="directory for run directories (default: runs)")
     p.add_argument("--no-live", action="store_true",
-                   help="print one line per step instead of the live view")
+                   help="plain lines instead of the live view: the PS's phases before "
+                   "training (waiting for devices, probing, planning) as they change, then "
+                   "one line per step")
     p.add_argument("--churn", default=None, help="churn trace CSV (overrides the topology's)")
     p.add_argument("--join-timeout", type=float, default=60.0,
-                   help="seconds to wait for the devices before training starts anyway")
+                   help="seconds without a new device attaching (from the PS's start, then "
+                   "from the last arrival) before training starts with those present")
     p.add_argument("--trace-tiles", action="store_true",
                    help="write RUN_DIR/tiles.jsonl: every accepted tile's times (handed out, "
                         "arrived, started, done, accepted), its modelled compute_s and result "

@@ -25,9 +25,9 @@ Where things go (names written down once):
   Termux listener; the reason or what to type is also a note under the table).
 
 Expected devices: a phone in state ``device`` on the adb server when the run starts counts as an
-expected device, so the PS waits for it (up to ``--join-timeout``) before training. A phone that
-then cannot run the agent delays the start by that timeout; a phone plugged later joins the
-running job.
+expected device, so the PS waits for it before training (until ``--join-timeout`` passes with no
+device attaching). A phone that then cannot run the agent delays the start by that timeout after
+the last device that did attach; a phone plugged later joins the running job.
 
 Network: the bridge's relays run in this process, in the root network namespace, where the adb
 server delivers the phones' reverse connections. On the loopback backend they dial the PS

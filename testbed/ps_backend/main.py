@@ -1,11 +1,11 @@
 """The PS process: ``python -m testbed.ps_backend --topology T --run-dir D``.
 
 Starts the gRPC server, writes ``ps.json`` (address, pid) once it listens, waits for the
-expected devices (up to ``--join-timeout-s``), trains the job's steps through the tile executor,
-writes ``steps.jsonl``, ``devices.jsonl``, ``status.json`` and ``summary.json``, tells every device
-to stop and exits 0. SIGTERM or SIGINT ends it between (or inside) steps with exit code 1 and a
-summary marked ``interrupted``. The join token comes from the environment (``TESTBED_TOKEN``), not
-the command line, so that process listings do not show it.
+expected devices (until ``--join-timeout-s`` passes with no new one), trains the job's steps
+through the tile executor, writes ``steps.jsonl``, ``devices.jsonl``, ``status.json`` and
+``summary.json``, tells every device to stop and exits 0. SIGTERM or SIGINT ends it between (or
+inside) steps with exit code 1 and a summary marked ``interrupted``. The join token comes from the
+environment (``TESTBED_TOKEN``), not the command line, so that process listings do not show it.
 
 Crash safety: every accepted tile is journaled in ``ledger/`` (:mod:`testbed.ps_backend.ledger`)
 and a checkpoint (model, optimizer, RNG, losses so far) is written atomically to ``checkpoints/``
@@ -257,24 +257,38 @@ def fidelity_fields(errors: Any, lags_s: Any) -> dict[str, Any]:
 
 def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
                       stop: threading.Event) -> int:
-    """Wait until `expected` distinct devices are attached; return how many are."""
+    """Wait until `expected` distinct devices are attached, or until `timeout_s` passed with
+    no new one (from the start, then from the last to attach); return how many are.
+
+    Counted from the last arrival, not from the start: `testbed up` starts its agents one
+    after another, and the last of the 240 of topologies/large.yaml attached 78-95 s after the
+    PS started on 2 cores, so a 60 s wait from the start ended with 149-155 of them (training
+    then waited for the planner, and they all came in time; a quicker plan would have started
+    step 0 without a third of its devices)."""
     deadline = time.monotonic() + timeout_s
+    most = 0
     core = server.core
     assert core is not None
-
-    def attached() -> int:
-        # distinct names with an open Work stream: a join whose caller gave up and joined
-        # again leaves a stale registration behind until its lease expires; it must not count
-        return server.call(lambda: len({c.slot.name for c in core.conns.values()
-                                        if c.outbox is not None}))
     while not stop.is_set() and time.monotonic() < deadline:
         if core.watchdog_reason is not None:
             raise WatchdogError(core.watchdog_reason)
-        joined = attached()
+        joined = _attached(server)
         if joined >= expected:
             return joined
+        if joined > most:  # a new arrival: more may be on their way
+            most, deadline = joined, time.monotonic() + timeout_s
         time.sleep(0.05)
-    return attached()
+    return _attached(server)
+
+
+def _attached(server: PsServer) -> int:
+    """Devices attached now: distinct names with an open Work stream (a join whose caller gave
+    up and joined again leaves a stale registration behind until its lease expires; it must
+    not count)."""
+    core = server.core
+    assert core is not None
+    return server.call(lambda: len({c.slot.name for c in core.conns.values()
+                                    if c.outbox is not None}))
 
 
 def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
@@ -371,7 +385,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         if joined > 0 and not stop.is_set():
             status.fields["state"] = "planning"
             _plan_ahead(server, trainer, runlog)
-        runlog.event("training_start", devices=joined, expected_devices=expected_devices)
+        # counted again: devices may attach while the probe and the planner run
+        runlog.event("training_start", devices=_attached(server),
+                     expected_devices=expected_devices)
         status.fields["state"] = "training"
         stop.wait(0)  # a SIGTERM during the wait ends here
         if stop.is_set():
@@ -492,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expect-devices", type=int, default=None,
                    help="devices to wait for before training (default: the topology's count)")
     p.add_argument("--join-timeout-s", type=float, default=60.0,
-                   help="start training after this long even if not every device joined")
+                   help="start training with the devices present once this long passed "
+                   "with no new one attaching (from the start, then from the last arrival)")
     p.add_argument("--dilation", type=float, default=1.0, help="time dilation factor D >= 1")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads for the PS's own work between GEMMs (attention, norms, "

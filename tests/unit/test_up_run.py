@@ -329,3 +329,38 @@ def test_resume_counts_trace_time_at_each_d_an_adaptive_run_had() -> None:
               {"event": "run_stop", "t": 100.6}]
     state = resume_point(_schedule(), events, dilation=1.0)
     assert abs(state.trace_s - 0.2) <= 1e-9
+
+
+# -- the plain progress of `testbed up --no-live` -----------------------------------------------
+
+def test_plain_progress_names_each_phase_before_training_once(tmp_path: Path) -> None:
+    """Without the live view, `testbed up` prints the PS's phases before training as they
+    change (waiting for devices, probing, planning: minutes on large topologies), each once,
+    then a line per step; it reads them from status.json and steps.jsonl as it polls."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from testbed.up import EXIT_OK, _watch
+
+    script = ["starting", "waiting for devices", "waiting for devices", "planning",
+              "planning", "training", "training", "done"]
+    polls = iter(range(len(script) + 1))
+
+    def poll() -> int | None:
+        i = next(polls)
+        if i < len(script):
+            (tmp_path / "status.json").write_text(json.dumps({"state": script[i]}))
+        if script[min(i, len(script) - 1)] == "training" and \
+                not (tmp_path / "steps.jsonl").exists():
+            (tmp_path / "steps.jsonl").write_text(json.dumps(
+                {"step": 0, "loss": 5.25, "tiles": 71, "wall_s": 0.5}) + "\n")
+        return 0 if i >= len(script) else None
+
+    run = SimpleNamespace(run_dir=tmp_path, poll=poll, adb=None, notes=[],
+                          topology=SimpleNamespace(name="tiny"))
+    console = Console(record=True, width=120)
+    assert _watch(run, threading.Event(), console, live=False) == EXIT_OK  # type: ignore[arg-type]
+    lines = console.export_text().splitlines()
+    assert lines == ["PS: waiting for devices", "PS: planning",
+                     "step 0: loss 5.2500, 71 tiles, 0.50 s"], lines
