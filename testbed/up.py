@@ -680,6 +680,8 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
             else:
                 # the PS's phases before training (waiting for devices, probing the time
                 # dilation, planning) take minutes on large topologies: say which one runs
+                # (not training, whose steps have their lines, nor how the run ended, which
+                # run_up's last line says; a short run goes from starting to done between polls)
                 now = snapshot().get("state", state)
                 if now != state and now not in ("training", "done", "failed", "interrupted"):
                     console.print(f"PS: {now}")

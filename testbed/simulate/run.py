@@ -41,12 +41,13 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     sim: Simulation | None = None  # the log's clock: virtual seconds once the simulation exists
     log = RunLog(run_dir, elapsed_s=lambda: sim.now_s if sim is not None else 0.0)
     # the step under way, when it started (wall) and the planner's CPU seconds by then
-    current: list[float] = [0, time.monotonic(), 0.0]
+    current = (0, time.monotonic(), 0.0)
 
     def within(device_s: float, stats: Any) -> None:
         assert sim is not None
-        during(int(current[0]), device_s, stats.tiles, time.monotonic() - current[1],
-               sim.planner.cpu_s - current[2])
+        step, wall0, planned0 = current
+        during(step, device_s, stats.tiles, time.monotonic() - wall0,
+               sim.planner.cpu_s - planned0)
     sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s,
                      tile=log.tile if trace_tiles else None,
                      during=within if during is not None else None,
@@ -62,7 +63,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         sim.start()
         for step in range(job.steps):
             t0 = time.monotonic()
-            current[:] = [step, t0, sim.planner.cpu_s]
+            current = (step, t0, sim.planner.cpu_s)
             device_s, stats, record = sim.run_step(step)
             bound.add(record, device_s)
             log.step(step=step, loss=None, wall_s=round(device_s, 6),

@@ -333,34 +333,43 @@ def test_resume_counts_trace_time_at_each_d_an_adaptive_run_had() -> None:
 
 # -- the plain progress of `testbed up --no-live` -----------------------------------------------
 
-def test_plain_progress_names_each_phase_before_training_once(tmp_path: Path) -> None:
-    """Without the live view, `testbed up` prints the PS's phases before training as they
-    change (waiting for devices, probing, planning: minutes on large topologies), each once,
-    then a line per step; it reads them from status.json and steps.jsonl as it polls."""
+def _plain_lines(run_dir: Path, script: list[str]) -> list[str]:
+    """What `testbed up --no-live` prints while the PS's status.json goes through ``script``,
+    one state a poll (a step 0 line appears in steps.jsonl once the state is training)."""
     from types import SimpleNamespace
 
     from rich.console import Console
 
     from testbed.up import EXIT_OK, _watch
 
-    script = ["starting", "waiting for devices", "waiting for devices", "planning",
-              "planning", "training", "training", "done"]
     polls = iter(range(len(script) + 1))
 
     def poll() -> int | None:
         i = next(polls)
         if i < len(script):
-            (tmp_path / "status.json").write_text(json.dumps({"state": script[i]}))
+            (run_dir / "status.json").write_text(json.dumps({"state": script[i]}))
         if script[min(i, len(script) - 1)] == "training" and \
-                not (tmp_path / "steps.jsonl").exists():
-            (tmp_path / "steps.jsonl").write_text(json.dumps(
+                not (run_dir / "steps.jsonl").exists():
+            (run_dir / "steps.jsonl").write_text(json.dumps(
                 {"step": 0, "loss": 5.25, "tiles": 71, "wall_s": 0.5}) + "\n")
         return 0 if i >= len(script) else None
 
-    run = SimpleNamespace(run_dir=tmp_path, poll=poll, adb=None, notes=[],
+    run = SimpleNamespace(run_dir=run_dir, poll=poll, adb=None, notes=[],
                           topology=SimpleNamespace(name="tiny"))
     console = Console(record=True, width=120)
     assert _watch(run, threading.Event(), console, live=False) == EXIT_OK  # type: ignore[arg-type]
-    lines = console.export_text().splitlines()
+    return console.export_text().splitlines()
+
+
+def test_plain_progress_names_each_phase_before_training_once(tmp_path: Path) -> None:
+    """Without the live view, `testbed up` prints the PS's phases before training as they
+    change (waiting for devices, probing, planning: minutes on large topologies), each once,
+    then a line per step; not how the run ended, which its last line says (a short run can go
+    from starting to done between two polls)."""
+    lines = _plain_lines(tmp_path, ["starting", "waiting for devices", "waiting for devices",
+                                    "planning", "planning", "training", "training", "done"])
     assert lines == ["PS: waiting for devices", "PS: planning",
                      "step 0: loss 5.2500, 71 tiles, 0.50 s"], lines
+    (tmp_path / "status.json").unlink()
+    (tmp_path / "steps.jsonl").unlink()
+    assert _plain_lines(tmp_path, ["starting", "done"]) == []
