@@ -54,10 +54,15 @@ def fidelity_topology():
 @pytest.mark.slow
 def test_rates_each_way_and_rtt_within_tolerance():
     topo = fidelity_topology()
+    progress: list[tuple[int, str, list]] = []
     with MininetNetwork(topo) as net:
-        rows = check_devices(net, list(topo.devices), tolerance=0.10, seconds=3, samples=10)
+        rows = check_devices(net, list(topo.devices), tolerance=0.10, seconds=3, samples=10,
+                             on_device=lambda n, d, its: progress.append((n, d.name, its)))
     table = format_table(rows)
     assert len(rows) == 9, table
+    # the progress named each device once, in order, with its own rows as they were measured
+    assert [(n, name) for n, name, _ in progress] == [(1, "a-0"), (2, "b-0"), (3, "c-0")]
+    assert [r for _, _, its in progress for r in its] == rows
     configured = {(r.device, r.quantity): r.configured for r in rows}
     # the configuration under test is what we think it is: path rates and RTTs
     assert configured[("a-0", "down")] == 10e6 and configured[("a-0", "up")] == 1e6

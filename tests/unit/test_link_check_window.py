@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.emulator.network.check import measurement_window_s, window_rate_bps
+from testbed.emulator.network.check import (
+    QUIET_S,
+    START_S,
+    Row,
+    device_estimate_s,
+    format_device,
+    measurement_window_s,
+    window_rate_bps,
+)
 from testbed.topology import parse_topology
 
 
@@ -39,15 +47,20 @@ def test_no_samples_in_the_window_is_an_error_not_a_figure():
         window_rate_bps([(0.0, 0)], 1, 3, 1e6)
 
 
-def test_slow_paths_skip_and_measure_longer():
-    topo = parse_topology({
+def slow_links_topology():
+    """p: 1 Mbit down behind a 100-packet queue, 100 Mbit up; q: 1 Mbit each way, 5 ms."""
+    return parse_topology({
         "name": "w", "network": {"backend": "mininet", "switches": ["s"],
                                  "ps": {"switch": "s", "link": {"down": "1Gbit", "up": "1Gbit"}}},
         "devices": [{"group": "p", "profile": "snapdragon888", "count": 1, "switch": "s",
                      "link": {"down": "1Mbit", "up": "100Mbit", "queue": 100}},
                     {"group": "q", "profile": "snapdragon888", "count": 1, "switch": "s",
-                     "link": {"down": "1Mbit", "up": "1Mbit"}}],
+                     "link": {"down": "1Mbit", "up": "1Mbit", "delay": "5ms"}}],
         "job": {"model": {"hidden": 64, "layers": 1, "heads": 1, "ffn": 64, "seq_len": 16}}})
+
+
+def test_slow_paths_skip_and_measure_longer():
+    topo = slow_links_topology()
     p, q = topo.devices
     # 100 frames of 1514 bytes drain in 1.21 s at 1 Mbit/s: skip 3 s, measure 5 s, and 20
     # lumps of 64 KB at 1 Mbit/s take 10.5 s: measure 11
@@ -69,3 +82,22 @@ def test_lumps_of_an_offloading_sender_are_counted_whole():
         samples.append((t, total))
         t = round(t + 0.02, 9)
     assert window_rate_bps(samples, 1, 5, rate) == pytest.approx(rate, rel=0.02)
+
+
+def test_the_estimate_adds_each_measurements_window_and_the_round_trips():
+    topo = slow_links_topology()
+    p, q = topo.devices
+    per_run_s = QUIET_S + START_S + 1  # the quiet wait, the client's start, the extra second
+    # p: down (3 + 11) and up (1 + 3), then 10 RTT samples with no delay on its path
+    assert device_estimate_s(topo, p) == pytest.approx(2 * per_run_s + 14 + 4 + START_S)
+    # q: both ways (10 + 40); 10 samples of 2 x 5 ms
+    assert device_estimate_s(topo, q) == pytest.approx(2 * per_run_s + 100 + START_S + 0.1)
+    # --duplex adds one run as long as the longer direction's
+    assert device_estimate_s(topo, p, duplex=True) == pytest.approx(
+        device_estimate_s(topo, p) + per_run_s + 14)
+
+
+def test_a_devices_progress_line_names_each_figure_and_flags_what_is_off():
+    rows = [Row("p-0", "down", 1e6, 0.994e6, 0.1), Row("p-0", "up", 1e8, 0.5e8, 0.1),
+            Row("p-0", "rtt", 0.01, 0.0102, 0.1)]
+    assert format_device(rows) == "down 0.99 Mbit/s  up 50.00 Mbit/s NO  rtt 10.20 ms"

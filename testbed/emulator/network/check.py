@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from testbed.agent.hold import HOLD_RT_PRIORITY, hold_until
 from testbed.emulator.network.base import FRAME_BYTES, AppShaping, path_delay_s, switch_path
@@ -325,10 +325,31 @@ class Row:
         return abs(self.measured - self.configured) <= slack
 
 
+# what a measurement costs beside its window: the iperf3 client's start and the check's own
+# process starts (python for the echo client), on a loaded 2-core host
+START_S = 1.0
+
+
+def device_estimate_s(topology: Topology, device: DeviceSpec, seconds: float = 3.0,
+                      samples: int = 10, duplex: bool = False) -> float:
+    """About how long :func:`check_devices` takes for one device: per measurement the quiet
+    wait, the skipped and measured window, the traffic's extra second and a start; the RTT
+    samples at the path's round trip. A plan for the user's patience, not a measurement."""
+    def run_s(directions: tuple[str, ...]) -> float:
+        return QUIET_S + START_S + 1 + max(
+            sum(measurement_window_s(topology, device, d, seconds)) for d in directions)
+
+    total = run_s(("down",)) + run_s(("up",)) + (run_s(("down", "up")) if duplex else 0.0)
+    return total + START_S + samples * 2 * path_delay_s(topology, device)
+
+
 def check_devices(net: MininetNetwork, devices: list[DeviceSpec], tolerance: float = 0.10,
-                  seconds: float = 3.0, samples: int = 10, duplex: bool = False) -> list[Row]:
+                  seconds: float = 3.0, samples: int = 10, duplex: bool = False,
+                  on_device: Callable[[int, DeviceSpec, list[Row]], None] | None = None
+                  ) -> list[Row]:
     """Measure each device's path (throughput each way, RTT) on a started network; with
-    ``duplex`` also both ways at once (rows ``down*`` and ``up*``)."""
+    ``duplex`` also both ways at once (rows ``down*`` and ``up*``). ``on_device(n, device,
+    its rows)`` after each device (n counts from 1), for progress on long checks."""
     topo = net.topology
     start_iperf_server(net, None)
     start_echo_server(net)
@@ -347,12 +368,20 @@ def check_devices(net: MininetNetwork, devices: list[DeviceSpec], tolerance: flo
         server.wait()
         rows.append(Row(device.name, "rtt", 2 * path_delay_s(topo, device),
                         measure_rtt_s(net, device, samples), tolerance))
-        log.info("checked %d/%d devices (%s)", n, len(devices), device.name)
+        if on_device is not None:
+            on_device(n, device, [r for r in rows if r.device == device.name])
     return rows
 
 
 def _fmt(quantity: str, value: float) -> str:
     return f"{value * 1e3:.2f} ms" if quantity == "rtt" else f"{value / 1e6:.2f} Mbit/s"
+
+
+def format_device(rows: list[Row]) -> str:
+    """One device's rows on one line: each quantity measured, and NO after one out of
+    tolerance (the progress of a long check; the table at the end has the errors)."""
+    return "  ".join(f"{r.quantity} {_fmt(r.quantity, r.measured)}{'' if r.ok else ' NO'}"
+                     for r in rows)
 
 
 def format_table(rows: list[Row]) -> str:

@@ -40,13 +40,24 @@ def add_parser(subparsers: Any) -> None:
                         "must still get its own rate, as training's tiles down and results "
                         "up do")
     p.add_argument("--devices", nargs="*", metavar="NAME",
-                   help="only these devices (default: all, one after another)")
+                   help="only these devices (default: all, one after another, about 15-30 s each: "
+                        "on a large topology, a few of each group)")
     p.set_defaults(func=run_check)
+
+
+def _duration(seconds: float) -> str:
+    """A duration for a person: seconds under two minutes, else minutes."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def run_check(args: argparse.Namespace) -> int:
     """`testbed net check`: exit 0 all within tolerance, 1 otherwise, 2 on bad input."""
-    from testbed.emulator.network.check import check_devices, format_table
+    from testbed.emulator.network.check import (
+        check_devices,
+        device_estimate_s,
+        format_device,
+        format_table,
+    )
     from testbed.emulator.network.mininet import MininetNetwork
     from testbed.emulator.network.probe import probe
 
@@ -79,8 +90,20 @@ def run_check(args: argparse.Namespace) -> int:
         with MininetNetwork(topology, capabilities=caps) as net:
             print(f"network {net.prefix}: {len(net.hosts)} hosts up in {net.bringup_s:.1f} s; "
                   f"rate: HTB, delay and loss: {caps.delay_mechanism}")
+            estimate_s = sum(device_estimate_s(topology, d, args.seconds, args.samples,
+                                               args.duplex) for d in devices)
+            print(f"measuring {len(devices)} device(s) one after another, about "
+                  f"{_duration(estimate_s)}" + ("" if args.devices or len(devices) < 10 else
+                                                 "; --devices NAME ... measures fewer"),
+                  flush=True)
+            width = len(str(len(devices)))
+
+            def measured(n: int, device: Any, rows: list[Any]) -> None:
+                print(f"[{n:>{width}}/{len(devices)}] {device.name}: {format_device(rows)}",
+                      flush=True)
+
             rows = check_devices(net, devices, args.tolerance, args.seconds, args.samples,
-                                 args.duplex)
+                                 args.duplex, on_device=measured)
     except (RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
