@@ -4,4 +4,5 @@ import sys
 
 from testbed.ps_backend.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not again in a process it spawns (its planning processes)
+    sys.exit(main())

@@ -48,6 +48,7 @@ from testbed.ps_backend.executor import DivergedError, TileExecutor, WatchdogErr
 from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import GemmSpec
+from testbed.ps_backend.step_plan import planning_workers
 from testbed.ps_backend.tls import make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.summary import run_warnings
@@ -302,11 +303,16 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     job = trainer.job
     tokens = job.batch_size * job.model.seq_len
     shapes = [(tokens, g.out_features, g.in_features) for g in trainer.model.gemm_layers()]
-    planned = core.planner.prepare(shapes, trainer.dtype.itemsize, slots)
+    workers = planning_workers(len(set(shapes)))
+    cpu0 = core.planner.cpu_s
+    planned = core.planner.prepare(shapes, trainer.dtype.itemsize, slots, workers=workers)
     wall_s = time.monotonic() - started
-    runlog.event("planned", shapes=planned, wall_s=round(wall_s, 3),
-                 regions=core.planner.region_shapes())
-    log.info("planned %d GEMM shape(s) in %.1f s", planned, wall_s)
+    cpu_s = core.planner.cpu_s - cpu0
+    processes = core.planner.processes
+    runlog.event("planned", shapes=planned, wall_s=round(wall_s, 3), processes=processes,
+                 cpu_s=round(cpu_s, 3), regions=core.planner.region_shapes())
+    log.info("planned %d GEMM shape(s) in %.1f s (%.1f CPU s in %d process(es))", planned,
+             wall_s, cpu_s, processes)
 
 
 def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_devices: int,

@@ -11,6 +11,7 @@ GEMM so that :meth:`StepPlanner.take_step` can give the step's lower bound
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
@@ -42,6 +43,7 @@ from testbed.ps_backend.planner import (
     plan_regions,
     predict_together_s,
 )
+from testbed.ps_backend.planning_processes import prepare_together
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, SharedLink
 from testbed.ps_backend.tiler import Region, cut_regions, uniform
 
@@ -155,8 +157,10 @@ class StepPlanner:
         # the links devices share on the way from the PS, one queue each (DeviceSlot.shared)
         self._shared = {name: SharedLink(rate) for name, rate in
                         config.shared_down_Bps.items() if 0 < rate < math.inf}
-        # CPU seconds in plan() and prepare() (the calling thread's): what planning costs
+        # CPU seconds in plan() and prepare() (the calling thread's and its planning
+        # processes'): what planning costs
         self.cpu_s = 0.0
+        self.processes = 1  # how many processes the last prepare() searched in
 
     # -- devices ------------------------------------------------------------------------------
     def saw(self, slot: DeviceSlot) -> None:
@@ -237,9 +241,12 @@ class StepPlanner:
 
     # -- planning -----------------------------------------------------------------------------
     def prepare(self, linears: Iterable[tuple[int, int, int]], item: int,
-                slots: Iterable[DeviceSlot]) -> int:
+                slots: Iterable[DeviceSlot], workers: int = 1) -> int:
         """Plan every linear's GEMMs ahead (``linears``: (tokens, out, in) each); return how
-        many shapes were planned.
+        many shapes were planned. With ``workers`` > 1, this process and ``workers - 1``
+        others search the linears side by side
+        (:func:`~testbed.ps_backend.planning_processes.prepare_together`,
+        :func:`planning_workers`).
 
         The searches (a linear's forward, its backward pair, both on one grid, the pair on two
         halves, the forward in regions of rows, and the pair spread with its GEMMs in regions
@@ -256,15 +263,27 @@ class StepPlanner:
             return 0
         started = time.thread_time()
         slots = list(slots)
-        shapes = sorted(set(linears))
-        for dx in shapes:
-            self.layer_or_apart(dx, item, slots)
-            t, o, i = dx
-            forward = self._plan_for(t, i, o, item, slots)
-            if forward is not None:  # its forward planned apart may take regions
-                self._forward_regions(t, i, o, item, slots, forward)
+        # the longest searches first (a linear's multiply-adds standing for their length), so
+        # that no stream is left with a long one at the end
+        shapes = sorted(set(linears), key=lambda dx: (-math.prod(dx), dx))
+        self.processes = 1
+        if workers > 1 and len(shapes) > 1:
+            self.processes = prepare_together(self, shapes, item, slots,
+                                              min(workers, len(shapes)))
+        else:
+            for dx in shapes:
+                self._prepare_shape(dx, item, slots)
         self.cpu_s += time.thread_time() - started
         return len(shapes)
+
+    def _prepare_shape(self, dx: tuple[int, int, int], item: int,
+                       slots: list[Any]) -> None:
+        """:meth:`prepare`'s searches for one linear."""
+        self.layer_or_apart(dx, item, slots)
+        t, o, i = dx
+        forward = self._plan_for(t, i, o, item, slots)
+        if forward is not None:  # its forward planned apart may take regions
+            self._forward_regions(t, i, o, item, slots, forward)
 
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
         """How to cut a GEMM and who owns its tiles; records it for the step's bound."""
@@ -659,6 +678,12 @@ class StepPlanner:
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
         return record
+
+
+def planning_workers(linears: int) -> int:
+    """How many processes :meth:`StepPlanner.prepare` should search ``linears`` shapes in:
+    one a core this process may run on, one a linear at most."""
+    return max(1, min(linears, len(os.sched_getaffinity(0))))
 
 
 def busy_s(spans: list[list[float]], now: float) -> float:

@@ -27,14 +27,17 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
              report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0,
-             trace_tiles: bool = False, during: Any = None, during_every_s: float = 10.0
-             ) -> dict[str, Any]:
+             trace_tiles: bool = False, during: Any = None, during_every_s: float = 10.0,
+             on_planned: Any = None) -> dict[str, Any]:
     """Simulate the topology's job into run_dir; return the summary. ``progress(step, device
     s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far,
-    planner CPU s so far)`` every ``during_every_s`` of wall time within a step (a large topology's
-    first step plans for most of its wall time: StepPlanner.cpu_s says so)."""
+    planner CPU s so far)`` every ``during_every_s`` of wall time within a step;
+    ``on_planned(shapes, processes, wall s, CPU s)`` once the plans are made before the first
+    step (as the PS makes them: a large topology's take most of its first step's wall time)."""
     from testbed.ps_backend.bound import BoundTotals, efficiency
+    from testbed.ps_backend.step_plan import planning_workers
     from testbed.runlog import RunLog
+    from testbed.simulate.chain import linears
     from testbed.simulate.sim import Simulation
     from testbed.summary import write_simulated_summary
 
@@ -60,7 +63,10 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     try:
         log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
                   simulated=True, ps_gemm_s=ps_gemm_s)
-        sim.start()
+        sim.start(plan_workers=planning_workers(len({(lin.d_out, lin.d_in)
+                                                     for lin in linears(job)})))
+        if on_planned is not None and sim.planned is not None and sim.planned.shapes:
+            on_planned(*sim.planned)
         for step in range(job.steps):
             t0 = time.monotonic()
             current = (step, t0, sim.planner.cpu_s)
@@ -132,13 +138,16 @@ def run_simulate(args: argparse.Namespace) -> int:
                ) -> None:
         print(f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles "
               f"({wall_s:.0f} s, planning {planning_s:.0f} CPU s of them)", flush=True)
+    def planned(shapes: int, processes: int, wall_s: float, cpu_s: float) -> None:
+        print(f"planned {shapes} GEMM shape(s) in {wall_s:.1f} s ({cpu_s:.1f} CPU s in "
+              f"{processes} process{'' if processes == 1 else 'es'})", flush=True)
     if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
         from testbed.baselines.run import simulate_baseline
         summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
     else:
         summary = simulate(topology, run_dir, schedule, progress=progress,
                            ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
-                           during=during)
+                           during=during, on_planned=planned)
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE

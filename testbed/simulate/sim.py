@@ -41,7 +41,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -68,7 +68,7 @@ from testbed.ps_backend.scheduler import (
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import TileBox, gemm_flops
-from testbed.simulate.chain import ChainGemm, step_chain
+from testbed.simulate.chain import ChainGemm, linears, step_chain
 from testbed.simulate.events import EventLoop
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
@@ -136,6 +136,15 @@ class SimDevice:
         default_factory=lambda: {"fwd": [0, 0], "bwd": [0, 0]})
 
 
+class Planned(NamedTuple):
+    """What planning every linear before the first step took (:meth:`Simulation.start`)."""
+
+    shapes: int
+    processes: int
+    wall_s: float
+    cpu_s: float
+
+
 class Simulation(EventLoop):
     """Runs a topology's job in virtual time; reports through ``emit`` callbacks."""
 
@@ -183,6 +192,7 @@ class Simulation(EventLoop):
         self.departed: list[dict[str, Any]] = []
         self._partitioned: set[str] = set()  # names of devices whose links are down
         self.tiles_per_gemm: dict[str, int] = {}
+        self.planned: Planned | None = None  # set by start() when it plans ahead
         self.tick_s = min(0.25, self.config.lease_s / 4)  # PsServer._watch_leases' period
         self._ticking = False
 
@@ -505,18 +515,37 @@ class Simulation(EventLoop):
             self.pump()
 
     # -- the run -------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Devices present at the start join; churn actions are queued at their times."""
+    def start(self, plan_workers: int = 0) -> None:
+        """Devices present at the start join; with ``plan_workers``, every linear is planned
+        in that many processes before training starts, as the PS plans (:meth:`plan_ahead`,
+        the ``planned`` event and :attr:`planned`); churn actions are queued at their times."""
         present = self.schedule.initially_present if self.schedule is not None else \
             frozenset(self.devices)
         self._wanted = set(present)
         self.join_all([dev for name, dev in self.devices.items() if name in present])
+        if plan_workers:
+            started, cpu0 = time.monotonic(), self.planner.cpu_s
+            shapes = self.plan_ahead(plan_workers)
+            self.planned = Planned(shapes, self.planner.processes, time.monotonic() - started,
+                                   self.planner.cpu_s - cpu0)
+            self.emit("planned", shapes=shapes, wall_s=round(self.planned.wall_s, 3),
+                      processes=self.planned.processes, cpu_s=round(self.planned.cpu_s, 3),
+                      regions=self.planner.region_shapes())
         self.emit("training_start", devices=len(present), expected_devices=len(present))
         if self.schedule is not None:
             self.emit("churn_clock_start", actions=len(self.schedule.actions),
                       already_applied=0, offset_s=0.0)
             for action in self.schedule.actions:
                 self.at(action.time_s, functools.partial(self._track, action))
+
+    def plan_ahead(self, workers: int = 1) -> int:
+        """Every linear's plans before the first step, with the devices present, as the PS
+        makes them (``ps_backend.main._plan_ahead``, :meth:`StepPlanner.prepare`); the
+        number of shapes planned."""
+        tokens = self.job.batch_size * self.job.model.seq_len
+        slots = [d.slot for d in self.devices.values() if d.slot is not None]
+        return self.planner.prepare([(tokens, lin.d_out, lin.d_in) for lin in linears(self.job)],
+                                    self.dtype.itemsize, slots, workers=workers)
 
     def _track(self, action: ChurnAction) -> None:
         if action.event is ChurnEvent.JOIN:

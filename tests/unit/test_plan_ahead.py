@@ -9,12 +9,15 @@ plans made ahead: the same device time and tiles, and with them made ahead no se
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from testbed.ps_backend import step_plan
+from testbed.ps_backend import planning_processes, step_plan
 from testbed.simulate.chain import linears
 from testbed.simulate.sim import Simulation
 from testbed.topology import Topology, load_topology
@@ -70,3 +73,49 @@ def test_fifo_plans_nothing_ahead(tmp_path: Path) -> None:
     sim.start()
     slots = [d.slot for d in sim.devices.values() if d.slot is not None]
     assert sim.planner.prepare([(256, 128, 128)], 4, slots) == 0
+
+
+def test_plans_made_in_two_processes_are_the_ones_made_in_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prepare(workers=2)``: a spawned process takes linears beside this one; what it sends
+    back fills the same caches with the same plans, and the step then searches nothing."""
+    topology = _topology(tmp_path)
+    job = topology.job
+    tokens = job.batch_size * job.model.seq_len
+    shapes = [(tokens, lin.d_out, lin.d_in) for lin in linears(job)]
+
+    def prepared(workers: int) -> Simulation:
+        sim = Simulation(topology, noise=False)
+        sim.start()
+        slots = [d.slot for d in sim.devices.values() if d.slot is not None]
+        assert sim.planner.prepare(shapes, 4, slots, workers=workers) == len(set(shapes))
+        return sim
+
+    alone = prepared(1)
+    # this process takes its first linear only once the other process has taken one (the
+    # child is unpatched): without it, the small job's linears may all be taken here before
+    # the other has started, and nothing would come back to merge
+    real_take = planning_processes._Counter.take
+
+    def take_after_the_other(counter: Any) -> int | None:
+        if threading.current_thread() is threading.main_thread():
+            deadline = time.monotonic() + 60
+            while counter.next == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real_take(counter)
+    monkeypatch.setattr(planning_processes._Counter, "take", take_after_the_other)
+    together = prepared(2)
+    monkeypatch.undo()
+    assert together.planner.processes == 2
+    for name in planning_processes.PREPARED_CACHES:
+        assert getattr(together.planner, name) == getattr(alone.planner, name), name
+    assert together.planner._forward_shapes == alone.planner._forward_shapes
+    assert together.planner.cpu_s > 0.0
+
+    def no_search(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a search ran inside the step")
+    for name in ("plan_gemm", "plan_pair", "plan_layer", "plan_regions"):
+        monkeypatch.setattr(step_plan, name, no_search)
+    device_s, stats, _ = together.run_step(0)
+    monkeypatch.undo()
+    assert (device_s, stats.tiles) == _step(topology, False, monkeypatch)

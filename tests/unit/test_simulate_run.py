@@ -13,7 +13,7 @@ from testbed.churn.schedule import load_schedule
 from testbed.cli import main
 from testbed.ps_backend.tiler import cut_regions
 from testbed.runlog import read_jsonl
-from testbed.simulate.chain import step_chain
+from testbed.simulate.chain import linears, step_chain
 from testbed.simulate.run import simulate
 from testbed.simulate.sim import Simulation
 from testbed.topology import load_topology
@@ -227,28 +227,38 @@ def test_a_long_step_reports_its_progress_while_it_runs() -> None:
         assert 0 < seen[-1][1] <= stats.tiles
 
 
-def test_simulate_reports_each_steps_planning_while_it_runs(tmp_path: Path) -> None:
-    """`simulate`'s `during` gets, with the step's totals so far, the planner's CPU seconds
-    of this step so far: never negative, only growing within a step, and over the steps no
-    more than the run's `planner_cpu_s` (the CLI prints it: a large topology's first step
-    plans for most of its wall time)."""
+def test_simulate_reports_its_planning_before_and_while_it_runs(tmp_path: Path) -> None:
+    """`simulate` plans every linear before the first step, as the PS does, and says so once
+    (`on_planned`: shapes, processes, wall and CPU seconds; the CLI prints it: a large
+    topology's plans take most of its first step's wall time). `during` gets, with the step's
+    totals so far, the planner's CPU seconds of this step so far: never negative and only
+    growing within a step; with the planning before, no more than the run's `planner_cpu_s`."""
     topology = load_topology(TINY).with_overrides(steps=2)
     seen: list[tuple[int, float, float]] = []
+    planned: list[tuple[int, int, float, float]] = []
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     summary = simulate(topology, run_dir, noise=False, report=False,
                        during=lambda step, _d, _t, wall, planning:
                        seen.append((step, wall, planning)),
-                       during_every_s=0.0)
+                       during_every_s=0.0,
+                       on_planned=lambda *args: planned.append(args))
+    assert len(planned) == 1
+    shapes, processes, wall_s, ahead_cpu_s = planned[0]
+    assert shapes == len({(lin.d_out, lin.d_in) for lin in linears(topology.job)})
+    assert processes >= 1 and wall_s > 0.0 and ahead_cpu_s > 0.0
     assert {step for step, _, _ in seen} == {0, 1}
     last = {}
     for step in (0, 1):
         planning = [p for st, _, p in seen if st == step]
         assert planning == sorted(planning) and planning[0] >= 0.0
         last[step] = planning[-1]
-    # the first step plans every shape; the second finds them made (the topology's groups)
-    assert last[0] > 0.0 and last[1] < last[0]
-    assert last[0] + last[1] <= summary["planner_cpu_s"] + 1e-3
+    assert ahead_cpu_s + last[0] + last[1] <= summary["planner_cpu_s"] + 1e-3
+    events = read_jsonl(run_dir / "events.jsonl")
+    event = next(e for e in events if e["event"] == "planned")
+    assert event["shapes"] == shapes and event["processes"] == processes
+    names = [e["event"] for e in events]  # as the PS: planned before training starts
+    assert names.index("planned") < names.index("training_start")
 
 
 def test_simulate_runs_without_torch(tmp_path: Path) -> None:
