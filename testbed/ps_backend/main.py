@@ -294,8 +294,8 @@ def _attached(server: PsServer) -> int:
 
 def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     """Make the plans of every offloaded linear before the first step (StepPlanner.prepare),
-    in this thread: the loop thread keeps serving the devices meanwhile (nothing else plans
-    before training starts)."""
+    in this thread and a planning process a further core: the loop thread keeps serving the
+    devices meanwhile (nothing else plans before training starts)."""
     core = server.core
     assert core is not None
     started = time.monotonic()
