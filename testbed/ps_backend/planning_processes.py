@@ -39,8 +39,6 @@ from typing import IO, Any, NamedTuple
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
-# the caches StepPlanner.prepare fills: a planning process's are merged into the parent's
-PREPARED_CACHES = ("_plans", "_pair_plans", "_pair_split", "_region_plans", "_layer_plans")
 
 
 class SlotView(NamedTuple):
@@ -147,21 +145,15 @@ def prepare_together(planner: Any, shapes: list[tuple[int, int, int]], item: int
     children = [_Child(counter, setup) for _ in range(workers - 1)]
     try:
         while (i := counter.take()) is not None:
-            planner._prepare_shape(shapes[i], item, slots)
+            planner.prepare_shape(shapes[i], item, slots)
     finally:
         counter.close()
         busy = [c for c in children if not c.stop_if_idle()]
     for child in children:
         result = child.finish()
-        if result is None:
-            continue
-        _, caches, forward_shapes, cpu_s = result
-        for name in PREPARED_CACHES:
-            mine = getattr(planner, name)
-            for key, value in caches[name].items():
-                mine.setdefault(key, value)
-        planner._forward_shapes |= forward_shapes
-        planner.cpu_s += cpu_s
+        if result is not None:
+            _, caches, forward_shapes, cpu_s = result
+            planner.merge_prepared(caches, forward_shapes, cpu_s)
     return 1 + len(busy)
 
 
@@ -192,11 +184,10 @@ def _child(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         i = pickle.load(stdin)
         if i is None:
             break
-        planner._prepare_shape(shapes[i], item, slots)
+        planner.prepare_shape(shapes[i], item, slots)
         took += 1
     if took:
-        pickle.dump(("done", {name: getattr(planner, name) for name in PREPARED_CACHES},
-                     planner._forward_shapes, time.thread_time() - started), stdout)
+        pickle.dump(("done", *planner.prepared(), time.thread_time() - started), stdout)
     else:
         pickle.dump(("done", None), stdout)
     stdout.flush()

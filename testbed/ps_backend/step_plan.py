@@ -48,6 +48,8 @@ from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, SharedLink
 from testbed.ps_backend.tiler import Region, cut_regions, uniform
 
 INF = float("inf")
+# the caches StepPlanner.prepare fills (StepPlanner.prepared, merge_prepared)
+PREPARED_CACHES = ("_plans", "_pair_plans", "_pair_split", "_region_plans", "_layer_plans")
 # The backward pass submits a linear's input- and weight-gradient GEMMs together: each gets
 # half of every group's devices (alternating by name), so the two do not both spread over every
 # device and both send every device blocks of their own; and half the PS link, which both cross
@@ -272,18 +274,35 @@ class StepPlanner:
                                               min(workers, len(shapes)))
         else:
             for dx in shapes:
-                self._prepare_shape(dx, item, slots)
+                self.prepare_shape(dx, item, slots)
         self.cpu_s += time.thread_time() - started
         return len(shapes)
 
-    def _prepare_shape(self, dx: tuple[int, int, int], item: int,
-                       slots: list[Any]) -> None:
-        """:meth:`prepare`'s searches for one linear."""
+    def prepare_shape(self, dx: tuple[int, int, int], item: int, slots: list[Any]) -> None:
+        """:meth:`prepare`'s searches for one linear (``slots``: device slots, or what a
+        planning process gets of them, ``planning_processes.SlotView``)."""
         self.layer_or_apart(dx, item, slots)
         t, o, i = dx
         forward = self._plan_for(t, i, o, item, slots)
         if forward is not None:  # its forward planned apart may take regions
             self._forward_regions(t, i, o, item, slots, forward)
+
+    def prepared(self) -> tuple[dict[str, dict[Any, Any]], set[tuple[int, ...]]]:
+        """What :meth:`prepare_shape` made: the search caches and the forward shapes (a
+        planning process sends them to the planner that started it)."""
+        return {name: getattr(self, name) for name in PREPARED_CACHES}, self._forward_shapes
+
+    def merge_prepared(self, caches: dict[str, dict[Any, Any]],
+                       forward_shapes: set[tuple[int, ...]], cpu_s: float) -> None:
+        """Take another planner's :meth:`prepared` and the CPU seconds it took. Its plans are
+        the ones this planner would make (the same pure searches of the same inputs), so a
+        search both made is kept as it is here."""
+        for name in PREPARED_CACHES:
+            mine = getattr(self, name)
+            for key, value in caches[name].items():
+                mine.setdefault(key, value)
+        self._forward_shapes |= forward_shapes
+        self.cpu_s += cpu_s
 
     def plan(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
         """How to cut a GEMM and who owns its tiles; records it for the step's bound."""

@@ -107,9 +107,11 @@ def test_plans_made_in_two_processes_are_the_ones_made_in_one(
     together = prepared(2)
     monkeypatch.undo()
     assert together.planner.processes == 2
-    for name in planning_processes.PREPARED_CACHES:
-        assert getattr(together.planner, name) == getattr(alone.planner, name), name
-    assert together.planner._forward_shapes == alone.planner._forward_shapes
+    (caches, forward_shapes), (caches_alone, forward_alone) = \
+        together.planner.prepared(), alone.planner.prepared()
+    for name in step_plan.PREPARED_CACHES:
+        assert caches[name] and caches[name] == caches_alone[name], name
+    assert forward_shapes == forward_alone
     assert together.planner.cpu_s > 0.0
 
     def no_search(*_args: object, **_kwargs: object) -> None:
