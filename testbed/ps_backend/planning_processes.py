@@ -19,7 +19,10 @@ of the PS's life. The child reads pickled frames on its stdin and writes them on
 
 A thread of the parent answers each child's requests from the same counter the parent takes
 from. A child starts in about half a second: a small job's linears are all taken by the parent
-before then, and the child is stopped without waiting for it. A child that fails leaves the
+before then, and the child is stopped without waiting for it. It asks for its first linear
+only once the planner is imported: asking first, a child took a small job's linear and then
+imported for half a second while the parent waited (the test topology's 0.2 s of planning
+became 0.9 s). A child that fails leaves the
 linears it took to be searched at their first GEMM (``StepPlanner.plan``); the parent logs it.
 """
 
