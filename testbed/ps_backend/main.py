@@ -303,9 +303,9 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     job = trainer.job
     tokens = job.batch_size * job.model.seq_len
     shapes = [(tokens, g.out_features, g.in_features) for g in trainer.model.gemm_layers()]
-    workers = planning_workers(len(set(shapes)))
     cpu0 = core.planner.cpu_s
-    planned = core.planner.prepare(shapes, trainer.dtype.itemsize, slots, workers=workers)
+    planned = core.planner.prepare(shapes, trainer.dtype.itemsize, slots,
+                                   workers=planning_workers())
     wall_s = time.monotonic() - started
     cpu_s = core.planner.cpu_s - cpu0
     processes = core.planner.processes

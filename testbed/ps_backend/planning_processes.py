@@ -22,8 +22,8 @@ from. A child starts in about half a second: a small job's linears are all taken
 before then, and the child is stopped without waiting for it. It asks for its first linear
 only once the planner is imported: asking first, a child took a small job's linear and then
 imported for half a second while the parent waited (the test topology's 0.2 s of planning
-became 0.9 s). A child that fails leaves the
-linears it took to be searched at their first GEMM (``StepPlanner.plan``); the parent logs it.
+became 0.9 s). A child that fails leaves the linears it took to be searched at their first
+GEMM (``StepPlanner.plan``); the parent logs it.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ class _Child:
         self.counter = counter
         self.took = 0
         self.result: tuple[Any, ...] | None = None
-        self.lock = threading.Lock()  # guards took against stop()
-        self.stopped = False
+        # a linear taken and counted as one step: stop_if_idle must not see it taken and
+        # not counted (it would kill a child holding a linear)
+        self.lock = threading.Lock()
         assert self.proc.stdin is not None
         try:
             pickle.dump(setup, self.proc.stdin)
@@ -105,7 +106,7 @@ class _Child:
                     self.result = message
                     return
                 with self.lock:
-                    i = None if self.stopped else self.counter.take()
+                    i = self.counter.take()
                     self.took += i is not None
                 pickle.dump(i, stdin)
                 stdin.flush()
@@ -113,10 +114,9 @@ class _Child:
             return  # it ended without its result: see finish()
 
     def stop_if_idle(self) -> bool:
-        """Stop the child if it took no linear (it cannot take one any more: the counter is
-        closed); whether it did."""
+        """Stop the child if it took no linear (called once the counter is closed: it cannot
+        take one any more); whether it did."""
         with self.lock:
-            self.stopped = True
             idle = self.took == 0
         if idle:
             self.proc.kill()

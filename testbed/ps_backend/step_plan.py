@@ -699,10 +699,10 @@ class StepPlanner:
         return record
 
 
-def planning_workers(linears: int) -> int:
-    """How many processes :meth:`StepPlanner.prepare` should search ``linears`` shapes in:
-    one a core this process may run on, one a linear at most."""
-    return max(1, min(linears, len(os.sched_getaffinity(0))))
+def planning_workers() -> int:
+    """How many processes :meth:`StepPlanner.prepare` should search in: one a core this
+    process may run on (``prepare`` takes no more than it has linears)."""
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def busy_s(spans: list[list[float]], now: float) -> float:

@@ -37,7 +37,6 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     from testbed.ps_backend.bound import BoundTotals, efficiency
     from testbed.ps_backend.step_plan import planning_workers
     from testbed.runlog import RunLog
-    from testbed.simulate.chain import linears
     from testbed.simulate.sim import Simulation
     from testbed.summary import write_simulated_summary
 
@@ -63,8 +62,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     try:
         log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
                   simulated=True, ps_gemm_s=ps_gemm_s)
-        sim.start(plan_workers=planning_workers(len({(lin.d_out, lin.d_in)
-                                                     for lin in linears(job)})))
+        sim.start(plan_workers=planning_workers())
         if on_planned is not None and sim.planned is not None and sim.planned.shapes:
             on_planned(*sim.planned)
         for step in range(job.steps):

@@ -31,26 +31,30 @@ def _topology(tmp_path: Path) -> Topology:
     for group in raw["devices"]:
         group["link"] = {"down": "10MB/s", "up": "10MB/s", "delay": "5ms"}
     raw["job"]["model"].update(hidden=128, ffn=512, seq_len=64)
-    raw["job"]["dtype"] = "float32"  # the itemsize _step plans ahead with
+    raw["job"]["dtype"] = "float32"  # as the PS trains it (the itemsize plans are made for)
     path = tmp_path / "ahead.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_topology(path).with_overrides(steps=1)
+
+
+def _shapes(topology: Topology) -> int:
+    return len({(lin.d_out, lin.d_in) for lin in linears(topology.job)})
+
+
+def _forbid_searches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on, a planner search fails the test (the plans must all be made)."""
+    def no_search(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a search ran inside the step")
+    for name in ("plan_gemm", "plan_pair", "plan_layer", "plan_regions"):
+        monkeypatch.setattr(step_plan, name, no_search)
 
 
 def _step(topology: Topology, ahead: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[float, int]:
     sim = Simulation(topology, noise=False)
     sim.start()
     if ahead:
-        job = topology.job
-        tokens = job.batch_size * job.model.seq_len
-        shapes = [(tokens, lin.d_out, lin.d_in) for lin in linears(job)]
-        slots = [d.slot for d in sim.devices.values() if d.slot is not None]
-        assert sim.planner.prepare(shapes, 4, slots) == len(set(shapes))
-
-        def no_search(*_args: object, **_kwargs: object) -> None:
-            raise AssertionError("a search ran inside the step")
-        for name in ("plan_gemm", "plan_pair", "plan_layer", "plan_regions"):
-            monkeypatch.setattr(step_plan, name, no_search)
+        assert sim.plan_ahead() == _shapes(topology)
+        _forbid_searches(monkeypatch)
     device_s, stats, _record = sim.run_step(0)
     monkeypatch.undo()
     return device_s, stats.tiles
@@ -77,18 +81,14 @@ def test_fifo_plans_nothing_ahead(tmp_path: Path) -> None:
 
 def test_plans_made_in_two_processes_are_the_ones_made_in_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``prepare(workers=2)``: a spawned process takes linears beside this one; what it sends
+    """``prepare(workers=2)``: a planning process takes linears beside this one; what it sends
     back fills the same caches with the same plans, and the step then searches nothing."""
     topology = _topology(tmp_path)
-    job = topology.job
-    tokens = job.batch_size * job.model.seq_len
-    shapes = [(tokens, lin.d_out, lin.d_in) for lin in linears(job)]
 
     def prepared(workers: int) -> Simulation:
         sim = Simulation(topology, noise=False)
         sim.start()
-        slots = [d.slot for d in sim.devices.values() if d.slot is not None]
-        assert sim.planner.prepare(shapes, 4, slots, workers=workers) == len(set(shapes))
+        assert sim.plan_ahead(workers) == _shapes(topology)
         return sim
 
     alone = prepared(1)
@@ -114,10 +114,7 @@ def test_plans_made_in_two_processes_are_the_ones_made_in_one(
     assert forward_shapes == forward_alone
     assert together.planner.cpu_s > 0.0
 
-    def no_search(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError("a search ran inside the step")
-    for name in ("plan_gemm", "plan_pair", "plan_layer", "plan_regions"):
-        monkeypatch.setattr(step_plan, name, no_search)
+    _forbid_searches(monkeypatch)
     device_s, stats, _ = together.run_step(0)
     monkeypatch.undo()
     assert (device_s, stats.tiles) == _step(topology, False, monkeypatch)
