@@ -4,15 +4,17 @@ For each size N (default 50, 200, 500) this builds a star-of-stars topology (N d
 access switches of at most 100 devices behind one core switch, every link shaped by HTB), brings it
 up, starts the real parameter server (``python -m testbed.ps_backend``) in the PS's host and one
 real agent (``python -m testbed.agent --kind emulated --profile snapdragon888``) in every device
-host, exactly as ``testbed up`` does (same environment, same flags). The PS is told to expect a
+host, as ``testbed up`` does (same environment, same flags). The PS is told to expect a
 million devices with a join timeout of an hour, so it waits and never sends work: the agents stay
 idle (joined, heartbeats and telemetry only). (Not N + 1: the PS counts a device that re-joined
 twice until the first registration's lease expires, and would then start training.) It prints:
 
 * bring-up time (``MininetNetwork.start``: hosts, links, bridges, addresses, tc);
 * PS start: until the PS wrote ``ps.json`` (it listens);
-* the time to start the N agent processes (``Popen`` through ``mnexec``), and the time from
-  starting the first agent until the PS's ``events.jsonl`` has a ``join`` of every device;
+* the time to start the N agent processes (``--launch forkserver``, the default: forks of the
+  agent fork server, as ``testbed up`` starts them, the server started with the PS; ``--launch
+  exec``: ``python -m testbed.agent`` through ``mnexec``, as before), and the time from starting
+  the first agent until the PS's ``events.jsonl`` has a ``join`` of every device;
 * memory per agent process, mean over all agents once they are idle: RSS, PSS (shared pages split
   between the sharers) and USS (pages only that process has); the largest RSS; the PS's RSS and a
   node shell's RSS;
@@ -24,6 +26,7 @@ Needs root and the Mininet tools (prints what is missing otherwise). Sizes whose
 (EST_BYTES_PER_DEVICE per device) does not fit in the available memory minus 4 GB are skipped.
 
     .venv/bin/python bench/mininet_scale.py [--sizes 50 200 500] [--settle-s 5] [--keep DIR]
+        [--launch forkserver|exec]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 import psutil
 import yaml
 
+from testbed.emulator.agent_forkserver import AgentForkServer, server_argv
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.emulator.network.probe import probe
 from testbed.topology import parse_topology
@@ -105,7 +109,7 @@ def wait_for(what: str, ready: Any, proc: subprocess.Popen, timeout_s: float) ->
     return time.monotonic() - t0
 
 
-def run(n: int, work: Path, settle_s: float) -> dict[str, float]:
+def run(n: int, work: Path, settle_s: float, launch: str) -> dict[str, float]:
     """Bring up N device hosts with real idle agents against a waiting PS; return the figures."""
     raw = topology_dict(n)
     topo_path = work / f"scale-{n}.yaml"
@@ -115,10 +119,17 @@ def run(n: int, work: Path, settle_s: float) -> dict[str, float]:
     topology = parse_topology(raw)
     env = child_env(secrets.token_hex(16))
     net = MininetNetwork(topology, progress_every=100)
+    server: AgentForkServer | None = None
+    agents: list[Any] = []  # ForkedAgent or Popen: the same calls
     try:
         t0 = time.monotonic()
         net.start()
         bringup_s = time.monotonic() - t0
+        if launch == "forkserver":  # as testbed up: it imports the agent while the PS starts
+            with open(run_dir / "agents" / "forkserver.log", "wb") as out:
+                server = AgentForkServer(net.popen(None, server_argv(), env=env,
+                                                   stdin=subprocess.PIPE,
+                                                   stdout=subprocess.PIPE, stderr=out))
         with open(run_dir / "ps.log", "wb") as out:
             ps = net.popen(None, [sys.executable, "-m", "testbed.ps_backend",
                                   "--topology", str(topo_path), "--run-dir", str(run_dir),
@@ -131,16 +142,19 @@ def run(n: int, work: Path, settle_s: float) -> dict[str, float]:
         ps_start_s = wait_for("ps.json", (run_dir / "ps.json").exists, ps, 120)
         port = json.loads((run_dir / "ps.json").read_text())["port"]
         t1 = time.monotonic()
-        agents = []
         for d in topology.devices:
-            argv = [sys.executable, "-m", "testbed.agent",
-                    "--ps", f"{net.ps_address_for(d)}:{port}", "--name", d.name,
+            args = ["--ps", f"{net.ps_address_for(d)}:{port}", "--name", d.name,
                     "--group", d.group.group, "--kind", "emulated", "--profile", "snapdragon888",
                     "--seed", str(d.index), "--max-in-flight", "8",
                     *net.app_shaping(d).argv()]
-            with open(run_dir / "agents" / f"{d.name}.log", "wb") as out:
-                agents.append(net.popen(d.name, argv, env=env, stdout=out,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            log_path = run_dir / "agents" / f"{d.name}.log"
+            if server is not None:
+                agents.append(server.start(args, log_path, net.node_pid(d.name)))
+                continue
+            with open(log_path, "wb") as out:
+                agents.append(net.popen(d.name, [sys.executable, "-m", "testbed.agent", *args],
+                                        env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL))
         started_s = time.monotonic() - t1
         events = run_dir / "events.jsonl"
         joined_s = started_s + wait_for(f"{n} joins", lambda: joins(events)[0] >= n, ps,
@@ -160,6 +174,12 @@ def run(n: int, work: Path, settle_s: float) -> dict[str, float]:
         shells = [psutil.Process(h.pid).memory_info().rss for h in net.hosts.values()]
     finally:
         t2 = time.monotonic()
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            agent.wait(30)
+        if server is not None:
+            server.close()
         net.stop()
         teardown_s = time.monotonic() - t2
     return {"n": n, "bringup_s": bringup_s, "ps_start_s": ps_start_s, "started_s": started_s,
@@ -178,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 500])
     parser.add_argument("--settle-s", type=float, default=5.0,
                         help="idle time after the last join before memory is read")
+    parser.add_argument("--launch", choices=("forkserver", "exec"), default="forkserver",
+                        help="agents forked by the fork server, as testbed up starts them "
+                             "(default), or one python -m testbed.agent each")
     parser.add_argument("--keep", default="",
                         help="keep topologies and PS/agent logs in this (new) directory")
     args = parser.parse_args(argv)
@@ -187,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run: missing {'; '.join(missing)}")
         return 1
     print(f"host: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 1e9:.1f} GB; "
-          f"delay mechanism: {probe().delay_mechanism}; agents: python -m testbed.agent "
+          f"delay mechanism: {probe().delay_mechanism}; agents ({args.launch}): "
           f"--kind emulated --profile snapdragon888, idle against a waiting PS")
     header = (f"{'devices':>7} {'bring-up s':>10} {'PS up s':>7} {'agents started s':>16} "
               f"{'all joined s':>12} {'teardown s':>10} {'RSS MB':>7} {'PSS MB':>7} "
@@ -203,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{n:>7} skipped: ~{need / 1e9:.0f} GB estimated, more than the available "
                       f"memory minus {RESERVE_BYTES / 1e9:.0f} GB", flush=True)
                 continue
-            r = run(n, work, args.settle_s)
+            r = run(n, work, args.settle_s, args.launch)
             print(f"{r['n']:>7} {r['bringup_s']:>10.1f} {r['ps_start_s']:>7.1f} "
                   f"{r['started_s']:>16.1f} {r['joined_s']:>12.1f} {r['teardown_s']:>10.1f} "
                   f"{r['rss_mb']:>7.1f} {r['pss_mb']:>7.1f} {r['uss_mb']:>7.1f} "

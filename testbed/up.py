@@ -12,8 +12,10 @@ SIGTERM):
    prefix is in ``network.json`` before its first host exists;
 2. the PS process (``python -m testbed.ps_backend``) on the PS's node; it writes ``ps.json`` once
    it listens;
-3. one agent process (``python -m testbed.agent --kind emulated``) per device present at start,
-   on the device's node, with the link shaping the backend leaves to the application;
+3. one agent process (what ``python -m testbed.agent --kind emulated`` runs) per device present
+   at start, on the device's node, with the link shaping the backend leaves to the application.
+   The agents are forks of one process that imported the agent while the PS started
+   (:mod:`testbed.emulator.agent_forkserver`): a fresh interpreter spent ~0.5 CPU-s importing.
 4. the churn replay (:mod:`testbed.churn.replay`), if the topology or ``--churn`` names a trace.
 
 SIGINT or SIGTERM at any point, start-up included, stops starting things at once and tears down
@@ -25,11 +27,12 @@ devices present when the run stopped are started again and the churn trace goes 
 run was.
 
 Every child process gets the join token through its environment, one BLAS thread (the PS sets
-its own torch threads, ``--threads``), and
-``PR_SET_PDEATHSIG`` so that it dies with ``testbed up`` even on a SIGKILL. Children are forked by
-one thread that lives as long as the run (:class:`Spawner`), because that signal follows the
-forking *thread*. The pids go to ``pids.json`` as each process starts, so that ``testbed clean
-RUN_DIR`` (:func:`testbed.emulator.network.cleanup.clean_run_dir`) finds what a killed run left.
+its own torch threads, ``--threads``), and ``PR_SET_PDEATHSIG`` so that it dies with ``testbed
+up`` even on a SIGKILL (an agent dies with the fork server, which dies with ``testbed up``).
+Children are forked by one thread that lives as long as the run (:class:`Spawner`), because that
+signal follows the forking *thread*. The pids go to ``pids.json`` as each process starts, so that
+``testbed clean RUN_DIR`` (:func:`testbed.emulator.network.cleanup.clean_run_dir`) finds what a
+killed run left.
 
 Exit codes: 0 the job finished; 1 the run failed; 2 bad input (nothing started); 130 interrupted.
 """
@@ -57,6 +60,7 @@ from typing import Any, Callable
 import yaml
 
 from testbed.churn.schedule import ChurnSchedule
+from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
 from testbed.emulator.network.cleanup import is_testbed_process
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
@@ -150,7 +154,8 @@ class Run:
         self.env = child_env(self.token)
         self.ps: subprocess.Popen | None = None
         self.ps_port = 0
-        self.agents: dict[str, subprocess.Popen] = {}
+        self.agents: dict[str, ForkedAgent] = {}
+        self.forkserver: AgentForkServer | None = None
         self.devices = {d.name: d for d in topology.devices}
         self.runlog: RunLog | None = None
         self.schedule = schedule  # the churn trace, parsed and checked before the run
@@ -196,6 +201,7 @@ class Run:
         phones = self._adb_phones_at_start()
         self._check_stop()
         progress("PS: starting")
+        self._start_forkserver()  # it imports the agent while the PS starts
         self._start_ps(expected=len(present) + len(phones))
         if self.adaptive:
             self._follower = threading.Thread(target=self._follow_dilation, name="dilation",
@@ -304,6 +310,20 @@ class Run:
             self.join_command = (f"testbed join {ps_info['lan_address']} --fingerprint "
                                  f"{ps_info['fingerprint']} --token-file {token_file}")
 
+    def _start_forkserver(self) -> None:
+        """The process every agent is forked from (:mod:`testbed.emulator.agent_forkserver`),
+        on the PS's node with the run's environment; it imports the agent while the PS starts."""
+        log_path = self.run_dir / "agents" / "forkserver.log"
+
+        def spawn() -> AgentForkServer:
+            with open(log_path, "ab") as out:
+                proc = self.network.popen(None, server_argv(), stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=out, env=self.env,
+                                          preexec_fn=_die_with_parent)
+            return AgentForkServer(proc, log_path)
+        self.forkserver = self._spawner.call(spawn)
+        self._write_pids()
+
     def start_agent(self, name: str) -> None:
         """Start (or restart) a device's agent process."""
         device = self.devices[name]
@@ -311,9 +331,9 @@ class Run:
             old = self.agents.get(name)
             if (old is not None and old.poll() is None) or self._stopped:
                 return
+            assert self.forkserver is not None, "start() starts the fork server first"
             shaping = self.network.app_shaping(device)
-            argv = [sys.executable, "-m", "testbed.agent",
-                    "--ps", f"{self.network.ps_address_for(device)}:{self.ps_port}",
+            args = ["--ps", f"{self.network.ps_address_for(device)}:{self.ps_port}",
                     "--name", name, "--group", device.group.group, "--kind", "emulated",
                     "--profile", str(device.group.profile_path),
                     "--seed", str(self.topology.seed * 1000 + device.index),
@@ -321,8 +341,8 @@ class Run:
                     "--cache-mib", repr(self.cache_bytes / 2**20),
                     "--control-file", str(self.run_dir / "agents" / f"{name}.slow"),
                     *behaviour_argv(device, self.run_dir / "agents"), *shaping.argv()]
-            self.agents[name] = self._popen(name, argv,
-                                            self.run_dir / "agents" / f"{name}.log")
+            self.agents[name] = self.forkserver.start(
+                args, self.run_dir / "agents" / f"{name}.log", self.network.node_pid(name))
             self._write_pids()
 
     def _follow_dilation(self) -> None:
@@ -364,6 +384,7 @@ class Run:
     def _write_pids(self) -> None:
         """pids.json: rewritten as each process starts, so a killed run leaves them named."""
         pids = {"testbed_up": os.getpid(), "ps": self.ps.pid if self.ps else None,
+                "agent_forkserver": self.forkserver.pid if self.forkserver else None,
                 "agents": {n: p.pid for n, p in self.agents.items()},
                 "starting": not self._started}  # false once start-up has started everyone
         write_json_atomic(self.run_dir / "pids.json", pids)
@@ -397,6 +418,8 @@ class Run:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        if self.forkserver is not None:  # after its agents: any left die with it
+            self.forkserver.close()
         self._spawner.close()
         try:
             self.network.stop()

@@ -77,6 +77,12 @@ class Network(Protocol):
         """Start a process on a node: None for the PS's node, else a device name."""
         ...
 
+    def node_pid(self, node: str | None) -> int | None:
+        """The pid whose network and mount namespaces a process on this node joins; None when
+        a process of this machine's own namespaces is on the node already (loopback). How
+        the agent fork server places each agent it forks."""
+        ...
+
     def app_shaping(self, device: DeviceSpec) -> AppShaping:
         """What of this device's path the application must still emulate."""
         ...

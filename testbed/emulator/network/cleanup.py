@@ -277,7 +277,9 @@ def is_testbed_process(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"testbed.agent" in cmdline or b"testbed.ps_backend" in cmdline
+    # an agent the fork server forked has the server's command line
+    return any(name in cmdline for name in (b"testbed.agent", b"testbed.ps_backend",
+                                            b"testbed.emulator.agent_forkserver"))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -302,7 +304,8 @@ def clean_run_dir(run_dir: Path) -> list[str]:
                          f"{', '.join(RUN_DIR_MARKERS)} in it)")
     lines = []
     pids = _read_json(run_dir / "pids.json")
-    listed = [pids.get("ps"), *(pids.get("agents") or {}).values()]
+    listed = [pids.get("ps"), pids.get("agent_forkserver"),
+              *(pids.get("agents") or {}).values()]
     ours = [int(p) for p in listed if isinstance(p, int) and is_testbed_process(int(p))]
     kill_pids(ours)
     lines.append(f"{run_dir}: stopped {len(ours)} leftover process(es)")

@@ -36,6 +36,9 @@ class LoopbackNetwork:
     def popen(self, node: str | None, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(list(argv), **kwargs)
 
+    def node_pid(self, node: str | None) -> int | None:
+        return None  # every node is this machine's own namespace
+
     def app_shaping(self, device: DeviceSpec) -> AppShaping:
         return AppShaping(down_bps=device.link.down_bps, up_bps=device.link.up_bps,
                           delay_s=path_delay_s(self.topology, device),

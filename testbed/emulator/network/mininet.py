@@ -460,6 +460,10 @@ class MininetNetwork:
         self.procs.append(proc)
         return proc
 
+    def node_pid(self, node: str | None) -> int | None:
+        """The node's shell: its namespaces are the node's (what ``mnexec -a`` joins)."""
+        return int(self._host(node).pid)
+
     def app_shaping(self, device: DeviceSpec) -> AppShaping:
         """Rates are in the kernel (HTB); delay and loss too with netem, else the app's."""
         if self.caps.netem:
