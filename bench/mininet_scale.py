@@ -3,11 +3,11 @@
 For each size N (default 50, 200, 500) this builds a star-of-stars topology (N devices spread over
 access switches of at most 100 devices behind one core switch, every link shaped by HTB), brings it
 up, starts the real parameter server (``python -m testbed.ps_backend``) in the PS's host and one
-real emulated agent (``--kind emulated --profile snapdragon888``) in every device host, as
-``testbed up`` does (same environment, same flags, see ``--launch`` below). The PS is told to expect a
-million devices with a join timeout of an hour, so it waits and never sends work: the agents stay
-idle (joined, heartbeats and telemetry only). (Not N + 1: the PS counts a device that re-joined
-twice until the first registration's lease expires, and would then start training.) It prints:
+real emulated agent (``--kind emulated --profile snapdragon888``) in every device host, as ``testbed
+up`` does (same environment, same flags, see ``--launch`` below). The PS is told to expect a million
+devices with a join timeout of an hour, so it waits and never sends work: the agents stay idle
+(joined, heartbeats and telemetry only). (Not N + 1: the PS counts a device that re-joined twice
+until the first registration's lease expires, and would then start training.) It prints:
 
 * bring-up time (``MininetNetwork.start``: hosts, links, bridges, addresses, tc);
 * PS start: until the PS wrote ``ps.json`` (it listens);

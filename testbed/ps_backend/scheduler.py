@@ -1353,7 +1353,8 @@ class Scheduler:
             if slot.overhead_s is None and \
                     not now_s - index.earliest_expected_s() >= overdue_s:
                 continue  # as above: nothing it could take
-            if not self._no_backup_for(slot, current):
+            # _backup_candidate's first test: without it, assign would hand it nothing
+            if copy_pays(current, self._backup_floor_s(slot, now_s)):
                 got = self.assign(slot.device_id, now_s=now_s)
                 if got:
                     out.append((slot, got))
@@ -1558,34 +1559,41 @@ class Scheduler:
             return copy.expected_s - now_s
         return now_s - copy.sent_s
 
-    def _no_backup_for(self, slot: DeviceSlot, most_s: float) -> bool:
-        """Whether no copy can be this device's backup, the longest remaining being
-        ``most_s`` (the index's most_remaining_s): not even at the smallest tile in flight."""
-        min_flops = self._backups.min_flops
-        if math.isinf(min_flops):
-            return True
-        mine_min = self.finish_wall_s(slot, min_flops)
-        return most_s <= 0.0 or not copy_pays(most_s, mine_min)
+    def _backup_floor_s(self, slot: DeviceSlot, now_s: float) -> float:
+        """No copy's ``mine`` in _backup_candidate's ``qualifies`` is below this: its terms at
+        the fewest FLOPs in flight and no result bytes of the copy's own, the same expressions
+        in the same order (so also after rounding); the blocks the device lacks only add. It
+        counts what the device holds, owes and has queued on its path, which
+        ``finish_wall_s`` does not: on large.yaml's phones 3 of 4 copies the walk tested
+        failed on those alone."""
+        rate = max(slot.rate_flops, 1.0)
+        held = len(slot.in_flight) + len(slot.cancelled) + 1
+        fetch = 0 < slot.down_Bps < math.inf
+        return max(held * (self._backups.min_flops / rate),
+                   slot.upload_s(0, slot.owed_nbytes)) * self.dilation + \
+            self._overhead_s(slot) + (slot.queued_s(now_s) if fetch else 0.0)
 
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
         """The in-flight task with the longest remaining time whose holder straggles behind
         this device (ties: the first device registered, then the first copy handed out).
 
-        The index walks copies longest-remaining first, so the walk stops at the first copy
-        that could not qualify even at the smallest tile size in flight (``min_flops``): the
-        device's finish only grows with a tile's FLOPs. On a link of known rate it stops
-        sooner, where no copy could qualify even at the fewest operand bytes in flight
-        (``min_nbytes``) fetched whole; below that point only copies whose blocks the device
+        The index walks copies longest-remaining first, so the walk stops at the first copy that
+        could not qualify even at the smallest tile size in flight (``min_flops``), behind the tiles
+        the device holds, the results it owes and the blocks queued on its path
+        (``_backup_floor_s``): the device's finish only grows with a tile's FLOPs. On a link of
+        known rate it stops sooner, where no copy could qualify even at the fewest operand bytes in
+        flight (``min_nbytes``) fetched whole; below that point only copies whose blocks the device
         already holds can, and the index finds those by block (``sharing_blocks``) instead of
-        walking every copy (with hundreds of idle devices on slow links, most copies fail on
-        the blocks the device would have to fetch, not on its speed).
+        walking every copy (with hundreds of idle devices on slow links, most copies fail on the
+        blocks the device would have to fetch, not on its speed).
         """
         index = self._backups
         if math.isinf(index.min_flops):
             return None
         overdue_s = OVERDUE_BACKUP_S * self.dilation
         most = index.most_remaining_s(now_s, overdue_s)
-        if self._no_backup_for(slot, most):
+        floor = self._backup_floor_s(slot, now_s)
+        if not copy_pays(most, floor):
             return None  # not even the longest copy could qualify
         mine_min = self.finish_wall_s(slot, index.min_flops)
         # finish_wall_s(slot, flops) and _fetch_s(slot, task), the same expressions inlined
@@ -1622,10 +1630,9 @@ class Scheduler:
             return copy_pays(remaining, mine)
 
         def could(remaining: float) -> bool:
-            # qualifies' own test at mine_min, no larger than any copy's ``mine`` (the tile
-            # in flight with the fewest FLOPs, nothing to fetch or send first): a copy that
+            # qualifies' own test at floor, no larger than any copy's ``mine``: a copy that
             # fails it fails qualifies, and so does every copy with less remaining time
-            return copy_pays(remaining, mine_min)
+            return copy_pays(remaining, floor)
 
         # below ``whole``, a copy qualifies only if the device holds one of its blocks (the
         # margin: the sum's rounding may only make the bound looser)
@@ -1643,16 +1650,14 @@ class Scheduler:
         step = next(walk, None)
         while step is not None:
             remaining, entry = step
-            if remaining < best_remaining or remaining <= 0.0:
-                break  # nor can any copy after it
+            if remaining < best_remaining or remaining <= 0.0 or not could(remaining):
+                break  # nor can any copy after it: every candidate was walked
             if budget < 0 and not copy_pays(remaining, whole):
                 if not (whole > mine_min and best is None):
                     break
                 # what sharing_blocks would scan: its keys, at least
                 budget = min(len(cache), index.blocks())
             if budget >= 0:
-                if not could(remaining):
-                    break  # nor can any copy after it: every candidate was walked
                 if budget == 0:
                     shared = True
                     break

@@ -87,7 +87,11 @@ class ScanningScheduler(Scheduler):
                         or (not known and now_s - copy.expected_s < overdue_s)):
                     continue
                 remaining = self.remaining_s(copy, now_s)
-                mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task, now_s)
+                # its finish: computing behind what it holds, or sending behind what it owes
+                held = len(slot.in_flight) + len(slot.cancelled) + 1
+                mine = max(held * (task.flops / max(slot.rate_flops, 1.0)),
+                           slot.upload_s(task.result_nbytes)) * self.dilation + \
+                    self._overhead_s(slot) + self._fetch_s(slot, task, now_s)
                 if (remaining > best_remaining and straggles(remaining, mine)
                         and remaining - mine >= MIN_BACKUP_GAIN_S):
                     best, best_remaining = task, remaining
@@ -150,8 +154,8 @@ def test_indexed_choices_equal_scanning_choices_on_slow_links() -> None:
 
 def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
     """Drive both schedulers through one random run; (backups, re-queues). ``links``: devices
-    with downlinks of a known rate, slow enough that the blocks a device would fetch decide
-    many steals and backups."""
+    with links of a known rate, slow enough that the blocks a device would fetch and the
+    results it owes decide many steals and backups."""
     rng = random.Random(seed)
     pair = (Scheduler(quarantine_after=2, dilation=rng.choice([1.0, 3.0])),
             ScanningScheduler(quarantine_after=2, dilation=1.0))
@@ -164,10 +168,12 @@ def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
         nonlocal n_dev
         slots = []
         down_Bps = rng.choice([math.inf, 2e3, 2e4, 1e5]) if links else math.inf
+        up_Bps = rng.choice([math.inf, 1e3, 1e4, 1e5]) if links else math.inf
         for s in pair:
             slot_rng = random.Random(seed * 1000 + n_dev)
             slots.append(_slot(n_dev, slot_rng))
             slots[-1].down_Bps = down_Bps
+            slots[-1].up_Bps = up_Bps
             s.add_device(slots[-1])
         speed[slots[0].device_id] = rng.choice([0.01, 0.02, 0.05, 0.3, 1.5])
         if rng.random() < 0.1:

@@ -28,7 +28,7 @@ def _plain_order(s: Scheduler, blocked: set[str]) -> list[DeviceSlot]:
 
 def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
     """One random run of both; (tiles handed out, backups, steals-or-orphans seen); ``links``:
-    devices with downlinks of a known rate."""
+    devices with links of a known rate."""
     rng = random.Random(seed)
     plain, indexed = Scheduler(quarantine_after=2), Scheduler(quarantine_after=2)
     ready = ReadyIndex(indexed)
@@ -42,9 +42,12 @@ def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
         # downlinks from none known to slow enough that fetching a tile's blocks costs more
         # than computing it (a thief's test counts the blocks it does not hold)
         down_Bps = rng.choice([math.inf, 2e3, 2e4, 1e5]) if links else math.inf
+        # uplinks likewise: a backup's result goes up behind what the device owes
+        up_Bps = rng.choice([math.inf, 1e3, 1e4, 1e5]) if links else math.inf
         for s in (plain, indexed):
             slot = _slot(n_dev, random.Random(seed * 1000 + n_dev))
             slot.down_Bps = down_Bps
+            slot.up_Bps = up_Bps
             s.add_device(slot)
         speed[f"d{n_dev}"] = rng.choice([0.01, 0.02, 0.05, 0.3, 1.5])
         if rng.random() < 0.08:
