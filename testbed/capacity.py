@@ -10,8 +10,11 @@ on Mininet), all on this machine. Three resources run out first, each with a rul
   Mininet host;
   the sum must fit in the memory available now (``MemAvailable``, or what the cgroup still
   allows, whichever is less). Figures measured by ``bench/mininet_scale.py`` (docs/network.md):
-  an idle agent's USS is 26.7-26.8 MB (its RSS 58 MB counts ~31 MB of shared library pages
-  that every agent maps once), the PS's RSS 338-366 MB, a node shell's 3.4 MB.
+  an idle agent's USS is 8.9 MB as a fork of the agent fork server, as ``testbed up`` starts
+  it, and 26.5-26.8 MB as a fresh interpreter (``--launch exec``); the PS's RSS 276-366 MB, a
+  node shell's 3.4 MB. ``AGENT_BASE_BYTES`` keeps the fresh interpreter's figure: working
+  forks of ``topologies/default.yaml`` reached USS 28.5-30.5 MB (phones) and 76-77 MB
+  (laptops) with their block caches, which are not measured apart from the rest.
 * **tasks** (processes and threads): ``AGENT_TASKS`` per agent (``python -m testbed.agent``:
   main thread, compute thread, gRPC's threads; 10 measured with psutil on a working agent),
   ``PS_TASKS`` for the PS, one per node shell; they must fit under ``kernel.pid_max``,
@@ -36,7 +39,7 @@ from typing import Any
 from testbed.wire.cache import DEFAULT_CACHE_BYTES
 
 MB = 1e6
-AGENT_BASE_BYTES = 32 * MB  # measured USS 26.8 MB idle, + headroom for in-flight tiles
+AGENT_BASE_BYTES = 32 * MB  # a fresh agent's idle USS 26.8 MB (a fork's: 8.9), + headroom
 MIN_AGENT_CACHE_BYTES = 64 * 1024 * 1024
 CACHE_SHARES = 4  # an emulated agent's cache: this many even shares of a step's operands
 PS_BASE_BYTES = 400 * MB  # measured RSS 338-366 MB (torch, grpc, the engine)
