@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime as dt
 import json
 import logging
@@ -63,6 +62,7 @@ from testbed.churn.schedule import ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
 from testbed.emulator.network.cleanup import is_testbed_process
+from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import DeviceSpec, Topology, TopologyError, load_topology
 
@@ -74,14 +74,6 @@ EMULATED_MAX_IN_FLIGHT = 8
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 PS_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def child_env(token: str) -> dict[str, str]:
@@ -263,15 +255,19 @@ class Run:
         self.adb = AdbRunHook(spec, self.run_dir, self.token, self.runlog, self.notes)
         return self.adb.phones_at_start()
 
-    def _popen(self, node: str | None, argv: list[str], log_path: Path) -> subprocess.Popen:
+    def _popen(self, node: str | None, argv: list[str], log_path: Path,
+               pipes: bool = False) -> subprocess.Popen:
+        """Start a child on the spawner thread, its output appended to log_path; ``pipes``:
+        its stdin and stdout are pipes to this process (only stderr goes to the log)."""
         def spawn() -> subprocess.Popen:
-            out = open(log_path, "ab")
-            try:
-                return self.network.popen(node, argv, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=self.env,
-                                          preexec_fn=_die_with_parent)
-            finally:
-                out.close()
+            with open(log_path, "ab") as out:
+                if pipes:
+                    streams = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": out}
+                else:
+                    streams = {"stdin": subprocess.DEVNULL, "stdout": out,
+                               "stderr": subprocess.STDOUT}
+                return self.network.popen(node, argv, env=self.env, preexec_fn=die_with_parent,
+                                          **streams)
         return self._spawner.call(spawn)
 
     def _start_ps(self, expected: int) -> None:
@@ -314,14 +310,8 @@ class Run:
         """The process every agent is forked from (:mod:`testbed.emulator.agent_forkserver`),
         on the PS's node with the run's environment; it imports the agent while the PS starts."""
         log_path = self.run_dir / "agents" / "forkserver.log"
-
-        def spawn() -> AgentForkServer:
-            with open(log_path, "ab") as out:
-                proc = self.network.popen(None, server_argv(), stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=out, env=self.env,
-                                          preexec_fn=_die_with_parent)
-            return AgentForkServer(proc, log_path)
-        self.forkserver = self._spawner.call(spawn)
+        self.forkserver = AgentForkServer(self._popen(None, server_argv(), log_path, pipes=True),
+                                          log_path)
         self._write_pids()
 
     def start_agent(self, name: str) -> None:

@@ -43,8 +43,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import IO, Any
 
+from testbed.pdeathsig import die_with_parent
+
 MODULE = "testbed.emulator.agent_forkserver"
-_PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -79,7 +80,7 @@ def _run_agent(request: dict[str, Any], server_pid: int, close: list[int]) -> in
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent()
     if os.getppid() != server_pid:  # the server died before the line above
         return 1
     # 0, 1 and 2 are open (the server's pipes and log), so these two are above them
@@ -122,10 +123,6 @@ def _fork_agent(request: dict[str, Any], close: list[int]) -> int:
         os._exit(code)
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 def serve(read_fd: int = 0, write_fd: int = 1) -> int:
     """The server's loop: fork an agent per request, report each one's exit; 0 at EOF."""
     # gRPC starts in the agents, after the fork; none of them forks again (tests/conftest.py:
@@ -161,7 +158,7 @@ def serve(read_fd: int = 0, write_fd: int = 1) -> int:
             if pid == 0:
                 break
             children.discard(pid)
-            send({"exited": pid, "code": _exit_code(status)})
+            send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
         if read_fd not in ready:
             continue
         data = os.read(read_fd, 1 << 16)

@@ -28,7 +28,6 @@ GEMM (``StepPlanner.plan``); the parent logs it.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import pickle
@@ -39,9 +38,9 @@ import threading
 import time
 from typing import IO, Any, NamedTuple
 
-log = logging.getLogger(__name__)
+from testbed.pdeathsig import die_with_parent
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
+log = logging.getLogger(__name__)
 
 
 class SlotView(NamedTuple):
@@ -164,10 +163,7 @@ def _die_with_parent() -> None:
     """End with the process that started this one, however that ends (a PS killed mid-plan
     must not leave it searching), and leave Ctrl-C to it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: it ends when it has searched what it took
+    die_with_parent()  # not Linux: it ends when it has searched what it took
     if os.getppid() == 1:  # the parent died before the call above
         os._exit(1)
 

@@ -19,8 +19,9 @@ from testbed import capacity
 from testbed.churn.replay import Replay, ReplayState, resume_point, state_after
 from testbed.churn.schedule import build_schedule
 from testbed.churn.trace import parse_trace
+from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl
-from testbed.up import Spawner, _die_with_parent
+from testbed.up import Spawner
 from tests.conftest import REPO, TINY, cli_argv
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -52,7 +53,7 @@ def _alive_after(spawn_on_thread: bool) -> bool:
 
     def fork() -> None:
         def start() -> subprocess.Popen:
-            return subprocess.Popen(SLEEPER, preexec_fn=_die_with_parent)
+            return subprocess.Popen(SLEEPER, preexec_fn=die_with_parent)
         procs.append(spawner.call(start) if spawn_on_thread else start())
     worker = threading.Thread(target=fork)
     worker.start()
