@@ -93,6 +93,7 @@ from testbed import units
 from testbed.emulator.dilation import DEFAULT_TARGET_P95
 from testbed.errors import InputError
 from testbed.schema import Bool, Float, Int, Schema, Str, parse, scratch, unique
+from testbed.user_paths import is_file, user_path
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 BACKENDS = ("auto", "loopback", "mininet")
@@ -378,9 +379,8 @@ def _delay(value: float) -> float:
 def _existing_file(value: Any, info: ValidationInfo) -> Path:
     if not isinstance(value, str) or not value:
         raise ValueError(f"expected a file path, got {value!r}")
-    p = Path(value).expanduser()
-    p = p if p.is_absolute() else (_base_dir(info) / p)
-    if not p.is_file():
+    p = user_path(value, _base_dir(info))
+    if not is_file(p):
         raise ValueError(f"no such file: {p}")
     return p.resolve()
 

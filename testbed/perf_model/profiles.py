@@ -48,6 +48,7 @@ import yaml
 
 from testbed.errors import InputError
 from testbed.perf_model.features import ExportedTimeModel
+from testbed.user_paths import is_file, user_path
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 WIFI_RADIO_W = 0.5  # HotCarbon'25 (arXiv 2507.01803): Wi-Fi radio power
@@ -162,12 +163,10 @@ def list_profiles() -> list[str]:
 def find_profile(name_or_path: str, base_dir: Path | None = None) -> Path | None:
     """Resolve a profile name (shipped) or a path (relative to base_dir); None if neither."""
     shipped = PROFILE_DIR / f"{name_or_path}.yaml"
-    if "/" not in name_or_path and shipped.is_file():
+    if "/" not in name_or_path and is_file(shipped):
         return shipped
-    candidate = Path(name_or_path).expanduser()
-    if not candidate.is_absolute() and base_dir is not None:
-        candidate = base_dir / candidate
-    return candidate.resolve() if candidate.is_file() else None
+    candidate = user_path(name_or_path, base_dir)
+    return candidate.resolve() if is_file(candidate) else None
 
 
 def load_profile(name_or_path: str | Path, base_dir: Path | None = None,

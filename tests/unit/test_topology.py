@@ -138,6 +138,14 @@ def test_binary_garbage_is_refused_with_the_file_named(tmp_path: Path,
     (("devices", 0, "behaviour"), {"straggler": {"factor": 1e99}},
      "devices[0].behaviour.straggler.factor", "<= 1,000"),
     (("time_dilation",), float("inf"), "time_dilation", "[1, 10000]"),
+    # names no file can have: each is one more problem, not a traceback from pathlib
+    (("devices", 0, "profile"), "x" * 300, "devices[0].profile", "no device profile named"),
+    (("devices", 0, "profile"), "a\0b", "devices[0].profile", "no device profile named"),
+    (("devices", 0, "profile"), "~no-such-user-here/p.yaml", "devices[0].profile",
+     "no device profile named"),
+    (("job", "data"), {"files": ["x" * 300]}, "job.data.files[0]", "no such file"),
+    (("job", "data"), {"files": ["~no-such-user-here/t.txt"]}, "job.data.files[0]",
+     "no such file"),
 ])
 def test_absurd_values_are_refused_with_their_path(where: tuple, value: object, path: str,
                                                    words: str) -> None:
