@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from testbed.topology import TopologyError, load_topology
+from testbed.topology import DeviceSpec, TopologyError, load_topology
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -42,7 +42,31 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--devices", nargs="*", metavar="NAME",
                    help="only these devices (default: all, one after another, about 15-30 s each: "
                         "on a large topology, a few of each group)")
+    p.add_argument("--per-group", type=int, metavar="N",
+                   help="only the first N devices of each group (a group's devices share one "
+                        "link configuration); with --devices, those and these")
     p.set_defaults(func=run_check)
+
+
+def select_devices(devices: list[DeviceSpec], names: list[str] | None,
+                   per_group: int | None) -> list[DeviceSpec]:
+    """The devices to measure, in the topology's order: all of them, or the named ones and the
+    first ``per_group`` of each group. Raises ValueError naming a device that does not exist."""
+    if not names and per_group is None:
+        return devices
+    known = {d.name for d in devices}
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise ValueError(f"--devices: no such device(s) {unknown} (devices are named "
+                         f"<group>-<index>, e.g. {devices[0].name})")
+    chosen = set(names or [])
+    if per_group is not None:
+        seen: dict[str, int] = {}
+        for d in devices:
+            seen[d.group.group] = seen.get(d.group.group, 0) + 1
+            if seen[d.group.group] <= per_group:
+                chosen.add(d.name)
+    return [d for d in devices if d.name in chosen]
 
 
 def _duration(seconds: float) -> str:
@@ -70,16 +94,14 @@ def run_check(args: argparse.Namespace) -> int:
         print("error: --tolerance must be in (0, 1), --seconds > 0, --samples >= 1",
               file=sys.stderr)
         return EXIT_BAD_INPUT
-    devices = list(topology.devices)
-    if args.devices:
-        known = {d.name: d for d in devices}
-        unknown = [n for n in args.devices if n not in known]
-        if unknown:
-            print(f"error: --devices: no such device(s) {unknown} in {args.topology} "
-                  f"(devices are named <group>-<index>, e.g. {devices[0].name})",
-                  file=sys.stderr)
-            return EXIT_BAD_INPUT
-        devices = [known[n] for n in args.devices]
+    if args.per_group is not None and args.per_group < 1:
+        print(f"error: --per-group must be at least 1, got {args.per_group}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        devices = select_devices(list(topology.devices), args.devices, args.per_group)
+    except ValueError as exc:
+        print(f"error: {exc} in {args.topology}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     caps = probe()
     missing = caps.missing() + ([] if caps.iperf3 else ["iperf3 (Debian package iperf3)"])
     if missing:
@@ -93,8 +115,10 @@ def run_check(args: argparse.Namespace) -> int:
             estimate_s = sum(device_estimate_s(topology, d, args.seconds, args.samples,
                                                args.duplex) for d in devices)
             print(f"measuring {len(devices)} device(s) one after another, about "
-                  f"{_duration(estimate_s)}" + ("" if args.devices or len(devices) < 10 else
-                                                 "; --devices NAME ... measures fewer"),
+                  f"{_duration(estimate_s)}" + ("" if args.devices or args.per_group or
+                                                 len(devices) < 10 else
+                                                 "; --per-group N or --devices NAME ... "
+                                                 "measures fewer"),
                   flush=True)
             width = len(str(len(devices)))
 
