@@ -3,11 +3,12 @@
 For each size N (default 50, 200, 500) this builds a star-of-stars topology (N devices spread over
 access switches of at most 100 devices behind one core switch, every link shaped by HTB), brings it
 up, starts the real parameter server (``python -m testbed.ps_backend``) in the PS's host and one
-real emulated agent (``--kind emulated --profile snapdragon888``) in every device host, as ``testbed
-up`` does (same environment, same flags, see ``--launch`` below). The PS is told to expect a million
-devices with a join timeout of an hour, so it waits and never sends work: the agents stay idle
-(joined, heartbeats and telemetry only). (Not N + 1: the PS counts a device that re-joined twice
-until the first registration's lease expires, and would then start training.) It prints:
+real emulated agent (a snapdragon888 phone) in every device host, as ``testbed up`` does (same
+environment, the same flags from ``testbed.up.agent_argv``, see ``--launch`` below). The PS is told
+to expect a million devices with a join timeout of an hour, so it waits and never sends work: the
+agents stay idle (joined, heartbeats and telemetry only). (Not N + 1: the PS counts a device that
+re-joined twice until the first registration's lease expires, and would then start training.) It
+prints:
 
 * bring-up time (``MininetNetwork.start``: hosts, links, bridges, addresses, tc);
 * PS start: until the PS wrote ``ps.json`` (it listens);
@@ -46,11 +47,12 @@ from typing import Any
 import psutil
 import yaml
 
+from testbed.capacity import agent_cache_bytes
 from testbed.emulator.agent_forkserver import AgentForkServer, server_argv
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.emulator.network.probe import probe
 from testbed.topology import parse_topology
-from testbed.up import child_env
+from testbed.up import agent_argv, child_env
 
 EST_BYTES_PER_DEVICE = 32e6  # measured: ~26 MB USS per idle agent, ~3.4 MB per node shell
 RESERVE_BYTES = 4e9  # left for everything else on the machine
@@ -117,6 +119,7 @@ def run(n: int, work: Path, settle_s: float, launch: str) -> dict[str, float]:
     run_dir = work / f"run-{n}"
     (run_dir / "agents").mkdir(parents=True)
     topology = parse_topology(raw)
+    cache_bytes = agent_cache_bytes(topology.job, len(topology.devices))  # as testbed up's
     env = child_env(secrets.token_hex(16))
     net = MininetNetwork(topology, progress_every=100)
     server: AgentForkServer | None = None
@@ -143,10 +146,7 @@ def run(n: int, work: Path, settle_s: float, launch: str) -> dict[str, float]:
         port = json.loads((run_dir / "ps.json").read_text())["port"]
         t1 = time.monotonic()
         for d in topology.devices:
-            args = ["--ps", f"{net.ps_address_for(d)}:{port}", "--name", d.name,
-                    "--group", d.group.group, "--kind", "emulated", "--profile", "snapdragon888",
-                    "--seed", str(d.index), "--max-in-flight", "8",
-                    *net.app_shaping(d).argv()]
+            args = agent_argv(net, topology, d, port, cache_bytes, run_dir / "agents")
             log_path = run_dir / "agents" / f"{d.name}.log"
             if server is not None:
                 agents.append(server.start(args, log_path, net.node_pid(d.name)))
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"host: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 1e9:.1f} GB; "
           f"delay mechanism: {probe().delay_mechanism}; agents ({args.launch}): "
-          f"--kind emulated --profile snapdragon888, idle against a waiting PS")
+          f"snapdragon888 phones with testbed up's flags, idle against a waiting PS")
     header = (f"{'devices':>7} {'bring-up s':>10} {'PS up s':>7} {'agents started s':>16} "
               f"{'all joined s':>12} {'teardown s':>10} {'RSS MB':>7} {'PSS MB':>7} "
               f"{'USS MB':>7} {'max RSS':>7} {'PS RSS':>7} {'shell RSS':>9} "

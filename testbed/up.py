@@ -322,15 +322,8 @@ class Run:
             if (old is not None and old.poll() is None) or self._stopped:
                 return
             assert self.forkserver is not None, "start() starts the fork server first"
-            shaping = self.network.app_shaping(device)
-            args = ["--ps", f"{self.network.ps_address_for(device)}:{self.ps_port}",
-                    "--name", name, "--group", device.group.group, "--kind", "emulated",
-                    "--profile", str(device.group.profile_path),
-                    "--seed", str(self.topology.seed * 1000 + device.index),
-                    "--max-in-flight", str(EMULATED_MAX_IN_FLIGHT),
-                    "--cache-mib", repr(self.cache_bytes / 2**20),
-                    "--control-file", str(self.run_dir / "agents" / f"{name}.slow"),
-                    *behaviour_argv(device, self.run_dir / "agents"), *shaping.argv()]
+            args = agent_argv(self.network, self.topology, device, self.ps_port,
+                              self.cache_bytes, self.run_dir / "agents")
             self.agents[name] = self.forkserver.start(
                 args, self.run_dir / "agents" / f"{name}.log", self.network.node_pid(name))
             self._write_pids()
@@ -417,6 +410,21 @@ class Run:
             if self.runlog is not None:
                 self.runlog.event("run_stop")
                 self.runlog.close()
+
+
+def agent_argv(network: Network, topology: Topology, device: DeviceSpec, ps_port: int,
+               cache_bytes: int, log_dir: Path) -> list[str]:
+    """An emulated device's agent flags (``python -m testbed.agent``'s): where the PS is from
+    the device's host, what it emulates, its cache, the file that slows it (``log_dir``/NAME.slow),
+    its behaviour and the link shaping the network leaves to it."""
+    return ["--ps", f"{network.ps_address_for(device)}:{ps_port}",
+            "--name", device.name, "--group", device.group.group, "--kind", "emulated",
+            "--profile", str(device.group.profile_path),
+            "--seed", str(topology.seed * 1000 + device.index),
+            "--max-in-flight", str(EMULATED_MAX_IN_FLIGHT),
+            "--cache-mib", repr(cache_bytes / 2**20),
+            "--control-file", str(log_dir / f"{device.name}.slow"),
+            *behaviour_argv(device, log_dir), *network.app_shaping(device).argv()]
 
 
 def behaviour_argv(device: DeviceSpec, log_dir: Path) -> list[str]:
