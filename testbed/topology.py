@@ -93,7 +93,7 @@ from testbed import units
 from testbed.emulator.dilation import DEFAULT_TARGET_P95
 from testbed.errors import InputError
 from testbed.schema import Bool, Float, Int, Schema, Str, parse, scratch, unique
-from testbed.user_paths import is_file, user_path
+from testbed.user_paths import is_file, read_user_text, user_path
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 BACKENDS = ("auto", "loopback", "mininet")
@@ -325,6 +325,7 @@ def _plain(value: Any) -> Any:
 MAX_DEVICES = 10_000  # per topology; `testbed up` also checks what this machine can start
 MAX_DELAY_S = 60.0  # one way; leases are 5 s, so a longer delay never lets a tile come back
 MAX_QUEUE_PACKETS = 1_000_000
+MAX_TOPOLOGY_BYTES = 16 * 1024**2  # a file's size: the largest valid topology is a few KB
 MAX_STRAGGLER_FACTOR = 1_000.0  # a device 1000x slower than its profile is gone, not slow
 MAX_DILATION = 10_000.0  # a 1 s step would take almost 3 h of wall-clock time
 MAX_SEED = 2**63 - 1  # seeds travel as int64
@@ -824,7 +825,7 @@ def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file; raise TopologyError with every problem found."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_user_text(path, MAX_TOPOLOGY_BYTES)
     except OSError as exc:
         raise TopologyError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:

@@ -62,6 +62,7 @@ from testbed.churn.schedule import ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
 from testbed.emulator.network.cleanup import is_testbed_process
+from testbed.errors import InputError
 from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import DeviceSpec, Topology, TopologyError, load_topology
@@ -453,7 +454,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def make_run_dir(out: Path, name: str) -> Path:
-    """A new, empty run directory ``<out>/<YYYYmmdd-HHMMSS>-<name>``."""
+    """A new, empty run directory ``<out>/<YYYYmmdd-HHMMSS>-<name>``. An ``out`` where none can
+    be made (not a directory, not writable) is the user's input: InputError, which the command
+    line turns into exit 2 (each command makes its run directory before it starts anything)."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     for i in range(100):
         run_dir = out / (f"{stamp}-{name}" if i == 0 else f"{stamp}-{name}-{i}")
@@ -462,7 +465,10 @@ def make_run_dir(out: Path, name: str) -> Path:
             return run_dir
         except FileExistsError:
             continue
-    raise RuntimeError(f"cannot create a run directory under {out}")
+        except OSError as exc:
+            raise InputError(f"--out {out}", [
+                f"cannot create a run directory in it: {exc.strerror}"]) from exc
+    raise InputError(f"--out {out}", [f"{stamp}-{name} and 99 more names are taken"])
 
 
 def load_run_inputs(args: argparse.Namespace) -> tuple[Topology, Path | None, Any] | int:

@@ -1,4 +1,5 @@
-"""Paths named inside a user's files (a topology's profile and data files, a profile by path).
+"""Files a user names: paths inside a user's files (a topology's profile and data files), and
+reading a user's text file (a topology, a churn trace) with a limit.
 
 Such a name may be anything: ``~someone`` with no such user, a name longer than the file system
 allows, a NUL byte. Each of those names no file, and must come back as one more problem in the
@@ -7,6 +8,9 @@ file's list, not as a traceback (``pathlib`` raises RuntimeError, OSError and Va
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
 
@@ -27,3 +31,20 @@ def is_file(path: Path) -> bool:
         return path.is_file()
     except (OSError, ValueError):
         return False
+
+
+def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
+    """A user's text file, whole (UTF-8, ``errors`` as for bytes.decode). Raises OSError, its
+    ``strerror`` saying why, when the file cannot be read, is not a regular file (a FIFO or a
+    device such as /dev/zero would block or never end) or holds more than ``max_bytes``;
+    UnicodeDecodeError when it is not text."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file" + (
+            " (a directory)" if stat.S_ISDIR(mode) else ""), str(path))
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than the {max_bytes:,} bytes such a file may have",
+                      str(path))
+    return data.decode("utf-8", errors)

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Sequence
 
 from testbed import units
-from testbed.churn.trace import MAX_LINE_CHARS, ChurnEvent, TraceError, TraceEvent, split_row
+from testbed.churn.trace import (
+    MAX_LINE_CHARS,
+    MAX_TRACE_BYTES,
+    ChurnEvent,
+    TraceError,
+    TraceEvent,
+    split_row,
+)
+from testbed.user_paths import read_user_text
 
 _COLUMN_RE = re.compile(r"^(start|end)_([A-Za-z]+)$")
 HEADER = "device,start_s,end_s"
@@ -132,7 +140,7 @@ def load_sessions(path: str | Path, devices: Sequence[str]) -> list[TraceEvent]:
     """Read a session list file and return its churn events."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_user_text(path, MAX_TRACE_BYTES)
     except OSError as exc:
         raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:

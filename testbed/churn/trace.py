@@ -54,6 +54,7 @@ from typing import Iterable, Mapping, Sequence
 
 from testbed import units
 from testbed.errors import InputError
+from testbed.user_paths import read_user_text
 
 DEVICE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 SELECTOR_RE = re.compile(r"^([a-z0-9][a-z0-9-]*):(?:([0-9]+)|([0-9]+(?:\.[0-9]*)?)%)$")
@@ -61,6 +62,9 @@ TIME_COLUMN_RE = re.compile(r"^time_([A-Za-z]+)$")
 COLUMNS = ("device", "event", "arg")
 HEADER = "time_s,device,event,arg"
 MAX_LINE_CHARS = 1024
+# a trace file's size: ~25 bytes a row, so some ten million events (a FedScale import of 10,000
+# devices over days is far less); more is a wrong file, read no further
+MAX_TRACE_BYTES = 256 * 1024**2
 
 
 class ChurnEvent(str, Enum):
@@ -269,7 +273,7 @@ def load_trace(path: str | Path, groups: Mapping[str, Sequence[str]] | None = No
     """Read and parse a trace file; with ``groups`` also check every name against them."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_user_text(path, MAX_TRACE_BYTES)
     except OSError as exc:
         raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:

@@ -36,6 +36,7 @@ from pydantic import AfterValidator, ValidationError, field_validator, model_val
 
 from testbed.errors import InputError
 from testbed.schema import Schema, problem_pairs
+from testbed.user_paths import read_user_text
 
 REQUIRED = ("device", "backend", "dtype", "threads", "op", "m", "k", "n", "time", "time_unit",
             "provenance")
@@ -47,6 +48,7 @@ DTYPES = ("float32", "float64", "float16", "int8")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "int8": 1}
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 MAX_LINE_CHARS = 8192  # far above any real row; csv itself fails at 128 KiB with a traceback
+MAX_CSV_BYTES = 256 * 1024**2  # a file's: millions of rows; more is a wrong file
 
 
 class MeasurementError(InputError):
@@ -161,7 +163,7 @@ def read_csv_lines(path: str | Path, required: tuple[str, ...], known: tuple[str
     """
     path = Path(path)
     try:
-        text = path.read_text(errors="replace")
+        text = read_user_text(path, MAX_CSV_BYTES, errors="replace")
     except OSError as exc:
         raise error(str(path), [f"cannot read: {exc.strerror}"]) from exc
     numbered: list[tuple[int, list[str]]] = []
