@@ -821,6 +821,13 @@ def parse_topology(raw: Any, source: str = "<topology>", base_dir: Path | None =
     return topology
 
 
+def steps_problem(steps: int) -> str | None:
+    """What is wrong with a ``--steps`` that overrides ``job.steps`` (the file's own bounds)."""
+    if not 0 < steps <= MAX_STEPS:
+        return f"expected 1 to {MAX_STEPS:,} steps, as job.steps, got {steps:,}"
+    return None
+
+
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file; raise TopologyError with every problem found."""
     path = Path(path)

@@ -65,7 +65,13 @@ from testbed.emulator.network.cleanup import is_testbed_process
 from testbed.errors import InputError
 from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
-from testbed.topology import DeviceSpec, Topology, TopologyError, load_topology
+from testbed.topology import (
+    DeviceSpec,
+    Topology,
+    TopologyError,
+    load_topology,
+    steps_problem,
+)
 
 log = logging.getLogger("testbed.up")
 # tiles an emulated agent may ask to hold at once (the PS sizes its window to its speed);
@@ -483,8 +489,9 @@ def load_run_inputs(args: argparse.Namespace) -> tuple[Topology, Path | None, An
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.steps is not None:
-        if args.steps <= 0:
-            print("error: --steps must be positive", file=sys.stderr)
+        problem = steps_problem(args.steps)
+        if problem:
+            print(f"error: --steps: {problem}", file=sys.stderr)
             return EXIT_BAD_INPUT
         topology = topology.with_overrides(steps=args.steps)
     strategy = topology.job.parallelism.strategy

@@ -403,7 +403,7 @@ def run_compare(args: argparse.Namespace) -> int:
     """The `testbed compare` command."""
     from testbed import units
     from testbed.churn import TraceError, load_schedule
-    from testbed.topology import TopologyError, load_topology
+    from testbed.topology import TopologyError, load_topology, steps_problem
     from testbed.up import make_run_dir
 
     if not args.simulate:
@@ -424,8 +424,9 @@ def run_compare(args: argparse.Namespace) -> int:
     try:
         topology = load_topology(args.topology)
         if args.steps is not None:
-            if args.steps <= 0:
-                raise InputError("--steps", ["must be positive"])
+            problem = steps_problem(args.steps)
+            if problem:
+                raise InputError("--steps", [problem])
             topology = topology.with_overrides(steps=args.steps)
         gpu = load_gpu(args.gpu)
         ps_memory = units.parse_size_bytes(args.ps_memory)

@@ -81,6 +81,8 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     trace.write_text("time_s,device,event,arg\n1,nobody-7,leave,\n")
     assert main(["simulate", str(TINY), "--churn", str(trace), "--out", str(out)]) == 2
     assert main(["simulate", str(TINY), "--steps", "0", "--out", str(out)]) == 2
+    # the file's own bound on job.steps holds for the flag too
+    assert main(["simulate", str(TINY), "--steps", str(10**20), "--out", str(out)]) == 2
     assert not out.exists()
 
 
