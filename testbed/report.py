@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.runlog import device_group, read_jsonl
+from testbed.errors import InputError
+from testbed.runlog import device_group
 from testbed.units import format_bytes
+from testbed.user_paths import read_user_text
 
 DEVICE_BARS = 30  # past this many devices, the tiles panel shows one bar per group
+MAX_RUN_FILE_BYTES = 4 * 1024**3  # a run's files are read whole; a 10,000-device run's are GBs
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,106 @@ def tile_bars(devices: list[dict[str, Any]], departed: set[str]
     return bars, True
 
 
+# What the report reads of each record, by the type it needs: a run's files hold these as
+# testbed writes them; a file that breaks them was edited or damaged, and the report names the
+# file, the line and the field instead of failing somewhere in matplotlib.
+STEP_NUMBERS = ("wall_s", "device_time_s", "bytes_down", "bytes_up")  # every step has them
+STEP_OPTIONAL_NUMBERS = ("loss", "bound_s", "time_dilation", "tile_error_p95")
+SUMMARY_NUMBERS = ("wall_s", "time_dilation", "bytes_down", "bytes_up", "tile_error_p50",
+                   "tile_error_p95", "lag_p95_s", "efficiency", "final_loss",
+                   "dilation_target_p95", "lateness_share_max", "steps_below_bound")
+SUMMARY_MAPPINGS = ("network", "real_devices")
+
+
+def _number_problem(record: dict[str, Any], key: str, required: bool) -> str | None:
+    value = record.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value):
+        return f"{key}: expected a finite number, got {value!r}"
+    return None
+
+
+def _step_problems(record: Any) -> list[str]:
+    if not isinstance(record, dict):
+        return [f"expected a JSON object, got {type(record).__name__}"]
+    step = record.get("step")
+    problems = [] if isinstance(step, int) and not isinstance(step, bool) else \
+        [f"step: expected an integer, got {step!r}"]
+    problems += [p for key in STEP_NUMBERS if (p := _number_problem(record, key, True))]
+    problems += [p for key in STEP_OPTIONAL_NUMBERS
+                 if (p := _number_problem(record, key, False))]
+    if not isinstance(record.get("sat_out") or {}, dict):
+        problems.append(f"sat_out: expected a mapping, got {record['sat_out']!r}")
+    return problems
+
+
+def _summary_problems(summary: Any) -> list[str]:
+    if not isinstance(summary, dict):
+        return [f"expected a JSON object, got {type(summary).__name__}"]
+    problems = [p for key in SUMMARY_NUMBERS if (p := _number_problem(summary, key, False))]
+    problems += [f"{key}: expected a mapping, got {summary[key]!r}" for key in SUMMARY_MAPPINGS
+                 if not isinstance(summary.get(key) or {}, dict)]
+    devices = summary.get("devices") or []
+    if not isinstance(devices, list):
+        return [*problems, f"devices: expected a list, got {type(devices).__name__}"]
+    for i, d in enumerate(devices):
+        if not isinstance(d, dict) or "device" not in d:
+            problems.append(f"devices[{i}]: expected an object with a device name")
+        elif (p := _number_problem(d, "tiles_done", False)) is not None:
+            problems.append(f"devices[{i}].{p}")
+    real = summary.get("real_devices") or {}
+    if isinstance(real, dict):
+        problems += [f"real_devices.{name}: expected a mapping" for name, r in real.items()
+                     if not isinstance(r, dict)]
+    return problems
+
+
+def _jsonl(path: Path, problems_of: Any) -> list[dict[str, Any]]:
+    """A JSON-lines file's records, each checked. A line that is not JSON is left out, as
+    ``read_jsonl`` does (a run killed while it wrote one, then resumed, leaves it torn); a
+    record of the wrong shape is an InputError, with every such line."""
+    try:
+        lines = read_user_text(path, MAX_RUN_FILE_BYTES, errors="replace").splitlines() \
+            if path.exists() else []
+    except OSError as exc:
+        raise InputError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
+    records, problems = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        found = problems_of(record)
+        problems += [f"line {number}: {p}" for p in found]
+        if not found:
+            records.append(record)
+    if problems:
+        raise InputError(str(path), problems)
+    return records
+
+
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return read_jsonl(run_dir / "steps.jsonl"), read_jsonl(run_dir / "events.jsonl"), summary
+    """steps.jsonl, events.jsonl and summary.json, checked for what the report reads of them."""
+    path = run_dir / "summary.json"
+    summary: Any = {}
+    if path.exists():
+        try:
+            summary = json.loads(read_user_text(path, MAX_RUN_FILE_BYTES, errors="replace"))
+        except OSError as exc:
+            raise InputError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
+        except json.JSONDecodeError as exc:
+            raise InputError(str(path), [f"line {exc.lineno}, column {exc.colno}: not valid "
+                                         f"JSON: {exc.msg}"]) from exc
+        problems = _summary_problems(summary)
+        if problems:
+            raise InputError(str(path), problems)
+    events = _jsonl(run_dir / "events.jsonl", lambda r: [] if isinstance(r, dict) else
+                    [f"expected a JSON object, got {type(r).__name__}"])
+    return _jsonl(run_dir / "steps.jsonl", _step_problems), events, summary
 
 
 def plot(run_dir: Path) -> Path:

@@ -102,3 +102,47 @@ def test_report_of_an_adaptive_run_marks_where_d_changed(tmp_path: Path) -> None
     plt.close(fig)
     assert ax_time.get_title() == "step time at time dilation D 2.00-8.00"
     assert [t.get_text() for t in ax_time.texts] == ["D 2.00", "D 8.00"]
+
+
+def _run_files(run_dir: Path) -> None:
+    log = RunLog(run_dir)
+    for step in range(3):
+        log.step(step=step, loss=5.0 - step, wall_s=1.0, device_time_s=0.5, bytes_down=2e6,
+                 bytes_up=1e6, tiles=10)
+    log.close()
+    write_json_atomic(run_dir / "summary.json", {"state": "done", "steps_done": 3,
+                                                 "devices": [{"device": "phones-0",
+                                                              "tiles_done": 30}]})
+
+
+def test_a_damaged_run_file_is_named_with_its_line_and_field(tmp_path: Path, capsys) -> None:
+    _run_files(tmp_path)
+    steps = tmp_path / "steps.jsonl"
+    lines = steps.read_text().splitlines()
+    lines[1] = lines[1].replace('"wall_s": 1.0', '"wall_s": "soon"')
+    steps.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{steps}: 1 problem(s)" in err and "line 2: wall_s: expected a finite number, " \
+        "got 'soon'" in err, err
+    assert not (tmp_path / "report.md").exists()
+
+    lines[1] = "[1, 2]"
+    steps.write_text("\n".join(lines) + "\n")
+    (tmp_path / "summary.json").write_text('{"state": "done",\n "devices": 7}\n')
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err  # the summary is read first
+    assert "summary.json: 1 problem(s)" in err and "devices: expected a list, got int" in err
+    (tmp_path / "summary.json").write_text('{"state": "done",\n "wall_s": }\n')
+    assert main(["report", str(tmp_path)]) == 2
+    assert "line 2, column 12: not valid JSON" in capsys.readouterr().err
+
+
+def test_a_torn_line_is_left_out_as_a_resumed_run_leaves_it(tmp_path: Path) -> None:
+    _run_files(tmp_path)
+    steps = tmp_path / "steps.jsonl"
+    lines = steps.read_text().splitlines()
+    lines[1] = lines[1][: len(lines[1]) // 2]  # killed mid-write, then resumed: appended after
+    steps.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(tmp_path)]) == 0
+    assert "steps: 3 of ?" in (tmp_path / "report.md").read_text()
