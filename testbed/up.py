@@ -654,6 +654,26 @@ def portable_input(path: Path) -> str:
     return yaml.safe_dump(raw, sort_keys=False)
 
 
+def _run_json(path: Path, problems: list[str], fields: dict[str, tuple[type, ...]]
+              ) -> dict[str, Any] | None:
+    """A JSON object a run wrote (``up.json``, ``pids.json``) with ``fields`` of those types;
+    None, and a problem naming the file, when it is damaged (edited, or a full disk)."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+        problems.append(f"--resume: {path}: not readable JSON ({exc})")
+        return None
+    bad = [f"{k} ({v!r})" for k, v in (obj.items() if isinstance(obj, dict) else ())
+           if k in fields and (isinstance(v, bool) or not isinstance(v, fields[k]))]
+    missing = [k for k in fields if not isinstance(obj, dict) or k not in obj]
+    if not isinstance(obj, dict) or bad or (missing and path.name == "up.json"):
+        problems.append(f"--resume: {path}: not as testbed up writes it" +
+                        (f"; wrong type: {', '.join(bad)}" if bad else "") +
+                        (f"; missing: {', '.join(missing)}" if missing else ""))
+        return None
+    return obj
+
+
 def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any] | int | None]:
     """For --resume: check the run directory and fill args from it; (run_dir, saved settings).
 
@@ -673,15 +693,20 @@ def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any
             problems.append(f"--resume {run_dir}: {name} not found (not a run directory "
                             f"made by testbed up)")
     pids_path = run_dir / "pids.json"
-    if not problems and pids_path.exists():
-        ps_pid = json.loads(pids_path.read_text()).get("ps")
-        if ps_pid and is_testbed_process(int(ps_pid)):
+    saved: Any = None
+    if not problems:
+        pids = _run_json(pids_path, problems, {"ps": (int, type(None))}) \
+            if pids_path.exists() else {}
+        ps_pid = (pids or {}).get("ps")
+        if ps_pid and is_testbed_process(ps_pid):
             problems.append(f"--resume {run_dir}: its PS (pid {ps_pid}) is still running")
-    if problems:
+        saved = _run_json(run_dir / "up.json", problems, {
+            "steps": (int,), "churn": (str, type(None)), "dilation": (int, float),
+            "dilation_info": (dict,)})
+    if problems or saved is None:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return None, EXIT_BAD_INPUT
-    saved = json.loads((run_dir / "up.json").read_text())
     args.topology = str(run_dir / "topology.input.yaml")
     args.steps = args.steps or saved.get("steps")
     args.churn = args.churn or saved.get("churn")

@@ -105,3 +105,21 @@ def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "up.json not found" in done.stderr and str(tmp_path) in done.stderr
+
+
+@pytest.mark.parametrize("name, text, words", [
+    ("up.json", '{"steps": 3, "churn": null,', "up.json: not readable JSON"),
+    ("up.json", '{"steps": "3", "churn": null, "dilation": 1.0, "dilation_info": {}}',
+     "up.json: not as testbed up writes it; wrong type: steps ('3')"),
+    ("pids.json", '["not", "an", "object"]', "pids.json: not as testbed up writes it"),
+])
+def test_resume_names_a_damaged_run_file(tmp_path: Path, name: str, text: str,
+                                         words: str) -> None:
+    (tmp_path / "topology.input.yaml").write_text((REPO / "topologies/default.yaml").read_text())
+    (tmp_path / "up.json").write_text('{"steps": 3, "churn": null, "dilation": 1.0, '
+                                      '"dilation_info": {"mode": "fixed"}}')
+    (tmp_path / name).write_text(text)
+    done = subprocess.run(cli_argv("up", "--resume", str(tmp_path), "--no-live"), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
