@@ -299,6 +299,9 @@ def test_pids_survive_a_torn_file(tmp_path: Path) -> None:
     (tmp_path / "pids.json").write_text('{"ps": 12')  # killed mid-write (not atomic elsewhere)
     assert clean_run_dir(tmp_path)[0].endswith("stopped 0 leftover process(es)")
     assert os.path.exists(tmp_path / "pids.json")
+    for edited in ('{"ps": "12", "agents": 5}', '{"agents": ["a", 3]}', '[1, 2]'):
+        (tmp_path / "pids.json").write_text(edited)  # not as testbed up writes it
+        assert clean_run_dir(tmp_path)[0].endswith("stopped 0 leftover process(es)"), edited
 
 
 def test_a_new_dilation_moves_the_replays_clock_from_that_moment(tmp_path: Path) -> None:

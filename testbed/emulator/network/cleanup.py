@@ -304,8 +304,9 @@ def clean_run_dir(run_dir: Path) -> list[str]:
                          f"{', '.join(RUN_DIR_MARKERS)} in it)")
     lines = []
     pids = _read_json(run_dir / "pids.json")
+    agents = pids.get("agents")
     listed = [pids.get("ps"), pids.get("agent_forkserver"),
-              *(pids.get("agents") or {}).values()]
+              *(agents.values() if isinstance(agents, dict) else ())]
     ours = [int(p) for p in listed if isinstance(p, int) and is_testbed_process(int(p))]
     kill_pids(ours)
     lines.append(f"{run_dir}: stopped {len(ours)} leftover process(es)")
