@@ -12,6 +12,7 @@ from testbed.agent.agent import Agent, AgentOptions
 from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import PinError, normalize
+from testbed.wire import MAX_IN_FLIGHT
 from testbed.wire.cache import DEFAULT_CACHE_BYTES
 
 
@@ -38,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("emulated", "real"), default="real")
     p.add_argument("--profile", default="", help="device profile name or path (emulated)")
     p.add_argument("--seed", type=int, default=0, help="seed of the device model's noise")
-    p.add_argument("--max-in-flight", type=int, default=2, help="tiles outstanding at most")
+    p.add_argument("--max-in-flight", type=int, default=2,
+                   help=f"tiles outstanding at most (1 to {MAX_IN_FLIGHT}; default 2)")
     p.add_argument("--cache-mib", type=float, default=DEFAULT_CACHE_BYTES / 2**20,
                    help="operand cache budget, MiB (default %(default)g: a step's blocks of "
                         "every layer kept from forward to backward; docs/planning.md)")
@@ -80,12 +82,23 @@ def behaviour_from_args(args: argparse.Namespace) -> Behaviour | None:
     return behaviour if behaviour.active else None
 
 
+MAX_TOKEN_BYTES = 4096  # `testbed up` makes 32 hex digits; the file's first line, at most
+
+
 def read_token(args: argparse.Namespace) -> str:
-    """The join token: from --token-file when given (first line, stripped), else --token."""
+    """The join token: from --token-file when given (first line, stripped), else --token.
+    The file may be a pipe (``--token-file <(pass show run)``), so it is read, not checked,
+    and only so far: a first line longer than MAX_TOKEN_BYTES (/dev/zero has none) is refused
+    with ValueError."""
     if not args.token_file:
         return str(args.token)
-    with open(args.token_file) as f:
-        return f.readline().strip()
+    with open(args.token_file, "rb") as f:
+        head = f.read(MAX_TOKEN_BYTES + 1)
+    line = head.split(b"\n", 1)[0]
+    if len(line) > MAX_TOKEN_BYTES:
+        raise ValueError(f"its first line is longer than {MAX_TOKEN_BYTES:,} bytes; a token "
+                         f"is one short line")
+    return line.decode("utf-8", "replace").strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         token = read_token(args)
     except OSError as exc:
         print(f"error: --token-file {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: --token-file {args.token_file}: {exc}", file=sys.stderr)
+        return 2
+    if not 1 <= args.max_in_flight <= MAX_IN_FLIGHT:
+        print(f"error: --max-in-flight: expected 1 to {MAX_IN_FLIGHT}, got {args.max_in_flight}",
+              file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname)s: %(message)s")

@@ -240,6 +240,8 @@ class Agent:
                 log.warning("%s: %s: %s; joining again in %.1f s", self.options.name,
                             exc.code().name if hasattr(exc, "code") else "error",
                             exc.details() if hasattr(exc, "details") else exc, backoff)
+            except OSError as exc:  # the TLS pin's own connection: the PS may not be up yet
+                log.warning("%s: %s; joining again in %.1f s", self.options.name, exc, backoff)
             except Exception:  # a protocol bug must not kill the device: start a fresh session
                 log.exception("%s: session failed; joining again in %.1f s", self.options.name,
                               backoff)

@@ -12,6 +12,8 @@ import argparse
 import os
 import socket
 
+from testbed.wire import MAX_IN_FLIGHT
+
 EXIT_BAD_INPUT = 2
 
 
@@ -35,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default="",
                    help="device profile (name or path) whose sustained GFLOPS the PS starts "
                         "from; the PS then learns the real speed from the tiles")
-    p.add_argument("--max-in-flight", type=int, default=2, help="tiles outstanding at most")
+    p.add_argument("--max-in-flight", type=int, default=2,
+                   help=f"tiles outstanding at most (1 to {MAX_IN_FLIGHT}; default 2)")
     p.set_defaults(func=_join)
 
 

@@ -50,6 +50,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from testbed.wire import MAX_IN_FLIGHT
+
 TAU = 64.0
 _RNG = np.random.default_rng(20240601)
 _TINY = float(np.finfo(np.float64).tiny)
@@ -179,7 +181,6 @@ MAX_NAME_CHARS = 128  # device name, group, kind
 MAX_PROFILE_CHARS = 4096  # a profile name or the path of a profile file (PATH_MAX)
 MAX_PLATFORM_CHARS = 256  # free text, truncated rather than refused
 MAX_PREDICTED_GFLOPS = 1e6
-MAX_IN_FLIGHT = 64  # the largest window a device may ask for
 MAX_CACHE_BYTES = 1 << 40
 MAX_TILE_SECONDS = 1e6  # compute_s and lag_s of one tile
 MAX_TILE_JOULES = 1e9  # energy_j of one tile

@@ -1,0 +1,73 @@
+"""The agent's own flags (``python -m testbed.agent``, ``testbed join``): a token file read only
+so far, a window within the protocol's limit, and a PS not reachable yet said in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from testbed.agent.__main__ import main
+from testbed.wire import MAX_IN_FLIGHT
+from tests.conftest import cli_argv
+
+PIN = "sha256:" + "ab" * 32  # well formed; no PS has it
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_token_file_with_no_end_of_line_is_refused_unread(capsys) -> None:
+    code = main(["--ps", "127.0.0.1:1", "--name", "a-0", "--token-file", "/dev/zero"])
+    assert code == 2
+    assert "--token-file /dev/zero: its first line is longer than 4,096 bytes" in \
+        capsys.readouterr().err
+
+
+def test_a_token_can_come_through_a_pipe(tmp_path: Path) -> None:
+    from testbed.agent.__main__ import build_parser, read_token
+
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)  # as `--token-file <(pass show run)` gives it
+
+    def write() -> None:
+        with open(fifo, "w") as f:
+            f.write("  secret-token  \nsecond line\n")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    args = build_parser().parse_args(["--ps", "x:1", "--name", "a", "--token-file", str(fifo)])
+    assert read_token(args) == "secret-token"
+    writer.join(10)
+
+
+@pytest.mark.parametrize("window", [0, -5, MAX_IN_FLIGHT + 1])
+def test_a_window_outside_the_protocols_limit_is_refused(capsys, window: int) -> None:
+    assert main(["--ps", "127.0.0.1:1", "--name", "a-0", "--max-in-flight", str(window)]) == 2
+    assert f"--max-in-flight: expected 1 to {MAX_IN_FLIGHT}, got {window}" in \
+        capsys.readouterr().err
+
+
+def test_join_says_in_one_line_that_the_ps_is_not_there_and_tries_again(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    proc = subprocess.Popen(cli_argv("join", f"127.0.0.1:{closed_port()}", "--fingerprint", PIN,
+                                     "--token-file", str(token), "--name", "lan-0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=2.5)
+    except subprocess.TimeoutExpired:  # still trying, as it should: stop it as a user would
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    tries = [line for line in out.splitlines() if "no TLS handshake with 127.0.0.1" in line]
+    assert len(tries) >= 2 and all("joining again in" in line for line in tries), out
+    assert "Traceback" not in out, out
+    assert proc.returncode == 0, out
