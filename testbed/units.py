@@ -79,7 +79,7 @@ def parse_rate_bps(text: object) -> float:
         raise UnitError(f"a rate must be positive, got {text!r}")
     rate_bps = value * _RATE_BPS[unit]
     if not rate_bps <= MAX_RATE_BPS:
-        raise UnitError(f"a rate must be at most 1Tbit, got {text!r}")
+        raise UnitError(f"a rate must be at most 1000Gbit, got {text!r}")
     return rate_bps
 
 

@@ -124,7 +124,7 @@ def test_binary_garbage_is_refused_with_the_file_named(tmp_path: Path,
 
 
 @pytest.mark.parametrize("where,value,path,words", [
-    (("devices", 0, "link", "down"), "1e99Gbit", "devices[0].link.down", "at most 1Tbit"),
+    (("devices", 0, "link", "down"), "1e99Gbit", "devices[0].link.down", "at most 1000Gbit"),
     (("devices", 0, "link", "delay"), "1e99s", "devices[0].link.delay", "at most 60 s"),
     (("devices", 0, "link", "delay"), "1e999s", "devices[0].link.delay", "finite"),
     (("job", "model", "hidden"), 10**9, "job.model.hidden", "<= 65,536"),
