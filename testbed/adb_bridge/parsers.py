@@ -334,6 +334,6 @@ def parse_cpufreq(text: str) -> dict[int, float]:
     for path, value in _grep_h(text):
         match = _CPU.search(path)
         khz = _number(value)
-        if match and khz is not None and khz > 0:
+        if match and khz is not None and 0 < khz * 1e3 < math.inf:  # 1e306 kHz: no number
             out[int(match.group(1))] = khz * 1e3
     return dict(sorted(out.items()))

@@ -138,6 +138,9 @@ def test_cpufreq_khz_to_hz_and_offline_core() -> None:
     freqs = parsers.parse_cpufreq(sample("cpufreq.txt"))
     assert sorted(freqs) == [0, 1, 2, 3, 4, 6, 7]
     assert freqs[7] == pytest.approx(2.8416e9) and freqs[0] == pytest.approx(1.8048e9)
+    # a reading whose Hz overflow a float is no reading (telemetry must stay finite JSON)
+    huge = "/sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq:1e306\n"
+    assert parsers.parse_cpufreq(huge) == {}
 
 
 def test_telemetry_sample_combines_everything() -> None:
