@@ -181,6 +181,7 @@ MAX_NAME_CHARS = 128  # device name, group, kind
 MAX_PROFILE_CHARS = 4096  # a profile name or the path of a profile file (PATH_MAX)
 MAX_PLATFORM_CHARS = 256  # free text, truncated rather than refused
 MAX_PREDICTED_GFLOPS = 1e6
+# MAX_IN_FLIGHT (the largest window a device may ask for) is testbed.wire's: the agent checks it too
 MAX_CACHE_BYTES = 1 << 40
 MAX_TILE_SECONDS = 1e6  # compute_s and lag_s of one tile
 MAX_TILE_JOULES = 1e9  # energy_j of one tile
