@@ -8,6 +8,7 @@ A part registers its sub-commands with ``add_parser(subparsers)``; the function 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -16,6 +17,7 @@ from testbed.errors import InputError
 from testbed.topology import TopologyError, load_topology
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk or quota, read-only
 
 # Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
 # `testbed validate` does not pay for torch.
@@ -81,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:  # one a command let through: still bad input, said plainly
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:
+        if exc.errno not in OUT_OF_ROOM:
+            raise
+        # the machine's, not the code's: one line, and what was written before stays
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror}{where} while writing; the files written before are "
+              f"kept as they were", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":
