@@ -93,9 +93,16 @@ class RunLog:
     """Appends events, steps and device samples to a run directory; safe across threads."""
 
     def __init__(self, run_dir: Path, started_s: float | None = None,
-                 elapsed_s: Callable[[], float] | None = None):
+                 elapsed_s: Callable[[], float] | None = None, strict: bool = True):
         """``elapsed_s``: where the run's time comes from (default: the wall clock since the
-        origin); `testbed simulate` passes its virtual clock, so both modes write one format."""
+        origin); `testbed simulate` passes its virtual clock, so both modes write one format.
+
+        A write that fails (a full disk) raises, unless ``strict`` is off: then the first
+        failure is kept in :attr:`write_error` and later records are dropped, for the PS, whose
+        records are written from its gRPC handlers and its lease watcher, which must not die of
+        it (the run stalled). The PS checks :attr:`write_error` between steps and fails the run."""
+        self.strict = strict
+        self.write_error: OSError | None = None
         self.run_dir = run_dir
         self.started_s = started_s if started_s is not None else run_origin_s(run_dir)
         self._elapsed_s = elapsed_s
@@ -113,9 +120,16 @@ class RunLog:
         line = json.dumps({"t": round(now, 6), "elapsed_s": round(elapsed, 6), **record},
                           default=str)
         with self._lock:
-            if name not in self._files:  # stages, tiles: only runs that have them
-                self._files[name] = open(self.run_dir / f"{name}.jsonl", "a", buffering=1)
-            self._files[name].write(line + "\n")
+            if self.write_error is not None and not self.strict:
+                return  # the run is failing on it; a torn record would only add to it
+            try:
+                if name not in self._files:  # stages, tiles: only runs that have them
+                    self._files[name] = open(self.run_dir / f"{name}.jsonl", "a", buffering=1)
+                self._files[name].write(line + "\n")
+            except OSError as exc:
+                self.write_error = self.write_error or exc
+                if self.strict:
+                    raise
 
     def event(self, kind: str, /, *, at_t: float | None = None, **fields: Any) -> None:
         """Record one event (join, leave, crash, requeue, reject, ...). ``at_t``: the wall time
@@ -165,6 +179,14 @@ class RunLog:
         return read_jsonl(self.run_dir / "events.jsonl")
 
     def close(self) -> None:
+        failed: OSError | None = None
         with self._lock:
             for f in self._files.values():
-                f.close()
+                try:
+                    f.close()  # flushes: on a full disk, what it holds is lost either way
+                except OSError as exc:
+                    failed = failed or exc
+        if failed is not None:
+            self.write_error = self.write_error or failed
+            if self.strict:
+                raise failed

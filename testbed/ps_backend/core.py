@@ -386,13 +386,25 @@ class PsCore:
                         boxes=sorted(prefilled))
         self.pump()
 
+    def _journal_failed(self, exc: OSError) -> None:
+        """The ledger could not be written (a full disk): journal no more (a record after a
+        torn one would be lost to the reader anyway) and let the run's records carry the error,
+        which the PS's main loop fails the run on between steps."""
+        log.error("the tile journal failed (%s); journaling stops", exc)
+        self.ledger = None
+        if self.runlog is not None:
+            self.runlog.write_error = self.runlog.write_error or exc
+
     def tick(self) -> None:
         """Periodic work on the loop thread: leases, backups as time passes, ledger fsync."""
         self.expire_leases()
         self.pump()
         self.check_progress()
         if self.ledger is not None:
-            self.ledger.maybe_sync()
+            try:
+                self.ledger.maybe_sync()
+            except OSError as exc:
+                self._journal_failed(exc)
 
     def check_progress(self, now_s: float | None = None) -> str | None:
         """The progress watchdog: set and return why the run cannot go on, else None.
@@ -612,9 +624,12 @@ class PsCore:
                              started_s=result.started_s, done_s=result.done_s,
                              compute_s=result.compute_s, accepted_s=time.monotonic())
         if self.ledger is not None:
-            self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,
-                               task.box.key, c, task.task_id,
-                               result.attempt, conn.slot.name)
+            try:
+                self.ledger.append(task.job.spec.step, task.job.uid, task.job.digest,
+                                   task.box.key, c, task.task_id,
+                                   result.attempt, conn.slot.name)
+            except OSError as exc:  # the tile is accepted all the same: the GEMM must finish
+                self._journal_failed(exc)
         if outcome.completed_job is not None:
             outcome.completed_job.done.set_result(outcome.completed_job.c)
 

@@ -61,6 +61,19 @@ DEVICE_SAMPLE_PERIOD_S = 2.0
 CHECKPOINTS_KEPT = 2
 
 
+class RecordsError(RuntimeError):
+    """The run's records could not be written (a full disk): the run stops rather than go on
+    with work nobody would see."""
+
+
+def records_written(runlog: RunLog, run_dir: Path, when: str) -> None:
+    """Raise RecordsError if a record of the run failed to be written (RunLog.write_error)."""
+    exc = runlog.write_error
+    if exc is not None:
+        raise RecordsError(f"cannot write the run's records in {run_dir} "
+                           f"({exc.strerror or exc}); stopped {when}")
+
+
 class StatusWriter:
     """Writes status.json (for the live view) and periodic devices.jsonl samples."""
 
@@ -90,7 +103,7 @@ class StatusWriter:
         self._last_tiles, self._last_tiles_s, self._last_write = totals.tiles, now, now
         # departed devices: the newest few and a count (a long churn run has thousands)
         devices = core.device_records() + core.departed_records(DEPARTED_SHOWN)
-        write_json_atomic(self.path, {
+        self._write({
             **self.fields, "tiles": totals.tiles, "tiles_per_s": round(self.tiles_per_s, 2),
             "bytes_down": totals.bytes_down, "bytes_up": totals.bytes_up,
             "requeued": totals.requeued, "rejected": totals.rejected,
@@ -100,6 +113,16 @@ class StatusWriter:
             self._last_sample = now
             for record in core.device_records():
                 self.runlog.device(**record)
+
+    def _write(self, status: dict[str, Any]) -> None:
+        """status.json, on the loop's tick: a failed write (a full disk) must not stop the
+        lease watcher that runs it; the run fails on the records (``RunLog.write_error``)."""
+        try:
+            write_json_atomic(self.path, status)
+        except OSError as exc:
+            if self.runlog.write_error is None:
+                log.error("could not write %s: %s", self.path, exc)
+            self.runlog.write_error = self.runlog.write_error or exc
 
 
 class CpuClock:
@@ -334,7 +357,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     fidelity = Fidelity(target)
     from testbed.ps_backend.engine.trainer import Trainer  # torch-heavy: import after args
 
-    runlog = RunLog(run_dir)
+    runlog = RunLog(run_dir, strict=False)  # a full disk fails the run between steps
     config = ps_config(topology, token=token, run_name=run_dir.name, time_dilation=dilation,
                        trace_tiles=trace_tiles,
                        no_progress_s=no_progress_s(job, watchdog_s), fd_limit=raise_fd_limit())
@@ -395,6 +418,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         runlog.event("training_start", devices=_attached(server),
                      expected_devices=expected_devices)
         status.fields["state"] = "training"
+        records_written(runlog, run_dir, "before training")
         stop.wait(0)  # a SIGTERM during the wait ends here
         if stop.is_set():
             raise InterruptedError
@@ -426,6 +450,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                         wasted=stats.wasted, tiles_from_ledger=stats.from_ledger,
                         time_dilation=round(dilation, 6), **step_fidelity)
             runlog.stages(result.step, planned_step.stages, dilation)
+            records_written(runlog, run_dir, f"after step {result.step}")
             if controller is not None:  # between steps: the only place D may change
                 controller.observe(stats.tile_errors, step_fidelity["lateness_share"])
                 # (after the last step a new D would only move the links for nothing)
@@ -453,7 +478,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     except InterruptedError:
         state, code = "interrupted", 1
         log.warning("interrupted; stopping devices")
-    except (WatchdogError, DivergedError) as exc:
+    except (WatchdogError, DivergedError, RecordsError) as exc:
         state, code, failure = "failed", 1, str(exc)
         log.error("run failed: %s", exc)
         print(f"error: {exc}", file=sys.stderr)

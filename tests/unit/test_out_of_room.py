@@ -61,3 +61,31 @@ def test_other_os_errors_still_show_where_they_came_from(
     monkeypatch.setattr(testbed.report, "make_report", broken)
     with pytest.raises(OSError, match="Input/output error"):
         main(["simulate", str(TINY), "--steps", "1", "--out", str(tmp_path)])
+
+
+class _FullFile:
+    def write(self, _text: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_ps_runlog_keeps_the_first_write_error_and_drops_the_rest(tmp_path: Path) -> None:
+    from testbed.runlog import RunLog
+
+    strict = RunLog(tmp_path, started_s=0.0)
+    strict._files["events"] = _FullFile()  # type: ignore[assignment]
+    with pytest.raises(OSError):
+        strict.event("join", device="phones-0")
+
+    log = RunLog(tmp_path, started_s=0.0, strict=False)  # the PS's: its handlers go on
+    log.event("join", device="phones-0")
+    log._files["events"] = _FullFile()  # type: ignore[assignment]
+    log.event("leave", device="phones-0")
+    log.step(step=0)  # dropped too: the run is failing on the first error
+    assert isinstance(log.write_error, OSError) and log.write_error.errno == errno.ENOSPC
+    log.close()
+    assert [json.loads(line)["event"] for line in
+            (tmp_path / "events.jsonl").read_text().splitlines()] == ["join"]
+    assert (tmp_path / "steps.jsonl").read_text() == ""
