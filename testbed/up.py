@@ -654,19 +654,23 @@ def portable_input(path: Path) -> str:
     return yaml.safe_dump(raw, sort_keys=False)
 
 
-def _run_json(path: Path, problems: list[str], fields: dict[str, tuple[type, ...]]
-              ) -> dict[str, Any] | None:
-    """A JSON object a run wrote (``up.json``, ``pids.json``) with ``fields`` of those types;
-    None, and a problem naming the file, when it is damaged (edited, or a full disk)."""
+def _run_json(path: Path, problems: list[str], fields: dict[str, tuple[type, ...]],
+              required: bool) -> dict[str, Any] | None:
+    """A JSON object a run wrote (``up.json``, ``pids.json``) whose ``fields`` have those types
+    (and are all there, if ``required``); None, and a problem naming the file, when it is
+    damaged (edited, or a full disk)."""
     try:
         obj = json.loads(path.read_text())
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
         problems.append(f"--resume: {path}: not readable JSON ({exc})")
         return None
-    bad = [f"{k} ({v!r})" for k, v in (obj.items() if isinstance(obj, dict) else ())
+    if not isinstance(obj, dict):
+        problems.append(f"--resume: {path}: not as testbed up writes it (not a JSON object)")
+        return None
+    bad = [f"{k} ({v!r})" for k, v in obj.items()
            if k in fields and (isinstance(v, bool) or not isinstance(v, fields[k]))]
-    missing = [k for k in fields if not isinstance(obj, dict) or k not in obj]
-    if not isinstance(obj, dict) or bad or (missing and path.name == "up.json"):
+    missing = [k for k in fields if k not in obj] if required else []
+    if bad or missing:
         problems.append(f"--resume: {path}: not as testbed up writes it" +
                         (f"; wrong type: {', '.join(bad)}" if bad else "") +
                         (f"; missing: {', '.join(missing)}" if missing else ""))
@@ -695,15 +699,15 @@ def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any
     pids_path = run_dir / "pids.json"
     saved: Any = None
     if not problems:
-        pids = _run_json(pids_path, problems, {"ps": (int, type(None))}) \
+        pids = _run_json(pids_path, problems, {"ps": (int, type(None))}, required=False) \
             if pids_path.exists() else {}
         ps_pid = (pids or {}).get("ps")
         if ps_pid and is_testbed_process(ps_pid):
             problems.append(f"--resume {run_dir}: its PS (pid {ps_pid}) is still running")
         saved = _run_json(run_dir / "up.json", problems, {
             "steps": (int,), "churn": (str, type(None)), "dilation": (int, float),
-            "dilation_info": (dict,)})
-    if problems or saved is None:
+            "dilation_info": (dict,)}, required=True)
+    if problems or saved is None:  # (saved is None only with a problem said)
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return None, EXIT_BAD_INPUT
