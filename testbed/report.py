@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from testbed.errors import InputError
 from testbed.runlog import device_group
@@ -123,7 +123,7 @@ def _summary_problems(summary: Any) -> list[str]:
     return problems
 
 
-def _jsonl(path: Path, problems_of: Any) -> list[dict[str, Any]]:
+def _jsonl(path: Path, problems_of: Callable[[Any], list[str]]) -> list[dict[str, Any]]:
     """A JSON-lines file's records, each checked. A line that is not JSON is left out, as
     ``read_jsonl`` does (a run killed while it wrote one, then resumed, leaves it torn); a
     record of the wrong shape is an InputError, with every such line."""

@@ -127,9 +127,15 @@ class RunLog:
                     self._files[name] = open(self.run_dir / f"{name}.jsonl", "a", buffering=1)
                 self._files[name].write(line + "\n")
             except OSError as exc:
-                self.write_error = self.write_error or exc
+                self.note_write_error(exc)
                 if self.strict:
                     raise
+
+    def note_write_error(self, exc: OSError) -> None:
+        """Keep the first failed write of the run's records, this log's or a file beside it
+        (status.json, the tile journal): the PS fails the run on it between steps."""
+        if self.write_error is None:
+            self.write_error = exc
 
     def event(self, kind: str, /, *, at_t: float | None = None, **fields: Any) -> None:
         """Record one event (join, leave, crash, requeue, reject, ...). ``at_t``: the wall time
@@ -187,6 +193,6 @@ class RunLog:
                 except OSError as exc:
                     failed = failed or exc
         if failed is not None:
-            self.write_error = self.write_error or failed
+            self.note_write_error(failed)
             if self.strict:
                 raise failed

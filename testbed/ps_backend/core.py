@@ -393,7 +393,7 @@ class PsCore:
         log.error("the tile journal failed (%s); journaling stops", exc)
         self.ledger = None
         if self.runlog is not None:
-            self.runlog.write_error = self.runlog.write_error or exc
+            self.runlog.note_write_error(exc)
 
     def tick(self) -> None:
         """Periodic work on the loop thread: leases, backups as time passes, ledger fsync."""

@@ -122,7 +122,7 @@ class StatusWriter:
         except OSError as exc:
             if self.runlog.write_error is None:
                 log.error("could not write %s: %s", self.path, exc)
-            self.runlog.write_error = self.runlog.write_error or exc
+            self.runlog.note_write_error(exc)
 
 
 class CpuClock:
