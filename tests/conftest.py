@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,6 +67,13 @@ def read_status(run_dir: Path) -> dict[str, Any]:
         return json.loads((run_dir / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -14,15 +13,9 @@ import pytest
 
 from testbed.agent.__main__ import main
 from testbed.wire import MAX_IN_FLIGHT
-from tests.conftest import cli_argv
+from tests.conftest import cli_argv, closed_port
 
 PIN = "sha256:" + "ab" * 32  # well formed; no PS has it
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_token_file_with_no_end_of_line_is_refused_unread(capsys) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from testbed.emulator.agent_forkserver import MODULE, AgentForkServer, server_argv
-from tests.conftest import wait_for
+from tests.conftest import closed_port, wait_for
 
 WAIT_S = 60.0  # a fork server imports numpy and grpc first: seconds on a loaded 2-core host
 
@@ -29,13 +28,6 @@ def forkserver(tmp_path: Path) -> Iterator[AgentForkServer]:
     server = AgentForkServer(proc, log_path)
     yield server
     server.close()
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def logged(path: Path, text: str) -> bool:
