@@ -31,17 +31,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from testbed.user_paths import written_whole
+
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON so that a reader never sees a half-written file, and a write that fails (a
     full disk) leaves the old file as it was and no temporary file beside it."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with written_whole(path) as handle:
+        handle.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -17,9 +17,11 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.units import positive_duration_arg
+from testbed.user_paths import output_problem
 
 if TYPE_CHECKING:
     from testbed.adb_bridge.client import AdbServer
@@ -141,8 +143,9 @@ def _measure(args: argparse.Namespace) -> int:
     from testbed.perf_model.measurements import write_measurements
 
     problem = _check_address(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    out_problem = output_problem(Path(args.out))  # before the phone is asked: a sweep takes minutes
+    if problem or out_problem:
+        print(f"error: {problem or f'--out {args.out}: {out_problem}'}", file=sys.stderr)
         return EXIT_BAD_INPUT
     args.serial = args.serial or os.environ.get("ANDROID_SERIAL", "")
     if not args.serial:

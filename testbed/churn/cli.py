@@ -16,7 +16,9 @@ from typing import Any, Callable, Sequence
 from testbed import units
 from testbed.churn.schedule import build_schedule, groups_of
 from testbed.churn.trace import TraceError, TraceEvent, format_trace, load_trace, parse_trace
+from testbed.errors import InputError
 from testbed.topology import TopologyError, load_topology
+from testbed.user_paths import checked_output, written_whole
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 log = logging.getLogger(__name__)
@@ -51,7 +53,8 @@ def _emit(events: Sequence[TraceEvent], comments: list[str], topology: Any, seed
     text = format_trace(events, comments)
     schedule = build_schedule(parse_trace(text, output or "<output>"), groups_of(topology), seed)
     if output:
-        Path(output).write_text(text)
+        with written_whole(Path(output)) as handle:
+            handle.write(text)
         log.info("wrote %s: %d events, %d device actions", output, len(events),
                  len(schedule.actions))
     else:
@@ -132,8 +135,13 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         from testbed.churn.fedscale import FedScaleError
 
         try:
+            # the files it will write, before anything is read or made
+            for option, name in (("-o", getattr(args, "output", None)),
+                                 ("--plot", getattr(args, "plot", None))):
+                if name:
+                    checked_output(name, option)
             return command(args)
-        except (TraceError, FedScaleError, _BadInput) as exc:
+        except (TraceError, FedScaleError, _BadInput, InputError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     return run

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from testbed.churn.schedule import ChurnSchedule
 from testbed.churn.trace import EVENT_NAMES, ChurnEvent, Trace
+from testbed.user_paths import written_whole
 
 
 def _time_grid(end_s: float, bins: int) -> list[float]:
@@ -99,5 +100,6 @@ def plot_timeline(schedule: ChurnSchedule, path: str | Path, title: str = "") ->
     ax_avail.set_xlabel("time (s)")
     ax_avail.legend(loc="lower left", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with written_whole(Path(path), binary=True) as handle:
+        fig.savefig(handle, format="png", dpi=100)
     plt.close(fig)

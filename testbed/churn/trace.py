@@ -54,7 +54,7 @@ from typing import Iterable, Mapping, Sequence
 
 from testbed import units
 from testbed.errors import InputError
-from testbed.user_paths import read_user_text
+from testbed.user_paths import read_user_text, written_whole
 
 DEVICE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 SELECTOR_RE = re.compile(r"^([a-z0-9][a-z0-9-]*):(?:([0-9]+)|([0-9]+(?:\.[0-9]*)?)%)$")
@@ -331,4 +331,5 @@ def format_trace(events: Iterable[TraceEvent], comments: Sequence[str] = ()) -> 
 def write_trace(path: str | Path, events: Iterable[TraceEvent],
                 comments: Sequence[str] = ()) -> None:
     """Write a trace file (see :func:`format_trace`)."""
-    Path(path).write_text(format_trace(events, comments))
+    with written_whole(Path(path)) as handle:
+        handle.write(format_trace(events, comments))

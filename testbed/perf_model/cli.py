@@ -9,11 +9,10 @@ import argparse
 import csv
 import json
 import math
-import os
 import sys
-import tempfile
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
 import yaml
 from pydantic import AfterValidator, ConfigDict, ValidationError
@@ -28,6 +27,7 @@ from testbed.perf_model.measurements import (
 )
 from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
 from testbed.schema import Schema, parse
+from testbed.user_paths import checked_output, written_whole
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -66,31 +66,19 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: str) -> None:
-    """An output path must be a file we can write, never a directory."""
-    if Path(out).is_dir():
-        raise InputError(out, ["--out: is a directory; expected a file name"])
+    checked_output(out, "--out")
 
 
-def _write_atomic(out: str, text: str) -> None:
-    """Write text to out through a temporary file, so a failure leaves nothing half-written."""
-    _check_out(out)
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _write_text(out: str, text: str) -> None:
+    with written_whole(Path(out)) as handle:
+        handle.write(text)
 
 
 def _write_model_timings(out: str, rows: list[Any]) -> None:
     from dataclasses import asdict, fields
 
     from testbed.perf_model.importers import ModelTiming
-    with Path(out).open("w", newline="") as handle:
+    with written_whole(Path(out)) as handle:
         writer = csv.writer(handle)
         names = [f.name for f in fields(ModelTiming)]
         writer.writerow(names)
@@ -116,43 +104,36 @@ _MODEL_SOURCES: dict[str, Any] = {}
 
 
 def _import(args: argparse.Namespace) -> int:
+    try:  # the source read and checked whole before --out is written
+        _check_out(args.out)
+        rows, write = _imported(args.source, args.src, args.backend)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    write(args.out, rows)
+    print(f"{args.out}: {len(rows)} rows from {args.source}")
+    return EXIT_OK
+
+
+def _imported(source: str, src: str, backend: str) -> tuple[list[Any], Callable[..., None]]:
+    """The rows of one ``testbed perf import`` source and the function that writes them."""
     _GEMM_SOURCES.update(_gemm_sources())
     _MODEL_SOURCES.update(_model_sources())
     from testbed.perf_model import importers
     from testbed.perf_model.measurements import write_measurements
-    try:
-        _check_out(args.out)
-        if args.source == "mlx":
-            rows = importers.import_mlx(args.src, backend=None if args.backend == "all"
-                                        else args.backend)
-            write_measurements(args.out, rows, comments=[importers.MLX_ATTRIBUTION])
-            count = len(rows)
-        elif args.source == "deepbench":
-            rows = importers.import_deepbench(args.src)
-            write_measurements(args.out, rows, comments=[importers.DEEPBENCH_ATTRIBUTION])
-            count = len(rows)
-        elif args.source in _GEMM_SOURCES:
-            reader, attribution = _GEMM_SOURCES[args.source]
-            rows = reader(args.src)
-            _check_out(args.out)
-            write_measurements(args.out, rows, comments=[attribution])
-            count = len(rows)
-        elif args.source in _MODEL_SOURCES:
-            rows = _MODEL_SOURCES[args.source](args.src)
-            _check_out(args.out)
-            _write_model_timings(args.out, rows)
-            count = len(rows)
-        else:
-            src = Path(args.src)
-            logs = sorted(src.glob("*.txt")) if src.is_dir() else [src]
-            peaks = [rec for path in logs for rec in importers.import_vfpbench(path)]
-            importers.write_peaks(args.out, peaks)
-            count = len(peaks)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    print(f"{args.out}: {count} rows from {args.source}")
-    return EXIT_OK
+    if source == "mlx":
+        return (importers.import_mlx(src, backend=None if backend == "all" else backend),
+                partial(write_measurements, comments=[importers.MLX_ATTRIBUTION]))
+    if source == "deepbench":
+        return (importers.import_deepbench(src),
+                partial(write_measurements, comments=[importers.DEEPBENCH_ATTRIBUTION]))
+    if source in _GEMM_SOURCES:
+        reader, attribution = _GEMM_SOURCES[source]
+        return reader(src), partial(write_measurements, comments=[attribution])
+    if source in _MODEL_SOURCES:
+        return _MODEL_SOURCES[source](src), _write_model_timings
+    logs = sorted(Path(src).glob("*.txt")) if Path(src).is_dir() else [Path(src)]
+    return [rec for path in logs for rec in importers.import_vfpbench(path)], importers.write_peaks
 
 
 def _load(path: str, device: str | None):
@@ -176,7 +157,7 @@ def _fit(args: argparse.Namespace) -> int:
         estimator = {"cost": BlasCostRegressor, "ridge": GemmTimeRegressor,
                      "rate": OverheadRateRegressor}[args.model]()
         model = estimator.fit(X, y).export()
-        _write_atomic(args.out, yaml.safe_dump({"model": model.to_dict()}, sort_keys=False))
+        _write_text(args.out, yaml.safe_dump({"model": model.to_dict()}, sort_keys=False))
     except (MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -250,7 +231,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         text, summary = calibrate_profile(base, rows, args.measurements, device=args.device,
                                           name=args.name or Path(args.out).stem,
                                           backend=args.backend)
-        _write_atomic(args.out, text)
+        _write_text(args.out, text)
     except (InputError, MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Iterator
 
 from testbed.perf_model.measurements import Measurement
+from testbed.user_paths import written_whole
 
 MLX_ATTRIBUTION = ("mlx-benchmark detailed_benchmark.md @85c5376 (MIT, (c) 2023 Tristan Bilot), "
                    "mean of 9 calls after 1 warm-up")
@@ -247,7 +248,7 @@ def vfpbench_peak(path: str | Path, precision: str = "SP", scope: str = "multi")
 
 def write_peaks(path: str | Path, records: list[PeakRecord]) -> None:
     """Write peak records as CSV (device, precision, scope, gflops, provenance)."""
-    with Path(path).open("w", newline="") as handle:
+    with written_whole(Path(path)) as handle:
         writer = csv.writer(handle)
         writer.writerow(["device", "precision", "scope", "gflops", "provenance"])
         for r in records:

@@ -36,7 +36,7 @@ from pydantic import AfterValidator, ValidationError, field_validator, model_val
 
 from testbed.errors import InputError
 from testbed.schema import Schema, problem_pairs
-from testbed.user_paths import read_user_text
+from testbed.user_paths import read_user_text, written_whole
 
 REQUIRED = ("device", "backend", "dtype", "threads", "op", "m", "k", "n", "time", "time_unit",
             "provenance")
@@ -241,9 +241,7 @@ def read_measurements(path: str | Path) -> list[Measurement]:
 def write_measurements(path: str | Path, rows: Iterable[Measurement],
                        comments: Iterable[str] = ()) -> None:
     """Write rows in the CSV format (times in seconds, per row including batch)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
+    with written_whole(Path(path)) as handle:
         for comment in comments:
             handle.write(f"# {comment}\n")
         writer = csv.writer(handle)
