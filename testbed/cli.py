@@ -8,16 +8,14 @@ A part registers its sub-commands with ``add_parser(subparsers)``; the function 
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import logging
 import sys
 
-from testbed.errors import InputError
+from testbed.errors import InputError, out_of_room
 from testbed.topology import TopologyError, load_topology
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
-OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk or quota, read-only
 
 # Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
 # `testbed validate` does not pay for torch.
@@ -84,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:
-        if exc.errno not in OUT_OF_ROOM:
+        if not out_of_room(exc):
             raise
         # the machine's, not the code's: one line, and what was written before stays
         where = f" ({exc.filename})" if exc.filename else ""

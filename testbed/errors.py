@@ -2,9 +2,21 @@
 
 Topology files, churn traces and the like are checked whole and fail once, listing every problem
 with its place (a YAML path, a line number); the CLI prints the message and exits 2.
+
+And the errors that are the machine's, not the code's or the input's (:func:`out_of_room`).
 """
 
 from __future__ import annotations
+
+import errno
+
+OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk or quota, read-only
+
+
+def out_of_room(exc: BaseException) -> bool:
+    """A write failed for want of room (a full disk, a quota, a read-only file system): said in
+    one line, never with a traceback."""
+    return isinstance(exc, OSError) and exc.errno in OUT_OF_ROOM
 
 
 class InputError(ValueError):

@@ -181,7 +181,9 @@ class Run:
     def start(self, progress: Callable[[str], None] = lambda s: None) -> None:
         """Network, PS, agents, churn; RuntimeError with the reason if a part fails,
         Interrupted when a stop was requested on the way."""
-        self.runlog = RunLog(self.run_dir)
+        # not strict: its writers are threads (the churn replay, the dilation follower, adb's)
+        # that must not die of a full disk; the run fails on it at the end (failures())
+        self.runlog = RunLog(self.run_dir, strict=False)
         present = list(self.devices)
         replay_from = None
         if self.schedule is not None:
@@ -227,6 +229,18 @@ class Run:
         with self._lock:
             self._started = True
             self._write_pids()
+
+    def failures(self) -> list[str]:
+        """What went wrong on this side of the run while the PS trained: a churn trace that
+        stopped replaying, records that could not be written. Each fails the run."""
+        out = []
+        if self.replay is not None and self.replay.failure:
+            out.append(self.replay.failure)
+        error = self.runlog.write_error if self.runlog is not None else None
+        if error is not None:
+            out.append(f"cannot write the run's records in {self.run_dir}: {error.strerror}"
+                       + (f" ({error.filename})" if error.filename else ""))
+        return out
 
     def _check_stop(self) -> None:
         if self.stop_requested.is_set():
@@ -605,6 +619,9 @@ def run_up(args: argparse.Namespace) -> int:
         run.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
+    for failure in run.failures():
+        console.print(f"[red]error:[/red] {failure}", soft_wrap=True)
+        code = EXIT_FAILURE if code == EXIT_OK else code
     from testbed.summary import run_warnings, write_summary
 
     summary = write_summary(run_dir, topology, run.network.describe(), run.dilation, code,

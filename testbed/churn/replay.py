@@ -43,6 +43,7 @@ from typing import Any, Callable, Protocol, Sequence
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
 from testbed.emulator.dilation import DeviceClock
+from testbed.errors import out_of_room
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class Replay:
         self.start_state = start or ReplayState(present=set(schedule.initially_present))
         self.stopping = threading.Event()
         self.applied = self.start_state.applied
+        self.failure: str | None = None  # why the replay stopped before the trace's end
         self._clock: DeviceClock | None = None  # trace time since begin, once training runs
         self._clock_lock = threading.Lock()
         self._changed = threading.Event()  # D changed: a wait for the next action starts over
@@ -195,9 +197,17 @@ class Replay:
     def _run(self) -> None:
         try:
             self._replay()
-        except Exception:  # a bug here must not take the run down silently
-            log.exception("churn replay failed")
-            self.event("churn_failed", applied=self.applied)
+        except Exception as exc:  # a bug here must not take the run down silently
+            if out_of_room(exc):  # a full disk: the machine's, said in one line
+                log.error("churn replay stopped: %s", exc)
+            else:
+                log.exception("churn replay failed")
+            self.failure = (f"the churn trace stopped replaying after {self.applied} of its "
+                            f"{len(self.schedule.actions)} actions: {exc}")
+            try:
+                self.event("churn_failed", applied=self.applied, error=str(exc))
+            except OSError:
+                pass  # the same full disk: the failure is kept above
 
     def _replay(self) -> None:
         if not self._wait_for_training():

@@ -50,9 +50,13 @@ def _fill(directory: Path) -> None:
             assert exc.errno == errno.ENOSPC, exc
 
 
-def test_a_disk_that_fills_during_training_ends_the_run_with_its_steps_kept(small_disk):
+def test_a_disk_that_fills_during_training_ends_the_run_with_its_steps_kept(small_disk, tmp_path):
     out = small_disk / "runs"
-    up = start_up(TINY, out, "--steps", "100000")
+    # a churn action every 0.2 s, so that testbed up's own replay thread writes events too
+    trace = tmp_path / "slow.csv"
+    trace.write_text("time_s,device,event,arg\n" + "".join(
+        f"{i / 5:g},phones-0,slow,{1 + i % 2}\n" for i in range(1, 3000)))
+    up = start_up(TINY, out, "--steps", "100000", "--churn", str(trace))
     try:
         run_dir = run_dir_of(out)
         steps = run_dir / "steps.jsonl"
