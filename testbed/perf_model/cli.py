@@ -411,7 +411,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="mnn/mmperf/tf-sd835 give per-shape GEMM rows; ncnn, paddle-lite and "
                         "xnnpack whole-model times")
     p.add_argument("src", help="source file (vfpbench: a log or the log directory)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="CSV to write (replaced once the source is "
+                   "read whole; missing directories are made)")
     p.add_argument("--backend", default="cpu", help="mlx backend to keep, or 'all'")
     p.set_defaults(func=_import)
 
