@@ -5,6 +5,8 @@ Used by both sides, so it needs only numpy (the agent runs on phones without tor
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from testbed.wire import testbed_pb2 as pb
@@ -55,7 +57,9 @@ def from_tensor(msg: pb.Tensor) -> np.ndarray:
     shape = tuple(int(d) for d in msg.shape)
     if any(d < 0 for d in shape):
         raise TensorError(f"negative dimension in shape {shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # exact (Python ints): numpy's int64 product wraps, and a shape such as (2**33, 2**31)
+    # would then "need" 0 bytes and fail in reshape, past this check
+    expected = math.prod(shape) * dtype.itemsize
     if len(msg.data) != expected:
         raise TensorError(f"tensor of shape {shape} and dtype {dtype} needs {expected} bytes, "
                           f"got {len(msg.data)}")

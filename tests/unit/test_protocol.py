@@ -44,6 +44,10 @@ def test_tensor_with_wrong_byte_count_is_refused() -> None:
         from_tensor(msg)
     with pytest.raises(TensorError):
         from_tensor(pb.Tensor(data=b"", shape=[0], dtype=0))
+    # a device's shape whose product wraps a 64-bit integer to the bytes sent (here 0)
+    for shape in ([2**33, 2**31], [2**62, 4], [3, 2**63 - 1]):
+        with pytest.raises(TensorError, match="needs"):
+            from_tensor(pb.Tensor(data=b"", shape=shape, dtype=pb.FLOAT32))
 
 
 def test_an_operand_of_parts_is_joined_along_k_and_each_part_is_cached() -> None:
