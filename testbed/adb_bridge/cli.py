@@ -143,13 +143,18 @@ def _measure(args: argparse.Namespace) -> int:
     from testbed.perf_model.measurements import write_measurements
 
     problem = _check_address(args)
-    out_problem = output_problem(Path(args.out))  # before the phone is asked: a sweep takes minutes
-    if problem or out_problem:
-        print(f"error: {problem or f'--out {args.out}: {out_problem}'}", file=sys.stderr)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     args.serial = args.serial or os.environ.get("ANDROID_SERIAL", "")
     if not args.serial:
         print("error: SERIAL: name the phone (or set ANDROID_SERIAL)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    # one file per phone by default: measuring the next phone keeps this one's figures
+    args.out = args.out or f"adb_measurements-{args.serial.replace(os.sep, '_')}.csv"
+    problem = output_problem(Path(args.out))  # before the phone is asked: a sweep takes minutes
+    if problem:
+        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     server = _server(args)
     try:
@@ -225,7 +230,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="sweeps over all shapes; each shape's figure is the fastest sample of "
                         "all passes, so a burst of other work on the phone hits one pass only")
     p.add_argument("--seed", type=int, default=0, help="seed of the shape sweep")
-    p.add_argument("--out", default="adb_measurements.csv", help="output CSV")
+    p.add_argument("--out", help="output CSV (default: adb_measurements-SERIAL.csv; an existing "
+                                  "file is replaced once the sweep is done)")
     p.add_argument("--phone-port", type=int, default=7700,
                    help="an unrooted phone measures through its Termux listener on this port "
                         "+ 2 (default 7700)")

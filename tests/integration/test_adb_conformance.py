@@ -575,8 +575,10 @@ def test_cli_devices_lists_state_profile_reverse(fake_adb_server: FakeAdbServer,
 
 
 def test_cli_measure_runs_the_sweep_on_the_phone(fake_adb_server: FakeAdbServer, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """The timing script is pushed with sync and really runs (numpy here, as on a phone)."""
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timing script is pushed with sync and really runs (numpy here, as on a phone); its
+    figures go to a file named for the phone unless --out names one."""
     from testbed.perf_model.measurements import read_measurements
 
     root = tmp_path / "phone"
@@ -588,9 +590,10 @@ def test_cli_measure_runs_the_sweep_on_the_phone(fake_adb_server: FakeAdbServer,
     hook = LocalProcessCommand(r"^sh /data/local/tmp/testbed/run-python\.sh \S+time_gemm\.py "
                                r"(.*)$", argv, wait=True)
     fake_adb_server.plug(recorded_phone("PHONE1", root_dir=root, exec_hook=hook))
-    out = tmp_path / "m.csv"
+    monkeypatch.chdir(tmp_path)
     assert main(["adb", "measure", "PHONE1", "--adb", f"127.0.0.1:{fake_adb_server.port}",
-                 "--limit", "3", "--repeats", "2", "--out", str(out)]) == 0
+                 "--limit", "3", "--repeats", "2"]) == 0
+    out = tmp_path / "adb_measurements-PHONE1.csv"
     rows = read_measurements(out)
     assert len(rows) == 3 and all(r.seconds > 0 and r.device == "adb-phone1" for r in rows)
     # A phone without Python: a clear failure, exit 1.
