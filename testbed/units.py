@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from typing import Callable
 
 _NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
 _PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z/%]+)\s*$")
@@ -106,6 +107,38 @@ def positive_duration_arg(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"a duration must be above 0, got {text!r}")
     return seconds
+
+
+def int_arg(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high], or the parser's error naming the option
+    (exit 2) before the command starts (a --passes of 0 failed at the end of a sweep)."""
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low:,} to {high:,}, got {value:,}")
+        return value
+    return whole_number
+
+
+def number_arg(low: float, high: float, above_low: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] (above ``low`` if ``above_low``)."""
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (low < value if above_low else low <= value) or not value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected a number {'above' if above_low else 'from'} {low:g} "
+                f"{'up ' if above_low else ''}to {high:g}, got {text!r}")
+        return value
+    return number
+
+
+SEED = int_arg(0, 2**63 - 1)  # what numpy's generators take
 
 
 def parse_fraction(text: object) -> float:

@@ -72,6 +72,7 @@ from testbed.topology import (
     load_topology,
     steps_problem,
 )
+from testbed.units import number_arg
 
 log = logging.getLogger("testbed.up")
 # tiles an emulated agent may ask to hold at once (the PS sizes its window to its speed);
@@ -830,7 +831,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "training (waiting for devices, probing, planning) as they change, then "
                    "one line per step")
     p.add_argument("--churn", default=None, help="churn trace CSV (overrides the topology's)")
-    p.add_argument("--join-timeout", type=float, default=60.0,
+    p.add_argument("--join-timeout", type=number_arg(0, 86_400), default=60.0,
                    help="seconds without a new device attaching (from the PS's start, then "
                    "from the last arrival) before training starts with those present")
     p.add_argument("--trace-tiles", action="store_true",

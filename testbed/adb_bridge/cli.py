@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from testbed.units import positive_duration_arg
+from testbed.units import SEED, int_arg, positive_duration_arg
 from testbed.user_paths import output_problem
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("devices", help="phones on the adb server: state, model, profile, reverse")
     common(p)
-    p.add_argument("--phone-port", type=int, default=7700,
+    p.add_argument("--phone-port", type=int_arg(1, 65533), default=7700,
                    help="the phone port the agent dials (reverse source), default 7700")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_devices)
@@ -208,7 +208,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="the phone's adb serial (default: $ANDROID_SERIAL, else the only phone)")
     p.add_argument("--push", action="store_true",
                    help="push this checkout's agent when the phone's differs")
-    p.add_argument("--phone-port", type=int, default=7700,
+    p.add_argument("--phone-port", type=int_arg(1, 65533), default=7700,
                    help="phone port for the join check (default 7700; the probe uses +1, the "
                         "Termux listener's control port +2)")
     # default: Doctor's (None here: its module is too heavy to import for every command line)
@@ -223,16 +223,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("serial", nargs="?", default="",
                    help="the phone's adb serial (default: $ANDROID_SERIAL)")
     p.add_argument("--size", choices=("quick", "full"), default="quick", help="sweep size")
-    p.add_argument("--limit", type=int, default=0, help="time only the first N shapes")
+    p.add_argument("--limit", type=int_arg(0, 1_000_000), default=0,
+                   help="time only the first N shapes")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--repeats", type=int, default=5, help="samples per shape and pass")
-    p.add_argument("--passes", type=int, default=2,
+    p.add_argument("--repeats", type=int_arg(1, 10_000), default=5,
+                   help="samples per shape and pass")
+    p.add_argument("--passes", type=int_arg(1, 1000), default=2,
                    help="sweeps over all shapes; each shape's figure is the fastest sample of "
                         "all passes, so a burst of other work on the phone hits one pass only")
-    p.add_argument("--seed", type=int, default=0, help="seed of the shape sweep")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the shape sweep")
     p.add_argument("--out", help="output CSV (default: adb_measurements-SERIAL.csv; an existing "
                                   "file is replaced once the sweep is done)")
-    p.add_argument("--phone-port", type=int, default=7700,
+    p.add_argument("--phone-port", type=int_arg(1, 65533), default=7700,
                    help="an unrooted phone measures through its Termux listener on this port "
                         "+ 2 (default 7700)")
     p.set_defaults(func=_measure)

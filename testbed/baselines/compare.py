@@ -41,6 +41,7 @@ from testbed.baselines.placement import (
 from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
 from testbed.errors import InputError
 from testbed.topology import JobSpec, Topology
+from testbed.units import number_arg
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 STRATEGIES = ("tile-tp", "pipeline", "data-parallel")
@@ -430,11 +431,6 @@ def run_compare(args: argparse.Namespace) -> int:
             topology = topology.with_overrides(steps=args.steps)
         gpu = load_gpu(args.gpu)
         ps_memory = units.parse_size_bytes(args.ps_memory)
-        for flag, value in (("--grid-g-per-kwh", args.grid_g_per_kwh),
-                            ("--gpu-grid-g-per-kwh", args.gpu_grid_g_per_kwh),
-                            ("--pue", args.pue)):
-            if not 0 <= value < 1e5 or (flag == "--pue" and value < 1):
-                raise InputError(flag, [f"out of range: {value}"])
         churn = Path(args.churn).resolve() if args.churn else topology.churn
         topology = dataclasses.replace(topology, churn=churn)
         schedules = {}
@@ -486,12 +482,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs", help="parent of the comparison directory")
     p.add_argument("--gpu", default="a5000",
                    help="GPU reference: a shipped name (a5000) or a YAML file of the same keys")
-    p.add_argument("--grid-g-per-kwh", type=float, default=DEFAULT_GRID_G_PER_KWH,
+    p.add_argument("--grid-g-per-kwh", type=number_arg(0, 1e5), default=DEFAULT_GRID_G_PER_KWH,
                    help="the edge devices' grid carbon intensity, gCO2e/kWh (default "
                         f"{DEFAULT_GRID_G_PER_KWH:g}: world average, IEA 2019)")
-    p.add_argument("--gpu-grid-g-per-kwh", type=float, default=DEFAULT_GRID_G_PER_KWH,
+    p.add_argument("--gpu-grid-g-per-kwh", type=number_arg(0, 1e5), default=DEFAULT_GRID_G_PER_KWH,
                    help="the datacenter's grid carbon intensity, gCO2e/kWh (same default)")
-    p.add_argument("--pue", type=float, default=1.0,
+    p.add_argument("--pue", type=number_arg(1, 100), default=1.0,
                    help="datacenter power usage effectiveness applied to the GPU (default 1: "
                         "the board alone, as the edge side counts devices alone)")
     p.add_argument("--ps-memory", default=DEFAULT_PS_MEMORY,

@@ -177,7 +177,7 @@ def add_parser(subparsers: Any) -> None:
                      help="time of highest availability (default 0s)")
     gen.add_argument("--crash-fraction", type=float, default=0.0,
                      help="share of departures that are crashes (default 0)")
-    gen.add_argument("--seed", type=int, help="default: the topology's seed")
+    gen.add_argument("--seed", type=units.SEED, help="default: the topology's seed")
     gen.add_argument("-o", "--output", help="trace file to write (default: stdout)")
     gen.set_defaults(func=_guarded(_cmd_gen))
 
@@ -186,8 +186,10 @@ def add_parser(subparsers: Any) -> None:
                                       "the devices it touches and availability over time.")
     show.add_argument("trace", help="the trace CSV file")
     show.add_argument("--topology", help="topology YAML: check names, expand groups")
-    show.add_argument("--seed", type=int, help="seed for selectors (default: the topology's)")
-    show.add_argument("--bins", type=int, default=10, help="availability rows (default 10)")
+    show.add_argument("--seed", type=units.SEED,
+                      help="seed for selectors (default: the topology's)")
+    show.add_argument("--bins", type=units.int_arg(1, 1000), default=10,
+                      help="availability rows (default 10)")
     show.add_argument("--plot", metavar="FILE", help="draw the timeline into this PNG")
     show.set_defaults(func=_guarded(_cmd_show))
 

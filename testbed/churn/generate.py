@@ -34,6 +34,7 @@ import numpy as np
 from testbed.churn.trace import ChurnEvent, TraceEvent
 
 DISTRIBUTIONS = ("exponential", "weibull")
+MAX_GENERATED_EVENTS = 1_000_000  # about 30 MB of trace: replays far longer than any run
 MIN_AVAILABILITY, MAX_AVAILABILITY = 0.01, 0.99
 
 
@@ -129,6 +130,16 @@ def generate_events(devices: Sequence[str], model: SessionModel, duration_s: flo
     problems = model.problems()
     if not (math.isfinite(duration_s) and duration_s > 0):
         problems.append(f"--duration: must be > 0, got {duration_s:g}")
+    if not problems:
+        # two events (a departure, a return) per session and absence, on average; checked
+        # before drawing any, since a typo ('1000000h') would otherwise run for ever
+        expected = 2 * len(devices) * duration_s / (model.session_mean_s + model.absence_mean_s)
+        if expected > MAX_GENERATED_EVENTS:
+            problems.append(
+                f"--duration: {len(devices)} device(s) over {duration_s:g} s with a session and "
+                f"an absence every {model.session_mean_s + model.absence_mean_s:g} s on average "
+                f"make about {expected:,.0f} events; a generated trace holds at most "
+                f"{MAX_GENERATED_EVENTS:,} (shorten --duration or lengthen the means)")
     if problems:
         raise ValueError("; ".join(problems))
     events: list[tuple[float, int, int, TraceEvent]] = []

@@ -27,6 +27,7 @@ from testbed.perf_model.measurements import (
 )
 from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
 from testbed.schema import Schema, parse
+from testbed.units import SEED, int_arg, number_arg
 from testbed.user_paths import checked_output, written_whole
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -392,17 +393,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="time these shapes instead (columns m, k, n; e.g. 5 to calibrate)")
     p.add_argument("--out", default="perf_measurements.csv", help="output CSV")
     p.add_argument("--device", default="host", help="device name written into the rows")
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads (agents use 1)")
+    p.add_argument("--threads", type=int_arg(1, 1024), default=1,
+                   help="BLAS threads (agents use 1)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape and pass")
-    p.add_argument("--repeats", type=int, default=3, help="samples per shape and pass")
-    p.add_argument("--passes", type=int, default=40,
+    p.add_argument("--warmup", type=int_arg(0, 1000), default=1,
+                   help="warm-up calls per shape and pass")
+    p.add_argument("--repeats", type=int_arg(1, 10_000), default=3,
+                   help="samples per shape and pass")
+    p.add_argument("--passes", type=int_arg(1, 100_000), default=40,
                    help="sweeps over all shapes, round-robin (quick: ~1.3 s each here)")
-    p.add_argument("--min-sample-s", type=float, default=2e-4,
+    p.add_argument("--min-sample-s", type=number_arg(0, 60), default=2e-4,
                    help="a sample loops the call until it lasts this long")
     p.add_argument("--statistic", choices=("min", "median"), default="min",
                    help="figure per shape over its samples (min: noise only adds time)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.set_defaults(func=_measure)
 
     p = sub.add_parser("import", help="convert ../shared/data sources into the CSV format")
@@ -428,7 +432,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                 "overhead + monotone capped rate (phones, laptops); ridge: "
                                 "log-space ridge on smooth features")
         else:
-            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--seed", type=SEED, default=0)
             p.add_argument("--json", action="store_true")
             p.add_argument("--leave-one-set-out", action="store_true",
                            help="hold out each (device, backend, dtype, threads) set in turn: "

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from testbed.units import number_arg
+
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -172,7 +174,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
     p.add_argument("--out", default="runs", help="parent of the run directory (default: runs)")
-    p.add_argument("--ps-gemm-s", type=float, default=0.0,
+    p.add_argument("--ps-gemm-s", type=number_arg(0, 3600), default=0.0,
                    help="the PS's own time per offloaded GEMM, device seconds (default 0: not "
                         "modelled; see docs/simulate.md)")
     p.add_argument("--trace-tiles", action="store_true",

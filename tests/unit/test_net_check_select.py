@@ -46,7 +46,7 @@ def test_unknown_device_is_named():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--per-group", "0"], "--per-group must be at least 1, got 0"),
+    (["--per-group", "0"], "argument --per-group: expected 1 to 1,000,000, got 0"),
     (["--devices", "nope-3"], f"no such device(s) ['nope-3'] (devices are named "
                               f"<group>-<index>, e.g. phones-a-0) in {LARGE}"),
 ])

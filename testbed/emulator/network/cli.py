@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from testbed.topology import DeviceSpec, TopologyError, load_topology
+from testbed.units import int_arg, number_arg
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -28,13 +29,14 @@ def add_parser(subparsers: Any) -> None:
                     "device's throughput both ways (iperf3) and RTT, print them against the "
                     "configured values; exit 1 when one is off by more than the tolerance.")
     p.add_argument("topology", help="the topology YAML file")
-    p.add_argument("--tolerance", type=float, default=0.10,
+    p.add_argument("--tolerance", type=number_arg(0, 1, above_low=True), default=0.10,
                    help="relative tolerance (default 0.10; RTT gets 1 ms more)")
-    p.add_argument("--seconds", type=float, default=3.0,
+    p.add_argument("--seconds", type=number_arg(0, 3600, above_low=True), default=3.0,
                    help="least seconds measured per direction (default 3); slow paths "
                         "measure longer and skip more of slow start: 4x and 2x the "
                         "time their device link's queue takes to drain")
-    p.add_argument("--samples", type=int, default=10, help="RTT samples per device (default 10)")
+    p.add_argument("--samples", type=int_arg(1, 10_000), default=10,
+                   help="RTT samples per device (default 10)")
     p.add_argument("--duplex", action="store_true",
                    help="also measure both directions at once (rows down* and up*): each "
                         "must still get its own rate, as training's tiles down and results "
@@ -42,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--devices", nargs="*", metavar="NAME",
                    help="only these devices (default: all, one after another, about 15-30 s each: "
                         "on a large topology, a few of each group)")
-    p.add_argument("--per-group", type=int, metavar="N",
+    p.add_argument("--per-group", type=int_arg(1, 1_000_000), metavar="N",
                    help="only the first N devices of each group (a group's devices share one "
                         "link configuration); with --devices, those and these")
     p.set_defaults(func=run_check)
@@ -89,13 +91,6 @@ def run_check(args: argparse.Namespace) -> int:
         topology = load_topology(args.topology)
     except TopologyError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if not (0 < args.tolerance < 1) or args.seconds <= 0 or args.samples < 1:
-        print("error: --tolerance must be in (0, 1), --seconds > 0, --samples >= 1",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.per_group is not None and args.per_group < 1:
-        print(f"error: --per-group must be at least 1, got {args.per_group}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         devices = select_devices(list(topology.devices), args.devices, args.per_group)
