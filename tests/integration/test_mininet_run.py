@@ -121,12 +121,21 @@ def environ_has(pid: int, entry: str) -> bool:
         return False
 
 
-def processes_of(prefix: str, netns: set[int]) -> set[int]:
-    """Every live pid that is the run's: node shell, prefix marker, or inside its namespaces."""
+def processes_of(prefix: str, netns: set[int], ended_s: float | None = None) -> set[int]:
+    """Every live pid that is the run's: node shell, prefix marker, or inside its namespaces.
+
+    ``ended_s``: when the run ended. The kernel reuses a freed namespace's inode number, so once
+    the run's namespaces are gone another run's (on a shared host, any program's) may have the
+    same number: a process inside it counts only if it started before the run ended."""
+    def started_in_run(pid: int) -> bool:
+        try:
+            return ended_s is None or psutil.Process(pid).create_time() <= ended_s
+        except psutil.Error:
+            return False
     return {pid for pid in psutil.pids()
             if cmdline_has(pid, f"mininet:{prefix}")
             or environ_has(pid, f"TESTBED_NET_PREFIX={prefix}")
-            or netns_inode(pid) in netns}
+            or (netns_inode(pid) in netns and started_in_run(pid))}
 
 
 @dataclass
@@ -162,6 +171,7 @@ class Up:
         self.path.write_text(yaml.safe_dump(topology, sort_keys=False))
         self.log = tmp / f"{name}.out"
         self.named_before = named_netns()
+        self.ended_s: float | None = None  # when `testbed up` exited (wait)
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([*TESTBED, "up", str(self.path), "--no-live", "--out",
                                           str(self.out)], stdout=out, stderr=subprocess.STDOUT,
@@ -248,7 +258,9 @@ class Up:
 
     def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> int:
         try:
-            return self.proc.wait(timeout_s)
+            code = self.proc.wait(timeout_s)
+            self.ended_s = time.time()
+            return code
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -275,7 +287,7 @@ def assert_nothing_left(up: Up) -> None:
     for pid in [seen.pids["ps"], *seen.pids["agents"].values()]:
         assert not (psutil.pid_exists(pid) and (cmdline_has(pid, "testbed.agent")
                                                 or cmdline_has(pid, "testbed.ps_backend"))), pid
-    assert not processes_of(seen.prefix, seen.netns), "a process of the run is left"
+    assert not processes_of(seen.prefix, seen.netns, up.ended_s), "a process of the run is left"
     in_use = {netns_inode(p) for p in psutil.pids()}
     assert not (seen.netns & in_use), "a namespace of the run is still in use"
     left = {n for n in root_links() if n.startswith(seen.prefix)}
@@ -348,7 +360,7 @@ def test_sigint_exits_130_and_leaves_nothing(tmp_path):
 def test_sigkill_then_clean_run_dir_leaves_nothing(tmp_path):
     up = start_training(tmp_path, "sigkill")
     up.proc.send_signal(signal.SIGKILL)
-    up.proc.wait(10)
+    up.wait(10)
     prefix = up.seen.prefix
     # PR_SET_PDEATHSIG takes the PS and the agents with testbed up, and the node shells end when
     # their pty closes (the namespaces go with them); the bridges stay for `testbed clean`.
