@@ -56,16 +56,21 @@ class Listing:
     pids: frozenset[int]
 
 
-def listing() -> Listing:
-    """What exists now: root interfaces, named namespaces, namespaces in use, processes."""
+def listing(started_before: float | None = None) -> Listing:
+    """What exists now: root interfaces, named namespaces, namespaces in use, processes.
+
+    ``started_before``: count only the namespaces of processes started before then. The kernel
+    gives a new namespace the inode number of one freed (within a second here), so after a run
+    another program's namespace may carry the number one of the run's had."""
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     links = frozenset(line.split(":", 2)[1].strip().split("@")[0] for line in out.splitlines())
     named = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     netns = set()
     for pid in psutil.pids():
         try:
-            netns.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
-        except OSError:
+            if started_before is None or psutil.Process(pid).create_time() <= started_before:
+                netns.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+        except (OSError, psutil.Error):
             pass
     return Listing(links, named, frozenset(netns), frozenset(psutil.pids()))
 
@@ -90,8 +95,10 @@ def netns_of(pids: set[int]) -> set[int]:
     return out - {os.stat(f"/proc/{os.getpid()}/ns/net").st_ino}  # the test runs in the root
 
 
-def assert_nothing_left(prefix: str, before: Listing, run_netns: set[int], pids: set[int]) -> None:
-    after = listing()
+def assert_nothing_left(prefix: str, before: Listing, run_netns: set[int], pids: set[int],
+                        ended_s: float) -> None:
+    """Nothing of the run that ended at ``ended_s`` (its network stopped or cleaned) is left."""
+    after = listing(started_before=ended_s)
     assert not [n for n in after.links if n.startswith(prefix)], after.links - before.links
     assert after.named_netns == before.named_netns
     assert run_netns, "the run's hosts had namespaces of their own"
@@ -120,7 +127,7 @@ def test_normal_stop_leaves_nothing():
         assert cleanup.find_leftovers(prefix).pids  # the sweep would see the run
     finally:
         net.stop()
-    assert_nothing_left(prefix, before, run_netns, sleepers | shells)
+    assert_nothing_left(prefix, before, run_netns, sleepers | shells, time.time())
     net.stop()  # a second stop is harmless
 
 
@@ -159,7 +166,7 @@ def test_sigkill_then_clean_leaves_nothing(tmp_path, capsys):
     assert record and not record[0]["alive"]
     assert cli.main(["clean", prefix]) == 0
     assert prefix in capsys.readouterr().out
-    assert_nothing_left(prefix, before, run_netns, pids)
+    assert_nothing_left(prefix, before, run_netns, pids, time.time())
 
 
 def test_clean_refuses_a_malformed_prefix(capsys):
