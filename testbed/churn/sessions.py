@@ -23,14 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from testbed import units
-from testbed.churn.trace import (
-    MAX_LINE_CHARS,
-    MAX_TRACE_BYTES,
-    ChurnEvent,
-    TraceError,
-    TraceEvent,
-    split_row,
-)
+from testbed.churn.trace import MAX_TRACE_BYTES, ChurnEvent, TraceError, TraceEvent, data_rows
 from testbed.user_paths import read_user_text
 
 _COLUMN_RE = re.compile(r"^(start|end)_([A-Za-z]+)$")
@@ -73,15 +66,7 @@ def parse_sessions(text: str, devices: Sequence[str],
     problems: list[str] = []
     sessions: dict[str, list[tuple[float, float]]] = {}
     unit_s: float | None = None
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        split = split_row(line)
-        if split is None:
-            problems.append(f"line {number}: {len(line):,} characters is longer than the "
-                            f"{MAX_LINE_CHARS:,} a row may have")
-            continue
+    for number, split in data_rows(text, problems):
         cells = [c.strip() for c in split]
         if unit_s is None:
             unit_s, problem = _header(cells)

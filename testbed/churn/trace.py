@@ -50,7 +50,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from testbed import units
 from testbed.errors import InputError
@@ -213,15 +213,9 @@ def split_row(line: str, max_chars: int = MAX_LINE_CHARS) -> list[str] | None:
         return None
 
 
-def parse_trace(text: str, source: str = "<trace>",
-                groups: Mapping[str, Sequence[str]] | None = None) -> Trace:
-    """Parse trace text (names checked against ``groups`` if given); raise TraceError with
-    every problem and its line number."""
-    problems: list[str] = []
-    events: list[TraceEvent] = []
-    unit_s: float | None = None
-    unit_name = "s"
-    last_time_s, last_line = 0.0, 0
+def data_rows(text: str, problems: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """Each line of a trace or session list that is not blank or a comment: its number and its
+    cells. A line too long to split is one more of ``problems`` instead."""
     for number, raw in enumerate(text.splitlines(), start=1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
@@ -231,6 +225,19 @@ def parse_trace(text: str, source: str = "<trace>",
             problems.append(f"line {number}: {len(stripped):,} characters is longer than the "
                             f"{MAX_LINE_CHARS:,} a row may have")
             continue
+        yield number, cells
+
+
+def parse_trace(text: str, source: str = "<trace>",
+                groups: Mapping[str, Sequence[str]] | None = None) -> Trace:
+    """Parse trace text (names checked against ``groups`` if given); raise TraceError with
+    every problem and its line number."""
+    problems: list[str] = []
+    events: list[TraceEvent] = []
+    unit_s: float | None = None
+    unit_name = "s"
+    last_time_s, last_line = 0.0, 0
+    for number, cells in data_rows(text, problems):
         if unit_s is None:
             unit_s, problem = _header_problem(cells)
             unit_name = cells[0].strip().removeprefix("time_") if not problem else "s"
