@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from testbed.baselines import cost
 from testbed.baselines.gpu import GpuProfile, gpu_step, load_gpu
@@ -138,6 +138,21 @@ def _does_not_fit(topo: Topology, strategy: str, largest: str) -> dict[str, Any]
     return {"strategy": strategy, "state": "does not fit", "largest_model": largest,
             "note": " ".join(problems)}
 
+def _that_fit(topology: Topology, strategies: list[str], ps_memory_bytes: int,
+              rows: list[dict[str, Any]]) -> Iterator[tuple[str, Topology, str]]:
+    """Each strategy whose job fits the devices, with the topology as it runs it and the
+    largest model it fits; a row saying why for each of the others, added to ``rows`` in
+    order."""
+    for strategy in strategies:
+        topo = with_strategy(topology, strategy)
+        largest = largest_model(topo, strategy, ps_memory_bytes)
+        unfit = _does_not_fit(topo, strategy, largest)
+        if unfit is not None:
+            rows.append(unfit)
+        else:
+            yield strategy, topo, largest
+
+
 def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_for: Any,
             gpu: GpuProfile, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
             gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
@@ -148,13 +163,7 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
     from testbed.simulate.run import simulate
 
     rows: list[dict[str, Any]] = []
-    for strategy in strategies:
-        topo = with_strategy(topology, strategy)
-        largest = largest_model(topo, strategy, ps_memory_bytes)
-        unfit = _does_not_fit(topo, strategy, largest)
-        if unfit is not None:
-            rows.append(unfit)
-            continue
+    for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
         run_dir = out_dir / strategy
         run_dir.mkdir(parents=True)
         schedule = schedule_for(topo)
@@ -264,13 +273,7 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     raw["job"]["steps"] = topology.job.steps
     dilation = topology.time_dilation or 1.0
     rows: list[dict[str, Any]] = []
-    for strategy in strategies:
-        topo = with_strategy(topology, strategy)
-        largest = largest_model(topo, strategy, ps_memory_bytes)
-        unfit = _does_not_fit(topo, strategy, largest)
-        if unfit is not None:
-            rows.append(unfit)
-            continue
+    for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
         raw["job"].setdefault("parallelism", {})["strategy"] = strategy
         path = out_dir / f"{strategy}.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
