@@ -1,6 +1,7 @@
 """The ``testbed`` command. Thin: each sub-command lives in the module that owns its work.
 
-Exit codes: 0 success, 1 failure while running, 2 bad input (nothing was started).
+Exit codes: 0 success, 1 failure while running, 2 bad input (nothing was started), 130
+interrupted (Ctrl-C or SIGTERM).
 A part registers its sub-commands with ``add_parser(subparsers)``; the function it sets as
 ``func`` takes the parsed arguments and returns the exit code.
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
+from typing import Any
 
 from testbed.errors import InputError, out_of_room
 from testbed.topology import TopologyError, load_topology
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 # Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
 # `testbed validate` does not pay for torch.
@@ -76,8 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # SIGTERM stops a command as Ctrl-C does: its `finally`s run (a network taken down, a
+    # run's summary written) where the default action ended the process on the spot
+    # (`testbed up` puts handlers of its own over this one while it runs)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.func(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except InputError as exc:  # one a command let through: still bad input, said plainly
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -89,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.strerror}{where} while writing; the files written before are "
               f"kept as they were", file=sys.stderr)
         return EXIT_FAILURE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ reads either.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import yaml
 
 from testbed.units import number_arg
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
@@ -61,6 +62,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     started = time.monotonic()
     state, error = "done", None
     steps_done = 0
+    interrupted = False
     try:
         log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
                   simulated=True, ps_gemm_s=ps_gemm_s)
@@ -91,6 +93,8 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     except RuntimeError as exc:
         state, error = "failed", str(exc)
         log.event("ps_failed", error=error)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM, testbed.cli): the steps done are kept
+        state, interrupted = "interrupted", True
     devices = sim.device_records()
     events = log.finish(devices, state)
     t = sim.totals
@@ -109,18 +113,18 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         "planner_cpu_s": round(sim.planner.cpu_s, 3),
         "network": {"backend": "simulated", "rate": "flow-level max-min fair",
                     "delay": "path delay", "loss": "Mathis cap on the device link"},
-        "exit_code": EXIT_OK if state == "done" else EXIT_FAILURE, "devices": devices}
-    return write_simulated_summary(run_dir, topology, summary, events, report)
+        "exit_code": {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(state, EXIT_FAILURE),
+        "devices": devices}
+    summary = write_simulated_summary(run_dir, topology, summary, events, report)
+    if interrupted:
+        raise KeyboardInterrupt  # on to the caller (run_simulate; compare stops too)
+    return summary
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     """The `testbed simulate` command."""
     from testbed.up import load_run_inputs, make_run_dir, portable_input
 
-    if not args.ps_gemm_s >= 0:
-        print(f"error: --ps-gemm-s: expected seconds >= 0, got {args.ps_gemm_s}",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
     inputs = load_run_inputs(args)
     if isinstance(inputs, int):
         return inputs
@@ -145,9 +149,15 @@ def run_simulate(args: argparse.Namespace) -> int:
         from testbed.baselines.run import simulate_baseline
         summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
     else:
-        summary = simulate(topology, run_dir, schedule, progress=progress,
-                           ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
-                           during=during, on_planned=planned)
+        try:
+            summary = simulate(topology, run_dir, schedule, progress=progress,
+                               ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
+                               during=during, on_planned=planned)
+        except KeyboardInterrupt:
+            done = json.loads((run_dir / "summary.json").read_text())["steps_done"]
+            print(f"interrupted: {done} step{'' if done == 1 else 's'} kept in {run_dir} "
+                  f"(summary.json, report)", file=sys.stderr)
+            return EXIT_INTERRUPTED
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
