@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -137,6 +138,27 @@ def _does_not_fit(topo: Topology, strategy: str, largest: str) -> dict[str, Any]
         return None
     return {"strategy": strategy, "state": "does not fit", "largest_model": largest,
             "note": " ".join(problems)}
+
+UP_STOP_GRACE_S = 60.0  # what `testbed up` takes to stop its agents and take its network down
+
+
+def _run_up(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`testbed up` as subprocess.run would run it, except when this command is interrupted:
+    then it gets SIGTERM and the time to stop cleanly (subprocess.run would SIGKILL it, which
+    leaves its Mininet bridges for `testbed clean`), and the interrupt goes on."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            out, err = proc.communicate()
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(UP_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
 
 def _that_fit(topology: Topology, strategies: list[str], ps_memory_bytes: int,
               rows: list[dict[str, Any]]) -> Iterator[tuple[str, Topology, str]]:
@@ -260,8 +282,6 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     replica processes (testbed/baselines/emulate.py); then the comparison files. With churn
     (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): every strategy replays
     it."""
-    import subprocess
-
     import yaml
 
     from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
@@ -282,9 +302,8 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
             churn = ["--churn", str(topology.churn)] if topology.churn else []
             if strategy == "tile-tp":
                 runs = out_dir / "tile-tp"
-                done = subprocess.run([sys.executable, "-m", "testbed.cli", "up", str(path),
-                                       "--no-live", "--out", str(runs), *churn],
-                                      capture_output=True, text=True)
+                done = _run_up([sys.executable, "-m", "testbed.cli", "up", str(path),
+                                "--no-live", "--out", str(runs), *churn])
                 (run_dir,) = list(runs.iterdir())
                 summary = json.loads((run_dir / "summary.json").read_text())
                 if done.returncode != 0:
