@@ -154,7 +154,11 @@ def run_simulate(args: argparse.Namespace) -> int:
                                ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
                                during=during, on_planned=planned)
         except KeyboardInterrupt:
-            done = json.loads((run_dir / "summary.json").read_text())["steps_done"]
+            try:
+                done = json.loads((run_dir / "summary.json").read_text())["steps_done"]
+            except (OSError, ValueError, KeyError):  # interrupted again while it was written
+                print(f"interrupted; run directory {run_dir}", file=sys.stderr)
+                return EXIT_INTERRUPTED
             print(f"interrupted: {done} step{'' if done == 1 else 's'} kept in {run_dir} "
                   f"(summary.json, report)", file=sys.stderr)
             return EXIT_INTERRUPTED
