@@ -553,11 +553,15 @@ class BehaviourFile(Schema):
 
 
 def _profile(value: str, info: ValidationInfo) -> str:
-    from testbed.perf_model.profiles import find_profile
+    from testbed.perf_model.profiles import find_profile, profile_problems
 
-    if find_profile(value, _base_dir(info)) is None:
+    path = find_profile(value, _base_dir(info))
+    if path is None:
         raise ValueError(f"no device profile named {value!r} (see `testbed perf show --list`) "
                          f"and no such file")
+    problems = profile_problems(path)
+    if problems:
+        raise ValueError(f"the profile {path} does not load: {'; '.join(problems)}")
     return value
 
 

@@ -39,6 +39,7 @@ Without ``model`` a device runs at ``sustained_gflops`` plus ``tile_overhead_s``
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,9 +49,10 @@ import yaml
 
 from testbed.errors import InputError
 from testbed.perf_model.features import ExportedTimeModel
-from testbed.user_paths import is_file, user_path
+from testbed.user_paths import is_file, read_user_text, user_path
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+MAX_PROFILE_BYTES = 16 * 1024**2  # a profile is a few KB; a name of a huge file is a mistake
 WIFI_RADIO_W = 0.5  # HotCarbon'25 (arXiv 2507.01803): Wi-Fi radio power
 
 
@@ -169,6 +171,27 @@ def find_profile(name_or_path: str, base_dir: Path | None = None) -> Path | None
     return candidate.resolve() if is_file(candidate) else None
 
 
+def profile_problems(path: Path) -> list[str]:
+    """Every problem of the profile file at ``path`` (none: it loads), for a topology that names
+    it: `testbed validate` then says what `testbed up` would stop on."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        return [f"cannot read the file: {exc.strerror}"]
+    return list(_problems_of_version(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _problems_of_version(path: str, _mtime_ns: int, _size: int) -> tuple[str, ...]:
+    # keyed on the file's version: a topology is loaded many times in one process (the PS, the
+    # tests), and a profile edited in between is read again
+    try:
+        load_profile(path)
+    except ProfileError as exc:
+        return tuple(exc.problems)
+    return ()
+
+
 def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
                  check: bool = True) -> DeviceProfile:
     """Load a profile; raise ProfileError listing every problem with its field path.
@@ -186,8 +209,10 @@ def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
             f"no device profile named {str(name_or_path)!r}; shipped profiles: "
             f"{', '.join(list_profiles())}"])
     try:
-        raw = yaml.safe_load(path.read_text(errors="replace")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        raw = yaml.safe_load(read_user_text(path, MAX_PROFILE_BYTES, errors="replace")) or {}
+    except OSError as exc:
+        raise ProfileError(str(path), [f"cannot read the file: {exc.strerror}"]) from None
+    except yaml.YAMLError as exc:
         raise ProfileError(str(path), [f"not readable YAML: {exc}"]) from None
     if not isinstance(raw, dict):
         raise ProfileError(str(path), ["<top>: expected a mapping"])

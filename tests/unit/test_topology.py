@@ -114,6 +114,25 @@ def test_up_on_a_broken_file_starts_nothing(tmp_path: Path) -> None:
     assert not out.exists()  # no run directory, so no process was started either
 
 
+def test_a_profile_file_that_does_not_load_is_a_problem_of_the_topology(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """validate says what up and simulate would stop on, before either makes a run directory;
+    a fixed profile is read again (the check is cached per version of the file)."""
+    profile = tmp_path / "phone.yaml"
+    profile.write_text("name: phone\nsustained_gflops: -5\n")
+    raw = minimal()
+    raw["devices"][0]["profile"] = "phone.yaml"  # relative to the topology's directory
+    path = _write(tmp_path, raw)
+    out = tmp_path / "runs"
+    for argv in (["validate", str(path)], ["simulate", str(path), "--out", str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "devices[0].profile: the profile" in err and "sustained_gflops" in err, err
+    assert not out.exists()
+    profile.write_text("name: phone\nsustained_gflops: 50\n")
+    assert main(["validate", str(path)]) == 0
+
+
 def test_binary_garbage_is_refused_with_the_file_named(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "garbage.yaml"

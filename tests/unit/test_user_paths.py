@@ -137,3 +137,13 @@ def test_an_output_option_naming_a_directory_exits_2_before_any_work(
                 tmp_path)
     assert proc.returncode == 2 and "cannot create a file in /proc" in proc.stderr, proc.stderr
     assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_profile_file_over_its_limit_is_refused_unparsed(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed.perf_model import profiles
+    path = tmp_path / "huge.yaml"
+    path.write_text("# padding\n" * 20)
+    monkeypatch.setattr(profiles, "MAX_PROFILE_BYTES", 100)
+    with pytest.raises(profiles.ProfileError, match="larger than the 100 bytes"):
+        profiles.load_profile(str(path))
