@@ -139,8 +139,9 @@ class FakeTermux:
         for name in ("python", "python3"):
             wrapper = bin_dir / name
             if self.python:
-                wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={hide} exec {_sys.executable} "
-                                   f"\"$@\"\n")
+                # quoted: a checkout (so its venv's python) may sit in a path with spaces
+                wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(hide))} exec "
+                                   f"{shlex.quote(_sys.executable)} \"$@\"\n")
                 wrapper.chmod(0o755)
             elif wrapper.exists():
                 wrapper.unlink()
