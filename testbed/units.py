@@ -2,7 +2,8 @@
 
 Every quantity in a topology file carries its unit, and every quantity in code carries its unit in
 its name (``rate_bps``, ``delay_s``, ``loss_fraction``, ``size_bytes``). This module is the one
-place that turns one into the other.
+place that turns one into the other, and holds the argparse types of numbers on the command line
+(``duration_arg``, ``int_arg``, ``number_arg``, ``SEED``), each with its range.
 
 =============  =======================================  ==========================================
 kind           accepted spellings                       result
