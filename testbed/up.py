@@ -774,6 +774,8 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
                 printed = len(steps)
             if code is not None:
                 return EXIT_OK if code == 0 else EXIT_FAILURE
+            if run.failures():  # the churn replay stopped, or our records cannot be written:
+                return EXIT_FAILURE  # not the run asked for; run_up says why and stops it
     return EXIT_INTERRUPTED
 
 

@@ -135,6 +135,31 @@ def test_replay_applies_every_action_in_order_and_records_it(tmp_path: Path) -> 
         ("phones-1", "crash", "SIGKILL")]
 
 
+class BrokenLink(FakeRun):
+    """A run whose partition fails the way a bug would (the replay's own code raising)."""
+
+    def set_partitioned(self, name: str, partitioned: bool) -> bool:
+        raise RuntimeError("the link would not go down")
+
+
+def test_a_replay_that_stops_says_where_and_why(tmp_path: Path) -> None:
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    runlog = RunLog(tmp_path)
+    run = BrokenLink()
+    replay = Replay(_schedule(), run, tmp_path, dilation=0.2, event=runlog.event)
+    replay.start()
+    deadline = time.monotonic() + 10
+    while replay.failure is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    replay.stop()
+    runlog.close()
+    assert replay.failure == ("the churn trace stopped replaying after 1 of its 5 actions: the "
+                              "link would not go down")
+    assert run.calls == [("signal", "phones-0", "SIGTERM")]  # nothing after the failure
+    failed = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "churn_failed"]
+    assert [(e["applied"], e["error"]) for e in failed] == [(1, "the link would not go down")]
+
+
 class PromptPS(FakeRun):
     """A PS that logs the broken stream while the signal is still being sent (as a fast one
     does: the kill lands, the PS's thread writes, then the replay's call returns)."""
@@ -359,7 +384,7 @@ def _plain_lines(run_dir: Path, script: list[str]) -> list[str]:
         return 0 if i >= len(script) else None
 
     run = SimpleNamespace(run_dir=run_dir, poll=poll, adb=None, notes=[],
-                          topology=SimpleNamespace(name="tiny"))
+                          topology=SimpleNamespace(name="tiny"), failures=lambda: [])
     console = Console(record=True, width=120)
     assert _watch(run, threading.Event(), console, live=False) == EXIT_OK  # type: ignore[arg-type]
     return console.export_text().splitlines()
@@ -377,3 +402,22 @@ def test_plain_progress_names_each_phase_before_training_once(tmp_path: Path) ->
     (tmp_path / "status.json").unlink()
     (tmp_path / "steps.jsonl").unlink()
     assert _plain_lines(tmp_path, ["starting", "done"]) == []
+
+
+def test_the_watch_ends_a_run_whose_side_failed(tmp_path: Path) -> None:
+    """A churn replay that stopped (or records that cannot be written) ends the run at the next
+    poll, not when the PS has trained every step: it is not the run that was asked for."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from testbed.up import EXIT_FAILURE, _watch
+
+    polls = iter(range(1000))
+    run = SimpleNamespace(run_dir=tmp_path, poll=lambda: None, adb=None, notes=[],
+                          topology=SimpleNamespace(name="tiny"),
+                          failures=lambda: ["the churn trace stopped"] if next(polls) >= 2
+                          else [])
+    started = time.monotonic()
+    code = _watch(run, threading.Event(), Console(record=True), live=False)  # type: ignore[arg-type]
+    assert code == EXIT_FAILURE and time.monotonic() - started < 5
