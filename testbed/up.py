@@ -603,6 +603,7 @@ def run_up(args: argparse.Namespace) -> int:
         stop.set()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     code = EXIT_FAILURE
+    explained = False  # an error line already says why the run ended
     run = Run(topology, run_dir, network, dilation, args.join_timeout, schedule,
               resume=resume_dir is not None, stop=stop, trace_tiles=args.trace_tiles)
     try:
@@ -616,6 +617,7 @@ def run_up(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         console.print(f"[red]error:[/red] {exc}")
         code = EXIT_INTERRUPTED if interrupted else EXIT_FAILURE
+        explained = True
     finally:
         run.stop()
         for s, handler in previous.items():
@@ -623,6 +625,7 @@ def run_up(args: argparse.Namespace) -> int:
     for failure in run.failures():
         console.print(f"[red]error:[/red] {failure}", soft_wrap=True)
         code = EXIT_FAILURE if code == EXIT_OK else code
+        explained = True
     from testbed.summary import run_warnings, write_summary
 
     summary = write_summary(run_dir, topology, run.network.describe(), run.dilation, code,
@@ -637,6 +640,13 @@ def run_up(args: argparse.Namespace) -> int:
     console.print(f"{summary.get('state', 'failed')}: {done} step{'' if done == 1 else 's'}, "
                   f"final loss {loss if loss is None else f'{loss:.4f}'}, "
                   f"{summary.get('tiles', 0)} tiles; run directory {run_dir}")
+    if summary.get("state") == "failed":  # why, here: not only in summary.json and ps.log
+        reason = summary.get("error") or (
+            None if explained or (run_dir / "ps_summary.json").exists() else
+            f"the PS ended without its summary; the end of {run_dir / 'ps.log'}:\n"
+            f"{_tail(run_dir / 'ps.log')}")
+        if reason:
+            console.print(f"error: {reason}", style="red", markup=False, soft_wrap=True)
     for warning in run_warnings(summary):
         console.print(warning, style="bold red", markup=False)
     return code

@@ -40,12 +40,12 @@ def small_disk(tmp_path: Path):
 
 
 def _fill(directory: Path) -> None:
-    """Write a file until the file system is full."""
-    with open(directory / "filler", "wb") as f:
+    """Write a file until the file system is full. Unbuffered: a buffered file's close would
+    try again to write what the full disk refused, and raise from the `with` line."""
+    with open(directory / "filler", "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
 
