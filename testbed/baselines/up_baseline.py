@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.baselines.compare import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
+from testbed.baselines.compare import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+)
 from testbed.topology import Topology
 
 
@@ -64,6 +69,11 @@ def run_baseline_up(args: argparse.Namespace, topology: Topology, schedule: Any)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (testbed.cli): the network is down by now
+        summary.update(state="interrupted", exit_code=EXIT_INTERRUPTED)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"interrupted; run directory {run_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     row = _emulated_row(strategy, topology, res, dilation, DEFAULT_GRID_G_PER_KWH)
     summary.update(row, exit_code=EXIT_OK, losses=res["losses"])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
