@@ -101,7 +101,10 @@ def test_probe_picks_a_larger_dilation_on_a_host_made_slow() -> None:
                                 preexec_fn=lambda: os.sched_setaffinity(0, {cores[0]}))
                for _ in range(8)]
     try:
-        slow_d, slow = _probe(3, {cores[0]})
+        # probed twice as well, the larger choice kept: a quiet spell can only lower a probe's
+        # D (a CI run's one slowed probe stayed at D = 1 on 2026-11-29: its tiles late by
+        # 101-175 % at p95, so by the rule their lateness moved no round by 10 %)
+        slow_d, slow = max((_probe(3, {cores[0]}) for _ in range(2)), key=lambda p: p[0])
     finally:
         for burner in burners:
             burner.kill()
