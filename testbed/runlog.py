@@ -95,9 +95,10 @@ class RunLog:
         origin); `testbed simulate` passes its virtual clock, so both modes write one format.
 
         A write that fails (a full disk) raises, unless ``strict`` is off: then the first
-        failure is kept in :attr:`write_error` and later records are dropped, for the PS, whose
-        records are written from its gRPC handlers and its lease watcher, which must not die of
-        it (the run stalled). The PS checks :attr:`write_error` between steps and fails the run."""
+        failure is kept in :attr:`write_error` and later records are dropped. The PS and
+        `testbed up` write from threads (gRPC handlers, the lease watcher, the churn replay) that
+        must not die of it (the run stalled); they fail the run on :meth:`write_failure`
+        instead, the PS between steps, `testbed up` at its next poll."""
         self.strict = strict
         self.write_error: OSError | None = None
         self.run_dir = run_dir
@@ -127,6 +128,14 @@ class RunLog:
                 self.note_write_error(exc)
                 if self.strict:
                     raise
+
+    def write_failure(self) -> str | None:
+        """Why the run's records are incomplete (the first failed write), or None."""
+        exc = self.write_error
+        if exc is None:
+            return None
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"cannot write the run's records in {self.run_dir} ({exc.strerror or exc}{where})"
 
     def note_write_error(self, exc: OSError) -> None:
         """Keep the first failed write of the run's records, this log's or a file beside it

@@ -237,10 +237,9 @@ class Run:
         out = []
         if self.replay is not None and self.replay.failure:
             out.append(self.replay.failure)
-        error = self.runlog.write_error if self.runlog is not None else None
-        if error is not None:
-            out.append(f"cannot write the run's records in {self.run_dir}: {error.strerror}"
-                       + (f" ({error.filename})" if error.filename else ""))
+        records = self.runlog.write_failure() if self.runlog is not None else None
+        if records is not None:
+            out.append(records)
         return out
 
     def _check_stop(self) -> None:

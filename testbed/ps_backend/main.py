@@ -66,12 +66,11 @@ class RecordsError(RuntimeError):
     with work nobody would see."""
 
 
-def records_written(runlog: RunLog, run_dir: Path, when: str) -> None:
+def records_written(runlog: RunLog, when: str) -> None:
     """Raise RecordsError if a record of the run failed to be written (RunLog.write_error)."""
-    exc = runlog.write_error
-    if exc is not None:
-        raise RecordsError(f"cannot write the run's records in {run_dir} "
-                           f"({exc.strerror or exc}); stopped {when}")
+    failure = runlog.write_failure()
+    if failure is not None:
+        raise RecordsError(f"{failure}; stopped {when}")
 
 
 class StatusWriter:
@@ -418,7 +417,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         runlog.event("training_start", devices=_attached(server),
                      expected_devices=expected_devices)
         status.fields["state"] = "training"
-        records_written(runlog, run_dir, "before training")
+        records_written(runlog, "before training")
         stop.wait(0)  # a SIGTERM during the wait ends here
         if stop.is_set():
             raise InterruptedError
@@ -450,7 +449,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                         wasted=stats.wasted, tiles_from_ledger=stats.from_ledger,
                         time_dilation=round(dilation, 6), **step_fidelity)
             runlog.stages(result.step, planned_step.stages, dilation)
-            records_written(runlog, run_dir, f"after step {result.step}")
+            records_written(runlog, f"after step {result.step}")
             if controller is not None:  # between steps: the only place D may change
                 controller.observe(stats.tile_errors, step_fidelity["lateness_share"])
                 # (after the last step a new D would only move the links for nothing)
