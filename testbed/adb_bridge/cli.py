@@ -17,11 +17,10 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.units import SEED, int_arg, positive_duration_arg
-from testbed.user_paths import output_problem
+from testbed.user_paths import checked_output
 
 if TYPE_CHECKING:
     from testbed.adb_bridge.client import AdbServer
@@ -152,10 +151,7 @@ def _measure(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     # one file per phone by default: measuring the next phone keeps this one's figures
     args.out = args.out or f"adb_measurements-{args.serial.replace(os.sep, '_')}.csv"
-    problem = output_problem(Path(args.out))  # before the phone is asked: a sweep takes minutes
-    if problem:
-        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    checked_output(args.out, "--out")  # before the phone is asked: a sweep takes minutes
     server = _server(args)
     try:
         states = server.states()

@@ -54,7 +54,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from testbed import units
 from testbed.errors import InputError
-from testbed.user_paths import read_user_text, written_whole
+from testbed.user_paths import read_user_text
 
 DEVICE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 SELECTOR_RE = re.compile(r"^([a-z0-9][a-z0-9-]*):(?:([0-9]+)|([0-9]+(?:\.[0-9]*)?)%)$")
@@ -333,10 +333,3 @@ def format_trace(events: Iterable[TraceEvent], comments: Sequence[str] = ()) -> 
     lines.append(HEADER)
     lines.extend(format_event(e) for e in events)
     return "\n".join(lines) + "\n"
-
-
-def write_trace(path: str | Path, events: Iterable[TraceEvent],
-                comments: Sequence[str] = ()) -> None:
-    """Write a trace file (see :func:`format_trace`)."""
-    with written_whole(Path(path)) as handle:
-        handle.write(format_trace(events, comments))

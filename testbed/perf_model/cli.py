@@ -38,7 +38,7 @@ def _measure(args: argparse.Namespace) -> int:
     from testbed.perf_model.measurements import write_measurements
     size = "full" if args.full else "quick"
     try:
-        _check_out(args.out)
+        checked_output(args.out, "--out")
         if args.shapes:
             # a handful of shapes (e.g. the 5 to calibrate a profile from), op 'gemm': not said
             shapes = [Shape("gemm", m, k, n) for m, k, n in read_shapes(args.shapes)]
@@ -64,10 +64,6 @@ def _measure(args: argparse.Namespace) -> int:
     print(f"{args.out}: {len(rows)} shapes measured on {info['cpu_model']} "
           f"({info['threads']} thread(s), {info['backend']})")
     return EXIT_OK
-
-
-def _check_out(out: str) -> None:
-    checked_output(out, "--out")
 
 
 def _write_text(out: str, text: str) -> None:
@@ -106,7 +102,7 @@ _MODEL_SOURCES: dict[str, Any] = {}
 
 def _import(args: argparse.Namespace) -> int:
     try:  # the source read and checked whole before --out is written
-        _check_out(args.out)
+        checked_output(args.out, "--out")
         rows, write = _imported(args.source, args.src, args.backend)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -153,7 +149,7 @@ def _fit(args: argparse.Namespace) -> int:
         OverheadRateRegressor,
     )
     try:
-        _check_out(args.out)
+        checked_output(args.out, "--out")
         X, y = _load(args.measurements, args.device)
         estimator = {"cost": BlasCostRegressor, "ridge": GemmTimeRegressor,
                      "rate": OverheadRateRegressor}[args.model]()
@@ -226,7 +222,7 @@ def format_model_level(names: tuple[str, ...] = ("snapdragon888", "pixel7a")) ->
 def _calibrate(args: argparse.Namespace) -> int:
     from testbed.perf_model.calibrate import calibrate_profile
     try:
-        _check_out(args.out)
+        checked_output(args.out, "--out")
         base = load_profile(args.base_profile)
         rows = read_measurements(args.measurements)
         text, summary = calibrate_profile(base, rows, args.measurements, device=args.device,
