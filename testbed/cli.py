@@ -16,10 +16,15 @@ import sys
 import threading
 from typing import Any
 
-from testbed.errors import InputError, out_of_room
+from testbed.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    InputError,
+    out_of_room,
+)
 from testbed.topology import TopologyError, load_topology
-
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 # Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
 # `testbed validate` does not pay for torch.

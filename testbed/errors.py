@@ -3,12 +3,17 @@
 Topology files, churn traces and the like are checked whole and fail once, listing every problem
 with its place (a YAML path, a line number); the CLI prints the message and exits 2.
 
-And the errors that are the machine's, not the code's or the input's (:func:`out_of_room`).
+The exit codes every command shares, and the errors that are the machine's, not the code's or
+the input's (:func:`out_of_room`).
 """
 
 from __future__ import annotations
 
 import errno
+
+# Every command's exit codes (README, "Commands"): done, failed while running, bad input (nothing
+# started), interrupted (Ctrl-C or SIGTERM; 128 + SIGINT, as a shell reports it).
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk or quota, read-only
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from testbed.errors import InputError
+from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.runlog import device_group
 from testbed.units import format_bytes
 from testbed.user_paths import read_user_text
@@ -380,10 +380,10 @@ def _run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "steps.jsonl").exists():
         print(f"error: {run_dir}: no steps.jsonl here; is this a run directory?", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     for path in make_report(run_dir):
         print(path)
-    return 0
+    return EXIT_OK
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

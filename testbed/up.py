@@ -62,7 +62,7 @@ from testbed.churn.schedule import ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
 from testbed.emulator.network.cleanup import is_testbed_process
-from testbed.errors import InputError
+from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, InputError
 from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.topology import (
@@ -79,7 +79,6 @@ log = logging.getLogger("testbed.up")
 # `testbed simulate` gives its devices the same
 EMULATED_MAX_IN_FLIGHT = 8
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 PS_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
 

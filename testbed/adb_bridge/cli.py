@@ -19,6 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from testbed.units import SEED, int_arg, positive_duration_arg
 from testbed.user_paths import checked_output
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 # adbutils is imported inside the commands, after the address is checked: it reads
 # ANDROID_ADB_SERVER_PORT at import and raises a bare ValueError on a bad value.
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 log = logging.getLogger(__name__)
 
 

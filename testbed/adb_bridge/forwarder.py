@@ -34,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 
 from testbed.adb_bridge.relay import _Direction
+from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 
 
 def _pipe(client: socket.socket, host: str, port: int, delay_s: float) -> None:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if not host or not port.isdigit() or not 0 <= args.delay_s <= 60:
         print(f"error: --connect: expected HOST:PORT, got {args.connect!r} (and --delay-s in "
               f"[0, 60])", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         args.listen_unix.unlink(missing_ok=True)
@@ -98,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.listen_unix, host, int(port), args.delay_s)
     except OSError as exc:
         print(f"forwarder: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from testbed.agent.agent import Agent, AgentOptions
 from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import PinError, normalize
+from testbed.errors import EXIT_BAD_INPUT
 from testbed.wire import MAX_IN_FLIGHT
 from testbed.wire.cache import DEFAULT_CACHE_BYTES
 
@@ -107,33 +108,33 @@ def main(argv: list[str] | None = None) -> int:
         token = read_token(args)
     except OSError as exc:
         print(f"error: --token-file {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except ValueError as exc:
         print(f"error: --token-file {args.token_file}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if not 1 <= args.max_in_flight <= MAX_IN_FLIGHT:
         print(f"error: --max-in-flight: expected 1 to {MAX_IN_FLIGHT}, got {args.max_in_flight}",
               file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname)s: %(message)s")
     try:
         behaviour = behaviour_from_args(args)
     except BehaviourError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if args.tls_fingerprint:
         try:
             args.tls_fingerprint = normalize(args.tls_fingerprint)
         except PinError as exc:
             print(f"error: --tls-fingerprint: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
     model = None
     gflops = args.gflops
     if args.kind == "emulated":
         if not args.profile:
             print("error: --kind emulated needs --profile", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         from testbed.emulator.device_model import device_model_for
         from testbed.perf_model.profiles import ProfileError, load_profile
         try:
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             profile = load_profile(args.profile, check=False)
         except ProfileError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         model = device_model_for(profile, seed=args.seed)
         gflops = gflops or profile.sustained_gflops
     options = AgentOptions(

@@ -43,6 +43,7 @@ from testbed.agent.hold import hold_until
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate, split_host_port
 from testbed.emulator.dilation import DeviceClock
+from testbed.errors import EXIT_OK
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire import testbed_pb2_grpc as pb_grpc
 from testbed.wire.cache import DEFAULT_CACHE_BYTES, BlockCache
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # the agent runs on phones: nothing beyond grpcio and numpy a
 
 log = logging.getLogger("testbed.agent")
 
-EXIT_OK, EXIT_FAILURE, EXIT_REFUSED = 0, 1, 3
+EXIT_REFUSED = 3  # the PS refused this device (a bad token, a version it does not speak)
 # Results that are ready together go in one TileResults message: the PS's cost is mostly per
 # message (bench/ps_throughput.py), so batching cuts its CPU per tile.
 MAX_RESULTS_PER_MESSAGE = 64

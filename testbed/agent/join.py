@@ -12,9 +12,8 @@ import argparse
 import os
 import socket
 
+from testbed.errors import EXIT_BAD_INPUT
 from testbed.wire import MAX_IN_FLIGHT
-
-EXIT_BAD_INPUT = 2
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

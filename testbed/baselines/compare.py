@@ -40,11 +40,10 @@ from testbed.baselines.placement import (
     plan_data_parallel,
 )
 from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
-from testbed.errors import InputError
+from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, InputError
 from testbed.topology import JobSpec, Topology
 from testbed.units import number_arg
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 STRATEGIES = ("tile-tp", "pipeline", "data-parallel")
 DEFAULT_PS_MEMORY = "64GiB"  # assumption: a workstation-class PS (the seeds' PS is a server)
 # OPT shapes (Zhang et al. 2022, arXiv 2205.01068, Table 1): layers, hidden, heads; ffn = 4h

@@ -17,9 +17,8 @@ from typing import Any, Callable
 from testbed.baselines.data_parallel_sim import DataParallelSim
 from testbed.baselines.pipeline_sim import NoPlacement, PipelineSim, StepOutcome
 from testbed.baselines.sim_core import BaselineWorld
+from testbed.errors import EXIT_FAILURE, EXIT_OK
 from testbed.topology import Topology
-
-EXIT_OK, EXIT_FAILURE = 0, 1
 
 
 def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.baselines.compare import (
+from testbed.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,

@@ -16,11 +16,10 @@ from typing import Any, Callable, Sequence
 from testbed import units
 from testbed.churn.schedule import build_schedule, groups_of
 from testbed.churn.trace import TraceError, TraceEvent, format_trace, load_trace, parse_trace
-from testbed.errors import InputError
+from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.topology import TopologyError, load_topology
 from testbed.user_paths import checked_output, written_whole
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 log = logging.getLogger(__name__)
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable
 import yaml
 from pydantic import AfterValidator, ConfigDict, ValidationError
 
-from testbed.errors import InputError
+from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.perf_model.measurements import (
     MeasurementError,
     as_arrays,
@@ -29,8 +29,6 @@ from testbed.perf_model.profiles import ProfileError, list_profiles, load_profil
 from testbed.schema import Schema, parse
 from testbed.units import SEED, int_arg, number_arg
 from testbed.user_paths import checked_output, written_whole
-
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _measure(args: argparse.Namespace) -> int:

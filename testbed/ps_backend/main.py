@@ -40,6 +40,7 @@ from testbed.emulator.dilation import (
     probe_dilation,
 )
 from testbed.emulator.link_dilation import DilationRequester
+from testbed.errors import EXIT_BAD_INPUT
 from testbed.ps_backend.admission import raise_fd_limit
 from testbed.ps_backend.bound import BoundTotals, efficiency
 from testbed.ps_backend.config import ps_config
@@ -565,13 +566,13 @@ def main(argv: list[str] | None = None) -> int:
         topology = load_topology(args.topology)
     except TopologyError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if args.steps:
         topology = topology.with_overrides(steps=args.steps)
     token = os.environ.get("TESTBED_TOKEN", "")
     if not token:
         print("error: TESTBED_TOKEN is not set", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     torch.set_num_threads(args.threads if args.threads > 0 else len(os.sched_getaffinity(0)))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -579,10 +580,10 @@ def main(argv: list[str] | None = None) -> int:
     expected = args.expect_devices if args.expect_devices is not None else len(topology.devices)
     if args.checkpoint_every < 1:
         print("error: --checkpoint-every must be >= 1", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if args.no_progress_s is not None and not (0 <= args.no_progress_s < float("inf")):
         print("error: --no-progress-s must be a finite number >= 0", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     return run_ps(topology, args.run_dir, args.listen, token, expected, args.join_timeout_s,
                   args.dilation, stop, resume=args.resume, checkpoint_every=args.checkpoint_every,
                   watchdog_s=args.no_progress_s, trace_tiles=args.trace_tiles,

@@ -23,9 +23,8 @@ from typing import Any
 
 import yaml
 
+from testbed.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from testbed.units import number_arg
-
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,

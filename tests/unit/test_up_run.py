@@ -369,7 +369,8 @@ def _plain_lines(run_dir: Path, script: list[str]) -> list[str]:
 
     from rich.console import Console
 
-    from testbed.up import EXIT_OK, _watch
+    from testbed.errors import EXIT_OK
+    from testbed.up import _watch
 
     polls = iter(range(len(script) + 1))
 
@@ -411,7 +412,8 @@ def test_the_watch_ends_a_run_whose_side_failed(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from testbed.up import EXIT_FAILURE, _watch
+    from testbed.errors import EXIT_FAILURE
+    from testbed.up import _watch
 
     polls = iter(range(1000))
     run = SimpleNamespace(run_dir=tmp_path, poll=lambda: None, adb=None, notes=[],

@@ -12,11 +12,11 @@ import logging
 import sys
 from typing import Any
 
+from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from testbed.topology import DeviceSpec, TopologyError, load_topology
 from testbed.units import int_arg, number_arg
 
 log = logging.getLogger(__name__)
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def add_parser(subparsers: Any) -> None:
