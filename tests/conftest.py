@@ -3,6 +3,7 @@ session-wide reaper so that no test leaves a child process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,20 @@ def start_up(topology: Path, out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cli_argv("up", str(topology), "--no-live", "--out", str(out),
                                         *extra), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO)
+
+
+@contextlib.contextmanager
+def killed_at_exit(*procs: subprocess.Popen) -> Iterator[None]:
+    """Kill and reap those of ``procs`` still running when the block ends, however it ends: a
+    failed wait or assertion must not leave a `testbed up` (or a process it started) running
+    into the next test. A process the block saw end is left as it is."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()  # reaped, and its pipe drained
 
 
 def run_dir_of(out: Path, timeout_s: float = 60) -> Path:

@@ -28,6 +28,7 @@ import pytest
 
 from testbed.runlog import read_jsonl
 from tests.conftest import (
+    killed_at_exit,
     read_status,
     reference_losses,
     run_dir_of,
@@ -90,7 +91,7 @@ def test_phone_joins_computes_and_unplug_requeues(fake_adb_server: FakeAdbServer
              "telemetry_interval": "300ms", "link": {"down": "1Gbit", "up": "1Gbit"}})
     out = tmp_path / "runs"
     proc = start_up(topology, out)
-    try:
+    with killed_at_exit(proc):
         run_dir = run_dir_of(out)
         # The phone joins the PS through its reverse rule and relay and computes tiles.
         wait_for(lambda: (_phone_row(run_dir) or {}).get("tiles_done", 0) > 0, 60,
@@ -109,10 +110,6 @@ def test_phone_joins_computes_and_unplug_requeues(fake_adb_server: FakeAdbServer
         unplugged = fake_adb_server.unplug_on_download(SERIAL, min_bytes=2048)
         assert unplugged.wait(30), "the phone got no tiles after it joined again"
         output, _ = proc.communicate(timeout=75)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, output
     assert all(p.poll() is not None for p in phone.processes)  # the phone's agent is gone
 

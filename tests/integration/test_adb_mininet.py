@@ -33,7 +33,15 @@ import yaml
 from testbed.emulator.network.base import wire_rate_bps
 from testbed.emulator.network.probe import probe
 from testbed.runlog import read_jsonl
-from tests.conftest import TINY, read_status, reference_losses, run_dir_of, start_up, wait_for
+from tests.conftest import (
+    TINY,
+    killed_at_exit,
+    read_status,
+    reference_losses,
+    run_dir_of,
+    start_up,
+    wait_for,
+)
 from tests.fakes.adb_phones import agent_phone
 from tests.fakes.fake_adb import FakeAdbServer
 
@@ -116,7 +124,7 @@ def test_phone_in_its_own_mininet_host(fake_adb_server: FakeAdbServer, tmp_path:
     topology = _topology(tmp_path, fake_adb_server.port)
     out = tmp_path / "runs"
     proc = start_up(topology, out, "--join-timeout", "90")
-    try:
+    with killed_at_exit(proc):
         run_dir = run_dir_of(out)
         wait_for(lambda: (_phone_row(run_dir) or {}).get("tiles_done", 0) > 0, 120,
                  f"{NAME} to compute tiles")
@@ -154,10 +162,6 @@ def test_phone_in_its_own_mininet_host(fake_adb_server: FakeAdbServer, tmp_path:
         unplugged = fake_adb_server.unplug_on_download(SERIAL, min_bytes=2048)
         assert unplugged.wait(60), "the phone got no tiles after it joined again"
         output, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, output
 
     events = read_jsonl(run_dir / "events.jsonl")

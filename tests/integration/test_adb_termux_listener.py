@@ -29,7 +29,14 @@ from testbed.adb_bridge import AdbBridge, agent_package
 from testbed.adb_bridge.doctor import ThrowawayPS
 from testbed.adb_bridge.termux_control import parse_proc_net_tcp
 from testbed.runlog import read_jsonl
-from tests.conftest import reference_losses, run_dir_of, start_up, tiny_topology, wait_for
+from tests.conftest import (
+    killed_at_exit,
+    reference_losses,
+    run_dir_of,
+    start_up,
+    tiny_topology,
+    wait_for,
+)
 from tests.fakes.adb_phones import termux_phone
 from tests.fakes.fake_adb import OTHER_APP_UID, TERMUX_UID, FakeAdbServer, phone_pids
 
@@ -281,7 +288,7 @@ def test_testbed_up_with_a_stock_phone_through_the_listener(fake_adb_server: Fak
              "phone_port": base, "telemetry_interval": "300ms"})
     out = tmp_path / "runs"
     proc = start_up(topology, out, "--join-timeout", "120")
-    try:
+    with killed_at_exit(proc):
         run_dir = run_dir_of(out)
 
         def event(kind: str) -> dict[str, Any] | None:
@@ -299,10 +306,6 @@ def test_testbed_up_with_a_stock_phone_through_the_listener(fake_adb_server: Fak
         token = next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"TESTBED_TOKEN="))
         assert len(token) == 32 and not [c for c in all_cmdlines() if token.decode() in c]
         output, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, output
     events = read_jsonl(run_dir / "events.jsonl")
     name = f"adb-{SERIAL.lower()}"

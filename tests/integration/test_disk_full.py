@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import REPO, run_dir_of, start_up, wait_for
+from tests.conftest import REPO, killed_at_exit, run_dir_of, start_up, wait_for
 
 pytestmark = pytest.mark.integration
 TINY = REPO / "tests" / "data" / "tiny.yaml"
@@ -57,7 +57,7 @@ def test_a_disk_that_fills_during_training_ends_the_run_with_its_steps_kept(smal
     trace.write_text("time_s,device,event,arg\n" + "".join(
         f"{i / 5:g},phones-0,slow,{1 + i % 2}\n" for i in range(1, 3000)))
     up = start_up(TINY, out, "--steps", "100000", "--churn", str(trace))
-    try:
+    with killed_at_exit(up):
         run_dir = run_dir_of(out)
         steps = run_dir / "steps.jsonl"
         wait_for(lambda: steps.exists() and len(steps.read_text().splitlines()) >= 2, 120,
@@ -65,10 +65,6 @@ def test_a_disk_that_fills_during_training_ends_the_run_with_its_steps_kept(smal
         pids = [p.pid for p in psutil.Process(up.pid).children(recursive=True)]
         _fill(small_disk)
         output, _ = up.communicate(timeout=90)  # it hung for ever before
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     assert up.returncode == 1, output
     assert "No space left on device" in output and "Traceback" not in output, output
     recorded = steps.read_text().splitlines()

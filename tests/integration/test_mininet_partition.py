@@ -17,7 +17,7 @@ import yaml
 
 from testbed.emulator.network.probe import probe
 from testbed.runlog import read_jsonl
-from tests.conftest import read_status, run_dir_of, start_up, wait_for
+from tests.conftest import killed_at_exit, read_status, run_dir_of, start_up, wait_for
 
 MISSING = probe().missing()
 pytestmark = [pytest.mark.integration,
@@ -61,7 +61,7 @@ def _working_again(run_dir: Path) -> bool:
 def test_partition_reassigns_tiles_and_heal_brings_the_device_back(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     proc = start_up(partition_topology(tmp_path), out)
-    try:
+    with killed_at_exit(proc):
         run_dir = run_dir_of(out)
         events_path = run_dir / "events.jsonl"
 
@@ -74,10 +74,6 @@ def test_partition_reassigns_tiles_and_heal_brings_the_device_back(tmp_path: Pat
         wait_for(healed_and_rejoined, 240, "phones-0 to be healed, join again and compute")
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, output
     events = read_jsonl(run_dir / "events.jsonl")
     churn = {e["action"]: e for e in events if e["event"] == "churn"}

@@ -20,6 +20,7 @@ import torch
 
 from testbed.runlog import read_jsonl, write_json_atomic
 from tests.conftest import (
+    killed_at_exit,
     read_status,
     reference_losses,
     run_dir_of,
@@ -108,7 +109,7 @@ def test_device_killed_mid_step_costs_only_its_tiles(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     proc = start_up(topology, out)
     victim = "phones-1"
-    try:
+    with killed_at_exit(proc):
         run_dir = run_dir_of(out)
         wait_for(lambda: read_status(run_dir).get("step", 0) >= 1, 120, "step 1")
         # slow the victim a hundred-thousandfold (the churn `slow` control file): the next tile it
@@ -133,9 +134,6 @@ def test_device_killed_mid_step_costs_only_its_tiles(tmp_path: Path) -> None:
                  "two steps after the kill")
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, output
     steps = read_jsonl(run_dir / "steps.jsonl")
     assert len(steps) >= killed_at + 2

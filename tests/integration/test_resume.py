@@ -21,6 +21,7 @@ from tests.conftest import (
     REPO,
     TINY,
     cli_argv,
+    killed_at_exit,
     read_status,
     reference_losses,
     run_dir_of,
@@ -53,7 +54,7 @@ def test_sigkilled_ps_resumes_in_the_same_step(tmp_path: Path) -> None:
     topology = slow_tiny(tmp_path)
     out = tmp_path / "runs"
     first = start_up(topology, out)
-    try:
+    with killed_at_exit(first):
         run_dir = run_dir_of(out)
         journal = run_dir / "ledger" / step_file_name(KILL_STEP)
         wait_for(lambda: read_status(run_dir).get("step", 0) >= KILL_STEP and journal.exists()
@@ -62,9 +63,6 @@ def test_sigkilled_ps_resumes_in_the_same_step(tmp_path: Path) -> None:
         ps_pid = json.loads((run_dir / "pids.json").read_text())["ps"]
         os.kill(ps_pid, signal.SIGKILL)
         output, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
     assert first.returncode == 1, output  # the PS died: the run failed
     before = read_records(journal).records
     tiles_per_step = read_jsonl(run_dir / "steps.jsonl")[0]["tiles"]

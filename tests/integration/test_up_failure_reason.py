@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import TINY, run_dir_of, start_up
+from tests.conftest import TINY, killed_at_exit, run_dir_of, start_up
 
 pytestmark = pytest.mark.integration
 
@@ -22,12 +22,8 @@ def test_up_prints_why_the_ps_failed(tmp_path) -> None:
     topology.write_text(yaml.safe_dump(raw))
     out = tmp_path / "runs"
     up = start_up(topology, out, "--churn", str(trace))
-    try:
+    with killed_at_exit(up):
         output, _ = up.communicate(timeout=120)
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     summary = json.loads((run_dir_of(out) / "summary.json").read_text())
     assert up.returncode == 1 and summary["state"] == "failed", output
     assert summary["error"] and f"error: {summary['error']}" in output, output

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import TINY, run_dir_of, start_up, wait_for
+from tests.conftest import TINY, killed_at_exit, run_dir_of, start_up, wait_for
 
 pytestmark = pytest.mark.integration
 DEVICES = 60
@@ -30,7 +30,7 @@ def test_sigterm_during_agent_startup_stops_starting_and_tears_down(tmp_path: Pa
     path = tmp_path / "many.yaml"
     path.write_text(yaml.safe_dump(raw))
     proc = start_up(path, tmp_path / "runs")
-    try:
+    with killed_at_exit(proc):
         run_dir = run_dir_of(tmp_path / "runs", timeout_s=120)
         wait_for(lambda: _agents(run_dir), 180, "the first agent to start")
         at_signal = len(_agents(run_dir))
@@ -38,10 +38,6 @@ def test_sigterm_during_agent_startup_stops_starting_and_tears_down(tmp_path: Pa
         signalled_s = time.monotonic()
         output, _ = proc.communicate(timeout=120)
         took_s = time.monotonic() - signalled_s
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, output
     started = _agents(run_dir)
     # at most the agent being started when the signal came; far fewer than DEVICES

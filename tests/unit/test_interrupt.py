@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_argv, wait_for
+from tests.conftest import REPO, cli_argv, killed_at_exit, wait_for
 
 TINY = REPO / "tests" / "data" / "tiny.yaml"
 
@@ -29,15 +29,11 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
 def test_an_interrupted_simulation_keeps_its_steps(tmp_path: Path, sig: int) -> None:
     out = tmp_path / "runs"
     proc = _start(["simulate", str(TINY), "--steps", "1000000", "--out", str(out)], tmp_path)
-    try:
+    with killed_at_exit(proc):
         steps = wait_for(lambda: next(out.glob("*/steps.jsonl"), None), 120, "a run directory")
         wait_for(lambda: len(steps.read_text().splitlines()) >= 3, 120, "three steps")
         proc.send_signal(sig)
         output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, output
     assert "Traceback" not in output and "interrupted: " in output, output[-2000:]
     summary = json.loads((steps.parent / "summary.json").read_text())

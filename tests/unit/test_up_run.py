@@ -22,7 +22,7 @@ from testbed.churn.trace import parse_trace
 from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl
 from testbed.up import Spawner
-from tests.conftest import REPO, TINY, cli_argv
+from tests.conftest import REPO, TINY, cli_argv, killed_at_exit
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -299,7 +299,7 @@ def test_clean_works_from_whatever_the_run_dir_has(tmp_path: Path) -> None:
     assert cli.main(["clean", str(run_dir)]) == 0
     stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                               "testbed.agent"])  # looks like an agent to clean
-    try:
+    with killed_at_exit(stray):
         deadline = time.monotonic() + 10  # until it has exec'd (its command line is set)
         while "testbed.agent" not in psutil.Process(stray.pid).cmdline() \
                 and time.monotonic() < deadline:
@@ -308,10 +308,6 @@ def test_clean_works_from_whatever_the_run_dir_has(tmp_path: Path) -> None:
                                                        "agents": {"d": stray.pid}}))
         assert cli.main(["clean", str(run_dir)]) == 0
         assert stray.wait(10) is not None
-    finally:
-        if stray.poll() is None:
-            stray.kill()
-            stray.wait()
     assert not psutil.pid_exists(stray.pid) or psutil.Process(stray.pid).status() == "zombie"
     not_a_run = tmp_path / "other"
     not_a_run.mkdir()
