@@ -17,11 +17,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from testbed.baselines.placement import device_infos, plan_pipeline
 from testbed.baselines.sim_core import BaselineWorld
 from testbed.topology import load_topology
+
+if TYPE_CHECKING:  # Mininet is imported where a run starts: not every host has it
+    from testbed.emulator.network.mininet import MininetNetwork
 
 
 def _wait_all(procs: Sequence[tuple[Any, subprocess.Popen]], timeout_s: float,
@@ -166,10 +169,16 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
         (run_dir / "pipeline_emulated.json").write_text(json.dumps(out, indent=2))
         return out
     finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        net.stop()
+        _stop(procs, net)
+
+
+def _stop(procs: Sequence[tuple[Any, subprocess.Popen]], net: MininetNetwork) -> None:
+    """A baseline's end, however it ends: its processes still running killed, its network
+    taken down."""
+    for _, proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    net.stop()
 
 
 def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0: float,
@@ -306,10 +315,7 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         (run_dir / "data_parallel_emulated.json").write_text(json.dumps(out, indent=2))
         return out
     finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        net.stop()
+        _stop(procs, net)
 
 
 def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen],

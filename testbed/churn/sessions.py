@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from testbed import units
-from testbed.churn.trace import MAX_TRACE_BYTES, ChurnEvent, TraceError, TraceEvent, data_rows
-from testbed.user_paths import read_user_text
+from testbed.churn.trace import ChurnEvent, TraceError, TraceEvent, data_rows, read_trace_text
 
 _COLUMN_RE = re.compile(r"^(start|end)_([A-Za-z]+)$")
 HEADER = "device,start_s,end_s"
@@ -124,10 +123,4 @@ def session_events(sessions: dict[str, list[tuple[float, float]]],
 def load_sessions(path: str | Path, devices: Sequence[str]) -> list[TraceEvent]:
     """Read a session list file and return its churn events."""
     path = Path(path)
-    try:
-        text = read_user_text(path, MAX_TRACE_BYTES)
-    except OSError as exc:
-        raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
-    except UnicodeDecodeError as exc:
-        raise TraceError(str(path), [f"not a text file: {exc.reason}"]) from exc
-    return session_events(parse_sessions(text, devices, str(path)), devices)
+    return session_events(parse_sessions(read_trace_text(path), devices, str(path)), devices)

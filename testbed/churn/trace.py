@@ -276,16 +276,20 @@ def parse_trace(text: str, source: str = "<trace>",
     return Trace(tuple(events), source)
 
 
-def load_trace(path: str | Path, groups: Mapping[str, Sequence[str]] | None = None) -> Trace:
-    """Read and parse a trace file; with ``groups`` also check every name against them."""
-    path = Path(path)
+def read_trace_text(path: Path) -> str:
+    """A churn file's text (a trace or a session list), or a TraceError saying why not."""
     try:
-        text = read_user_text(path, MAX_TRACE_BYTES)
+        return read_user_text(path, MAX_TRACE_BYTES)
     except OSError as exc:
         raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:
         raise TraceError(str(path), [f"not a text file: {exc.reason}"]) from exc
-    return parse_trace(text, str(path), groups)
+
+
+def load_trace(path: str | Path, groups: Mapping[str, Sequence[str]] | None = None) -> Trace:
+    """Read and parse a trace file; with ``groups`` also check every name against them."""
+    path = Path(path)
+    return parse_trace(read_trace_text(path), str(path), groups)
 
 
 def check_names(trace: Trace, groups: Mapping[str, Sequence[str]]) -> None:
