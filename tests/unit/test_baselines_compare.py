@@ -92,6 +92,20 @@ def test_compare_under_churn_counts_restarts_and_lost_tiles(tmp_path: Path) -> N
     assert tile["steps_done"] == 8
     md = (cmp_dir / "comparison.md").read_text()
     assert "gpu:a5000" in md and "x the GPU's energy" in md
+    # tile-tp's lower bound: the median of its steps' bound_s, only on its row, and every
+    # strategy's time set against it
+    tile_steps = [json.loads(x) for x in (cmp_dir / "tile-tp" / "steps.jsonl").read_text()
+                  .splitlines()]
+    bounds = sorted(s["bound_s"] for s in tile_steps)
+    assert len(bounds) == 8 and all(b > 0 for b in bounds)
+    assert float(rows["tile-tp"]["bound_s"]) == pytest.approx((bounds[3] + bounds[4]) / 2,
+                                                              rel=1e-3)
+    assert all(rows[s]["bound_s"] == "" for s in ("pipeline", "data-parallel", "gpu:a5000"))
+    bound = float(rows["tile-tp"]["bound_s"])
+    assert f"tile-tp's lower bound: {bound:.4g} s a step" in md
+    pipe_s = float(rows["pipeline"]["step_s"])
+    assert f"pipeline: {pipe_s / float(rows['tile-tp']['step_s']):.3g}x tile-tp's time per " \
+           f"step and {pipe_s / bound:.3g}x its lower bound" in md
 
 
 def test_compare_refuses_bad_input_before_running(tmp_path: Path,
