@@ -31,7 +31,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from testbed.ps_backend.scheduler import PLANNED_WINDOW_SCALE
 
@@ -396,31 +396,41 @@ def box_weight(d: PlanDevice, flops: float, a_bytes: float, b_bytes: float,
 
 def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
               classes: Sequence[PlanDevice], ps_down_Bps: float = INF,
-              ps_up_Bps: float = INF) -> float:
+              ps_up_Bps: float = INF, cutoff: float = INF) -> float:
     """Predicted device seconds of the GEMM on these classes with this grid.
 
     The grid is cut into one box per device (:func:`split_boxes`, weights from each device's
-    tile rate); the GEMM takes as long as the slowest box (:func:`box_time_s`), at least what
-    the PS link carries, plus one round trip (the fastest).
+    tile rate); the GEMM takes as long as the slowest box (:func:`box_time_s`, each device at
+    its share of the PS link: :func:`on_ps_link`), at least what the PS link carries, plus one
+    round trip (the fastest). A prediction above ``cutoff`` may come back lower, though still
+    above it: the boxes at the devices' own rates, which the shares only slow (a search that
+    drops what is above its cutoff need not pay for the shares).
     """
     shares = _box_shares(m, k, n, itemsize, grid, classes)
-    t = max((box_time_s(d, b, *shares.tile, q) for d, q, b in shares.boxes), default=INF)
-    t = max(t, link_s(shares.down_B / ps_down_Bps, shares.up_B / ps_up_Bps,
-                      shares.per_device))
-    return t + min(c.rtt_s for c in classes)
+    link = link_s(shares.down_B / ps_down_Bps, shares.up_B / ps_up_Bps, shares.per_device)
+    rtt = min(c.rtt_s for c in classes)
+    own = {d.name: box_time_s(d, b, *shares.tile, q) for d, q, b in shares.boxes}
+    t = max(own.values(), default=INF)
+    if max(t, link) + rtt > cutoff:
+        return max(t, link) + rtt
+    fair = on_ps_link(shares.loads, ps_down_Bps, ps_up_Bps, own)
+    if any(fair[d.name] is not d for d, _, _ in shares.boxes):
+        t = max(box_time_s(fair[d.name], b, *shares.tile, q) for d, q, b in shares.boxes)
+    return max(t, link) + rtt
 
 
 @dataclass(frozen=True)
 class _Shares:
     """A GEMM's grid cut among devices: each (device, members, box), one tile's FLOPs and
     A, B and result bytes, and what the PS link carries: blocks down (every member's), results
-    up, and tiles per (member) device."""
+    up, and tiles per (member) device; and each device's part of those (its load)."""
 
     boxes: tuple[tuple[PlanDevice, float, Box], ...]
     tile: tuple[float, float, float, float]
     down_B: float
     up_B: float
     per_device: float
+    loads: tuple[_Load, ...]
 
 
 def _box_shares(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
@@ -438,14 +448,16 @@ def _box_shares(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int
             weight_of[key] = box_weight(d, flops, a_b, b_b, c_b, reuse)
         weights.append((d.name, weight_of[key]))
     boxes = split_boxes(grid, weights, (a_b, b_b, c_b), fit=True)
-    down_total = 0.0
+    loads = []
     for name, b in boxes.items():  # what every (member) device receives, over the PS link
         rows, cols, slices, each = member_part(b[1] - b[0], b[3] - b[2], b[5] - b[4],
                                                by_name[name][1])
-        down_total += each * slices * (rows * a_b + cols * b_b)
+        loads.append((*by_name[name], each * slices * (rows * a_b + cols * b_b),
+                      (b[1] - b[0]) * (b[3] - b[2]) * (b[5] - b[4]) * c_b))
     per_device = tiles / max(1.0, sum(by_name[name][1] for name in boxes))
     return _Shares(tuple((*by_name[name], b) for name, b in boxes.items()),
-                   (flops, a_b, b_b, c_b), down_total, tiles * c_b, per_device)
+                   (flops, a_b, b_b, c_b), sum(load[2] for load in loads), tiles * c_b,
+                   per_device, tuple(loads))
 
 
 def predict_together_s(gemms: Sequence[tuple[int, int, int, GemmPlan]], itemsize: int,
@@ -460,6 +472,7 @@ def predict_together_s(gemms: Sequence[tuple[int, int, int, GemmPlan]], itemsize
     regions: 98 + 101 ms summed, 179 together; simulated, dX to 95 ms and dW to 169)."""
     streams: dict[str, list[tuple[PlanDevice, float, Box, tuple[float, float, float, float]]]]
     streams = {}
+    loads: dict[str, list[float]] = {}  # per device: its PS-link bytes of all the GEMMs
     down_s = up_s = per_device = 0.0
     rtt = INF
     for m, k, n, plan in gemms:
@@ -470,12 +483,32 @@ def predict_together_s(gemms: Sequence[tuple[int, int, int, GemmPlan]], itemsize
         shares = _box_shares(m, k, n, itemsize, plan.grid, taking)
         for d, q, b in shares.boxes:
             streams.setdefault(d.name, []).append((d, q, b, shares.tile))
+        for d, _, down_B, up_B in shares.loads:
+            load = loads.setdefault(d.name, [0.0, 0.0])
+            load[0] += down_B
+            load[1] += up_B
         down_s += shares.down_B / ps_down_Bps
         up_s += shares.up_B / ps_up_Bps
         per_device += shares.per_device
         rtt = min(rtt, min(c.rtt_s for c in taking))
-    slowest = max((_stream_time_s(parts) for parts in streams.values()), default=INF)
+    own = {name: _stream_time_s(parts) for name, parts in streams.items()}
+    fair = on_ps_link([(parts[0][0], parts[0][1], loads[name][0], loads[name][1])
+                       for name, parts in streams.items()], ps_down_Bps, ps_up_Bps, own)
+    slowest = max((_stream_time_s([_at_most(part, fair[name]) for part in parts])
+                   if fair[name] is not parts[0][0] else own[name]
+                   for name, parts in streams.items()), default=INF)
     return max(slowest, link_s(down_s, up_s, per_device)) + rtt
+
+
+def _at_most(part: tuple[PlanDevice, float, Box, tuple[float, float, float, float]],
+             fair: PlanDevice
+             ) -> tuple[PlanDevice, float, Box, tuple[float, float, float, float]]:
+    """A stream's part with its device's links no faster than ``fair`` has them."""
+    d = part[0]
+    if fair.down_Bps >= d.down_Bps and fair.up_Bps >= d.up_Bps:
+        return part
+    return (PlanDevice(d.name, d.rate_flops, min(d.down_Bps, fair.down_Bps),
+                       min(d.up_Bps, fair.up_Bps), d.rtt_s, d.count), *part[1:])
 
 
 def _stream_time_s(parts: Sequence[tuple[PlanDevice, float, Box,
@@ -531,6 +564,107 @@ def link_s(down_s: float, up_s: float, tiles_per_device: float) -> float:
     ``tiles_per_device`` equal jobs (one tile each: down, then up)."""
     n = max(1.0, tiles_per_device)
     return max(down_s + up_s / n, down_s / n + up_s)
+
+
+def fair_finish_s(demands: Sequence[float], caps: Sequence[float], flows: Sequence[float],
+                  capacity: float) -> list[float]:
+    """Seconds until each of several transfers that start together over one shared link ends.
+
+    Transfer ``j`` moves ``demands[j]`` bytes at most ``caps[j]`` bytes/s (its own link) as
+    ``flows[j]`` equal flows (a pseudo-device's members). The link's ``capacity`` is shared
+    max-min fairly among the flows still moving, as TCP shares it on Mininet and the
+    simulator's water-filling does: a flow capped below the fair level keeps its cap and the
+    others split the rest; what a finished transfer leaves goes to those still moving.
+    """
+    left = [max(0.0, b) for b in demands]
+    end = [0.0] * len(left)
+    active = [j for j, b in enumerate(left) if b > 0]
+    now = 0.0
+    while active:
+        by_cap = sorted(active, key=lambda j: caps[j] / flows[j])
+        room, flows_left = capacity, sum(flows[j] for j in active)
+        rate = {}
+        for j in by_cap:  # increasing per-flow cap: below the level a flow keeps its cap
+            rate[j] = min(caps[j], flows[j] * max(room, 0.0) / flows_left)
+            room -= rate[j]
+            flows_left -= flows[j]
+        if not any(rate[j] > 0 for j in active):
+            for j in active:
+                end[j] = INF
+            break
+        dt = min(left[j] / rate[j] for j in active if rate[j] > 0)
+        now += dt
+        for j in active:
+            left[j] -= rate[j] * dt
+        done = [j for j in active if left[j] <= 1e-9 * demands[j]]
+        for j in done:
+            end[j] = now
+        active = [j for j in active if j not in done]
+    return end
+
+
+# A device's load in one pass of a plan: (the device as the plan sees it, its members, bytes it
+# receives, bytes it sends over the PS link)
+_Load = tuple[PlanDevice, float, float, float]
+
+
+def on_ps_link(loads: Sequence[_Load], ps_down_Bps: float, ps_up_Bps: float,
+               own_s: Mapping[str, float] | None = None) -> dict[str, PlanDevice]:
+    """Each device of a plan as it is while all of them move their bytes over the PS link at
+    once: each way, when their links together carry more than the PS link, its rate is the
+    average its transfer gets under the PS link's fair share (:func:`fair_finish_s`), never
+    more than its own. The PS link's total (:func:`link_s`) assumes that what it carries
+    reaches each device when that device needs it; a fair share gives a laptop beside 18
+    phones a nineteenth of it, not the 62.5 MB/s of its own link that its box was timed with.
+
+    ``own_s``, each device's box at its own links: a device asks no more of the PS link than
+    its bytes over that time (a phone whose uplink paces its tiles takes its next blocks only
+    as its window frees), so its flow is capped there too and leaves the rest to the others.
+    """
+    def cap_of(d: PlanDevice, nbytes: float, down: bool) -> float:
+        link = d.down_Bps if down else d.up_Bps
+        pace = own_s.get(d.name, 0.0) if own_s is not None else 0.0
+        return min(link, nbytes / pace) if 0 < pace < INF else link
+
+    if sum(cap_of(load[0], load[2], True) for load in loads if load[2] > 0) <= ps_down_Bps \
+            and sum(cap_of(load[0], load[3], False) for load in loads if load[3] > 0) \
+            <= ps_up_Bps:
+        return {load[0].name: load[0] for load in loads}  # each at its own link's rate
+    out: dict[str, PlanDevice] = {}
+    for down, capacity in ((True, ps_down_Bps), (False, ps_up_Bps)):
+        # devices alike (the same link and bytes per member) move as one transfer of all
+        # their flows: a fair share treats them alike, so they end together
+        alike: dict[tuple[float, float], list[float]] = {}  # -> [bytes, cap, flows]
+        keys = []
+        for load in loads:
+            d, q, nbytes = load[0], load[1], load[2] if down else load[3]
+            cap = cap_of(d, nbytes, down)
+            key = (cap / q, nbytes / q)
+            keys.append(key)
+            if nbytes > 0:
+                group = alike.get(key)
+                if group is None:
+                    alike[key] = [nbytes, cap, q]
+                else:
+                    group[0] += nbytes
+                    group[1] += cap
+                    group[2] += q
+        if sum(g[1] for g in alike.values()) <= capacity:
+            continue  # every device gets its own link's rate
+        groups = list(alike.values())
+        ends = fair_finish_s([g[0] for g in groups], [g[1] for g in groups],
+                             [g[2] for g in groups], capacity)
+        share = {key: g[0] / end / g[2] if end > 0 else key[0]  # per member
+                 for key, g, end in zip(alike, groups, ends)}
+        for load, key in zip(loads, keys):
+            if key[1] > 0 and share[key] < key[0]:
+                d = out.get(load[0].name, load[0])
+                rate = share[key] * load[1]
+                # the constructor: dataclasses.replace costs ten times as much
+                out[d.name] = PlanDevice(d.name, d.rate_flops, rate, d.up_Bps, d.rtt_s,
+                                         d.count) if down else \
+                    PlanDevice(d.name, d.rate_flops, d.down_Bps, rate, d.rtt_s, d.count)
+    return {load[0].name: out.get(load[0].name, load[0]) for load in loads}
 
 
 def _candidates(extent: int, most: int, step: float = 1.25, devices: int = 1) -> list[int]:
@@ -592,8 +726,8 @@ def plan_gemm(m: int, k: int, n: int, itemsize: int, classes: Sequence[PlanDevic
         t_f, a_b, b_b, c_b = _tile_bytes(m, k, n, itemsize, grid)
         return _boxes_floor_s(taking_part, math.prod(grid), t_f, a_b, b_b, c_b)
 
-    found = _predicted(candidates, lambda grid, taking_part: predict_s(
-        m, k, n, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps), finer_floor)
+    found = _predicted(candidates, lambda grid, taking_part, cutoff: predict_s(
+        m, k, n, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps, cutoff), finer_floor)
     if found:
         best = _near_fastest(found)
     if best is None:  # nothing fits the message limit with this few tiles: fall back to many
@@ -719,15 +853,16 @@ def _boxes_floor_s(classes: Sequence[PlanDevice], tiles: int, t_f: float, a_b: f
 
 
 def _predicted(candidates: Sequence[_Found],
-               predict: Callable[[tuple[int, int, int], tuple[PlanDevice, ...]], float],
+               predict: Callable[[tuple[int, int, int], tuple[PlanDevice, ...], float], float],
                finer: Callable[[tuple[int, int, int], tuple[PlanDevice, ...]], float] | None
                = None) -> list[_Found]:
     """Predict the candidates ``(floor, grid, classes)`` from the lowest floor up, until a
     floor is above NEAR_TIE of the fastest so far: no prediction of the rest could be near the
     fastest, so the choice is unchanged (at 1,000 devices ~40% of a GEMM's candidates and ~80%
     of a pair's go unpredicted). ``finer``, a second floor dearer to find, skips one candidate
-    the same way: found only for those the first lets through. In the candidates' order, for
-    :func:`_near_fastest`'s ties."""
+    the same way: found only for those the first lets through. ``predict`` is told that bar
+    (its third argument): above it, a floor above the bar serves as well as the prediction.
+    In the candidates' order, for :func:`_near_fastest`'s ties."""
     fastest = INF
     found: list[tuple[int, _Found]] = []
     for index in sorted(range(len(candidates)), key=lambda j: candidates[j][0]):
@@ -736,7 +871,7 @@ def _predicted(candidates: Sequence[_Found],
             break
         if finer is not None and finer(grid, taking_part) > fastest * (1 + NEAR_TIE):
             continue
-        t = predict(grid, taking_part)
+        t = predict(grid, taking_part, fastest * (1 + NEAR_TIE))
         fastest = min(fastest, t)
         found.append((index, (t, grid, taking_part)))
     return [f for _, f in sorted(found, key=lambda x: x[0])]
@@ -1098,15 +1233,21 @@ def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
     slowest device's box, at least what the PS link carries, plus one round trip."""
     devices, by_name = _expanded(tuple(classes))
     boxes = _pair_boxes(devices, t, o, i, itemsize, grid)
-    slowest = max((pair_box_time_s(by_name[n_][0], b, t, o, i, itemsize, grid, by_name[n_][1])
-                   for n_, b in boxes.items()), default=INF)
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
-    down = up = 0.0
+    loads = []
     for name, (t0, t1, o0, o1, c0, c1) in boxes.items():
         bt, bo, bc = t1 - t0, o1 - o0, c1 - c0
-        up += bt * bo * bc * (dx_b + dw_b)
         pt, po, pc, each = member_part(bt, bo, bc, by_name[name][1])  # every member's
-        down += each * (pt * po * dy_b + po * pc * w_b + pt * pc * x_b)
+        loads.append((*by_name[name], each * (pt * po * dy_b + po * pc * w_b + pt * pc * x_b),
+                      bt * bo * bc * (dx_b + dw_b)))
+    down = sum(load[2] for load in loads)
+    up = sum(load[3] for load in loads)
+    own = {n_: pair_box_time_s(by_name[n_][0], b, t, o, i, itemsize, grid, by_name[n_][1])
+           for n_, b in boxes.items()}
+    fair = on_ps_link(loads, ps_down_Bps, ps_up_Bps, own)
+    slowest = max((pair_box_time_s(fair[n_], b, t, o, i, itemsize, grid, by_name[n_][1])
+                   if fair[n_] is not by_name[n_][0] else own[n_]
+                   for n_, b in boxes.items()), default=INF)
     per_device = math.prod(grid) / max(1.0, sum(by_name[n_][1] for n_ in boxes))
     return max(slowest, link_s(down / ps_down_Bps, up / ps_up_Bps, per_device)) + \
         min(c.rtt_s for c in classes)
@@ -1137,7 +1278,7 @@ def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
 def _search_cube(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevice],
                  ps_down_Bps: float, ps_up_Bps: float, max_tile_elems: int,
                  floor: Callable[[PairGrid, tuple[PlanDevice, ...]], float],
-                 predict: Callable[[PairGrid, tuple[PlanDevice, ...]], float],
+                 predict: Callable[[PairGrid, tuple[PlanDevice, ...], float], float],
                  finer: Callable[[PairGrid, tuple[PlanDevice, ...]], float] | None = None
                  ) -> tuple[list[PlanDevice], _Found | None]:
     """The search :func:`plan_pair` and :func:`plan_layer` share over the cube ``(t, o, i)``:
@@ -1190,8 +1331,8 @@ def plan_pair(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevic
 
     order, best = _search_cube(
         t, o, i, itemsize, classes, ps_down_Bps, ps_up_Bps, max_tile_elems, floor,
-        lambda grid, taking_part: predict_pair_s(t, o, i, itemsize, grid, taking_part,
-                                                 ps_down_Bps, ps_up_Bps),
+        lambda grid, taking_part, _cutoff: predict_pair_s(t, o, i, itemsize, grid, taking_part,
+                                                          ps_down_Bps, ps_up_Bps),
         lambda grid, taking_part: _cube_floor_s(t, o, i, itemsize, grid, taking_part))
     return None if best is None else _pair_of(t, o, i, itemsize, order, best)
 
@@ -1343,12 +1484,24 @@ def _predict_layer(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
     dy_b, w_b, x_b, dx_b, dw_b = _pair_bytes(t, o, i, itemsize, grid)
     tm, to, _ = _pair_sizes(t, o, i, grid)
     fwd_down = bwd_down = blocks = 0.0
+    fwd_loads, bwd_loads = [], []
     for name, box in boxes.items():
         bt, bo, bc = box[1] - box[0], box[3] - box[2], box[5] - box[4]
         blocks += bt * bo * bc
         pt, po, pc, each = member_part(bt, bo, bc, by_name[name][1])
         fwd_down += each * pc * (pt * x_b + po * w_b)
         bwd_down += each * pt * po * dy_b
+        fwd_loads.append((*by_name[name], each * pc * (pt * x_b + po * w_b),
+                          bt * bo * bc * tm * to * itemsize))
+        bwd_loads.append((*by_name[name], each * pt * po * dy_b, bt * bo * bc * (dx_b + dw_b)))
+    # forward moves X and W down and Y up; backward dY down and dX and dW up; each device's
+    # pace, its boxes at its own links (with the first parts tried)
+    own = {name: layer_box_times_s(by_name[name][0], box, t, o, i, itemsize, grid,
+                                   by_name[name][1], start) for name, box in boxes.items()}
+    fair_fwd = on_ps_link(fwd_loads, ps_down_Bps, ps_up_Bps,
+                          {name: f for name, (f, _) in own.items()})
+    fair_bwd = on_ps_link(bwd_loads, ps_down_Bps, ps_up_Bps,
+                          {name: b for name, (_, b) in own.items()})
     rtt = min(c.rtt_s for c in classes)
     per_device = blocks / max(1.0, sum(q for _, q in by_name.values()))
 
@@ -1359,8 +1512,10 @@ def _predict_layer(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
         bwd = link_s(bwd_down / ps_down_Bps, blocks * (dx_b + dw_b) / ps_up_Bps,
                      per_device * fine[0] * fine[2])
         for name, box in boxes.items():
-            d, q = by_name[name]
-            f, b = layer_box_times_s(d, box, t, o, i, itemsize, grid, q, fine)
+            q = by_name[name][1]
+            f, b = layer_box_times_s(fair_fwd[name], box, t, o, i, itemsize, grid, q, fine)
+            if fair_bwd[name] is not fair_fwd[name]:
+                b = layer_box_times_s(fair_bwd[name], box, t, o, i, itemsize, grid, q, fine)[1]
             fwd, bwd = max(fwd, f), max(bwd, b)
         return fwd, bwd
 
@@ -1420,7 +1575,7 @@ def plan_layer(t: int, o: int, i: int, itemsize: int, classes: Sequence[PlanDevi
 
     chosen: dict[tuple[PairGrid, tuple[PlanDevice, ...]], tuple[float, float, Fine]] = {}
 
-    def predict(grid: PairGrid, taking_part: tuple[PlanDevice, ...]) -> float:
+    def predict(grid: PairGrid, taking_part: tuple[PlanDevice, ...], _cutoff: float) -> float:
         got = chosen[(grid, taking_part)] = _predict_layer(
             t, o, i, itemsize, grid, taking_part, ps_down_Bps, ps_up_Bps,
             _fines(t, o, i, grid, sum(c.count for c in taking_part)))
