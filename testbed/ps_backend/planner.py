@@ -414,8 +414,8 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     if max(t, link) + rtt > cutoff:
         return max(t, link) + rtt
     fair = on_ps_link(shares.loads, ps_down_Bps, ps_up_Bps, own)
-    if any(fair[d.name] is not d for d, _, _ in shares.boxes):
-        t = max(box_time_s(fair[d.name], b, *shares.tile, q) for d, q, b in shares.boxes)
+    t = max((box_time_s(fair[d.name], b, *shares.tile, q) if fair[d.name] is not d
+             else own[d.name] for d, q, b in shares.boxes), default=INF)
     return max(t, link) + rtt
 
 
