@@ -111,10 +111,9 @@ class PsHarness:
         assert core is not None
         original = core._on_result
 
-        def recording(conn: Any, result: Any) -> None:  # runs on the PS loop thread
-            arrived = time.monotonic()
+        def recording(conn: Any, result: Any, arrived: float) -> None:  # the PS loop thread
             before = core.totals.tiles
-            original(conn, result)
+            original(conn, result, arrived)
             if core.totals.tiles > before:  # accepted
                 self.records.append(ResultRecord(arrived, conn.device_id, result.compute_s,
                                                  result.lag_s, result.received_s,

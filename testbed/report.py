@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.runlog import device_group
+from testbed.summary import lateness_kinds
 from testbed.units import format_bytes
 from testbed.user_paths import read_user_text
 
@@ -302,7 +303,8 @@ def fidelity_line(summary: dict[str, Any]) -> str:
         (f" (target {100 * target:.0f}%: " + ("met)" if ok else "**MISSED**)"))
     share = summary.get("lateness_share_max")
     late = "" if not isinstance(share, (int, float)) else \
-        f"; late tiles can account for up to {100 * share:.1f}% of a step's device time"
+        f"; late devices can account for up to {100 * share:.1f}% of a step's device time" \
+        f"{lateness_kinds(summary)}"
     return (f"- emulation fidelity{verdict}: tile-time error p50 "
             f"{100 * (summary.get('tile_error_p50') or 0):.1f}%, p95 {100 * p95:.1f}%{late}; "
             f"p95 lag {1e3 * (summary.get('lag_p95_s') or 0):.1f} ms; time dilation "

@@ -140,13 +140,26 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
 
 
 def fidelity_warning(summary: dict[str, Any]) -> str:
-    """The one line a run whose emulated tile times missed the target ends with."""
+    """The one line a run whose emulated devices did not keep their model's times ends with."""
     share = summary.get("lateness_share_max")
     moved = f"up to {100 * share:.1f}%" if isinstance(share, (int, float)) else "that much"
-    return (f"WARNING: emulation fidelity missed its target: p95 tile-time error "
-            f"{100 * summary['tile_error_p95']:.1f}% > {100 * summary['dilation_target_p95']:.0f}%"
-            f" (time dilation {summary.get('dilation_min')}..{summary.get('dilation_max')}); "
-            f"the tiles' lateness can have moved a step's device time by {moved}. A larger "
-            f"time_dilation gives the emulated devices more of this host's CPU per device "
-            f"second (a number fixes it; "
-            f"time_dilation: {{target_p95: ...}} raises it between steps)")
+    return (f"WARNING: emulation fidelity missed its target "
+            f"({100 * summary['dilation_target_p95']:.0f}%): the emulated devices' lateness "
+            f"can have moved a step's device time by {moved}{lateness_kinds(summary)}; p95 "
+            f"tile-time error {100 * summary['tile_error_p95']:.1f}% (time dilation "
+            f"{summary.get('dilation_min')}..{summary.get('dilation_max')}). A larger "
+            f"time_dilation gives the emulated devices and links more of this host's CPU per "
+            f"device second (a number fixes it; time_dilation: {{target_p95: ...}} raises it "
+            f"between steps)")
+
+
+def lateness_kinds(summary: dict[str, Any]) -> str:
+    """The worst step's lateness by kind, as ' (compute holds a%, tile starts b%, uplinks
+    c%)', or '' when the run has none."""
+    shares = summary.get("lateness_shares_worst")
+    if not isinstance(shares, dict):
+        return ""
+    names = {"compute": "compute holds", "start": "tile starts", "uplink": "uplinks"}
+    parts = [f"{names[kind]} {100 * shares[kind]:.1f}%" for kind in names
+             if isinstance(shares.get(kind), (int, float))]
+    return f" ({', '.join(parts)})" if parts else ""

@@ -40,7 +40,7 @@ import numpy as np
 
 from testbed.agent.behaviour import Behaviour
 from testbed.agent.hold import hold_until
-from testbed.agent.link import LinkDirection
+from testbed.agent.link import MESSAGE_OVERHEAD_BYTES, LinkDirection
 from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate, split_host_port
 from testbed.emulator.dilation import DeviceClock
 from testbed.errors import EXIT_OK
@@ -350,7 +350,8 @@ class _Session:
             delivery = []
             for tile in message.tiles:
                 a, b = operand_array(tile.a, self.cache, 1), operand_array(tile.b, self.cache, 0)
-                size = operand_nbytes(tile.a) + operand_nbytes(tile.b) + 64
+                size = operand_nbytes(tile.a) + operand_nbytes(tile.b) + \
+                    MESSAGE_OVERHEAD_BYTES
                 delivery.append(PendingTile(tile, a, b, self.options.down.deliver_at(size, now)))
             if delivery:
                 self.compute_q.put(delivery)
@@ -412,7 +413,7 @@ class _Session:
             message = pb.DeviceMessage(result=batch[0])
         else:
             message = pb.DeviceMessage(results=pb.TileResults(results=batch))
-        size = sum(len(r.c.data) + 64 for r in batch)
+        size = sum(len(r.c.data) + MESSAGE_OVERHEAD_BYTES for r in batch)
         self.outbox.put(message, self.options.up.deliver_at(size, batch[-1].done_s))
 
     def _compute(self, item: PendingTile) -> pb.TileResult:

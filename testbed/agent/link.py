@@ -19,6 +19,9 @@ import threading
 from dataclasses import dataclass
 
 MSS_BYTES = 1448
+# what a message's framing adds to its tensor bytes on an emulated link, as the agent books a
+# tile's operands or a result (the simulator and the PS's DeviceTimeline count the same)
+MESSAGE_OVERHEAD_BYTES = 64
 
 
 def mathis_rate_bps(delay_s: float, loss_fraction: float) -> float:

@@ -34,8 +34,18 @@ class StepStats:
     # device-side error (hold / (D x compute_s) - 1) and lateness in wall seconds
     tile_errors: list[float] = field(default_factory=list)
     tile_lags_s: list[float] = field(default_factory=list)
-    # device seconds past the model's time, per (GEMM, device): lateness_bound_s's input
+    # device seconds past the model's time, per (GEMM, device): lateness_shares' input.
+    # compute holds (tile_error's), tile starts and results' uplink (DeviceTimeline's; signed)
     tile_late_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    start_late_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    uplink_late_s: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @property
+    def late_s(self) -> dict[str, dict[tuple[str, str], float]]:
+        """The three lateness maps by kind (``dilation.LATENESS_KINDS``), for
+        ``lateness_shares``."""
+        return {"compute": self.tile_late_s, "start": self.start_late_s,
+                "uplink": self.uplink_late_s}
 
     def add(self, step: StepStats) -> None:
         """Absorb one step's figures into these totals (sums; the largest lag; per-tile lists

@@ -8,7 +8,7 @@ same configuration, does not import torch with the PS process's entry point.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -89,6 +89,25 @@ def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
             group = shares[d.group.group]
             group[direction] = min(group[direction], float(rate))
     return {g: (down, up) for g, (down, up) in shares.items()}
+
+
+def busy_up_Bps(plan_links: Mapping[str, tuple[float, float, float]],
+                groups: Sequence[tuple[str, int, float]], ps_up_Bps: float) -> dict[str, float]:
+    """Per group, the uplink one of its devices gets while every device of the topology sends at
+    once: its own (``plan_links``: already its fair share of the switch links it shares) or its
+    max-min fair share of the PS link (``ps_up_Bps``, capped at what the switch links let
+    through, :func:`cut_Bps`), whichever is less. A faithful network gives a device at least
+    this much, so it is what the PS judges an emulated device's results against
+    (``dilation.DeviceTimeline``). ``groups``: (group, count, gflops), as ``planned_groups``.
+    """
+    demands = sorted((plan_links[g][1], g, count) for g, count, _ in groups if g in plan_links)
+    left, devices = ps_up_Bps, sum(count for _, _, count in demands)
+    out = {}
+    for demand, group, count in demands:  # progressive filling, the smallest demand first
+        out[group] = min(demand, left / devices) if devices else demand
+        left -= out[group] * count
+        devices -= count
+    return out
 
 
 def plan_inputs(topology: Topology) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import dataclasses
 import hmac
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections import deque
@@ -28,7 +29,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from testbed.emulator.dilation import tile_error
+from testbed.agent.link import MESSAGE_OVERHEAD_BYTES
+from testbed.emulator.dilation import DeviceTimeline, tile_error
 from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.admission import JoinLimiter, RefusalLog
 from testbed.ps_backend.ledger import Ledger
@@ -196,6 +198,8 @@ class DeviceConn:
     telemetry: dict[str, Any] = field(default_factory=dict)
     telemetry_dropped: int = 0  # telemetry entries refused (limits, non-finite values)
     end_reason: str = "stream broken"  # why its Work stream ended, for the departure event
+    # an emulated device of a topology group: its starts and uplink against the model
+    timeline: DeviceTimeline | None = None
 
     @property
     def device_id(self) -> str:
@@ -283,12 +287,29 @@ class PsCore:
                            "profile": device.profile,
                            "platform": clip_text(device.platform, MAX_PLATFORM_CHARS),
                            "predicted_gflops": slot.predicted_gflops}, now, now)
+        conn.timeline = self._timeline(slot)
         self.conns[device_id] = conn
         self.scheduler.add_device(slot)
         self.planner.saw(slot)
         self._event("join", device=slot.name, device_id=device_id, **conn.descriptor)
         self.joined.set()
         return conn
+
+    def _timeline(self, slot: DeviceSlot) -> DeviceTimeline | None:
+        """An emulated device's :class:`DeviceTimeline`, or None (a real device, or a group the
+        topology does not name): its uplink judged at its share while every device sends
+        (:func:`~testbed.ps_backend.config.busy_up_Bps`), its path's one-way delay."""
+        from testbed.ps_backend.config import busy_up_Bps  # config builds on this module
+
+        cfg = self.config
+        links = cfg.plan_links or cfg.group_links
+        if slot.kind != "emulated" or slot.group not in links:
+            return None
+        up_Bps = busy_up_Bps(links, cfg.planned_groups, cfg.ps_link_Bps[1]).get(
+            slot.group, links[slot.group][1])
+        if not 0 < up_Bps < math.inf:
+            return None
+        return DeviceTimeline(up_Bps, links[slot.group][2] / 2)
 
     def attach(self, device_id: str, session_key: str) -> DeviceConn | None:
         conn = self.conns.get(device_id)
@@ -531,8 +552,9 @@ class PsCore:
     def on_results(self, conn: DeviceConn, results: Sequence[ResultIn]) -> None:
         """One message's computed tiles, handled in order."""
         self.seen(conn)
+        arrived_s = time.monotonic()
         for result in results:
-            self._on_result(conn, result)
+            self._on_result(conn, result, arrived_s)
         self.pump_soon()
 
     def on_credit(self, conn: DeviceConn, tiles: int) -> None:
@@ -565,19 +587,25 @@ class PsCore:
         if conn.outbox is not None:
             conn.outbox.put_nowait(Outgoing(reject=(task_id, reason)))
 
-    def _on_result(self, conn: DeviceConn, result: ResultIn) -> None:
+    def _on_result(self, conn: DeviceConn, result: ResultIn, arrived_s: float) -> None:
         self.stats.bytes_up += result.nbytes
         problem = result_numbers_problem(result.compute_s, result.energy_j, result.lag_s,
                                          result.received_s, result.started_s, result.done_s)
         c = result.c
         if c is None:
             problem = problem or f"bad tensor: {result.tensor_problem}"
+        late = (0.0, 0.0)
         if problem is not None:
             self.results_refused += 1
             outcome = self.scheduler.refuse(conn.device_id, result.task_id, result.attempt,
                                             problem)
         else:
             assert c is not None
+            if conn.timeline is not None:  # every result the device sent took its uplink
+                late = conn.timeline.result(result.received_s, result.started_s,
+                                            result.done_s,
+                                            result.nbytes + MESSAGE_OVERHEAD_BYTES, arrived_s,
+                                            self.config.time_dilation)
             outcome = self.scheduler.accept(conn.device_id, result.task_id, result.attempt, c,
                                             result.compute_s, result.energy_j)
         if outcome.verdict is Verdict.REJECTED:
@@ -593,10 +621,12 @@ class PsCore:
                 self.stats.wasted += 1
         else:
             assert c is not None  # accepted: it decoded
-            self._accepted(conn, result, outcome, c)
+            self._accepted(conn, result, outcome, c, late)
 
     def _accepted(self, conn: DeviceConn, result: ResultIn, outcome: Outcome,
-                  c: np.ndarray) -> None:
+                  c: np.ndarray, late: tuple[float, float] = (0.0, 0.0)) -> None:
+        """``late``: the tile's start lateness and its result's uplink lateness (device seconds,
+        :class:`DeviceTimeline`; the uplink's signed, summed per GEMM and device as it is)."""
         task = outcome.task
         assert task is not None
         self.last_progress_s = time.monotonic()
@@ -612,10 +642,12 @@ class PsCore:
                                                      result.compute_s, dilation))
             lag_s = result.done_s - result.started_s - result.compute_s * dilation
             self.stats.tile_lags_s.append(lag_s)
-            if lag_s > 0:
-                key = (task.job.uid, conn.slot.name)
-                self.stats.tile_late_s[key] = self.stats.tile_late_s.get(key, 0.0) \
-                    + lag_s / dilation
+            key = (task.job.uid, conn.slot.name)
+            for late_s, seconds in ((self.stats.tile_late_s, max(0.0, lag_s) / dilation),
+                                    (self.stats.start_late_s, late[0]),
+                                    (self.stats.uplink_late_s, late[1])):  # signed
+                if seconds:  # a tile's lateness delays every later tile of the device
+                    late_s[key] = late_s.get(key, 0.0) + seconds
         if self.config.trace_tiles and self.runlog is not None:
             self.runlog.tile(step=task.job.spec.step, gemm=task.job.uid, task=task.task_id,
                              device=conn.slot.name, attempt=result.attempt,
@@ -716,7 +748,7 @@ class PsCore:
     def totals(self) -> StepStats:
         """The run's figures so far: the finished steps and the one under way."""
         out = dataclasses.replace(self._finished, tile_errors=[], tile_lags_s=[],
-                                  tile_late_s={})
+                                  tile_late_s={}, start_late_s={}, uplink_late_s={})
         out.add(self.stats)
         return out
 

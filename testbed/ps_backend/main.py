@@ -27,16 +27,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 
 from testbed.emulator.dilation import (
+    LATENESS_KINDS,
     DilationController,
     error_quantiles,
     fidelity_ok,
-    lateness_bound_s,
+    lateness_shares,
     probe_dilation,
 )
 from testbed.emulator.link_dilation import DilationRequester
@@ -218,8 +219,8 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
         # the probe is no training: its tiles stay out of the run's totals
         device_s = (time.monotonic() - started) / dilation
         stats = server.call(lambda: core.take_step_stats(count=False))
-        late_s = lateness_bound_s(stats.tile_late_s)
-        return stats.tile_errors, late_s / device_s if device_s > 0 else None
+        shares = lateness_shares(stats.late_s, device_s) if device_s > 0 else None
+        return stats.tile_errors, shares["all"] if shares is not None else None
 
     try:
         return probe_dilation(measure, start, target, rounds=rounds)
@@ -230,37 +231,44 @@ def run_probe(server: PsServer, executor: TileExecutor, job: Any, devices: int, 
 
 class Fidelity:
     """The run's tile errors and lags, for summary.json (one float32 per emulated tile), and
-    how much of each step's device time their lateness can account for."""
+    how much of each step's device time their lateness can account for, by kind."""
 
     def __init__(self, target: float | None):
         self.target = target
         self.errors: list[np.ndarray] = []
         self.lags: list[np.ndarray] = []
         self.dilations: list[float] = []
-        self.late_shares: list[float] = []
+        self.late_shares: list[dict[str, float]] = []  # per step: lateness_shares
 
     def add(self, errors: list[float], lags_s: list[float], dilation: float,
-            late_bound_s: float, device_time_s: float) -> dict[str, Any]:
-        """Record one step (``late_bound_s``: :func:`lateness_bound_s` of its tiles); return
-        its fields for steps.jsonl."""
+            late_s: Mapping[str, Mapping[tuple[str, str], float]],
+            device_time_s: float) -> dict[str, Any]:
+        """Record one step (``late_s``: its lateness by kind, ``StepStats.late_s``); return its
+        fields for steps.jsonl."""
         self.errors.append(np.asarray(errors, dtype=np.float32))
         self.lags.append(np.asarray(lags_s, dtype=np.float32))
         self.dilations.append(dilation)
         out = fidelity_fields(errors, lags_s)
-        share = late_bound_s / device_time_s if device_time_s > 0 and len(errors) else None
-        if share is not None:
-            self.late_shares.append(share)
-        out["lateness_share"] = None if share is None else round(share, 6)
+        shares = lateness_shares(late_s, device_time_s) \
+            if device_time_s > 0 and len(errors) else None
+        if shares is not None:
+            self.late_shares.append(shares)
+        out["lateness_share"] = None if shares is None else round(shares["all"], 6)
+        out["lateness_shares"] = None if shares is None else \
+            {kind: round(shares[kind], 6) for kind in LATENESS_KINDS}
         return out
 
     def fields(self) -> dict[str, Any]:
         """The run's figures: p50/p95 error and lag over every tile, the largest step share of
-        lateness, the D range, the verdict."""
+        lateness (and that step's shares by kind), the D range, the verdict."""
         errors = np.concatenate(self.errors) if self.errors else np.zeros(0)
         lags = np.concatenate(self.lags) if self.lags else np.zeros(0)
         out = fidelity_fields(errors.tolist(), lags.tolist())
-        out["lateness_share_max"] = round(max(self.late_shares), 6) if self.late_shares \
-            else None
+        worst = max(self.late_shares, key=lambda shares: shares["all"]) \
+            if self.late_shares else None
+        out["lateness_share_max"] = round(worst["all"], 6) if worst is not None else None
+        out["lateness_shares_worst"] = None if worst is None else \
+            {kind: round(worst[kind], 6) for kind in LATENESS_KINDS}
         out["dilation_target_p95"] = self.target
         out["dilation_min"] = round(min(self.dilations), 4) if self.dilations else None
         out["dilation_max"] = round(max(self.dilations), 4) if self.dilations else None
@@ -434,7 +442,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             losses.append(result.loss)
             device_time_s = wall_s / dilation  # D was constant during the step
             step_fidelity = fidelity.add(stats.tile_errors, stats.tile_lags_s, dilation,
-                                         lateness_bound_s(stats.tile_late_s), device_time_s)
+                                         stats.late_s, device_time_s)
             bound.add(planned_step, device_time_s, stats.from_ledger)
             runlog.step(step=result.step, loss=result.loss, wall_s=round(wall_s, 6),
                         device_time_s=round(device_time_s, 6), **planned_step.fields(),

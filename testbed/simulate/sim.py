@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from testbed.agent.link import mathis_rate_bps
+from testbed.agent.link import MESSAGE_OVERHEAD_BYTES, mathis_rate_bps
 from testbed.capacity import agent_cache_bytes
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
@@ -73,8 +73,6 @@ from testbed.simulate.events import EventLoop
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
 from testbed.up import EMULATED_MAX_IN_FLIGHT
-
-MESSAGE_OVERHEAD_BYTES = 64  # what the agent adds to each tile's bytes on its link (agent.py)
 
 
 def _zero(counter: list[int]) -> bool:

@@ -9,6 +9,7 @@ import pytest
 
 from testbed.emulator.dilation import (
     MAX_RAISE,
+    RAISE_MARGIN,
     DeviceClock,
     DilationController,
     error_quantiles,
@@ -168,12 +169,16 @@ def test_a_missed_fidelity_target_says_by_how_much_and_what_to_change() -> None:
 
     line = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
                              "dilation_min": 2.2, "dilation_max": 2.2})
-    assert "p95 tile-time error 75.0% > 10%" in line and "(time dilation 2.2..2.2)" in line
+    assert "missed its target (10%)" in line and "p95 tile-time error 75.0%" in line
+    assert "(time dilation 2.2..2.2)" in line
     assert "A larger time_dilation" in line and "time_dilation: {target_p95: ...}" in line
     line = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
                              "dilation_min": 2.2, "dilation_max": 2.2,
-                             "lateness_share_max": 0.234})
-    assert "moved a step's device time by up to 23.4%" in line
+                             "lateness_share_max": 0.234,
+                             "lateness_shares_worst": {"compute": 0.05, "start": 0.034,
+                                                       "uplink": 0.15}})
+    assert "moved a step's device time by up to 23.4% (compute holds 5.0%, tile starts " \
+        "3.4%, uplinks 15.0%)" in line
 
 
 def test_lateness_bound_adds_each_gemms_latest_device() -> None:
@@ -190,18 +195,96 @@ def test_the_verdict_holds_when_late_tiles_cannot_move_a_step_by_the_target() ->
     from testbed.emulator.dilation import fidelity_ok
     from testbed.ps_backend.main import Fidelity
 
-    assert fidelity_ok(0.05, None, 0.1) is True
+    assert fidelity_ok(0.05, None, 0.1) is True  # no share known: the p95 error decides
     assert fidelity_ok(1.5, 0.02, 0.1) is True  # tiny tiles miss, the steps hold
     assert fidelity_ok(1.5, 0.2, 0.1) is False
+    # holds within the target, but late starts and results moved the step: not faithful
+    assert fidelity_ok(0.05, 0.3, 0.1) is False
     assert fidelity_ok(None, None, 0.1) is None and fidelity_ok(0.5, 0.5, None) is None
     fid = Fidelity(0.1)
     # a step of 2.4 s whose late tiles can account for 24 ms of it, then one for 480 ms
-    assert fid.add([1.5] * 20 + [0.0] * 20, [0.0] * 40, 3.0, 0.024, 2.4)["lateness_share"] \
-        == pytest.approx(0.01)
+    late = {"compute": {("g0", "phone-0"): 0.024}, "start": {}, "uplink": {}}
+    step = fid.add([1.5] * 20 + [0.0] * 20, [0.0] * 40, 3.0, late, 2.4)
+    assert step["lateness_share"] == pytest.approx(0.01)
+    assert step["lateness_shares"] == {"compute": pytest.approx(0.01), "start": 0.0,
+                                       "uplink": 0.0}
     assert fid.fields()["fidelity_ok"] is True and fid.fields()["tile_error_p95"] > 0.1
-    fid.add([1.5] * 40, [0.0] * 40, 3.0, 0.48, 2.4)
+    # the compute holds keep their times; late starts and results can account for 480 ms
+    late = {"compute": {}, "start": {("g1", "phone-0"): 0.08},
+            "uplink": {("g1", "phone-0"): 0.3, ("g2", "phone-1"): 0.1}}
+    fid.add([0.0] * 40, [0.0] * 40, 3.0, late, 2.4)
     out = fid.fields()
     assert out["lateness_share_max"] == pytest.approx(0.2) and out["fidelity_ok"] is False
+    # (uplinks: g1's 0.3 s and g2's 0.1 s; all kinds: g1's phone 0.38 s and g2's 0.1 s)
+    assert out["lateness_shares_worst"] == {
+        "compute": 0.0, "start": pytest.approx(0.08 / 2.4, abs=1e-6),
+        "uplink": pytest.approx(0.4 / 2.4, abs=1e-6)}
+
+
+def test_lateness_shares_add_the_kinds_per_gemm_and_device_before_the_bound() -> None:
+    from testbed.emulator.dilation import lateness_shares
+
+    late = {"compute": {("g0", "a"): 0.1, ("g0", "b"): 0.3},
+            "start": {("g0", "a"): 0.25},
+            "uplink": {("g1", "b"): 0.2, ("g0", "b"): -0.5}}  # b ran ahead on g0's uplink
+    shares = lateness_shares(late, 2.0)
+    # g0: a is 0.35 s late in all, b 0.3 s (its uplink ahead makes up for none of its
+    # compute): 0.35; g1: 0.2; each kind alone is less
+    assert shares["all"] == pytest.approx(0.55 / 2.0)
+    assert shares["compute"] == pytest.approx(0.3 / 2.0)
+    assert shares["start"] == pytest.approx(0.25 / 2.0)
+    assert shares["uplink"] == pytest.approx(0.2 / 2.0)
+    with pytest.raises(ValueError):
+        lateness_shares(late, 0.0)
+
+
+def test_a_device_timeline_judges_starts_and_uplink_against_its_model() -> None:
+    from testbed.emulator.dilation import DeviceTimeline
+
+    # 1 MB/s uplink, 10 ms one way, at time dilation 2: 100 kB take 0.2 s of wall, the delay
+    # 20 ms. Wall times on the host's clock, lateness in device seconds
+    line = DeviceTimeline(1e6, 0.010)
+    # operands at 1.0, computed 1.0-1.5, result at the PS at 1.0 + 0.5 + 0.2 + 0.02: on time
+    start, up = line.result(1.0, 1.0, 1.5, 100_000, 1.72, 2.0)
+    assert start == 0.0 and up == pytest.approx(0.0, abs=1e-12)
+    # the next tile's operands came at 1.2 but it could start only when the first was done
+    # (1.5): it started at 1.6, 0.1 s of wall late. Its result (done at 1.65) queued behind
+    # the first on the uplink until 1.7 (1.72 less the delay), so 1.92 was due: 2.12 is 0.2 s
+    # of wall, 0.1 s of device time late
+    start, up = line.result(1.2, 1.6, 1.65, 100_000, 2.12, 2.0)
+    assert start == pytest.approx(0.05) and up == pytest.approx(0.1)
+    # the third is judged from when the second really arrived, not from when it was due:
+    # queued until 2.1, due 2.32, on time
+    start, up = line.result(1.9, 1.9, 2.0, 100_000, 2.32, 2.0)
+    assert start == pytest.approx(0.0) and up == pytest.approx(0.0, abs=1e-12)
+    # early (a reference rate the device beat): negative, to make up for late ones
+    assert line.result(3.0, 3.0, 3.1, 100_000, 3.3, 2.0) == (0.0, pytest.approx(-0.01))
+    with pytest.raises(ValueError):
+        DeviceTimeline(0.0, 0.01)
+
+
+def test_a_busy_uplink_is_the_fair_share_of_the_ps_link_or_the_devices_own() -> None:
+    from testbed.ps_backend.config import busy_up_Bps
+
+    links = {"phones": (1e7, 2.5e6, 0.02), "laptops": (5e7, 12.5e6, 0.01)}
+    groups = (("phones", 6, 1.0), ("laptops", 2, 10.0))
+    # a PS link with room for all: each its own
+    assert busy_up_Bps(links, groups, 125e6) == {"phones": 2.5e6, "laptops": 12.5e6}
+    # 30 MB/s for all: the phones take their 15, the laptops share the other 15
+    assert busy_up_Bps(links, groups, 30e6) == {"phones": 2.5e6,
+                                                "laptops": pytest.approx(7.5e6)}
+    # 8 MB/s: an even million each
+    assert busy_up_Bps(links, groups, 8e6) == {"phones": pytest.approx(1e6),
+                                               "laptops": pytest.approx(1e6)}
+    assert busy_up_Bps(links, (), 8e6) == {}
+
+
+def test_the_controller_raises_d_when_results_are_late_though_holds_keep_time() -> None:
+    c = DilationController(2.0, 0.1, min_tiles=20)
+    c.observe([0.01] * 100, late_share=0.4)  # every hold on time, the step 40 % late
+    assert c.between_steps() == pytest.approx(2.0 * 0.4 / 0.1 * RAISE_MARGIN)
+    c.observe([0.01] * 100, late_share=0.02)
+    assert c.between_steps() == pytest.approx(2.0 * 0.4 / 0.1 * RAISE_MARGIN)
 
 
 def test_a_step_faster_than_its_bound_is_counted_and_the_run_warns() -> None:
