@@ -46,6 +46,8 @@ def render_header(snapshot: dict[str, Any], title: str = "") -> RenderableType:
     if isinstance(snapshot.get("tile_error_p95"), (int, float)):  # last step, device side
         parts.append(f"tile err p50 {100 * (snapshot.get('tile_error_p50') or 0):.1f}% "
                      f"p95 {100 * snapshot['tile_error_p95']:.1f}%")
+    if isinstance(snapshot.get("lateness_share"), (int, float)):  # the verdict's figure
+        parts.append(f"late <= {100 * snapshot['lateness_share']:.1f}% of the step")
     if snapshot.get("sat_out"):  # groups the planner left out, and why
         parts.append("sat out " + "; ".join(f"{g}: {w}" for g, w in snapshot["sat_out"].items()))
     return Text.from_markup("  ".join(p for p in parts if p))

@@ -52,3 +52,12 @@ def test_past_forty_devices_the_view_has_a_row_per_group() -> None:
     # mean speed 10.5 GFLOPS, the hottest at 69 °C, 20 J
     assert phones == ["phones", "(40)", "26", "busy", "14", "idle", "80", "40", "40M", "4.0M",
                       "10.5", "69.0", "20.0"]
+
+
+def test_the_header_says_how_far_late_devices_can_have_moved_the_last_step() -> None:
+    snapshot = {"state": "training", "step": 2, "steps": 5, "tile_error_p50": 0.001,
+                "tile_error_p95": 0.5, "lateness_share": 0.0634}
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))
+    console.print(render(snapshot, "default"))
+    text = console.export_text()
+    assert "tile err p50 0.1% p95 50.0%" in text and "late <= 6.3% of the step" in text
