@@ -777,14 +777,28 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
                 state = now
                 steps = read_jsonl(run.run_dir / "steps.jsonl")
                 for s in steps[printed:]:
-                    console.print(f"step {s['step']}: loss {s['loss']:.4f}, {s['tiles']} tiles, "
-                                  f"{s['wall_s']:.2f} s")
+                    console.print(step_line(s))
                 printed = len(steps)
             if code is not None:
                 return EXIT_OK if code == 0 else EXIT_FAILURE
             if run.failures():  # the churn replay stopped, or our records cannot be written:
                 return EXIT_FAILURE  # not the run asked for; run_up says why and stops it
     return EXIT_INTERRUPTED
+
+
+def step_line(step: dict[str, Any]) -> str:
+    """A step's plain progress line: loss, tiles, wall time, and where known its device time
+    and how much of it the emulated devices' lateness can account for (the verdict's figure,
+    docs/architecture.md): a run whose steps say 40 % need not be watched to the end."""
+    line = f"step {step['step']}: loss {step['loss']:.4f}, {step['tiles']} tiles, " \
+        f"{step['wall_s']:.2f} s"
+    device_s, late = step.get("device_time_s"), step.get("lateness_share")
+    if isinstance(device_s, (int, float)):
+        line += f" ({device_s:.2f} s of device time"
+        if isinstance(late, (int, float)):
+            line += f"; devices late <= {100 * late:.1f}% of it"
+        line += ")"
+    return line
 
 
 def run_clean(args: argparse.Namespace) -> int:

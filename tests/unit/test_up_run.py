@@ -401,6 +401,17 @@ def test_plain_progress_names_each_phase_before_training_once(tmp_path: Path) ->
     assert _plain_lines(tmp_path, ["starting", "done"]) == []
 
 
+def test_a_steps_line_gives_its_device_time_and_how_late_the_devices_ran() -> None:
+    from testbed.up import step_line
+
+    step = {"step": 3, "loss": 4.5, "tiles": 71, "wall_s": 1.5, "device_time_s": 0.75,
+            "lateness_share": 0.4321}
+    assert step_line(step) == "step 3: loss 4.5000, 71 tiles, 1.50 s (0.75 s of device time; " \
+        "devices late <= 43.2% of it)"
+    step["lateness_share"] = None  # no emulated tiles
+    assert step_line(step) == "step 3: loss 4.5000, 71 tiles, 1.50 s (0.75 s of device time)"
+
+
 def test_the_watch_ends_a_run_whose_side_failed(tmp_path: Path) -> None:
     """A churn replay that stopped (or records that cannot be written) ends the run at the next
     poll, not when the PS has trained every step: it is not the run that was asked for."""
