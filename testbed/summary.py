@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed.emulator.dilation import next_dilation, worst_error
 from testbed.runlog import read_jsonl, write_json_atomic
 
 DEPARTURES = ("leave", "disconnect", "lease_expired")
@@ -143,13 +144,20 @@ def fidelity_warning(summary: dict[str, Any]) -> str:
     """The one line a run whose emulated devices did not keep their model's times ends with."""
     share = summary.get("lateness_share_max")
     moved = f"up to {100 * share:.1f}%" if isinstance(share, (int, float)) else "that much"
+    target, largest = summary["dilation_target_p95"], summary.get("dilation_max")
+    fix = "a number fixes it"
+    if isinstance(largest, (int, float)) and largest >= 1:
+        # the adaptive controller's rule: lateness is wall time, so it falls as 1 / D
+        suggested = next_dilation(largest, worst_error(summary["tile_error_p95"], share),
+                                  target)
+        fix = f"try time_dilation: {suggested:.3g}"
     return (f"WARNING: emulation fidelity missed its target "
-            f"({100 * summary['dilation_target_p95']:.0f}%): the emulated devices' lateness "
+            f"({100 * target:.0f}%): the emulated devices' lateness "
             f"can have moved a step's device time by {moved}{lateness_kinds(summary)}; p95 "
             f"tile-time error {100 * summary['tile_error_p95']:.1f}% (time dilation "
-            f"{summary.get('dilation_min')}..{summary.get('dilation_max')}). A larger "
+            f"{summary.get('dilation_min')}..{largest}). A larger "
             f"time_dilation gives the emulated devices and links more of this host's CPU per "
-            f"device second (a number fixes it; time_dilation: {{target_p95: ...}} raises it "
+            f"device second ({fix}; time_dilation: {{target_p95: ...}} raises it "
             f"between steps)")
 
 

@@ -179,6 +179,13 @@ def test_a_missed_fidelity_target_says_by_how_much_and_what_to_change() -> None:
                                                        "uplink": 0.15}})
     assert "moved a step's device time by up to 23.4% (compute holds 5.0%, tile starts " \
         "3.4%, uplinks 15.0%)" in line
+    # D 2.2 x the worse of p95 and share over the target (75 % / 10 %) x the margin, at most
+    # MAX_RAISE: the D the controller would try next
+    assert f"(try time_dilation: {2.2 * MAX_RAISE:.3g};" in line
+    line = fidelity_warning({"tile_error_p95": 0.05, "dilation_target_p95": 0.1,
+                             "dilation_min": 1.28, "dilation_max": 1.28,
+                             "lateness_share_max": 0.2})
+    assert f"(try time_dilation: {1.28 * 2 * RAISE_MARGIN:.3g};" in line
 
 
 def test_lateness_bound_adds_each_gemms_latest_device() -> None:
