@@ -196,6 +196,8 @@ def lateness_bound_s(late_s: Mapping[tuple[str, str], float]) -> float:
 
 
 LATENESS_KINDS = ("compute", "start", "uplink")  # what DeviceTimeline and tile_error measure
+# a device silent for this many heartbeats beyond its result's transfer was cut off, not late
+UNREACHABLE_HEARTBEATS = 2.0
 
 
 class DeviceTimeline:
@@ -236,15 +238,25 @@ class DeviceTimeline:
         self.last_arrival_s = -math.inf
 
     def result(self, received_s: float, started_s: float, done_s: float, nbytes: int,
-               arrived_s: float, dilation: float) -> tuple[float, float]:
+               arrived_s: float, dilation: float, silent_s: float = 0.0,
+               heartbeat_s: float = math.inf) -> tuple[float, float]:
         """Book one result (in the order the device sent them); return how late its tile
         started (>= 0) and how late it arrived (signed: negative when early), in device
-        seconds."""
+        seconds.
+
+        ``silent_s``: how long the PS had heard nothing from the device before this result
+        (wall). A device sends a heartbeat every ``heartbeat_s`` while it has nothing else to
+        send, and a result ends a silence no longer than its own transfer: a longer one means
+        the device was cut off (a churn trace's partition, which the simulator applies too),
+        and the result is not judged against a link that was down (0.0)."""
         start_late = max(0.0, started_s - max(received_s, self.last_done_s))
         delay = self.delay_s * dilation
-        due = max(done_s, self.last_arrival_s - delay) + nbytes * dilation / self.up_Bps + delay
+        transfer = nbytes * dilation / self.up_Bps
+        due = max(done_s, self.last_arrival_s - delay) + transfer + delay
         self.last_done_s = max(self.last_done_s, done_s)
         self.last_arrival_s = max(self.last_arrival_s, arrived_s)
+        if silent_s > UNREACHABLE_HEARTBEATS * heartbeat_s + transfer + delay:
+            return start_late / dilation, 0.0
         return start_late / dilation, (arrived_s - due) / dilation
 
 

@@ -551,10 +551,12 @@ class PsCore:
 
     def on_results(self, conn: DeviceConn, results: Sequence[ResultIn]) -> None:
         """One message's computed tiles, handled in order."""
-        self.seen(conn)
         arrived_s = time.monotonic()
+        silent_s = arrived_s - conn.last_seen_s  # nothing heard from it meanwhile
+        self.seen(conn)
         for result in results:
-            self._on_result(conn, result, arrived_s)
+            self._on_result(conn, result, arrived_s, silent_s)
+            silent_s = 0.0  # the rest of the message came with the first
         self.pump_soon()
 
     def on_credit(self, conn: DeviceConn, tiles: int) -> None:
@@ -587,7 +589,8 @@ class PsCore:
         if conn.outbox is not None:
             conn.outbox.put_nowait(Outgoing(reject=(task_id, reason)))
 
-    def _on_result(self, conn: DeviceConn, result: ResultIn, arrived_s: float) -> None:
+    def _on_result(self, conn: DeviceConn, result: ResultIn, arrived_s: float,
+                   silent_s: float = 0.0) -> None:
         self.stats.bytes_up += result.nbytes
         problem = result_numbers_problem(result.compute_s, result.energy_j, result.lag_s,
                                          result.received_s, result.started_s, result.done_s)
@@ -605,7 +608,8 @@ class PsCore:
                 late = conn.timeline.result(result.received_s, result.started_s,
                                             result.done_s,
                                             result.nbytes + MESSAGE_OVERHEAD_BYTES, arrived_s,
-                                            self.config.time_dilation)
+                                            self.config.time_dilation, silent_s,
+                                            self.config.heartbeat_s)
             outcome = self.scheduler.accept(conn.device_id, result.task_id, result.attempt, c,
                                             result.compute_s, result.energy_j)
         if outcome.verdict is Verdict.REJECTED:

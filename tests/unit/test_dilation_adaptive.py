@@ -266,6 +266,14 @@ def test_a_device_timeline_judges_starts_and_uplink_against_its_model() -> None:
     assert start == pytest.approx(0.0) and up == pytest.approx(0.0, abs=1e-12)
     # early (a reference rate the device beat): negative, to make up for late ones
     assert line.result(3.0, 3.0, 3.1, 100_000, 3.3, 2.0) == (0.0, pytest.approx(-0.01))
+    # 1.5 s late after 1.9 s without a word (heartbeats every 1 s): late, as a faithful link
+    # would not have kept it
+    assert line.result(4.0, 4.0, 4.1, 100_000, 5.82, 2.0, silent_s=1.9, heartbeat_s=1.0) \
+        == (0.0, pytest.approx(0.75))
+    # 3 s late after 3.4 s of silence: more than two heartbeats beyond its own 0.2 s transfer
+    # and the delay, so the device was cut off (a partition), not late
+    assert line.result(6.0, 6.0, 6.1, 100_000, 9.32, 2.0, silent_s=3.4, heartbeat_s=1.0) \
+        == (0.0, 0.0)
     with pytest.raises(ValueError):
         DeviceTimeline(0.0, 0.01)
 
