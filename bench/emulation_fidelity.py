@@ -111,9 +111,10 @@ class PsHarness:
         assert core is not None
         original = core._on_result
 
-        def recording(conn: Any, result: Any, arrived: float) -> None:  # the PS loop thread
+        def recording(conn: Any, result: Any, arrived: float,
+                      silent_s: float = 0.0) -> None:  # the PS loop thread
             before = core.totals.tiles
-            original(conn, result, arrived)
+            original(conn, result, arrived, silent_s)
             if core.totals.tiles > before:  # accepted
                 self.records.append(ResultRecord(arrived, conn.device_id, result.compute_s,
                                                  result.lag_s, result.received_s,

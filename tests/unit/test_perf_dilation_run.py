@@ -58,8 +58,8 @@ def test_device_time_is_wall_time_over_dilation_within_lag(tmp_path: Path) -> No
     records: list[tuple[float, float, float, float]] = []  # arrived, received, compute_s, lag_s
     original = core._on_result
 
-    def recording(conn, result, arrived) -> None:  # type: ignore[no-untyped-def]
-        original(conn, result, arrived)
+    def recording(conn, result, arrived, silent_s=0.0) -> None:  # type: ignore[no-untyped-def]
+        original(conn, result, arrived, silent_s)
         records.append((arrived, result.received_s, result.compute_s, result.lag_s))
 
     core._on_result = recording  # type: ignore[method-assign]
