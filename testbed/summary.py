@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from testbed.emulator.dilation import next_dilation, worst_error
+from testbed.emulator.dilation import LATENESS_KINDS, next_dilation, worst_error
 from testbed.runlog import read_jsonl, write_json_atomic
 
 DEPARTURES = ("leave", "disconnect", "lease_expired")
@@ -167,7 +167,6 @@ def lateness_kinds(summary: dict[str, Any]) -> str:
     shares = summary.get("lateness_shares_worst")
     if not isinstance(shares, dict):
         return ""
-    names = {"compute": "compute holds", "start": "tile starts", "uplink": "uplinks"}
-    parts = [f"{names[kind]} {100 * shares[kind]:.1f}%" for kind in names
+    parts = [f"{name} {100 * shares[kind]:.1f}%" for kind, name in LATENESS_KINDS.items()
              if isinstance(shares.get(kind), (int, float))]
     return f" ({', '.join(parts)})" if parts else ""

@@ -29,8 +29,9 @@ CPU share: shrinks faster than 1 / D, as a larger D also lowers the load), and t
 wake-up - the run queue of a busy host (the agent sleeps at real-time priority where allowed,
 which removes most of it) and the GIL (bounded by the agent's switch interval). Both are
 wall-clock amounts that do not grow with D, so the error falls at least as 1 / D, and
-:func:`next_dilation` scales D by ``p95 / target`` (with a margin) when the p95 error is above the
-target, and lowers it by a bounded factor when there is ample headroom over a longer window.
+:func:`next_dilation` scales D by the error over the target (with a margin; the error is the
+p95 or the step's lateness share, :func:`worst_error`) when it is above the target, and lowers
+it by a bounded factor when there is ample headroom over a longer window.
 A raise is made only when the devices' lateness can also move a step (or a probe round) by more
 than the target (:func:`fidelity_ok`, :func:`lateness_shares`): a thousand 60 µs tiles late by
 100 % cost a step 60 ms at most, and a D large enough to hold them costs the run its wall time.
@@ -195,7 +196,8 @@ def lateness_bound_s(late_s: Mapping[tuple[str, str], float]) -> float:
     return sum(worst.values())
 
 
-LATENESS_KINDS = ("compute", "start", "uplink")  # what DeviceTimeline and tile_error measure
+# what tile_error and DeviceTimeline measure, and what a run's warning calls each
+LATENESS_KINDS = {"compute": "compute holds", "start": "tile starts", "uplink": "uplinks"}
 # a device silent for this many heartbeats beyond its result's transfer was cut off, not late
 UNREACHABLE_HEARTBEATS = 2.0
 
@@ -219,11 +221,11 @@ class DeviceTimeline:
 
     each from the *actual* previous event, so one result's lateness is not counted again in
     the next. ``up_Bps`` and ``delay_s`` are device-time figures: the share of the links the
-    device can count on while every device sends
-    (:func:`~testbed.ps_backend.config.busy_up_Bps`). The uplink figure is signed and the PS
-    sums it per GEMM and device: a result that runs ahead makes up for a late one, as on the
-    link, where clipping each result's jitter at zero would add it up (a one-off replay of
-    `make up`'s tiles: 8-9 % of a step clipped, 3 % signed, the step 4-7 % above the
+    device can count on while every device sends (``PsConfig.busy_up_Bps``:
+    :func:`~testbed.ps_backend.config.fair_shares_Bps` with the PS link). The uplink figure is
+    signed and the PS sums it per GEMM and device: a result that runs ahead makes up for a late
+    one, as on the link, where clipping each result's jitter at zero would add it up (a one-off
+    replay of `make up`'s tiles: 8-9 % of a step clipped, 3 % signed, the step 4-7 % above the
     simulator's). A late result also delays the tile the PS hands out when it arrives, which
     the next result's ``done`` then carries; the sum counts that too, where comparing each
     result with a faithful link that started from the same ``done`` times would not.

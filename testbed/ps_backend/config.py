@@ -8,7 +8,7 @@ same configuration, does not import torch with the PS process's entry point.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +52,8 @@ def cut_Bps(topology: Topology) -> tuple[float, float]:
     return down, up
 
 
-def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
+def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]],
+                    ps_Bps: tuple[float, float] | None = None
                     ) -> dict[str, tuple[float, float]]:
     """Per group, the (down, up) bytes/s one of its devices gets while every device of the
     topology moves data at once: the max-min fair share of its own link (``own_Bps``, per group)
@@ -63,7 +64,9 @@ def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
     traffic crosses it, so it caps the aggregate, which the planner weighs as the PS link
     (``ps_link_Bps``, :func:`cut_Bps`) with the devices that take part. A fair share for every
     device would not know which take part (campus's plans put the work on its 8 laptops, which
-    then have its one uplink to themselves).
+    then have its one uplink to themselves). With ``ps_Bps`` (down, up), every device shares
+    that link too: what a device can count on while all of them move data, which the PS judges
+    an emulated device's results against (``busy_up_Bps``, ``dilation.DeviceTimeline``).
     """
     from testbed.simulate.network import max_min_rates
 
@@ -81,33 +84,18 @@ def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]]
     for direction in (0, 1):
         capacity = [(uplinks[s].link.down_bps, uplinks[s].link.up_bps)[direction] / 8
                     for s in partial]
+        ps = [len(capacity)] if ps_Bps is not None else []  # after the shared links
+        if ps_Bps is not None:
+            capacity.append(ps_Bps[direction])
         paths = []
         for d, switches in zip(topology.devices, paths_of):
             capacity.append(own_Bps[d.group.group][direction])
-            paths.append([len(capacity) - 1, *(link_of[s] for s in switches if s in link_of)])
+            paths.append([len(capacity) - 1, *(link_of[s] for s in switches if s in link_of),
+                          *ps])
         for d, rate in zip(topology.devices, max_min_rates(paths, capacity)):
             group = shares[d.group.group]
             group[direction] = min(group[direction], float(rate))
     return {g: (down, up) for g, (down, up) in shares.items()}
-
-
-def busy_up_Bps(plan_links: Mapping[str, tuple[float, float, float]],
-                groups: Sequence[tuple[str, int, float]], ps_up_Bps: float) -> dict[str, float]:
-    """Per group, the uplink one of its devices gets while every device of the topology sends at
-    once: its own (``plan_links``: already its fair share of the switch links it shares) or its
-    max-min fair share of the PS link (``ps_up_Bps``, capped at what the switch links let
-    through, :func:`cut_Bps`), whichever is less. A faithful network gives a device at least
-    this much, so it is what the PS judges an emulated device's results against
-    (``dilation.DeviceTimeline``). ``groups``: (group, count, gflops), as ``planned_groups``.
-    """
-    demands = sorted((plan_links[g][1], g, count) for g, count, _ in groups if g in plan_links)
-    left, devices = ps_up_Bps, sum(count for _, _, count in demands)
-    out = {}
-    for demand, group, count in demands:  # progressive filling, the smallest demand first
-        out[group] = min(demand, left / devices) if devices else demand
-        left -= out[group] * count
-        devices -= count
-    return out
 
 
 def plan_inputs(topology: Topology) -> dict[str, Any]:
@@ -135,7 +123,8 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
         cap_bps = mathis_rate_bps(delay_s, path_loss(topology, d))
         links[d.group.group] = (min(d.link.down_bps, cap_bps) / 8,
                                 min(d.link.up_bps, cap_bps) / 8, 2 * delay_s)
-    fair = fair_shares_Bps(topology, {g: (down, up) for g, (down, up, _) in links.items()})
+    own = {g: (down, up) for g, (down, up, _) in links.items()}
+    fair = fair_shares_Bps(topology, own)
     plan_links = {g: (*fair[g], rtt) for g, (_, _, rtt) in links.items()}
     groups = []
     for g in topology.groups:
@@ -157,8 +146,10 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
     uplinks = {sl.lower: (sl.link.down_bps / 8, sl.link.up_bps / 8,
                           sl.upper if sl.upper in lowers else "")
                for sl in topology.network.links}
-    return {"group_links": links, "plan_links": plan_links,
-            "ps_link_Bps": (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up)),
+    ps_link = (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up))
+    busy = {g: up for g, (_, up) in fair_shares_Bps(topology, own, ps_link).items()}
+    return {"group_links": links, "plan_links": plan_links, "busy_up_Bps": busy,
+            "ps_link_Bps": ps_link,
             "group_paths": paths, "shared_down_Bps": shared, "switch_links": uplinks,
             "planned_groups": tuple(groups)}
 

@@ -164,6 +164,9 @@ class PsConfig:
     group_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     plan_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     ps_link_Bps: tuple[float, float] = (float("inf"), float("inf"))  # PS (down, up)
+    # per group, the uplink one device gets while every device sends (config.fair_shares_Bps
+    # with the PS link): what an emulated device's results are judged against (DeviceTimeline)
+    busy_up_Bps: dict[str, float] = field(default_factory=dict)
     # per group, the links it shares with others on the way from the PS (switch links by their
     # lower switch, then "ps"), and each one's down_Bps (config.plan_inputs): stealing and
     # backups count what a block waits behind on them
@@ -298,16 +301,10 @@ class PsCore:
     def _timeline(self, slot: DeviceSlot) -> DeviceTimeline | None:
         """An emulated device's :class:`DeviceTimeline`, or None (a real device, or a group the
         topology does not name): its uplink judged at its share while every device sends
-        (:func:`~testbed.ps_backend.config.busy_up_Bps`), its path's one-way delay."""
-        from testbed.ps_backend.config import busy_up_Bps  # config builds on this module
-
-        cfg = self.config
-        links = cfg.plan_links or cfg.group_links
-        if slot.kind != "emulated" or slot.group not in links:
-            return None
-        up_Bps = busy_up_Bps(links, cfg.planned_groups, cfg.ps_link_Bps[1]).get(
-            slot.group, links[slot.group][1])
-        if not 0 < up_Bps < math.inf:
+        (``busy_up_Bps``), its path's one-way delay."""
+        up_Bps = self.config.busy_up_Bps.get(slot.group, 0.0)
+        links = self.config.plan_links or self.config.group_links
+        if slot.kind != "emulated" or slot.group not in links or not 0 < up_Bps < math.inf:
             return None
         return DeviceTimeline(up_Bps, links[slot.group][2] / 2)
 
@@ -628,7 +625,7 @@ class PsCore:
             self._accepted(conn, result, outcome, c, late)
 
     def _accepted(self, conn: DeviceConn, result: ResultIn, outcome: Outcome,
-                  c: np.ndarray, late: tuple[float, float] = (0.0, 0.0)) -> None:
+                  c: np.ndarray, late: tuple[float, float]) -> None:
         """``late``: the tile's start lateness and its result's uplink lateness (device seconds,
         :class:`DeviceTimeline`; the uplink's signed, summed per GEMM and device as it is)."""
         task = outcome.task

@@ -254,8 +254,7 @@ class Fidelity:
         if shares is not None:
             self.late_shares.append(shares)
         out["lateness_share"] = None if shares is None else round(shares["all"], 6)
-        out["lateness_shares"] = None if shares is None else \
-            {kind: round(shares[kind], 6) for kind in LATENESS_KINDS}
+        out["lateness_shares"] = _by_kind(shares)
         return out
 
     def fields(self) -> dict[str, Any]:
@@ -267,14 +266,18 @@ class Fidelity:
         worst = max(self.late_shares, key=lambda shares: shares["all"]) \
             if self.late_shares else None
         out["lateness_share_max"] = round(worst["all"], 6) if worst is not None else None
-        out["lateness_shares_worst"] = None if worst is None else \
-            {kind: round(worst[kind], 6) for kind in LATENESS_KINDS}
+        out["lateness_shares_worst"] = _by_kind(worst)
         out["dilation_target_p95"] = self.target
         out["dilation_min"] = round(min(self.dilations), 4) if self.dilations else None
         out["dilation_max"] = round(max(self.dilations), 4) if self.dilations else None
         out["fidelity_ok"] = fidelity_ok(out["tile_error_p95"], out["lateness_share_max"],
                                          self.target)
         return out
+
+
+def _by_kind(shares: dict[str, float] | None) -> dict[str, float] | None:
+    """A step's lateness shares by kind (``lateness_shares`` less "all"), rounded for JSON."""
+    return None if shares is None else {kind: round(shares[kind], 6) for kind in LATENESS_KINDS}
 
 
 def fidelity_fields(errors: Any, lags_s: Any) -> dict[str, Any]:

@@ -278,22 +278,6 @@ def test_a_device_timeline_judges_starts_and_uplink_against_its_model() -> None:
         DeviceTimeline(0.0, 0.01)
 
 
-def test_a_busy_uplink_is_the_fair_share_of_the_ps_link_or_the_devices_own() -> None:
-    from testbed.ps_backend.config import busy_up_Bps
-
-    links = {"phones": (1e7, 2.5e6, 0.02), "laptops": (5e7, 12.5e6, 0.01)}
-    groups = (("phones", 6, 1.0), ("laptops", 2, 10.0))
-    # a PS link with room for all: each its own
-    assert busy_up_Bps(links, groups, 125e6) == {"phones": 2.5e6, "laptops": 12.5e6}
-    # 30 MB/s for all: the phones take their 15, the laptops share the other 15
-    assert busy_up_Bps(links, groups, 30e6) == {"phones": 2.5e6,
-                                                "laptops": pytest.approx(7.5e6)}
-    # 8 MB/s: an even million each
-    assert busy_up_Bps(links, groups, 8e6) == {"phones": pytest.approx(1e6),
-                                               "laptops": pytest.approx(1e6)}
-    assert busy_up_Bps(links, (), 8e6) == {}
-
-
 def test_the_controller_raises_d_when_results_are_late_though_holds_keep_time() -> None:
     c = DilationController(2.0, 0.1, min_tiles=20)
     c.observe([0.01] * 100, late_share=0.4)  # every hold on time, the step 40 % late

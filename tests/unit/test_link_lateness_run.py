@@ -43,7 +43,7 @@ def _step(tmp_path: Path, agent_up_bps: float) -> tuple[dict[str, float], list[f
                       tile_m=128, tile_n=128, min_offload_flops=0.0, lease_s=30.0,
                       planner="fifo", max_message_bytes=8 << 20, time_dilation=DILATION,
                       group_links={"phones": link}, plan_links={"phones": link},
-                      planned_groups=(("phones", 1, 1.0),))
+                      busy_up_Bps={"phones": UP_BPS / 8}, planned_groups=(("phones", 1, 1.0),))
     server = PsServer(config).start()
     core = server.core
     assert core is not None

@@ -6,13 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from testbed.ps_backend.bound import SwitchLink
 from testbed.ps_backend.config import plan_inputs
 from testbed.ps_backend.scheduler import DeviceSlot
 from testbed.ps_backend.step_plan import StepPlanner
 from testbed.topology import load_topology
 
-TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+REPO = Path(__file__).resolve().parents[2]
+TOPOLOGIES = REPO / "topologies"
 
 
 def close(a: float, b: float) -> bool:
@@ -68,3 +71,15 @@ def test_plans_weigh_the_share_and_the_bound_the_own_link() -> None:
     # ... and the switch link above it, which the devices below share
     assert device.link == "ap" and planner.bound_links() == {"ap": SwitchLink(8e6, 3e6, "")}
     assert [(c.down_Bps, c.up_Bps) for c in planner._classes([slot])] == [(1e6, 0.5e6)]
+
+
+def test_a_busy_uplink_is_the_devices_own_or_its_fair_share_of_the_ps_link() -> None:
+    # default: the PS link (1 Gbit) carries all 8 uplinks together, so each has its own
+    inputs = plan_inputs(load_topology(TOPOLOGIES / "default.yaml"))
+    assert inputs["busy_up_Bps"] == {"phones": pytest.approx(2.5e6),
+                                     "laptops": pytest.approx(12.5e6)}
+    # office: 30 phones of 50 Mbit and 3 laptops of 200 Mbit behind one 1 Gbit PS link, more
+    # than it carries: an even 1/33 of it each, below every device's own
+    inputs = plan_inputs(load_topology(REPO / "bench" / "topologies" / "office.yaml"))
+    assert inputs["busy_up_Bps"] == {"phones": pytest.approx(125e6 / 33),
+                                     "laptops": pytest.approx(125e6 / 33)}
