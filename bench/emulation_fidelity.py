@@ -109,18 +109,12 @@ class PsHarness:
         self.logdir = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
         core = self.server.core
         assert core is not None
-        original = core._on_result
 
-        def recording(conn: Any, result: Any, arrived: float,
-                      silent_s: float = 0.0) -> None:  # the PS loop thread
-            before = core.totals.tiles
-            original(conn, result, arrived, silent_s)
-            if core.totals.tiles > before:  # accepted
-                self.records.append(ResultRecord(arrived, conn.device_id, result.compute_s,
-                                                 result.lag_s, result.received_s,
-                                                 result.started_s, result.done_s,
-                                                 core.config.time_dilation))
-        core._on_result = recording  # type: ignore[method-assign]
+        def recording(conn: Any, result: Any, arrived: float) -> None:  # the PS loop thread
+            self.records.append(ResultRecord(arrived, conn.device_id, result.compute_s,
+                                             result.lag_s, result.received_s, result.started_s,
+                                             result.done_s, core.config.time_dilation))
+        core.accepted_observers.append(recording)
 
     def spawn(self, name: str, kind: str, profile: str = "", seed: int = 0,
               max_in_flight: int = 3, cores: set[int] | None = None) -> None:

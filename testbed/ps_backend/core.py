@@ -25,7 +25,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -246,6 +246,9 @@ class PsCore:
         self.refusals = RefusalLog(self._event)
         self.telemetry_dropped = 0
         self.results_refused = 0  # results whose timing or energy was not a finite number
+        # called on the PS's loop thread with each accepted result (conn, result, arrived_s),
+        # after the PS has counted it: what benches and tests watch instead of wrapping methods
+        self.accepted_observers: list[Callable[[DeviceConn, ResultIn, float], None]] = []
         # progress watchdog (docs/fault-tolerance.md): set once, read by the engine's thread
         now = time.monotonic()
         self.last_attached_s = now  # last moment some device had a Work stream open
@@ -623,6 +626,8 @@ class PsCore:
         else:
             assert c is not None  # accepted: it decoded
             self._accepted(conn, result, outcome, c, late)
+            for observe in self.accepted_observers:
+                observe(conn, result, arrived_s)
 
     def _accepted(self, conn: DeviceConn, result: ResultIn, outcome: Outcome,
                   c: np.ndarray, late: tuple[float, float]) -> None:

@@ -56,13 +56,9 @@ def test_device_time_is_wall_time_over_dilation_within_lag(tmp_path: Path) -> No
     core = server.core
     assert core is not None
     records: list[tuple[float, float, float, float]] = []  # arrived, received, compute_s, lag_s
-    original = core._on_result
-
-    def recording(conn, result, arrived, silent_s=0.0) -> None:  # type: ignore[no-untyped-def]
-        original(conn, result, arrived, silent_s)
-        records.append((arrived, result.received_s, result.compute_s, result.lag_s))
-
-    core._on_result = recording  # type: ignore[method-assign]
+    core.accepted_observers.append(
+        lambda conn, result, arrived: records.append((arrived, result.received_s,
+                                                      result.compute_s, result.lag_s)))
     agent = _start_agent(server.port, token, tmp_path / "agent.log")
     try:
         deadline = time.monotonic() + 60
