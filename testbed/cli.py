@@ -24,7 +24,6 @@ from testbed.errors import (
     InputError,
     out_of_room,
 )
-from testbed.topology import TopologyError, load_topology
 
 # Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
 # `testbed validate` does not pay for torch.
@@ -42,14 +41,17 @@ COMMAND_MODULES = (
 
 
 def _validate(args: argparse.Namespace) -> int:
-    try:
-        topology = load_topology(args.topology)
-    except TopologyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    from testbed.up import load_run_inputs  # what a run checks before it starts, churn included
+
+    inputs = load_run_inputs(argparse.Namespace(topology=args.topology, steps=None,
+                                                trace_tiles=False, churn=None))
+    if isinstance(inputs, int):
+        return inputs
+    topology, churn, _ = inputs
     print(f"{args.topology}: ok ({len(topology.devices)} devices in {len(topology.groups)} "
           f"groups, {topology.job.steps} steps, backend {topology.network.backend}, "
-          f"strategy {topology.job.parallelism.strategy})")
+          f"strategy {topology.job.parallelism.strategy}"
+          + (f", churn {churn.name}" if churn else "") + ")")
     return EXIT_OK
 
 
@@ -61,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = sub.add_parser("validate", help="check a topology file; print every problem with its path",
-                       description="Check a topology file. Prints every problem with its YAML "
-                                   "path and exits 2 if there is any.")
+                       description="Check a topology file and the churn trace it names, as "
+                                   "`testbed up` and `testbed simulate` do before they start. "
+                                   "Prints every problem with its YAML path (a trace's: its "
+                                   "line) and exits 2 if there is any.")
     p.add_argument("topology", help="the topology YAML file")
     p.set_defaults(func=_validate)
     for name in COMMAND_MODULES:

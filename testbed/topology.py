@@ -93,7 +93,7 @@ from testbed import units
 from testbed.emulator.dilation import DEFAULT_TARGET_P95
 from testbed.errors import InputError
 from testbed.schema import Bool, Float, Int, Schema, Str, parse, scratch, unique
-from testbed.user_paths import is_file, read_user_text, user_path
+from testbed.user_paths import is_file, load_user_yaml, read_user_text, user_path
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 BACKENDS = ("auto", "loopback", "mininet")
@@ -377,6 +377,15 @@ def _delay(value: float) -> float:
     return value
 
 
+def _loss(value: float) -> float:
+    # TCP's rate under loss (agent.link.mathis_rate_bps) stays positive as loss nears 100 %,
+    # where a link that loses every packet carries nothing
+    if value >= 1:
+        raise ValueError("a link's loss must be below 100% (a link that loses every packet "
+                         "carries nothing: leave its devices out instead)")
+    return value
+
+
 def _existing_file(value: Any, info: ValidationInfo) -> Path:
     if not isinstance(value, str) or not value:
         raise ValueError(f"expected a file path, got {value!r}")
@@ -415,7 +424,7 @@ def _share(value: Any) -> float:
 Name = Annotated[Str, AfterValidator(_name)]
 Rate = Annotated[float, BeforeValidator(units.parse_rate_bps)]
 Delay = Annotated[float, BeforeValidator(units.parse_duration_s), AfterValidator(_delay)]
-Loss = Annotated[float, BeforeValidator(units.parse_fraction)]
+Loss = Annotated[float, BeforeValidator(units.parse_fraction), AfterValidator(_loss)]
 Share = Annotated[float, BeforeValidator(_share)]
 ExistingFile = Annotated[Path, BeforeValidator(_existing_file)]
 SwitchRef = Annotated[Str | None, AfterValidator(_switch_ref)]
@@ -459,7 +468,7 @@ class SwitchLinkFile(LinkFile):
 def _listen_address(value: str) -> str:
     """HOST:PORT with a literal IP address (or ``[v6]``) and a port in 0..65535."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT with a port in 0..65535 (0: any), got {value!r}")
     try:
         ipaddress.ip_address(host.strip("[]"))
@@ -488,7 +497,8 @@ class NetworkFile(Schema):
     backend: Literal["auto", "loopback", "mininet"] = "auto"
     switches: list[SwitchName] = []
     ps: Annotated[PsFile, BeforeValidator(_none_is_empty)] = Field(default_factory=PsFile)
-    links: list[SwitchLinkFile] = []
+    # validated when left out too: switches with no link at all have no path to the PS
+    links: list[SwitchLinkFile] = Field(default=[], validate_default=True)
 
     @field_validator("links")
     @classmethod
@@ -843,10 +853,10 @@ def load_topology(path: str | Path) -> Topology:
         raise TopologyError(str(path), [f"not a UTF-8 text file (byte {exc.start}: "
                                         f"{exc.reason}); a topology is YAML text"]) from exc
     try:
-        raw = yaml.safe_load(text)
+        raw = load_user_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        raise TopologyError(str(path), [f"{where}: not valid YAML: "
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise TopologyError(str(path), [f"{where}not valid YAML: "
                                         f"{getattr(exc, 'problem', exc)}"]) from exc
     return parse_topology(raw, str(path), path.resolve().parent)

@@ -20,8 +20,10 @@ Decimal prefixes are powers of 1000 (``1Mbit`` = 1,000,000 bit/s; ``1MB`` = 1,00
 ones powers of 1024 (``1MiB`` = 1,048,576 bytes), as in tc(8) and iperf3. A bare number is refused:
 a forgotten unit is the commonest topology mistake, and guessing it hides the mistake.
 
-Limits: a rate is at most :data:`MAX_RATE_BPS` (1 Tbit/s, ten times the fastest Ethernet port
-sold today; nothing this testbed emulates comes near), a duration and a size must be finite
+Limits: a rate is at least :data:`MIN_RATE_BPS` (1 kbit/s, below the slowest cellular data
+link; slower, one tile's blocks take hours and the planner's arithmetic underflows) and at most
+:data:`MAX_RATE_BPS` (1 Tbit/s, ten times the fastest Ethernet port sold today; nothing this
+testbed emulates comes near), a duration and a size must be finite
 (``1e999s`` is infinity to a float) and a size at most :data:`MAX_SIZE_BYTES` (1 PiB). Callers
 bound their own quantities further (a link's delay, for example, in :mod:`testbed.topology`).
 """
@@ -49,6 +51,7 @@ _SIZE_BYTES = {
 }
 
 
+MIN_RATE_BPS = 1e3
 MAX_RATE_BPS = 1e12
 MAX_SIZE_BYTES = 1024**5
 
@@ -75,11 +78,13 @@ def _split(text: object, kind: str, example: str, units: dict[str, float] | dict
 
 
 def parse_rate_bps(text: object) -> float:
-    """Parse a link rate like ``'20Mbit'`` or ``'10MB/s'`` into bits per second (> 0)."""
+    """Parse a link rate like ``'20Mbit'`` or ``'10MB/s'`` into bits per second."""
     value, unit = _split(text, "rate", "20Mbit", _RATE_BPS)
     if value <= 0:
         raise UnitError(f"a rate must be positive, got {text!r}")
     rate_bps = value * _RATE_BPS[unit]
+    if rate_bps < MIN_RATE_BPS:
+        raise UnitError(f"a rate must be at least 1kbit, got {text!r}")
     if not rate_bps <= MAX_RATE_BPS:
         raise UnitError(f"a rate must be at most 1000Gbit, got {text!r}")
     return rate_bps

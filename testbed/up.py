@@ -73,6 +73,7 @@ from testbed.topology import (
     steps_problem,
 )
 from testbed.units import number_arg
+from testbed.user_paths import load_user_yaml
 
 log = logging.getLogger("testbed.up")
 # tiles an emulated agent may ask to hold at once (the PS sizes its window to its speed);
@@ -524,6 +525,10 @@ def load_run_inputs(args: argparse.Namespace) -> tuple[Topology, Path | None, An
         except OSError as exc:
             print(f"error: --churn {churn}: {exc.strerror}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        if not schedule.initially_present and not schedule.counts_by_event()["join"]:
+            print(f"error: {churn}: no device is ever present (every device leaves at time 0 "
+                  "and none joins), so no step could make progress", file=sys.stderr)
+            return EXIT_BAD_INPUT
     return topology, churn, schedule
 
 
@@ -657,7 +662,7 @@ def portable_input(path: Path) -> str:
     paths would not resolve.
     """
     text = path.read_text()
-    raw = yaml.safe_load(text)
+    raw = load_user_yaml(text)
     if not isinstance(raw, dict):
         return text
     base = path.resolve().parent

@@ -1,6 +1,7 @@
 """Files a user names: paths inside a user's files (a topology's profile and data files),
-reading a user's text file (a topology, a churn trace) with a limit, and writing the file a
-command's ``--out`` or ``-o`` names (a measurement CSV, a trace, a profile, a plot).
+reading a user's text file (a topology, a churn trace) with a limit, parsing a user's YAML or
+JSON text (:func:`load_user_yaml`, :func:`load_user_json`), and writing the file a command's
+``--out`` or ``-o`` names (a measurement CSV, a trace, a profile, a plot).
 
 Such a name may be anything: ``~someone`` with no such user, a name longer than the file system
 allows, a NUL byte. Each of those names no file, and must come back as one more problem in the
@@ -10,6 +11,7 @@ file's list, not as a traceback (``pathlib`` raises RuntimeError, OSError and Va
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import stat
@@ -18,7 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
+
 from testbed.errors import InputError
+
+# Deeper nesting than this is no file of ours: the parsers recurse once per level, and Python's
+# stack ends near a thousand (a 1.2 KB line of brackets raised RecursionError).
+MAX_NESTING = 100
 
 
 def user_path(name: str, base_dir: Path | None) -> Path:
@@ -126,3 +134,52 @@ def written_whole(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class _UserYamlLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (YAML requires unique keys;
+    PyYAML keeps the last one, so ``steps: 3`` written twice would silently lose the first)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_NESTING:
+                raise yaml.MarkedYAMLError(None, None, f"nested more than {MAX_NESTING} levels "
+                                           "deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[tuple[str, str], int] = {}
+            for key_node, _ in node.value:  # before merge keys (<<) are flattened in
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key_node.value!r} written twice in one mapping (first "
+                        f"on line {first_line[key]}); keys must be unique", key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def load_user_yaml(text: str) -> Any:
+    """A user's YAML document, safely: yaml.YAMLError (with the line where it can) for text that
+    is not YAML, a key written twice in one mapping, or nesting deeper than MAX_NESTING."""
+    return yaml.load(text, Loader=_UserYamlLoader)  # a SafeLoader: no Python objects
+
+
+def load_user_json(text: str) -> Any:
+    """A user's JSON value: json.JSONDecodeError for text that is not JSON, and for what the
+    decoder itself cannot take (nesting deep enough to end Python's stack, an integer of more
+    digits than Python converts)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # int digits over sys.get_int_max_str_digits()
+        raise json.JSONDecodeError(str(exc), text, 0) from None

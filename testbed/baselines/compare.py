@@ -290,8 +290,9 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
     from testbed.runlog import read_jsonl
     from testbed.up import portable_input
+    from testbed.user_paths import load_user_yaml
 
-    raw = yaml.safe_load(portable_input(topology_path))
+    raw = load_user_yaml(portable_input(topology_path))
     raw.setdefault("network", {})["backend"] = "mininet"
     raw["job"]["steps"] = topology.job.steps
     dilation = topology.time_dilation or 1.0

@@ -49,7 +49,7 @@ import yaml
 
 from testbed.errors import InputError
 from testbed.perf_model.features import ExportedTimeModel
-from testbed.user_paths import is_file, read_user_text, user_path
+from testbed.user_paths import is_file, load_user_yaml, read_user_text, user_path
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 MAX_PROFILE_BYTES = 16 * 1024**2  # a profile is a few KB; a name of a huge file is a mistake
@@ -209,7 +209,7 @@ def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
             f"no device profile named {str(name_or_path)!r}; shipped profiles: "
             f"{', '.join(list_profiles())}"])
     try:
-        raw = yaml.safe_load(read_user_text(path, MAX_PROFILE_BYTES, errors="replace")) or {}
+        raw = load_user_yaml(read_user_text(path, MAX_PROFILE_BYTES, errors="replace")) or {}
     except OSError as exc:
         raise ProfileError(str(path), [f"cannot read the file: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:

@@ -1,0 +1,122 @@
+"""Topology files that used to pass `testbed validate` and then hang, crash or run something
+other than what was written (found by fuzzing the CLI): each is now refused with its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed import units
+from testbed.cli import main
+from testbed.topology import TopologyError, parse_topology
+from testbed.user_paths import load_user_json, load_user_yaml
+
+
+def minimal() -> dict:
+    return {"name": "t", "devices": [{"group": "phones", "profile": "snapdragon888", "count": 2,
+                                      "link": {"down": "100Mbit", "up": "20Mbit"}}],
+            "job": {"model": {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64, "seq_len": 8}}}
+
+
+def validate(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    path = tmp_path / "topo.yaml"
+    path.write_text(text)
+    code = main(["validate", str(path)])
+    return code, capsys.readouterr().err
+
+
+def test_a_key_written_twice_is_refused_with_both_lines(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    text = yaml.safe_dump(minimal()) + "seed: 3\nseed: 9\n"
+    code, err = validate(tmp_path, text, capsys)
+    assert code == 2
+    lines = text.splitlines()
+    first, second = lines.index("seed: 3") + 1, lines.index("seed: 9") + 1
+    assert f"line {second}" in err and f"first on line {first}" in err and "'seed'" in err
+
+
+def test_merge_keys_are_not_duplicates() -> None:
+    doc = load_user_yaml("base: &b {down: 1Gbit, up: 1Gbit}\nlink:\n  <<: *b\n  up: 2Gbit\n")
+    assert doc["link"] == {"down": "1Gbit", "up": "2Gbit"}
+
+
+def test_deep_nesting_is_refused_not_a_recursion_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = validate(tmp_path, "name: x\nseed: " + "[" * 600 + "]" * 600 + "\n", capsys)
+    assert code == 2 and "nested more than" in err and "line 2" in err
+
+
+def test_json_the_decoder_cannot_take_is_a_decode_error() -> None:
+    import json
+    for text in ("[" * 100_000 + "]" * 100_000, "1" + "0" * 5000):
+        with pytest.raises(json.JSONDecodeError):
+            load_user_json(text)
+    assert load_user_json('{"a": [1, 2.5]}') == {"a": [1, 2.5]}
+
+
+@pytest.mark.parametrize("rate", ["1e-15bit", "999bit", "0.1Kbit"])
+def test_a_rate_below_1kbit_is_refused(rate: str) -> None:
+    with pytest.raises(units.UnitError, match="at least 1kbit"):
+        units.parse_rate_bps(rate)
+    assert units.parse_rate_bps("1kbit") == 1e3
+    raw = minimal()
+    raw["devices"][0]["link"]["down"] = rate
+    with pytest.raises(TopologyError, match=r"devices\[0\]\.link\.down: a rate must be at least"):
+        parse_topology(raw)
+
+
+def test_a_link_that_loses_every_packet_is_refused() -> None:
+    raw = minimal()
+    raw["devices"][0]["link"]["loss"] = "100%"
+    with pytest.raises(TopologyError, match=r"devices\[0\]\.link\.loss: .* below 100%"):
+        parse_topology(raw)
+    raw["devices"][0]["link"]["loss"] = "99.9%"
+    assert parse_topology(raw).devices[0].link.loss_fraction == pytest.approx(0.999)
+
+
+def test_a_port_of_non_ascii_digits_is_refused() -> None:
+    raw = minimal()
+    raw["network"] = {"ps": {"listen": "0.0.0.0:\uff15\uff10\uff10"}}
+    with pytest.raises(TopologyError, match=r"network\.ps\.listen: expected HOST:PORT"):
+        parse_topology(raw)
+
+
+def test_switches_without_links_have_no_path_to_the_ps() -> None:
+    raw = minimal()
+    raw["network"] = {"switches": ["ap0", "s1"], "ps": {"switch": "ap0"}}
+    raw["devices"][0]["switch"] = "s1"
+    with pytest.raises(TopologyError, match="switch 's1' has no path to the PS's switch 'ap0'"):
+        parse_topology(raw)
+    raw["network"]["links"] = [{"switches": ["ap0", "s1"], "down": "1Gbit", "up": "1Gbit"}]
+    assert parse_topology(raw).devices[0].group.switch == "s1"
+
+
+def test_validate_reads_the_churn_trace_as_a_run_would(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    raw = minimal()
+    raw["churn"] = str(trace)
+    trace.write_text("time_s,device,event,arg\n1,phones-0,leave,\n")
+    code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+    assert code == 0, err
+    trace.write_text("time_s,device,event,arg\n1,tablets-0,leave,\n")
+    code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+    assert code == 2 and "line 2" in err and "tablets-0" in err and str(trace) in err
+
+
+def test_a_trace_under_which_no_device_is_ever_present_is_refused_before_a_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "gone.csv"
+    trace.write_text("time_s,device,event,arg\n0,phones,leave,\n")
+    raw = minimal()
+    raw["churn"] = str(trace)
+    code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+    assert code == 2 and "no device is ever present" in err and str(trace) in err
+    out = tmp_path / "runs"
+    assert main(["simulate", str(tmp_path / "topo.yaml"), "--out", str(out)]) == 2
+    assert not out.exists()
+    trace.write_text("time_s,device,event,arg\n0,phones,leave,\n2,phones-1,join,\n")
+    code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+    assert code == 0, err
