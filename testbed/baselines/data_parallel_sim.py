@@ -188,6 +188,10 @@ class DataParallelSim:
             raise NoPlacement(f"data-parallel step {step} stalled at t={w.now_s:.3f} s")
         self.dropped_replica_steps += len(plan.replicas) - (len(live) - len(self.dropped))
         self.took_part = [n for n, _ in active if n not in self.dropped]
+        if not self.took_part:  # no rows trained: the emulation's PS stops here too
+            raise NoPlacement(f"data-parallel step {step}: every replica was lost during the "
+                              f"step (by t={w.now_s:.3f} s)"
+                              + ("" if w.present() else ": every device has left"))
         self.live = {}
         self._recheck = lambda: None
 

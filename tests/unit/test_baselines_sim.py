@@ -148,6 +148,18 @@ def test_data_parallel_drops_a_departed_replica_and_keeps_the_rows_fixed(
     assert out[4].bytes_down == 3 * params * 8 + 3 * params * 8
 
 
+def test_data_parallel_stops_when_every_replica_is_lost_during_a_step(tmp_path: Path) -> None:
+    """No rows trained: the emulated PS stops the run ("every replica was lost"), and so does
+    the simulator, even though the devices come back later, instead of reporting the step done
+    at the moment of the loss."""
+    t = topo("data-parallel", count=3, steps=3)
+    trace = tmp_path / "crash.csv"
+    trace.write_text("time_s,device,event,arg\n0.001,phones,crash,\n5,phones,join,\n")
+    sim = DataParallelSim(t, BaselineWorld(t, load_schedule(trace, t), noise=False))
+    with pytest.raises(pipeline_sim.NoPlacement, match="every replica was lost during the step"):
+        run(sim, 3)
+
+
 def test_diloco_talks_to_the_ps_every_h_steps() -> None:
     t = topo("data-parallel", count=3, steps=6, local_steps=3)
     out = run(DataParallelSim(t, BaselineWorld(t, noise=False)), 6)
@@ -226,7 +238,7 @@ def test_diloco_drops_a_lost_replica_for_the_rest_of_its_round(tmp_path: Path) -
 def test_a_run_whose_devices_all_leave_fails_saying_so(tmp_path: Path, strategy: str) -> None:
     t = topo(strategy, count=2, steps=50)
     trace = tmp_path / "gone.csv"
-    trace.write_text("time_s,device,event,arg\n0.2,phones-0,crash,\n0.2,phones-1,crash,\n")
+    trace.write_text("time_s,device,event,arg\n0.5,phones-0,crash,\n0.5,phones-1,crash,\n")
     out = tmp_path / "run"
     out.mkdir()
     summary = simulate_baseline(t, out, load_schedule(trace, t), report=False)
