@@ -132,6 +132,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
     (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(), sort_keys=False))
     print(f"run directory: {run_dir} (simulated)")
+    byzantine = [g.group for g in topology.groups
+                 if g.behaviour and g.behaviour.byzantine and g.behaviour.byzantine.rate > 0]
+    if byzantine:  # no tensors, so nothing to corrupt or check (docs/simulate.md)
+        print(f"note: byzantine behaviour is not simulated (groups: {', '.join(byzantine)}): "
+              "every result passes its check; run it with testbed up", flush=True)
 
     def progress(step: int, device_s: float, wall_s: float) -> None:
         print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)",

@@ -12,7 +12,9 @@ What stands in for the other processes (the same rules as the emulated agent,
 ``testbed/agent/agent.py``): the tiles one pump hands a device travel PS -> device as one message,
 one flow over the path's links (:mod:`testbed.simulate.network`), the device computes its tiles
 one after another in arrival order for the device model's time (``device_model_for``:
-regression, noise, thermal state, energy) times its churn slow factor, and each result travels
+regression, noise, thermal state, energy) times its churn slow factor and, for a topology's
+straggler, the factor the agent's own :class:`~testbed.agent.behaviour.Behaviour` draws for the
+tile (seeded as ``testbed up`` seeds the agent), and each result travels
 back as a message of its own. A device's messages go one after another in each direction (its
 one gRPC stream), sharing the links max-min with other devices' messages, and a message arrives
 the path's one-way delay after its last byte left. Churn
@@ -45,6 +47,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from testbed.agent.behaviour import Behaviour
 from testbed.agent.link import MESSAGE_OVERHEAD_BYTES, mathis_rate_bps
 from testbed.capacity import agent_cache_bytes
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
@@ -120,6 +123,7 @@ class SimDevice:
     present: bool = False
     partitioned: bool = False
     slow: float = 1.0
+    straggler: Behaviour | None = None  # the topology's straggler behaviour, as its agent's
     session: int = 0  # bumps on every departure: events of an older session are dropped
     slot: DeviceSlot | None = None
     busy_until_s: float = 0.0
@@ -220,11 +224,16 @@ class Simulation(EventLoop):
                 mid_down.append(down)
                 mid_up.append(up)
             profile = profiles[d.group.group]
-            model = device_model_for(profile, seed=topo.seed * 1000 + d.index, noise=noise)
+            seed = topo.seed * 1000 + d.index  # as testbed up seeds the device's agent
+            model = device_model_for(profile, seed=seed, noise=noise)
+            straggler = d.group.behaviour.straggler if d.group.behaviour else None
             out[d.name] = SimDevice(d, model, float(profile.sustained_gflops),
                                     (ps_down, *reversed(mid_down), own_down),
                                     (own_up, *mid_up, ps_up), (own_down, own_up),
-                                    (down_Bps, up_Bps), delay)
+                                    (down_Bps, up_Bps), delay,
+                                    straggler=Behaviour(straggler_factor=straggler.factor,
+                                                        straggler_rate=straggler.rate, seed=seed)
+                                    if straggler is not None and straggler.factor > 1 else None)
         return out
 
     # -- the event queue -----------------------------------------------------------------------
@@ -412,9 +421,10 @@ class Simulation(EventLoop):
         m, n = task.box.shape
         k0, k1 = task.k_range
         cost = dev.model.tile_cost(m, k1 - k0, n, task.job.spec.op, start)
-        seconds = cost.seconds * dev.slow
+        factor = dev.slow * (dev.straggler.compute_factor() if dev.straggler else 1.0)
+        seconds = cost.seconds * factor
         dev.busy_until_s = start + seconds
-        joules = cost.joules * dev.slow
+        joules = cost.joules * factor
 
         def computed() -> None:
             if dev.session != session:

@@ -116,6 +116,32 @@ def test_ps_gemm_time_delays_every_offloaded_gemm(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_straggler_computes_its_tiles_factor_times_slower_as_its_agent_would() -> None:
+    """The topology's straggler behaviour: the simulator draws each tile's factor from the
+    agent's own Behaviour (seeded as testbed up seeds the agent); it used to ignore it."""
+    import yaml
+
+    from testbed.topology import parse_topology
+
+    def step(behaviour: dict | None) -> tuple[float, float]:
+        raw = yaml.safe_load(TINY.read_text())
+        for group in raw["devices"]:
+            if behaviour is not None:
+                group["behaviour"] = behaviour
+        sim = Simulation(parse_topology(raw, str(TINY), TINY.parent).with_overrides(steps=1),
+                         noise=False)
+        sim.start()
+        device_s, stats, _ = sim.run_step(0)
+        return device_s, stats.device_compute_s
+
+    honest_s, honest_compute = step(None)
+    slow_s, slow_compute = step({"straggler": {"factor": 4, "rate": "100%"}})
+    assert 3.5 * honest_compute <= slow_compute <= 4.5 * honest_compute
+    assert slow_s > honest_s
+    _, half_compute = step({"straggler": {"factor": 4, "rate": "50%"}})
+    assert 1.6 * honest_compute <= half_compute <= 3.4 * honest_compute
+
+
 @pytest.mark.slow
 def test_a_thousand_devices_compute_every_planned_tile_once(tmp_path: Path) -> None:
     # 1,000 devices on a job whose GEMMs the planner deals to many of them (~2,500 tiles; ~20 s
