@@ -332,6 +332,7 @@ MAX_SEED = 2**63 - 1  # seeds travel as int64
 MAX_STEPS = 10_000_000
 MAX_BATCH = 65_536
 MAX_TILE = 65_536  # one tile edge; a 65536 x 65536 float32 tile is 16 GiB, more than any phone
+MAX_WEIGHT_DECAY = 1.0  # see OptimizerFile.weight_decay
 MAX_LR = 1.0  # AdamW moves each weight by about lr per step: above 1 training only diverges
 # Model sizes: each bound is ~3x (or more) the largest published transformer's value (GPT-3:
 # hidden 12,288, 96 layers, 96 heads; PaLM: ffn 73,728, 118 layers; vocabularies ~256k).
@@ -641,7 +642,9 @@ class DataFile(Schema):
 class OptimizerFile(Schema):
     name: Literal["adamw"] = "adamw"
     lr: Annotated[Float, Field(gt=0, le=MAX_LR)] = 3e-4
-    weight_decay: Annotated[Float, Field(ge=0)] = 0.0
+    # AdamW multiplies every weight by 1 - lr x weight_decay each step: with both at most 1
+    # that stays in [0, 1]; a larger decay flips the weights' signs, no regularizer
+    weight_decay: Annotated[Float, Field(ge=0, le=MAX_WEIGHT_DECAY)] = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
 
     @field_validator("betas", mode="before")

@@ -120,3 +120,12 @@ def test_a_trace_under_which_no_device_is_ever_present_is_refused_before_a_run(
     trace.write_text("time_s,device,event,arg\n0,phones,leave,\n2,phones-1,join,\n")
     code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
     assert code == 0, err
+
+
+def test_a_weight_decay_above_1_is_refused() -> None:
+    raw = minimal()
+    raw["job"]["optimizer"] = {"weight_decay": 1e300}
+    with pytest.raises(TopologyError, match=r"job\.optimizer\.weight_decay: must be <= 1"):
+        parse_topology(raw)
+    raw["job"]["optimizer"] = {"weight_decay": 0.1}
+    assert parse_topology(raw).job.optimizer.weight_decay == 0.1
