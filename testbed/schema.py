@@ -130,7 +130,15 @@ def problem_pairs(exc: ValidationError, root: str = "",
         # to the location; a user never wrote those, so keep only the keys and indices.
         locs.append(tuple(p for p in err["loc"] if isinstance(p, int) or _is_user_key(p)))
     order = _unknown_keys_first(errors, locs)
-    return [(error_path(locs[i], root), _message(errors[i], locs[i], model)) for i in order]
+    pairs = []
+    for i in order:
+        if errors[i]["type"] == "invalid_key":  # the key is the problem: name its mapping
+            key = errors[i].get("input")
+            pairs.append((error_path(locs[i][:-1], root),
+                          f"key {_short(key)}: expected a str key, got {_type_name(key)}"))
+        else:
+            pairs.append((error_path(locs[i], root), _message(errors[i], locs[i], model)))
+    return pairs
 
 
 def problems_of(exc: ValidationError, root: str = "",

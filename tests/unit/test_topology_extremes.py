@@ -129,3 +129,9 @@ def test_a_weight_decay_above_1_is_refused() -> None:
         parse_topology(raw)
     raw["job"]["optimizer"] = {"weight_decay": 0.1}
     assert parse_topology(raw).job.optimizer.weight_decay == 0.1
+
+
+def test_a_key_that_is_not_a_string_names_its_mapping(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = validate(tmp_path, "name: x\ndevices:\n  - {group: a, 3: b}\n", capsys)
+    assert code == 2 and "devices[0]: key 3: expected a str key, got int" in err
