@@ -15,19 +15,22 @@ It reads only what the run wrote, so it works on a finished, failed or interrupt
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import reprlib
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from testbed.emulator.dilation import LATENESS_KINDS
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.runlog import device_group
-from testbed.summary import lateness_kinds
+from testbed.summary import DEPARTURES, lateness_kinds
 from testbed.units import format_bytes
-from testbed.user_paths import read_user_text
+from testbed.user_paths import load_user_json, output_problem, read_user_text, written_whole
 
 DEVICE_BARS = 30  # past this many devices, the tiles panel shows one bar per group
 MAX_RUN_FILE_BYTES = 4 * 1024**3  # a run's files are read whole; a 10,000-device run's are GBs
@@ -70,64 +73,168 @@ def tile_bars(devices: list[dict[str, Any]], departed: set[str]
 
 # What the report reads of each record, by the type it needs: a run's files hold these as
 # testbed writes them; a file that breaks them was edited or damaged, and the report names the
-# file, the line and the field instead of failing somewhere in matplotlib.
-STEP_NUMBERS = ("wall_s", "device_time_s", "bytes_down", "bytes_up")  # every step has them
-STEP_OPTIONAL_NUMBERS = ("loss", "bound_s", "time_dilation", "tile_error_p95")
-SUMMARY_NUMBERS = ("wall_s", "time_dilation", "bytes_down", "bytes_up", "tile_error_p50",
-                   "tile_error_p95", "lag_p95_s", "efficiency", "final_loss",
-                   "dilation_target_p95", "lateness_share_max", "steps_below_bound")
-SUMMARY_MAPPINGS = ("network", "real_devices")
+# file, the line and the field instead of failing somewhere in matplotlib. Every record is
+# checked before either report file is written, so a damaged one leaves neither half-made.
+#
+# A number must also lie within a bound for its kind. Finite is not enough: matplotlib scales an
+# axis past its largest value (a step's tile_error_p95 of 1e308 overflowed the axis: "Axis
+# limits cannot be NaN or Inf"), and report.md multiplies some figures by 100 or 1000. The
+# bounds are far beyond what any run writes, so a value past one is damage, refused with its
+# name; it is not clipped, as a clipped plot would draw a wrong value as if it were right.
+BOUNDS = {  # kind: (largest magnitude, what the number is)
+    "s": (1e9, "seconds: 30 years"),
+    "bytes": (1e18, "bytes: an exabyte"),
+    "count": (1e15, "a count"),
+    "fraction": (1e6, "a fraction: 1 is 100%"),
+    "factor": (1e6, "a factor"),
+    "J": (1e15, "joules"),
+    # a diverged run's loss may be anything a float32 holds (past it, it is inf: refused)
+    "loss": (3.5e38, "nats: a float32's range"),
+}
+MAX_STEP = 10**12  # a step index; steps are counted from 0
+STEP_NUMBERS = {"wall_s": "s", "device_time_s": "s", "bytes_down": "bytes",
+                "bytes_up": "bytes"}  # every step has them
+STEP_OPTIONAL_NUMBERS = {"loss": "loss", "bound_s": "s", "time_dilation": "factor",
+                         "tile_error_p95": "fraction"}  # null: none (a simulated run's loss)
+SUMMARY_NUMBERS = {"wall_s": "s", "time_dilation": "factor", "bytes_down": "bytes",
+                   "bytes_up": "bytes", "tile_error_p50": "fraction",
+                   "tile_error_p95": "fraction", "lag_p95_s": "s", "efficiency": "factor",
+                   "final_loss": "loss", "dilation_target_p95": "fraction",
+                   "lateness_share_max": "fraction", "steps_below_bound": "count"}
+SUMMARY_NOT_NULL = ("wall_s", "time_dilation", "bytes_down", "bytes_up")  # may only be absent
+SUMMARY_MAPPINGS = ("network", "real_devices", "lateness_shares_worst")
+# printed as they are: a list or an object there is no run's (and one nested deep enough
+# would end Python's stack in repr)
+SUMMARY_PRINTED = ("state", "exit_code", "steps_done", "steps", "tiles", "recomputed_tiles",
+                   "requeued_tiles", "rejected", "dilation_min", "dilation_max")
+NETWORK_PRINTED = ("backend", "rate", "delay", "loss")
+REAL_DEVICE_NUMBERS = {"model_error_fraction": "fraction", "measured_s_per_tile": "s",
+                       "predicted_s_per_tile": "s", "measured_energy_j": "J",
+                       "modelled_energy_j": "J"}
+
+_SHORT = reprlib.Repr()  # a damaged value in a message: its start, never the whole of it
+_SHORT.maxstring = _SHORT.maxother = 40
+_SHORT.maxlevel = 2
 
 
-def _number_problem(record: dict[str, Any], key: str, required: bool) -> str | None:
-    value = record.get(key)
-    if value is None and not required:
+def _shown(value: Any) -> str:
+    """A value for a problem's message: short, and a long integer by its digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return _SHORT.repr(value)
+
+
+def _number_problem(record: dict[str, Any], key: str, kind: str, required: bool = False,
+                    nullable: bool = True) -> str | None:
+    """What is wrong with ``record[key]`` as a number of ``kind`` (see BOUNDS), or None.
+    Absent is fine unless ``required``; so is null, unless ``required`` or not ``nullable``."""
+    if key not in record and not required:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value):
-        return f"{key}: expected a finite number, got {value!r}"
+    value = record.get(key)
+    if value is None and nullable and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) if isinstance(value, float) else
+            abs(value) <= sys.float_info.max):  # an int past a float's range has no float
+        return f"{key}: expected a finite number, got {_shown(value)}"
+    limit, what = BOUNDS[kind]
+    if abs(value) > limit:
+        return f"{key}: expected a number of magnitude at most {limit:g} ({what}), " \
+               f"got {_shown(value)}"
     return None
+
+
+def _printed_problems(record: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    return [f"{key}: expected a string, number, boolean or null, got {_shown(record[key])}"
+            for key in keys if isinstance(record.get(key), (list, dict))]
 
 
 def _step_problems(record: Any) -> list[str]:
     if not isinstance(record, dict):
         return [f"expected a JSON object, got {type(record).__name__}"]
     step = record.get("step")
-    problems = [] if isinstance(step, int) and not isinstance(step, bool) else \
-        [f"step: expected an integer, got {step!r}"]
-    problems += [p for key in STEP_NUMBERS if (p := _number_problem(record, key, True))]
-    problems += [p for key in STEP_OPTIONAL_NUMBERS
-                 if (p := _number_problem(record, key, False))]
-    if not isinstance(record.get("sat_out") or {}, dict):
-        problems.append(f"sat_out: expected a mapping, got {record['sat_out']!r}")
+    problems = []
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        problems.append(f"step: expected an integer from 0 to {MAX_STEP:,}, got {_shown(step)}")
+    problems += [p for key, kind in STEP_NUMBERS.items()
+                 if (p := _number_problem(record, key, kind, required=True))]
+    problems += [p for key, kind in STEP_OPTIONAL_NUMBERS.items()
+                 if (p := _number_problem(record, key, kind))]
+    sat_out = record.get("sat_out") or {}
+    if not isinstance(sat_out, dict):
+        problems.append(f"sat_out: expected a mapping, got {_shown(record['sat_out'])}")
+    else:
+        problems += [f"sat_out.{p}" for p in _printed_problems(sat_out, tuple(sat_out))]
+    return problems
+
+
+def _device_problems(i: int, d: Any) -> list[str]:
+    """One record of summary.json's ``devices``, as the tiles panel reads it."""
+    if not isinstance(d, dict) or not isinstance(d.get("device"), str):
+        return [f"devices[{i}]: expected an object with a device name (a string)"]
+    problems = [f"devices[{i}].{p}" for p in [
+        _number_problem(d, "tiles_done", "count", nullable=False)] if p]
+    if d.get("group") is not None and not isinstance(d["group"], str):
+        problems.append(f"devices[{i}].group: expected a string, got {_shown(d['group'])}")
     return problems
 
 
 def _summary_problems(summary: Any) -> list[str]:
     if not isinstance(summary, dict):
         return [f"expected a JSON object, got {type(summary).__name__}"]
-    problems = [p for key in SUMMARY_NUMBERS if (p := _number_problem(summary, key, False))]
-    problems += [f"{key}: expected a mapping, got {summary[key]!r}" for key in SUMMARY_MAPPINGS
-                 if not isinstance(summary.get(key) or {}, dict)]
+    problems = [p for key, kind in SUMMARY_NUMBERS.items()
+                if (p := _number_problem(summary, key, kind,
+                                         nullable=key not in SUMMARY_NOT_NULL))]
+    problems += _printed_problems(summary, SUMMARY_PRINTED)
+    problems += [f"{key}: expected a mapping, got {_shown(summary[key])}"
+                 for key in SUMMARY_MAPPINGS if not isinstance(summary.get(key) or {}, dict)]
+    network = summary.get("network") or {}
+    if isinstance(network, dict):
+        problems += [f"network.{p}" for p in _printed_problems(network, NETWORK_PRINTED)]
+    shares = summary.get("lateness_shares_worst") or {}
+    if isinstance(shares, dict):
+        problems += [f"lateness_shares_worst.{p}" for kind in LATENESS_KINDS
+                     if (p := _number_problem(shares, kind, "fraction"))]
     devices = summary.get("devices") or []
     if not isinstance(devices, list):
         return [*problems, f"devices: expected a list, got {type(devices).__name__}"]
     for i, d in enumerate(devices):
-        if not isinstance(d, dict) or "device" not in d:
-            problems.append(f"devices[{i}]: expected an object with a device name")
-        elif (p := _number_problem(d, "tiles_done", False)) is not None:
-            problems.append(f"devices[{i}].{p}")
+        problems += _device_problems(i, d)
     real = summary.get("real_devices") or {}
     if isinstance(real, dict):
-        problems += [f"real_devices.{name}: expected a mapping" for name, r in real.items()
-                     if not isinstance(r, dict)]
+        for name, r in real.items():
+            if not isinstance(r, dict):
+                problems.append(f"real_devices.{name}: expected a mapping")
+                continue
+            problems += [f"real_devices.{name}.{p}" for key, kind in REAL_DEVICE_NUMBERS.items()
+                         if (p := _number_problem(r, key, kind))]
+            problems += [f"real_devices.{name}.{p}" for p in _printed_problems(r, ("tiles_done",))]
     return problems
 
 
+def _event_problems(record: Any) -> list[str]:
+    if not isinstance(record, dict):
+        return [f"expected a JSON object, got {type(record).__name__}"]
+    event = record.get("event")
+    if event is not None and not isinstance(event, str):  # events are counted by it
+        return [f"event: expected a string, got {_shown(event)}"]
+    device = record.get("device")
+    if event in DEPARTURES and device is not None and not isinstance(device, str):
+        return [f"device: expected a string, got {_shown(device)}"]
+    return []
+
+
+def _not_json(exc: json.JSONDecodeError) -> str:
+    # pos 0: the whole value, such as nesting too deep or an integer of too many digits
+    # (load_user_json reports those there); a position would only mislead
+    where = f"line {exc.lineno}, column {exc.colno}: " if exc.pos else ""
+    return f"{where}not valid JSON: {exc.msg}"
+
+
 def _jsonl(path: Path, problems_of: Callable[[Any], list[str]]) -> list[dict[str, Any]]:
-    """A JSON-lines file's records, each checked. A line that is not JSON is left out, as
-    ``read_jsonl`` does (a run killed while it wrote one, then resumed, leaves it torn); a
-    record of the wrong shape is an InputError, with every such line."""
+    """A JSON-lines file's records, each checked. A torn line is left out, as ``read_jsonl``
+    does (a run killed while it wrote one, then resumed, leaves it); a record of the wrong shape,
+    or a line that is no record at all, is an InputError, with every such line."""
     try:
         lines = read_user_text(path, MAX_RUN_FILE_BYTES, errors="replace").splitlines() \
             if path.exists() else []
@@ -138,8 +245,13 @@ def _jsonl(path: Path, problems_of: Callable[[Any], list[str]]) -> list[dict[str
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = load_user_json(line)
+        except json.JSONDecodeError as exc:
+            # A torn line is the start of a record cut off: the decoder reads into it before it
+            # fails. One it refuses at once (pos 0; load_user_json puts nesting too deep and an
+            # integer of too many digits there) was never a record of ours.
+            if exc.pos == 0:
+                problems.append(f"line {number}: not valid JSON: {exc.msg}")
             continue
         found = problems_of(record)
         problems += [f"line {number}: {p}" for p in found]
@@ -151,46 +263,69 @@ def _jsonl(path: Path, problems_of: Callable[[Any], list[str]]) -> list[dict[str
 
 
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """steps.jsonl, events.jsonl and summary.json, checked for what the report reads of them."""
+    """steps.jsonl, events.jsonl and summary.json, checked for all the report reads of them."""
     path = run_dir / "summary.json"
     summary: Any = {}
     if path.exists():
         try:
-            summary = json.loads(read_user_text(path, MAX_RUN_FILE_BYTES, errors="replace"))
+            summary = load_user_json(read_user_text(path, MAX_RUN_FILE_BYTES, errors="replace"))
         except OSError as exc:
             raise InputError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
         except json.JSONDecodeError as exc:
-            raise InputError(str(path), [f"line {exc.lineno}, column {exc.colno}: not valid "
-                                         f"JSON: {exc.msg}"]) from exc
+            raise InputError(str(path), [_not_json(exc)]) from exc
         problems = _summary_problems(summary)
         if problems:
             raise InputError(str(path), problems)
-    events = _jsonl(run_dir / "events.jsonl", lambda r: [] if isinstance(r, dict) else
-                    [f"expected a JSON object, got {type(r).__name__}"])
+    events = _jsonl(run_dir / "events.jsonl", _event_problems)
     return _jsonl(run_dir / "steps.jsonl", _step_problems), events, summary
+
+
+def _outputs(run_dir: Path, names: tuple[str, ...]) -> list[Path]:
+    """The report files' paths in ``run_dir``, or InputError (exit 2) naming each that cannot
+    be written (a directory in its place, a read-only directory), asked before any work."""
+    paths = [run_dir / name for name in names]
+    problems = [f"{p.name}: {why}" for p in paths if (why := output_problem(p))]
+    if problems:
+        raise InputError(str(run_dir), problems)
+    return paths
+
+
+def _png(fig: Any) -> bytes:
+    """A figure as PNG, the figure closed: drawn whole in memory before any file is written."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=90)
+    finally:
+        plt.close(fig)
+    return buffer.getvalue()
 
 
 def plot(run_dir: Path) -> Path:
     """Draw report.png for a run directory; return its path."""
-    import matplotlib.pyplot as plt
-
-    fig = draw(run_dir)
-    out = run_dir / "report.png"
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    (out,) = _outputs(run_dir, ("report.png",))
+    image = _png(draw(run_dir))
+    with written_whole(out, binary=True) as handle:
+        handle.write(image)
     return out
 
 
 def draw(run_dir: Path) -> Any:
     """report.png's figure (a matplotlib Figure): loss, step time against the bound with the
     tile-time error, payload, tiles per device or group."""
+    return _figure(run_dir.name, *_load(run_dir))
+
+
+def _figure(name: str, steps: list[dict[str, Any]], events: list[dict[str, Any]],
+            summary: dict[str, Any]) -> Any:
+    """:func:`draw`'s figure from the run's checked records."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    steps, events, summary = _load(run_dir)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     (ax_loss, ax_time), (ax_bytes, ax_dev) = axes
     x = [s["step"] for s in steps]
@@ -252,8 +387,7 @@ def draw(run_dir: Path) -> Any:
     ax_bytes.plot(x, [s["bytes_up"] / 1e6 for s in steps], marker=".", label="up (devices to PS)")
     ax_bytes.set(title="payload per step", xlabel="step", ylabel="MB")
     ax_bytes.legend()
-    departed = {str(e.get("device")) for e in events
-                if e.get("event") in ("leave", "disconnect", "lease_expired")}
+    departed = {str(e.get("device")) for e in events if e.get("event") in DEPARTURES}
     bars, grouped = tile_bars(summary.get("devices") or [], departed)
     ax_dev.barh([b.label for b in bars], [b.tiles for b in bars],
                 xerr=[[b.tiles - b.low for b in bars], [b.high - b.tiles for b in bars]]
@@ -263,7 +397,7 @@ def draw(run_dir: Path) -> Any:
             label.set_color("red")
     ax_dev.set(title="tiles per device by group: mean, range (red: departed)"
                if grouped else "tiles per device (red: departed at least once)", xlabel="tiles")
-    fig.suptitle(f"{run_dir.name}: {summary.get('state', '?')}, "
+    fig.suptitle(f"{name}: {summary.get('state', '?')}, "
                  f"{summary.get('steps_done', len(steps))} steps")
     fig.tight_layout()
     return fig
@@ -313,12 +447,21 @@ def fidelity_line(summary: dict[str, Any]) -> str:
 
 def markdown(run_dir: Path) -> Path:
     """Write report.md for a run directory; return its path."""
-    steps, events, summary = _load(run_dir)
+    (out,) = _outputs(run_dir, ("report.md",))
+    text = _markdown_text(run_dir.name, *_load(run_dir))
+    with written_whole(out) as handle:
+        handle.write(text)
+    return out
+
+
+def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str, Any]],
+                   summary: dict[str, Any]) -> str:
+    """report.md's text from the run's checked records."""
     kinds = Counter(e.get("event") for e in events)
     network = summary.get("network") or {}
     loss = summary.get("final_loss")
     lines = [
-        f"# Run {run_dir.name}",
+        f"# Run {name}",
         "",
         f"- state: {summary.get('state', '?')} (exit code {summary.get('exit_code', '?')})",
         f"- steps: {summary.get('steps_done', len(steps))} of {summary.get('steps', '?')}; "
@@ -342,9 +485,7 @@ def markdown(run_dir: Path) -> Path:
         "",
         *_real_devices(summary.get("real_devices") or {}),
     ]
-    out = run_dir / "report.md"
-    out.write_text("\n".join(lines))
-    return out
+    return "\n".join(lines)
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -374,8 +515,16 @@ def _real_devices(real: dict[str, Any]) -> list[str]:
 
 
 def make_report(run_dir: Path) -> list[Path]:
-    """Both report files."""
-    return [plot(run_dir), markdown(run_dir)]
+    """Both report files: the run's records are read and checked once, and both files made in
+    memory, before either is written (a damaged record leaves neither half-made)."""
+    png, md = _outputs(run_dir, ("report.png", "report.md"))
+    run = _load(run_dir)
+    image, text = _png(_figure(run_dir.name, *run)), _markdown_text(run_dir.name, *run)
+    with written_whole(png, binary=True) as handle:
+        handle.write(image)
+    with written_whole(md) as handle:
+        handle.write(text)
+    return [png, md]
 
 
 def _run(args: argparse.Namespace) -> int:
