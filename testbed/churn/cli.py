@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from testbed import units
+from testbed.churn.generate import MAX_SHAPE, MIN_SHAPE
 from testbed.churn.schedule import build_schedule, groups_of
 from testbed.churn.trace import TraceError, TraceEvent, format_trace, load_trace, parse_trace
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
@@ -35,15 +36,27 @@ def _topology(path: str) -> Any:
 
 
 def _devices(topology: Any, only_groups: str | None) -> list[str]:
+    """The devices to churn: every device, or those of ``only_groups`` (--groups); never none,
+    since a trace for no device is an empty file that looks like a quiet run."""
     groups = groups_of(topology)
-    if not only_groups:
-        return [d for members in groups.values() for d in members]
+    known = ", ".join(groups) or "none"
+    if only_groups is None:
+        devices = [d for members in groups.values() for d in members]
+        if not devices:
+            raise _BadInput(f"topology {topology.name} has no devices to churn")
+        return devices
     chosen = [g.strip() for g in only_groups.split(",") if g.strip()]
+    if not chosen:
+        raise _BadInput(f"--groups: {only_groups!r} names no group; expected comma-separated "
+                        f"group names (topology groups: {known})")
     unknown = [g for g in chosen if g not in groups]
     if unknown:
         raise _BadInput(f"--groups: unknown group(s) {', '.join(unknown)} (topology groups: "
-                        f"{', '.join(groups)})")
-    return [d for g in chosen for d in groups[g]]
+                        f"{known})")
+    devices = [d for g in chosen for d in groups[g]]
+    if not devices:
+        raise _BadInput(f"--groups: group(s) {', '.join(chosen)} have no devices (count 0)")
+    return devices
 
 
 def _emit(events: Sequence[TraceEvent], comments: list[str], topology: Any, seed: int,
@@ -161,19 +174,24 @@ def add_parser(subparsers: Any) -> None:
     gen.add_argument("--topology", required=True, help="topology YAML naming the devices")
     gen.add_argument("--groups", help="comma-separated groups to churn (default: all)")
     gen.add_argument("--duration", type=units.duration_arg, required=True,
-                     help="trace length, e.g. 10min")
+                     help="trace length, 1ms to a year, e.g. 10min")
     gen.add_argument("--session-mean", type=units.duration_arg, required=True,
-                     help="mean time a device stays, e.g. 2min")
+                     help="mean time a device stays, 1ms to a year, e.g. 2min")
     gen.add_argument("--absence-mean", type=units.duration_arg, required=True,
-                     help="mean time a device stays away, e.g. 30s")
+                     help="mean time a device stays away, 1ms to a year, e.g. 30s")
     gen.add_argument("--dist", choices=("exponential", "weibull"), default="exponential")
-    gen.add_argument("--shape", type=float, default=1.0, help="Weibull shape k (default 1)")
+    gen.add_argument("--shape", type=float, default=1.0,
+                     help=f"Weibull shape k, {MIN_SHAPE:g} to {MAX_SHAPE:g} (default 1; < 1: "
+                          f"heavy-tailed). Below {MIN_SHAPE:g} almost every session is shorter "
+                          f"than the trace's millisecond and generation draws millions of "
+                          f"samples per kept event; above {MAX_SHAPE:g} every length is about "
+                          f"the mean")
     gen.add_argument("--diurnal-amplitude", type=float, default=0.0,
                      help="daily availability swing in [0, 1] (default 0: none)")
     gen.add_argument("--diurnal-period", type=units.duration_arg, default=86400.0,
-                     help="period of the availability cycle (default 24h)")
+                     help="period of the availability cycle, 1ms to a year (default 24h)")
     gen.add_argument("--diurnal-peak", type=units.duration_arg, default=0.0,
-                     help="time of highest availability (default 0s)")
+                     help="time of highest availability, 0 to a year (default 0s)")
     gen.add_argument("--crash-fraction", type=float, default=0.0,
                      help="share of departures that are crashes (default 0)")
     gen.add_argument("--seed", type=units.SEED, help="default: the topology's seed")

@@ -18,7 +18,10 @@ so a pickle whose ``__reduce__`` names ``os.system`` (or anything else) is refus
 anything runs. A pickle is also small input that can ask for huge output (an 84-byte file with a
 finish time of 1e-300 s has ~1e300 periods in any span): a client's ``finish_time`` must be at
 least :data:`MIN_PERIOD_S` (the trace's millisecond resolution), and an import that would write
-more than :data:`MAX_EVENTS` events is refused before any is made.
+more than :data:`MAX_EVENTS` events is refused before any is made. A time is a Python int or
+float that is a finite number of seconds: an int too large for a float (``10**400``) is refused
+with its client and field, as is an import whose span, once divided by ``time_scale``, ends
+past :data:`~testbed.churn.trace.MAX_TIME_S` (a year), the latest time a trace may name.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from testbed.churn.trace import ChurnEvent, TraceEvent
+from testbed.churn.trace import MAX_TIME_S, ChurnEvent, TraceEvent
 
 # The only globals a plain-data pickle may need: protocol-2 pickles build sets this way.
 _ALLOWED_GLOBALS = {("builtins", "set"), ("builtins", "frozenset"),
@@ -105,9 +108,23 @@ class ClientWindows:
         return merged
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
+def _seconds(value: Any) -> float | None:
+    """``value`` as a float when it is an int or float that is finite as a float, else None."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)  # an int past ~1.8e308 raises here rather than becoming inf
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def _shown(value: Any) -> str:
+    """A short repr for a message: a huge int is described, never printed in full."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits (too large for a float)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _client(key: Any, raw: Any) -> tuple[ClientWindows | None, list[str]]:
@@ -121,11 +138,19 @@ def _client(key: Any, raw: Any) -> tuple[ClientWindows | None, list[str]]:
         return None, problems
     active, inactive, finish = raw["active"], raw["inactive"], raw["finish_time"]
     for name, seq in (("active", active), ("inactive", inactive)):
-        if not isinstance(seq, (list, tuple)) or not all(_number(v) and v >= 0 for v in seq):
-            problems.append(f"{where}.{name}: expected a list of times in seconds >= 0")
-    if not (_number(finish) and finish >= MIN_PERIOD_S):
+        if not isinstance(seq, (list, tuple)):
+            problems.append(f"{where}.{name}: expected a list of times in seconds >= 0, got "
+                            f"{type(seq).__name__}")
+            continue
+        bad = next((i for i, v in enumerate(seq)
+                    if (t := _seconds(v)) is None or t < 0), None)
+        if bad is not None:
+            problems.append(f"{where}.{name}: expected a list of times in seconds >= 0; "
+                            f"[{bad}] is {_shown(seq[bad])}")
+    finish_s = _seconds(finish)
+    if finish_s is None or finish_s < MIN_PERIOD_S:
         problems.append(f"{where}.finish_time: expected a number of seconds >= {MIN_PERIOD_S:g}, "
-                        f"got {finish!r}")
+                        f"got {_shown(finish)}")
     if problems:
         return None, problems
     if len(active) != len(inactive) or not active:
@@ -137,7 +162,7 @@ def _client(key: Any, raw: Any) -> tuple[ClientWindows | None, list[str]]:
     if problems:
         return None, problems
     return ClientWindows(str(key), tuple(map(float, active)), tuple(map(float, inactive)),
-                         float(finish)), []
+                         float(finish)), []  # each checked by _seconds: float() cannot overflow
 
 
 def parse_behave_trace(data: Any, source: str = "<pickle>") -> list[ClientWindows]:
@@ -202,6 +227,12 @@ def import_events(clients: Sequence[ClientWindows], devices: Sequence[str],
     if not math.isfinite(end_s):
         raise FedScaleError(f"the imported span must be finite: start {start_s:g} s, "
                             f"duration {duration_s:g} s")
+    if not duration_s / time_scale <= MAX_TIME_S:
+        raise FedScaleError(f"the imported span, {duration_s:g} s of trace time divided by "
+                            f"--time-scale {time_scale:g}, would replay over "
+                            f"{duration_s / time_scale:g} s, past the latest time a trace may "
+                            f"name ({MAX_TIME_S:,.0f} s, a year); import a shorter span with "
+                            f"--duration or raise --time-scale")
     expected = sum(event_bound(clients[i % len(clients)], start_s, end_s)
                    for i in range(len(devices)))
     if expected > MAX_EVENTS:

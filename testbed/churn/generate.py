@@ -19,6 +19,26 @@ A device starts present with probability a(0).
 **Departures.** A session ends with ``crash`` with probability ``crash_fraction``, else
 ``leave``. Times are rounded to milliseconds (the precision a trace file keeps).
 
+**Limits** (:meth:`SessionModel.problems`, each named as the CLI option that sets it), so that
+generation stays quick (measured: the largest accepted run, :data:`MAX_GENERATED_EVENTS`
+events, is drawn in about 5 s) and the parameters mean something:
+
+* the Weibull shape ``k`` is in [:data:`MIN_SHAPE`, :data:`MAX_SHAPE`] = [0.1, 20]. Below 0.1,
+  ``Γ(1 + 1/k)`` explodes (3.6e6 at 0.1, 3e64 at 0.02, past a float below 0.0059): the median
+  length is then mean x 1e-7 or less, nearly every session is shorter than the millisecond a
+  trace keeps and is dropped, and the loop draws ~1e9 samples per kept event (0.02 ran for
+  minutes, 0.001 overflowed). Above 20 the length is practically constant (standard deviation
+  6 % of the mean).
+* the duration, the means and the diurnal period are in [1 ms, a year] (1 ms: the precision of
+  a trace row; a year: :data:`~testbed.churn.trace.MAX_TIME_S`, the latest time a trace may
+  name), the diurnal peak in [0, a year].
+* before drawing anything, the expected number of events, ``2 n D / (S + A_min)`` for n devices
+  over D with ``A_min`` the shortest mean absence of the daily cycle (``S (1 - a_max) / a_max``
+  at the peak, ``a_max = clip(a0 (1 + α), 0.01, 0.99)``), must be at most
+  :data:`MAX_GENERATED_EVENTS`. Using ``A`` instead of ``A_min`` missed that a cycle shortens
+  the absences (and the clip at 0.01 caps them at 99 S): with ``S = 1 ms, A = 1 h, α = 0.5`` the
+  estimate was 16 events an hour for 8 devices, the trace had 360,000.
+
 **Seeding.** Device i uses ``numpy.random.default_rng([seed, i])``: the same seed and device
 list give the same trace, and one device's stream does not depend on the others.
 """
@@ -27,15 +47,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where it draws, so the CLI can read the limits cheaply
+    import numpy as np
 
-from testbed.churn.trace import ChurnEvent, TraceEvent
+from testbed.churn.trace import MAX_TIME_S, ChurnEvent, TraceEvent
 
 DISTRIBUTIONS = ("exponential", "weibull")
 MAX_GENERATED_EVENTS = 1_000_000  # about 30 MB of trace: replays far longer than any run
 MIN_AVAILABILITY, MAX_AVAILABILITY = 0.01, 0.99
+MIN_SHAPE, MAX_SHAPE = 0.1, 20.0  # Weibull k; why these, in the module docstring
+MIN_LENGTH_S = 1e-3  # the shortest duration, mean or period: a trace row's precision
+
+
+def _range_problem(option: str, value: float, low: float, high: float, why: str) -> str | None:
+    """A problem naming ``option`` when ``value`` is not in [low, high] (or is nan)."""
+    if low <= value <= high:
+        return None
+    return f"{option}: must be from {low:g} to {high:g}{why}, got {value:g}"
 
 
 @dataclass(frozen=True)
@@ -56,12 +86,20 @@ class SessionModel:
         out = []
         if self.distribution not in DISTRIBUTIONS:
             out.append(f"--dist: expected one of {DISTRIBUTIONS}, got {self.distribution!r}")
-        for name, value in (("--session-mean", self.session_mean_s),
-                            ("--absence-mean", self.absence_mean_s),
-                            ("--shape", self.weibull_shape),
-                            ("--diurnal-period", self.diurnal_period_s)):
-            if not (math.isfinite(value) and value > 0):
-                out.append(f"{name}: must be > 0, got {value:g}")
+        seconds = " s (1 ms to a year)"
+        found = [_range_problem("--session-mean", self.session_mean_s, MIN_LENGTH_S, MAX_TIME_S,
+                                seconds),
+                 _range_problem("--absence-mean", self.absence_mean_s, MIN_LENGTH_S, MAX_TIME_S,
+                                seconds),
+                 _range_problem("--diurnal-period", self.diurnal_period_s, MIN_LENGTH_S,
+                                MAX_TIME_S, seconds),
+                 _range_problem("--diurnal-peak", self.diurnal_peak_s, 0.0, MAX_TIME_S,
+                                " s (0 to a year)"),
+                 _range_problem("--shape", self.weibull_shape, MIN_SHAPE, MAX_SHAPE,
+                                " (below, almost every session is shorter than a millisecond "
+                                "and generation draws millions of samples per kept event; "
+                                "above, every length is about the mean)")]
+        out.extend(p for p in found if p)
         if not 0 <= self.diurnal_amplitude <= 1:
             out.append(f"--diurnal-amplitude: must be in [0, 1], got {self.diurnal_amplitude:g}")
         if not 0 <= self.crash_fraction <= 1:
@@ -79,6 +117,15 @@ class SessionModel:
         a = self.base_availability * (1 + self.diurnal_amplitude * math.cos(phase))
         return min(MAX_AVAILABILITY, max(MIN_AVAILABILITY, a))
 
+    @property
+    def shortest_cycle_s(self) -> float:
+        """S + A_min: a session and the shortest mean absence of the daily cycle."""
+        if self.diurnal_amplitude == 0:
+            return self.session_mean_s + self.absence_mean_s
+        a_max = min(MAX_AVAILABILITY, max(MIN_AVAILABILITY, self.base_availability
+                                          * (1 + self.diurnal_amplitude)))
+        return self.session_mean_s + self.session_mean_s * (1 - a_max) / a_max
+
     def absence_mean_at(self, time_s: float) -> float:
         """A(t) = S (1 - a(t)) / a(t); equals absence_mean_s when there is no daily cycle."""
         if self.diurnal_amplitude == 0:
@@ -90,6 +137,8 @@ class SessionModel:
 def sample_lengths_s(rng: np.random.Generator, distribution: str, mean_s: float,
                      shape: float = 1.0, size: int | None = None) -> np.ndarray:
     """Draw lengths in seconds with the given mean from the named distribution."""
+    import numpy as np
+
     if distribution == "exponential":
         return np.asarray(rng.exponential(mean_s, size))
     if distribution == "weibull":
@@ -128,20 +177,26 @@ def generate_events(devices: Sequence[str], model: SessionModel, duration_s: flo
                     seed: int) -> list[TraceEvent]:
     """A trace's events for ``devices`` over [0, duration_s), ordered by time then device."""
     problems = model.problems()
-    if not (math.isfinite(duration_s) and duration_s > 0):
-        problems.append(f"--duration: must be > 0, got {duration_s:g}")
-    if not problems:
-        # two events (a departure, a return) per session and absence, on average; checked
-        # before drawing any, since a typo ('1000000h') would otherwise run for ever
-        expected = 2 * len(devices) * duration_s / (model.session_mean_s + model.absence_mean_s)
+    duration_problem = _range_problem("--duration", duration_s, MIN_LENGTH_S, MAX_TIME_S,
+                                      " s (1 ms to a year)")
+    if not problems and math.isfinite(duration_s) and duration_s > 0:
+        # two events (a departure, a return) per session and absence, on average, counted with
+        # the shortest absences of a daily cycle; checked before drawing any, since a typo
+        # ('1000000h') would otherwise run for ever
+        cycle_s = model.shortest_cycle_s
+        expected = 2 * len(devices) * duration_s / cycle_s
         if expected > MAX_GENERATED_EVENTS:
             problems.append(
                 f"--duration: {len(devices)} device(s) over {duration_s:g} s with a session and "
-                f"an absence every {model.session_mean_s + model.absence_mean_s:g} s on average "
+                f"an absence every {cycle_s:g} s on average (at the daily peak, if any) "
                 f"make about {expected:,.0f} events; a generated trace holds at most "
                 f"{MAX_GENERATED_EVENTS:,} (shorten --duration or lengthen the means)")
+    if duration_problem:
+        problems.insert(0, duration_problem)
     if problems:
         raise ValueError("; ".join(problems))
+    import numpy as np
+
     events: list[tuple[float, int, int, TraceEvent]] = []
     for index, device in enumerate(devices):
         rng = np.random.default_rng([seed, index])

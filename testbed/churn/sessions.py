@@ -8,8 +8,13 @@ Format (CSV, ``#`` comments and blank lines ignored)::
     phones-1,60,90.5
 
 The header names the time unit of both time columns, the same one: ``start_<u>,end_<u>`` with
-``u`` in us, ms, s, min, h. ``end`` may be empty: online until the end of the trace. A session
-is [start, end); overlapping or touching sessions of one device are merged. Each session start
+``u`` in us, ms, s, min, h. ``end`` may be empty: online until the end of the trace; a written
+``end`` is a number like ``start``, at most :data:`~testbed.churn.trace.MAX_TIME_S` (a year) once
+in seconds (an ``end`` that overflows is refused, never read as "open"). A session is
+[start, end). Both ends are rounded to the millisecond, the precision of a trace row, *before*
+anything else; a session that lasts less than that once rounded (``0.0001 .. 0.0004`` s) is
+refused with its line, since it would become a join and a leave at the same time. Overlapping or
+touching sessions of one device are then merged. Each session start
 becomes ``join`` (a device whose first session starts after 0 therefore starts absent, see
 :mod:`testbed.churn.trace`), each end ``leave``. A device of the topology that the list does not
 mention gets no events: it stays present for the whole run.
@@ -23,39 +28,53 @@ from pathlib import Path
 from typing import Sequence
 
 from testbed import units
-from testbed.churn.trace import ChurnEvent, TraceError, TraceEvent, data_rows, read_trace_text
+from testbed.churn.trace import (
+    ChurnEvent,
+    TraceError,
+    TraceEvent,
+    data_rows,
+    read_trace_text,
+    time_in_range_s,
+)
 
 _COLUMN_RE = re.compile(r"^(start|end)_([A-Za-z]+)$")
 HEADER = "device,start_s,end_s"
 
 
-def _header(cells: list[str]) -> tuple[float, str | None]:
+PRECISION_DIGITS = 3  # times are rounded to milliseconds, as a trace row keeps them
+
+
+def _header(cells: list[str]) -> tuple[float, str, str | None]:
     names = [c.strip() for c in cells]
     expected = f"expected the header {HEADER!r} (both time columns name the same unit: us, " \
                f"ms, s, min or h)"
     if len(names) != 3 or names[0] != "device":
-        return 1.0, f"{expected}, got {','.join(names)!r}"
+        return 1.0, "s", f"{expected}, got {','.join(names)!r}"
     found = [_COLUMN_RE.match(n) for n in names[1:]]
     if not all(found) or [m.group(1) for m in found if m] != ["start", "end"]:
-        return 1.0, f"{expected}, got {','.join(names)!r}"
+        return 1.0, "s", f"{expected}, got {','.join(names)!r}"
     unit_names = {m.group(2) for m in found if m}
     if len(unit_names) != 1:
-        return 1.0, f"start and end must use the same unit, got {names[1]!r} and {names[2]!r}"
+        return 1.0, "s", f"start and end must use the same unit, got {names[1]!r} and " \
+                         f"{names[2]!r}"
     unit = unit_names.pop()
     try:
-        return units.parse_duration_s(f"1{unit}"), None
+        return units.parse_duration_s(f"1{unit}"), unit, None
     except units.UnitError:
-        return 1.0, f"unknown time unit {unit!r}; expected one of us, ms, s, min, h"
+        return 1.0, "s", f"unknown time unit {unit!r}; expected one of us, ms, s, min, h"
 
 
-def _time(cell: str, what: str) -> tuple[float | None, str | None]:
+def _time_s(cell: str, what: str, unit_s: float, unit_name: str
+            ) -> tuple[float | None, str | None]:
+    """The cell in seconds, rounded to the millisecond, or a problem."""
     try:
         value = float(cell)
     except ValueError:
         return None, f"{what} {cell!r} is not a number (the header names the unit)"
     if not math.isfinite(value) or value < 0:
         return None, f"{what} must be a finite number >= 0, got {cell!r}"
-    return value, None
+    time_s, problem = time_in_range_s(value, unit_s, unit_name, what)
+    return (None, problem) if problem else (round(time_s, PRECISION_DIGITS), None)
 
 
 def parse_sessions(text: str, devices: Sequence[str],
@@ -65,10 +84,11 @@ def parse_sessions(text: str, devices: Sequence[str],
     problems: list[str] = []
     sessions: dict[str, list[tuple[float, float]]] = {}
     unit_s: float | None = None
+    unit_name = "s"
     for number, split in data_rows(text, problems):
         cells = [c.strip() for c in split]
         if unit_s is None:
-            unit_s, problem = _header(cells)
+            unit_s, unit_name, problem = _header(cells)
             if problem:
                 problems.append(f"line {number}: {problem}")
             continue
@@ -79,14 +99,21 @@ def parse_sessions(text: str, devices: Sequence[str],
         row: list[str] = []
         if device not in known:
             row.append(f"unknown device {device!r} (not a device of the topology)")
-        start, p1 = _time(start_cell, "start")
-        end, p2 = (math.inf, None) if end_cell == "" else _time(end_cell, "end")
+        start, p1 = _time_s(start_cell, "start", unit_s, unit_name)
+        # only an empty cell means "open": an end that overflowed is a problem of its own
+        end, p2 = (math.inf, None) if end_cell == "" else _time_s(end_cell, "end", unit_s,
+                                                                   unit_name)
         row.extend(p for p in (p1, p2) if p)
         if start is not None and end is not None and not start < end:
-            row.append(f"a session must end after it starts ({start_cell} .. {end_cell})")
+            if float(start_cell) < float(end_cell):
+                row.append(f"the session {start_cell} .. {end_cell} {unit_name} is shorter than "
+                           f"the millisecond a trace row resolves: its join and leave would "
+                           f"fall at the same time ({start:g} s); make it at least 1 ms long")
+            else:
+                row.append(f"a session must end after it starts ({start_cell} .. {end_cell})")
         problems.extend(f"line {number}: {p}" for p in row)
         if not row and start is not None and end is not None:
-            sessions.setdefault(device, []).append((start * unit_s, end * unit_s))
+            sessions.setdefault(device, []).append((start, end))
     if unit_s is None:
         problems.append(f"line 1: the file is empty; expected the header {HEADER!r}")
     if problems:
@@ -112,9 +139,10 @@ def session_events(sessions: dict[str, list[tuple[float, float]]],
         events: list[TraceEvent] = []
         for lo, hi in sessions.get(device, []):
             if lo > 0:
-                events.append(TraceEvent(round(lo, 3), device, ChurnEvent.JOIN))
+                events.append(TraceEvent(round(lo, PRECISION_DIGITS), device, ChurnEvent.JOIN))
             if math.isfinite(hi):
-                events.append(TraceEvent(round(hi, 3), device, ChurnEvent.LEAVE))
+                events.append(TraceEvent(round(hi, PRECISION_DIGITS), device,
+                                         ChurnEvent.LEAVE))
         rows.extend((e.time_s, index, order, e) for order, e in enumerate(events))
     rows.sort(key=lambda r: r[:3])
     return [r[3] for r in rows]

@@ -19,8 +19,10 @@ Naming and units, written down once:
   ``min`` or ``h`` (the duration units of :mod:`testbed.units`). Times in the rows are bare
   numbers in that unit; in code they are always seconds (``time_s``). A trace without a unit in
   the header is refused, as a topology quantity without a unit is.
-* **time** is a finite number >= 0 and never decreases from one row to the next. Rows with equal
-  times apply in file order.
+* **time** is a number >= 0 and never decreases from one row to the next. Rows with equal
+  times apply in file order. In seconds it is at most :data:`MAX_TIME_S` (a year): a later time
+  is a typo or a unit mistake (``1e308`` under ``time_h`` is infinite once in seconds), and no
+  run replays it.
 * **device** is one of: a device name (``phones-0``, the ``<group>-<index>`` names of the
   topology), a group name (``phones``: every device of the group), or a sampled selector
   ``<group>:<count>`` / ``<group>:<percent>%`` (``phones:2``, ``phones:50%``): that many
@@ -30,7 +32,9 @@ Naming and units, written down once:
 * **event** is ``join`` (the device's agent starts), ``leave`` (graceful: SIGTERM), ``crash``
   (SIGKILL), ``partition`` (its link goes down or is blackholed), ``heal`` (the link comes back)
   or ``slow``. Only ``slow`` takes an ``arg``: the factor by which the device's compute time is
-  multiplied from then on (``2.0`` = twice as slow, ``1.0`` = back to normal); it is written in
+  multiplied from then on (``2.0`` = twice as slow, ``1.0`` = back to normal), a number > 0 and
+  at most :data:`MAX_SLOW_FACTOR`, the cap of a topology's ``behaviour.straggler.factor`` (a
+  device slowed more is gone, not slow, and a replay of it never ends); it is written in
   the ``arg`` column, never as ``slow(2.0)``. The ``arg`` cell may be left out for other events.
 * **Who starts offline.** A device whose first event (naming it or its whole group) is ``join``
   starts absent; every other device starts present. A ``join``/``leave``/``crash`` at time 0
@@ -54,6 +58,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from testbed import units
 from testbed.errors import InputError
+from testbed.topology import MAX_STRAGGLER_FACTOR
 from testbed.user_paths import read_user_text
 
 DEVICE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -65,6 +70,8 @@ MAX_LINE_CHARS = 1024
 # a trace file's size: ~25 bytes a row, so some ten million events (a FedScale import of 10,000
 # devices over days is far less); more is a wrong file, read no further
 MAX_TRACE_BYTES = 256 * 1024**2
+MAX_TIME_S = 365 * 86_400.0  # a year: the latest time a trace (or session list) may name
+MAX_SLOW_FACTOR = MAX_STRAGGLER_FACTOR  # one cap for 'slow' and a topology's straggler factor
 
 
 class ChurnEvent(str, Enum):
@@ -162,7 +169,18 @@ def _parse_time(cell: str, unit_s: float, unit_name: str) -> tuple[float, str | 
                     f"unit, {unit_name})"
     if not math.isfinite(value) or value < 0:
         return 0.0, f"time must be a finite number >= 0, got {cell!r}"
-    return value * unit_s, None
+    return time_in_range_s(value, unit_s, unit_name, "time")
+
+
+def time_in_range_s(value: float, unit_s: float, unit_name: str, what: str
+                    ) -> tuple[float, str | None]:
+    """``value`` (in the unit ``unit_name``, ``unit_s`` seconds each) in seconds, or a problem
+    when that is past :data:`MAX_TIME_S` (or overflows to infinity)."""
+    time_s = value * unit_s
+    if not time_s <= MAX_TIME_S:  # also inf: 1e308 h is no number of seconds
+        return 0.0, f"{what} {value:g} {unit_name} is past the latest time a trace may name, " \
+                    f"{MAX_TIME_S:,.0f} s (a year)"
+    return time_s, None
 
 
 def _parse_target(cell: str) -> str | None:
@@ -195,8 +213,10 @@ def _parse_event(cell: str, arg: str) -> tuple[ChurnEvent | None, float | None, 
             factor = float(arg)
         except ValueError:
             return None, None, f"'slow' needs a factor in the arg column (e.g. 2.0), got {arg!r}"
-        if not math.isfinite(factor) or factor <= 0:
-            return None, None, f"the slow factor must be a finite number > 0, got {arg!r}"
+        if not (0 < factor <= MAX_SLOW_FACTOR):  # also refuses nan and inf
+            return None, None, f"the slow factor must be a finite number > 0 and at most " \
+                               f"{MAX_SLOW_FACTOR:g} (the cap of a topology's straggler " \
+                               f"factor), got {arg!r}"
         return event, factor, None
     if arg:
         return None, None, f"{name!r} takes no argument, got {arg!r}"
