@@ -22,7 +22,7 @@ from testbed.perf_model.estimators import calibrate
 from testbed.perf_model.evaluate import as_plain, scores
 from testbed.perf_model.features import ExportedTimeModel
 from testbed.perf_model.measurements import Measurement, MeasurementError, as_arrays
-from testbed.perf_model.profiles import DeviceProfile
+from testbed.perf_model.profiles import DeviceProfile, ProfileError
 
 REFERENCE_TILE = (128, 1024, 128)
 MIN_SHAPES = 3
@@ -34,6 +34,16 @@ def noise_band(model: ExportedTimeModel, low: float = 0.05, high: float = 0.95
     lo = math.exp(float(np.interp(low, model.noise_levels, model.noise_log_quantiles)))
     hi = math.exp(float(np.interp(high, model.noise_levels, model.noise_log_quantiles)))
     return lo, hi
+
+
+def _profile_problems(raw: dict[str, Any], source: str) -> list[str]:
+    """Every problem the profile schema finds in a calibrated profile's plain data."""
+    from testbed.perf_model.profile_schema import check_profile
+    try:
+        check_profile(raw, source)
+    except ProfileError as exc:
+        return list(exc.problems)
+    return []
 
 
 def rate_gflops(model: ExportedTimeModel, shape: tuple[int, int, int] = REFERENCE_TILE) -> float:
@@ -116,6 +126,10 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
                   if inherit_noise else "spread of the leave-one-out log(measured / predicted) "
                   "of the calibration shapes, centred (the base profile has none)"),
     }
+    problems = _profile_problems(raw, source)
+    if problems:  # a profile that would not load is not written
+        raise MeasurementError(source, [f"the profile calibrated on these rows would be refused: "
+                                        f"{p}" for p in problems])
     header = (f"# Calibrated by `testbed perf calibrate {base.name} {source}` from "
               f"{len(y)} shapes\n")
     text = header + yaml.safe_dump(raw, sort_keys=False, width=100)

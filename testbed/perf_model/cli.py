@@ -18,14 +18,21 @@ import yaml
 from pydantic import AfterValidator, ConfigDict, ValidationError
 
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
+from testbed.perf_model.features import MAX_DIMENSION
 from testbed.perf_model.measurements import (
+    MIN_MODEL_SECONDS,
     MeasurementError,
     as_arrays,
     read_csv_lines,
     read_measurements,
     row_problems,
 )
-from testbed.perf_model.profiles import ProfileError, list_profiles, load_profile
+from testbed.perf_model.profiles import (
+    ProfileError,
+    list_profiles,
+    load_profile,
+    profile_name_problem,
+)
 from testbed.schema import Schema, parse
 from testbed.units import SEED, int_arg, number_arg
 from testbed.user_paths import checked_output, written_whole
@@ -102,6 +109,8 @@ def _import(args: argparse.Namespace) -> int:
     try:  # the source read and checked whole before --out is written
         checked_output(args.out, "--out")
         rows, write = _imported(args.source, args.src, args.backend)
+        if not rows:  # an empty output is never what an import was run for
+            raise InputError(args.src, [f"no rows to import from it as {args.source}"])
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -128,11 +137,13 @@ def _imported(source: str, src: str, backend: str) -> tuple[list[Any], Callable[
     if source in _MODEL_SOURCES:
         return _MODEL_SOURCES[source](src), _write_model_timings
     logs = sorted(Path(src).glob("*.txt")) if Path(src).is_dir() else [Path(src)]
+    if not logs:
+        raise InputError(src, [f"no *.txt files in {src} (vfpbench logs are .txt files)"])
     return [rec for path in logs for rec in importers.import_vfpbench(path)], importers.write_peaks
 
 
 def _load(path: str, device: str | None):
-    rows = read_measurements(path)
+    rows = read_measurements(path, min_seconds=MIN_MODEL_SECONDS)
     if device:
         rows = [r for r in rows if r.device == device]
         if not rows:
@@ -146,12 +157,18 @@ def _fit(args: argparse.Namespace) -> int:
         GemmTimeRegressor,
         OverheadRateRegressor,
     )
+    from testbed.perf_model.profile_schema import model_problems
     try:
         checked_output(args.out, "--out")
         X, y = _load(args.measurements, args.device)
         estimator = {"cost": BlasCostRegressor, "ridge": GemmTimeRegressor,
                      "rate": OverheadRateRegressor}[args.model]()
         model = estimator.fit(X, y).export()
+        problems = model_problems(model.to_dict())
+        if problems:  # what a profile would refuse is not written
+            raise MeasurementError(args.measurements, [
+                f"the model fitted on these rows would be refused in a profile: {p}"
+                for p in problems])
         _write_text(args.out, yaml.safe_dump({"model": model.to_dict()}, sort_keys=False))
     except (MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -171,7 +188,7 @@ def _eval(args: argparse.Namespace) -> int:
     )
     try:
         if args.leave_one_set_out:
-            rows = read_measurements(args.measurements)
+            rows = read_measurements(args.measurements, min_seconds=MIN_MODEL_SECONDS)
             if args.device:
                 rows = [r for r in rows if r.device == args.device]
             sets = group_sets(rows)
@@ -221,20 +238,22 @@ def _calibrate(args: argparse.Namespace) -> int:
     from testbed.perf_model.calibrate import calibrate_profile
     try:
         checked_output(args.out, "--out")
+        name = args.name or Path(args.out).stem
+        problem = profile_name_problem(name)
+        if problem:
+            raise InputError("--name" if args.name else f"--out {args.out}", [
+                problem if args.name else f"its stem {problem}; give the profile a name with "
+                                          f"--name"])
         base = load_profile(args.base_profile)
-        rows = read_measurements(args.measurements)
+        rows = read_measurements(args.measurements, min_seconds=MIN_MODEL_SECONDS)
         text, summary = calibrate_profile(base, rows, args.measurements, device=args.device,
-                                          name=args.name or Path(args.out).stem,
-                                          backend=args.backend)
+                                          name=name, backend=args.backend)
         _write_text(args.out, text)
     except (InputError, MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{args.out}: {summary}")
     return EXIT_OK
-
-
-MAX_DIMENSION = 1 << 20
 
 
 def _dimension(value: int) -> int:
@@ -301,7 +320,9 @@ def _predict(args: argparse.Namespace) -> int:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(["m", "k", "n", "seconds"])
     for (m, k, n), t in zip(shapes, seconds):
-        assert math.isfinite(t)
+        # every profile that loads gives every shape up to MAX_DIMENSION a finite time: the
+        # profile schema's ranges bound each term of every form (profile_schema's docstring)
+        assert math.isfinite(t), f"{profile.path}: {t} s for {m} x {k} x {n}"
         writer.writerow([m, k, n, f"{t:.6g}"])
     return EXIT_OK
 

@@ -68,6 +68,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 EDGE = 16
+# The largest m, k or n a time model is evaluated at (`testbed perf predict` refuses more): 2^20,
+# far above any tile; the profile schema bounds a log-linear model's exponent over shapes up to it
+MAX_DIMENSION = 1 << 20
 
 COST_TERMS: tuple[str, ...] = ("one", "kernel_full", "kernel_half", "kernel_quarter",
                                "kernel_eighth", "kernel_sixteenth", "pack_km", "pack_kn",

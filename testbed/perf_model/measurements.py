@@ -7,9 +7,10 @@ Columns (header required, order free; ``*`` marks optional columns)::
     dtype       float32 | float64 | float16 | int8
     threads     compute threads used; 0 means "not recorded by the source"
     op          forward | input_grad | weight_grad | gemm  (gemm: the source did not say)
-    m, k, n     C[m x n] = A[m x k] @ B[k x n]; positive integers
+    m, k, n     C[m x n] = A[m x k] @ B[k x n]; positive integers up to 2^31 - 1
     batch*      number of such GEMMs the time covers (batched matmul); default 1
-    time        the measured time of the whole row (all ``batch`` GEMMs), >= 0
+    time        the measured time of the whole row (all ``batch`` GEMMs), >= 0 (fitting a model
+                needs >= MIN_MODEL_SECONDS per GEMM)
     time_unit   s | ms | us | ns
     repeats*    timed calls the figure summarizes (median or mean, see provenance)
     joules*     energy of the row, if measured
@@ -49,6 +50,12 @@ DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "int8": 1}
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 MAX_LINE_CHARS = 8192  # far above any real row; csv itself fails at 128 KiB with a traceback
 MAX_CSV_BYTES = 256 * 1024**2  # a file's: millions of rows; more is a wrong file
+MAX_BLAS_DIMENSION = 2**31 - 1  # BLAS integers are 32-bit by default: no GEMM call has more
+# The shortest time per GEMM a model is fitted on (``perf fit``, ``eval``, ``calibrate``): 1 ns is
+# a few clock cycles, less than any call costs (the fastest row in tests/data takes 0.4 us).
+# A file may hold shorter times (a 0: "too fast to time"), but a fit cannot use them: the rate
+# 2mkn / t of a 0 or a subnormal 1e-320 s is infinite, and of any t below 1 ns absurd.
+MIN_MODEL_SECONDS = 1e-9
 
 
 class MeasurementError(InputError):
@@ -88,6 +95,16 @@ def _at_least(minimum: int) -> AfterValidator:
     return AfterValidator(check)
 
 
+def _at_most(maximum: int) -> AfterValidator:
+    def check(value: int) -> int:
+        if value > maximum:
+            raise ValueError(f"expected an integer <= {maximum} (BLAS's 32-bit limit), got "
+                             f"{value}")
+        return value
+
+    return AfterValidator(check)
+
+
 def _one_of(allowed: Iterable[str], what: str) -> AfterValidator:
     allowed = tuple(allowed)
 
@@ -116,9 +133,9 @@ class MeasurementRow(Schema):
     dtype: Annotated[str, _one_of(DTYPES, "a dtype")]
     threads: Annotated[int, _at_least(0)]  # 0: the source did not record it
     op: Annotated[str, _one_of(OPS, "an op kind")]
-    m: Annotated[int, _at_least(1)]
-    k: Annotated[int, _at_least(1)]
-    n: Annotated[int, _at_least(1)]
+    m: Annotated[int, _at_least(1), _at_most(MAX_BLAS_DIMENSION)]
+    k: Annotated[int, _at_least(1), _at_most(MAX_BLAS_DIMENSION)]
+    n: Annotated[int, _at_least(1), _at_most(MAX_BLAS_DIMENSION)]
     batch: Annotated[int, _at_least(1)] = 1
     time: float
     time_unit: Annotated[str, _one_of(TIME_UNITS_S, "a time unit")]
@@ -221,16 +238,34 @@ def row_problems(exc: ValidationError, line_no: int, model: type[Schema]) -> lis
             for column, message in problem_pairs(exc, model=model)]
 
 
-def read_measurements(path: str | Path) -> list[Measurement]:
-    """Read and check a measurement CSV; raise MeasurementError listing every bad row."""
+def read_measurements(path: str | Path, min_seconds: float = 0.0) -> list[Measurement]:
+    """Read and check a measurement CSV; raise MeasurementError listing every bad row.
+
+    ``min_seconds`` > 0 also refuses rows whose time per GEMM is shorter (a model is fitted on
+    the file: :data:`MIN_MODEL_SECONDS`), naming the first such row and how many more there are.
+    """
     lines = read_csv_lines(path, REQUIRED, COLUMNS, "measurement", error=MeasurementError)
     problems: list[str] = []
     rows: list[Measurement] = []
+    too_short: list[tuple[int, float]] = []  # (line, seconds per GEMM)
     for line_no, fields in lines:
         try:
-            rows.append(MeasurementRow.model_validate(fields).measurement())
+            row = MeasurementRow.model_validate(fields).measurement()
         except ValidationError as exc:
             problems.extend(row_problems(exc, line_no, MeasurementRow))
+            continue
+        rows.append(row)
+        if row.seconds < min_seconds:
+            too_short.append((line_no, row.seconds))
+    if too_short:
+        line_no, seconds = too_short[0]
+        problems.append(f"line {line_no}: column 'time': {seconds:g} s per GEMM is below "
+                        f"{min_seconds:g} s, the shortest time a model is fitted on (a GEMM call "
+                        f"takes at least a few clock cycles)")
+        if len(too_short) > 1:
+            more = ", ".join(str(line) for line, _ in too_short[1:11])
+            problems.append(f"{len(too_short) - 1} more row(s) below {min_seconds:g} s: "
+                            f"line(s) {more}{', ...' if len(too_short) > 11 else ''}")
     if problems:
         raise MeasurementError(str(path), problems)
     if not rows:
