@@ -53,8 +53,11 @@ resolved against the directory of the topology file and stored absolute.
 How it is checked: pydantic models (``TopologyFile`` and its parts, on :mod:`testbed.schema`)
 describe the file; each has ``spec()`` that builds the frozen dataclass below, which is all the
 rest of testbed reads (pydantic stays inside loading). Limits (``MAX_*`` below, each with its
-reason) refuse absurd values: rates over 1 Tbit/s, delays over 60 s, more than 10,000 devices,
-models beyond ~3x the largest published ones or 2^34 parameters, NaN or infinite floats.
+reason) refuse absurd values: rates under 1 kbit/s or over 1 Tbit/s, delays over 60 s, a loss
+of 100%, more than 10,000 devices, models beyond ~3x the largest published ones or 2^34
+parameters, NaN or infinite floats. The YAML itself may not write a key twice in one mapping
+(PyYAML would keep the last) or nest more than 100 levels (:func:`~testbed.user_paths.
+load_user_yaml`).
 
 Adding a key:
 
