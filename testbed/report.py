@@ -149,7 +149,7 @@ def _printed_problems(record: dict[str, Any], keys: tuple[str, ...]) -> list[str
             for key in keys if isinstance(record.get(key), (list, dict))]
 
 
-def _step_problems(record: Any) -> list[str]:
+def step_problems(record: Any) -> list[str]:
     if not isinstance(record, dict):
         return [f"expected a JSON object, got {type(record).__name__}"]
     step = record.get("step")
@@ -212,7 +212,7 @@ def _summary_problems(summary: Any) -> list[str]:
     return problems
 
 
-def _event_problems(record: Any) -> list[str]:
+def event_problems(record: Any) -> list[str]:
     if not isinstance(record, dict):
         return [f"expected a JSON object, got {type(record).__name__}"]
     event = record.get("event")
@@ -276,8 +276,8 @@ def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         problems = _summary_problems(summary)
         if problems:
             raise InputError(str(path), problems)
-    events = _jsonl(run_dir / "events.jsonl", _event_problems)
-    return _jsonl(run_dir / "steps.jsonl", _step_problems), events, summary
+    events = _jsonl(run_dir / "events.jsonl", event_problems)
+    return _jsonl(run_dir / "steps.jsonl", step_problems), events, summary
 
 
 def _outputs(run_dir: Path, names: tuple[str, ...]) -> list[Path]:

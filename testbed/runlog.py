@@ -20,18 +20,30 @@ Every JSON line has ``t`` (Unix time, s) and ``elapsed_s``: seconds since the ru
 ``clock.json``. ``testbed up`` and the PS are two processes that both append to
 ``events.jsonl``; reading the origin from one file puts both on one clock, across ``--resume``
 too (a resumed run keeps counting from the first start).
+
+Reading JSON lines back (:func:`read_jsonl`, :func:`read_jsonl_checked`): every writer appends
+whole lines of ASCII JSON objects. A *torn* line is the start of a record cut off (a process
+killed while writing; a later ``--resume`` appends after it): the decoder reads into it before it
+fails, and it is skipped. A line the decoder refuses at once (nesting too deep, an integer of too
+many digits, not JSON at all), a JSON value that is not an object, and a line that is not UTF-8
+(no writer of ours writes a byte above 0x7f) were never records of ours: damage.
+:func:`read_jsonl` skips them too (reports and summaries show what can be read);
+:func:`read_jsonl_checked`, which ``testbed up --resume`` reads with before it starts anything,
+refuses them with the line's number (:class:`RunFileError`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from testbed.user_paths import written_whole
+from testbed.user_paths import load_user_json, read_user_text, written_whole
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -41,17 +53,68 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         handle.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a JSON-lines file (a torn last line is skipped)."""
-    if not path.exists():
+class RunFileError(ValueError):
+    """A run file that is not as the run wrote it: ``str()`` names the file and the line."""
+
+
+def _jsonl_lines(path: Path) -> list[tuple[int, dict[str, Any] | None, str | None]]:
+    """(line number, record or None, why the line is damage or None) for each non-empty line;
+    a torn line has neither record nor reason. [] when the file does not exist."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+    out: list[tuple[int, dict[str, Any] | None, str | None]] = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
             continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            out.append((number, None, f"byte {exc.start + 1} is not UTF-8 (not a record of "
+                                      "ours)"))
+            continue
+        try:
+            record = load_user_json(line)
+        except json.JSONDecodeError as exc:
+            # pos > 0: the decoder read into a record cut off (torn); pos 0: never a record
+            out.append((number, None, None if exc.pos else f"not valid JSON: {exc.msg}"))
+            continue
+        if not isinstance(record, dict):
+            out.append((number, None, f"expected a JSON object, found {type(record).__name__}"))
+            continue
+        out.append((number, record, None))
     return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record (JSON object) of a JSON-lines file; torn and damaged lines are skipped
+    (the module docstring says which is which). OSError when the path cannot be read (a
+    directory in its place)."""
+    return [record for _, record, _ in _jsonl_lines(path) if record is not None]
+
+
+def read_jsonl_checked(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) of every record of a JSON-lines file, torn lines skipped;
+    RunFileError naming the file and line for a damaged line, and when the path is not a regular
+    file (absent is fine: no records)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot be read ({exc.strerror})") from exc
+    if not stat.S_ISREG(mode):
+        raise RunFileError(f"{path}: expected a file of JSON lines, found "
+                           f"{'a directory' if stat.S_ISDIR(mode) else 'no regular file'}")
+    try:
+        lines = _jsonl_lines(path)
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot be read ({exc.strerror})") from exc
+    for number, _, problem in lines:
+        if problem is not None:
+            raise RunFileError(f"{path}: line {number}: {problem}")
+    return [(number, record) for number, record, _ in lines if record is not None]
 
 
 CLOCK_FILE = "clock.json"
@@ -72,7 +135,7 @@ def run_origin_s(run_dir: Path) -> float:
     path = run_dir / CLOCK_FILE
     for _ in range(2):
         try:
-            return float(json.loads(path.read_text())["started_unix_s"])
+            return read_origin(path)
         except FileNotFoundError:
             pass
         tmp = run_dir / f".{CLOCK_FILE}.tmp{os.getpid()}"
@@ -83,7 +146,29 @@ def run_origin_s(run_dir: Path) -> float:
             pass  # another writer was first: read its origin
         finally:
             tmp.unlink()
-    return float(json.loads(path.read_text())["started_unix_s"])
+    return read_origin(path)
+
+
+def read_origin(path: Path) -> float:
+    """The origin (Unix s) a ``clock.json`` holds: FileNotFoundError when there is none,
+    RunFileError naming the file when it is not as :func:`run_origin_s` writes it."""
+    try:
+        text = read_user_text(path, 4096)
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFileError(f"{path}: cannot be read "
+                           f"({getattr(exc, 'strerror', None) or exc})") from exc
+    try:
+        obj = load_user_json(text)
+    except json.JSONDecodeError as exc:
+        raise RunFileError(f"{path}: not valid JSON ({exc.msg})") from exc
+    origin = obj.get("started_unix_s") if isinstance(obj, dict) else None
+    if isinstance(origin, bool) or not isinstance(origin, (int, float)) \
+            or not math.isfinite(origin) or origin < 0:
+        raise RunFileError(f"{path}: started_unix_s: expected a Unix time in seconds (a finite "
+                           f"number >= 0), found {origin!r}")
+    return float(origin)
 
 
 class RunLog:

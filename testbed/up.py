@@ -24,7 +24,8 @@ what exists (exit 130).
 ``testbed up --resume RUN_DIR`` brings a run whose PS died back up in the same directory: the PS
 restores the newest checkpoint and reuses the ledger's tiles (docs/fault-tolerance.md); the
 devices present when the run stopped are started again and the churn trace goes on from where the
-run was.
+run was. Before anything starts or any file of it is touched, every file the resumed run will
+read, write or delete is checked (:func:`resume_problems`); a damaged or finished run exits 2.
 
 Every child process gets the join token through its environment, one BLAS thread (the PS sets
 its own torch threads, ``--threads``), and ``PR_SET_PDEATHSIG`` so that it dies with ``testbed
@@ -44,6 +45,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import os
 import queue
 import secrets
@@ -64,7 +66,14 @@ from testbed.emulator.network.base import Network
 from testbed.emulator.network.cleanup import is_testbed_process
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, InputError
 from testbed.pdeathsig import die_with_parent
-from testbed.runlog import RunLog, read_jsonl, write_json_atomic
+from testbed.runlog import (
+    RunFileError,
+    RunLog,
+    read_jsonl,
+    read_jsonl_checked,
+    read_origin,
+    write_json_atomic,
+)
 from testbed.topology import (
     DeviceSpec,
     Topology,
@@ -73,7 +82,7 @@ from testbed.topology import (
     steps_problem,
 )
 from testbed.units import number_arg
-from testbed.user_paths import load_user_yaml
+from testbed.user_paths import load_user_json, load_user_yaml, read_user_text
 
 log = logging.getLogger("testbed.up")
 # tiles an emulated agent may ask to hold at once (the PS sizes its window to its speed);
@@ -82,6 +91,16 @@ EMULATED_MAX_IN_FLIGHT = 8
 
 PS_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
+RUN_JSON_MAX_BYTES = 1 << 20  # up.json, pids.json: a few hundred bytes as testbed up writes them
+PID_MAX = 1 << 22  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
+DILATION_MODES = ("fixed", "auto", "adaptive")  # choose_dilation's dilation_info["mode"]
+MAX_CHOSEN_DILATION = 1e6  # an auto or adaptive D: the largest factor report.md takes
+# what a resumed run writes, appends to or deletes in its directory (the PS's, testbed up's,
+# the summary's and the report's files): each must be a regular file, or absent
+RESUME_WRITES = ("ps.json", "status.json", "steps.jsonl", "events.jsonl", "devices.jsonl",
+                 "stages.jsonl", "tiles.jsonl", "summary.json", "ps_summary.json", "report.md",
+                 "report.png", "pids.json", "network.json", "ps.log", "clock.json",
+                 "join-token", "dilation.request.json", "dilation.applied.json")
 
 
 def child_env(token: str) -> dict[str, str]:
@@ -547,6 +566,14 @@ def run_up(args: argparse.Namespace) -> int:
     if topology.job.parallelism.strategy != "tile-tp":  # the baselines' own processes
         from testbed.baselines.up_baseline import run_baseline_up
         return run_baseline_up(args, topology, schedule)
+    if resume_dir is not None:
+        problems = resume_problems(resume_dir, topology, schedule)
+        if problems:
+            for problem in problems:
+                print(f"error: {problem}", file=sys.stderr)
+            print(f"error: --resume {resume_dir}: nothing was started and no file of it was "
+                  "changed", file=sys.stderr)
+            return EXIT_BAD_INPUT
     from testbed import capacity
     from testbed.emulator.dilation import choose_dilation
     from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend
@@ -691,8 +718,11 @@ def _run_json(path: Path, problems: list[str], fields: dict[str, tuple[type, ...
     (and are all there, if ``required``); None, and a problem naming the file, when it is
     damaged (edited, or a full disk)."""
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+        obj = load_user_json(read_user_text(path, RUN_JSON_MAX_BYTES))
+    except OSError as exc:
+        problems.append(f"--resume: {path}: cannot be read ({exc.strerror})")
+        return None
+    except ValueError as exc:  # JSONDecodeError (nesting too deep included), not UTF-8
         problems.append(f"--resume: {path}: not readable JSON ({exc})")
         return None
     if not isinstance(obj, dict):
@@ -733,19 +763,141 @@ def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any
         pids = _run_json(pids_path, problems, {"ps": (int, type(None))}, required=False) \
             if pids_path.exists() else {}
         ps_pid = (pids or {}).get("ps")
-        if ps_pid and is_testbed_process(ps_pid):
+        if pids is not None and ps_pid is not None and not 0 < ps_pid <= PID_MAX:
+            problems.append(f"--resume: {pids_path}: ps: expected a process id (1 to "
+                            f"{PID_MAX:,}), found {ps_pid!r}")
+        elif ps_pid and is_testbed_process(ps_pid):
             problems.append(f"--resume {run_dir}: its PS (pid {ps_pid}) is still running")
         saved = _run_json(run_dir / "up.json", problems, {
             "steps": (int,), "churn": (str, type(None)), "dilation": (int, float),
             "dilation_info": (dict,)}, required=True)
+        if saved is not None:
+            problems += [f"--resume: {run_dir / 'up.json'}: {p}" for p in _saved_problems(saved)]
     if problems or saved is None:  # (saved is None only with a problem said)
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return None, EXIT_BAD_INPUT
     args.topology = str(run_dir / "topology.input.yaml")
-    args.steps = args.steps or saved.get("steps")
-    args.churn = args.churn or saved.get("churn")
+    if args.steps is None:  # --steps 0 is the user's, and refused as theirs
+        args.steps = saved["steps"]
+    if args.churn is None:
+        args.churn = saved["churn"]
     return run_dir, saved
+
+
+def _saved_problems(saved: dict[str, Any]) -> list[str]:
+    """What is wrong with the values of up.json (its types are checked): each names its field."""
+    from testbed.topology import MAX_DILATION
+
+    problems = []
+    steps_wrong = steps_problem(saved["steps"])
+    if steps_wrong:
+        problems.append(f"steps: {steps_wrong}")
+    mode = saved["dilation_info"].get("mode")
+    if mode not in DILATION_MODES:
+        problems.append(f"dilation_info.mode: expected one of {', '.join(DILATION_MODES)}, "
+                        f"found {mode!r}")
+    # fixed: the topology's own bound; auto and adaptive (choose_dilation: no upper bound)
+    # the largest factor the run's report takes
+    most = MAX_DILATION if mode == "fixed" else MAX_CHOSEN_DILATION
+    dilation = saved["dilation"]
+    if not (math.isfinite(dilation) and 1 <= dilation <= most):
+        problems.append(f"dilation: expected a time dilation from 1 to {most:g}, "
+                        f"found {dilation!r}")
+    if saved["churn"] == "":
+        problems.append("churn: expected a trace file's path or null, found an empty string")
+    return problems
+
+
+def resume_problems(run_dir: Path, topology: Topology,
+                    schedule: ChurnSchedule | None) -> list[str]:
+    """The pre-flight check of ``--resume RUN_DIR``, after up.json and pids.json
+    (:func:`_resume_target`) and the topology and trace (:func:`load_run_inputs`) were read: every
+    other file the resumed run will read, and every file it will write or delete, is read and
+    checked now, before anything starts and before any file is touched. Returns the problems,
+    each naming its file (and line or field); [] when the run can be resumed.
+
+    * the newest checkpoint loads into this job's model and names its own step (the PS's own
+      :func:`~testbed.ps_backend.engine.checkpoint.load_resume_point`, on a trainer made here),
+      and steps are left to run: a finished run is refused;
+    * ``steps.jsonl``: every line a record with its ``step`` (the PS keeps those before the
+      checkpoint and drops the rest), and the kept ones as the report reads them;
+    * ``events.jsonl``: as the summary and the report read it, and with a churn trace as
+      :func:`~testbed.churn.replay.resume_point` reads it; ``clock.json``: the run's origin;
+    * the ledger's journals (:func:`~testbed.ps_backend.ledger.journal_problems`);
+    * the files the run writes, appends to or deletes (``RESUME_WRITES``): regular files or
+      absent; ``agents/`` a directory or absent, and the agents' files in it the same.
+    """
+    from testbed.churn.replay import resume_record_problem
+    from testbed.ps_backend.engine.checkpoint import CheckpointError, load_resume_point
+    from testbed.ps_backend.engine.trainer import Trainer  # torch: only for a resume
+    from testbed.ps_backend.ledger import journal_problems
+    from testbed.report import event_problems, step_problems
+
+    problems = [f"{run_dir / name}: expected a file, found "
+                f"{'a directory' if (run_dir / name).is_dir() else 'no regular file'}"
+                for name in RESUME_WRITES
+                if (run_dir / name).exists() and not (run_dir / name).is_file()]
+    agents = run_dir / "agents"
+    if agents.exists() and not agents.is_dir():
+        problems.append(f"{agents}: expected the agents' directory, found a file")
+    elif agents.is_dir():
+        names = ["forkserver.log"] + [f"{d.name}{suffix}" for d in topology.devices
+                                      for suffix in (".log", ".slow", ".behaviour.jsonl")]
+        problems += [f"{agents / n}: expected a file, found a directory" for n in names
+                     if (agents / n).is_dir()]
+    if problems:  # the readers below would only say the same of these files
+        return problems
+    try:
+        read_origin(run_dir / "clock.json")
+    except FileNotFoundError:
+        pass
+    except RunFileError as exc:
+        problems.append(str(exc))
+    trainer = Trainer(topology.job, topology.seed, None)
+    next_step: int | None = None
+    try:
+        load_resume_point(trainer, run_dir / "checkpoints")
+        next_step = trainer.next_step
+    except CheckpointError as exc:
+        problems.append(f"{exc} (the newest checkpoint, which the PS would continue from)")
+    steps = topology.job.steps
+    if next_step is not None and next_step >= steps:
+        done = f"{next_step} of {steps} steps" if next_step == steps else \
+            f"{next_step} steps, more than the {steps} asked for"
+        problems.append(f"{run_dir}: run already finished: {done} (its newest checkpoint); "
+                        f"nothing to resume; use --steps M with M > {next_step} to train "
+                        "further")
+    problems += journal_problems(run_dir / "ledger")
+    problems += _records_problems(run_dir / "steps.jsonl", lambda r: _kept_step_problems(
+        r, next_step, step_problems))
+    problems += _records_problems(run_dir / "events.jsonl", lambda r: event_problems(r) or (
+        [p] if schedule is not None and (p := resume_record_problem(r)) else []))
+    return problems
+
+
+def _kept_step_problems(record: dict[str, Any], next_step: int | None,
+                        report_problems: Callable[[Any], list[str]]) -> list[str]:
+    """A steps.jsonl record on resume: it has its step (the PS keeps the records of steps
+    before ``next_step`` and drops the rest), and a kept one is as the report reads it."""
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return [f"step: expected an integer >= 0, found {step!r}"]
+    return report_problems(record) if next_step is not None and step < next_step else []
+
+
+def _records_problems(path: Path, problems_of: Callable[[dict[str, Any]], list[str]],
+                      shown: int = 10) -> list[str]:
+    """A JSON-lines file's damaged lines (read_jsonl_checked) and records ``problems_of``
+    refuses, each naming the file and line; the first ``shown`` of them."""
+    try:
+        records = read_jsonl_checked(path)
+    except RunFileError as exc:
+        return [str(exc)]
+    found = [f"{path}: line {number}: {p}" for number, record in records
+             for p in problems_of(record)]
+    more = len(found) - shown
+    return found[:shown] + ([f"{path}: ... and {more} more problem(s)"] if more > 0 else [])
 
 
 def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:

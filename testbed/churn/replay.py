@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -93,6 +94,27 @@ def state_after(schedule: ChurnSchedule, applied: int, trace_s: float = 0.0) -> 
     return ReplayState(applied, max(trace_s, last), present, partitioned)
 
 
+def resume_record_problem(record: dict[str, Any]) -> str | None:
+    """What is wrong with one ``events.jsonl`` record for :func:`resume_point` (None: nothing):
+    ``t`` a finite Unix time, and what the kinds it reads carry (``churn_clock_start``'s
+    ``offset_s``, ``links_dilation``'s ``new``). ``testbed up --resume`` asks this of every
+    record before it starts anything."""
+    def number(key: str, low: float, required: bool) -> str | None:
+        value = record.get(key)
+        if value is None and not required:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < low:
+            return f"{key}: expected a finite number >= {low:g}, found {value!r}"
+        return None
+    kind = record.get("event")
+    if kind is not None and not isinstance(kind, str):
+        return f"event: expected a string, found {kind!r}"
+    return number("t", 0, required=False) or (
+        number("offset_s", 0, required=False) if kind == "churn_clock_start" else
+        number("new", 1, required=True) if kind == "links_dilation" else None)
+
+
 def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
                  dilation: float) -> ReplayState:
     """Where a stopped run's replay stood, from its ``events.jsonl`` records.
@@ -101,8 +123,12 @@ def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
     applied it). Trace time reached = the last ``churn_clock_start``'s offset plus the device
     time from it to the last record of that session: wall time over ``dilation``, the D the
     run started with, or over the D of the last ``links_dilation`` record before it (an
-    adaptive run's).
+    adaptive run's). ValueError for a record :func:`resume_record_problem` refuses.
     """
+    for e in events:
+        problem = resume_record_problem(e)
+        if problem is not None:
+            raise ValueError(f"events.jsonl record {e!r:.200}: {problem}")
     applied = min(sum(e.get("event") == "churn" for e in events), len(schedule.actions))
     clock: DeviceClock | None = None  # the last session's trace clock, from its start
     offset_s = last_t = 0.0

@@ -26,7 +26,10 @@ step went through two copies and a CRC-32 each, on the loop's own time while res
 **Reuse.** After a restart the PS restores the last checkpoint (next step ``s``) and loads every
 record of steps ``>= s``. When the trainer submits a GEMM whose uid *and* digest match, the
 recorded tiles are placed straight into C and only the rest goes to devices. A digest mismatch
-(the operands differ: not the same computation) ignores those records.
+(the operands differ: not the same computation) ignores those records. A record whose hash is
+intact but whose header is not as :func:`record_parts` writes it is no torn write (an edit, a
+file of another program): :func:`journal_problems` reports it, and ``testbed up --resume``
+refuses the run before it starts anything rather than cut it and what follows.
 
 **Compaction.** Once the checkpoint whose next step is ``s`` is durable, files of steps
 ``< s - 1`` are deleted: the journal of the last finished step stays as its audit record.
@@ -47,6 +50,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import xxhash
+
+from testbed.user_paths import load_user_json
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +123,9 @@ class ReadResult:
     records: list[LedgerRecord]
     good_bytes: int  # length of the readable prefix
     torn_bytes: int  # bytes after it (a torn or corrupt tail)
+    # why reading stopped at a record whose hash is intact but whose header is not as
+    # record_parts writes it (no torn write makes one: an edit, or another program's file)
+    damaged: str | None = None
 
 
 def record_parts(step: int, gemm: str, digest: str, box: Box, c: np.ndarray,
@@ -146,13 +154,36 @@ def read_records(path: Path) -> ReadResult:
     data = path.read_bytes()
     records: list[LedgerRecord] = []
     pos = 0
+    damaged = None
     while pos < len(data):
-        record, end = _decode_at(data, pos)
+        try:
+            record, end = _decode_at(data, pos)
+        except _DamagedRecord as exc:
+            damaged = f"record {len(records) + 1} (byte {pos}): {exc}"
+            break
         if record is None:
             break
         records.append(record)
         pos = end
-    return ReadResult(records, pos, len(data) - pos)
+    return ReadResult(records, pos, len(data) - pos, damaged)
+
+
+class _DamagedRecord(ValueError):
+    """A record with an intact hash and a header that is not as record_parts writes it."""
+
+
+def _header_int(h: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = h.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _DamagedRecord(f"header field {key!r}: expected an integer, found {value!r}")
+    return value
+
+
+def _header_str(h: dict[str, Any], key: str, default: str | None = None) -> str:
+    value = h.get(key, default)
+    if not isinstance(value, str):
+        raise _DamagedRecord(f"header field {key!r}: expected a string, found {value!r}")
+    return value
 
 
 def _decode_at(data: bytes, pos: int) -> tuple[LedgerRecord | None, int]:
@@ -178,17 +209,56 @@ def _decode_at(data: bytes, pos: int) -> tuple[LedgerRecord | None, int]:
     if not intact:
         return None, pos
     try:
-        h = json.loads(header)
-        box: Box = (int(h["r0"]), int(h["r1"]), int(h["c0"]), int(h["c1"]))
-        if "k0" in h:
-            box = box + (int(h["k0"]), int(h["k1"]))
-        c = np.frombuffer(payload, dtype=np.dtype(h["dtype"])).reshape(box[1] - box[0],
-                                                                       box[3] - box[2])
-    except (ValueError, KeyError, TypeError):
-        return None, pos
-    return LedgerRecord(int(h["step"]), str(h["gemm"]), str(h["digest"]), box, c.copy(),
-                        int(h.get("task", -1)), int(h.get("attempt", 0)),
-                        str(h.get("device", ""))), end
+        h = load_user_json(header.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _DamagedRecord(f"header is not JSON ({exc})") from None
+    if not isinstance(h, dict):
+        raise _DamagedRecord(f"header: expected a JSON object, found {type(h).__name__}")
+    box: Box = tuple(_header_int(h, k) for k in ("r0", "r1", "c0", "c1"))
+    if "k0" in h:
+        box = box + (_header_int(h, "k0"), _header_int(h, "k1"))
+    try:
+        c = np.frombuffer(payload, dtype=np.dtype(_header_str(h, "dtype"))).reshape(
+            box[1] - box[0], box[3] - box[2])
+    except (ValueError, TypeError) as exc:
+        raise _DamagedRecord(f"payload does not fit the header's dtype and box ({exc})") \
+            from None
+    return LedgerRecord(_header_int(h, "step"), _header_str(h, "gemm"),
+                        _header_str(h, "digest"), box, c.copy(), _header_int(h, "task", -1),
+                        _header_int(h, "attempt", 0), _header_str(h, "device", "")), end
+
+
+def journal_problems(directory: Path) -> list[str]:
+    """What keeps the journal in ``directory`` from being loaded and appended to, each problem
+    naming its file: ``directory`` not a directory, a step's journal not a regular file, a
+    record with an intact hash but a header not as written, a record of another step. A torn
+    or corrupt tail is no problem (it is cut off, as after any kill). [] when there is none."""
+    directory = Path(directory)
+    if not directory.exists():
+        return []
+    if not directory.is_dir():
+        return [f"{directory}: expected the ledger's directory, found a file"]
+    problems = []
+    for entry in sorted(directory.iterdir()):
+        m = _NAME_RE.match(entry.name)
+        if not m:
+            continue
+        if not entry.is_file():
+            problems.append(f"{entry}: expected a journal file, found "
+                            f"{'a directory' if entry.is_dir() else 'no regular file'}")
+            continue
+        try:
+            read = read_records(entry)
+        except OSError as exc:
+            problems.append(f"{entry}: cannot be read ({exc.strerror})")
+            continue
+        if read.damaged is not None:
+            problems.append(f"{entry}: {read.damaged}")
+        other = sorted({r.step for r in read.records} - {int(m.group(1))})
+        if other:
+            problems.append(f"{entry}: holds records of step(s) {other[:5]}, not only of step "
+                            f"{int(m.group(1))}")
+    return problems
 
 
 @dataclass
@@ -288,7 +358,9 @@ class Ledger:
             if step < from_step:
                 continue
             read = read_records(path)
-            if read.torn_bytes:
+            if read.damaged is not None:
+                log.warning("%s: %s; it and what follows are ignored", path, read.damaged)
+            elif read.torn_bytes:
                 log.warning("%s: %d byte(s) after the last intact record are ignored", path,
                             read.torn_bytes)
             for r in read.records:

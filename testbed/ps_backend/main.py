@@ -54,7 +54,7 @@ from testbed.ps_backend.step_plan import planning_workers
 from testbed.ps_backend.tls import make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.summary import run_warnings
-from testbed.topology import JobSpec, Topology, TopologyError, load_topology
+from testbed.topology import JobSpec, Topology, TopologyError, load_topology, steps_problem
 
 log = logging.getLogger("testbed.ps")
 
@@ -166,24 +166,28 @@ def _save(trainer: Any, run_dir: Path, losses: list[float]) -> Path:
     return path
 
 
-def _restore(trainer: Any, run_dir: Path, runlog: RunLog) -> list[float]:
-    """Load the newest checkpoint (if any); return the losses of the steps it covers."""
-    import torch as _torch
+def _restore(trainer: Any, run_dir: Path, runlog: RunLog,
+             ledger: Ledger) -> tuple[list[float], int]:
+    """Load the newest checkpoint (if any) and the ledger's tiles of the steps from it; then,
+    with both read, drop the ``steps.jsonl`` lines of steps that will run again. Returns the
+    losses of the steps the checkpoint covers and the tiles loaded for reuse.
 
-    from testbed.ps_backend.engine.checkpoint import latest_checkpoint, load_checkpoint
+    ``testbed up --resume`` has read and checked the same files (``load_resume_point``,
+    ``journal_problems``, ``read_jsonl_checked``) before it started this process; reading them
+    all before the first write keeps the run directory as it was if one fails anyway."""
+    from testbed.ps_backend.engine.checkpoint import load_resume_point
 
-    path = latest_checkpoint(run_dir / "checkpoints")
-    losses: list[float] = []
-    if path is not None:
-        load_checkpoint(trainer, path)
-        extra = _torch.load(path, map_location="cpu", weights_only=True).get("ps") or {}
-        losses = [float(x) for x in extra.get("losses", [])][:trainer.next_step]
+    path, losses = load_resume_point(trainer, run_dir / "checkpoints")
+    log.info("resumed from %s at step %d", path or "the start", trainer.next_step)
+    reusable = ledger.load(from_step=trainer.next_step)
     steps_path = run_dir / "steps.jsonl"
-    kept = [json.dumps(r) for r in read_jsonl(steps_path) if r.get("step", 0) < trainer.next_step]
+    kept = [json.dumps(r) for r in read_jsonl(steps_path)
+            if isinstance(r.get("step"), int) and r["step"] < trainer.next_step]
+    # in place, not renamed: the run log's append handle must keep writing to this file
     steps_path.write_text("".join(line + "\n" for line in kept))
     runlog.event("ps_resume", checkpoint=str(path) if path else None,
                  next_step=trainer.next_step)
-    return losses
+    return losses, reusable
 
 
 def no_progress_s(job: JobSpec, override: float | None) -> float:
@@ -373,10 +377,10 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                        trace_tiles=trace_tiles,
                        no_progress_s=no_progress_s(job, watchdog_s), fd_limit=raise_fd_limit())
     trainer = Trainer(job, topology.seed, None)
-    losses: list[float] = _restore(trainer, run_dir, runlog) if resume else []
     ledger = Ledger(run_dir / "ledger")
+    losses: list[float] = []
     if resume:
-        reusable = ledger.load(from_step=trainer.next_step)
+        losses, reusable = _restore(trainer, run_dir, runlog, ledger)
         runlog.event("ledger_load", from_step=trainer.next_step, tiles=reusable)
         log.info("resuming at step %d with %d journaled tile(s)", trainer.next_step, reusable)
     lan = topology.network.ps.listen  # devices beyond loopback: TLS, an explicit opt-in
@@ -578,7 +582,11 @@ def main(argv: list[str] | None = None) -> int:
     except TopologyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.steps:
+    if args.steps is not None:
+        problem = steps_problem(args.steps)
+        if problem:
+            print(f"error: --steps: {problem}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         topology = topology.with_overrides(steps=args.steps)
     token = os.environ.get("TESTBED_TOKEN", "")
     if not token:

@@ -70,8 +70,8 @@ def save_checkpoint(trainer: Trainer, path: str | Path) -> Path:
     return out
 
 
-def load_checkpoint(trainer: Trainer, path: str | Path) -> int:
-    """Restore the trainer from ``path``; return the next step to run."""
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint file's state (format checked, not yet applied to a trainer)."""
     path = Path(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -82,12 +82,54 @@ def load_checkpoint(trainer: Trainer, path: str | Path) -> int:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{path}: expected format {FORMAT!r}, found {found!r}")
+    return state
+
+
+def apply_checkpoint(trainer: Trainer, state: dict[str, Any], path: str | Path) -> int:
+    """Restore the trainer from a state read from ``path``; return the next step to run."""
     try:
         trainer.load_state_dict(state)
-    except (ValueError, KeyError, RuntimeError) as exc:
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
-    log.info("resumed from %s at step %d", path, trainer.next_step)
     return trainer.next_step
+
+
+def load_checkpoint(trainer: Trainer, path: str | Path) -> int:
+    """Restore the trainer from ``path``; return the next step to run."""
+    next_step = apply_checkpoint(trainer, read_checkpoint(path), path)
+    log.info("resumed from %s at step %d", path, next_step)
+    return next_step
+
+
+def load_resume_point(trainer: Trainer, directory: str | Path) -> tuple[Path | None, list[float]]:
+    """Restore the trainer from the newest checkpoint in ``directory``, as the PS's
+    ``--resume`` does; return it (None: there is none, the run starts at step 0) and the losses
+    of the steps it covers (the PS's ``{"ps": {"losses": [...]}}``). Writes nothing, so
+    ``testbed up --resume`` calls it on a trainer of its own before it starts anything.
+
+    CheckpointError, naming the file, when ``directory`` is no directory, when the checkpoint
+    cannot be read or belongs to another job (model shape, dtype, seed), when its file name's
+    step is not the step it holds, or when its losses are not numbers.
+    """
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"{directory}: expected the checkpoints' directory, found a file")
+    path = latest_checkpoint(directory)
+    if path is None:
+        return None, []
+    state = read_checkpoint(path)
+    next_step = apply_checkpoint(trainer, state, path)
+    m = _NAME_RE.match(path.name)
+    assert m is not None  # latest_checkpoint matched it
+    if int(m.group(1)) != next_step:
+        raise CheckpointError(f"{path}: its name says step {int(m.group(1))}, but it holds the "
+                              f"state before step {next_step}")
+    extra = state.get("ps") or {}
+    losses = extra.get("losses", []) if isinstance(extra, dict) else None
+    if not isinstance(losses, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses):
+        raise CheckpointError(f"{path}: ps.losses: expected a list of numbers")
+    return path, [float(x) for x in losses][:next_step]
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
