@@ -3,7 +3,7 @@
 Every quantity in a topology file carries its unit, and every quantity in code carries its unit in
 its name (``rate_bps``, ``delay_s``, ``loss_fraction``, ``size_bytes``). This module is the one
 place that turns one into the other, and holds the argparse types of numbers on the command line
-(``duration_arg``, ``int_arg``, ``number_arg``, ``SEED``), each with its range.
+(``duration_arg``, ``int_arg``, ``number_arg``, ``size_arg``, ``SEED``), each with its range.
 
 =============  =======================================  ==========================================
 kind           accepted spellings                       result
@@ -161,6 +161,31 @@ def parse_size_bytes(text: object) -> int:
     if not value * _SIZE_BYTES[unit] <= MAX_SIZE_BYTES:
         raise UnitError(f"a size must be at most 1PiB, got {text!r}")
     return int(round(value * _SIZE_BYTES[unit]))
+
+
+def size_arg(low_bytes: int, high_bytes: int = MAX_SIZE_BYTES) -> Callable[[str], int]:
+    """An argparse type: a size with its unit (``'64GiB'``) in bytes, in [low, high], or the
+    parser's error naming the option (exit 2)."""
+    def size(text: str) -> int:
+        try:
+            size_bytes = parse_size_bytes(text)
+        except UnitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not low_bytes <= size_bytes <= high_bytes:
+            raise argparse.ArgumentTypeError(
+                f"expected a size from {_size_text(low_bytes)} to {_size_text(high_bytes)}, "
+                f"got {text!r}")
+        return size_bytes
+    return size
+
+
+def _size_text(size_bytes: int) -> str:
+    """A size in the largest binary unit that divides it (``'1GiB'``), else in bytes."""
+    for unit, scale in (("PiB", 1024**5), ("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2),
+                        ("KiB", 1024)):
+        if size_bytes % scale == 0 and size_bytes:
+            return f"{size_bytes // scale}{unit}"
+    return f"{size_bytes}B"
 
 
 def format_rate(rate_bps: float) -> str:

@@ -13,12 +13,14 @@ Which adb server, as ``adb`` itself decides: ``--adb HOST:PORT`` when given, els
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from testbed.agent.tls import parse_address
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from testbed.units import SEED, int_arg, positive_duration_arg
 from testbed.user_paths import checked_output
@@ -40,31 +42,62 @@ def adb_address(flag: str | None, environ: dict[str, str] | None = None
     """The adb server ``HOST:PORT`` to use, and the problem with it (None when fine).
 
     ``--adb`` wins; else ``ANDROID_ADB_SERVER_ADDRESS`` and ``ANDROID_ADB_SERVER_PORT``, the
-    variables the ``adb`` client reads, each with adb's default."""
+    variables the ``adb`` client reads, each with adb's default. HOST:PORT is checked as a PS
+    address is (:func:`testbed.agent.tls.parse_address`: ``[v6]:PORT`` for IPv6). A bad
+    ``ANDROID_ADB_SERVER_PORT`` is a problem even with ``--adb``: adbutils reads it when it is
+    imported, and raises a bare ValueError."""
     env = os.environ if environ is None else environ
-    if flag:
-        host, _, port = flag.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            return flag, f"--adb: expected HOST:PORT such as 127.0.0.1:5037, got {flag!r}"
+    port_text = env.get("ANDROID_ADB_SERVER_PORT", "").strip()
+    if port_text and (not (port_text.isascii() and port_text.isdigit())
+                      or not 0 < int(port_text) < 65536):
+        return flag or port_text, (f"ANDROID_ADB_SERVER_PORT: expected a TCP port (1-65535), "
+                                   f"got {port_text!r}")
+    if flag is not None:
+        try:
+            parse_address(flag)
+        except ValueError as exc:
+            return flag, f"--adb: {exc}"
         return flag, None
     host = env.get("ANDROID_ADB_SERVER_ADDRESS", "").strip() or DEFAULT_HOST
-    port_text = env.get("ANDROID_ADB_SERVER_PORT", "").strip()
-    if port_text and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
-        return f"{host}:{port_text}", (f"ANDROID_ADB_SERVER_PORT: expected a TCP port "
-                                       f"(1-65535), got {port_text!r}")
-    return f"{host}:{port_text or DEFAULT_PORT}", None
+    address = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    address += f":{port_text or DEFAULT_PORT}"
+    try:
+        parse_address(address)
+    except ValueError as exc:
+        return address, f"ANDROID_ADB_SERVER_ADDRESS: {exc}"
+    return address, None
+
+
+MAX_PROBE_TIMEOUT_S = 600.0  # a phone's first python start takes tens of seconds, not hours
+
+
+def probe_timeout_arg(text: str) -> float:
+    """An argparse type: ``--probe-timeout``, a duration above 0 and at most 10 min."""
+    seconds = positive_duration_arg(text)
+    if seconds > MAX_PROBE_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_PROBE_TIMEOUT_S:g}s (10min), "
+                                         f"got {text!r}")
+    return seconds
 
 
 def _server(args: argparse.Namespace) -> AdbServer:
     from testbed.adb_bridge.client import AdbServer
 
-    host, _, port = args.adb.rpartition(":")
-    return AdbServer(host, int(port))
+    return AdbServer(*parse_address(args.adb))
 
 
-def _check_address(args: argparse.Namespace) -> str | None:
-    args.adb, problem = adb_address(args.adb)
-    return problem
+def _address_checked(command: Callable[[argparse.Namespace], int]
+                     ) -> Callable[[argparse.Namespace], int]:
+    """``command``, run only once the adb server's address is checked (exit 2 when it is bad),
+    before anything imports adbutils (which reads ANDROID_ADB_SERVER_PORT at import)."""
+    @functools.wraps(command)
+    def checked(args: argparse.Namespace) -> int:
+        args.adb, problem = adb_address(args.adb)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        return command(args)
+    return checked
 
 
 def describe_phone(server: AdbServer, serial: str, state: str, phone_port: int
@@ -90,10 +123,6 @@ def describe_phone(server: AdbServer, serial: str, state: str, phone_port: int
 
 
 def _devices(args: argparse.Namespace) -> int:
-    problem = _check_address(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     from adbutils.errors import AdbError
 
     server = _server(args)
@@ -121,10 +150,6 @@ def _devices(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from testbed.adb_bridge.doctor import Doctor
 
-    problem = _check_address(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     doctor = Doctor(_server(args), serial=args.serial or os.environ.get("ANDROID_SERIAL") or None,
                     push=args.push, phone_port=args.phone_port,
                     probe_timeout_s=Doctor.probe_timeout_s if args.probe_timeout is None
@@ -141,10 +166,6 @@ def _measure(args: argparse.Namespace) -> int:
     from testbed.perf_model.measure import measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
 
-    problem = _check_address(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     args.serial = args.serial or os.environ.get("ANDROID_SERIAL", "")
     if not args.serial:
         print("error: SERIAL: name the phone (or set ANDROID_SERIAL)", file=sys.stderr)
@@ -187,15 +208,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--adb", default=None,
-                       help="adb server HOST:PORT (default: $ANDROID_ADB_SERVER_ADDRESS:"
-                            "$ANDROID_ADB_SERVER_PORT, else 127.0.0.1:5037, as adb does)")
+                       help="adb server HOST:PORT, [v6]:PORT for IPv6 (default: "
+                            "$ANDROID_ADB_SERVER_ADDRESS:$ANDROID_ADB_SERVER_PORT, else "
+                            "127.0.0.1:5037, as adb does)")
 
     p = sub.add_parser("devices", help="phones on the adb server: state, model, profile, reverse")
     common(p)
     p.add_argument("--phone-port", type=int_arg(1, 65533), default=7700,
                    help="the phone port the agent dials (reverse source), default 7700")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=_devices)
+    p.set_defaults(func=_address_checked(_devices))
 
     p = sub.add_parser("doctor", help="check, in order, what a phone needs to compute tiles; "
                                       "print the fix of the first problem (exit 0: ready)")
@@ -208,11 +230,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="phone port for the join check (default 7700; the probe uses +1, the "
                         "Termux listener's control port +2)")
     # default: Doctor's (None here: its module is too heavy to import for every command line)
-    p.add_argument("--probe-timeout", type=positive_duration_arg, default=None,
+    p.add_argument("--probe-timeout", type=probe_timeout_arg, default=None,
                    metavar="DURATION",
                    help="how long to wait for the report of the probe Termux runs, e.g. 40s "
-                        "(default 25s; a slow phone's first python start may need more)")
-    p.set_defaults(func=_doctor)
+                        "(default 25s, at most 10min; a slow phone's first python start may "
+                        "need more)")
+    p.set_defaults(func=_address_checked(_doctor))
 
     p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")
     common(p)
@@ -233,4 +256,4 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--phone-port", type=int_arg(1, 65533), default=7700,
                    help="an unrooted phone measures through its Termux listener on this port "
                         "+ 2 (default 7700)")
-    p.set_defaults(func=_measure)
+    p.set_defaults(func=_address_checked(_measure))

@@ -26,16 +26,31 @@ from typing import Callable
 
 import adbutils
 from adbutils._adb import AdbConnection
-from adbutils.errors import AdbConnectionError, AdbError
+from adbutils.errors import AdbConnectionError, AdbError, AdbTimeout
 
 log = logging.getLogger(__name__)
 
 
 class _NoSpawnConnection(AdbConnection):
-    """An adbutils connection that fails instead of starting an adb server."""
+    """An adbutils connection that fails instead of starting an adb server, to an IPv4 or
+    IPv6 server (adbutils' own socket is IPv4 only: ``--adb [::1]:5037`` could not connect)."""
+
+    CONNECT_TIMEOUT_S = 3.0  # as adbutils' own connect
+
+    def __init__(self, host: str, port: int):
+        self._address = (host, port)  # before the base class connects
+        super().__init__(host, port)
 
     def _safe_connect(self) -> socket.socket:
-        return self._create_socket()
+        try:
+            sock = socket.create_connection(self._address, timeout=self.CONNECT_TIMEOUT_S)
+        except socket.timeout:
+            raise AdbTimeout("connect to adb server timeout") from None
+        except OSError as exc:
+            raise AdbConnectionError(f"connect to adb server failed: {exc}") from None
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.settimeout(None)
+        return sock
 
 
 class AdbServer(adbutils.AdbClient):

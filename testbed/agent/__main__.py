@@ -11,7 +11,7 @@ import sys
 from testbed.agent.agent import Agent, AgentOptions
 from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
-from testbed.agent.tls import PinError, normalize
+from testbed.agent.tls import PinError, normalize, ps_address_arg
 from testbed.errors import EXIT_BAD_INPUT
 from testbed.wire import MAX_IN_FLIGHT
 from testbed.wire.cache import DEFAULT_CACHE_BYTES
@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A testbed device: joins the parameter server, computes GEMM tiles, returns "
                     "them. Emulated devices (--kind emulated --profile P) hold each result for "
                     "the time their device profile predicts; real devices just compute.")
-    p.add_argument("--ps", required=True, help="PS address HOST:PORT")
+    p.add_argument("--ps", required=True, type=ps_address_arg,
+                   help="PS address HOST:PORT ([v6]:PORT for IPv6)")
     p.add_argument("--token", default=os.environ.get("TESTBED_TOKEN", ""),
                    help="join token (default: $TESTBED_TOKEN). Visible in the process list: "
                         "prefer $TESTBED_TOKEN or --token-file")
@@ -89,8 +90,10 @@ MAX_TOKEN_BYTES = 4096  # `testbed up` makes 32 hex digits; the file's first lin
 def read_token(args: argparse.Namespace) -> str:
     """The join token: from --token-file when given (first line, stripped), else --token.
     The file may be a pipe (``--token-file <(pass show run)``), so it is read, not checked,
-    and only so far: a first line longer than MAX_TOKEN_BYTES (/dev/zero has none) is refused
-    with ValueError."""
+    and only so far. Refused with ValueError: a first line longer than MAX_TOKEN_BYTES
+    (/dev/zero has none), an empty or blank one, one that is not printable UTF-8 text (a
+    binary file named by mistake): each would be sent and refused by the PS, again and again.
+    """
     if not args.token_file:
         return str(args.token)
     with open(args.token_file, "rb") as f:
@@ -99,7 +102,18 @@ def read_token(args: argparse.Namespace) -> str:
     if len(line) > MAX_TOKEN_BYTES:
         raise ValueError(f"its first line is longer than {MAX_TOKEN_BYTES:,} bytes; a token "
                          f"is one short line")
-    return line.decode("utf-8", "replace").strip()
+    try:
+        token = line.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError("its first line is not text (a binary file?); expected the token "
+                         "`testbed up` wrote, one line of printable characters") from None
+    if not token:
+        raise ValueError("its first line is empty; expected the token `testbed up` wrote, "
+                         "one line of printable characters")
+    if not token.isprintable():
+        raise ValueError("its first line holds control characters (a binary file?); expected "
+                         "the token `testbed up` wrote, one line of printable characters")
+    return token
 
 
 def main(argv: list[str] | None = None) -> int:

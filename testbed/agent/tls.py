@@ -7,7 +7,10 @@ without the matching private key cannot complete the channel's handshake.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import ipaddress
+import re
 import socket
 import ssl
 
@@ -23,6 +26,66 @@ def split_host_port(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens, 63 at most each
+_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+MAX_HOSTNAME_CHARS = 253
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is neither an IP address nor a host name (None when it is one)."""
+    if not host:
+        return "no host before the port"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(host) > MAX_HOSTNAME_CHARS or not all(_LABEL_RE.fullmatch(x) for x in labels):
+        return f"{host!r} is neither an IP address nor a host name"
+    if all(x.isdigit() for x in labels):  # 127.0.0.300: a mistyped address, not a name
+        return f"{host!r} is not an IP address"
+    return None
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """A ``HOST:PORT`` to connect to, checked: (host, port) with ``[v6]:PORT`` unbracketed, or
+    ValueError saying what was expected. HOST is an IP address or a host name, PORT 1..65535
+    (the same rule for a PS address and an adb server's)."""
+    expected = (f"expected HOST:PORT (an IP address or host name, ':', a port 1-65535; IPv6 as "
+                f"[::1]:50051), got {address!r}")
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"{expected}: no port")
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{expected}: the port must be a whole number 1-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            if ipaddress.ip_address(host).version == 6:
+                return host, int(port)
+        except ValueError:
+            pass
+        raise ValueError(f"{expected}: {host!r} in brackets is not an IPv6 address")
+    problem = host_problem(host)
+    if problem is None and ":" in host:  # an IPv6 address: its last group read as the port
+        problem = "write an IPv6 address in brackets"
+    if problem:
+        raise ValueError(f"{expected}: {problem}")
+    return host, int(port)
+
+
+def ps_address_arg(text: str) -> str:
+    """An argparse type: a PS address ``HOST:PORT`` (``[v6]:PORT``) as written, checked
+    (:func:`parse_address`), or the parser's error naming the option (exit 2):
+    a malformed one would otherwise be retried for ever."""
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def fingerprint_of(der: bytes) -> str:

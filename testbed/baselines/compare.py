@@ -42,10 +42,14 @@ from testbed.baselines.placement import (
 from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, InputError
 from testbed.topology import JobSpec, Topology
-from testbed.units import number_arg
+from testbed.units import number_arg, size_arg
 
 STRATEGIES = ("tile-tp", "pipeline", "data-parallel")
 DEFAULT_PS_MEMORY = "64GiB"  # assumption: a workstation-class PS (the seeds' PS is a server)
+# --ps-memory's floor: the PS holds the model, its gradients and Adam's moments and the batch's
+# activations (16 B a parameter and more); below 1 GiB not even OPT-125m (2 GB) fits, so a
+# smaller figure is a mistyped unit, not a PS
+MIN_PS_MEMORY_BYTES = 2**30
 # OPT shapes (Zhang et al. 2022, arXiv 2205.01068, Table 1): layers, hidden, heads; ffn = 4h
 OPT_SHAPES = {"OPT-125m": (12, 768, 12), "OPT-350m": (24, 1024, 16),
               "OPT-1.3B": (24, 2048, 32), "OPT-2.7B": (32, 2560, 32),
@@ -442,10 +446,8 @@ def _plot(out_dir: Path, rows: list[dict[str, Any]]) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     """The `testbed compare` command."""
-    from testbed import units
     from testbed.churn import TraceError, load_schedule
-    from testbed.topology import TopologyError, load_topology, steps_problem
-    from testbed.up import make_run_dir
+    from testbed.up import load_run_inputs, make_run_dir
 
     if not args.simulate:
         from testbed.emulator.network.probe import probe
@@ -462,27 +464,31 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"error: --strategies: unknown {bad or 'empty list'}; expected a comma-separated "
               f"subset of {','.join(STRATEGIES)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    twice = sorted({s for s in strategies if strategies.count(s) > 1})
+    if twice:  # each strategy has one run directory; a second run would find it taken
+        print(f"error: --strategies: {', '.join(twice)} named more than once; expected each "
+              f"of {','.join(STRATEGIES)} at most once", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    # the topology, --steps and the churn trace, checked as `testbed up` and `simulate` do
+    inputs = load_run_inputs(argparse.Namespace(topology=args.topology, steps=args.steps,
+                                                trace_tiles=False, churn=args.churn))
+    if isinstance(inputs, int):
+        return inputs
+    topology, churn, _ = inputs
+    topology = dataclasses.replace(topology, churn=churn)
     try:
-        topology = load_topology(args.topology)
-        if args.steps is not None:
-            problem = steps_problem(args.steps)
-            if problem:
-                raise InputError("--steps", [problem])
-            topology = topology.with_overrides(steps=args.steps)
         gpu = load_gpu(args.gpu)
-        ps_memory = units.parse_size_bytes(args.ps_memory)
-        churn = Path(args.churn).resolve() if args.churn else topology.churn
-        topology = dataclasses.replace(topology, churn=churn)
         schedules = {}
         if churn is not None:
             for s in strategies:  # checked before anything runs
                 schedules[s] = load_schedule(churn, with_strategy(topology, s))
-    except (TopologyError, InputError, TraceError, ValueError) as exc:
+    except (InputError, TraceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    ps_memory = args.ps_memory
     out_dir = make_run_dir(Path(args.out), f"{topology.name}-compare")
     print(f"comparison directory: {out_dir} ({'simulated' if args.simulate else 'Mininet'})")
     if args.simulate:
@@ -530,9 +536,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pue", type=number_arg(1, 100), default=1.0,
                    help="datacenter power usage effectiveness applied to the GPU (default 1: "
                         "the board alone, as the edge side counts devices alone)")
-    p.add_argument("--ps-memory", default=DEFAULT_PS_MEMORY,
-                   help="tile-tp's PS memory for the largest-model column (default 64GiB, "
-                        "an assumption)")
+    p.add_argument("--ps-memory", type=size_arg(MIN_PS_MEMORY_BYTES), default=DEFAULT_PS_MEMORY,
+                   help="tile-tp's PS memory for the largest-model column, at least 1GiB "
+                        "(default 64GiB, an assumption)")
     p.add_argument("--no-report", action="store_true",
                    help="skip each run's report.png/report.md")
     p.set_defaults(func=run_compare)
