@@ -26,9 +26,21 @@ from testbed.ps_backend.core import (
     PsCore,
     ResultIn,
 )
+from testbed.wire import MAX_IN_FLIGHT
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire import testbed_pb2_grpc as pb_grpc
 from testbed.wire.tensors import TensorError, from_tensor, to_tensor
+
+# A device holds at most MAX_IN_FLIGHT tiles, and the copies the PS cancelled on it (whose results
+# still come back), so an honest message carries fewer results than this. A token holder's
+# 200,000 results for tasks never sent (1.6 MB, far under max_message_bytes) kept the PS busy
+# for 11 s, long enough for an honest device's lease to expire: such a message ends the stream.
+MAX_RESULTS_PER_MESSAGE = 4 * MAX_IN_FLIGHT
+
+
+class ProtocolViolation(Exception):
+    """A message no honest device sends: its stream ends (a departure: its tiles re-queued)."""
+
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +171,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             conn.end_reason = "stream closed by the device"
         except asyncio.CancelledError:
             pass
+        except ProtocolViolation as exc:
+            conn.end_reason = f"protocol violation: {exc}"
+            log.warning("stream of %s ended: %s", conn.slot.name, conn.end_reason)
         except Exception as exc:  # a broken or oversized stream ends here
             conn.end_reason = f"stream broken: {exc}"
             log.info("stream of %s ended: %s", conn.slot.name, exc)
@@ -173,6 +188,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         if body == "result":
             core.on_results(conn, [result_from_pb(msg.result)])
         elif body == "results":
+            if len(msg.results.results) > MAX_RESULTS_PER_MESSAGE:
+                raise ProtocolViolation(f"{len(msg.results.results):,} results in one message; "
+                                        f"a device holds at most {MAX_IN_FLIGHT} tiles")
             core.on_results(conn, [result_from_pb(r) for r in msg.results.results])
         elif body == "credit":
             core.on_credit(conn, msg.credit.tiles)

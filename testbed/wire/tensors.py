@@ -63,7 +63,10 @@ def from_tensor(msg: pb.Tensor) -> np.ndarray:
     if len(msg.data) != expected:
         raise TensorError(f"tensor of shape {shape} and dtype {dtype} needs {expected} bytes, "
                           f"got {len(msg.data)}")
-    return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
+    try:
+        return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
+    except ValueError as exc:  # more than numpy's 64 dimensions, or one past its index range
+        raise TensorError(f"tensor of shape {shape} cannot be made: {exc}") from None
 
 
 def operand_array(operand: pb.Operand, cache: BlockCache[np.ndarray], k_axis: int = 1

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from testbed.wire import MAX_IN_FLIGHT
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire.tensors import to_tensor
 from tests.adversarial.psproc import (
@@ -139,3 +140,35 @@ def test_a_name_hijack_cannot_get_the_honest_device_quarantined(tmp_path: Path) 
               if d["device"] == "honest-0" and d["device_id"] != reply.device_id]
     assert honest and all(d["state"] != "quarantined" for d in honest)
     assert sum(d["tiles_done"] for d in honest) > 0
+
+
+def test_a_message_of_more_results_than_a_device_can_hold_ends_its_stream(
+        tmp_path: Path) -> None:
+    """200,000 results for tasks never sent, in one 1.6 MB message, kept the PS busy long enough
+    for the honest device's lease to expire; such a message now ends the sender's stream at
+    once, and the run trains on with the honest device."""
+    from testbed.ps_backend.service import MAX_RESULTS_PER_MESSAGE
+
+    steps = 2
+    topology = job_topology(tmp_path, steps=steps)
+    with PsProcess(topology, tmp_path / "run", "--expect-devices", "1") as ps:
+        ps.agent("honest-0")
+        rogue = Rogue(ps.address, name="flooder")
+        rogue.join()
+        responses = rogue.attach()
+        threading.Thread(target=lambda: [None for _ in responses], daemon=True).start()
+        flood = pb.TileResults(results=[pb.TileResult(task_id=10**9 + i)
+                                        for i in range(200_000)])
+        rogue.send(pb.DeviceMessage(results=flood))
+        wait_for(lambda: any(e["event"] == "disconnect" and e["device"] == "flooder"
+                             for e in ps.events()), 30, "the flooder's stream to end")
+        code, output = ps.finish()
+        assert code == 0, output
+        rogue.close()
+    ps.assert_losses_match(steps)
+    events = ps.events()
+    ended = [e for e in events if e["event"] == "disconnect" and e["device"] == "flooder"]
+    assert "protocol violation" in json.dumps(ended[0]), ended[0]
+    assert f"{MAX_IN_FLIGHT} tiles" in json.dumps(ended[0])
+    assert sum(e["event"] == "reject" for e in events) < MAX_RESULTS_PER_MESSAGE
+    assert not [e for e in events if e["event"] == "lease_expired"]

@@ -48,6 +48,10 @@ def test_tensor_with_wrong_byte_count_is_refused() -> None:
     for shape in ([2**33, 2**31], [2**62, 4], [3, 2**63 - 1]):
         with pytest.raises(TensorError, match="needs"):
             from_tensor(pb.Tensor(data=b"", shape=shape, dtype=pb.FLOAT32))
+    # shapes whose byte count matches but numpy cannot make: a Reject, not a broken stream
+    for shape, data in (([1] * 100, b"\0" * 8), ([2**62, 0], b"")):
+        with pytest.raises(TensorError, match="cannot be made"):
+            from_tensor(pb.Tensor(data=data, shape=shape, dtype=pb.FLOAT64))
 
 
 def test_an_operand_of_parts_is_joined_along_k_and_each_part_is_cached() -> None:
