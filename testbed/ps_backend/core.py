@@ -295,8 +295,9 @@ class PsCore:
                            "predicted_gflops": slot.predicted_gflops}, now, now)
         conn.timeline = self._timeline(slot)
         self.conns[device_id] = conn
-        self.scheduler.add_device(slot)
-        self.planner.saw(slot)
+        # the scheduler and the planner count it once it attaches (attach): a token holder's
+        # joins that never open a stream were planned tiles, and every one stalled the honest
+        # devices until its lease expired
         self._event("join", device=slot.name, device_id=device_id, **conn.descriptor)
         self.joined.set()
         return conn
@@ -319,6 +320,8 @@ class PsCore:
             return None  # one stream per device
         conn.outbox = asyncio.Queue()
         conn.last_seen_s = time.monotonic()
+        self.scheduler.add_device(conn.slot)
+        self.planner.saw(conn.slot)
         self.pump()
         return conn
 

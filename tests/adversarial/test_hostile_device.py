@@ -172,3 +172,38 @@ def test_a_message_of_more_results_than_a_device_can_hold_ends_its_stream(
     assert f"{MAX_IN_FLIGHT} tiles" in json.dumps(ended[0])
     assert sum(e["event"] == "reject" for e in events) < MAX_RESULTS_PER_MESSAGE
     assert not [e for e in events if e["event"] == "lease_expired"]
+
+
+def test_joins_that_never_attach_get_no_work(tmp_path: Path) -> None:
+    """A token holder joins fast devices, one a second, and never opens their streams. They were
+    planned tiles at Join, and each stalled the step until its 5 s lease expired (steps of 5-24
+    s against 0.35); now a device counts once it attaches."""
+    steps = 3
+    topology = job_topology(tmp_path, steps=steps)
+    with PsProcess(topology, tmp_path / "run", "--expect-devices", "1") as ps:
+        stop = threading.Event()
+
+        def phantoms() -> None:
+            for i in range(1000):
+                if stop.wait(0 if i < 5 else 1.0):
+                    return
+                try:
+                    Rogue(ps.address, name=f"phantom-{i}").join(
+                        name=f"phantom-{i}", predicted_gflops=1000.0, max_in_flight=64)
+                except grpc.RpcError:  # the PS has finished
+                    return
+        joiner = threading.Thread(target=phantoms, daemon=True)
+        joiner.start()
+        time.sleep(0.5)  # the first phantoms are registered before the honest device joins
+        ps.agent("honest-0")
+        try:
+            code, output = ps.finish()
+        finally:
+            stop.set()
+            joiner.join(10)
+        assert code == 0, output
+    ps.assert_losses_match(steps)
+    from testbed.runlog import read_jsonl
+    walls = [s["wall_s"] for s in read_jsonl(tmp_path / "run" / "steps.jsonl")]
+    assert max(walls) < 4.0, walls  # under the 5 s lease a phantom's tiles would wait out
+    assert sum(e["event"] == "join" and e["device"].startswith("phantom") for e in ps.events()) >= 5
