@@ -32,7 +32,7 @@ import numpy as np
 from testbed.agent.link import MESSAGE_OVERHEAD_BYTES
 from testbed.emulator.dilation import DeviceTimeline, tile_error
 from testbed.ps_backend.accounting import StepStats
-from testbed.ps_backend.admission import JoinLimiter, RefusalLog
+from testbed.ps_backend.admission import REFUSAL_EVENT_PERIOD_S, JoinLimiter, RefusalLog
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import (
     PLANNED_WINDOW_SCALE,
@@ -59,6 +59,8 @@ from testbed.topology import WatchdogSpec
 
 log = logging.getLogger(__name__)
 
+REJECT_EVENTS_LOGGED = 100  # a device's rejects other than failed checks logged one by one
+MAX_QUEUED_REJECTS = 1024  # Rejects waiting in a device's outbox (one that does not read)
 DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are counted)
 DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
 NO_PROGRESS_S = WatchdogSpec().no_progress_s  # no tile accepted / no device attached
@@ -203,6 +205,10 @@ class DeviceConn:
     end_reason: str = "stream broken"  # why its Work stream ended, for the departure event
     # an emulated device of a topology group: its starts and uplink against the model
     timeline: DeviceTimeline | None = None
+    # its rejects other than failed checks: logged one by one, then summarised (PsCore._reject)
+    rejects_logged: int = 0
+    rejects_unlogged: int = 0
+    rejects_summarised_s: float = -math.inf
 
     @property
     def device_id(self) -> str:
@@ -586,10 +592,29 @@ class PsCore:
 
     def _reject(self, conn: DeviceConn, task_id: int, reason: str, attempt: int = -1,
                 failed_check: bool = False) -> None:
+        """Refuse one result (or message): an event, and a Reject for the device.
+
+        Failed checks are as many as the tiles handed out, and each is logged (a corruption is
+        matched to its event). Other rejects answer whatever a device sends (results for tasks
+        it never got, a stray Attach), so past ``REJECT_EVENTS_LOGGED`` of a device they are
+        summarised once a period; and a device that does not read its stream gets no more
+        Rejects queued past ``MAX_QUEUED_REJECTS``: events.jsonl and the PS's memory stay
+        bounded whatever it sends."""
         self.stats.rejected += 1
-        self._event("reject", device=conn.slot.name, device_id=conn.device_id, task=task_id,
-                    attempt=attempt, failed_check=failed_check, reason=reason)
-        if conn.outbox is not None:
+        if failed_check or conn.rejects_logged < REJECT_EVENTS_LOGGED:
+            conn.rejects_logged += not failed_check
+            self._event("reject", device=conn.slot.name, device_id=conn.device_id,
+                        task=task_id, attempt=attempt, failed_check=failed_check,
+                        reason=reason)
+        else:
+            conn.rejects_unlogged += 1
+            now = time.monotonic()
+            if now - conn.rejects_summarised_s >= REFUSAL_EVENT_PERIOD_S:
+                self._event("rejects_summarised", device=conn.slot.name,
+                            device_id=conn.device_id, rejects=conn.rejects_unlogged,
+                            last_reason=reason)
+                conn.rejects_unlogged, conn.rejects_summarised_s = 0, now
+        if conn.outbox is not None and conn.outbox.qsize() < MAX_QUEUED_REJECTS:
             conn.outbox.put_nowait(Outgoing(reject=(task_id, reason)))
 
     def _on_result(self, conn: DeviceConn, result: ResultIn, arrived_s: float,

@@ -207,3 +207,41 @@ def test_joins_that_never_attach_get_no_work(tmp_path: Path) -> None:
     walls = [s["wall_s"] for s in read_jsonl(tmp_path / "run" / "steps.jsonl")]
     assert max(walls) < 4.0, walls  # under the 5 s lease a phantom's tiles would wait out
     assert sum(e["event"] == "join" and e["device"].startswith("phantom") for e in ps.events()) >= 5
+
+
+def test_endless_bad_results_leave_the_log_and_the_queue_bounded(tmp_path: Path) -> None:
+    """A token holder sends results for tasks it never got, message after message, and never
+    reads its stream: its rejects are logged one by one up to REJECT_EVENTS_LOGGED, then
+    summarised; no more Rejects are queued for it past MAX_QUEUED_REJECTS; the honest device
+    trains on."""
+    from testbed.ps_backend.core import REJECT_EVENTS_LOGGED
+    from testbed.ps_backend.service import MAX_RESULTS_PER_MESSAGE
+
+    steps = 2
+    topology = job_topology(tmp_path, steps=steps)
+    with PsProcess(topology, tmp_path / "run", "--expect-devices", "1") as ps:
+        ps.agent("honest-0")
+        rogue = Rogue(ps.address, name="spammer")
+        rogue.join()
+        # kept (a dropped call is cancelled) but never read: the Rejects pile up at the PS
+        responses = rogue.attach()
+        sent = 0
+        for m in range(40):
+            rogue.send(pb.DeviceMessage(results=pb.TileResults(results=[
+                pb.TileResult(task_id=10**9 + m * MAX_RESULTS_PER_MESSAGE + i)
+                for i in range(MAX_RESULTS_PER_MESSAGE)])))
+            sent += MAX_RESULTS_PER_MESSAGE
+        wait_for(lambda: any(e["event"] == "rejects_summarised" for e in ps.events()), 60,
+                 "a summary of the spammer's rejects")
+        code, output = ps.finish()
+        assert code == 0, output
+        rogue.close()
+        del responses
+    ps.assert_losses_match(steps)
+    events = ps.events()
+    logged = [e for e in events if e["event"] == "reject" and e["device"] == "spammer"]
+    summaries = [e for e in events if e["event"] == "rejects_summarised"]
+    assert len(logged) == REJECT_EVENTS_LOGGED
+    assert summaries and all(s["device"] == "spammer" for s in summaries)
+    assert len(logged) + sum(s["rejects"] for s in summaries) <= sent
+    assert len(events) < 2_000, len(events)  # 10,240 results sent
