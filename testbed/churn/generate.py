@@ -37,7 +37,8 @@ events, is drawn in about 5 s) and the parameters mean something:
   at the peak, ``a_max = clip(a0 (1 + α), 0.01, 0.99)``), must be at most
   :data:`MAX_GENERATED_EVENTS`. Using ``A`` instead of ``A_min`` missed that a cycle shortens
   the absences (and the clip at 0.01 caps them at 99 S): with ``S = 1 ms, A = 1 h, α = 0.5`` the
-  estimate was 16 events an hour for 8 devices, the trace had 360,000.
+  old estimate was 16 events an hour for 8 devices, where the formula above gives 576,000 an
+  hour (arithmetic; a one-off generation drew some 360,000).
 
 **Seeding.** Device i uses ``numpy.random.default_rng([seed, i])``: the same seed and device
 list give the same trace, and one device's stream does not depend on the others.

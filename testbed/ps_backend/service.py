@@ -34,7 +34,8 @@ from testbed.wire.tensors import TensorError, from_tensor, to_tensor
 # A device holds at most MAX_IN_FLIGHT tiles, and the copies the PS cancelled on it (whose results
 # still come back), so an honest message carries fewer results than this. A token holder's
 # 200,000 results for tasks never sent (1.6 MB, far under max_message_bytes) kept the PS busy
-# for 11 s, long enough for an honest device's lease to expire: such a message ends the stream.
+# long enough for an honest device's 5 s lease to expire (a one-off fuzzing script): such a
+# message ends the stream.
 MAX_RESULTS_PER_MESSAGE = 4 * MAX_IN_FLIGHT
 
 

@@ -176,8 +176,9 @@ def test_a_message_of_more_results_than_a_device_can_hold_ends_its_stream(
 
 def test_joins_that_never_attach_get_no_work(tmp_path: Path) -> None:
     """A token holder joins fast devices, one a second, and never opens their streams. They were
-    planned tiles at Join, and each stalled the step until its 5 s lease expired (steps of 5-24
-    s against 0.35); now a device counts once it attaches."""
+    planned tiles at Join, and each stalled the step until its 5 s lease expired (this test
+    against the old core.py: the run stopped on its 120 s watchdog); now a device counts once
+    it attaches."""
     steps = 3
     topology = job_topology(tmp_path, steps=steps)
     with PsProcess(topology, tmp_path / "run", "--expect-devices", "1") as ps:
