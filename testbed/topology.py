@@ -75,8 +75,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import ipaddress
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
@@ -93,12 +91,13 @@ from pydantic import (
 )
 
 from testbed import units
+from testbed.agent.tls import parse_address
 from testbed.emulator.dilation import DEFAULT_TARGET_P95
 from testbed.errors import InputError
+from testbed.names import is_name, name_problem
 from testbed.schema import Bool, Float, Int, Schema, Str, parse, scratch, unique
 from testbed.user_paths import is_file, load_user_yaml, read_user_text, user_path
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 BACKENDS = ("auto", "loopback", "mininet")
 DTYPES = ("float32", "float64")
 
@@ -368,9 +367,9 @@ def _base_dir(info: ValidationInfo) -> Path:
 
 
 def _name(value: str) -> str:
-    if not NAME_RE.match(value):
-        raise ValueError(f"{value!r} is not a valid name (lower-case letters, digits and '-', "
-                         f"at most 24 characters, starting with a letter or digit)")
+    problem = name_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -470,15 +469,8 @@ class SwitchLinkFile(LinkFile):
 
 
 def _listen_address(value: str) -> str:
-    """HOST:PORT with a literal IP address (or ``[v6]``) and a port in 0..65535."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT with a port in 0..65535 (0: any), got {value!r}")
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        raise ValueError(f"expected an IP address of this host before the port, got "
-                         f"{host!r} (for example 0.0.0.0:50051 or 192.168.1.10:50051)") from None
+    """HOST:PORT with an IP address of this host (``[v6]`` too) and a port in 0..65535."""
+    parse_address(value, listen=True)
     return value
 
 
@@ -756,8 +748,8 @@ class TopologyFile(Schema):
         network = raw.get("network") if isinstance(raw, dict) else None
         network = network if isinstance(network, dict) else {}
         names = network.get("switches")
-        s["switches"] = list(dict.fromkeys(n for n in names if isinstance(n, str)
-                                           and NAME_RE.match(n))) if isinstance(names, list) else []
+        s["switches"] = (list(dict.fromkeys(n for n in names if is_name(n)))
+                         if isinstance(names, list) else [])
         ps = network.get("ps")
         ps_switch = ps.get("switch") if isinstance(ps, dict) else None
         s["ps_switch"] = ps_switch if ps_switch in s["switches"] else None

@@ -41,7 +41,7 @@ import numpy as np
 from testbed.agent.behaviour import Behaviour
 from testbed.agent.hold import hold_until
 from testbed.agent.link import MESSAGE_OVERHEAD_BYTES, LinkDirection
-from testbed.agent.tls import CERT_NAME, PinError, pinned_certificate, split_host_port
+from testbed.agent.tls import CERT_NAME, PinError, parse_address, pinned_certificate
 from testbed.emulator.dilation import DeviceClock
 from testbed.errors import EXIT_OK
 from testbed.wire import testbed_pb2 as pb
@@ -266,7 +266,7 @@ def _channel(options: AgentOptions) -> grpc.Channel:
         ("grpc.max_reconnect_backoff_ms", 2000)]
     if not options.tls_fingerprint:
         return grpc.insecure_channel(options.ps_address, options=settings)
-    cert = pinned_certificate(*split_host_port(options.ps_address), options.tls_fingerprint)
+    cert = pinned_certificate(*parse_address(options.ps_address), options.tls_fingerprint)
     return grpc.secure_channel(options.ps_address, grpc.ssl_channel_credentials(cert),
                                options=[*settings, ("grpc.ssl_target_name_override", CERT_NAME)])
 

@@ -7,7 +7,7 @@ command line (where every user of the machine could read it in the process list)
 
 Every argument is checked here, before the agent starts (exit 2): PS_ADDRESS is ``HOST:PORT``
 (an IP address or a host name, port 1-65535, ``[v6]:PORT``), the fingerprint 64 hex digits,
-``--name`` a topology name (:data:`testbed.topology.NAME_RE`; the default is this host's name
+``--name`` a topology name (:data:`testbed.names.NAME_RE`; the default is this host's name
 made one: lower-cased, other characters as ``-``, cut to 24). The token file's first line must
 be printable text (``testbed.agent.__main__.read_token``). A PS that is not up yet is then
 tried again and again, one line each time, as the agent does.
@@ -22,20 +22,16 @@ import socket
 
 from testbed.agent.tls import PinError, normalize, ps_address_arg
 from testbed.errors import EXIT_BAD_INPUT
-from testbed.topology import NAME_RE
+from testbed.names import MAX_NAME_CHARS, NAME_RULE, is_name
 from testbed.units import int_arg
 from testbed.wire import MAX_IN_FLIGHT
 
-MAX_NAME_CHARS = 24  # what NAME_RE allows
-
 
 def device_name_arg(text: str) -> str:
-    """An argparse type: a device name as a topology names things (NAME_RE), or the parser's
-    error naming the option (exit 2)."""
-    if not NAME_RE.fullmatch(text):  # not match: its `$` would let a final newline through
-        raise argparse.ArgumentTypeError(
-            f"expected lower-case letters, digits and '-', at most {MAX_NAME_CHARS} "
-            f"characters, starting with a letter or digit, got {text!r}")
+    """An argparse type: a device name as a topology names things (:mod:`testbed.names`), or
+    the parser's error naming the option (exit 2)."""
+    if not is_name(text):
+        raise argparse.ArgumentTypeError(f"expected {NAME_RULE}, got {text!r}")
     return text
 
 

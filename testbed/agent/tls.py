@@ -22,12 +22,6 @@ class PinError(Exception):
     not a fingerprint): retrying will not help."""
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens, 63 at most each
 _LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 MAX_HOSTNAME_CHARS = 253
@@ -50,17 +44,23 @@ def host_problem(host: str) -> str | None:
     return None
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """A ``HOST:PORT`` to connect to, checked: (host, port) with ``[v6]:PORT`` unbracketed, or
-    ValueError saying what was expected. HOST is an IP address or a host name, PORT 1..65535
-    (the same rule for a PS address and an adb server's)."""
-    expected = (f"expected HOST:PORT (an IP address or host name, ':', a port 1-65535; IPv6 as "
-                f"[::1]:50051), got {address!r}")
+def parse_address(address: str, *, listen: bool = False) -> tuple[str, int]:
+    """A ``HOST:PORT``, checked: (host, port) with ``[v6]:PORT`` unbracketed, or ValueError
+    saying what was expected. The one parser of addresses (a PS to connect to, an adb server, a
+    PS's ``network.ps.listen``), so all of them read ``[v6]`` and ports alike.
+
+    To connect, HOST is an IP address or a host name and PORT 1..65535. To ``listen``, HOST is
+    an IP address of this host (a socket binds to an address, not a name) and PORT 0..65535,
+    0 meaning any free port."""
+    low = 0 if listen else 1
+    expected = (f"expected HOST:PORT (an IP address{'' if listen else ' or host name'}, ':', a "
+                f"port {low}-65535{' (0: any)' if listen else ''}; IPv6 as [::1]:50051), got "
+                f"{address!r}")
     host, sep, port = address.rpartition(":")
     if not sep:
         raise ValueError(f"{expected}: no port")
-    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{expected}: the port must be a whole number 1-65535")
+    if not (port.isascii() and port.isdigit()) or not low <= int(port) <= 65535:
+        raise ValueError(f"{expected}: the port must be a whole number {low}-65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
         try:
@@ -72,6 +72,12 @@ def parse_address(address: str) -> tuple[str, int]:
     problem = host_problem(host)
     if problem is None and ":" in host:  # an IPv6 address: its last group read as the port
         problem = "write an IPv6 address in brackets"
+    if problem is None and listen:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            problem = (f"{host!r} is a name; a PS listens on an IP address of this host (for "
+                       f"example 0.0.0.0:50051 or 192.168.1.10:50051)")
     if problem:
         raise ValueError(f"{expected}: {problem}")
     return host, int(port)

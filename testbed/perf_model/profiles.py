@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,17 +48,13 @@ from typing import Any
 import yaml
 
 from testbed.errors import InputError
+from testbed.names import name_problem
 from testbed.perf_model.features import ExportedTimeModel
 from testbed.user_paths import is_file, load_user_yaml, read_user_text, user_path
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 MAX_PROFILE_BYTES = 16 * 1024**2  # a profile is a few KB; a name of a huge file is a mistake
 WIFI_RADIO_W = 0.5  # HotCarbon'25 (arXiv 2507.01803): Wi-Fi radio power
-# What a profile name may be: a name find_profile resolves is the file NAME.yaml in PROFILE_DIR
-# and a topology's ``profile:`` writes it, so it follows the rule of a topology's names
-# (testbed.topology.NAME_RE, not imported: agents load profiles without pydantic): lower-case
-# letters, digits and '-', starting with a letter or digit, at most 24 characters
-PROFILE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
 
 
 @dataclass(frozen=True)
@@ -164,11 +159,10 @@ class DeviceProfile:
 
 
 def profile_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a profile's name (:data:`PROFILE_NAME_RE`); None when it can."""
-    if PROFILE_NAME_RE.fullmatch(name):
-        return None
-    return (f"{name!r} is not a valid profile name (lower-case letters, digits and '-', at most "
-            f"24 characters, starting with a letter or digit, as a shipped profile's file stem)")
+    """Why ``name`` cannot be a profile's name; None when it can. A name find_profile resolves
+    is the file NAME.yaml in PROFILE_DIR and a topology's ``profile:`` writes it, so it follows
+    the rule of every name (:mod:`testbed.names`)."""
+    return name_problem(name, "profile name")
 
 
 def list_profiles() -> list[str]:

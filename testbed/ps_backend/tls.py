@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.agent.tls import CERT_NAME, fingerprint_of, split_host_port
+from testbed.agent.tls import CERT_NAME, fingerprint_of, parse_address
 
 VALID_DAYS = 30  # a run, with room for --resume
 
@@ -33,7 +33,7 @@ def make_identity(run_dir: Path, listen: str) -> TlsIdentity:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    host = split_host_port(listen)[0]
+    host = parse_address(listen, listen=True)[0]
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERT_NAME)])
     names: list[x509.GeneralName] = [x509.DNSName(CERT_NAME)]

@@ -3,13 +3,18 @@ other than what was written (found by fuzzing the CLI): each is now refused with
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 import yaml
 
 from testbed import units
+from testbed.agent.join import device_name_arg
+from testbed.agent.tls import parse_address
 from testbed.cli import main
+from testbed.names import is_name
+from testbed.perf_model.profiles import profile_name_problem
 from testbed.topology import TopologyError, parse_topology
 from testbed.user_paths import load_user_json, load_user_yaml
 
@@ -81,6 +86,43 @@ def test_a_port_of_non_ascii_digits_is_refused() -> None:
     raw["network"] = {"ps": {"listen": "0.0.0.0:\uff15\uff10\uff10"}}
     with pytest.raises(TopologyError, match=r"network\.ps\.listen: expected HOST:PORT"):
         parse_topology(raw)
+
+
+@pytest.mark.parametrize("listen, why", [
+    ("ps.example.org:50051", "a name; a PS listens on an IP address"),
+    ("::1:50051", "write an IPv6 address in brackets"),
+    ("[10.0.0.1]:50051", "in brackets is not an IPv6 address"),
+    ("0.0.0.0:65536", "a whole number 0-65535"),
+    ("0.0.0.0", "no port"),
+])
+def test_a_listen_address_is_parsed_as_every_address_is(listen: str, why: str) -> None:
+    raw = minimal()
+    raw["network"] = {"ps": {"listen": listen}}
+    with pytest.raises(TopologyError, match=r"network\.ps\.listen: expected HOST:PORT") as caught:
+        parse_topology(raw)
+    assert why in str(caught.value)
+
+
+@pytest.mark.parametrize("listen, host, port", [
+    ("0.0.0.0:0", "0.0.0.0", 0), ("[::]:50051", "::", 50051), ("192.168.1.10:7", "192.168.1.10", 7),
+])
+def test_a_listen_address_of_this_host_is_kept(listen: str, host: str, port: int) -> None:
+    raw = minimal()
+    raw["network"] = {"ps": {"listen": listen}}
+    assert parse_topology(raw).network.ps.listen == listen
+    assert parse_address(listen, listen=True) == (host, port)
+
+
+def test_one_name_rule_serves_topologies_profiles_and_joins() -> None:
+    """The whole string must follow the rule: a final newline is not let through."""
+    for good in ("phones", "a", "sd-888", "x" * 24):
+        assert is_name(good) and profile_name_problem(good) is None
+        assert device_name_arg(good) == good
+    for bad in ("phones\n", "Phones", "-a", "x" * 25, "", "a b", "a/b"):
+        assert not is_name(bad)
+        assert "not a valid profile name" in (profile_name_problem(bad) or "")
+        with pytest.raises(argparse.ArgumentTypeError, match="lower-case letters"):
+            device_name_arg(bad)
 
 
 def test_switches_without_links_have_no_path_to_the_ps() -> None:
