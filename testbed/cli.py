@@ -43,8 +43,7 @@ COMMAND_MODULES = (
 def _validate(args: argparse.Namespace) -> int:
     from testbed.up import load_run_inputs  # what a run checks before it starts, churn included
 
-    inputs = load_run_inputs(argparse.Namespace(topology=args.topology, steps=None,
-                                                trace_tiles=False, churn=None))
+    inputs = load_run_inputs(args.topology)
     if isinstance(inputs, int):
         return inputs
     topology, churn, _ = inputs

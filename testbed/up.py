@@ -510,29 +510,32 @@ def make_run_dir(out: Path, name: str) -> Path:
     raise InputError(f"--out {out}", [f"{stamp}-{name} and 99 more names are taken"])
 
 
-def load_run_inputs(args: argparse.Namespace) -> tuple[Topology, Path | None, Any] | int:
+def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
+                    churn_path: str | Path | None = None, trace_tiles: bool = False
+                    ) -> tuple[Topology, Path | None, Any] | int:
     """The topology (with ``--steps``) and churn schedule a run reads, all checked before
     anything starts: (topology, trace path, schedule), or exit 2 with the problems printed.
 
-    `testbed up` and `testbed simulate` both start here, so they accept and refuse the same.
+    `testbed up`, `simulate`, `compare` and `validate` all start here, so they accept and refuse
+    the same. ``churn_path`` (``--churn``) replaces the topology's own trace.
     """
     try:
-        topology = load_topology(args.topology)
+        topology = load_topology(topology_path)
     except TopologyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.steps is not None:
-        problem = steps_problem(args.steps)
+    if steps is not None:
+        problem = steps_problem(steps)
         if problem:
             print(f"error: --steps: {problem}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        topology = topology.with_overrides(steps=args.steps)
+        topology = topology.with_overrides(steps=steps)
     strategy = topology.job.parallelism.strategy
-    if args.trace_tiles and strategy != "tile-tp":
+    if trace_tiles and strategy != "tile-tp":
         print(f"error: --trace-tiles: the {strategy} baseline hands out no tiles "
               "(job.parallelism.strategy)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    churn = Path(args.churn).resolve() if args.churn else topology.churn
+    churn = Path(churn_path).resolve() if churn_path else topology.churn
     schedule = None
     if churn is not None:
         from testbed.churn import TraceError, load_schedule
@@ -559,7 +562,8 @@ def run_up(args: argparse.Namespace) -> int:
     resume_dir, saved = _resume_target(args)
     if isinstance(saved, int):
         return saved
-    inputs = load_run_inputs(args)
+    inputs = load_run_inputs(args.topology, steps=args.steps, churn_path=args.churn,
+                             trace_tiles=args.trace_tiles)
     if isinstance(inputs, int):
         return inputs
     topology, churn, schedule = inputs

@@ -470,8 +470,7 @@ def run_compare(args: argparse.Namespace) -> int:
               f"of {','.join(STRATEGIES)} at most once", file=sys.stderr)
         return EXIT_BAD_INPUT
     # the topology, --steps and the churn trace, checked as `testbed up` and `simulate` do
-    inputs = load_run_inputs(argparse.Namespace(topology=args.topology, steps=args.steps,
-                                                trace_tiles=False, churn=args.churn))
+    inputs = load_run_inputs(args.topology, steps=args.steps, churn_path=args.churn)
     if isinstance(inputs, int):
         return inputs
     topology, churn, _ = inputs

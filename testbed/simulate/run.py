@@ -124,7 +124,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     """The `testbed simulate` command."""
     from testbed.up import load_run_inputs, make_run_dir, portable_input
 
-    inputs = load_run_inputs(args)
+    inputs = load_run_inputs(args.topology, steps=args.steps, churn_path=args.churn,
+                             trace_tiles=args.trace_tiles)
     if isinstance(inputs, int):
         return inputs
     topology, _, schedule = inputs
