@@ -2,8 +2,10 @@
 
 Names and numbers, written down once:
 
-* a phone is known by its adb **serial**; its device name in the run is ``adb-<serial>``
-  (lower-cased, characters outside ``[a-z0-9-]`` become ``-``, at most 24 characters);
+* a phone is known by its adb **serial**; its device name in the run is
+  :func:`~.config.device_name` of it: ``adb-<serial>`` lower-cased for a serial of upper-case
+  letters, digits and '-' (``R58M12ABCDE``: ``adb-r58m12abcde``), else a readable stem and a
+  hash of the serial (``PHONE.1``: ``adb-phone-1-dd7b4e``), so that two phones do not share one;
 * on the phone the agent dials ``127.0.0.1:<phone_port>`` (default 7700); ``adb reverse
   tcp:<phone_port> tcp:<relay_port>`` carries that to this host, where the phone's own
   :class:`~.relay.PhoneRelay` on ``127.0.0.1:<relay_port>`` forwards to the PS;
@@ -18,16 +20,24 @@ Names and numbers, written down once:
   intent (``launcher: termux``, see termux.py), which stock phones refuse to the adb shell;
   with neither, the phone waits (``agent-waiting``) until the user starts the listener;
 * telemetry is polled every ``telemetry_interval_s`` seconds; each poll also checks that the
-  reverse rule is still there (re-applied if not) and that the agent process is still alive.
+  reverse rule is still there (re-applied if not) and that the agent process is still alive;
+* every shell command has one deadline, ``shell_timeout_s`` for its whole answer
+  (:class:`~.client.PhoneShell`, on shell protocol v2 or, on adbd of Android 6 and older, v1).
+  A poll in which a command fails (too slow, cut short) or the adb server refuses a request is
+  lost, and polling goes on: the phone's session ends only when the tracker says the phone is
+  gone or the bridge stops. The failure is a ``poll-failed`` event and a warning, at most one
+  per phone every :data:`POLL_FAILED_EVERY_S` seconds (with how many polls failed meanwhile).
 
 Life of a phone (each step is a :class:`BridgeEvent` of that ``kind``)::
 
     plugged -> [state: unauthorized -> device] -> ready (properties, profile, relay, reverse)
-      -> agent-started | agent-failed (the reason says why the phone cannot run the agent)
+      -> agent-started | agent-failed (the reason says why the phone cannot run the agent: too
+         old, the phone port taken on the phone, no Python, a failed setup, a bug in the bridge)
          | agent-waiting (start the Termux listener; agent-started follows once it connects)
-      -> telemetry ... [reverse-reapplied] [agent-exited -> agent-started]
+      -> telemetry ... [reverse-reapplied] [agent-exited -> agent-started] [poll-failed]
       -> unplugged | offline (the relay closes its PS connections: the PS re-queues the
-         phone's in-flight tiles) | stopped (the bridge stopped: agent gets SIGTERM, leaves)
+         phone's in-flight tiles) | stopped (the bridge stopped: agent gets SIGTERM, leaves;
+         every phone is stopped at once, so phones that do not answer cost one timeout)
 
 Use::
 
@@ -53,7 +63,14 @@ from typing import Any, Callable
 from adbutils.errors import AdbError
 
 from testbed.adb_bridge import agent_package, parsers, telemetry, termux, termux_control
-from testbed.adb_bridge.client import AdbServer, DeviceTracker, diff_states
+from testbed.adb_bridge.client import (
+    AdbServer,
+    DeviceTracker,
+    PhoneCommandError,
+    PhoneShell,
+    ShellOutput,
+    diff_states,
+)
 from testbed.adb_bridge.config import device_name
 from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
 from testbed.adb_bridge.relay import PhoneRelay, RelayShaping
@@ -68,6 +85,11 @@ START_EXIT_REASONS = {
 NO_PYTHON_EXIT = 3  # start-agent.sh: the adb shell has no Python; try Termux next
 MAX_AGENT_RESTARTS = 3
 NO_SHAPING = RelayShaping()
+PHONE_FAULTS = (AdbError, OSError, EOFError)  # a command or an adb request on the phone failed
+POLL_FAILED_EVERY_S = 60.0  # at most one poll-failed event (and warning) per phone this often
+# A phone being unplugged fails its commands a moment before the tracker says it is gone: a
+# failure counts only if the session is still on this long after it.
+LEAVE_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,14 @@ def profile_gflops(profile: str) -> float | None:
         return None
 
 
+def phone_port_taken(phone_port: int, exc: Exception) -> str:
+    """Why ``adb reverse tcp:<phone_port>`` failed on a phone that is there, and what to do."""
+    return (f"the phone port {phone_port} is in use on the phone: adb reverse tcp:{phone_port} "
+            f"failed ({exc}), so another app listens on 127.0.0.1:{phone_port} there. Stop that "
+            f"app, or choose another phone port: adb.phone_port in the topology (the bridge also "
+            f"uses it + 2; --phone-port for testbed adb doctor and measure)")
+
+
 @dataclass
 class PhoneStatus:
     """What the bridge knows about one phone now (for ``testbed adb devices`` and the view)."""
@@ -104,7 +134,7 @@ class PhoneStatus:
     profile: str | None = None
     profile_reason: str = ""
     relay_port: int | None = None
-    reverse_ok: bool = False
+    reverse_ok: bool = False  # the bridge set the reverse rule (it keeps it up, then removes it)
     agent_pid: int | None = None
     launcher: str = ""  # "shell" (the adb shell's python), "termux-serve" (the listener the
     # user started in Termux) or "termux" (Termux's RUN_COMMAND intent)
@@ -127,31 +157,70 @@ class _PhoneSession:
         self.restarts = 0
         self.token_path: str | None = None  # on the phone until the agent has dialled the PS
         self._dials_before_start = 0
+        self.failed_polls = 0  # since the last poll-failed event
+        self._poll_failed_at: float | None = None  # time.monotonic() of that event
         self.thread = threading.Thread(target=self._run, name=f"adb-{serial}", daemon=True)
         self.device = bridge.server.device(serial)
+        self.phone_shell = PhoneShell(self.device, bridge.shell_timeout_s)
 
     # -- shell ----------------------------------------------------------------------------------
 
+    def run(self, command: str) -> ShellOutput:
+        """Run a shell command on the phone; PhoneCommandError when it gives no answer in time.
+        (``stderr`` is empty on a phone without shell protocol v2: stdout holds both.)"""
+        out = self.phone_shell.run(command)
+        if out.code != 0 and out.stderr:
+            log.debug("%s: %r exited %d: %s", self.serial, command, out.code, out.stderr.strip())
+        return out
+
     def shell(self, command: str) -> tuple[int, str]:
-        """Run a shell command on the phone (shell protocol v2); return (exit code, stdout)."""
-        result = self.device.shell2(command, timeout=self.bridge.shell_timeout_s, v2=True)
-        if result.returncode != 0 and result.stderr:
-            log.debug("%s: %r exited %d: %s", self.serial, command, result.returncode,
-                      result.stderr.strip())
-        self._last_stderr = result.stderr
-        return result.returncode, result.stdout
+        """Run a shell command on the phone; return (exit code, stdout)."""
+        out = self.run(command)
+        return out.code, out.stdout
 
     # -- life -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """Set the phone up and start its agent, then poll until the phone leaves or the bridge
+        stops. A phone fault costs the step it happens in; anything else is a bug, reported as
+        agent-failed (the run must not wait for a phone whose thread died unseen)."""
         try:
-            if self._setup():
-                self._start_agent()
+            try:
+                if self._setup():
+                    self._start_agent()
+            except PHONE_FAULTS as exc:
+                if not self._leaving():
+                    self._cannot_run(f"setting up the phone failed: {exc}")
             while not self.stop_event.wait(self.bridge.telemetry_interval_s):
-                self._tick()
-        except (AdbError, OSError, EOFError) as exc:
-            # The phone went away mid-command; the tracker reports why (unplugged/offline).
-            log.info("%s: adb connection ended: %s", self.serial, exc)
+                try:
+                    self._tick()
+                except PHONE_FAULTS as exc:
+                    if not self._leaving():
+                        self._poll_failed(exc)
+        except Exception as exc:
+            log.exception("%s: the bridge's session for this phone failed", self.serial)
+            self._cannot_run(f"the bridge failed on this phone ({type(exc).__name__}: {exc}); "
+                             f"a bug in testbed: the log has the traceback")
+
+    def _leaving(self) -> bool:
+        """Whether the phone is gone or the bridge stops (waits LEAVE_GRACE_S to tell)."""
+        return self.stop_event.wait(LEAVE_GRACE_S)
+
+    def _poll_failed(self, exc: Exception) -> None:
+        """One poll is lost: say so, at most once every POLL_FAILED_EVERY_S seconds."""
+        self.failed_polls += 1
+        now = time.monotonic()
+        if self._poll_failed_at is not None and now - self._poll_failed_at < POLL_FAILED_EVERY_S:
+            log.debug("%s: a poll failed: %s", self.serial, exc)
+            return
+        self._poll_failed_at = now
+        reason = str(exc) if isinstance(exc, PhoneCommandError) else \
+            f"phone {self.serial}: {type(exc).__name__}: {exc}"
+        log.warning("%s; this poll is lost, polling goes on (%d lost since the last warning)",
+                    reason, self.failed_polls)
+        self.bridge._emit("poll-failed", self.serial, reason=reason,
+                          command=getattr(exc, "command", None), failed_polls=self.failed_polls)
+        self.failed_polls = 0
 
     def _setup(self) -> bool:
         b = self.bridge
@@ -165,11 +234,17 @@ class _PhoneSession:
         self.relay = PhoneRelay(self.serial, b.ps_host, b.ps_port, b.shaping,
                                 upstream_unix=b.upstream_unix.get(self.serial))
         s.relay_port = self.relay.start()
-        self._apply_reverse()
+        reverse_problem = None
+        try:
+            self._apply_reverse()
+        except AdbError as exc:  # the phone is there (else it leaves): its port is taken
+            if self._leaving():
+                raise
+            reverse_problem = phone_port_taken(b.phone_port, exc)
         b._emit("ready", self.serial, model=info.model, soc=info.soc, android=info.android_release,
                 abi=info.abi, profile=choice.profile, profile_reason=choice.reason,
                 relay_port=s.relay_port, phone_port=b.phone_port)
-        problem = support_problem(info)
+        problem = support_problem(info) or reverse_problem
         if problem:
             self._cannot_run(problem)
             return False
@@ -270,18 +345,19 @@ class _PhoneSession:
         self.device.sync.push(b.agent_zip(), f"{phone_dir}/agent.zip", mode=0o644)
         self.device.sync.push(agent_package.START_SCRIPT.read_bytes(),
                               f"{phone_dir}/start-agent.sh", mode=0o755)
-        code, out, detail = 0, "", ""
         if b.launcher in ("auto", "shell"):
             argv = self._agent_argv(self._push_token(0o600))
-            code, out = self.shell(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
-            pid_text = out.strip().splitlines()[-1] if out.strip() else ""
-            if code == 0 and pid_text.isdigit():
-                self._started(int(pid_text), "shell")
+            answer = self.run(f"sh {phone_dir}/start-agent.sh {shlex.join(argv)}")
+            lines = answer.stdout.strip().splitlines()
+            pid = parsers.parse_int(lines[-1]) if lines else None  # it prints the pid last
+            if answer.code == 0 and pid is not None:
+                self._started(pid, "shell")
                 return
-            detail = (getattr(self, "_last_stderr", "") or out).strip()
-            if code != NO_PYTHON_EXIT or b.launcher == "shell":
+            detail = (answer.stderr or answer.stdout).strip()
+            if answer.code != NO_PYTHON_EXIT or b.launcher == "shell":
                 self._remove_token()
-                reason = START_EXIT_REASONS.get(code, f"the start script exited {code}")
+                reason = START_EXIT_REASONS.get(answer.code,
+                                                f"the start script exited {answer.code}")
                 self._cannot_run(f"{reason}: {detail}" if detail else reason)
                 return
         problem = self._start_in_termux()
@@ -365,17 +441,16 @@ class _PhoneSession:
         return None
 
     def _send_intent(self, script: str, argv: list[str]) -> termux.IntentAnswer:
-        code, out = self.shell(termux.intent_command(script, argv))
-        answer = termux.parse_am_output(out + getattr(self, "_last_stderr", ""), code)
+        out = self.run(termux.intent_command(script, argv))
+        answer = termux.parse_am_output(out.stdout + out.stderr, out.code)
         if answer.outcome == "background":  # Android 8+: ask for a foreground service instead
-            code, out = self.shell(termux.intent_command(
-                script, argv, verb="start-foreground-service"))
-            answer = termux.parse_am_output(out + getattr(self, "_last_stderr", ""), code)
+            out = self.run(termux.intent_command(script, argv, verb="start-foreground-service"))
+            answer = termux.parse_am_output(out.stdout + out.stderr, out.code)
         return answer
 
     def _find_termux_agent(self) -> int | None:
         code, out = self.shell(f"pgrep -f {shlex.quote(termux.agent_pattern(self.status.name))}")
-        pids = [int(x) for x in out.split() if x.isdigit()]
+        pids = [pid for pid in map(parsers.parse_int, out.split()) if pid is not None]
         return max(pids) if code == 0 and pids else None
 
     def _started(self, pid: int, launcher: str) -> None:
@@ -393,7 +468,7 @@ class _PhoneSession:
 
     def _tick(self) -> None:
         b = self.bridge
-        if self.relay is not None and not self._reverse_present():
+        if self.status.reverse_ok and not self._reverse_present():
             log.warning("%s: the reverse rule tcp:%d is gone; applying it again", self.serial,
                         b.phone_port)
             self._apply_reverse()
@@ -466,10 +541,11 @@ class _PhoneSession:
                 self._remove_token()
                 if self.status.agent_pid is not None:
                     self._stop_agent(self.status.agent_pid)
-                self.device.reverse_remove(f"tcp:{self.bridge.phone_port}")
+                if self.status.reverse_ok:  # not when the phone refused it (port taken)
+                    self.device.reverse_remove(f"tcp:{self.bridge.phone_port}")
                 if self.control is not None:
                     self.device.reverse_remove(f"tcp:{self.control_port}")
-            except (AdbError, OSError, EOFError) as exc:
+            except PHONE_FAULTS as exc:
                 log.info("%s: cleanup on the phone failed: %s", self.serial, exc)
         if self.control is not None:
             self.control.stop()  # the listener in Termux dials again, for the next run
@@ -534,14 +610,21 @@ class AdbBridge:
         return self
 
     def stop(self) -> None:
-        """Stop every phone's agent (SIGTERM: a graceful leave), remove reverse rules, relays."""
+        """Stop every phone's agent (SIGTERM: a graceful leave), remove reverse rules, relays.
+
+        The phones are stopped at once, each in a thread of its own: N phones that do not
+        answer cost one phone's timeouts, not N of them."""
         self._stopping = True  # phones vanishing from here on are the bridge's own doing
         self.tracker.stop()
         with self._lock:
             sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            session.close(reachable=True)
-            self._emit("stopped", session.serial)
+        closers = [threading.Thread(target=self._stop_session, args=(session,),
+                                    name=f"adb-stop-{session.serial}", daemon=True)
+                   for session in sessions]
+        for closer in closers:
+            closer.start()
+        for closer in closers:  # each close is bounded by the shell and agent timeouts
+            closer.join()
 
     def __enter__(self) -> AdbBridge:
         return self.start()
@@ -586,6 +669,10 @@ class AdbBridge:
         return self._zip
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _stop_session(self, session: _PhoneSession) -> None:
+        session.close(reachable=True)
+        self._emit("stopped", session.serial)
 
     def _emit(self, kind: str, serial: str, **data: Any) -> None:
         event = BridgeEvent(kind, serial, time.time(), data)

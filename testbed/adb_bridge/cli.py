@@ -1,9 +1,15 @@
 """``testbed adb devices``, ``testbed adb doctor [SERIAL]`` and ``testbed adb measure SERIAL``.
 
 ``devices`` lists every phone the adb server knows: state, model, SoC, chosen profile and whether
-the reverse rule to the PS (``tcp:<phone_port>``) is in place. ``doctor`` checks, in order, what a
-phone needs to compute tiles and prints the fix of the first problem (see ``doctor.py``).
-``measure`` runs the GEMM sweep of ``testbed perf measure`` on the phone and writes the same CSV.
+the reverse rule to the PS (``tcp:<phone_port>``) is in place; a phone that cannot be asked (gone,
+silent past its getprop deadline, cut off mid-answer) is a row with its problem, and the others
+are listed. ``doctor`` checks, in order, what a phone needs to compute tiles and prints the fix of
+the first problem (see ``doctor.py``). ``measure`` runs the GEMM sweep of ``testbed perf
+measure`` on the phone and writes the same CSV, only once every shape gave a valid answer.
+
+Whatever a phone says (model, SoC, state detail, cpu_model) is printed through
+:func:`~testbed.adb_bridge.client.printable`: one line, short, no terminal escape sequences.
+A phone that cannot do what was asked exits 1 in every command; 2 is for a bad command line.
 
 Which adb server, as ``adb`` itself decides: ``--adb HOST:PORT`` when given, else
 ``$ANDROID_ADB_SERVER_ADDRESS`` (default 127.0.0.1) and ``$ANDROID_ADB_SERVER_PORT`` (default
@@ -68,6 +74,12 @@ def adb_address(flag: str | None, environ: dict[str, str] | None = None
     return address, None
 
 
+# The deadline of one shape's timing on the phone (adb_bridge/measure.py): MEASURE_START_S for
+# python and numpy to start on a slow phone, plus MEASURE_PER_SAMPLE_S per timed call (the
+# largest sweep shape, 2 GFLOP, takes about a second on a slow phone; five leave room for a hot,
+# throttled one).
+MEASURE_START_S = 60.0
+MEASURE_PER_SAMPLE_S = 5.0
 MAX_PROBE_TIMEOUT_S = 600.0  # a phone's first python start takes tens of seconds, not hours
 
 
@@ -102,36 +114,63 @@ def _address_checked(command: Callable[[argparse.Namespace], int]
 
 def describe_phone(server: AdbServer, serial: str, state: str, phone_port: int
                    ) -> dict[str, Any]:
-    """One row of ``testbed adb devices`` (only state for phones not in state ``device``)."""
+    """One row of ``testbed adb devices``: state, and for a phone in state ``device`` what it
+    is; a phone that cannot be asked (or answers badly) is a row with its problem."""
+    from adbutils.errors import AdbError
+
     from testbed.adb_bridge import parsers
+    from testbed.adb_bridge.client import PhoneShell, printable, split_state
     from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
 
-    row: dict[str, Any] = {"serial": serial, "state": state}
-    if state != "device":
+    name, detail = split_state(state)
+    row: dict[str, Any] = {"serial": serial, "state": printable(name)}
+    if name != "device":
+        if detail:  # adb's own words on the state ("no permissions (...); see [...]")
+            row["state_detail"] = printable(detail, most=MAX_PROBLEM_CHARS)
         return row
-    device = server.device(serial)
-    props = parsers.parse_getprop(device.shell2("getprop", v2=True).stdout)
+    try:
+        device = server.device(serial)
+        props = parsers.parse_getprop(PhoneShell(device, GETPROP_TIMEOUT_S).run("getprop").stdout)
+        reverses = [(r.remote, r.local) for r in device.reverse_list()]
+    except (AdbError, OSError, EOFError) as exc:  # this phone only: the others are listed
+        row["problem"] = printable(str(exc), most=MAX_PROBLEM_CHARS)
+        return row
     info = PhoneInfo.from_props(serial, props)
     choice = choose_profile(info, props)
-    reverses = [(r.remote, r.local) for r in device.reverse_list()]
     reverse = next((local for remote, local in reverses if remote == f"tcp:{phone_port}"), None)
-    row.update(model=info.model, soc=info.soc, android=info.android_release,
-               profile=choice.profile or "measured live", profile_reason=choice.reason,
-               reverse=f"tcp:{phone_port} -> {reverse}" if reverse else "none",
+    # the phone's own words, as every value below, go through printable: one line, short
+    row.update(model=printable(info.model), soc=printable(info.soc),
+               android=printable(info.android_release),
+               profile=choice.profile or "measured live", profile_reason=printable(choice.reason),
+               reverse=f"tcp:{phone_port} -> {printable(reverse)}" if reverse else "none",
                problem=support_problem(info) or "")
     return row
 
 
+GETPROP_TIMEOUT_S = 10.0  # getprop answers in well under a second
+MAX_PROBLEM_CHARS = 200
+MAX_PHONES_ASKED_AT_ONCE = 16  # a hung phone costs GETPROP_TIMEOUT_S, not that times the phones
+
+
 def _devices(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     from adbutils.errors import AdbError
+
+    from testbed.adb_bridge.client import printable
+    from testbed.adb_bridge.doctor import state_problem
 
     server = _server(args)
     try:
-        rows = [describe_phone(server, s, st, args.phone_port)
-                for s, st in server.states().items()]
-    except (AdbError, OSError) as exc:
+        states = server.states()
+    except (AdbError, OSError, EOFError) as exc:
         print(f"error: adb server at {args.adb}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    def row(item: tuple[str, str]) -> dict[str, Any]:
+        return describe_phone(server, *item, args.phone_port)
+
+    with ThreadPoolExecutor(max(1, min(MAX_PHONES_ASKED_AT_ONCE, len(states)))) as pool:
+        rows = list(pool.map(row, states.items()))
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
@@ -139,7 +178,12 @@ def _devices(args: argparse.Namespace) -> int:
         print(f"no phones on the adb server at {args.adb}")
         return EXIT_OK
     columns = ("serial", "state", "model", "soc", "android", "profile", "reverse", "problem")
-    table = [[str(r.get(c, "")) for c in columns] for r in rows]
+    for r in rows:  # a phone not in state device: what its state means, and adb's detail
+        if r["state"] != "device":
+            r["problem"] = state_problem(r["state"], r.get("state_detail", ""))
+    # the serial too (the adb server's text): one line per phone, whatever it is named
+    table = [[printable(str(r.get(c, "")), most=MAX_PROBLEM_CHARS) for c in columns]
+             for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
     for t in table:
@@ -162,6 +206,8 @@ def _doctor(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace) -> int:
     from adbutils.errors import AdbError
 
+    from testbed.adb_bridge.client import PhoneCommandError, printable, split_state
+    from testbed.adb_bridge.doctor import state_problem
     from testbed.adb_bridge.measure import AdbGemmRunner, PhoneCannotMeasure
     from testbed.perf_model.measure import measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
@@ -174,30 +220,42 @@ def _measure(args: argparse.Namespace) -> int:
     args.out = args.out or f"adb_measurements-{args.serial.replace(os.sep, '_')}.csv"
     checked_output(args.out, "--out")  # before the phone is asked: a sweep takes minutes
     server = _server(args)
+    # A phone that cannot measure, or answers what no timing script prints, exits 1 as a phone
+    # problem does in `adb devices` and `adb doctor`: exit 2 says "fix your command line or
+    # file", and what a phone prints is neither.
     try:
         states = server.states()
-        if states.get(args.serial) != "device":
-            print(f"error: phone {args.serial!r} is {states.get(args.serial, 'not connected')} "
-                  f"on the adb server at {args.adb}", file=sys.stderr)
+        state = states.get(args.serial)
+        name = "not connected" if state is None else split_state(state)[0]
+        if name != "device":
+            problem = "" if state is None else state_problem(*split_state(state))
+            print(f"error: phone {printable(args.serial)} is {printable(name)}"
+                  + (f": {printable(problem, most=300)}" if problem else "")
+                  + f" (adb server {args.adb}); `testbed adb doctor` says what to do",
+                  file=sys.stderr)
             return EXIT_FAILURE
-        runner = AdbGemmRunner(server.device(args.serial), phone_port=args.phone_port)
+        runner = AdbGemmRunner(server.device(args.serial), start_s=MEASURE_START_S,
+                               per_sample_s=MEASURE_PER_SAMPLE_S, phone_port=args.phone_port)
         try:
             shapes = sweep_shapes(args.size, seed=args.seed)[: args.limit or None]
             rows = measure(shapes, runner, dtype=args.dtype, repeats=args.repeats,
                            passes=args.passes)
         finally:
             runner.close()
-    except PhoneCannotMeasure as exc:
+    except (PhoneCannotMeasure, PhoneCommandError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    except (AdbError, OSError) as exc:
+    except (AdbError, OSError, EOFError) as exc:
         print(f"error: adb server at {args.adb}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    info = runner.describe()
+    info = runner.describe()  # printable already: the phone's words stay on the comment line
+    # written only now, whole (a temporary file renamed over --out): a failed sweep leaves the
+    # previous file as it was
     write_measurements(args.out, rows, comments=[
-        f"testbed adb measure {args.serial} --size {args.size}: {info['cpu_model']}, "
+        f"testbed adb measure {printable(args.serial)} --size {args.size}: {info['cpu_model']}, "
         f"{info['backend']}"])
-    print(f"{args.out}: {len(rows)} shapes measured on {args.serial} ({info['cpu_model']})")
+    print(f"{args.out}: {len(rows)} shapes measured on {printable(args.serial)} "
+          f"({info['cpu_model']})")
     return EXIT_OK
 
 
@@ -237,7 +295,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "need more)")
     p.set_defaults(func=_address_checked(_doctor))
 
-    p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)")
+    repeats = 5
+    p = sub.add_parser("measure", help="time GEMM tile shapes on a phone (for the perf model)",
+                       description=(
+                           "Time GEMM tile shapes on a phone and write the CSV of `testbed perf "
+                           "measure`, once the whole sweep succeeded. Each shape's timing on the "
+                           f"phone must answer within {MEASURE_START_S:g} s + "
+                           f"{MEASURE_PER_SAMPLE_S:g} s per timed call (one warm-up and --repeats "
+                           f"samples: {MEASURE_START_S + (1 + repeats) * MEASURE_PER_SAMPLE_S:g} s "
+                           "by default), with --repeats numbers of seconds from 1 ns up to that "
+                           "deadline; a phone that does not is an error naming it and the shape "
+                           "(exit 1)."))
     common(p)
     p.add_argument("serial", nargs="?", default="",
                    help="the phone's adb serial (default: $ANDROID_SERIAL)")
@@ -245,8 +313,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int_arg(0, 1_000_000), default=0,
                    help="time only the first N shapes")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--repeats", type=int_arg(1, 10_000), default=5,
-                   help="samples per shape and pass")
+    p.add_argument("--repeats", type=int_arg(1, 10_000), default=repeats,
+                   help=f"samples per shape and pass (each adds {MEASURE_PER_SAMPLE_S:g} s to the "
+                        f"deadline of a shape's timing on the phone)")
     p.add_argument("--passes", type=int_arg(1, 1000), default=2,
                    help="sweeps over all shapes; each shape's figure is the fastest sample of "
                         "all passes, so a burst of other work on the phone hits one pass only")

@@ -13,6 +13,17 @@ Two decisions live here:
   exponential backoff ``backoff_initial_s * 2**k`` capped at ``backoff_max_s``. Every
   ``crosscheck_s`` it also asks ``host:devices`` and, if the answers differ, trusts the fresh one
   and says so in the log (a tracker that missed an update must not keep a phone forever).
+
+And a third: every shell command on a phone goes through :class:`PhoneShell`, which reads the
+answer itself instead of with adbutils' ``shell2``. adbutils' timeout is per read (a command
+that prints a byte every few seconds never times out) and its fallback for a phone without
+shell protocol v2 (every adbd of Android 6 and older) leaves ``stdout`` empty; here a command has
+one deadline, a size limit, and the same (exit code, stdout, stderr) on either protocol, and
+every failure is a :class:`PhoneCommandError` that names the phone and the command.
+
+A device state is kept as the adb server prints it (``no permissions (...); see [...]``);
+:func:`split_state` gives adb's name for it (:data:`ADB_STATES`) and the detail. What a phone
+says is printed through :func:`printable`.
 """
 
 from __future__ import annotations
@@ -20,9 +31,11 @@ from __future__ import annotations
 import logging
 import select
 import socket
+import struct
 import threading
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import adbutils
 from adbutils._adb import AdbConnection
@@ -72,14 +85,164 @@ class AdbServer(adbutils.AdbClient):
             return parse_device_list(c.read_string_block())
 
 
+MAX_SHELL_OUTPUT_BYTES = 16 * 2**20  # getprop is ~50 KB, dumpsys battery 1 KB: more is a fault
+V1_EXIT_MARK = b"X4EXIT:"  # shell v1 has no exit status: `; echo X4EXIT:$?` (adbutils' own)
+
+
+class PhoneCommandError(AdbError):
+    """A shell command on a phone did not give a usable answer (too slow, cut, too large)."""
+
+    def __init__(self, serial: str, command: str, reason: str):
+        self.serial, self.command, self.reason = serial, command, reason
+        super().__init__(f"phone {serial}: `{command_label(command)}` {reason}")
+
+
+def command_label(command: str, most: int = 60) -> str:
+    """A command as a message quotes it: one line, at most ``most`` characters."""
+    one_line = " ".join(command.split())
+    return one_line if len(one_line) <= most else one_line[:most - 3] + "..."
+
+
+@dataclass(frozen=True)
+class ShellOutput:
+    """What a phone's shell command printed (``stderr`` is empty on shell v1, which merges
+    both into ``stdout``) and its exit code."""
+
+    code: int
+    stdout: str
+    stderr: str = ""
+
+
+class PhoneShell:
+    """Shell commands on one phone, each with one deadline for the whole answer."""
+
+    def __init__(self, device: Any, timeout_s: float = 10.0,
+                 max_bytes: int = MAX_SHELL_OUTPUT_BYTES):
+        self.device = device  # an adbutils AdbDevice
+        self.serial = str(device.serial)
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._v2: bool | None = None  # known after the first command
+
+    def run(self, command: str, timeout_s: float | None = None) -> ShellOutput:
+        """Run ``command``; its answer must be complete within ``timeout_s`` (default: the
+        shell's). Raises PhoneCommandError, or AdbError when the phone cannot be reached."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        if self._v2 is None:
+            self._v2 = "shell_v2" in str(self.device.get_features()).split(",")
+        service = (f"shell,v2:{command}" if self._v2
+                   else f"shell:{command}; echo {V1_EXIT_MARK.decode()}$?")
+        conn = self.device.open_transport(timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            conn.send_command(service)
+            conn.check_okay()
+            return (self._read_v2 if self._v2 else self._read_v1)(conn.conn, command, deadline)
+        except (socket.timeout, TimeoutError, AdbTimeout):
+            raise PhoneCommandError(self.serial, command, "did not finish in "
+                                    f"{self.timeout_s if timeout_s is None else timeout_s:g} s")\
+                from None
+        except (OSError, EOFError) as exc:
+            raise PhoneCommandError(self.serial, command,
+                                    f"failed: the connection broke ({exc})") from None
+        finally:
+            conn.close()
+
+    def _recv(self, sock: socket.socket, deadline: float, command: str, got: int) -> bytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout()
+        sock.settimeout(left)
+        chunk = sock.recv(65536)
+        if got + len(chunk) > self.max_bytes:
+            raise PhoneCommandError(self.serial, command, f"printed more than "
+                                    f"{self.max_bytes // 2**20} MiB; expected far less")
+        return chunk
+
+    def _read_v2(self, sock: socket.socket, command: str, deadline: float) -> ShellOutput:
+        # packets: 1 id byte (1 stdout, 2 stderr, 3 exit), 4 bytes little-endian length, data
+        streams = {1: bytearray(), 2: bytearray()}
+        buffer = bytearray()
+        got = 0
+        while True:
+            while len(buffer) >= 5:
+                kind, size = struct.unpack("<BI", bytes(buffer[:5]))
+                if len(buffer) < 5 + size:
+                    break
+                data, buffer = bytes(buffer[5:5 + size]), buffer[5 + size:]
+                if kind == 3:
+                    return ShellOutput(data[0] if data else 255, _text(streams[1]),
+                                       _text(streams[2]))
+                if kind in streams:
+                    streams[kind] += data
+            chunk = self._recv(sock, deadline, command, got)
+            if not chunk:
+                raise PhoneCommandError(self.serial, command, "ended without an exit status "
+                                        "(the connection closed mid-answer)")
+            got += len(chunk)
+            buffer += chunk
+
+    def _read_v1(self, sock: socket.socket, command: str, deadline: float) -> ShellOutput:
+        out = bytearray()
+        while chunk := self._recv(sock, deadline, command, len(out)):
+            out += chunk
+        at = out.rfind(V1_EXIT_MARK)
+        status = bytes(out[at + len(V1_EXIT_MARK):]).strip() if at >= 0 else b""
+        if not (status.isdigit() and len(status) <= 3):
+            raise PhoneCommandError(self.serial, command, "ended without an exit status "
+                                    "(the connection closed mid-answer)")
+        # an old adbd runs v1 commands on a pty: its line ends are CRLF
+        return ShellOutput(int(status), _text(out[:at]).replace("\r\n", "\n"))
+
+
+def _text(data: bytes | bytearray) -> str:
+    return bytes(data).decode("utf-8", errors="replace")
+
+
+# adb's connection states as the adb server prints them (AOSP packages/modules/adb,
+# ``to_string(ConnectionState)`` in transport.cpp). Only "no permissions" carries more text: the
+# reason and a link, "no permissions (user in plugdev group; are your udev rules wrong?); see
+# [http://developer.android.com/tools/device.html]" (``UsbNoPermissionsShortHelpText``).
+ADB_STATES = ("device", "unauthorized", "authorizing", "connecting", "offline",
+              "no permissions", "bootloader", "recovery", "rescue", "sideload", "host",
+              "detached")
+
+
 def parse_device_list(text: str) -> dict[str, str]:
-    """Parse ``serial<TAB>state`` lines (``host:devices``, ``host:track-devices``)."""
+    """Parse ``serial<TAB>state`` lines (``host:devices``, ``host:track-devices``) into
+    ``{serial: state}``, the state whole (with the detail some states carry: split_state)."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         serial, sep, state = line.strip().partition("\t")
         if sep and serial:
-            out[serial] = state.strip().split()[0] if state.strip() else ""
+            out[serial] = " ".join(state.split())
     return out
+
+
+def split_state(state: str) -> tuple[str, str]:
+    """A state as ``(adb's name of it, the detail after the name)``: ``("no permissions",
+    "(user in plugdev group; ...); see [...]")``; an unknown state is all name."""
+    for name in ADB_STATES:  # without a udev problem to name: "no permissions; see [...]"
+        if state.startswith(name) and not state[len(name):len(name) + 1].isalnum():
+            return name, state[len(name):].lstrip(" ;").strip()
+    return state, ""
+
+
+def printable(text: str, most: int = 80) -> str:
+    """Text from a phone as one terminal-safe line: every character that is not printable
+    (newlines, escape sequences, bidi controls, ...) as its Python escape, at most ``most``
+    characters (then cut, ending in "...")."""
+    head = text[: most + 1]  # an escape only lengthens what it replaces
+    pieces = [ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+              for ch in head]
+    if len(head) == len(text) and sum(map(len, pieces)) <= most:
+        return "".join(pieces)
+    kept, length = [], 0
+    for piece in pieces:  # cut between escapes, never inside one
+        if length + len(piece) > most - 3:
+            break
+        kept.append(piece)
+        length += len(piece)
+    return "".join(kept) + "..."
 
 
 def diff_states(old: dict[str, str], new: dict[str, str]

@@ -31,6 +31,7 @@ file, and ``Topology.extra["adb"]`` holds its :class:`AdbSpec`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
@@ -47,6 +48,7 @@ from pydantic import (
 
 from testbed import units
 from testbed.adb_bridge.relay import RelayShaping
+from testbed.names import MAX_NAME_CHARS
 from testbed.schema import Bool, Int, Schema, Str, problem_pairs, unique
 from testbed.topology import LinkFile, LinkSpec, SwitchRef
 
@@ -57,9 +59,30 @@ MIN_TELEMETRY_INTERVAL_S = 0.1
 DEFAULT_PHONE_LINK = LinkSpec(1e9, 1e9)
 
 
+PLAIN_SERIAL = re.compile(r"[A-Z0-9-]{1,%d}" % (MAX_NAME_CHARS - len("adb-")))
+SERIAL_HASH_CHARS = 6  # hex digits of the serial's SHA-256 in a hashed name
+HASH_TAIL = re.compile(r"-[0-9a-f]{%d}$" % SERIAL_HASH_CHARS)
+
+
 def device_name(serial: str) -> str:
-    """The run's device name for a phone serial (``adb-<serial>``, see testbed.adb_bridge)."""
-    return ("adb-" + re.sub(r"[^a-z0-9-]", "-", serial.lower()))[:24]
+    """The run's device name for a phone serial (at most ``MAX_NAME_CHARS`` characters).
+
+    A serial of upper-case letters, digits and '-', at most 20 (what USB phones report:
+    ``R58M12ABCDE``) is named ``adb-<serial>`` lower-cased (``adb-r58m12abcde``): the serial
+    reads back from the name. Any other serial would lose something (case, '.', ':', '_',
+    length), and two phones could meet in one name (``PHONE.1``, ``phone_1``), so it is named
+    ``adb-<stem>-<hash>``: the stem is the serial lower-cased with each run of other characters
+    folded to '-', cut to fit, the hash the first 6 hex digits of the serial's SHA-256
+    (``adb-phone-1-dd7b4e``). A plain name never ends like a hash ('-' and 6 hex digits: such a
+    serial is hashed too), so two phones share a name only if their stems and hashes do. The
+    same serial always gets the same name."""
+    plain = "adb-" + serial.lower()
+    if PLAIN_SERIAL.fullmatch(serial) and not HASH_TAIL.search(plain):
+        return plain
+    digest = hashlib.sha256(serial.encode("utf-8", "surrogatepass")).hexdigest()
+    room = MAX_NAME_CHARS - len("adb--") - SERIAL_HASH_CHARS
+    stem = re.sub(r"[^a-z0-9]+", "-", serial.lower()).strip("-")[:room].rstrip("-")
+    return "-".join(["adb", *([stem] if stem else []), digest[:SERIAL_HASH_CHARS]])
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ the phone joined a throwaway parameter server through the phone's reverse port a
 5. the agent on the phone is this checkout's (sha256 of ``agent.zip``); ``--push`` updates it;
 6. join/leave: the agent joins a throwaway PS (real gRPC, the real protocol) through
    ``adb reverse``, which answers Stop at once; the agent exits.
+
+Every shell command has a deadline for its whole answer (:class:`PhoneShell`): a phone that stops
+answering fails the check in progress as ``adb shell``, naming the command. A phone not in state
+``device`` gets the fix of its state (:data:`STATE_FIXES`, adb's state names). Everything the
+phone says (its properties, the probe's report, ``am``'s answer) is printed through
+:func:`~testbed.adb_bridge.client.printable`: one line each, short, no terminal escapes.
 """
 
 from __future__ import annotations
@@ -36,13 +42,71 @@ import grpc
 from adbutils.errors import AdbError
 
 from testbed.adb_bridge import agent_package, parsers, termux, termux_control
-from testbed.adb_bridge.client import AdbServer
-from testbed.adb_bridge.phone_info import MIN_SDK, PhoneInfo
+from testbed.adb_bridge.client import (
+    AdbServer,
+    PhoneCommandError,
+    PhoneShell,
+    printable,
+    split_state,
+)
+from testbed.adb_bridge.phone_info import PhoneInfo, support_problem
 from testbed.adb_bridge.termux_control import ControlError, TermuxControl
 
 DOCTOR_NAME = "adb-doctor"
 REQUIRED_MODULES = ("numpy", "grpc")
 TERMUX_PACKAGE_OF = {"numpy": "python-numpy", "grpc": "python-grpcio"}
+MAX_REPORT_BYTES = 2**20  # the probe's report is ~200 bytes; the cap of TermuxControl's lines
+REPORT_READ_S = 10.0  # from the probe's connection to the end of its report line
+MAX_LINE_CHARS = 2000  # a line of the report: far more than any check writes
+
+# What each of adb's states (client.ADB_STATES) means for a phone that should compute, and its
+# fix; {serial} and {state} are filled in. A state adb adds later gets UNKNOWN_STATE_FIX.
+STATE_MEANINGS = {
+    "unauthorized": "USB debugging is not allowed yet on the phone",
+    "authorizing": "the adb server is still checking the phone's authorization",
+    "connecting": "the adb server is still connecting to it",
+    "offline": "connected, but adb on the phone does not answer",
+    "no permissions": "the adb server may not open its USB device",
+    "bootloader": "the phone runs its bootloader, not Android",
+    "recovery": "the phone runs recovery, not Android",
+    "rescue": "the phone runs rescue mode, not Android",
+    "sideload": "the phone runs recovery's sideload mode, not Android",
+    "host": "another computer's adb, not a phone",
+    "detached": "detached from the adb server",
+}
+_BOOT_ANDROID = ("boot the phone into Android: `adb -s {serial} reboot` (in the bootloader: choose "
+                 "Start on its screen, or `fastboot reboot`), unlock it, then run the doctor again")
+_WAIT = ("wait a few seconds and run the doctor again; if it stays {state}, unlock the phone and "
+         "accept 'Allow USB debugging'")
+UNKNOWN_STATE_FIX = "unplug and plug in the cable again (or `adb reconnect`)"
+STATE_FIXES = {
+    "unauthorized": "unlock the phone and accept 'Allow USB debugging' (tick 'Always allow'); no "
+                    "prompt: `adb kill-server`, then plug it in again",
+    "offline": UNKNOWN_STATE_FIX,
+    "no permissions": "let your user open the phone's USB device: install udev rules for Android "
+                      "phones (your distribution's android-udev-rules package, or a rule for the "
+                      "phone's USB vendor id in /etc/udev/rules.d/51-android.rules), add your "
+                      "user to the plugdev group and log in again, then `adb kill-server` and "
+                      "plug the phone in again (https://developer.android.com/studio/run/device)",
+    "bootloader": _BOOT_ANDROID, "recovery": _BOOT_ANDROID, "rescue": _BOOT_ANDROID,
+    "sideload": _BOOT_ANDROID,
+    "authorizing": _WAIT, "connecting": _WAIT,
+    "host": "name a phone instead (`testbed adb devices` lists them), or drop this connection: "
+            "`adb disconnect {serial}`",
+    "detached": "attach it again: `adb attach {serial}`",
+}
+PORTS_FIX = ("stop that app, or move the ports with --phone-port (the join uses the phone port, "
+             "the probe it + 1, the Termux listener it + 2)")
+
+
+def state_problem(name: str, detail: str = "") -> str:
+    """What a phone's adb state other than ``device`` means (name and detail as
+    :func:`~testbed.adb_bridge.client.split_state` gives them); "" for a state unknown here."""
+    return " ".join(filter(None, (STATE_MEANINGS.get(name), detail)))
+
+
+class BadProbeReport(ValueError):
+    """What came over the probe port is not the probe's report (another app, a broken python)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +128,8 @@ class Doctor:
     push: bool = False
     phone_port: int = 7700
     probe_timeout_s: float = 25.0
+    shell_timeout_s: float = 15.0  # one quick shell command: getprop, pm path, sha256sum, am
+    python_timeout_s: float = 60.0  # the adb shell's python importing numpy and grpc, cold
     join_timeout_s: float = 60.0
     listener_timeout_s: float = 5.0  # the listener dials every second
     checks: list[Check] = field(default_factory=list)
@@ -83,6 +149,10 @@ class Doctor:
         """Run the checks in order; True when the phone can compute tiles."""
         try:
             return self._run()
+        except PhoneCommandError as exc:  # the phone stopped answering (or answers too much)
+            return self._add("adb shell", False, str(exc), "unlock the phone and check the "
+                             "cable, then run the doctor again; if the phone still does not "
+                             "answer, restart it")
         except (AdbError, OSError, EOFError) as exc:
             return self._add("adb", False, f"the adb connection failed mid-check: {exc}",
                              "check the cable, then run the doctor again")
@@ -111,16 +181,20 @@ class Doctor:
         if not self._phone_check():
             return False
         assert self.serial is not None
-        device = s.device(self.serial)
-        self.device = device
-        info = PhoneInfo.from_props(self.serial, parsers.parse_getprop(
-            device.shell2("getprop", v2=True).stdout))
-        if info.sdk is not None and info.sdk < MIN_SDK:
-            return self._add("android", False, f"Android {info.android_release} (API {info.sdk})"
-                             f" is older than Termux needs (API {MIN_SDK})",
-                             "use a phone with Android 7.0 or later")
-        self._add("android", True, f"Android {info.android_release} (API {info.sdk}), "
-                  f"{info.model}, {info.abi}")
+        self.device = s.device(self.serial)
+        self.shell = PhoneShell(self.device, self.shell_timeout_s)
+        props = parsers.parse_getprop(self.shell.run("getprop").stdout)
+        info = PhoneInfo.from_props(self.serial, props)
+        phone = ", ".join(filter(None, (printable(info.model), printable(info.abi))))
+        problem = support_problem(info)  # too old, or no API level to tell
+        if problem:
+            return self._add("android", False, f"{phone}: {problem}" if phone else problem,
+                             "use a phone with Android 7.0 or later" if info.sdk is not None
+                             else "`adb shell getprop ro.build.version.sdk` should print the "
+                                  "API level (31 on Android 12); if it prints nothing, restart "
+                                  "the phone")
+        self._add("android", True, f"Android {printable(info.android_release) or '?'} "
+                  f"(API {info.sdk})" + (f", {phone}" if phone else ""))
         if not self._launcher_checks():
             return False
         if not self._version_check():
@@ -137,29 +211,42 @@ class Doctor:
                                  "`testbed adb doctor SERIAL` (or set ANDROID_SERIAL)")
             self.serial = next(iter(states))
         state = states.get(self.serial)
-        fixes = {
-            None: "plug it in and turn on USB debugging (Settings > About phone > tap Build "
-                  "number 7 times; then Developer options > USB debugging)",
-            "unauthorized": "unlock the phone and accept 'Allow USB debugging' (tick 'Always "
-                            "allow'); no prompt: `adb kill-server`, then plug it in again",
-            "offline": "unplug and plug in the cable again (or `adb reconnect`)",
-        }
-        if state != "device":
-            return self._add("phone", False, f"{self.serial} is {state or 'not connected'}",
-                             fixes.get(state, fixes["offline"]))
+        if state is None:
+            return self._add("phone", False, f"{self.serial} is not connected",
+                             "plug it in and turn on USB debugging (Settings > About phone > "
+                             "tap Build number 7 times; then Developer options > USB debugging)")
+        name, detail = split_state(state)
+        if name != "device":
+            problem = state_problem(name, detail)
+            return self._add("phone", False, f"{self.serial} is {name}"
+                             + (f": {problem}" if problem else ""),
+                             STATE_FIXES.get(name, UNKNOWN_STATE_FIX).format(
+                                 serial=self.serial, state=name))
         return self._add("phone", True, f"{self.serial} is authorized (state device)")
 
-    def _shell(self, command: str) -> tuple[int, str]:
-        r = self.device.shell2(command, v2=True)
-        return r.returncode, (r.stdout + r.stderr)
+    def _shell(self, command: str, timeout_s: float | None = None) -> tuple[int, str]:
+        r = self.shell.run(command, timeout_s)
+        return r.code, (r.stdout + r.stderr)
+
+    def _reverse(self, phone_port: int, host_port: int) -> str | None:
+        """``adb reverse tcp:phone_port tcp:host_port``; the problem when an app on the phone
+        holds that port (adbd's "cannot bind listener: ..."). Other adb errors propagate."""
+        try:
+            self.device.reverse(f"tcp:{phone_port}", f"tcp:{host_port}")
+        except AdbError as exc:
+            if "cannot bind" not in str(exc):
+                raise
+            return (f"adb reverse tcp:{phone_port} failed ({exc}): something on the phone "
+                    f"already listens on 127.0.0.1:{phone_port} (another app)")
+        return None
 
     def _launcher_checks(self) -> bool:
         code, out = self._shell("python3 -c 'import numpy, grpc, sys; print(sys.version.split()[0],"
-                                " numpy.__version__, grpc.__version__)'")
+                                " numpy.__version__, grpc.__version__)'", self.python_timeout_s)
         if code == 0:
             self.launcher = "shell"
             return self._add("python (adb shell)", True, f"the adb shell runs python with "
-                             f"numpy and grpc: {out.strip()}; Termux is not needed")
+                             f"numpy and grpc: {printable(out.strip())}; Termux is not needed")
         self._add("python (adb shell)", True, "none for the adb shell (normal on an unrooted "
                   "phone): the agent runs inside Termux")
         self.launcher = "termux"
@@ -201,13 +288,13 @@ class Doctor:
             return self._python_check(hello)
         if control.refused_uids:
             uids = ", ".join(map(str, sorted(control.refused_uids)))
-            return self._add("termux listener", False, control.last_refusal,
+            return self._add("termux listener", False, printable(control.last_refusal, most=300),
                              f"find the app: `adb shell pm list packages --uid {uids}`; stop or "
                              f"uninstall it, or move the ports with --phone-port (then in "
                              f"Termux: {termux_control.serve_command(self.control_port + 10)} "
                              f"for --phone-port {self.phone_port + 10})")
         if control.last_refusal:
-            return self._add("termux listener", False, control.last_refusal,
+            return self._add("termux listener", False, printable(control.last_refusal, most=300),
                              "end the listener in Termux (Ctrl-C), start it again: "
                              f"`{command}`, then run the doctor again")
         self._close_control()
@@ -218,11 +305,12 @@ class Doctor:
 
     def _python_check(self, report: dict[str, Any]) -> bool:
         missing = [m for m in REQUIRED_MODULES if not report.get(m)]
-        versions = ", ".join(f"{m} {report.get(m) or 'missing'}" for m in
-                             ("python", *REQUIRED_MODULES))
+        versions = ", ".join(f"{m} {printable(str(report.get(m) or 'missing'), most=40)}"
+                             for m in ("python", *REQUIRED_MODULES))
         if missing:
             fix = "in Termux run: pkg install " + " ".join(TERMUX_PACKAGE_OF[m] for m in missing)
-            errors = "; ".join(str(report.get(m + "_error")) for m in missing)
+            errors = "; ".join(printable(str(report.get(m + "_error")), most=200)
+                               for m in missing)
             return self._add("termux python", False, f"{versions} ({errors})", fix)
         return self._add("termux python", True, versions)
 
@@ -235,7 +323,10 @@ class Doctor:
         listener.listen(1)
         listener.settimeout(0.3)
         probe_port = self.phone_port + 1
-        self.device.reverse(f"tcp:{probe_port}", f"tcp:{listener.getsockname()[1]}")
+        taken = self._reverse(probe_port, listener.getsockname()[1])
+        if taken:
+            listener.close()
+            return self._add("probe port", False, taken, PORTS_FIX)
         probe = ["probe", f"127.0.0.1:{probe_port}"]
         try:
             code, out = self._shell(termux.intent_command(script, probe))
@@ -250,10 +341,18 @@ class Doctor:
                                  f"in Termux run `{serve}` (once; leave it running), then run "
                                  f"the doctor again")
             if answer.outcome != "sent":
-                return self._add("run_command allowed", False, f"am: {answer.text}",
+                return self._add("run_command allowed", False,
+                                 f"am: {printable(answer.text, most=300)}",
                                  "update Termux (RUN_COMMAND needs Termux 0.95 or later)")
             self._add("run_command allowed", True, "the adb shell may send Termux's intent")
-            report, seen = self._wait_report(listener)
+            try:
+                report, seen = self._wait_report(listener)
+            except BadProbeReport as exc:
+                # anything on the phone may dial the probe port: say what came, not a traceback
+                return self._add("probe report", False, f"127.0.0.1:{probe_port} on the phone "
+                                 f"got {exc}, not the probe's report (a JSON object on one line)",
+                                 f"run the doctor again; if another app keeps dialling that "
+                                 f"port, {PORTS_FIX}")
         finally:
             listener.close()
             self.device.reverse_remove(f"tcp:{probe_port}")
@@ -269,7 +368,8 @@ class Doctor:
         return self._python_check(report)
 
     def _wait_report(self, listener: socket.socket) -> tuple[dict[str, Any] | None, bool]:
-        """The probe's report (None if none came) and whether its process was ever seen."""
+        """The probe's report (None if none came) and whether its process was ever seen;
+        BadProbeReport when what connected sent something else."""
         seen = False
         deadline = time.monotonic() + self.probe_timeout_s
         while time.monotonic() < deadline:
@@ -281,14 +381,7 @@ class Doctor:
                     seen = code == 0
                 continue
             with conn:
-                conn.settimeout(10)
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-            return json.loads(data.decode() or "{}"), True
+                return read_report(conn, time.monotonic() + REPORT_READ_S), True
         return None, seen
 
     def _version_check(self) -> bool:
@@ -296,7 +389,7 @@ class Doctor:
         local = agent_package.build_agent_zip()
         want = hashlib.sha256(local).hexdigest()
         code, out = self._shell(f"sha256sum {path}")
-        have = out.split()[0] if code == 0 and out.split() else ""
+        have = printable(out.split()[0], most=64) if code == 0 and out.split() else ""
         if have != want and self.push:
             self.device.sync.push(local, path, mode=0o644)
             return self._add("agent version", True, f"pushed this checkout's agent ({want[:12]})"
@@ -314,9 +407,16 @@ class Doctor:
         phone_dir = agent_package.PHONE_DIR
         token_path = f"{phone_dir}/token-{secrets.token_hex(8)}"
         mode = 0o600 if self.launcher == "shell" else 0o644
+        try:
+            taken = self._reverse(self.phone_port, ps.port)
+        except (AdbError, OSError, EOFError):
+            ps.stop()
+            raise
+        if taken:
+            ps.stop()
+            return self._add("join/leave", False, taken, PORTS_FIX)
         if self.launcher != "termux-serve":  # the listener gets it over its connection
             self.device.sync.push(token.encode() + b"\n", token_path, mode=mode)
-        self.device.reverse(f"tcp:{self.phone_port}", f"tcp:{ps.port}")
         argv = ["--ps", f"127.0.0.1:{self.phone_port}", "--token-file", token_path,
                 "--name", DOCTOR_NAME, "--kind", "real"]
         out, started = "", False
@@ -346,13 +446,15 @@ class Doctor:
             ps.stop()
         if ps.joined and ps.stopped:
             return self._add("join/leave", True, f"the agent joined a throwaway PS through "
-                             f"tcp:{self.phone_port} as {ps.joined!r} and left when told")
+                             f"tcp:{self.phone_port} as {printable(repr(ps.joined))} and left "
+                             f"when told")
         if ps.joined:
             return self._add("join/leave", False, "the agent joined but did not take Stop",
                              "run the doctor again; if it persists, report it with the "
                              "agent's log")
         if not started and out:
-            return self._add("join/leave", False, f"the agent did not start: {out}",
+            return self._add("join/leave", False, "the agent did not start: "
+                             + printable(out.strip(), most=300),
                              "run the doctor again; in Termux, ~/.testbed/agent.log says more")
         return self._add("join/leave", False, f"no agent joined within {self.join_timeout_s:.0f}"
                          f" s through tcp:{self.phone_port}",
@@ -362,13 +464,55 @@ class Doctor:
     def report(self) -> str:
         """The checks as text, one per line, with the fix under a failed one."""
         lines = []
+        # the checks already quote the phone through printable; this keeps any text that came
+        # another way (an adb error's message) from breaking a line or moving the cursor
         for c in self.checks:
-            lines.append(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+            lines.append(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: "
+                         f"{printable(c.detail, most=MAX_LINE_CHARS)}")
             if not c.ok and c.fix:
-                lines.append(f"       fix: {c.fix}")
+                lines.append(f"       fix: {printable(c.fix, most=MAX_LINE_CHARS)}")
         ok = bool(self.checks) and self.checks[-1].ok and self.checks[-1].name == "join/leave"
         lines.append("the phone can compute tiles" if ok else "the phone cannot compute tiles")
         return "\n".join(lines)
+
+
+def read_report(conn: socket.socket, deadline: float) -> dict[str, Any]:
+    """The probe's report: one JSON object on one line, whole before ``deadline``
+    (time.monotonic()) and within MAX_REPORT_BYTES; else BadProbeReport saying what came."""
+    data = bytearray()
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise socket.timeout()
+            conn.settimeout(left)
+            chunk = conn.recv(65536)
+        except socket.timeout:
+            raise BadProbeReport((f"{len(data)} bytes and no end of line" if data else "nothing")
+                                 + f" within {REPORT_READ_S:g} s") from None
+        except OSError as exc:
+            raise BadProbeReport(f"a connection that broke ({exc})") from None
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REPORT_BYTES:
+            raise BadProbeReport(f"more than {MAX_REPORT_BYTES // 2**20} MiB without an end of "
+                                 f"line")
+    if not data:
+        raise BadProbeReport("a connection that closed without sending anything")
+    line = bytes(data).partition(b"\n")[0]
+    shown = printable(repr(line.decode("utf-8", errors="replace")), most=80)
+    try:
+        report = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadProbeReport(f"{shown} (not UTF-8)") from None
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        raise BadProbeReport(f"{shown} (not JSON)") from None
+    if not isinstance(report, dict):
+        kind = {list: "array", str: "string", int: "number", float: "number",
+                bool: "true or false"}.get(type(report), "null")
+        raise BadProbeReport(f"{shown} (a JSON {kind}, not an object)")
+    return report
 
 
 class ThrowawayPS:

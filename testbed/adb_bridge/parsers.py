@@ -29,6 +29,10 @@ Units and conventions, written down once:
   heuristic and the sign from the charging state when the state is known.
 * CPU frequencies in hertz (``cur_freq_hz``); sysfs prints kHz.
 * thermal status is the Android ``PowerManager.THERMAL_STATUS_*`` number 0 (none) .. 6 (shutdown).
+* a whole number in phone text (API level, uid, pid, CPU index, status) is read with
+  :func:`parse_int` only: ASCII digits, at most :data:`MAX_INT_DIGITS` of them. (``str.isdigit``
+  is true for '²' and other Unicode digits, which ``int`` then refuses, and ``int`` refuses more
+  than 4300 digits: either would end the bridge's thread for the phone.)
 """
 
 from __future__ import annotations
@@ -122,6 +126,17 @@ def parse_getprop(text: str) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------------------------
 # numbers and units
+
+MAX_INT_DIGITS = 19  # as many as 64 bits hold; a phone's API level, uid or pid has far fewer
+
+
+def parse_int(text: str | None, most_digits: int = MAX_INT_DIGITS) -> int | None:
+    """A whole number >= 0 written in ASCII digits (blanks around it allowed), else None."""
+    digits = (text or "").strip()
+    if 0 < len(digits) <= most_digits and digits.isascii() and digits.isdigit():
+        return int(digits)
+    return None
+
 
 def _number(text: str | None) -> float | None:
     if text is None:
@@ -236,7 +251,7 @@ def parse_power_supply_uevent(text: str) -> BatteryState:
 # thermal
 
 _TEMPERATURE = re.compile(r"Temperature\{([^}]*)\}")
-_STATUS_LINE = re.compile(r"^\s*Thermal Status:\s*(-?\d+)\s*$", re.MULTILINE)
+_STATUS_LINE = re.compile(r"^\s*Thermal Status:\s*(-?[0-9]+)\s*$", re.MULTILINE)
 
 
 def _temperature_fields(body: str) -> dict[str, str]:
@@ -277,7 +292,7 @@ def parse_dumpsys_thermalservice(text: str) -> ThermalState:
     if status_match is None and not sensors:
         return ThermalState(available=False)
     return ThermalState(available=True,
-                        status=int(status_match.group(1)) if status_match else None,
+                        status=parse_int(status_match.group(1)) if status_match else None,
                         sensors=tuple(sensors.values()))
 
 
@@ -325,7 +340,7 @@ def parse_thermal_zones(text: str) -> dict[str, float]:
     return out
 
 
-_CPU = re.compile(r"/cpu(\d+)/cpufreq/")
+_CPU = re.compile(r"/cpu([0-9]+)/cpufreq/")
 
 
 def parse_cpufreq(text: str) -> dict[int, float]:
@@ -333,7 +348,8 @@ def parse_cpufreq(text: str) -> dict[int, float]:
     out: dict[int, float] = {}
     for path, value in _grep_h(text):
         match = _CPU.search(path)
+        cpu = parse_int(match.group(1)) if match else None
         khz = _number(value)
-        if match and khz is not None and 0 < khz * 1e3 < math.inf:  # 1e306 kHz: no number
-            out[int(match.group(1))] = khz * 1e3
+        if cpu is not None and khz is not None and 0 < khz * 1e3 < math.inf:  # 1e306 kHz
+            out[cpu] = khz * 1e3
     return dict(sorted(out.items()))

@@ -4,12 +4,17 @@ A phone's SoC is read from ``ro.soc.model`` (Android 12+), else ``ro.board.platf
 ``ro.hardware``, lower-cased. :data:`SOC_PROFILES` maps those names to shipped profiles of
 ``testbed/perf_model/profiles``; a phone whose SoC is not in the table is *measured live*: it
 runs with no profile and its own timings feed the performance model.
+
+The API level comes from ``ro.build.version.sdk`` (read with :func:`parsers.parse_int`); a phone
+that gives none that is a number cannot be checked against :data:`MIN_SDK`, and
+:func:`support_problem` says so rather than let it pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.adb_bridge import parsers
 from testbed.perf_model.profiles import list_profiles
 
 # SoC identifiers as phones print them -> shipped profile name. Snapdragon 888 is SM8350, code
@@ -27,7 +32,7 @@ class PhoneInfo:
     manufacturer: str
     soc: str  # lower-case SoC identifier, "" when the phone does not say
     android_release: str
-    sdk: int | None
+    sdk: int | None  # the API level, None when ro.build.version.sdk is missing or no number
     abi: str
 
     @classmethod
@@ -35,12 +40,11 @@ class PhoneInfo:
         """Build from ``getprop`` output parsed by :func:`parsers.parse_getprop`."""
         soc = next((props[k] for k in ("ro.soc.model", "ro.board.platform", "ro.hardware")
                     if props.get(k)), "")
-        sdk_text = props.get("ro.build.version.sdk", "")
         return cls(serial=serial, model=props.get("ro.product.model", ""),
                    manufacturer=props.get("ro.product.manufacturer", ""),
                    soc=soc.strip().lower(),
                    android_release=props.get("ro.build.version.release", ""),
-                   sdk=int(sdk_text) if sdk_text.isdigit() else None,
+                   sdk=parsers.parse_int(props.get("ro.build.version.sdk")),
                    abi=props.get("ro.product.cpu.abi", ""))
 
     def soc_candidates(self, props: dict[str, str]) -> list[str]:
@@ -73,8 +77,13 @@ def choose_profile(info: PhoneInfo, props: dict[str, str], requested: str = "aut
 
 
 def support_problem(info: PhoneInfo) -> str | None:
-    """Why the agent cannot run on this phone (too old for Termux), or None when it may."""
-    if info.sdk is not None and info.sdk < MIN_SDK:
+    """Why the agent cannot run on this phone (too old for Termux, or its Android version
+    unknown), or None when it may."""
+    if info.sdk is None:
+        return ("the phone reported no usable Android version (`getprop ro.build.version.sdk` "
+                "gives no API level), so the bridge cannot tell whether Termux, which provides "
+                f"python, numpy and grpcio, runs on it (it needs API {MIN_SDK}, Android 7.0)")
+    if info.sdk < MIN_SDK:
         return (f"Android {info.android_release or '?'} (API {info.sdk}) is too old: Termux, "
                 f"which provides python, numpy and grpcio, needs API {MIN_SDK} (Android 7.0)")
     return None

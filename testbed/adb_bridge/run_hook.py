@@ -58,7 +58,7 @@ from typing import Any, Callable
 from adbutils.errors import AdbError
 
 from testbed.adb_bridge.bridge import AdbBridge, BridgeEvent, PhoneStatus, device_name
-from testbed.adb_bridge.client import AdbServer
+from testbed.adb_bridge.client import AdbServer, split_state
 from testbed.adb_bridge.config import AdbSpec
 from testbed.runlog import RunLog
 
@@ -119,7 +119,7 @@ def merge_status(snapshot: dict[str, Any], phones: list[PhoneStatus],
             if phone.agent_pid is not None and not phone.problem:
                 continue  # started, not (yet) joined, or already left: the PS's view is enough
             state = ("adb:failed" if phone.problem else
-                     "adb:waiting" if phone.waiting else f"adb:{phone.state}")
+                     "adb:waiting" if phone.waiting else f"adb:{split_state(phone.state)[0]}")
             row = {"device": phone.name, "group": GROUP, "state": state,
                    "problem": phone.problem or phone.waiting}
             rows.append(row)

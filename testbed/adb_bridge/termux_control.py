@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from testbed.adb_bridge import agent_package
+from testbed.adb_bridge.parsers import parse_int
+from testbed.user_paths import load_user_json
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +96,15 @@ def parse_proc_net_tcp(text: str) -> list[PhoneSocket]:
     out = []
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) < 10 or not fields[0].rstrip(":").isdigit():
+        if len(fields) < 10 or parse_int(fields[0].rstrip(":")) is None:
+            continue
+        uid, inode = parse_int(fields[7]), parse_int(fields[9])
+        if uid is None or inode is None:
             continue
         try:
             (lip, lport), (rip, rport) = (f.split(":") for f in fields[1:3])
             out.append(PhoneSocket(_ip(lip), int(lport, 16), _ip(rip), int(rport, 16),
-                                   TCP_STATES.get(fields[3].upper(), fields[3]), int(fields[7]),
-                                   int(fields[9])))
+                                   TCP_STATES.get(fields[3].upper(), fields[3]), uid, inode))
         except (ValueError, OSError):
             continue
     return out
@@ -108,9 +112,9 @@ def parse_proc_net_tcp(text: str) -> list[PhoneSocket]:
 
 def parse_package_uid(text: str) -> int | None:
     """Termux's uid from ``pm list packages -U`` or ``dumpsys package`` output."""
-    m = (re.search(r"^package:com\.termux\s+uid:(\d+)", text, re.MULTILINE)
-         or re.search(r"\buserId=(\d+)", text))
-    return int(m.group(1)) if m else None
+    m = (re.search(r"^package:com\.termux\s+uid:([0-9]+)", text, re.MULTILINE)
+         or re.search(r"\buserId=([0-9]+)", text))
+    return parse_int(m.group(1)) if m else None
 
 
 def _loopback(ip: str) -> bool:
@@ -298,7 +302,7 @@ class TermuxControl:
         try:
             conn.settimeout(HELLO_TIMEOUT_S)
             line = self._read_line(conn, buf)
-            hello = json.loads(line) if line else None
+            hello = load_user_json(line.decode()) if line else None
             if not isinstance(hello, dict) or hello.get("hello") != "testbed-termux":
                 raise ControlError("the peer did not say hello as the Termux listener does")
             if hello.get("protocol") != PROTOCOL:
@@ -340,7 +344,7 @@ class TermuxControl:
                 line = self._read_line(conn, buf)
                 if line is None:
                     break
-                message = json.loads(line)
+                message = load_user_json(line.decode())  # (bad UTF-8: a ValueError)
                 if not isinstance(message, dict):
                     continue
                 if "event" in message:

@@ -23,6 +23,8 @@ shape; it is recorded so that the data says where each shape came from.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import platform
 import statistics
 import time
@@ -31,7 +33,7 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from testbed.perf_model.measurements import Measurement
+from testbed.perf_model.measurements import MIN_MODEL_SECONDS, Measurement
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +193,13 @@ def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
     for _ in range(passes):
         for i, shape in enumerate(shapes):
             got = runner.time_gemm(shape.m, shape.k, shape.n, dtype, warmup, repeats)
-            if not got or min(got) < 0:
-                raise RuntimeError(f"runner {info['device']} returned bad timings {got!r} for "
-                                   f"{shape}")
+            # what read_measurements and a fit take: finite, and no call is faster than 1 ns;
+            # written as "all good" rather than "any bad": NaN fails every comparison
+            if not got or not all(isinstance(s, numbers.Real) and not isinstance(s, bool)
+                                  and MIN_MODEL_SECONDS <= s < math.inf for s in got):
+                raise RuntimeError(f"runner {info['device']} returned bad timings "
+                                   f"{repr(got)[:200]} for {shape}; expected finite numbers of "
+                                   f"seconds >= {MIN_MODEL_SECONDS:g}")
             samples[i].extend(got)
     rows = []
     for i, shape in enumerate(shapes):

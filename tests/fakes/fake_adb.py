@@ -72,11 +72,15 @@ _STATES = ("device", "unauthorized", "offline")
 
 @dataclass
 class ShellResult:
-    """What a shell command printed and its exit code."""
+    """What a shell command printed and its exit code, and how the answer travels:
+    ``trickle_s`` sends stdout one byte at a time that many seconds apart (a command that keeps
+    printing), ``cut`` ends the answer after stdout with no exit status (adbd gone mid-answer)."""
 
     stdout: bytes = b""
     stderr: bytes = b""
     exit_code: int = 0
+    trickle_s: float = 0.0
+    cut: bool = False
 
 
 ExecHook = Callable[["FakePhone", str], "ShellResult | None"]
@@ -173,6 +177,9 @@ class FakePhone:
     apps: list[subprocess.Popen] = field(default_factory=list)  # other apps (OTHER_APP_UID)
     shell_log: list[str] = field(default_factory=list)
     transport_id: int = 0
+    # what `host-serial:SERIAL:features` answers; without shell_v2 (adbd of Android 6 and
+    # older) a host must use shell v1, which merges stderr into stdout and has no exit status
+    features: str = DEVICE_FEATURES
     # True: the phone's loopback port D is the host's 127.0.0.1:D (a reverse rule tcp:D listens
     # there), so a process "on the phone" can dial a phone port before the rule exists, as the
     # Termux listener does. One such phone per host port, of course.
@@ -743,7 +750,7 @@ class FakeAdbServer:
         if phone is None:
             return False
         if command == "features":
-            self._okay(conn, _block(DEVICE_FEATURES))
+            self._okay(conn, _block(phone.features))
         elif command == "get-state":
             self._okay(conn, _block(phone.state))
         elif command == "get-serialno":
@@ -959,16 +966,26 @@ class FakeAdbServer:
         with_marker = cmd.endswith(marker)
         result = self.run_shell(phone, cmd[: -len(marker)] if with_marker else cmd)
         self._okay(conn)
-        if v2:
-            for kind, data in ((1, result.stdout), (2, result.stderr)):
-                if data:
-                    conn.sendall(struct.pack("<BI", kind, len(data)) + data)
-            conn.sendall(struct.pack("<BI", 3, 1) + bytes([result.exit_code & 0xFF]))
-        else:
-            out = result.stdout + result.stderr
-            if with_marker:
-                out += f"X4EXIT:{result.exit_code}\n".encode()
-            conn.sendall(out)
+
+        def send(kind: int, data: bytes) -> None:
+            if not data:
+                return
+            pieces = [data[i:i + 1] for i in range(len(data))] if result.trickle_s else [data]
+            for piece in pieces:
+                conn.sendall(struct.pack("<BI", kind, len(piece)) + piece if v2 else piece)
+                time.sleep(result.trickle_s)
+
+        try:
+            send(1, result.stdout)
+            if not result.cut:
+                if v2:
+                    send(2, result.stderr)
+                    conn.sendall(struct.pack("<BI", 3, 1) + bytes([result.exit_code & 0xFF]))
+                else:
+                    send(1, result.stderr + (f"X4EXIT:{result.exit_code}\n".encode()
+                                             if with_marker else b""))
+        except OSError:  # the host gave up on a slow answer
+            return
         conn.shutdown(socket.SHUT_WR)
         # Let the client read to the end before the socket closes.
         conn.settimeout(5)

@@ -66,6 +66,18 @@ def test_doctor_ready_phone_joins_and_leaves(fake_adb_server: FakeAdbServer,
     assert not [p for p in phone.files if "/token-" in p]
 
 
+def test_doctor_reads_a_phone_without_shell_v2_end_to_end(fake_adb_server: FakeAdbServer,
+                                                          tmp_path: Path) -> None:
+    """Every check through shell protocol v1 (no exit status of its own, stderr merged into
+    stdout): adbutils' shell2 read such a phone as blank."""
+    phone = plug(fake_adb_server, tmp_path)
+    phone.features = "cmd"
+    done = doctor(fake_adb_server.port, SERIAL, "--push")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[ok] android: Android 12 (API 31), M2011K2G, arm64-v8a" in done.stdout
+    assert "[ok] termux python: python 3" in done.stdout and "joined a throwaway PS" in done.stdout
+
+
 @pytest.mark.parametrize("scenario, kwargs, problem, fix", [
     ("no termux", {"installed": False}, "[FAIL] termux installed: package com.termux is not "
      "installed", "install Termux from F-Droid"),

@@ -1,5 +1,6 @@
-"""ADB bridge pure parts: telemetry parsers on recorded samples, device lists, profile choice,
-the ``adb:`` config validator, and the agent zip (really run with this Python)."""
+"""ADB bridge pure parts: telemetry parsers on recorded samples, numbers in phone text, device
+lists, profile choice, device names, the ``adb:`` config validator, and the agent zip (really
+run with this Python)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from testbed.adb_bridge import parsers, telemetry
+from testbed.adb_bridge import parsers, telemetry, termux_control
 from testbed.adb_bridge.agent_package import agent_files, build_agent_zip
 from testbed.adb_bridge.client import diff_states, parse_device_list
-from testbed.adb_bridge.config import validate_adb_section
+from testbed.adb_bridge.config import device_name, validate_adb_section
 from testbed.adb_bridge.phone_info import PhoneInfo, choose_profile, support_problem
+from testbed.names import is_name
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "adb"
 
@@ -54,6 +56,64 @@ def test_profile_requests_and_old_android() -> None:
     assert "too old" in (support_problem(info) or "")
     sd = PhoneInfo.from_props("S", parsers.parse_getprop(sample("getprop_sd888.txt")))
     assert support_problem(sd) is None
+
+
+
+# -- numbers in phone text ---------------------------------------------------------------------
+# (through module attributes, so that on code without parse_int only these tests fail)
+
+@pytest.mark.parametrize("text, number", [
+    ("31", 31), (" 31\n", 31), ("0", 0), ("9" * 19, int("9" * 19)),
+    ("\u00b2", None), ("\u0661\u0662", None), ("9" * 5000, None), ("9" * 20, None),
+    ("-1", None), ("+1", None), ("1e3", None), ("0x10", None), ("", None), (None, None),
+])
+def test_parse_int_takes_ascii_digits_only_and_not_too_many(text: str | None,
+                                                           number: int | None) -> None:
+    """'²' passes str.isdigit() but not int(); int() refuses more than 4300 digits."""
+    assert parsers.parse_int(text) == number
+
+
+@pytest.mark.parametrize("sdk", ["\u00b2", "\u0661\u0662", "9" * 5000, "abc", "-1", ""])
+def test_an_unusable_sdk_is_no_usable_android_version(sdk: str) -> None:
+    props = {**parsers.parse_getprop(sample("getprop_sd888.txt")), "ro.build.version.sdk": sdk}
+    info = PhoneInfo.from_props("S", props)
+    assert info.sdk is None
+    assert "no usable Android version" in (support_problem(info) or "")
+
+
+def test_numbers_in_telemetry_and_termux_text_never_raise() -> None:
+    thermal = parsers.parse_dumpsys_thermalservice("Thermal Status: " + "9" * 5000 + "\n")
+    assert thermal.available and thermal.status is None
+    cpufreq = ("/sys/devices/system/cpu/cpu" + "9" * 5000 + "/cpufreq/scaling_cur_freq:1000\n"
+               "/sys/devices/system/cpu/cpu\u0663/cpufreq/scaling_cur_freq:1000\n"
+               "/sys/devices/system/cpu/cpu2/cpufreq/scaling_cur_freq:1000\n")
+    assert parsers.parse_cpufreq(cpufreq) == {2: 1e6}
+    assert telemetry.build_sample("", "", "Thermal Status: " + "9" * 5000, "", cpufreq)[
+        "cpu_freq_hz"] == {"2": 1e6}
+    assert termux_control.parse_package_uid("package:com.termux uid:" + "1" * 5000) is None
+    assert termux_control.parse_package_uid("userId=\u0661\u0662") is None
+    assert termux_control.parse_package_uid("package:com.termux uid:10234\n") == 10234
+    line = ("   0: 0100007F:1E0A 0100007F:9C40 01 00000000:00000000 00:00000000 00000000 "
+            "{uid}     0 {inode} 1 0000000000000000 20 4 30 10 -1")
+    table = "\n".join(line.format(uid=u, inode=i) for u, i in
+                      (("\u00b2", 1), ("1" * 5000, 2), ("10234", "9" * 5000), ("10234", 7)))
+    assert [(s.uid, s.inode) for s in termux_control.parse_proc_net_tcp(table)] == [(10234, 7)]
+
+
+# -- device names ----------------------------------------------------------------------------------
+
+def test_device_names_are_unique_valid_and_readable() -> None:
+    """Serials that sanitize alike get names of their own; upper-case serials stay plain."""
+    assert device_name("R58M12ABCDE") == "adb-r58m12abcde"
+    assert device_name("E2EPHONE1") == "adb-e2ephone1"
+    assert device_name("PHONE.1") == "adb-phone-1-dd7b4e" == device_name("PHONE.1")
+    serials = ["PHONE.1", "phone_1", "phone-1", "PHONE-1", "Phone-1", "PHONE1", "phone1",
+               "PHONE-1-DD7B4E", "emulator-5554", "EMULATOR-5554", "192.168.1.23:5555",
+               "192-168-1-23-5555", "A" * 20, "A" * 21, "A" * 22, "", "-", "\u00b2",
+               "adb-XXXX1234-abcdef._adb-tls-connect._tcp"]
+    names = [device_name(s) for s in serials]
+    assert len(set(names)) == len(serials), names
+    assert all(is_name(n) and n.startswith("adb-") for n in names), names
 
 
 # -- battery ---------------------------------------------------------------------------------------
