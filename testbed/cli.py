@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import logging
+import os
 import signal
 import sys
 import threading
@@ -86,14 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
         return int(exc.code or 0)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ReaderSafe(sys.stdout), ReaderSafe(sys.stderr)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # SIGTERM stops a command as Ctrl-C does: its `finally`s run (a network taken down, a
-    # run's summary written) where the default action ended the process on the spot
-    # (`testbed up` puts handlers of its own over this one while it runs)
-    previous = None
+    # SIGTERM and SIGHUP (a closed terminal) stop a command as Ctrl-C does: its `finally`s run
+    # (a network taken down, a run's summary written) where the default action ended the
+    # process on the spot (`testbed up` puts handlers of its own over these while it runs)
+    previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
@@ -111,8 +115,47 @@ def main(argv: list[str] | None = None) -> int:
               f"kept as they were", file=sys.stderr)
         return EXIT_FAILURE
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        sys.stdout, sys.stderr = streams
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class ReaderSafe:
+    """A standard stream whose reader may go away (`testbed up | head`, a terminal closed):
+    the first write that fails sends the rest to /dev/null, so a run goes on to its summary
+    and report instead of ending at its next line of progress (rich's own handling of a broken
+    pipe raises SystemExit)."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return int(self._stream.write(text))
+            except OSError:  # EPIPE, or EIO once the terminal is gone
+                self._lost()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except OSError:
+                self._lost()
+
+    def _lost(self) -> None:
+        self._gone = True
+        try:  # what the stream still buffers goes to /dev/null at exit, not to an error
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...: the stream's
+        return getattr(self._stream, name)
 
 
 def _interrupt(signum: int, _frame: Any) -> None:

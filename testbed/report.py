@@ -28,7 +28,7 @@ from typing import Any, Callable
 from testbed.emulator.dilation import LATENESS_KINDS
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.runlog import device_group
-from testbed.summary import DEPARTURES, lateness_kinds
+from testbed.summary import DEPARTURES, lateness_kinds, ps_summary_or_steps
 from testbed.units import format_bytes
 from testbed.user_paths import load_user_json, output_problem, read_user_text, written_whole
 
@@ -263,7 +263,12 @@ def _jsonl(path: Path, problems_of: Callable[[Any], list[str]]) -> list[dict[str
 
 
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """steps.jsonl, events.jsonl and summary.json, checked for all the report reads of them."""
+    """steps.jsonl, events.jsonl and summary.json, checked for all the report reads of them.
+
+    A run without summary.json (``testbed up`` killed, or still running), or whose summary
+    has no ``steps_done`` (the PS left no summary, before ``testbed up`` filled one from the
+    steps), takes what :func:`testbed.summary.ps_summary_or_steps` gives, as summary.json
+    would have: the PS's ps_summary.json, else the figures of the steps recorded."""
     path = run_dir / "summary.json"
     summary: Any = {}
     if path.exists():
@@ -277,7 +282,18 @@ def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         if problems:
             raise InputError(str(path), problems)
     events = _jsonl(run_dir / "events.jsonl", event_problems)
-    return _jsonl(run_dir / "steps.jsonl", step_problems), events, summary
+    steps = _jsonl(run_dir / "steps.jsonl", step_problems)
+    if "steps_done" not in summary:
+        base = ps_summary_or_steps(run_dir, steps)
+        if base.get("totals_from") == "steps.jsonl":
+            # figures of checked steps; a sum past a summary's bound (steps at theirs) is none
+            base = {key: value for key, value in base.items()
+                    if not _summary_problems({key: value})}
+        problems = _summary_problems(base)
+        if problems:
+            raise InputError(str(run_dir / "ps_summary.json"), problems)
+        summary = {**base, **summary}
+    return steps, events, summary
 
 
 def _outputs(run_dir: Path, names: tuple[str, ...]) -> list[Path]:

@@ -1,7 +1,10 @@
 """``summary.json``: a run's totals, written by ``testbed up`` once the PS has ended.
 
-It starts from the PS's own ``ps_summary.json`` (absent when the PS died: then ``state`` is
-``failed``) and adds what only the supervisor knows or what needs the whole event log: the network
+It starts from the PS's own ``ps_summary.json``; when the PS left none (it crashed, or was
+killed with ``testbed up``), ``state`` is ``failed`` and what ``steps.jsonl`` holds fills in the
+steps done, their losses and their totals (:func:`ps_summary_or_steps`, which the report falls
+back to as well when a run has no ``summary.json``). To that it adds what only the supervisor
+knows or what needs the whole event log: the network
 (``network.json``'s description), time dilation, departures and churn counts from
 ``events.jsonl``, the ADB bridge's figures, the energy per device group, and for every real
 device (``real_devices``) its measured tile times and battery energy next to its profile's
@@ -11,14 +14,78 @@ predictions. The report
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from testbed.emulator.dilation import LATENESS_KINDS, next_dilation, worst_error
 from testbed.runlog import read_jsonl, write_json_atomic
+from testbed.user_paths import load_user_json, read_user_text
 
 DEPARTURES = ("leave", "disconnect", "lease_expired")
+# steps.jsonl's per-step counts that add up to the run's (ps_summary.json's keys of that name)
+STEP_TOTALS = ("tiles", "recomputed_tiles", "requeued_tiles", "rejected", "bytes_down",
+               "bytes_up")
+MAX_PS_SUMMARY_BYTES = 1 << 30  # ps_summary.json: its device list is capped (DEPARTED_KEPT)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A summary's figures of the steps, from ``steps.jsonl``'s records as checked by
+    :func:`testbed.report.step_problems` (``step`` an integer, ``loss`` a number or null):
+    ``steps_done`` (distinct steps), ``losses`` in step order, ``final_loss``, the
+    ``STEP_TOTALS`` summed, the last step's ``time_dilation``, and ``totals_from``:
+    ``"steps.jsonl"`` to say where they came from. A step recorded twice counts once (its
+    last record)."""
+    by_step = {record["step"]: record for record in steps}
+    ordered = [by_step[step] for step in sorted(by_step)]
+    losses = [record["loss"] for record in ordered if _number(record.get("loss"))]
+    out: dict[str, Any] = {"steps_done": len(ordered), "losses": losses,
+                           "final_loss": losses[-1] if losses else None}
+    for key in STEP_TOTALS:
+        out[key] = sum(record[key] for record in ordered if _number(record.get(key)))
+    dilations = [record["time_dilation"] for record in ordered
+                 if _number(record.get("time_dilation"))]
+    if dilations:
+        out["time_dilation"] = dilations[-1]
+    out["totals_from"] = "steps.jsonl"
+    return out
+
+
+def checked_steps(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``steps.jsonl`` that pass the report's checks (others are skipped)."""
+    from testbed.report import step_problems  # the report imports this module
+
+    return [record for record in read_jsonl(path) if not step_problems(record)]
+
+
+def ps_summary_or_steps(run_dir: Path,
+                        steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The PS's own summary (``ps_summary.json``), or, when the PS left none (it crashed, or
+    ``testbed up`` was killed with it; a file that is not a JSON object counts as none), state
+    ``failed`` with :func:`steps_summary` of the run's steps and up.json's ``steps`` (the steps
+    asked for). ``steps``: the run's checked steps.jsonl records (default: read them,
+    :func:`checked_steps`). Used by the summary and, for a run without one, by the report."""
+    try:
+        ps_summary = load_user_json(read_user_text(run_dir / "ps_summary.json",
+                                                   MAX_PS_SUMMARY_BYTES, errors="replace"))
+    except (OSError, ValueError):  # absent, unreadable, not JSON
+        ps_summary = None
+    if isinstance(ps_summary, dict):
+        return ps_summary
+    if steps is None:
+        steps = checked_steps(run_dir / "steps.jsonl")
+    out = {"state": "failed", **steps_summary(steps)}
+    try:
+        up = load_user_json(read_user_text(run_dir / "up.json", 1 << 20))
+    except (OSError, ValueError):
+        up = None
+    asked = up.get("steps") if isinstance(up, dict) else None
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+        out["steps"] = asked
+    return out
 
 
 def event_counts(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,9 +154,13 @@ def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilatio
                   exit_code: int, extra: dict[str, Any],
                   adb: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write summary.json for a finished (or failed, or interrupted) run; return it."""
-    ps_summary_path = run_dir / "ps_summary.json"
-    summary: dict[str, Any] = json.loads(ps_summary_path.read_text()) \
-        if ps_summary_path.exists() else {"state": "failed"}
+    summary = ps_summary_or_steps(run_dir)
+    if summary.get("totals_from") == "steps.jsonl":  # the steps this session was asked for
+        steps = getattr(getattr(topology, "job", None), "steps", None)
+        if isinstance(steps, int):
+            summary["steps"] = steps
+        if extra.get("interrupted_by"):  # stopped (during start-up, say) before the PS could
+            summary["state"] = "interrupted"  # write its own: not a failure
     summary.update(extra)
     summary["exit_code"] = exit_code
     summary["network"] = network

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import errno
 import json
 import logging
 import math
@@ -50,6 +51,7 @@ import os
 import queue
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -60,12 +62,13 @@ from typing import Any, Callable
 
 import yaml
 
+from testbed.agent.tls import parse_address
 from testbed.churn.schedule import ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
-from testbed.emulator.network.cleanup import is_testbed_process
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, InputError
 from testbed.pdeathsig import die_with_parent
+from testbed.run_lock import RunLock, RunLocked
 from testbed.runlog import (
     RunFileError,
     RunLog,
@@ -91,8 +94,11 @@ EMULATED_MAX_IN_FLIGHT = 8
 
 PS_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
+REAP_S = 5.0  # after SIGKILL, the most a child's exit is waited for
+AGENTS_GONE_S = 3.0  # every agent dead this long (and none can come back): the run fails
+# what stops a run (a closed terminal's SIGHUP too): tear down, summary, report, exit 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RUN_JSON_MAX_BYTES = 1 << 20  # up.json, pids.json: a few hundred bytes as testbed up writes them
-PID_MAX = 1 << 22  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
 DILATION_MODES = ("fixed", "auto", "adaptive")  # choose_dilation's dilation_info["mode"]
 MAX_CHOSEN_DILATION = 1e6  # an auto or adaptive D: the largest factor report.md takes
 # what a resumed run writes, appends to or deletes in its directory (the PS's, testbed up's,
@@ -189,6 +195,8 @@ class Run:
         self._follower_stop = threading.Event()
         self._spawner = Spawner()
         self._lock = threading.Lock()  # agents and pids.json: the replay thread changes them
+        self._agents_crashed_since: float | None = None  # every agent gone (failures())
+        self._agents_crashed: str | None = None  # ... and the verdict, kept past stop()
         (run_dir / "agents").mkdir(parents=True, exist_ok=True)
 
     def __enter__(self) -> Run:
@@ -259,7 +267,38 @@ class Run:
         records = self.runlog.write_failure() if self.runlog is not None else None
         if records is not None:
             out.append(records)
+        if self._agents_crashed is None:
+            self._agents_crashed = self._every_agent_crashed()
+        if self._agents_crashed is not None:
+            out.append(self._agents_crashed)
         return out
+
+    def _every_agent_crashed(self) -> str | None:
+        """Why no step can finish, once every agent this run started has died for
+        ``AGENTS_GONE_S`` (killed, or crashed: an exit the PS did not ask for, not 0) and
+        nothing can bring a device back: no churn trace still replaying, no phones over adb,
+        no devices joining over the LAN. The PS would wait for its watchdog (minutes) and then
+        blame the devices; the exit codes say more."""
+        if (self._stopped or not self._started or self.adb is not None
+                or self.topology.network.ps.listen
+                or (self.replay is not None and self.replay.running())):
+            return None
+        with self._lock:
+            codes = {name: proc.poll() for name, proc in self.agents.items()}
+        if not codes or any(code is None or code == 0 for code in codes.values()):
+            self._agents_crashed_since = None
+            return None
+        now = time.monotonic()
+        if self._agents_crashed_since is None:
+            self._agents_crashed_since = now
+        if now - self._agents_crashed_since < AGENTS_GONE_S:
+            return None
+        first = min(codes)
+        signals = sorted({f"{_exit_text(c)}" for c in codes.values() if c is not None})
+        return (f"every device's agent has died ({len(codes)} of them: {', '.join(signals)}), "
+                f"so no step can finish; the end of {first}'s log "
+                f"({self.run_dir / 'agents' / f'{first}.log'}):\n"
+                f"{_tail(self.run_dir / 'agents' / f'{first}.log', 5)}")
 
     def _check_stop(self) -> None:
         if self.stop_requested.is_set():
@@ -325,6 +364,9 @@ class Run:
             argv.append("--resume")
             ps_json.unlink(missing_ok=True)  # the dead PS's address
             (self.run_dir / "status.json").unlink(missing_ok=True)  # and its last state
+            # and its summary: a resumed PS that dies leaves none, and the run's summary then
+            # counts steps.jsonl (testbed.summary), not the session before's figures
+            (self.run_dir / "ps_summary.json").unlink(missing_ok=True)
         self.ps = self._popen(None, argv, self.run_dir / "ps.log")
         self._write_pids()
         deadline = time.monotonic() + PS_START_TIMEOUT_S
@@ -440,7 +482,12 @@ class Run:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(5)
+                try:
+                    proc.wait(REAP_S)
+                except subprocess.TimeoutExpired:  # its exit reaches us through a process
+                    # that is itself stopped (the agents' fork server): tear down the rest
+                    log.warning("process %d did not exit within %g s of SIGKILL; going on "
+                                "with the teardown", proc.pid, REAP_S)
         if self.forkserver is not None:  # after its agents: any left die with it
             self.forkserver.close()
         self._spawner.close()
@@ -483,6 +530,34 @@ def behaviour_argv(device: DeviceSpec, log_dir: Path) -> list[str]:
         argv += ["--straggler-factor", repr(spec.straggler.factor),
                  "--straggler-rate", repr(spec.straggler.rate)]
     return argv
+
+
+def lan_listen_problem(listen: str) -> str | None:
+    """Why the PS could not listen on ``listen`` (HOST:PORT) on this machine, found before the
+    run starts (the PS's own bind failed only once everything was up, as a gRPC traceback)."""
+    host, port = parse_address(listen, listen=True)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as a listener does: a port whose last connections wait out TIME_WAIT is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            why = ("another process listens on that port" if exc.errno == errno.EADDRINUSE
+                   else "it is not an address of this machine"
+                   if exc.errno == errno.EADDRNOTAVAIL else exc.strerror)
+            return f"cannot listen on {listen}: {why} ({exc.strerror})"
+    return None
+
+
+def _exit_text(code: int) -> str:
+    """An exit code as Popen gives it, in words: "exit 1", "SIGKILL"."""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -555,13 +630,33 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
 
 
 def run_up(args: argparse.Namespace) -> int:
-    """The `testbed up` command."""
+    """The `testbed up` command: the run directory is locked (:mod:`testbed.run_lock`) from
+    before ``--resume`` reads it, or from when it is made, until this returns."""
+    locks: list[RunLock] = []
+    try:
+        return _run_up(args, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
     from rich.console import Console
 
     console = Console(stderr=False)
     resume_dir, saved = _resume_target(args)
     if isinstance(saved, int):
         return saved
+    if resume_dir is not None:
+        try:
+            locks.append(RunLock(resume_dir))
+        except RunLocked as exc:
+            print(f"error: --resume {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except OSError as exc:
+            print(f"error: --resume {resume_dir}: cannot lock it ({exc.strerror}): a run "
+                  "directory testbed up cannot write cannot be resumed", file=sys.stderr)
+            return EXIT_BAD_INPUT
     inputs = load_run_inputs(args.topology, steps=args.steps, churn_path=args.churn,
                              trace_tiles=args.trace_tiles)
     if isinstance(inputs, int):
@@ -592,6 +687,10 @@ def run_up(args: argparse.Namespace) -> int:
               f"with the loopback backend only; this run would use {backend} (set "
               "network.backend: loopback)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    listen_problem = topology.network.ps.listen and lan_listen_problem(topology.network.ps.listen)
+    if listen_problem:
+        print(f"error: {args.topology}: network.ps.listen: {listen_problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     needs, problems = capacity.check(topology, backend)
     if problems:
         print(f"error: {args.topology}: this machine cannot hold the run "
@@ -620,6 +719,7 @@ def run_up(args: argparse.Namespace) -> int:
         run_dir = resume_dir
     else:
         run_dir = make_run_dir(Path(args.out), topology.name)
+        locks.append(RunLock(run_dir))  # new, so free: a --resume of it must wait for this
         (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
         (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(),
                                                              sort_keys=False))
@@ -635,11 +735,26 @@ def run_up(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         interrupted.append(signal.Signals(signum).name)
         stop.set()
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    code = EXIT_FAILURE
-    explained = False  # an error line already says why the run ended
+    # SIGHUP (the terminal closed) stops the run as SIGTERM does; the handlers stay until the
+    # summary and the report are written, so a second Ctrl-C cannot cut them off half-way
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     run = Run(topology, run_dir, network, dilation, args.join_timeout, schedule,
               resume=resume_dir is not None, stop=stop, trace_tiles=args.trace_tiles)
+    try:
+        return _run_to_end(args, run, console, dilation_info, stop, interrupted)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
+                dilation_info: dict[str, Any], stop: threading.Event,
+                interrupted: list[str]) -> int:
+    """Start the run and follow it until the PS ends or a signal stops it, then tear it down,
+    write the summary and the report, and print how it ended; the exit code."""
+    run_dir, topology = run.run_dir, run.topology
+    code = EXIT_FAILURE
+    explained = False  # an error line already says why the run ended
     try:
         run.start(progress=lambda s: console.print(s, style="dim", soft_wrap=True))
         code = _watch(run, stop, console, live=not args.no_live)
@@ -654,18 +769,19 @@ def run_up(args: argparse.Namespace) -> int:
         explained = True
     finally:
         run.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    for failure in run.failures():
+    failures = run.failures()
+    for failure in failures:
         console.print(f"[red]error:[/red] {failure}", soft_wrap=True)
         code = EXIT_FAILURE if code == EXIT_OK else code
         explained = True
     from testbed.summary import run_warnings, write_summary
 
+    extra: dict[str, Any] = {"time_dilation_mode": dilation_info,
+                             "interrupted_by": interrupted or None}
+    if failures and not interrupted:  # this side stopped the PS, which saw only that
+        extra.update(state="failed", error="; ".join(failures))
     summary = write_summary(run_dir, topology, run.network.describe(), run.dilation, code,
-                            {"time_dilation_mode": dilation_info,
-                             "interrupted_by": interrupted or None},
-                            adb=run.adb.summary() if run.adb is not None else None)
+                            extra, adb=run.adb.summary() if run.adb is not None else None)
     from testbed.report import make_report
 
     make_report(run_dir)
@@ -675,8 +791,8 @@ def run_up(args: argparse.Namespace) -> int:
                   f"final loss {loss if loss is None else f'{loss:.4f}'}, "
                   f"{summary.get('tiles', 0)} tiles; run directory {run_dir}")
     if summary.get("state") == "failed":  # why, here: not only in summary.json and ps.log
-        reason = summary.get("error") or (
-            None if explained or (run_dir / "ps_summary.json").exists() else
+        reason = None if failures else summary.get("error") or (
+            None if explained or interrupted or (run_dir / "ps_summary.json").exists() else
             f"the PS ended without its summary; the end of {run_dir / 'ps.log'}:\n"
             f"{_tail(run_dir / 'ps.log')}")
         if reason:
@@ -761,17 +877,8 @@ def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any
         if not (run_dir / name).is_file():
             problems.append(f"--resume {run_dir}: {name} not found (not a run directory "
                             f"made by testbed up)")
-    pids_path = run_dir / "pids.json"
     saved: Any = None
-    if not problems:
-        pids = _run_json(pids_path, problems, {"ps": (int, type(None))}, required=False) \
-            if pids_path.exists() else {}
-        ps_pid = (pids or {}).get("ps")
-        if pids is not None and ps_pid is not None and not 0 < ps_pid <= PID_MAX:
-            problems.append(f"--resume: {pids_path}: ps: expected a process id (1 to "
-                            f"{PID_MAX:,}), found {ps_pid!r}")
-        elif ps_pid and is_testbed_process(ps_pid):
-            problems.append(f"--resume {run_dir}: its PS (pid {ps_pid}) is still running")
+    if not problems:  # (a live run is refused by its lock, run_up)
         saved = _run_json(run_dir / "up.json", problems, {
             "steps": (int,), "churn": (str, type(None)), "dilation": (int, float),
             "dilation_info": (dict,)}, required=True)

@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(options, model)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda *_: agent.request_stop("SIGINT"))
+    signal.signal(signal.SIGHUP, lambda *_: agent.request_stop("SIGHUP"))  # terminal closed
     signal.signal(signal.SIGUSR1, lambda *_: agent.set_partitioned(True))
     signal.signal(signal.SIGUSR2, lambda *_: agent.set_partitioned(False))
     return agent.run()

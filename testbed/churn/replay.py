@@ -199,6 +199,10 @@ class Replay:
         self._thread = threading.Thread(target=self._run, name="churn", daemon=True)
         self._thread.start()
 
+    def running(self) -> bool:
+        """Whether actions are still to come (a device may still join)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop applying actions; wait for the thread."""
         self.stopping.set()

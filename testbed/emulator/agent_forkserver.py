@@ -23,8 +23,9 @@ Protocol, one JSON object a line over the server's stdin and stdout:
 * replies: ``{"id": N, "pid": PID}`` once the agent is forked, and ``{"exited": PID, "code": C}``
   when the server reaps it (``C`` as ``subprocess.Popen.returncode``: -SIGNAL when killed).
 
-The server ignores SIGINT (a Ctrl-C reaches the whole process group: the agents stop on it
-themselves, and ``testbed up`` then ends the server) and exits when its stdin closes.
+The server ignores SIGINT and SIGHUP (a Ctrl-C, or a closed terminal's hangup, reaches the whole
+process group: the agents stop on it themselves, and ``testbed up`` then ends the server) and
+exits when its stdin closes.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _enter_namespaces(pid: int) -> None:
 def _run_agent(request: dict[str, Any], server_pid: int, close: list[int]) -> int:
     """In the forked child: become the device's agent; its exit code."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT):
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     die_with_parent()
     if os.getppid() != server_pid:  # the server died before the line above
@@ -130,6 +131,7 @@ def serve(read_fd: int = 0, write_fd: int = 1) -> int:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
     _preload()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

@@ -65,6 +65,7 @@ DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are coun
 DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
 NO_PROGRESS_S = WatchdogSpec().no_progress_s  # no tile accepted / no device attached
 ALL_QUARANTINED_GRACE_S = 10.0  # every attached device quarantined this long: the run fails
+PAUSE_TICKS = 8  # a gap of this many ticks between two: the PS was not running (PsConfig.pause_s)
 
 
 # -- what crosses the service's edge, as plain data (the .proto documents every field) ----------
@@ -189,6 +190,19 @@ class PsConfig:
         """A median-speed device's window: deeper when the planner's tiles have owners."""
         return PLANNED_WINDOW_SCALE if self.planner == "auto" else WINDOW_SCALE
 
+    @property
+    def tick_s(self) -> float:
+        """Seconds between two :meth:`PsCore.tick` calls (the host's lease watcher's period)."""
+        return min(0.25, self.lease_s / 4)
+
+    @property
+    def pause_s(self) -> float:
+        """A gap between ticks longer than this means the PS itself did not run (stopped with
+        Ctrl-Z or SIGSTOP, a suspended laptop, starved of CPU): :meth:`PsCore.tick` moves the
+        clocks it judges devices by forward by the gap. ``PAUSE_TICKS`` ticks, and at most
+        half a lease, so that no lease expires for a pause that short."""
+        return min(PAUSE_TICKS * self.tick_s, self.lease_s / 2)
+
 
 @dataclass(eq=False)
 class DeviceConn:
@@ -261,6 +275,8 @@ class PsCore:
         self.last_progress_s = now  # last accepted tile, or the moment work became outstanding
         self.all_quarantined_since: float | None = None
         self.watchdog_reason: str | None = None
+        self.last_tick_s: float | None = None  # the previous tick (a pause shows as a gap)
+        self.paused_s = 0.0  # seconds the PS was found not running, in total (ps_paused events)
         self.stats = StepStats()  # the step under way; finished steps are summed in _finished
         self._finished = StepStats()
         self._ids = itertools.count()
@@ -425,16 +441,48 @@ class PsCore:
         if self.runlog is not None:
             self.runlog.note_write_error(exc)
 
-    def tick(self) -> None:
-        """Periodic work on the loop thread: leases, backups as time passes, ledger fsync."""
-        self.expire_leases()
+    def tick(self, now_s: float | None = None) -> None:
+        """Periodic work on the loop thread: leases, backups as time passes, ledger fsync.
+        ``now_s``: monotonic seconds (default: now)."""
+        now_s = time.monotonic() if now_s is None else now_s
+        self.account_pause(now_s)
+        self.expire_leases(now_s)
         self.pump()
-        self.check_progress()
+        self.check_progress(now_s)
         if self.ledger is not None:
             try:
                 self.ledger.maybe_sync()
             except OSError as exc:
                 self._journal_failed(exc)
+
+    def account_pause(self, now_s: float) -> float:
+        """Before leases and progress are judged: when the previous tick is more than
+        ``config.pause_s`` ago, the PS itself was not running (Ctrl-Z, SIGSTOP, a suspended
+        host, no CPU for it), and no device could be heard meanwhile. Every device's last-seen
+        time and the watchdog's clocks move forward by the time lost (the gap less one tick),
+        never past now, and a ``ps_paused`` event says how long it was. Return that time (0:
+        no pause).
+
+        Without this, a run stopped with Ctrl-Z for longer than a lease dropped every device on
+        ``fg`` (lease_expired), and one stopped longer than ``no_progress_s`` then failed with
+        "no device attached for 125 s": the PS blamed the devices for its own pause."""
+        last, self.last_tick_s = self.last_tick_s, now_s
+        if last is None or now_s - last <= self.config.pause_s:
+            return 0.0
+        lost_s = now_s - last - self.config.tick_s
+        for conn in self.conns.values():
+            conn.last_seen_s = min(conn.last_seen_s + lost_s, now_s)
+        self.last_attached_s = min(self.last_attached_s + lost_s, now_s)
+        self.last_progress_s = min(self.last_progress_s + lost_s, now_s)
+        if self.all_quarantined_since is not None:
+            self.all_quarantined_since = min(self.all_quarantined_since + lost_s, now_s)
+        for r in self.recovering:  # recovery_s counts the PS's time, not its pause
+            r.started_s = min(r.started_s + lost_s, now_s)
+        self.paused_s += lost_s
+        self._event("ps_paused", seconds=round(lost_s, 3), devices=len(self.conns))
+        log.warning("the PS did not run for %.1f s (stopped, suspended or starved); device "
+                    "leases and the progress watchdog do not count it", lost_s)
+        return lost_s
 
     def check_progress(self, now_s: float | None = None) -> str | None:
         """The progress watchdog: set and return why the run cannot go on, else None.
@@ -758,6 +806,7 @@ class PsCore:
             "telemetry_dropped": self.telemetry_dropped,
             "results_refused": self.results_refused,
             "watchdog": self.watchdog_reason,
+            "paused_s": round(self.paused_s, 3),
             "goodput": round(k.flops_accepted / k.flops_returned, 6) if k.flops_returned
             else None,
             "useful_gflop": round(k.flops_accepted / 1e9, 6),

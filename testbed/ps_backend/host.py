@@ -97,7 +97,7 @@ class PsServer:
     async def _watch_leases(self) -> None:
         assert self.core is not None
         while True:
-            await asyncio.sleep(min(0.25, self.config.lease_s / 4))
+            await asyncio.sleep(self.config.tick_s)
             self.core.tick()
             for fn in self._periodic:
                 fn()

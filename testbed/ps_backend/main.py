@@ -10,8 +10,11 @@ environment (``TESTBED_TOKEN``), not the command line, so that process listings 
 Crash safety: every accepted tile is journaled in ``ledger/`` (:mod:`testbed.ps_backend.ledger`)
 and a checkpoint (model, optimizer, RNG, losses so far) is written atomically to ``checkpoints/``
 every ``--checkpoint-every`` steps (default 1; the two newest are kept). With ``--resume`` the PS
-restores the newest checkpoint, drops ``steps.jsonl`` lines of steps it will run again, and
-serves the journaled tiles of those steps instead of sending them to devices.
+restores the newest checkpoint, drops ``steps.jsonl`` lines of steps it will run again (the
+kept ones go to a new file renamed over the old: a kill leaves one or the other,
+:func:`rewrite_durably`), and serves the journaled tiles of those steps instead of sending them
+to devices. An unexpected exception fails the run with its type and message as ``error`` (an
+OSError's file included).
 """
 
 from __future__ import annotations
@@ -156,25 +159,34 @@ def fault_metrics(core: Any, cpu: CpuClock) -> dict[str, Any]:
 
 def _save(trainer: Any, run_dir: Path, losses: list[float]) -> Path:
     """Checkpoint the trainer atomically with the losses so far; keep the newest few."""
-    from testbed.ps_backend.engine.checkpoint import FORMAT, checkpoint_name, save_atomic
+    from testbed.ps_backend.engine.checkpoint import (
+        FORMAT,
+        checkpoint_name,
+        remove_stale_temporaries,
+        save_atomic,
+    )
 
     directory = run_dir / "checkpoints"
     path = save_atomic({"format": FORMAT, **trainer.state_dict(), "ps": {"losses": losses}},
                        directory / checkpoint_name(trainer.next_step))
     for old in sorted(directory.glob("step-*.pt"))[:-CHECKPOINTS_KEPT]:
         old.unlink(missing_ok=True)
+    remove_stale_temporaries(directory)  # of a save killed before its rename
     return path
 
 
-def _restore(trainer: Any, run_dir: Path, runlog: RunLog,
-             ledger: Ledger) -> tuple[list[float], int]:
+def _restore(trainer: Any, run_dir: Path,
+             ledger: Ledger) -> tuple[list[float], int, Path | None]:
     """Load the newest checkpoint (if any) and the ledger's tiles of the steps from it; then,
     with both read, drop the ``steps.jsonl`` lines of steps that will run again. Returns the
-    losses of the steps the checkpoint covers and the tiles loaded for reuse.
+    losses of the steps the checkpoint covers, the tiles loaded for reuse and the checkpoint
+    (None: the run starts at step 0).
 
     ``testbed up --resume`` has read and checked the same files (``load_resume_point``,
     ``journal_problems``, ``read_jsonl_checked``) before it started this process; reading them
-    all before the first write keeps the run directory as it was if one fails anyway."""
+    all before the first write keeps the run directory as it was if one fails anyway. Called
+    before the PS's :class:`RunLog` opens ``steps.jsonl`` (:func:`rewrite_durably` replaces the
+    file: a handle opened before would go on appending to the old one)."""
     from testbed.ps_backend.engine.checkpoint import load_resume_point
 
     path, losses = load_resume_point(trainer, run_dir / "checkpoints")
@@ -183,11 +195,41 @@ def _restore(trainer: Any, run_dir: Path, runlog: RunLog,
     steps_path = run_dir / "steps.jsonl"
     kept = [json.dumps(r) for r in read_jsonl(steps_path)
             if isinstance(r.get("step"), int) and r["step"] < trainer.next_step]
-    # in place, not renamed: the run log's append handle must keep writing to this file
-    steps_path.write_text("".join(line + "\n" for line in kept))
-    runlog.event("ps_resume", checkpoint=str(path) if path else None,
-                 next_step=trainer.next_step)
-    return losses, reusable
+    rewrite_durably(steps_path, "".join(line + "\n" for line in kept).encode())
+    return losses, reusable, path
+
+
+def rewrite_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` so that a kill or a power cut at any moment leaves the old
+    file or the new one: a temporary file beside it, written and fsync'ed, renamed over it, the
+    directory fsync'ed. (Truncating and rewriting in place, as ``--resume`` once did with
+    ``steps.jsonl``, left an empty file to a kill in between: every step before the checkpoint
+    was lost from the records.) A temporary left by a kill before the rename is written over
+    by the next call (its name is fixed) and never read."""
+    tmp = path.with_name(f".{path.name}.rewrite.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself
+    finally:
+        os.close(dir_fd)
+
+
+def failure_text(exc: BaseException) -> str:
+    """An unexpected exception as the run's ``error``: its type and message, an OSError's file
+    names included (``FileNotFoundError: [Errno 2] No such file or directory: '/run/ledger'``;
+    ``repr`` gave ``FileNotFoundError(2, 'No such file or directory')``, without the file)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def no_progress_s(job: JobSpec, override: float | None) -> float:
@@ -372,15 +414,19 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     fidelity = Fidelity(target)
     from testbed.ps_backend.engine.trainer import Trainer  # torch-heavy: import after args
 
-    runlog = RunLog(run_dir, strict=False)  # a full disk fails the run between steps
     config = ps_config(topology, token=token, run_name=run_dir.name, time_dilation=dilation,
                        trace_tiles=trace_tiles,
                        no_progress_s=no_progress_s(job, watchdog_s), fd_limit=raise_fd_limit())
     trainer = Trainer(job, topology.seed, None)
     ledger = Ledger(run_dir / "ledger")
     losses: list[float] = []
+    reusable, checkpoint = 0, None
+    if resume:  # before the run log opens steps.jsonl, which this replaces
+        losses, reusable, checkpoint = _restore(trainer, run_dir, ledger)
+    runlog = RunLog(run_dir, strict=False)  # a full disk fails the run between steps
     if resume:
-        losses, reusable = _restore(trainer, run_dir, runlog, ledger)
+        runlog.event("ps_resume", checkpoint=str(checkpoint) if checkpoint else None,
+                     next_step=trainer.next_step)
         runlog.event("ledger_load", from_step=trainer.next_step, tiles=reusable)
         log.info("resuming at step %d with %d journaled tile(s)", trainer.next_step, reusable)
     lan = topology.network.ps.listen  # devices beyond loopback: TLS, an explicit opt-in
@@ -499,9 +545,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         print(f"error: {exc}", file=sys.stderr)
         runlog.event("ps_failed", error=failure)
     except Exception as exc:
-        state, code, failure = "failed", 1, repr(exc)
+        state, code, failure = "failed", 1, failure_text(exc)
         log.exception("training failed")
-        runlog.event("ps_failed", error=repr(exc))
+        runlog.event("ps_failed", error=failure)
     finally:
         status.fields["state"] = state
         core = server.core
@@ -594,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     torch.set_num_threads(args.threads if args.threads > 0 else len(os.sched_getaffinity(0)))
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(sig, lambda *_: stop.set())
     expected = args.expect_devices if args.expect_devices is not None else len(topology.devices)
     if args.checkpoint_every < 1:

@@ -109,7 +109,6 @@ def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
     ("up.json", '{"steps": 3, "churn": null,', "up.json: not readable JSON"),
     ("up.json", '{"steps": "3", "churn": null, "dilation": 1.0, "dilation_info": {}}',
      "up.json: not as testbed up writes it; wrong type: steps ('3')"),
-    ("pids.json", '["not", "an", "object"]', "pids.json: not as testbed up writes it"),
 ])
 def test_resume_names_a_damaged_run_file(tmp_path: Path, name: str, text: str,
                                          words: str) -> None:

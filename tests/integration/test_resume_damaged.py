@@ -218,8 +218,6 @@ CASES: dict[str, tuple[Callable[[Path], None], list[str]]] = {
         lambda d: (d / "up.json").write_bytes(b'{"steps": 6, "churn": null, "dilation": 1, '
                                               b'"dilation_info": ' + DEEP + b"}"),
         ["up.json: not readable JSON", "nested too deeply"]),
-    "pids.json nested deep": (lambda d: (d / "pids.json").write_bytes(b'{"ps": ' + DEEP + b"}"),
-                              ["pids.json: not readable JSON"]),
     "steps 0 in up.json": (_edit_json("up.json", steps=0), ["up.json: steps"]),
     # other tracebacks (finding 4)
     "churn clock t a string": (

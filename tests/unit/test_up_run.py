@@ -298,7 +298,7 @@ def test_clean_works_from_whatever_the_run_dir_has(tmp_path: Path) -> None:
     (run_dir / "up.json").write_text("{}")  # killed before pids.json or network.json existed
     assert cli.main(["clean", str(run_dir)]) == 0
     stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                              "testbed.agent"])  # looks like an agent to clean
+                              "testbed.agent", "--run-dir", str(run_dir)])  # this run's agent
     with killed_at_exit(stray):
         deadline = time.monotonic() + 10  # until it has exec'd (its command line is set)
         while "testbed.agent" not in psutil.Process(stray.pid).cmdline() \

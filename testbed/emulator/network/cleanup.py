@@ -267,8 +267,22 @@ def clean(prefix: str | None = None) -> list[Leftovers]:
 
 # ----------------------------------------------------------------------------------------------
 # Cleaning after a run directory: `testbed clean RUN_DIR`.
+#
+# A pid in pids.json is this run's only while the process is a testbed process (PS, fork server,
+# agent) *and* it names this run directory: on its command line (the PS's ``--run-dir RUN_DIR``)
+# or by a file of the directory it holds open (the fork server's stderr is
+# RUN_DIR/agents/forkserver.log, an agent's stdout and stderr RUN_DIR/agents/<name>.log, the PS's
+# RUN_DIR/ps.log). The command line alone is not enough: an agent, a fork of the fork server, has
+# the server's (``python -m testbed.emulator.agent_forkserver``, no run directory), and a pid
+# reused by another run's PS is a testbed process too (killing it failed that run). And a run
+# whose `testbed up` still runs is not cleaned at all (RunStillRunning): its processes are not
+# left over, they are running it.
 
 RUN_DIR_MARKERS = ("up.json", "topology.input.yaml", "pids.json", "network.json")
+
+
+class RunStillRunning(ValueError):
+    """The run directory's `testbed up` is alive: there is nothing left over to clean."""
 
 
 def is_testbed_process(pid: int) -> bool:
@@ -280,6 +294,80 @@ def is_testbed_process(pid: int) -> bool:
     # an agent the fork server forked has the server's command line
     return any(name in cmdline for name in (b"testbed.agent", b"testbed.ps_backend",
                                             b"testbed.emulator.agent_forkserver"))
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def names_run_dir(pid: int, run_dir: Path) -> bool:
+    """Whether process ``pid`` names ``run_dir``: an argument of its command line is the
+    directory or an existing path in it (relative ones from the process's working directory;
+    an option such as ``-m`` is no path), or it holds a file in it open (a log as its stdout
+    or stderr, the run's records). False when /proc does not say (the process is gone, or
+    another user's)."""
+    directory = os.path.realpath(run_dir)
+    try:
+        cwd: str | None = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = None
+    for arg in _cmdline(pid):
+        value = arg.partition("=")[2] if arg.startswith("-") else arg  # --run-dir=DIR too
+        if not value or (cwd is None and not os.path.isabs(value)):
+            continue
+        try:
+            path = os.path.join(cwd or "/", value)
+            if os.path.exists(path) and _within(os.path.realpath(path), directory):
+                return True
+        except (OSError, ValueError):  # a NUL byte, a name too long
+            continue
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if _within(target.removesuffix(" (deleted)"), directory):
+            return True
+    return False
+
+
+def _is_up_command(pid: int) -> bool:
+    """Whether pid runs `testbed up` (``testbed up ...``, ``python -m testbed.cli up ...``)."""
+    args = _cmdline(pid)
+    return "up" in args and any("testbed" in a for a in args[:3])
+
+
+def running_up(run_dir: Path, pids: dict[str, Any]) -> str | None:
+    """Who runs ``run_dir`` now, or None: its `testbed up` holds the directory's lock
+    (:mod:`testbed.run_lock`: no pid to go stale), or, for a run made before there was one,
+    pids.json's ``testbed_up`` is a live `testbed up` that names the directory."""
+    from testbed.run_lock import holder
+
+    try:
+        pid = holder(run_dir)
+    except OSError:  # a lock file we may not open: the pid below may still say
+        pid = None
+    if pid is not None:
+        return f"pid {pid}" if pid else "a process"
+    up = pids.get("testbed_up")
+    if isinstance(up, int) and not isinstance(up, bool) and up > 0 and _is_up_command(up) \
+            and names_run_dir(up, run_dir):
+        return f"pid {up}"
+    return None
+
+
+def run_pids(run_dir: Path, pids: dict[str, Any]) -> list[int]:
+    """The pids of pids.json that are still this run's processes (the rule above)."""
+    agents = pids.get("agents")
+    listed = [pids.get("ps"), pids.get("agent_forkserver"),
+              *(agents.values() if isinstance(agents, dict) else ())]
+    protected = _protected_pids()
+    return [p for p in listed if isinstance(p, int) and not isinstance(p, bool) and p > 0
+            and p not in protected and is_testbed_process(p) and names_run_dir(p, run_dir)]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -297,17 +385,21 @@ def clean_run_dir(run_dir: Path) -> list[str]:
     ``pids.json`` (written as processes start) names the PS and agents; ``network.json``
     (written with the prefix before Mininet bring-up starts) names the network. Either may be
     missing when the run was killed early; then there is less to do, not an error. Raises
-    ValueError when the directory is not a run directory at all.
+    ValueError when the directory is not a run directory at all, RunStillRunning (a ValueError)
+    when its `testbed up` still runs; either way nothing is touched.
     """
     if not any((run_dir / m).exists() for m in RUN_DIR_MARKERS):
         raise ValueError(f"{run_dir} is not a run directory (none of "
                          f"{', '.join(RUN_DIR_MARKERS)} in it)")
-    lines = []
     pids = _read_json(run_dir / "pids.json")
-    agents = pids.get("agents")
-    listed = [pids.get("ps"), pids.get("agent_forkserver"),
-              *(agents.values() if isinstance(agents, dict) else ())]
-    ours = [int(p) for p in listed if isinstance(p, int) and is_testbed_process(int(p))]
+    owner = running_up(run_dir, pids)
+    if owner is not None:
+        raise RunStillRunning(
+            f"{run_dir}: its `testbed up` ({owner}) is still running: its processes are not "
+            "left over; nothing was cleaned (stop it with Ctrl-C where it runs, or kill it, "
+            "then clean what a killed run left)")
+    lines = []
+    ours = run_pids(run_dir, pids)
     kill_pids(ours)
     lines.append(f"{run_dir}: stopped {len(ours)} leftover process(es)")
     prefix = _read_json(run_dir / "network.json").get("prefix")

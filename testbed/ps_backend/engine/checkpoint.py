@@ -4,7 +4,8 @@ A checkpoint is one ``torch.save`` file (``step-000012.pt`` names a checkpoint t
 when the next step to run is 12). It is written to a temporary file in the same directory, flushed
 and fsync'ed, then moved over the target with ``os.replace`` (atomic on POSIX) and the directory is
 fsync'ed. A process killed at any moment leaves either the old file or the new one, never a torn
-one; a leftover ``.tmp`` file is ignored by :func:`latest_checkpoint`.
+one; a leftover ``.tmp`` file is ignored by :func:`latest_checkpoint` and removed by the PS's
+next save (:func:`remove_stale_temporaries`).
 
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain data.
 """
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = "testbed-engine-checkpoint/1"
 _NAME_RE = re.compile(r"^step-(\d{6,})\.pt$")
+# save_atomic's temporary: mkstemp(prefix=".<name>.", suffix=".tmp"), 8 random characters from
+# tempfile's alphabet (a-z, 0-9, _) between
+_TEMP_RE = re.compile(r"^\.step-\d{6,}\.pt\.[a-z0-9_]{8}\.tmp$")
 
 
 class CheckpointError(RuntimeError):
@@ -60,6 +64,19 @@ def save_atomic(obj: Any, path: str | Path) -> Path:
     finally:
         os.close(dir_fd)
     return path
+
+
+def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Delete the temporaries of checkpoints that :func:`save_atomic` left in ``directory``
+    (a save killed before its rename); return them. Only names of its pattern
+    (``.step-NNNNNN.pt.XXXXXXXX.tmp``) are touched. Called by the one process that writes a
+    run's checkpoints, after a save of its own, so no save is under way meanwhile."""
+    removed = []
+    for entry in Path(directory).iterdir():
+        if _TEMP_RE.match(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def save_checkpoint(trainer: Trainer, path: str | Path) -> Path:

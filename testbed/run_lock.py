@@ -1,0 +1,76 @@
+"""One `testbed up` per run directory: an exclusive ``flock`` on ``RUN_DIR/up.lock``.
+
+`testbed up` takes it when it makes a run directory, and ``--resume`` before it reads anything
+it will change; it is held until the command exits. The kernel drops a ``flock`` when its holder
+dies, ``kill -9`` included, so a held lock means a live `testbed up`, with no pid to go stale or
+be reused (two ``--resume`` of one run, two seconds apart, both ran when the guard was "its PS
+pid is alive", written only once the PS had started). The file stays empty: a refused
+``--resume`` changes no file of the run, so the pid a message names is pids.json's
+``testbed_up`` (which the holder rewrites as it starts each process). The descriptor is not
+inherited (PEP 446), so the PS and the agents do not hold it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+LOCK_NAME = "up.lock"
+
+
+class RunLocked(Exception):
+    """Another `testbed up` holds the run directory."""
+
+    def __init__(self, run_dir: Path, pid: int | None):
+        self.run_dir, self.pid = run_dir, pid
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(f"{run_dir}: a `testbed up` ({who}) is running this run; stop it "
+                         "first (Ctrl-C where it runs, or kill it)")
+
+
+class RunLock:
+    """The held lock of one run directory; :meth:`release` (or process exit) lets it go."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self._fd: int | None = os.open(self.run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise RunLocked(self.run_dir, _up_pid(self.run_dir)) from None
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def holder(run_dir: Path) -> int | None:
+    """The pid of the `testbed up` holding ``run_dir`` (0 when unknown), or None when none does."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _up_pid(run_dir) or 0
+    finally:
+        os.close(fd)  # (closing drops the shared lock taken when it was free)
+    return None
+
+
+def _up_pid(run_dir: Path) -> int | None:
+    """pids.json's ``testbed_up``, when it reads as one (for messages only)."""
+    try:
+        with open(Path(run_dir) / "pids.json", "rb") as f:
+            pid = json.loads(f.read(1 << 20)).get("testbed_up")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None

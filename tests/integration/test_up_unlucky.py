@@ -1,0 +1,117 @@
+"""Unlucky moments of a real `testbed up` (tiny job on loopback): what goes wrong around a run
+rather than in it must not cost the run its summary, its report or a clear reason.
+
+* the reader of its output goes away (`testbed up ... | head`): the run goes on to the end;
+* the terminal closes (SIGHUP to the whole process group): it stops as on SIGTERM, resumable;
+* every agent is killed: the run fails within seconds, saying so, not after the PS's
+  120 s watchdog blaming the devices;
+* a child that cannot be reaped (its fork server stopped) does not stop the teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, cli_argv, killed_at_exit, run_dir_of, tiny_topology, wait_for
+
+pytestmark = pytest.mark.integration
+SLOW_LINKS = {"down": "1Gbit", "up": "1Gbit", "delay": "20ms"}  # about 1 s a step
+
+
+def slow_tiny(tmp_path: Path, steps: int) -> Path:
+    path = tiny_topology(tmp_path, steps=steps)
+    text = path.read_text().replace("delay: 0ms", "delay: 20ms")
+    path.write_text(text)
+    return path
+
+
+def start(topology: Path, out: Path) -> subprocess.Popen:
+    """`testbed up` in a session of its own, as a terminal's foreground job is a group."""
+    return subprocess.Popen(cli_argv("up", str(topology), "--no-live", "--out", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, start_new_session=True)
+
+
+def steps_done(run_dir: Path) -> int:
+    try:
+        return len((run_dir / "steps.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_a_reader_that_goes_away_does_not_stop_the_run(tmp_path: Path) -> None:
+    proc = start(slow_tiny(tmp_path, steps=6), tmp_path / "runs")
+    with killed_at_exit(proc):
+        assert proc.stdout is not None
+        for line in proc.stdout:  # `| head`: read until the first step, then go away
+            if line.startswith("step 0:"):
+                break
+        proc.stdout.close()
+        assert proc.wait(120) == 0
+    run_dir = run_dir_of(tmp_path / "runs")
+    assert summary(run_dir)["state"] == "done" and summary(run_dir)["steps_done"] == 6
+    assert (run_dir / "report.md").exists()
+
+
+def test_a_closed_terminal_stops_the_run_as_sigterm_does(tmp_path: Path) -> None:
+    proc = start(slow_tiny(tmp_path, steps=30), tmp_path / "runs")
+    with killed_at_exit(proc):
+        run_dir = run_dir_of(tmp_path / "runs")
+        wait_for(lambda: steps_done(run_dir) >= 1, 120, "the first step")
+        os.killpg(proc.pid, signal.SIGHUP)  # the kernel's hangup reaches the foreground group
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    got = summary(run_dir)
+    assert got["interrupted_by"] == ["SIGHUP"] and got["state"] == "interrupted", got
+    assert 1 <= got["steps_done"] < 30 and (run_dir / "report.md").exists()
+
+
+def test_every_agent_killed_fails_the_run_at_once(tmp_path: Path) -> None:
+    proc = start(slow_tiny(tmp_path, steps=60), tmp_path / "runs")
+    with killed_at_exit(proc):
+        run_dir = run_dir_of(tmp_path / "runs")
+        wait_for(lambda: steps_done(run_dir) >= 1, 120, "the first step")
+        agents = json.loads((run_dir / "pids.json").read_text())["agents"]
+        for pid in agents.values():
+            os.kill(pid, signal.SIGKILL)
+        killed_s = time.monotonic()
+        output, _ = proc.communicate(timeout=120)
+        took_s = time.monotonic() - killed_s
+    assert proc.returncode == 1, output
+    assert f"every device's agent has died ({len(agents)} of them: SIGKILL)" in output, output
+    assert took_s < 60, took_s  # the PS's watchdog would take 120 s
+    assert summary(run_dir)["state"] == "failed"
+
+
+def test_a_child_that_cannot_be_reaped_does_not_stop_the_teardown(tmp_path: Path) -> None:
+    """With the agents' fork server stopped, their exits never arrive: each is waited for a
+    bounded time, and the summary and report are still written."""
+    proc = start(slow_tiny(tmp_path, steps=30), tmp_path / "runs")
+    server = None
+    with killed_at_exit(proc):
+        run_dir = run_dir_of(tmp_path / "runs")
+        wait_for(lambda: steps_done(run_dir) >= 1, 120, "the first step")
+        server = json.loads((run_dir / "pids.json").read_text())["agent_forkserver"]
+        try:
+            os.kill(server, signal.SIGSTOP)
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=180)
+        finally:
+            if psutil.pid_exists(server):
+                os.kill(server, signal.SIGKILL)
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output, output
+    assert summary(run_dir)["interrupted_by"] == ["SIGINT"]
+    assert (run_dir / "report.md").exists()
