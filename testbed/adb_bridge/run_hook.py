@@ -317,6 +317,9 @@ class AdbRunHook:
         if event.kind == "agent-failed":
             note = f"adb {event.serial}: cannot run the agent: {event.data.get('reason', '?')}"
             self.notes.append(note[:MAX_NOTE_CHARS])
+        elif event.kind == "poll-failed":  # (at most one a minute per phone: bridge.py)
+            note = f"{event.data.get('reason', '?')}; a poll of adb {event.serial} was lost"
+            self.notes.append(note[:MAX_NOTE_CHARS])
         elif event.kind in ("agent-waiting", "listener-refused"):
             note = f"adb {event.serial}: {event.data.get('reason', '?')}"
             self.notes.append(note[:MAX_NOTE_CHARS])

@@ -133,6 +133,9 @@ def test_events_go_to_the_run_log_and_notes(tmp_path: Path) -> None:
     hook = AdbRunHook(AdbSpec(enabled=True), tmp_path, "tok", runlog, notes)
     hook._on_event(BridgeEvent("telemetry", "P1", 0.0, dict(SAMPLE)))
     hook._on_event(BridgeEvent("agent-failed", "P2", 0.0, {"reason": "too old"}))
+    hook._on_event(BridgeEvent("poll-failed", "P1", 0.0, {
+        "reason": "phone P1: `dumpsys thermalservice` did not finish in 10 s",
+        "command": "dumpsys thermalservice", "failed_polls": 1}))
     hook._on_event(BridgeEvent("unplugged", "P1", 0.0, {"cause": "unplugged", "had_agent": True,
                                                          "name": "adb-p1"}))
     runlog.close()
@@ -140,10 +143,13 @@ def test_events_go_to_the_run_log_and_notes(tmp_path: Path) -> None:
     assert samples[0]["kind"] == "adb-telemetry" and samples[0]["device"] == "adb-p1"
     assert samples[0]["serial"] == "P1" and samples[0]["thermal_max_c"] == 47.5
     events = read_jsonl(tmp_path / "events.jsonl")
-    assert [e["event"] for e in events] == ["adb_agent_failed", "adb_unplugged"]
+    assert [e["event"] for e in events] == ["adb_agent_failed", "adb_poll_failed",
+                                            "adb_unplugged"]
     assert events[0]["device"] == "adb-p2" and events[0]["reason"] == "too old"
     assert not any(e["event"] == "adb_telemetry" for e in events)
-    assert notes[0] == "adb P2: cannot run the agent: too old"
+    assert notes[:2] == ["adb P2: cannot run the agent: too old",
+                         "phone P1: `dumpsys thermalservice` did not finish in 10 s; a poll of "
+                         "adb P1 was lost"]
     assert hook.summary()["telemetry"]["adb-p1"]["battery_level_fraction"] == 0.85
     json.dumps(hook.summary())  # goes into summary.json as it is
 
