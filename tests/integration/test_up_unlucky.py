@@ -115,3 +115,16 @@ def test_a_child_that_cannot_be_reaped_does_not_stop_the_teardown(tmp_path: Path
     assert "Traceback" not in output, output
     assert summary(run_dir)["interrupted_by"] == ["SIGINT"]
     assert (run_dir / "report.md").exists()
+
+
+def test_a_ps_stopped_by_a_signal_of_its_own_is_an_interrupted_run(tmp_path: Path) -> None:
+    """SIGTERM to the PS alone (not to `testbed up`): the PS stops as interrupted, and so does
+    the run (130, as for any interrupted run), not a failure."""
+    proc = start(slow_tiny(tmp_path, steps=30), tmp_path / "runs")
+    with killed_at_exit(proc):
+        run_dir = run_dir_of(tmp_path / "runs")
+        wait_for(lambda: steps_done(run_dir) >= 1, 120, "the first step")
+        os.kill(json.loads((run_dir / "pids.json").read_text())["ps"], signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert summary(run_dir)["state"] == "interrupted" and summary(run_dir)["exit_code"] == 130
