@@ -1125,7 +1125,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("topology", nargs="?", default=None,
                    help="topology YAML file (not with --resume)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue a run whose PS died, from its newest checkpoint and ledger")
+                   help="continue a run that stopped (killed, interrupted, its PS died) from its "
+                        "newest checkpoint and ledger; refused while a testbed up runs it")
     p.add_argument("--steps", type=int, default=None, help="override job.steps")
     p.add_argument("--out", default="runs", help="directory for run directories (default: runs)")
     p.add_argument("--no-live", action="store_true",
@@ -1145,7 +1146,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser(
         "clean", help="remove what killed runs left behind (processes, namespaces, interfaces)",
         description="With a run directory: stop the processes its pids.json names (if they are "
-                    "still testbed processes) and remove its network by the run's own prefix. "
+                    "still testbed processes of that run) and remove its network by the run's "
+                    "own prefix; a run that a testbed up is still running is refused (exit 2). "
                     "With a prefix (tb + 3 characters): remove that network's leftovers. With "
                     "nothing: the leftovers of every recorded network whose owner is gone. "
                     "Never anything else.")
