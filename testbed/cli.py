@@ -133,7 +133,7 @@ class ReaderSafe:
     def write(self, text: str) -> int:
         if not self._gone:
             try:
-                return int(self._stream.write(text))
+                self._stream.write(text)
             except OSError:  # EPIPE, or EIO once the terminal is gone
                 self._lost()
         return len(text)

@@ -52,3 +52,27 @@ def test_sigterm_stops_a_measurement_in_one_line_leaving_no_file(tmp_path: Path)
     assert proc.returncode == 130, output
     assert output.strip().splitlines()[-1] == "interrupted" and "Traceback" not in output
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
+
+
+def test_output_whose_reader_went_away_goes_to_dev_null() -> None:
+    """`testbed up T | head`: once head exits, writes fail with EPIPE; ReaderSafe swallows
+    them and points the descriptor at /dev/null, so what the stream still buffers cannot fail
+    the process at exit either."""
+    import os
+    import stat
+
+    from testbed.cli import ReaderSafe
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone
+    stream = ReaderSafe(os.fdopen(write_end, "w", buffering=1))
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it up
+    try:
+        assert stream.write("step 0: loss 5.4390\n") == len("step 0: loss 5.4390\n")
+        stream.flush()
+        assert stream.write("step 1\n") == 7
+        assert stat.S_ISCHR(os.fstat(write_end).st_mode)  # /dev/null now, not the pipe
+        assert stream.isatty() is False  # the rest is the stream's own
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+        stream.close()
