@@ -13,9 +13,10 @@ inherited (PEP 446), so the PS and the agents do not hold it.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from pathlib import Path
+
+from testbed.user_paths import load_user_json, read_user_text
 
 LOCK_NAME = "up.lock"
 
@@ -69,8 +70,8 @@ def holder(run_dir: Path) -> int | None:
 def _up_pid(run_dir: Path) -> int | None:
     """pids.json's ``testbed_up``, when it reads as one (for messages only)."""
     try:
-        with open(Path(run_dir) / "pids.json", "rb") as f:
-            pid = json.loads(f.read(1 << 20)).get("testbed_up")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        pid = load_user_json(read_user_text(Path(run_dir) / "pids.json", 1 << 20)).get(
+            "testbed_up")
+    except (OSError, ValueError, AttributeError):
         return None
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None

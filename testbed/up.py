@@ -550,15 +550,6 @@ def lan_listen_problem(listen: str) -> str | None:
     return None
 
 
-def _ps_state(run_dir: Path) -> str | None:
-    """ps_summary.json's ``state`` (the PS stopped by a signal of its own says "interrupted")."""
-    try:
-        state = load_user_json(read_user_text(run_dir / "ps_summary.json", 1 << 30)).get("state")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return state if isinstance(state, str) else None
-
-
 def _exit_text(code: int) -> str:
     """An exit code as Popen gives it, in words: "exit 1", "SIGKILL"."""
     if code < 0:
@@ -1057,8 +1048,11 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
                     console.print(step_line(s))
                 printed = len(steps)
             if code is not None:
-                return EXIT_OK if code == 0 else \
-                    EXIT_INTERRUPTED if _ps_state(run.run_dir) == "interrupted" else EXIT_FAILURE
+                from testbed.summary import ps_summary_or_steps  # (a PS stopped by a signal
+                # of its own says "interrupted": the run was, not failed)
+                return EXIT_OK if code == 0 else EXIT_INTERRUPTED if \
+                    ps_summary_or_steps(run.run_dir).get("state") == "interrupted" \
+                    else EXIT_FAILURE
             if run.failures():  # the churn replay stopped, or our records cannot be written:
                 return EXIT_FAILURE  # not the run asked for; run_up says why and stops it
     return EXIT_INTERRUPTED

@@ -11,7 +11,6 @@ file's list, not as a traceback (``pathlib`` raises RuntimeError, OSError and Va
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import secrets
@@ -28,7 +27,7 @@ from testbed.errors import InputError
 # Deeper nesting than this is no file of ours: the parsers recurse once per level, and Python's
 # stack ends near a thousand (a 1.2 KB line of brackets raised RecursionError).
 MAX_NESTING = 100
-READ_CHUNK_BYTES = 1 << 20  # read_user_text past a file's size as fstat gave it
+READ_CHUNK_BYTES = 1 << 20  # read_user_text's pieces beyond a file's size as fstat gave it
 
 
 def user_path(name: str, base_dir: Path | None) -> Path:
@@ -59,8 +58,8 @@ def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
     Memory is taken for what the file holds, never for ``max_bytes``: a limit of 4 GiB (a run's
     files, ``testbed.report``) read as ``f.read(max_bytes + 1)`` asked for a 4 GiB buffer up
     front, a MemoryError under ``ulimit -v`` or ``vm.overcommit_memory=2``. The size is checked
-    with fstat before reading, and the file is read in pieces of at most ``READ_CHUNK_BYTES``
-    beyond it, so one that grows while it is read still stops at the limit."""
+    with fstat before reading, and reads ask for that size (or ``READ_CHUNK_BYTES``) at a time, so
+    a file that grows while it is read still stops at the limit."""
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise OSError(errno.EINVAL, "not a regular file" + (
@@ -71,14 +70,9 @@ def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
         size = os.fstat(f.fileno()).st_size  # (0 for /proc's files: they are read in pieces)
         if size > max_bytes:
             raise too_big
-        data = bytearray(size + 1)  # one byte more than it holds: where its end shows
-        got = _read_into(f, data)
-        if got <= size:  # the whole file, in one buffer of its size
-            del data[got:]
-            return data.decode("utf-8", errors)
-        pieces, total = [bytes(data)], got  # it grew while read (or fstat said nothing)
-        while total <= max_bytes:
-            piece = f.read(min(READ_CHUNK_BYTES, max_bytes + 1 - total))
+        pieces, total = [], 0
+        while total <= max_bytes:  # usually one read of it all, then the end
+            piece = f.read(min(max(size + 1 - total, READ_CHUNK_BYTES), max_bytes + 1 - total))
             if not piece:
                 break
             pieces.append(piece)
@@ -86,18 +80,6 @@ def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
     if total > max_bytes:
         raise too_big
     return b"".join(pieces).decode("utf-8", errors)
-
-
-def _read_into(f: io.FileIO, buffer: bytearray) -> int:
-    """Fill ``buffer`` from ``f`` until it is full or the file ends; the bytes read."""
-    got = 0
-    with memoryview(buffer) as view:
-        while got < len(buffer):
-            n = f.readinto(view[got:])
-            if not n:
-                break
-            got += n
-    return got
 
 
 def output_problem(path: Path) -> str | None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from testbed.adb_bridge import telemetry
 from testbed.adb_bridge.agent_package import PHONE_DIR
+from testbed.adb_bridge.bridge import BridgeEvent
 from tests.fakes.fake_adb import FakePhone, FakeTermux, LocalProcessCommand, ShellResult
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "adb"
@@ -68,3 +70,30 @@ def termux_phone(serial: str, root_dir: Path, termux_dir: Path, env: dict[str, s
 
     termux = FakeTermux(work_dir=termux_dir, env=dict(env or {}), **termux_kwargs)
     return recorded_phone(serial, root_dir=root_dir, exec_hook=no_python, termux=termux)
+
+
+class Events:
+    """Every bridge event, in order: an ``on_event`` callback (it runs in the bridge's
+    threads) that tests read while the bridge goes on."""
+
+    def __init__(self) -> None:
+        self.items: list[BridgeEvent] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, event: BridgeEvent) -> None:
+        with self.lock:
+            self.items.append(event)
+
+    def of(self, kind: str, serial: str | None = None) -> list[BridgeEvent]:
+        """The events of one kind (of one phone)."""
+        with self.lock:
+            return [e for e in self.items if e.kind == kind and serial in (None, e.serial)]
+
+    def kinds(self, serial: str | None = None) -> list[str]:
+        """The kinds of every event so far (of one phone)."""
+        with self.lock:
+            return [e.kind for e in self.items if serial is None or e.serial == serial]
+
+    def first(self, kind: str) -> BridgeEvent:
+        with self.lock:
+            return next(e for e in self.items if e.kind == kind)

@@ -24,9 +24,9 @@ from typing import Callable, Iterator
 import adbutils
 import pytest
 
-from testbed.adb_bridge import AdbBridge, BridgeEvent, RelayShaping
+from testbed.adb_bridge import AdbBridge, RelayShaping
 from testbed.adb_bridge.agent_package import PHONE_DIR, build_agent_zip
-from tests.fakes.adb_phones import DATA, recorded_phone
+from tests.fakes.adb_phones import DATA, Events, recorded_phone
 from tests.fakes.adb_phones import agent_phone as shared_agent_phone
 from tests.fakes.fake_adb import FakeAdbServer, FakePhone, LocalProcessCommand, ShellResult
 
@@ -386,24 +386,6 @@ def agent_zip(tmp_path: Path) -> bytes:
 def agent_phone(serial: str, tmp_path: Path, **kwargs: object) -> FakePhone:
     """A phone whose start script really runs the pushed agent zip as a local process."""
     return shared_agent_phone(serial, tmp_path / serial, tmp_path / "logs", **kwargs)
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[BridgeEvent] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, event: BridgeEvent) -> None:
-        with self.lock:
-            self.items.append(event)
-
-    def kinds(self, serial: str | None = None) -> list[str]:
-        with self.lock:
-            return [e.kind for e in self.items if serial is None or e.serial == serial]
-
-    def first(self, kind: str) -> BridgeEvent:
-        with self.lock:
-            return next(e for e in self.items if e.kind == kind)
 
 
 @pytest.fixture

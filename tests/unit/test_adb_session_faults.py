@@ -20,32 +20,12 @@ from typing import Any
 import pytest
 
 from testbed.adb_bridge import parsers, telemetry
-from testbed.adb_bridge.bridge import AdbBridge, BridgeEvent
-from tests.fakes.adb_phones import START_PATTERN, recorded_phone
+from testbed.adb_bridge.bridge import AdbBridge
+from tests.fakes.adb_phones import START_PATTERN, Events, recorded_phone
 from tests.fakes.fake_adb import FakeAdbServer, FakePhone, LocalProcessCommand, ShellResult
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 SHELL_TIMEOUT_S = 0.5
-
-
-class Events:
-    """Every bridge event, in order (the callback runs in the bridge's threads)."""
-
-    def __init__(self) -> None:
-        self.items: list[BridgeEvent] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, event: BridgeEvent) -> None:
-        with self.lock:
-            self.items.append(event)
-
-    def of(self, kind: str, serial: str | None = None) -> list[BridgeEvent]:
-        with self.lock:
-            return [e for e in self.items if e.kind == kind and serial in (None, e.serial)]
-
-    def kinds(self) -> list[str]:
-        with self.lock:
-            return [e.kind for e in self.items]
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0) -> None:
