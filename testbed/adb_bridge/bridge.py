@@ -32,7 +32,9 @@ Life of a phone (each step is a :class:`BridgeEvent` of that ``kind``)::
 
     plugged -> [state: unauthorized -> device] -> ready (properties, profile, relay, reverse)
       -> agent-started | agent-failed (the reason says why the phone cannot run the agent: too
-         old, the phone port taken on the phone, no Python, a failed setup, a bug in the bridge)
+         old, the phone port taken on the phone, no Python, a bug in the bridge; or a phone
+         fault while setting it up or starting the agent, with ``retry_in_s``: tried again
+         then, the wait doubling up to SETUP_RETRY_MAX_S)
          | agent-waiting (start the Termux listener; agent-started follows once it connects)
       -> telemetry ... [reverse-reapplied] [agent-exited -> agent-started] [poll-failed]
       -> unplugged | offline (the relay closes its PS connections: the PS re-queues the
@@ -90,6 +92,11 @@ POLL_FAILED_EVERY_S = 60.0  # at most one poll-failed event (and warning) per ph
 # A phone being unplugged fails its commands a moment before the tracker says it is gone: a
 # failure counts only if the session is still on this long after it.
 LEAVE_GRACE_S = 1.0
+# A phone fault while the phone is set up or its agent started (a command too slow, adb refusing
+# a push) is worth another try: after this long, doubling up to SETUP_RETRY_MAX_S, until it
+# works or the phone leaves. (Before, such a phone sat out the run until it was plugged again.)
+SETUP_RETRY_FIRST_S = 2.0
+SETUP_RETRY_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,9 @@ class _PhoneSession:
         self._dials_before_start = 0
         self.failed_polls = 0  # since the last poll-failed event
         self._poll_failed_at: float | None = None  # time.monotonic() of that event
+        self.ready = False  # set up: properties read, profile chosen, relay and reverse rule up
+        self.retry_at: float | None = None  # time.monotonic() of the next try after a fault
+        self.retry_wait_s = SETUP_RETRY_FIRST_S
         self.thread = threading.Thread(target=self._run, name=f"adb-{serial}", daemon=True)
         self.device = bridge.server.device(serial)
         self.phone_shell = PhoneShell(self.device, bridge.shell_timeout_s)
@@ -185,13 +195,11 @@ class _PhoneSession:
         stops. A phone fault costs the step it happens in; anything else is a bug, reported as
         agent-failed (the run must not wait for a phone whose thread died unseen)."""
         try:
-            try:
-                if self._setup():
-                    self._start_agent()
-            except PHONE_FAULTS as exc:
-                if not self._leaving():
-                    self._cannot_run(f"setting up the phone failed: {exc}")
+            self._bring_up()
             while not self.stop_event.wait(self.bridge.telemetry_interval_s):
+                if (self.retry_at is not None and time.monotonic() >= self.retry_at
+                        and self.bridge.may_restart()):
+                    self._bring_up()
                 try:
                     self._tick()
                 except PHONE_FAULTS as exc:
@@ -222,6 +230,25 @@ class _PhoneSession:
                           command=getattr(exc, "command", None), failed_polls=self.failed_polls)
         self.failed_polls = 0
 
+    def _bring_up(self) -> None:
+        """Set the phone up (once) and start its agent. A phone fault on the way is agent-failed
+        with when the next try comes (SETUP_RETRY_FIRST_S, doubling to SETUP_RETRY_MAX_S); a
+        problem that another try cannot mend (too old, the port taken, no Python) is not tried
+        again."""
+        self.retry_at = None
+        try:
+            if self.ready or self._setup():
+                self._start_agent()
+        except PHONE_FAULTS as exc:
+            if self._leaving():
+                return
+            wait_s, self.retry_wait_s = self.retry_wait_s, min(self.retry_wait_s * 2,
+                                                               SETUP_RETRY_MAX_S)
+            self.retry_at = time.monotonic() + wait_s
+            what = "starting the agent" if self.ready else "setting up the phone"
+            self._cannot_run(f"{what} failed: {exc}; trying again in {wait_s:.0f} s",
+                             retry_in_s=wait_s)
+
     def _setup(self) -> bool:
         b = self.bridge
         code, out = self.shell("getprop")
@@ -231,9 +258,10 @@ class _PhoneSession:
         s = self.status
         s.model, s.soc, s.android = info.model, info.soc, info.android_release
         s.profile, s.profile_reason = choice.profile, choice.reason
-        self.relay = PhoneRelay(self.serial, b.ps_host, b.ps_port, b.shaping,
-                                upstream_unix=b.upstream_unix.get(self.serial))
-        s.relay_port = self.relay.start()
+        if self.relay is None:  # (a second try after a fault keeps the first one's relay)
+            self.relay = PhoneRelay(self.serial, b.ps_host, b.ps_port, b.shaping,
+                                    upstream_unix=b.upstream_unix.get(self.serial))
+            s.relay_port = self.relay.start()
         reverse_problem = None
         try:
             self._apply_reverse()
@@ -248,6 +276,7 @@ class _PhoneSession:
         if problem:
             self._cannot_run(problem)
             return False
+        self.ready = True
         return True
 
     def _apply_reverse(self) -> None:
@@ -302,11 +331,11 @@ class _PhoneSession:
         elif kind == "agent-exited":
             self.last_exit_log = str(data.get("log_tail") or "")[-500:]
 
-    def _cannot_run(self, reason: str) -> None:
+    def _cannot_run(self, reason: str, **data: Any) -> None:
         self.status.problem = reason
         log.warning("phone %s (%s) cannot run the agent: %s", self.serial, self.status.model,
                     reason)
-        self.bridge._emit("agent-failed", self.serial, reason=reason)
+        self.bridge._emit("agent-failed", self.serial, reason=reason, **data)
 
     def _push_token(self, mode: int) -> str:
         """Write the join token to a fresh file on the phone; return its path.
@@ -456,6 +485,7 @@ class _PhoneSession:
     def _started(self, pid: int, launcher: str) -> None:
         self.status.agent_pid = pid
         self.status.launcher = launcher
+        self.retry_wait_s = SETUP_RETRY_FIRST_S
         self.status.problem = ""
         self.status.waiting = ""
         self.bridge._emit("agent-started", self.serial, pid=pid, name=self.status.name,
@@ -491,7 +521,7 @@ class _PhoneSession:
                          self.serial)
             elif self.restarts < MAX_AGENT_RESTARTS:
                 self.restarts += 1
-                self._start_agent()
+                self._bring_up()
             else:
                 tail = (f"; the end of its log in Termux: {self.last_exit_log.strip()}"
                         if self.last_exit_log.strip() else "")

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from testbed.adb_bridge import bridge as bridge_mod
 from testbed.adb_bridge import parsers, telemetry
 from testbed.adb_bridge.bridge import AdbBridge
 from tests.fakes.adb_phones import START_PATTERN, Events, recorded_phone
@@ -120,6 +121,58 @@ def test_a_phone_that_is_always_slow_warns_once_a_while(fake_adb_server: FakeAdb
         wait_for(lambda: phone.shell_log.count(telemetry.CMD_THERMAL) >= 3, timeout_s=30)
         assert len(events.of("poll-failed")) == 1  # not one per poll (one a minute at most)
     assert not events.of("telemetry") and not events.of("agent-failed")
+
+
+def stall_once(pattern: str) -> tuple[threading.Event, Callable[[str], None]]:
+    """A hook that stalls the next command matching ``pattern`` past SHELL_TIMEOUT_S, once the
+    returned event is set (set at once: the first such command)."""
+    armed = threading.Event()
+
+    def before(command: str) -> None:
+        if re.match(pattern, command) and armed.is_set():
+            armed.clear()
+            time.sleep(SHELL_TIMEOUT_S * 3)
+    return armed, before
+
+
+def test_a_fault_while_setting_the_phone_up_is_tried_again(
+        fake_adb_server: FakeAdbServer) -> None:
+    """A first `getprop` too slow (a phone busy just after it was authorized): agent-failed
+    saying when the next try comes; then the phone is set up and its agent runs."""
+    armed, before = stall_once(r"^getprop$")
+    armed.set()
+    phone = fake_adb_server.plug(with_hook(sleeper_phone("BUSY1"), before))
+    events = Events()
+    with bridge_on(fake_adb_server, events) as bridge:
+        wait_for(lambda: events.of("agent-started"))
+        failed = events.of("agent-failed")
+        assert len(failed) == 1 and failed[0].data["retry_in_s"] == bridge_mod.SETUP_RETRY_FIRST_S
+        assert failed[0].data["reason"].startswith("setting up the phone failed: phone BUSY1: "
+                                                   "`getprop` did not finish")
+        assert "trying again in 2 s" in failed[0].data["reason"]
+        assert len(events.of("ready")) == 1
+        assert bridge.phones()[0].problem == ""
+        assert bridge.phones()[0].agent_pid == phone.processes[0].pid
+
+
+def test_a_fault_while_restarting_the_agent_is_tried_again(
+        fake_adb_server: FakeAdbServer) -> None:
+    """The agent died, and the start script that would restart it stalls: tried again with the
+    same relay and reverse rule (the phone is not set up twice)."""
+    armed, before = stall_once(START_PATTERN)
+    phone = fake_adb_server.plug(with_hook(sleeper_phone("RESTART1"), before))
+    events = Events()
+    with bridge_on(fake_adb_server, events) as bridge:
+        wait_for(lambda: events.of("agent-started"))
+        relay_port = bridge.phones()[0].relay_port
+        armed.set()
+        phone.processes[0].kill()
+        wait_for(lambda: len(events.of("agent-started")) == 2)
+        failed = events.of("agent-failed")
+        assert len(failed) == 1
+        assert failed[0].data["reason"].startswith("starting the agent failed: phone RESTART1: ")
+        assert bridge.phones()[0].relay_port == relay_port and len(events.of("ready")) == 1
+        assert bridge.phones()[0].agent_pid == phone.processes[-1].pid
 
 
 def test_a_bug_in_a_session_is_agent_failed_not_a_dead_thread(
