@@ -460,7 +460,8 @@ class PsCore:
         ``config.pause_s`` ago, the PS itself was not running (Ctrl-Z, SIGSTOP, a suspended
         host, no CPU for it), and no device could be heard meanwhile. Every device's last-seen
         time and the watchdog's clocks move forward by the time lost (the gap less one tick),
-        never past now, and a ``ps_paused`` event says how long it was. Return that time (0:
+        never past now, as do the copies out (:meth:`Scheduler.account_pause`), and a
+        ``ps_paused`` event says how long it was. Return that time (0:
         no pause).
 
         Without this, a run stopped with Ctrl-Z for longer than a lease dropped every device on
@@ -478,6 +479,7 @@ class PsCore:
             self.all_quarantined_since = min(self.all_quarantined_since + lost_s, now_s)
         for r in self.recovering:  # recovery_s counts the PS's time, not its pause
             r.started_s = min(r.started_s + lost_s, now_s)
+        self.scheduler.account_pause(lost_s, now_s)  # the copies out, their returns and backups
         self.paused_s += lost_s
         self._event("ps_paused", seconds=round(lost_s, 3), devices=len(self.conns))
         log.warning("the PS did not run for %.1f s (stopped, suspended or starved); device "

@@ -174,7 +174,6 @@ class Task:
     attempt: int = 0
     holder: str | None = None  # the device that completed it, or the last one given it
     done: bool = False
-    sent_s: float = 0.0
     holders: set[str] = field(default_factory=set)  # devices with a live (trusted) copy
     queued: bool = False  # in the pending queue
     owner: str | None = None  # the device the plan gave it to (None: anyone, FIFO)
@@ -1099,6 +1098,24 @@ class Scheduler:
         self._resize_windows()
         return requeued
 
+    def account_pause(self, lost_s: float, now_s: float) -> None:
+        """The PS did not run for ``lost_s`` (:meth:`PsCore.account_pause`): every copy out was
+        handed out that much later, as its predicted return, the backup search and the overhead
+        learned from its result see it (never later than ``now_s``). Without this, each copy out
+        was overdue on waking and backed up, and each result then taught its device an overhead
+        of about the pause (9 s after 30 s: a tiny run, as the unit test pauses it)."""
+        index = BackupIndex(self.devices)
+        for slot in self.devices.values():
+            for copy in (*slot.in_flight.values(), *slot.cancelled.values()):
+                copy.sent_s = min(copy.sent_s + lost_s, now_s)
+                copy.expected_s += lost_s
+            if slot.quarantined:
+                continue
+            for copy in slot.in_flight.values():  # filed again at their new times
+                copy.idx_ver += 1
+                index.add(copy, slot)
+        self._backups = index
+
     def quarantine(self, device_id: str) -> list[Task]:
         """Stop trusting a device: no more work; tasks it alone held are re-queued."""
         slot = self.devices.get(device_id)
@@ -1692,7 +1709,7 @@ class Scheduler:
         # back once computed and once the results ahead of it and its own have gone up
         upload_wall_s = slot.upload_s(task.result_nbytes) * self.dilation
         expected = now_s + max(compute_wall_s, upload_wall_s) + (slot.overhead_s or 0.0)
-        task.holder, task.sent_s = slot.device_id, now_s
+        task.holder = slot.device_id
         task.holders.add(slot.device_id)
         copy = Copy(task, task.attempt, backup, now_s, expected, compute_wall_s,
                     seq=next(self._copy_seq))

@@ -32,8 +32,9 @@ import pytest
 
 import testbed
 import testbed.ps_backend.core as core_module
+import testbed.ps_backend.scheduler as scheduler_module
 from testbed.emulator.network import cleanup
-from testbed.ps_backend.core import Descriptor, PsConfig, PsCore
+from testbed.ps_backend.core import Descriptor, PsConfig, PsCore, ResultIn
 from testbed.ps_backend.scheduler import GemmJob, GemmSpec
 from testbed.run_lock import RunLock
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
@@ -212,17 +213,20 @@ class _Events:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    """The core's monotonic clock, moved by hand (only the core's: time.monotonic elsewhere
-    is left alone)."""
+    """The monotonic clock of the core and its scheduler, moved by hand (time.monotonic
+    elsewhere is left alone)."""
     fake = _Clock()
-    monkeypatch.setattr(core_module, "time", types.SimpleNamespace(
-        monotonic=fake, time=time.time, thread_time=time.thread_time,
-        perf_counter=time.perf_counter, process_time=time.process_time))
+    faked = types.SimpleNamespace(monotonic=fake, time=time.time, thread_time=time.thread_time,
+                                  perf_counter=time.perf_counter, process_time=time.process_time)
+    monkeypatch.setattr(core_module, "time", faked)
+    monkeypatch.setattr(scheduler_module, "time", faked)
     return fake
 
 
-def _busy_core(no_progress_s: float = 120.0) -> tuple[PsCore, _Events, list[Any]]:
-    """A core with two attached devices holding the tiles of an outstanding GEMM."""
+def _busy_core(no_progress_s: float = 120.0,
+               gflops: float = 1.0) -> tuple[PsCore, _Events, list[Any]]:
+    """A core with two attached devices (``gflops`` predicted) holding the tiles of an
+    outstanding 8 x 3 x 8 GEMM (four 4 x 4 tiles)."""
     events = _Events()
     config = PsConfig(token="t", run_name="pause", dtype=np.dtype("float64"), tile_m=4,
                       tile_n=4, min_offload_flops=0.0, planner="fifo",
@@ -231,7 +235,8 @@ def _busy_core(no_progress_s: float = 120.0) -> tuple[PsCore, _Events, list[Any]
     conns = []
     for name in ("phones-0", "phones-1"):
         conn = core.join(Descriptor(name=name, group="phones", kind="real", profile="",
-                                    predicted_gflops=1.0, max_in_flight=8, cache_bytes=1 << 20,
+                                    predicted_gflops=gflops, max_in_flight=8,
+                                    cache_bytes=1 << 20,
                                     platform="test"))
         assert core.attach(conn.device_id, conn.session_key) is conn
         conns.append(conn)
@@ -281,6 +286,41 @@ def test_after_a_pause_a_silent_device_still_loses_its_lease_and_the_watchdog_st
     assert any(kind == "lease_expired" for kind, _ in events.events)
     _ticks(core, clock, 6, heard=[talks])  # no tile accepted: 3 + 0.25 + 8.5 s > 10 s
     assert core.watchdog_reason is not None and "no tile accepted" in core.watchdog_reason
+
+
+def _return_one(core: PsCore, conn: Any, now_s: float, compute_s: float) -> None:
+    """The device returns (the right values of) one of the tiles it holds."""
+    task_id, copy = next(iter(conn.slot.in_flight.items()))
+    c = copy.task.a_block() @ copy.task.b_block()
+    core.on_results(conn, [ResultIn(task_id, copy.attempt, c, c.nbytes, compute_s=compute_s,
+                                    energy_j=0.0, lag_s=0.0, received_s=now_s, started_s=0.0,
+                                    done_s=compute_s)])
+
+
+def test_copies_out_during_a_pause_are_not_backed_up_and_teach_no_overhead(
+        clock: _Clock) -> None:
+    """Tiles of 96 FLOPs on devices of 100 FLOP/s, two a device: about 1 s each. The PS stops
+    for 30 s: on waking the copies out are not overdue (before, each was backed up on the other
+    device), and the results that come in teach an overhead of the PS's running time, not of
+    its pause (before, about 9 s)."""
+    core, events, conns = _busy_core(gflops=1e-7)
+    assert all(len(c.slot.in_flight) == 2 for c in conns)
+    clock.now_s += 1.0
+    for conn in conns:
+        _return_one(core, conn, clock.now_s, compute_s=0.96)
+    _ticks(core, clock, 0.25, heard=conns)
+    assert core.stats.backups == 0
+    clock.now_s += 30
+    core.tick()
+    assert [kind for kind, _ in events.events].count("ps_paused") == 1
+    assert core.stats.backups == 0
+    clock.now_s += 0.75
+    for conn in conns:
+        _return_one(core, conn, clock.now_s, compute_s=0.96)
+    for conn in conns:
+        overhead = conn.slot.overhead_s
+        assert overhead is not None and overhead < 1.0, overhead  # the PS ran 2 s in all
+    assert core.stats.tiles == 4
 
 
 def test_ticks_late_by_less_than_the_pause_threshold_are_no_pause(clock: _Clock) -> None:
