@@ -91,14 +91,16 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+def wait_for(predicate: Any, timeout_s: float = 15.0, what: str = "") -> Any:
+    """``predicate()``'s first true value, polled every 50 ms; TimeoutError after
+    ``timeout_s`` naming ``what`` (else the predicate)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what or predicate}")
 
 
 def reference_losses(topology: Path, steps: int) -> tuple[list[float], dict[str, Any]]:

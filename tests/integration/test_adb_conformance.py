@@ -26,6 +26,7 @@ import pytest
 
 from testbed.adb_bridge import AdbBridge, RelayShaping
 from testbed.adb_bridge.agent_package import PHONE_DIR, build_agent_zip
+from tests.conftest import wait_for
 from tests.fakes.adb_phones import DATA, Events, recorded_phone
 from tests.fakes.adb_phones import agent_phone as shared_agent_phone
 from tests.fakes.fake_adb import FakeAdbServer, FakePhone, LocalProcessCommand, ShellResult
@@ -362,15 +363,6 @@ class StandInPS:
         self.sock.close()
         for c in self.conns:
             c.close()
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {predicate}")
 
 
 @pytest.fixture

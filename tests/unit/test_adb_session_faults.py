@@ -22,20 +22,12 @@ import pytest
 from testbed.adb_bridge import bridge as bridge_mod
 from testbed.adb_bridge import parsers, telemetry
 from testbed.adb_bridge.bridge import AdbBridge
+from tests.conftest import wait_for
 from tests.fakes.adb_phones import START_PATTERN, Events, recorded_phone
 from tests.fakes.fake_adb import FakeAdbServer, FakePhone, LocalProcessCommand, ShellResult
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 SHELL_TIMEOUT_S = 0.5
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {predicate}")
 
 
 def sleeper_phone(serial: str, **kwargs: Any) -> FakePhone:
