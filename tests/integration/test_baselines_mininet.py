@@ -189,3 +189,55 @@ def test_a_lost_stage_restarts_from_its_checkpoint_with_the_same_losses(tmp_path
     for e in redo:  # a redone step computes the same loss again
         first = next(x for x in res["executed"] if x["step"] == e["step"])
         assert abs(first["loss"] - e["loss"]) <= 1e-12 * max(1.0, abs(e["loss"]))
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_sighup_stops_a_pipeline_run_with_its_summary_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    """`testbed up` of a pipeline, its terminal closed (SIGHUP) while the stages train: exit
+    130, summary.json says interrupted, and no stage process, namespace or interface of the
+    run is left (the run's network is told apart by the interfaces that came up with it)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.integration.test_mininet_run import cmdline_has, root_links
+
+    path = write_topology(tmp_path)
+    out = tmp_path / "out"
+    before = root_links()
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", str(path), "--steps",
+                             "10000", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # every stage of the placement has connected: training runs
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no pipeline training within 120 s"
+            plans = list(out.glob("*/pipeline/pipeline_plan0.json"))
+            if plans and len(list(plans[0].parent.joinpath("ready0").iterdir())) == len(
+                    json.loads(plans[0].read_text())["devices"]):
+                break
+            time.sleep(0.1)
+        run_dir = plans[0].parents[1]
+        ours = root_links() - before
+        stages = [p for p in psutil.pids() if cmdline_has(p, "testbed.baselines.stage_proc")
+                  and cmdline_has(p, str(run_dir))]
+        assert ours and stages
+        proc.send_signal(signal.SIGHUP)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "interrupted" and summary["exit_code"] == 130
+    assert not [p for p in stages if psutil.pid_exists(p)
+                and cmdline_has(p, "testbed.baselines.stage_proc")], "a stage is left"
+    assert not ours & root_links(), "an interface of the run is left"
