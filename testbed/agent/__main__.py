@@ -12,7 +12,7 @@ from testbed.agent.agent import Agent, AgentOptions
 from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import PinError, normalize, ps_address_arg
-from testbed.errors import EXIT_BAD_INPUT
+from testbed.errors import EXIT_BAD_INPUT, EXIT_OK
 from testbed.wire import MAX_IN_FLIGHT
 from testbed.wire.cache import DEFAULT_CACHE_BYTES
 
@@ -116,7 +116,11 @@ def read_token(args: argparse.Namespace) -> str:
     return token
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK) -> int:
+    """Run one agent until the PS ends the run (0), refuses it (3), or a signal stops it
+    (SIGINT, SIGTERM, SIGHUP: it leaves, says so in one line, and exits ``stopped_exit``: 0 for
+    the agents a run starts, whose SIGTERM is a churn trace's graceful leave; 130 for
+    ``testbed join``, interrupted as every testbed command)."""
     args = build_parser().parse_args(argv)
     try:
         token = read_token(args)
@@ -172,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, lambda *_: agent.request_stop("SIGHUP"))  # terminal closed
     signal.signal(signal.SIGUSR1, lambda *_: agent.set_partitioned(True))
     signal.signal(signal.SIGUSR2, lambda *_: agent.set_partitioned(False))
-    return agent.run()
+    code = agent.run()
+    return stopped_exit if code == EXIT_OK and agent.stopped_by else code
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ Needs only grpcio and numpy (it runs on phones). Three threads:
   carried them, heartbeats when nothing else went out for a while.
 
 The PS decides everything about work; the agent only says how many tiles it wants outstanding.
-On a broken stream it joins again with exponential backoff; on SIGTERM it leaves gracefully.
+On a broken stream it joins again with exponential backoff; on SIGTERM it leaves gracefully:
+it says Leave (so the PS re-queues only its tiles in flight), then closes its channel, which
+cuts short whatever call it is in, so a PS that no longer answers (its host froze, this
+device's network went away) does not hold it.
 SIGUSR1 partitions it (nothing in or out, as a pulled cable on loopback), SIGUSR2 heals it.
 While partitioned, what would cross the cable waits (as TCP holds unacknowledged data) and goes
 once healed; nothing is dropped: a dropped tile would stay "in flight" at the PS forever when
@@ -169,6 +172,9 @@ class Agent:
         self._clock = DeviceClock(time.monotonic())  # device time stays continuous when D changes
         self.slow_factor = 1.0  # compute time multiplier (churn `slow`)
         self._control_mtime = 0.0
+        self.stopped_by = ""  # the signal that asked this agent to stop ("": none did)
+        self.left_note = ""  # how it left, said in the one line it ends with
+        self.joins = 0  # sessions the PS let in
 
     def device_time_s(self, wall_s: float, dilation: float) -> float:
         """Device seconds since the agent started, for a monotonic wall time (D as set)."""
@@ -200,6 +206,7 @@ class Agent:
     # -- control from signal handlers ---------------------------------------------------------
     def request_stop(self, reason: str = "SIGTERM") -> None:
         """Leave gracefully and end run()."""
+        self.stopped_by = self.stopped_by or reason
         self.stopping.set()
         session = self._session
         if session is not None:
@@ -225,36 +232,57 @@ class Agent:
                 self._session = session
                 if self.stopping.is_set():
                     # the stop came while the session was being made: request_stop found no
-                    # session to leave, and the PS could hold its stream open for ever
+                    # session to leave (and close), and the PS could hold its stream for ever
+                    session.leave(self.stopped_by)
                     break
                 reason = session.run()
                 if reason == "stop":
                     return EXIT_OK
                 backoff = first  # the session worked; the next failure starts small again
-            except JoinRefused as exc:
-                log.error("%s: join refused: %s", self.options.name, exc)
-                return EXIT_REFUSED
-            except PinError as exc:
-                log.error("%s: %s", self.options.name, exc)
-                return EXIT_REFUSED
-            except grpc.RpcError as exc:
-                log.warning("%s: %s: %s; joining again in %.1f s", self.options.name,
-                            exc.code().name if hasattr(exc, "code") else "error",
-                            exc.details() if hasattr(exc, "details") else exc, backoff)
-            except OSError as exc:  # the TLS pin's own connection: the PS may not be up yet
-                log.warning("%s: %s; joining again in %.1f s", self.options.name, exc, backoff)
-            except Exception:  # a protocol bug must not kill the device: start a fresh session
-                log.exception("%s: session failed; joining again in %.1f s", self.options.name,
-                              backoff)
+                if not self.stopping.is_set():
+                    log.warning("%s: the PS ended this device's session (its lease ran out "
+                                "while the device was silent, or the PS dropped it); joining "
+                                "again in %.1f s", self.options.name, backoff)
+            except Exception as exc:
+                if self.stopping.is_set():
+                    break  # our own stop cut a call short (request_stop): nothing to retry
+                code = self._failed(exc, backoff)
+                if code is not None:
+                    return code
             finally:
                 self._session = None
             if self.stopping.wait(backoff * random.uniform(0.8, 1.2)):
                 break
             backoff = min(backoff * 2, largest)
+        if self.stopped_by:
+            log.info("%s: %s: %s", self.options.name, self.stopped_by, self.left_note or (
+                "stopped while joining the run again" if self.joins else
+                "stopped before joining the run"))
         return EXIT_OK
 
+    def _failed(self, exc: Exception, backoff_s: float) -> int | None:
+        """Say why a session failed: the exit code when retrying will not help, else None (the
+        agent joins again in backoff_s)."""
+        name = self.options.name
+        if isinstance(exc, JoinRefused):
+            log.error("%s: join refused: %s", name, exc)
+            return EXIT_REFUSED
+        if isinstance(exc, PinError):
+            log.error("%s: %s", name, exc)
+            return EXIT_REFUSED
+        if isinstance(exc, grpc.RpcError):
+            log.warning("%s: %s: %s; joining again in %.1f s", name,
+                        exc.code().name if hasattr(exc, "code") else "error",
+                        exc.details() if hasattr(exc, "details") else exc, backoff_s)
+        elif isinstance(exc, OSError):  # the TLS pin's own connection: the PS may not be up yet
+            log.warning("%s: %s; joining again in %.1f s", name, exc, backoff_s)
+        else:  # a protocol bug must not kill the device: start a fresh session
+            log.error("%s: session failed; joining again in %.1f s", name, backoff_s,
+                      exc_info=exc)
+        return None
 
-def _channel(options: AgentOptions) -> grpc.Channel:
+
+def _channel(options: AgentOptions, stopping: threading.Event) -> grpc.Channel:
     """The channel to the PS: plain on loopback and in emulated networks; TLS with the PS's
     pinned certificate when a fingerprint is given (a PS on another machine)."""
     settings = [
@@ -266,9 +294,34 @@ def _channel(options: AgentOptions) -> grpc.Channel:
         ("grpc.max_reconnect_backoff_ms", 2000)]
     if not options.tls_fingerprint:
         return grpc.insecure_channel(options.ps_address, options=settings)
-    cert = pinned_certificate(*parse_address(options.ps_address), options.tls_fingerprint)
+    cert = _pinned_unless_stopped(options, stopping)
     return grpc.secure_channel(options.ps_address, grpc.ssl_channel_credentials(cert),
                                options=[*settings, ("grpc.ssl_target_name_override", CERT_NAME)])
+
+
+def _pinned_unless_stopped(options: AgentOptions, stopping: threading.Event) -> bytes:
+    """The PS's pinned certificate (:func:`pinned_certificate`), fetched in a thread of its own:
+    a PS that accepts the connection and never completes the handshake (its host froze) or a
+    network that drops it holds the fetch up to its timeout, and a stop must not wait for that
+    (ConnectionError at once)."""
+    answer: queue.Queue[bytes | Exception] = queue.Queue()
+
+    def fetch() -> None:
+        try:
+            answer.put(pinned_certificate(*parse_address(options.ps_address),
+                                          options.tls_fingerprint))
+        except Exception as exc:  # PinError, ConnectionError: raised in the caller's thread
+            answer.put(exc)
+    threading.Thread(target=fetch, name="tls-pin", daemon=True).start()
+    while not stopping.is_set():
+        try:
+            got = answer.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if isinstance(got, Exception):
+            raise got
+        return got
+    raise ConnectionError(f"stopped before the TLS handshake with {options.ps_address} ended")
 
 
 class _Session:
@@ -277,7 +330,7 @@ class _Session:
     def __init__(self, agent: Agent):
         self.agent = agent
         self.options = agent.options
-        self.channel = _channel(self.options)
+        self.channel = _channel(self.options, agent.stopping)
         self.stub = pb_grpc.ParameterServerStub(self.channel)
         self.outbox = Outbox()
         # one item per message from the PS: the tiles that arrived together, so a real device
@@ -306,6 +359,7 @@ class _Session:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise JoinRefused(exc.details()) from exc
             raise
+        self.agent.joins += 1
         self.dilation = self.reply.time_dilation or 1.0
         self.agent.set_dilation(self.dilation)
         log.info("%s joined as %s (dilation %.2f)", self.options.name, self.reply.device_id,
@@ -321,17 +375,27 @@ class _Session:
             self.channel.close()
 
     def leave(self, reason: str) -> None:
-        """Tell the PS we are going (best effort), then close the stream."""
+        """Tell the PS we are going (best effort), then close the channel: that ends the Work
+        stream, and a Join in progress, at once, whether or not the PS still answers."""
         if self.reply is not None and not self.agent.partitioned.is_set():
             try:
-                self.stub.Leave(pb.LeaveRequest(device_id=self.reply.device_id,
-                                                session_key=self.reply.session_key,
-                                                reason=reason), timeout=2)
+                left = self.stub.Leave(pb.LeaveRequest(device_id=self.reply.device_id,
+                                                       session_key=self.reply.session_key,
+                                                       reason=reason), timeout=2)
+                self.agent.left_note = (f"left the run; the PS re-queued the "
+                                        f"{left.requeued_tiles} tile(s) it had in flight here")
             except grpc.RpcError as exc:
-                log.info("leave not acknowledged: %s", exc.details())
-            except ValueError as exc:  # a signal arrived after the channel closed: gone anyway
-                log.info("leave not sent: %s", exc)
+                self.agent.left_note = (f"left the run without the PS's answer "
+                                        f"({exc.details()}); it re-queues this device's tiles "
+                                        f"when its lease runs out")
+            except ValueError:  # a signal arrived after the channel closed: gone anyway
+                self.agent.left_note = "left the run; its connection to the PS had closed"
+        elif self.reply is not None:
+            self.agent.left_note = ("left the run while cut off from the PS; it re-queues this "
+                                    "device's tiles when its lease runs out")
         self.outbox.put(None)
+        if not self.closed.is_set():
+            self.channel.close()
 
     # -- down: the PS's messages ----------------------------------------------------------------
     def _receive(self, responses: Iterator[pb.ServerMessage]) -> str:

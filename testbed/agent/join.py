@@ -11,6 +11,11 @@ Every argument is checked here, before the agent starts (exit 2): PS_ADDRESS is 
 made one: lower-cased, other characters as ``-``, cut to 24). The token file's first line must
 be printable text (``testbed.agent.__main__.read_token``). A PS that is not up yet is then
 tried again and again, one line each time, as the agent does.
+
+Exit codes: 0 the run ended, 2 bad input, 3 refused (the token, another certificate than the
+pinned one, a server that does not speak TLS), 130 stopped by SIGINT, SIGTERM or SIGHUP after
+leaving the run (the agent's exit on a signal is 0 otherwise: a churn trace's leave is a
+SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import re
 import socket
 
 from testbed.agent.tls import PinError, normalize, ps_address_arg
-from testbed.errors import EXIT_BAD_INPUT
+from testbed.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from testbed.names import MAX_NAME_CHARS, NAME_RULE, is_name
 from testbed.units import int_arg
 from testbed.wire import MAX_IN_FLIGHT
@@ -57,8 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "join", help="make this machine a device of a run on another machine (TLS)",
         description="Join a run whose topology sets network.ps.listen, as a real device: "
                     "connect over TLS, trust only the PS certificate with the given "
-                    "fingerprint, compute tiles until the run ends. `testbed up` prints this "
-                    "command with the address and fingerprint filled in.")
+                    "fingerprint, compute tiles until the run ends (exit 0). `testbed up` "
+                    "prints this command with the address and fingerprint filled in. Ctrl-C, "
+                    "SIGTERM or SIGHUP leave the run (the PS re-queues this device's tiles in "
+                    "flight) and exit 130; a refused token, another certificate or a port "
+                    "that does not speak TLS exits 3.")
     p.add_argument("ps_address", metavar="PS_ADDRESS", type=ps_address_arg,
                    help="HOST:PORT the run printed ([v6]:PORT for IPv6)")
     p.add_argument("--fingerprint", type=fingerprint_arg,
@@ -105,4 +113,4 @@ def _join(args: argparse.Namespace) -> int:
             print(f"error: --profile: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         argv += [f"--profile={args.profile}", f"--gflops={profile.sustained_gflops}"]
-    return agent_main(argv)
+    return agent_main(argv, stopped_exit=EXIT_INTERRUPTED)

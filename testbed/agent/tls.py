@@ -18,8 +18,8 @@ CERT_NAME = "testbed-ps"  # the name every run's certificate carries; the channe
 
 
 class PinError(Exception):
-    """The PS presented another certificate than the one pinned, or none (or the pin given is
-    not a fingerprint): retrying will not help."""
+    """The PS presented another certificate than the one pinned, or none, or the server does
+    not speak TLS at all (or the pin given is not a fingerprint): retrying will not help."""
 
 
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens, 63 at most each
@@ -86,11 +86,22 @@ def parse_address(address: str, *, listen: bool = False) -> tuple[str, int]:
 def ps_address_arg(text: str) -> str:
     """An argparse type: a PS address ``HOST:PORT`` (``[v6]:PORT``) as written, checked
     (:func:`parse_address`), or the parser's error naming the option (exit 2):
-    a malformed one would otherwise be retried for ever."""
+    a malformed one would otherwise be retried for ever. So would 0.0.0.0 or ``[::]``, which
+    a PS listening on every address of its host puts in the join command it prints: to
+    connect, it is this machine itself."""
     try:
-        parse_address(text)
+        host, port = parse_address(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        unspecified = False
+    if unspecified:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is every address of the PS's host (where it listens), not one to "
+            f"connect to: give an address of that host which this machine reaches, with the "
+            f"same port (for example 192.168.1.10:{port})")
     return text
 
 
@@ -122,7 +133,13 @@ def pinned_certificate(host: str, port: int, fingerprint: str, timeout_s: float 
         with socket.create_connection((host, port), timeout=timeout_s) as raw:
             with context.wrap_socket(raw, server_hostname=CERT_NAME) as tls:
                 der = tls.getpeercert(binary_form=True)
-    except (OSError, ssl.SSLError) as exc:  # not up yet, or unreachable: the agent retries
+    except ssl.SSLError as exc:
+        if exc.reason == "WRONG_VERSION_NUMBER":  # it answered, in something else than TLS
+            raise PinError(f"{host}:{port} answered, but not in TLS: not the port a PS opens "
+                           f"for network.ps.listen (the one in the join command `testbed up` "
+                           f"printed)") from exc
+        raise ConnectionError(f"no TLS handshake with {host}:{port}: {exc}") from exc
+    except OSError as exc:  # not up yet, or unreachable: the agent retries
         raise ConnectionError(f"no TLS handshake with {host}:{port}: {exc}") from exc
     if not der:
         raise PinError(f"{host}:{port} presented no certificate")

@@ -63,4 +63,4 @@ def test_join_says_in_one_line_that_the_ps_is_not_there_and_tries_again(tmp_path
     tries = [line for line in out.splitlines() if "no TLS handshake with 127.0.0.1" in line]
     assert len(tries) >= 2 and all("joining again in" in line for line in tries), out
     assert "Traceback" not in out, out
-    assert proc.returncode == 0, out
+    assert proc.returncode == 130, out  # interrupted, as every testbed command

@@ -1,0 +1,174 @@
+"""A device's agent meets an unlucky PS: one that stops answering mid-stream (its host froze,
+or this device's network went away), one that accepts a connection and never completes the TLS
+handshake, one that ends the session without a word (a lease that ran out while this device
+slept). A stop asked for ends the agent at once, and a session that ends says so."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from concurrent import futures
+from typing import Any, Iterator
+
+import grpc
+import pytest
+
+from testbed.agent.agent import Agent, AgentOptions
+from testbed.cli import main as cli_main
+from testbed.wire import testbed_pb2 as pb
+from testbed.wire import testbed_pb2_grpc as pb_grpc
+
+TOKEN = "t0ken-" + "7" * 26
+PROMPT_S = 3.0  # a stop ends the agent within this; the pin's handshake timeout is 10 s
+
+
+class FakePS:
+    """A PS over real gRPC that answers Join and Leave, and whose Work stream either never
+    answers nor ends (``work="frozen"``) or ends at once after the attach (``"ends"``)."""
+
+    def __init__(self, work: str):
+        self.release = threading.Event()  # ends a frozen Work at the test's end
+        self.attached = threading.Event()
+        self.joins = 0
+        self.left: list[str] = []
+        outer = self
+
+        class Servicer(pb_grpc.ParameterServerServicer):  # type: ignore[misc]
+            def Join(self, request: Any, context: Any) -> Any:
+                outer.joins += 1
+                return pb.JoinReply(device_id=f"d{outer.joins}", session_key="k", lease_s=30,
+                                    heartbeat_s=5, max_message_bytes=1 << 20,
+                                    time_dilation=1.0, run_name="fake")
+
+            def Work(self, request_iterator: Any, context: Any) -> Iterator[Any]:
+                next(request_iterator)  # the attach
+                outer.attached.set()
+                if work == "frozen":  # reads nothing more, answers nothing, never ends
+                    outer.release.wait(60)
+                return
+                yield  # a generator: a stream of no messages
+
+            def Leave(self, request: Any, context: Any) -> Any:
+                outer.left.append(request.reason)
+                return pb.LeaveReply(requeued_tiles=2)
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        pb_grpc.add_ParameterServerServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.stop(grace=0).wait(5)
+
+
+def _agent(port: int, fingerprint: str = "") -> Agent:
+    return Agent(AgentOptions(ps_address=f"127.0.0.1:{port}", token=TOKEN, name="lan-0",
+                              kind="real", tls_fingerprint=fingerprint))
+
+
+def _run_in_thread(agent: Agent) -> tuple[threading.Event, list[int]]:
+    done, codes = threading.Event(), []
+    threading.Thread(target=lambda: (codes.append(agent.run()), done.set()),
+                     daemon=True).start()
+    return done, codes
+
+
+def test_a_stop_ends_the_agent_while_the_ps_does_not_answer() -> None:
+    ps = FakePS("frozen")
+    try:
+        agent = _agent(ps.port)
+        done, _ = _run_in_thread(agent)
+        assert ps.attached.wait(10), "the agent never attached"
+        started = time.monotonic()
+        agent.request_stop("SIGINT")
+        assert done.wait(PROMPT_S), "the agent waited for a PS that does not answer"
+        assert time.monotonic() - started < PROMPT_S
+        assert ps.left == ["SIGINT"]  # it said goodbye first
+        assert agent.stopped_by == "SIGINT"
+    finally:
+        ps.close()
+
+
+def test_a_stop_during_a_stalled_tls_handshake_ends_the_agent_at_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts (the kernel does), never says a word of TLS
+    try:
+        agent = _agent(listener.getsockname()[1], "sha256:" + "ab" * 32)
+        with caplog.at_level(logging.INFO, logger="testbed.agent"):
+            done, codes = _run_in_thread(agent)
+            time.sleep(0.5)  # in the handshake now
+            started = time.monotonic()
+            agent.request_stop("SIGTERM")
+            assert done.wait(PROMPT_S), "the stop waited for the handshake's timeout"
+        assert time.monotonic() - started < PROMPT_S
+        assert codes == [0]
+        assert not any("joining again" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        listener.close()
+
+
+def test_a_session_the_ps_ends_is_said_in_a_line_before_joining_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    ps = FakePS("ends")
+    try:
+        agent = _agent(ps.port)
+        with caplog.at_level(logging.INFO, logger="testbed.agent"):
+            done, _ = _run_in_thread(agent)
+            deadline = time.monotonic() + 10
+            while ps.joins < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            agent.request_stop("SIGINT")
+            assert done.wait(PROMPT_S)
+        assert ps.joins >= 2, "the agent did not join again"
+        ended = [r.getMessage() for r in caplog.records if "ended this device's session" in
+                 r.getMessage()]
+        assert ended and "joining again" in ended[0], caplog.text
+    finally:
+        ps.close()
+
+
+def test_a_server_that_does_not_speak_tls_is_refused_not_retried(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong port (an HTTP server, the PS's plain loopback port) answers, but not in TLS:
+    retrying will not make it the PS, so the agent stops (exit 3) with a line that says so."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def answer_http() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed at the test's end
+                return
+            with conn:
+                conn.recv(4096)  # the ClientHello
+                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+    threading.Thread(target=answer_http, daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        with caplog.at_level(logging.INFO, logger="testbed.agent"):
+            done, codes = _run_in_thread(_agent(port, "sha256:" + "ab" * 32))
+            assert done.wait(PROMPT_S), "the agent kept trying a server that is not the PS"
+        assert codes == [3]
+        assert f"127.0.0.1:{port} answered, but not in TLS" in caplog.text, caplog.text
+        assert "joining again" not in caplog.text, caplog.text
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:50051", "[::]:50051"])
+def test_the_address_a_ps_listens_on_everywhere_is_refused_with_what_to_give(
+        capsys: pytest.CaptureFixture[str], address: str) -> None:
+    """A topology that listens on 0.0.0.0 (the documented example) has `testbed up` print a
+    join command with 0.0.0.0 in it; on the device that address is the device itself, and the
+    agent was refused for ever. Now: exit 2, saying which address to give."""
+    assert cli_main(["join", address, "--fingerprint", "sha256:" + "ab" * 32,
+                     "--token-file", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert "every address of the PS's host" in err and "192.168.1.10:50051" in err, err
