@@ -387,6 +387,10 @@ class Run:
                 f.write(self.token + "\n")
             self.join_command = (f"testbed join {ps_info['lan_address']} --fingerprint "
                                  f"{ps_info['fingerprint']} --token-file {token_file}")
+            others = [a for a in ps_info.get("lan_addresses", []) if a != ps_info["lan_address"]]
+            if others:  # listen on 0.0.0.0 or [::]: the device picks the one it reaches
+                self.join_command += ("\n  (or in place of the address, another of this "
+                                      f"host's: {', '.join(others)})")
 
     def _start_forkserver(self) -> None:
         """The process every agent is forked from (:mod:`testbed.emulator.agent_forkserver`),

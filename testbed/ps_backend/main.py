@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from testbed.agent.tls import parse_address
 from testbed.emulator.dilation import (
     LATENESS_KINDS,
     DilationController,
@@ -54,7 +55,7 @@ from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import GemmSpec
 from testbed.ps_backend.step_plan import planning_workers
-from testbed.ps_backend.tls import make_identity
+from testbed.ps_backend.tls import host_port, join_hosts, make_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.summary import run_warnings
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology, steps_problem
@@ -438,8 +439,13 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     host = listen.rsplit(":", 1)[0]
     ps_json: dict[str, Any] = {"host": host, "port": server.port, "pid": os.getpid()}
     if lan and tls is not None:
-        lan_address = f"{lan.rpartition(':')[0]}:{server.tls_port}"  # the port bound
-        ps_json.update(lan_address=lan_address, fingerprint=tls.fingerprint)
+        # the port bound; for 0.0.0.0 or [::], this machine's addresses (a device cannot dial
+        # those: to it, they are itself)
+        lan_addresses = [host_port(h, server.tls_port)
+                         for h in join_hosts(parse_address(lan, listen=True)[0])]
+        lan_address = lan_addresses[0]
+        ps_json.update(lan_address=lan_address, lan_addresses=lan_addresses,
+                       fingerprint=tls.fingerprint)
         log.info("devices beyond this host join over TLS at %s, certificate %s", lan_address,
                  tls.fingerprint)
     write_json_atomic(run_dir / "ps.json", ps_json)

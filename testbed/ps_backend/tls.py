@@ -10,8 +10,10 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from testbed.agent.tls import CERT_NAME, fingerprint_of, parse_address
 
@@ -61,3 +63,37 @@ def make_identity(run_dir: Path, listen: str) -> TlsIdentity:
     (run_dir / "ps-tls.crt").write_bytes(cert_pem)
     return TlsIdentity(cert_pem, key_pem,
                        fingerprint_of(cert.public_bytes(serialization.Encoding.DER)))
+
+
+def join_hosts(listen_host: str,
+               interfaces: Mapping[str, Sequence[Any]] | None = None) -> list[str]:
+    """The hosts a device dials for a PS listening on ``listen_host``: that host, or, when it
+    is every address of this machine (0.0.0.0, ::), which a device cannot dial (to it, that is
+    itself), this machine's addresses of that family that another machine may reach: not
+    loopback, not link-local, private ones first; loopback when there is none (a device on this
+    machine only). ``interfaces``: ``psutil.net_if_addrs()`` (the default)."""
+    wanted = ipaddress.ip_address(listen_host)
+    if not wanted.is_unspecified:
+        return [listen_host]
+    if interfaces is None:
+        import psutil
+
+        interfaces = psutil.net_if_addrs()
+    found: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for addresses in interfaces.values():
+        for entry in addresses:
+            try:
+                ip = ipaddress.ip_address(str(entry.address).split("%")[0])
+            except ValueError:  # a MAC address (AF_PACKET)
+                continue
+            if ip.version == wanted.version and not (ip.is_loopback or ip.is_link_local
+                                                     or ip.is_unspecified) and ip not in found:
+                found.append(ip)
+    found.sort(key=lambda ip: not ip.is_private)  # stable: the interfaces' order otherwise
+    loopback = "127.0.0.1" if wanted.version == 4 else "::1"
+    return [str(ip) for ip in found] or [loopback]
+
+
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 host in brackets (as `testbed join` reads it)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -70,15 +70,24 @@ def _no_token_in_any_cmdline(token: str) -> None:
             pass
 
 
-def test_a_lan_device_joins_over_tls_with_the_pinned_certificate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("everywhere", [False, True], ids=["its-address", "0.0.0.0"])
+def test_a_lan_device_joins_over_tls_with_the_pinned_certificate(tmp_path: Path,
+                                                                 everywhere: bool) -> None:
+    """The PS listens on the address the device reaches, or on every address of its host; then
+    the device takes that address from the several the PS names (ps.json's lan_addresses, as
+    `testbed up` prints them)."""
     ns = LanNamespace()
     steps = 3
     try:
-        topology = _lan_topology(tmp_path, f"{ns.ps_ip}:0", steps)
+        listen = "0.0.0.0:0" if everywhere else f"{ns.ps_ip}:0"
+        topology = _lan_topology(tmp_path, listen, steps)
         with PsProcess(topology, tmp_path / "run", "--expect-devices", "1") as ps:
             info = json.loads((ps.run_dir / "ps.json").read_text())
-            address, fingerprint = info["lan_address"], info["fingerprint"]
-            assert address.startswith(ns.ps_ip + ":") and fingerprint.startswith("sha256:")
+            addresses, fingerprint = info["lan_addresses"], info["fingerprint"]
+            assert info["lan_address"] == addresses[0] and fingerprint.startswith("sha256:")
+            assert not any(a.startswith(("0.0.0.0:", "127.")) for a in addresses), addresses
+            (address,) = [a for a in addresses if a.startswith(ns.ps_ip + ":")]
+            assert everywhere or addresses == [address]
             assert oct((ps.run_dir / "ps-tls.key").stat().st_mode & 0o777) == "0o600"
             token_file = tmp_path / "token"
             token_file.write_text(TOKEN + "\n")

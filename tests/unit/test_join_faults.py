@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from concurrent import futures
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import grpc
@@ -17,6 +18,7 @@ import pytest
 
 from testbed.agent.agent import Agent, AgentOptions
 from testbed.cli import main as cli_main
+from testbed.ps_backend.tls import host_port, join_hosts
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire import testbed_pb2_grpc as pb_grpc
 
@@ -165,10 +167,28 @@ def test_a_server_that_does_not_speak_tls_is_refused_not_retried(
 @pytest.mark.parametrize("address", ["0.0.0.0:50051", "[::]:50051"])
 def test_the_address_a_ps_listens_on_everywhere_is_refused_with_what_to_give(
         capsys: pytest.CaptureFixture[str], address: str) -> None:
-    """A topology that listens on 0.0.0.0 (the documented example) has `testbed up` print a
-    join command with 0.0.0.0 in it; on the device that address is the device itself, and the
-    agent was refused for ever. Now: exit 2, saying which address to give."""
+    """0.0.0.0 or [::] typed by hand (the PS puts its host's addresses in the join command it
+    prints, :func:`join_hosts`): on the device that address is the device itself, and the agent
+    was refused for ever. Now: exit 2, saying which address to give."""
     assert cli_main(["join", address, "--fingerprint", "sha256:" + "ab" * 32,
                      "--token-file", "/nonexistent"]) == 2
     err = capsys.readouterr().err
     assert "every address of the PS's host" in err and "192.168.1.10:50051" in err, err
+
+
+def _nic(*addresses: str) -> list[Any]:
+    return [SimpleNamespace(address=a) for a in addresses]
+
+
+def test_a_ps_listening_everywhere_prints_this_hosts_addresses_to_join() -> None:
+    """listen 0.0.0.0 or [::]: the join command carries addresses a device may dial (private
+    ones first; no loopback, link-local or MAC address), or loopback when there is no other."""
+    nics = {"lo": _nic("127.0.0.1", "::1", "00:00:00:00:00:00"),
+            "eth0": _nic("81.2.69.142", "fe80::1%eth0", "2a02:598::7", "52:54:00:12:34:56"),
+            "wlan0": _nic("192.168.1.10", "fd00::10")}
+    assert join_hosts("0.0.0.0", nics) == ["192.168.1.10", "81.2.69.142"]
+    assert join_hosts("::", nics) == ["fd00::10", "2a02:598::7"]
+    assert join_hosts("0.0.0.0", {"lo": _nic("127.0.0.1")}) == ["127.0.0.1"]
+    assert join_hosts("192.168.1.10", nics) == ["192.168.1.10"]  # the one it listens on
+    assert [host_port(h, 5) for h in join_hosts("::", nics)] == ["[fd00::10]:5",
+                                                                "[2a02:598::7]:5"]
