@@ -49,6 +49,7 @@ import logging
 import math
 import os
 import queue
+import re
 import secrets
 import signal
 import socket
@@ -174,7 +175,8 @@ class Run:
         self.join_timeout_s = join_timeout_s
         self.resume = resume
         self.stop_requested = stop or threading.Event()
-        self.token = secrets.token_hex(16)
+        # a resumed run keeps the token its devices on other machines were given
+        self.token = (saved_token(run_dir) if resume else None) or secrets.token_hex(16)
         self.join_command = ""  # printed when the topology opts into LAN devices
         self.env = child_env(self.token)
         self.ps: subprocess.Popen | None = None
@@ -534,6 +536,16 @@ def behaviour_argv(device: DeviceSpec, log_dir: Path) -> list[str]:
         argv += ["--straggler-factor", repr(spec.straggler.factor),
                  "--straggler-rate", repr(spec.straggler.rate)]
     return argv
+
+
+def saved_token(run_dir: Path) -> str | None:
+    """The join token an earlier start of this run wrote for devices on other machines
+    (``RUN_DIR/join-token``), when it reads as one this module makes; else None."""
+    try:
+        token = read_user_text(run_dir / "join-token", 4096).strip()
+    except (OSError, ValueError):
+        return None
+    return token if re.fullmatch(r"[0-9a-f]{32}", token) else None
 
 
 def lan_listen_problem(listen: str) -> str | None:

@@ -55,7 +55,7 @@ from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import GemmSpec
 from testbed.ps_backend.step_plan import planning_workers
-from testbed.ps_backend.tls import host_port, join_hosts, make_identity
+from testbed.ps_backend.tls import host_port, join_hosts, make_identity, saved_identity
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.summary import run_warnings
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology, steps_problem
@@ -431,7 +431,9 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
         runlog.event("ledger_load", from_step=trainer.next_step, tiles=reusable)
         log.info("resuming at step %d with %d journaled tile(s)", trainer.next_step, reusable)
     lan = topology.network.ps.listen  # devices beyond loopback: TLS, an explicit opt-in
-    tls = make_identity(run_dir, lan) if lan else None
+    # a resumed run keeps its certificate: the devices that joined it pin it
+    tls = ((saved_identity(run_dir) if resume else None) or make_identity(run_dir, lan)) \
+        if lan else None
     server = PsServer(config, runlog, listen, ledger=ledger, tls_listen=lan, tls=tls).start()
     executor = TileExecutor(server, interrupted=stop)  # a signal also ends a GEMM's wait
     status = StatusWriter(run_dir, server, runlog, job.steps)

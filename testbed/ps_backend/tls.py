@@ -65,6 +65,31 @@ def make_identity(run_dir: Path, listen: str) -> TlsIdentity:
                        fingerprint_of(cert.public_bytes(serialization.Encoding.DER)))
 
 
+def saved_identity(run_dir: Path) -> TlsIdentity | None:
+    """The identity an earlier start of this run saved (``--resume``), so that the devices that
+    joined it, which pin its certificate, join the resumed run too; None when it is missing,
+    damaged, does not match its key or expires within a day (a new one is made then)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        cert_pem = (run_dir / "ps-tls.crt").read_bytes()
+        key_pem = (run_dir / "ps-tls.key").read_bytes()
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (OSError, ValueError, TypeError):
+        return None
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.PEM, public) != \
+            cert.public_key().public_bytes(serialization.Encoding.PEM, public):
+        return None
+    if cert.not_valid_after_utc < datetime.datetime.now(datetime.timezone.utc) + \
+            datetime.timedelta(days=1):
+        return None
+    return TlsIdentity(cert_pem, key_pem,
+                       fingerprint_of(cert.public_bytes(serialization.Encoding.DER)))
+
+
 def join_hosts(listen_host: str,
                interfaces: Mapping[str, Sequence[Any]] | None = None) -> list[str]:
     """The hosts a device dials for a PS listening on ``listen_host``: that host, or, when it

@@ -35,9 +35,11 @@ KILL_STEP = 2  # the last step: its journal stays after the run (compaction keep
 
 
 def slow_tiny(tmp_path: Path) -> Path:
-    """The tiny job with 20 ms links: a step lasts about a second."""
+    """The tiny job with 20 ms links: a step lasts about a second. It opts into devices on
+    other machines (a TLS port on loopback), whose certificate and token a resume keeps."""
     raw = yaml.safe_load(TINY.read_text())
     raw["job"].update(steps=STEPS, dtype="float64")
+    raw["network"]["ps"] = {"listen": "127.0.0.1:0"}
     for group in raw["devices"]:
         group["link"] = {"down": "1Gbit", "up": "1Gbit", "delay": "20ms"}
     path = tmp_path / "resume.yaml"
@@ -61,6 +63,8 @@ def test_sigkilled_ps_resumes_in_the_same_step(tmp_path: Path) -> None:
                  and len(read_records(journal).records) >= 20, 240,
                  f"step {KILL_STEP} under way with tiles journaled")
         ps_pid = json.loads((run_dir / "pids.json").read_text())["ps"]
+        pinned = json.loads((run_dir / "ps.json").read_text())["fingerprint"]
+        token = (run_dir / "join-token").read_text()
         os.kill(ps_pid, signal.SIGKILL)
         output, _ = first.communicate(timeout=120)
     assert first.returncode == 1, output  # the PS died: the run failed
@@ -72,6 +76,9 @@ def test_sigkilled_ps_resumes_in_the_same_step(tmp_path: Path) -> None:
     resumed = subprocess.run(cli_argv("up", "--resume", str(run_dir), "--no-live"), cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # the devices that joined from other machines pin this certificate and hold this token
+    assert json.loads((run_dir / "ps.json").read_text())["fingerprint"] == pinned
+    assert (run_dir / "join-token").read_text() == token and pinned in resumed.stdout
 
     steps = read_jsonl(run_dir / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(STEPS))  # no step twice, none missing

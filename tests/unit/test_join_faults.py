@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from concurrent import futures
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -18,7 +19,7 @@ import pytest
 
 from testbed.agent.agent import Agent, AgentOptions
 from testbed.cli import main as cli_main
-from testbed.ps_backend.tls import host_port, join_hosts
+from testbed.ps_backend.tls import host_port, join_hosts, make_identity, saved_identity
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire import testbed_pb2_grpc as pb_grpc
 
@@ -192,3 +193,25 @@ def test_a_ps_listening_everywhere_prints_this_hosts_addresses_to_join() -> None
     assert join_hosts("192.168.1.10", nics) == ["192.168.1.10"]  # the one it listens on
     assert [host_port(h, 5) for h in join_hosts("::", nics)] == ["[fd00::10]:5",
                                                                 "[2a02:598::7]:5"]
+
+
+def test_a_resumed_run_keeps_its_certificate_and_token_unless_they_are_unusable(
+        tmp_path: Path) -> None:
+    from testbed.up import saved_token
+
+    made = make_identity(tmp_path, "127.0.0.1:0")
+    assert saved_identity(tmp_path) == made
+    other = tmp_path / "other"
+    other.mkdir()
+    make_identity(other, "127.0.0.1:0")
+    (tmp_path / "ps-tls.key").write_bytes((other / "ps-tls.key").read_bytes())
+    assert saved_identity(tmp_path) is None  # a key that is not the certificate's
+    (tmp_path / "ps-tls.crt").write_text("-----BEGIN CERTIFICATE-----\nzz\n")
+    assert saved_identity(tmp_path) is None
+    assert saved_identity(tmp_path / "missing") is None
+    token = tmp_path / "join-token"
+    assert saved_token(tmp_path) is None
+    token.write_text("0123456789abcdef" * 2 + "\n")
+    assert saved_token(tmp_path) == "0123456789abcdef" * 2
+    token.write_text("not a token\n")
+    assert saved_token(tmp_path) is None
