@@ -358,6 +358,9 @@ class _Session:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise JoinRefused(exc.details()) from exc
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # the PS is ending the run
+                log.info("%s: PS says: %s", self.options.name, exc.details())
+                return "stop"
             raise
         self.agent.joins += 1
         self.dilation = self.reply.time_dilation or 1.0

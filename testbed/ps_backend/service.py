@@ -129,7 +129,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                                request.device.name, peer)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         if core.stopping:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the run is ending")
+            # not UNAVAILABLE, which a device retries: the run is over (its agent exits 0)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the run is ending")
         conn = core.join(device)
         cfg = self.core.config
         return pb.JoinReply(device_id=conn.device_id, session_key=conn.session_key,

@@ -29,7 +29,8 @@ PROMPT_S = 3.0  # a stop ends the agent within this; the pin's handshake timeout
 
 class FakePS:
     """A PS over real gRPC that answers Join and Leave, and whose Work stream either never
-    answers nor ends (``work="frozen"``) or ends at once after the attach (``"ends"``)."""
+    answers nor ends (``work="frozen"``) or ends at once after the attach (``"ends"``); or
+    that refuses every join as the run ends (``"ending"``)."""
 
     def __init__(self, work: str):
         self.release = threading.Event()  # ends a frozen Work at the test's end
@@ -41,6 +42,8 @@ class FakePS:
         class Servicer(pb_grpc.ParameterServerServicer):  # type: ignore[misc]
             def Join(self, request: Any, context: Any) -> Any:
                 outer.joins += 1
+                if work == "ending":  # as the PS answers a join while it ends the run
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the run is ending")
                 return pb.JoinReply(device_id=f"d{outer.joins}", session_key="k", lease_s=30,
                                     heartbeat_s=5, max_message_bytes=1 << 20,
                                     time_dilation=1.0, run_name="fake")
@@ -113,6 +116,19 @@ def test_a_stop_during_a_stalled_tls_handshake_ends_the_agent_at_once(
         assert not any("joining again" in r.getMessage() for r in caplog.records), caplog.text
     finally:
         listener.close()
+
+
+def test_a_join_while_the_run_ends_ends_the_agent(caplog: pytest.LogCaptureFixture) -> None:
+    """A join that reaches the PS as it ends the run: the agent ends (exit 0) saying so; it was
+    UNAVAILABLE, retried every few seconds for ever once the PS was gone."""
+    ps = FakePS("ending")
+    try:
+        with caplog.at_level(logging.INFO, logger="testbed.agent"):
+            done, codes = _run_in_thread(_agent(ps.port))
+            assert done.wait(PROMPT_S) and codes == [0]
+        assert ps.joins == 1 and "PS says: the run is ending" in caplog.text, caplog.text
+    finally:
+        ps.close()
 
 
 def test_a_session_the_ps_ends_is_said_in_a_line_before_joining_again(
