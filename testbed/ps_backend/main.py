@@ -309,7 +309,7 @@ class Fidelity:
         lateness (and that step's shares by kind), the D range, the verdict."""
         errors = np.concatenate(self.errors) if self.errors else np.zeros(0)
         lags = np.concatenate(self.lags) if self.lags else np.zeros(0)
-        out = fidelity_fields(errors.tolist(), lags.tolist())
+        out = fidelity_fields(errors, lags)  # arrays: a list of 10^7 floats is gigabytes
         worst = max(self.late_shares, key=lambda shares: shares["all"]) \
             if self.late_shares else None
         out["lateness_share_max"] = round(worst["all"], 6) if worst is not None else None
