@@ -208,6 +208,13 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
                    f"are wrong (steps.jsonl: efficiency > 1)")
     if summary.get("fidelity_ok") is False:
         out.append(fidelity_warning(summary))
+    deaths = summary.get("agent_deaths")
+    if isinstance(deaths, list) and deaths:
+        who = ", ".join(f"{d.get('device')} ({d.get('exit')})" for d in deaths
+                        if isinstance(d, dict))
+        out.append(f"WARNING: {len(deaths)} device agent(s) died with no churn event asking "
+                   f"them to: {who}. The run went on without them, so it had fewer devices "
+                   f"than its topology; their logs are in agents/")
     return out
 
 

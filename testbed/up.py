@@ -199,6 +199,8 @@ class Run:
         self._lock = threading.Lock()  # agents and pids.json: the replay thread changes them
         self._agents_crashed_since: float | None = None  # every agent gone (failures())
         self._agents_crashed: str | None = None  # ... and the verdict, kept past stop()
+        self._signalled: set[int] = set()  # agent pids this run (its churn trace) signalled
+        self.agent_deaths: list[dict[str, Any]] = []  # agents that died unasked (summary)
         (run_dir / "agents").mkdir(parents=True, exist_ok=True)
 
     def __enter__(self) -> Run:
@@ -441,8 +443,38 @@ class Run:
         proc = self.agents.get(name)
         if proc is None or proc.poll() is not None:
             return False
+        if sig in (signal.SIGTERM, signal.SIGKILL):
+            self._signalled.add(proc.pid)  # its exit is the trace's doing (leave, crash)
         proc.send_signal(sig)
         return True
+
+    def died_unasked(self) -> list[str]:
+        """The agents that died since the last call with no signal from this run (the OOM
+        killer, a bug, a refused join), each said once: an event, a note for the live view and
+        a line returned for the plain output; summary.json lists them (``agent_deaths``). The
+        PS re-queues their tiles and trains on without them, so the run has fewer devices than
+        its topology, and only this says so."""
+        if self._stopped:
+            return []
+        lines = []
+        with self._lock:
+            agents = list(self.agents.items())
+        for name, proc in agents:
+            code = proc.poll()
+            if code in (None, 0) or proc.pid in self._signalled:
+                continue
+            self._signalled.add(proc.pid)  # said once
+            log_path = self.run_dir / "agents" / f"{name}.log"
+            death: dict[str, Any] = {"device": name, "exit": _exit_text(code),
+                                     "log": str(log_path)}
+            self.agent_deaths.append(death)
+            if self.runlog is not None:
+                self.runlog.event("agent_died", **death)
+            line = (f"{name}'s agent died ({death['exit']}) and no churn event asked it to; "
+                    f"the run goes on without it (its log: {log_path})")
+            self.notes.append(line)
+            lines.append(line)
+        return lines
 
     def set_partitioned(self, name: str, partitioned: bool) -> bool:
         """Take a device's link down or up in the network; False when the network cannot."""
@@ -469,6 +501,7 @@ class Run:
         """Stop churn, the PS, every agent, the network; safe to call twice."""
         if self._stopped:
             return
+        self.died_unasked()  # before its own SIGTERMs: a death of the last moments is said too
         with self._lock:
             self._stopped = True  # no agent starts after this
         if self.replay is not None:
@@ -793,7 +826,8 @@ def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
     from testbed.summary import run_warnings, write_summary
 
     extra: dict[str, Any] = {"time_dilation_mode": dilation_info,
-                             "interrupted_by": interrupted or None}
+                             "interrupted_by": interrupted or None,
+                             "agent_deaths": run.agent_deaths}
     if failures and not interrupted:  # this side stopped the PS, which saw only that
         extra.update(state="failed", error="; ".join(failures))
     summary = write_summary(run_dir, topology, run.network.describe(), run.dilation, code,
@@ -1063,6 +1097,9 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
                 for s in steps[printed:]:
                     console.print(step_line(s))
                 printed = len(steps)
+            for line in run.died_unasked():
+                if view is None:  # (the live view shows it among its notes)
+                    console.print(line, style="red", markup=False, soft_wrap=True)
             if code is not None:
                 from testbed.summary import ps_summary_or_steps  # (a PS stopped by a signal
                 # of its own says "interrupted": the run was, not failed)

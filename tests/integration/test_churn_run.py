@@ -92,6 +92,7 @@ def test_half_the_devices_go_and_the_result_is_unchanged(tmp_path: Path) -> None
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state"] == "done" and summary["departures"] == 2
+    assert summary["agent_deaths"] == []  # the trace's crash (SIGKILL) was asked for
     assert summary["tiles_in_flight_at_departures"] == in_flight
     assert summary["recomputed_tiles"] == recomputed
     recovered = [e for e in events if e["event"] == "recovered"]

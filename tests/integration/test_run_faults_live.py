@@ -105,3 +105,27 @@ def test_a_run_whose_ledger_is_removed_fails_naming_it(tmp_path: Path) -> None:
     ledger = str(run_dir / "ledger")
     assert summary["error"].startswith("FileNotFoundError: ") and ledger in summary["error"]
     assert f"error: {summary['error']}" in output, output
+
+
+def test_an_agent_that_dies_unasked_is_said_during_and_after_the_run(tmp_path: Path) -> None:
+    """An agent killed by no churn event (the OOM killer, a bug): the PS trains on without it,
+    and the run says so, in its output, events.jsonl and summary.json, with a warning at the
+    end. Before, only a `disconnect` event told, and the summary read as a full run."""
+    out = tmp_path / "runs"
+    steps = 6
+    with _up(_topology(tmp_path, steps=steps), out) as up:
+        run_dir = run_dir_of(out)
+        wait_for(lambda: _step(run_dir, 1), 120, "step 1")
+        name, pid = sorted(json.loads((run_dir / "pids.json").read_text())["agents"].items())[0]
+        os.kill(pid, signal.SIGKILL)
+        output, _ = up.communicate(timeout=120)
+    assert up.returncode == 0, output
+    died = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "agent_died"]
+    assert [(e["device"], e["exit"]) for e in died] == [(name, "SIGKILL")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "done" and summary["steps_done"] == steps
+    assert [d["device"] for d in summary["agent_deaths"]] == [name]
+    assert f"{name}'s agent died (SIGKILL) and no churn event asked it to" in output, output
+    words = " ".join(output.split())  # the console wraps long lines
+    assert f"WARNING: 1 device agent(s) died with no churn event asking them to: {name} " \
+           "(SIGKILL)" in words, output
