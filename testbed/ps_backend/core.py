@@ -275,6 +275,9 @@ class PsCore:
         self.last_progress_s = now  # last accepted tile, or the moment work became outstanding
         self.all_quarantined_since: float | None = None
         self.watchdog_reason: str | None = None
+        # (time.monotonic(), device, kind, reason) of the last departure: the watchdog's reason
+        # says how the last device went once none is left (a network down shows as leases)
+        self.last_departure: tuple[float, str, str, str] | None = None
         self.last_tick_s: float | None = None  # the previous tick (a pause shows as a gap)
         self.paused_s = 0.0  # seconds the PS was found not running, in total (ps_paused events)
         self.stats = StepStats()  # the step under way; finished steps are summed in _finished
@@ -363,6 +366,7 @@ class PsCore:
         self.departed.append(self._device_record(
             conn, state="quarantined" if conn.slot.quarantined else "left"))
         self.departed_total += 1
+        self.last_departure = (time.monotonic(), conn.slot.name, kind, reason)
         self._event(kind, device=conn.slot.name, device_id=device_id, reason=reason,
                     in_flight=len(held), in_flight_tasks=[t.task_id for t in held],
                     done_elsewhere=len(done_elsewhere), backed_up=len(backed_up),
@@ -524,6 +528,10 @@ class PsCore:
             reason = (f"no tile accepted for {now_s - self.last_progress_s:.0f} s with "
                       f"{len(self.scheduler.tasks)} tiles outstanding ({in_flight} in flight on "
                       f"{len(attached)} attached devices; watchdog no_progress_s = {limit_s:g})")
+        if reason is not None and not attached and self.last_departure is not None:
+            at_s, device, kind, why = self.last_departure
+            reason += (f"; no device has been attached since {device} left "
+                       f"{max(0.0, now_s - at_s):.0f} s ago ({kind}: {why})")
         if reason is not None:
             self.watchdog_reason = reason
             self._event("watchdog", reason=reason)

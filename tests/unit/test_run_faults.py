@@ -323,6 +323,19 @@ def test_copies_out_during_a_pause_are_not_backed_up_and_teach_no_overhead(
     assert core.stats.tiles == 4
 
 
+def test_the_watchdog_says_how_the_last_device_went(clock: _Clock) -> None:
+    """Every device cut off (a network down): their leases expire, and the watchdog's reason
+    names the last one to go and how, not only that no tile came back."""
+    core, events, (first, last) = _busy_core(no_progress_s=10)
+    _ticks(core, clock, 1, heard=[first, last])
+    _ticks(core, clock, 2, heard=[last])  # the first falls silent 1 s before the last
+    _ticks(core, clock, 10)
+    reason = core.watchdog_reason
+    assert reason is not None and reason.startswith("no tile accepted"), reason
+    assert f"no device has been attached since {last.slot.name} left" in reason, reason
+    assert "(lease_expired: no message for more than 5 s)" in reason, reason
+
+
 def test_ticks_late_by_less_than_the_pause_threshold_are_no_pause(clock: _Clock) -> None:
     core, events, conns = _busy_core()
     assert core.config.pause_s == 2.0  # 8 ticks of 0.25 s, under half the 5 s lease
