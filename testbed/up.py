@@ -457,6 +457,14 @@ class Run:
         if self._stopped:
             return []
         lines = []
+        server = self.forkserver
+        if server is not None and server.died and server.pid not in self._signalled:
+            self._signalled.add(server.pid)  # said once: the cause of the deaths below
+            if self.runlog is not None:
+                self.runlog.event("agent_forkserver_died", reason=server.died)
+            line = f"{server.died}: every agent it forked died with it"
+            self.notes.append(line)
+            lines.append(line)
         with self._lock:
             agents = list(self.agents.items())
         for name, proc in agents:

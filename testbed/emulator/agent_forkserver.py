@@ -234,6 +234,8 @@ class AgentForkServer:
         self._next_id = 0
         self._starting: dict[int, tuple[Future, list[str]]] = {}
         self._agents: dict[int, ForkedAgent] = {}
+        self._closing = False
+        self.died: str | None = None  # why the server ended when close() did not end it
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,),
                                         name="agent-forkserver", daemon=True)
         self._reader.start()
@@ -260,6 +262,7 @@ class AgentForkServer:
     def close(self, timeout_s: float = 5.0) -> None:
         """End the server (after its agents were stopped: any left die with it)."""
         with self._lock:
+            self._closing = True
             try:
                 self._stdin.close()
             except OSError:
@@ -273,8 +276,10 @@ class AgentForkServer:
 
     def _gone(self) -> str:
         code = self.proc.poll()
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and -code in \
+            signal.valid_signals() else f"exited with code {code}"
         where = f"; see {self.log_path}" if self.log_path else ""
-        return f"the agent fork server (pid {self.pid}) exited with code {code}{where}"
+        return f"the agent fork server (pid {self.pid}) {how}{where}"
 
     def _read(self, stream: IO[bytes]) -> None:
         for raw in stream:
@@ -292,6 +297,8 @@ class AgentForkServer:
         # the server is gone: its agents died with it (PR_SET_PDEATHSIG, SIGKILL)
         self.proc.wait()
         with self._lock:
+            if not self._closing:
+                self.died = self._gone()
             for agent in self._agents.values():
                 agent._set_exited(-signal.SIGKILL)
             self._agents.clear()

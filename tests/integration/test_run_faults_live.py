@@ -129,3 +129,23 @@ def test_an_agent_that_dies_unasked_is_said_during_and_after_the_run(tmp_path: P
     words = " ".join(output.split())  # the console wraps long lines
     assert f"WARNING: 1 device agent(s) died with no churn event asking them to: {name} " \
            "(SIGKILL)" in words, output
+
+
+def test_the_agents_fork_server_killed_is_named_as_the_cause(tmp_path: Path) -> None:
+    """The process every agent is forked from, killed (the OOM killer's largest target): every
+    agent dies with it, and the run says why before it says that each died."""
+    out = tmp_path / "runs"
+    with _up(_topology(tmp_path, steps=1000), out) as up:
+        run_dir = run_dir_of(out)
+        wait_for(lambda: _step(run_dir, 1), 120, "step 1")
+        os.kill(json.loads((run_dir / "pids.json").read_text())["agent_forkserver"],
+                signal.SIGKILL)
+        output, _ = up.communicate(timeout=120)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert up.returncode == 1 and summary["state"] == "failed", output
+    assert "every device's agent has died" in summary["error"], summary["error"]
+    cause = output.index("was killed by SIGKILL; see ")
+    assert "every agent it forked died with it" in output, output
+    assert cause < output.index("'s agent died (SIGKILL)"), output
+    events = [e["event"] for e in read_jsonl(run_dir / "events.jsonl")]
+    assert events.count("agent_forkserver_died") == 1 and events.count("agent_died") == 4
