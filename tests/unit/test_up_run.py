@@ -381,7 +381,8 @@ def _plain_lines(run_dir: Path, script: list[str]) -> list[str]:
         return 0 if i >= len(script) else None
 
     run = SimpleNamespace(run_dir=run_dir, poll=poll, adb=None, notes=[],
-                          topology=SimpleNamespace(name="tiny"), failures=lambda: [])
+                          topology=SimpleNamespace(name="tiny"), failures=lambda: [],
+                          died_unasked=lambda: [])
     console = Console(record=True, width=120)
     assert _watch(run, threading.Event(), console, live=False) == EXIT_OK  # type: ignore[arg-type]
     return console.export_text().splitlines()
@@ -424,7 +425,7 @@ def test_the_watch_ends_a_run_whose_side_failed(tmp_path: Path) -> None:
 
     polls = iter(range(1000))
     run = SimpleNamespace(run_dir=tmp_path, poll=lambda: None, adb=None, notes=[],
-                          topology=SimpleNamespace(name="tiny"),
+                          topology=SimpleNamespace(name="tiny"), died_unasked=lambda: [],
                           failures=lambda: ["the churn trace stopped"] if next(polls) >= 2
                           else [])
     started = time.monotonic()
