@@ -479,7 +479,7 @@ class Run:
             if self.runlog is not None:
                 self.runlog.event("agent_died", **death)
             line = (f"{name}'s agent died ({death['exit']}) and no churn event asked it to; "
-                    f"the run goes on without it (its log: {log_path})")
+                    f"the PS re-queues its tiles in flight (its log: {log_path})")
             self.notes.append(line)
             lines.append(line)
         return lines
