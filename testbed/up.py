@@ -199,7 +199,8 @@ class Run:
         self._lock = threading.Lock()  # agents and pids.json: the replay thread changes them
         self._agents_crashed_since: float | None = None  # every agent gone (failures())
         self._agents_crashed: str | None = None  # ... and the verdict, kept past stop()
-        self._signalled: set[int] = set()  # agent pids this run (its churn trace) signalled
+        # pids whose exit needs no word: the churn trace signalled them, or it was said once
+        self._exits_told: set[int] = set()
         self.agent_deaths: list[dict[str, Any]] = []  # agents that died unasked (summary)
         (run_dir / "agents").mkdir(parents=True, exist_ok=True)
 
@@ -444,7 +445,7 @@ class Run:
         if proc is None or proc.poll() is not None:
             return False
         if sig in (signal.SIGTERM, signal.SIGKILL):
-            self._signalled.add(proc.pid)  # its exit is the trace's doing (leave, crash)
+            self._exits_told.add(proc.pid)  # its exit is the trace's doing (leave, crash)
         proc.send_signal(sig)
         return True
 
@@ -458,8 +459,8 @@ class Run:
             return []
         lines = []
         server = self.forkserver
-        if server is not None and server.died and server.pid not in self._signalled:
-            self._signalled.add(server.pid)  # said once: the cause of the deaths below
+        if server is not None and server.died and server.pid not in self._exits_told:
+            self._exits_told.add(server.pid)  # said once: the cause of the deaths below
             if self.runlog is not None:
                 self.runlog.event("agent_forkserver_died", reason=server.died)
             line = f"{server.died}: every agent it forked died with it"
@@ -469,9 +470,9 @@ class Run:
             agents = list(self.agents.items())
         for name, proc in agents:
             code = proc.poll()
-            if code in (None, 0) or proc.pid in self._signalled:
+            if code in (None, 0) or proc.pid in self._exits_told:
                 continue
-            self._signalled.add(proc.pid)  # said once
+            self._exits_told.add(proc.pid)  # said once
             log_path = self.run_dir / "agents" / f"{name}.log"
             death: dict[str, Any] = {"device": name, "exit": _exit_text(code),
                                      "log": str(log_path)}

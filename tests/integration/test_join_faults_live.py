@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.adversarial.psproc import TOKEN, PsProcess
-from tests.conftest import REPO, TINY, wait_for
+from tests.conftest import REPO, TINY, killed_at_exit, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -84,14 +84,10 @@ def test_a_signal_mid_step_leaves_and_exits_130_with_one_line(
         lan_ps: LanPS, tmp_path: Path, sig: signal.Signals) -> None:
     name = f"lan-{sig.name.lower()}"
     proc = _join(lan_ps.lan_address, lan_ps.fingerprint, tmp_path, name)
-    try:
+    with killed_at_exit(proc):
         wait_for(lambda: _joined(lan_ps, name), 60, f"{name} to join")
         time.sleep(1.0)  # computing tiles now
         out, _ = _stopped(proc, sig)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, out
     assert "Traceback" not in out, out
     last = out.strip().splitlines()[-1]
@@ -110,14 +106,9 @@ def test_a_stop_during_a_stalled_handshake_ends_at_once(tmp_path: Path) -> None:
     listener.listen(8)  # the kernel accepts; nothing ever answers the ClientHello
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     proc = _join(address, "sha256:" + "ab" * 32, tmp_path, "lan-stalled")
-    try:
+    with listener, killed_at_exit(proc):
         time.sleep(2.0)  # started, and in the handshake (its timeout: 10 s)
         out, took_s = _stopped(proc, signal.SIGTERM)
-    finally:
-        listener.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, out
     assert took_s < 3.0, (took_s, out)
     assert out.strip().splitlines() == [out.strip().splitlines()[-1]], out  # one line
@@ -128,7 +119,7 @@ def test_ctrl_c_ends_join_while_the_ps_is_frozen(lan_ps: LanPS, tmp_path: Path) 
     """The PS's host froze (or this device's network went away): Ctrl-C used to wait for
     ever on a Work stream that nothing would end."""
     proc = _join(lan_ps.lan_address, lan_ps.fingerprint, tmp_path, "lan-frozen")
-    try:
+    with killed_at_exit(proc):
         wait_for(lambda: _joined(lan_ps, "lan-frozen"), 60, "lan-frozen to join")
         time.sleep(0.5)
         lan_ps.ps.proc.send_signal(signal.SIGSTOP)
@@ -136,10 +127,6 @@ def test_ctrl_c_ends_join_while_the_ps_is_frozen(lan_ps: LanPS, tmp_path: Path) 
             out, _ = _stopped(proc, signal.SIGINT)
         finally:
             lan_ps.ps.proc.send_signal(signal.SIGCONT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, out
     assert "Traceback" not in out, out
     assert "SIGINT: left the run without the PS's answer" in out.strip().splitlines()[-1], out
