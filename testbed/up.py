@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import errno
 import json
 import logging
 import math
@@ -52,7 +51,6 @@ import queue
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -63,12 +61,12 @@ from typing import Any, Callable
 
 import yaml
 
-from testbed.agent.tls import parse_address
 from testbed.churn.schedule import ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, InputError
 from testbed.pdeathsig import die_with_parent
+from testbed.ps_backend.tls import listen_problem, resumed_listen
 from testbed.run_lock import RunLock, RunLocked
 from testbed.runlog import (
     RunFileError,
@@ -367,6 +365,13 @@ class Run:
         ps_json = self.run_dir / "ps.json"
         if self.resume:
             argv.append("--resume")
+            if self.topology.network.ps.listen:  # its TLS port again, where the devices look
+                try:
+                    earlier = json.loads(ps_json.read_text()).get("lan_address")
+                except (OSError, ValueError, AttributeError):  # none, or torn: any free port
+                    earlier = None
+                argv += ["--lan-listen", resumed_listen(
+                    self.topology.network.ps.listen, earlier if isinstance(earlier, str) else None)]
             ps_json.unlink(missing_ok=True)  # the dead PS's address
             (self.run_dir / "status.json").unlink(missing_ok=True)  # and its last state
             # and its summary: a resumed PS that dies leaves none, and the run's summary then
@@ -590,24 +595,6 @@ def saved_token(run_dir: Path) -> str | None:
     return token if re.fullmatch(r"[0-9a-f]{32}", token) else None
 
 
-def lan_listen_problem(listen: str) -> str | None:
-    """Why the PS could not listen on ``listen`` (HOST:PORT) on this machine, found before the
-    run starts (the PS's own bind failed only once everything was up, as a gRPC traceback)."""
-    host, port = parse_address(listen, listen=True)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # as a listener does: a port whose last connections wait out TIME_WAIT is free
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            why = ("another process listens on that port" if exc.errno == errno.EADDRINUSE
-                   else "it is not an address of this machine"
-                   if exc.errno == errno.EADDRNOTAVAIL else exc.strerror)
-            return f"cannot listen on {listen}: {why} ({exc.strerror})"
-    return None
-
-
 def _exit_text(code: int) -> str:
     """An exit code as Popen gives it, in words: "exit 1", "SIGKILL"."""
     if code < 0:
@@ -745,9 +732,9 @@ def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
               f"with the loopback backend only; this run would use {backend} (set "
               "network.backend: loopback)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    listen_problem = topology.network.ps.listen and lan_listen_problem(topology.network.ps.listen)
-    if listen_problem:
-        print(f"error: {args.topology}: network.ps.listen: {listen_problem}", file=sys.stderr)
+    lan_problem = topology.network.ps.listen and listen_problem(topology.network.ps.listen)
+    if lan_problem:
+        print(f"error: {args.topology}: network.ps.listen: {lan_problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     needs, problems = capacity.check(topology, backend)
     if problems:

@@ -400,7 +400,8 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
            join_timeout_s: float, dilation: float, stop: threading.Event, resume: bool = False,
            checkpoint_every: int = 1, watchdog_s: float | None = None,
            trace_tiles: bool = False,
-           links_follow: Callable[[float], None] | None = None) -> int:
+           links_follow: Callable[[float], None] | None = None,
+           lan_listen: str | None = None) -> int:
     """Train the topology's job with devices; return the process exit code.
 
     With adaptive dilation (``time_dilation: {target_p95: ...}``) D = ``dilation`` is only
@@ -408,6 +409,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
     change it between steps. Otherwise D holds for the whole run and fidelity is only reported.
     ``links_follow(D)``, when given, returns once what the PS does not shape itself (the
     kernel's links, the churn replay's clock) has moved to a new D (``link_dilation``).
+    ``lan_listen``: where devices beyond loopback join, in place of ``network.ps.listen``.
     """
     job = topology.job
     adaptive = topology.time_dilation is None and topology.dilation_adaptive
@@ -430,7 +432,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                      next_step=trainer.next_step)
         runlog.event("ledger_load", from_step=trainer.next_step, tiles=reusable)
         log.info("resuming at step %d with %d journaled tile(s)", trainer.next_step, reusable)
-    lan = topology.network.ps.listen  # devices beyond loopback: TLS, an explicit opt-in
+    lan = lan_listen or topology.network.ps.listen  # devices beyond loopback: TLS, opted in
     # a resumed run keeps its certificate: the devices that joined it pin it
     tls = ((saved_identity(run_dir) if resume else None) or make_identity(run_dir, lan)) \
         if lan else None
@@ -617,6 +619,10 @@ def main(argv: list[str] | None = None) -> int:
                         "core this process may run on")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its newest checkpoint and ledger")
+    p.add_argument("--lan-listen", metavar="HOST:PORT",
+                   help="where devices beyond loopback join over TLS, in place of the "
+                        "topology's network.ps.listen (testbed up --resume gives the port the "
+                        "run had, when the topology's is 0 and that port is free)")
     p.add_argument("--links-follow-dilation", action="store_true",
                    help="when D changes (adaptive dilation), ask the run's owner (testbed up) "
                         "to move the kernel's links and the churn clock to it, through "
@@ -657,8 +663,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_progress_s is not None and not (0 <= args.no_progress_s < float("inf")):
         print("error: --no-progress-s must be a finite number >= 0", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.lan_listen is not None:
+        try:
+            parse_address(args.lan_listen, listen=True)
+        except ValueError as exc:
+            print(f"error: --lan-listen: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     return run_ps(topology, args.run_dir, args.listen, token, expected, args.join_timeout_s,
                   args.dilation, stop, resume=args.resume, checkpoint_every=args.checkpoint_every,
                   watchdog_s=args.no_progress_s, trace_tiles=args.trace_tiles,
                   links_follow=DilationRequester(args.run_dir) if args.links_follow_dilation
-                  else None)
+                  else None, lan_listen=args.lan_listen)

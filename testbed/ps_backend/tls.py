@@ -8,8 +8,10 @@ key stays in the run directory, readable only by its owner.
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,3 +124,37 @@ def join_hosts(listen_host: str,
 def host_port(host: str, port: int) -> str:
     """``HOST:PORT``, an IPv6 host in brackets (as `testbed join` reads it)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen_problem(listen: str) -> str | None:
+    """Why the PS could not listen on ``listen`` (HOST:PORT) on this machine, found before the
+    run starts (the PS's own bind failed only once everything was up, as a gRPC traceback)."""
+    host, port = parse_address(listen, listen=True)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as a listener does: a port whose last connections wait out TIME_WAIT is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            why = ("another process listens on that port" if exc.errno == errno.EADDRINUSE
+                   else "it is not an address of this machine"
+                   if exc.errno == errno.EADDRNOTAVAIL else exc.strerror)
+            return f"cannot listen on {listen}: {why} ({exc.strerror})"
+    return None
+
+
+def resumed_listen(listen: str, earlier: str | None) -> str:
+    """Where a resumed run's PS listens for devices beyond loopback: ``listen`` (the topology's
+    ``network.ps.listen``), unless it asks for any free port (0) and the run's last start bound
+    ``earlier`` (``ps.json``'s ``lan_address``), whose port is free now. Then that port: the
+    devices that joined the run retry the address they had and find it again."""
+    host, port = parse_address(listen, listen=True)
+    if port != 0 or not earlier:
+        return listen
+    try:
+        _, old = parse_address(earlier)
+    except ValueError:  # a damaged ps.json: any free port, as the topology says
+        return listen
+    again = host_port(host, old)
+    return listen if listen_problem(again) else again

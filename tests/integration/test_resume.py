@@ -64,6 +64,7 @@ def test_sigkilled_ps_resumes_in_the_same_step(tmp_path: Path) -> None:
                  f"step {KILL_STEP} under way with tiles journaled")
         ps_pid = json.loads((run_dir / "pids.json").read_text())["ps"]
         pinned = json.loads((run_dir / "ps.json").read_text())["fingerprint"]
+        lan_address = json.loads((run_dir / "ps.json").read_text())["lan_address"]
         token = (run_dir / "join-token").read_text()
         os.kill(ps_pid, signal.SIGKILL)
         output, _ = first.communicate(timeout=120)
@@ -76,8 +77,10 @@ def test_sigkilled_ps_resumes_in_the_same_step(tmp_path: Path) -> None:
     resumed = subprocess.run(cli_argv("up", "--resume", str(run_dir), "--no-live"), cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    # the devices that joined from other machines pin this certificate and hold this token
+    # the devices that joined from other machines pin this certificate and hold this token,
+    # and retry this address (listen port 0: the port the run had, free again)
     assert json.loads((run_dir / "ps.json").read_text())["fingerprint"] == pinned
+    assert json.loads((run_dir / "ps.json").read_text())["lan_address"] == lan_address
     assert (run_dir / "join-token").read_text() == token and pinned in resumed.stdout
 
     steps = read_jsonl(run_dir / "steps.jsonl")

@@ -19,7 +19,13 @@ import pytest
 
 from testbed.agent.agent import Agent, AgentOptions
 from testbed.cli import main as cli_main
-from testbed.ps_backend.tls import host_port, join_hosts, make_identity, saved_identity
+from testbed.ps_backend.tls import (
+    host_port,
+    join_hosts,
+    make_identity,
+    resumed_listen,
+    saved_identity,
+)
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire import testbed_pb2_grpc as pb_grpc
 
@@ -231,3 +237,20 @@ def test_a_resumed_run_keeps_its_certificate_and_token_unless_they_are_unusable(
     assert saved_token(tmp_path) == "0123456789abcdef" * 2
     token.write_text("not a token\n")
     assert saved_token(tmp_path) is None
+
+
+def test_a_resumed_run_listens_where_it_did_when_its_port_was_any_and_is_free() -> None:
+    with socket.socket() as was:  # a port the run's first start had: free again
+        was.bind(("127.0.0.1", 0))
+        free = was.getsockname()[1]
+    assert resumed_listen("127.0.0.1:0", f"127.0.0.1:{free}") == f"127.0.0.1:{free}"
+    # listening on every address, the device dialled one of them: its port is the one
+    assert resumed_listen("0.0.0.0:0", f"192.0.2.7:{free}") == f"0.0.0.0:{free}"
+    with socket.socket() as taken:  # another process has it now: any free port, as asked
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert resumed_listen("127.0.0.1:0", f"127.0.0.1:{port}") == "127.0.0.1:0"
+    assert resumed_listen("127.0.0.1:50051", f"127.0.0.1:{free}") == "127.0.0.1:50051"
+    assert resumed_listen("127.0.0.1:0", None) == "127.0.0.1:0"
+    assert resumed_listen("127.0.0.1:0", "torn") == "127.0.0.1:0"

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from testbed.cli import main
+from testbed.ps_backend.tls import listen_problem
 from testbed.run_lock import RunLock, RunLocked, holder
-from testbed.up import lan_listen_problem
 from tests.conftest import TINY
 
 
@@ -80,7 +80,7 @@ def test_a_listen_port_in_use_is_refused_before_anything_starts(tmp_path: Path, 
         taken.listen()
         port = taken.getsockname()[1]
         assert "another process listens on that port" in \
-            (lan_listen_problem(f"127.0.0.1:{port}") or "")
+            (listen_problem(f"127.0.0.1:{port}") or "")
         raw = yaml.safe_load(TINY.read_text())
         raw["network"]["ps"] = {"listen": f"127.0.0.1:{port}"}
         path = tmp_path / "lan.yaml"
@@ -90,5 +90,5 @@ def test_a_listen_port_in_use_is_refused_before_anything_starts(tmp_path: Path, 
     assert f"network.ps.listen: cannot listen on 127.0.0.1:{port}: another process" in \
         capsys.readouterr().err
     assert not out.exists()
-    assert lan_listen_problem("0.0.0.0:0") is None
-    assert "not an address of this machine" in (lan_listen_problem("192.0.2.1:50051") or "")
+    assert listen_problem("0.0.0.0:0") is None
+    assert "not an address of this machine" in (listen_problem("192.0.2.1:50051") or "")
