@@ -546,9 +546,13 @@ class ThrowawayPS:
                     for _ in request_iterator:  # heartbeats, until the device leaves
                         pass
                     return
+                # done once the RPC ends, however: the agent that takes Stop may close its
+                # stream before the server resumes this generator, which it then never does
+                # (the doctor waited out join_timeout_s for a check that had passed)
+                if not context.add_callback(outer.done.set):
+                    outer.done.set()
                 outer.stopped = True
                 yield pb.ServerMessage(stop=pb.Stop(reason="adb doctor: join check done"))
-                outer.done.set()
 
             def Leave(self, request: Any, context: Any) -> Any:
                 outer.left = True
