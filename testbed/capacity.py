@@ -41,7 +41,7 @@ from testbed.wire.cache import DEFAULT_CACHE_BYTES
 MB = 1e6
 AGENT_BASE_BYTES = 32 * MB  # a fresh agent's idle USS 26.8 MB (a fork's: 8.9), + headroom
 MIN_AGENT_CACHE_BYTES = 64 * 1024 * 1024
-CACHE_SHARES = 4  # an emulated agent's cache: this many even shares of a step's operands
+CACHE_SHARES = 4  # all agents' caches together: at most this many times a step's operands
 PS_BASE_BYTES = 400 * MB  # measured RSS 338-366 MB (torch, grpc, the engine)
 SHELL_BYTES = 4 * MB  # a Mininet node shell: measured RSS 3.4 MB
 AGENT_TASKS = 12  # measured: 10 threads per working emulated agent (tiny.yaml run), + headroom
@@ -94,13 +94,21 @@ def operand_bytes(job: Any) -> float:
 
 
 def agent_cache_bytes(job: Any, devices: int) -> int:
-    """The cache budget ``testbed up`` and ``testbed simulate`` give each emulated device:
-    ``CACHE_SHARES`` even shares of a step's operands (:func:`operand_bytes`), between
-    ``MIN_AGENT_CACHE_BYTES`` and the agent's default (``DEFAULT_CACHE_BYTES``). A plan holds
-    a device's share of each layer's blocks from forward to backward; more would only let the
-    agents of a large topology (240 on large.yaml) claim memory this host does not have."""
-    share = CACHE_SHARES * operand_bytes(job) / max(1, devices)
-    return int(min(DEFAULT_CACHE_BYTES, max(MIN_AGENT_CACHE_BYTES, share)))
+    """The cache budget ``testbed up`` and ``testbed simulate`` give each emulated device: a
+    step's operands (:func:`operand_bytes`), between ``MIN_AGENT_CACHE_BYTES`` and the agent's
+    default (``DEFAULT_CACHE_BYTES``), whatever the number of devices.
+
+    A plan gives the work to the devices whose links make it worth it, often a few of many
+    (10 laptops of 100 devices in ``bench/simulate_scale.py``'s topology), and a linear
+    planned on one grid keeps each device's blocks from forward to backward. An even share of
+    the operands (four of them a device, as before) left those few a 64 MiB cache: the blocks
+    they held were evicted before backward and sent again (one OPT-125m step, 3.93 s of device
+    time against 3.37 with room; docs/planning.md). A cache fills only with what its device
+    receives, blocks of older steps are dropped, and the memory rule counts all caches
+    together at most ``CACHE_SHARES`` times a step's operands; ``devices`` is kept for that
+    rule's callers."""
+    del devices  # the budget is a device's, not a share of the topology's
+    return int(min(DEFAULT_CACHE_BYTES, max(MIN_AGENT_CACHE_BYTES, operand_bytes(job))))
 
 
 def needs_of(topology: Any, backend: str) -> Needs:
