@@ -119,7 +119,7 @@ def run(n: int, work: Path, settle_s: float, launch: str) -> dict[str, float]:
     run_dir = work / f"run-{n}"
     (run_dir / "agents").mkdir(parents=True)
     topology = parse_topology(raw)
-    cache_bytes = agent_cache_bytes(topology.job, len(topology.devices))  # as testbed up's
+    cache_bytes = agent_cache_bytes(topology.job)  # as testbed up's
     env = child_env(secrets.token_hex(16))
     net = MininetNetwork(topology, progress_every=100)
     server: AgentForkServer | None = None

@@ -93,7 +93,7 @@ def operand_bytes(job: Any) -> float:
     return weight_bytes(job) + tokens * columns * (8 if job.dtype == "float64" else 4)
 
 
-def agent_cache_bytes(job: Any, devices: int) -> int:
+def agent_cache_bytes(job: Any) -> int:
     """The cache budget ``testbed up`` and ``testbed simulate`` give each emulated device: a
     step's operands (:func:`operand_bytes`), between ``MIN_AGENT_CACHE_BYTES`` and the agent's
     default (``DEFAULT_CACHE_BYTES``), whatever the number of devices.
@@ -105,9 +105,7 @@ def agent_cache_bytes(job: Any, devices: int) -> int:
     they held were evicted before backward and sent again (one OPT-125m step, 3.93 s of device
     time against 3.37 with room; docs/planning.md). A cache fills only with what its device
     receives, blocks of older steps are dropped, and the memory rule counts all caches
-    together at most ``CACHE_SHARES`` times a step's operands; ``devices`` is kept for that
-    rule's callers."""
-    del devices  # the budget is a device's, not a share of the topology's
+    together at most ``CACHE_SHARES`` times a step's operands."""
     return int(min(DEFAULT_CACHE_BYTES, max(MIN_AGENT_CACHE_BYTES, operand_bytes(job))))
 
 
@@ -120,7 +118,7 @@ def needs_of(topology: Any, backend: str) -> Needs:
     # each agent's cache up to its budget, all of them together what a step sends them (blocks
     # of older steps are dropped): each block to CACHE_SHARES devices on average, a generous
     # figure (hotcarbon's step sends 1.7 times its operands, simulated and emulated)
-    cached = min(agents * min(agent_cache_bytes(topology.job, agents), operands),
+    cached = min(agents * min(agent_cache_bytes(topology.job), operands),
                  CACHE_SHARES * operands)
     memory = (PS_BASE_BYTES + 4 * weights + agents * AGENT_BASE_BYTES + cached
               + shells * SHELL_BYTES)

@@ -169,7 +169,7 @@ class Run:
         from testbed.capacity import agent_cache_bytes
 
         # every emulated agent's block cache (the simulator gives its devices the same)
-        self.cache_bytes = agent_cache_bytes(topology.job, len(topology.devices))
+        self.cache_bytes = agent_cache_bytes(topology.job)
         self.join_timeout_s = join_timeout_s
         self.resume = resume
         self.stop_requested = stop or threading.Event()

@@ -160,7 +160,7 @@ class Simulation(EventLoop):
         self.job = job
         self.dtype = np.dtype(job.dtype)
         # each device's block cache, as testbed up gives its emulated agents
-        self.cache_bytes = agent_cache_bytes(job, len(topology.devices))
+        self.cache_bytes = agent_cache_bytes(job)
         self.schedule = schedule
         if not ps_gemm_s >= 0:
             raise ValueError(f"ps_gemm_s must be >= 0 seconds, got {ps_gemm_s}")

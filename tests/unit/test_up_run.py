@@ -260,11 +260,28 @@ def test_a_small_run_fits_and_a_huge_one_is_refused_naming_each_limit() -> None:
     job = _topology(1).job
     weights, operands = capacity.weight_bytes(job), capacity.operand_bytes(job)
     assert operands > weights
-    cached = min(9_001 * min(capacity.agent_cache_bytes(job, 9_001), operands),
+    cached = min(9_001 * min(capacity.agent_cache_bytes(job), operands),
                  capacity.CACHE_SHARES * operands)
     want = (capacity.PS_BASE_BYTES + 4 * weights + 9_001 * capacity.AGENT_BASE_BYTES + cached
             + 9_002 * capacity.SHELL_BYTES)
     assert abs(needs.memory_bytes - want) <= 1e-9 * want
+
+
+def test_a_device_may_cache_a_steps_operands_however_many_devices_there_are() -> None:
+    """A plan may give the work to a few of many devices; each of those must be able to keep
+    its blocks from forward to backward (an even share over all devices left them 64 MiB)."""
+    from pathlib import Path
+
+    from testbed.topology import load_topology
+
+    mib = 1 << 20
+    tiny = _topology(3).job
+    assert capacity.agent_cache_bytes(tiny) == capacity.MIN_AGENT_CACHE_BYTES  # a tiny step
+    large = load_topology(Path(REPO) / "topologies" / "large.yaml").job  # 240 devices
+    assert capacity.agent_cache_bytes(large) == int(capacity.operand_bytes(large)) > 64 * mib
+    hotcarbon = load_topology(Path(REPO) / "topologies" / "hotcarbon.yaml").job
+    assert capacity.operand_bytes(hotcarbon) > 768 * mib
+    assert capacity.agent_cache_bytes(hotcarbon) == 768 * mib  # the agent's own default
 
 
 def test_the_machine_here_is_read() -> None:
