@@ -407,7 +407,8 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
     drops what is above its cutoff need not pay for the shares).
     """
     shares = _box_shares(m, k, n, itemsize, grid, classes)
-    link = link_s(shares.down_B / ps_down_Bps, shares.up_B / ps_up_Bps, shares.per_device)
+    link = link_s(shares.down_B / ps_down_Bps, shares.up_B / ps_up_Bps, shares.per_device,
+                  shares.first_B / ps_down_Bps)
     rtt = min(c.rtt_s for c in classes)
     own = {d.name: box_time_s(d, b, *shares.tile, q) for d, q, b in shares.boxes}
     t = max(own.values(), default=INF)
@@ -423,7 +424,8 @@ def predict_s(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
 class _Shares:
     """A GEMM's grid cut among devices: each (device, members, box), one tile's FLOPs and
     A, B and result bytes, and what the PS link carries: blocks down (every member's), results
-    up, and tiles per (member) device; and each device's part of those (its load)."""
+    up, and tiles per (member) device; and each device's part of those (its load); and the
+    blocks of every (member) device's first tile, one of A and one of B."""
 
     boxes: tuple[tuple[PlanDevice, float, Box], ...]
     tile: tuple[float, float, float, float]
@@ -431,6 +433,7 @@ class _Shares:
     up_B: float
     per_device: float
     loads: tuple[_Load, ...]
+    first_B: float
 
 
 def _box_shares(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int],
@@ -455,9 +458,11 @@ def _box_shares(m: int, k: int, n: int, itemsize: int, grid: tuple[int, int, int
         loads.append((*by_name[name], each * slices * (rows * a_b + cols * b_b),
                       (b[1] - b[0]) * (b[3] - b[2]) * (b[5] - b[4]) * c_b))
     per_device = tiles / max(1.0, sum(by_name[name][1] for name in boxes))
+    down_B = sum(load[2] for load in loads)
+    first_B = sum(by_name[name][1] for name in boxes) * (a_b + b_b)
     return _Shares(tuple((*by_name[name], b) for name, b in boxes.items()),
-                   (flops, a_b, b_b, c_b), sum(load[2] for load in loads), tiles * c_b,
-                   per_device, tuple(loads))
+                   (flops, a_b, b_b, c_b), down_B, tiles * c_b, per_device, tuple(loads),
+                   min(first_B, down_B))
 
 
 def predict_together_s(gemms: Sequence[tuple[int, int, int, GemmPlan]], itemsize: int,
@@ -492,12 +497,15 @@ def predict_together_s(gemms: Sequence[tuple[int, int, int, GemmPlan]], itemsize
         per_device += shares.per_device
         rtt = min(rtt, min(c.rtt_s for c in taking))
     own = {name: _stream_time_s(parts) for name, parts in streams.items()}
+    # every device starts with its first GEMM's first tile
+    first_s = sum(q * (tile[1] + tile[2]) for (_, q, _, tile), *_ in streams.values())
     fair = on_ps_link([(parts[0][0], parts[0][1], loads[name][0], loads[name][1])
                        for name, parts in streams.items()], ps_down_Bps, ps_up_Bps, own)
     slowest = max((_stream_time_s([_at_most(part, fair[name]) for part in parts])
                    if fair[name] is not parts[0][0] else own[name]
                    for name, parts in streams.items()), default=INF)
-    return max(slowest, link_s(down_s, up_s, per_device)) + rtt
+    return max(slowest, link_s(down_s, up_s, per_device,
+                               min(first_s / ps_down_Bps, down_s))) + rtt
 
 
 def _at_most(part: tuple[PlanDevice, float, Box, tuple[float, float, float, float]],
@@ -558,12 +566,18 @@ def _boxes_replay_s(boxes: tuple[tuple[int, int, int, float, float, float, float
                        for s in range(ns) for r in range(nr) for c in range(nc)])
 
 
-def link_s(down_s: float, up_s: float, tiles_per_device: float) -> float:
+def link_s(down_s: float, up_s: float, tiles_per_device: float, first_s: float = 0.0
+           ) -> float:
     """Seconds the PS link carries a GEMM's blocks down and results up: both ways at once
     only between a device's first block and its last result, as in a two-machine flow shop of
-    ``tiles_per_device`` equal jobs (one tile each: down, then up)."""
+    ``tiles_per_device`` jobs (one tile each: down, then up). The jobs are equal but the
+    first: ``first_s``, the PS link's time for every device's first tile, which brings whole
+    the blocks its later tiles share (a layer's W block, cut into parts along the tokens,
+    comes down with the first part of X). Without it the fill was ``down_s / n``: 5 ms of
+    the 9.4 ms that 18 laptops' first tiles took on a 10 Gbit PS link, and a plan on 18
+    laptops was predicted faster than one on 10, which ran faster (docs/simulate.md)."""
     n = max(1.0, tiles_per_device)
-    return max(down_s + up_s / n, down_s / n + up_s)
+    return max(down_s + up_s / n, max(down_s / n, first_s) + up_s)
 
 
 def fair_finish_s(demands: Sequence[float], caps: Sequence[float], flows: Sequence[float],
@@ -1249,8 +1263,10 @@ def predict_pair_s(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
                    if fair[n_] is not by_name[n_][0] else own[n_]
                    for n_, b in boxes.items()), default=INF)
     per_device = math.prod(grid) / max(1.0, sum(by_name[n_][1] for n_ in boxes))
-    return max(slowest, link_s(down / ps_down_Bps, up / ps_up_Bps, per_device)) + \
-        min(c.rtt_s for c in classes)
+    # every member's first tile, a dX part: a dY and a W block
+    first = min(down, sum(by_name[n_][1] for n_ in boxes) * (dy_b + w_b))
+    return max(slowest, link_s(down / ps_down_Bps, up / ps_up_Bps, per_device,
+                               first / ps_down_Bps)) + min(c.rtt_s for c in classes)
 
 
 def _pair_grids(t: int, o: int, i: int, devices: int, max_tile_elems: int
@@ -1503,14 +1519,19 @@ def _predict_layer(t: int, o: int, i: int, itemsize: int, grid: PairGrid,
     fair_bwd = on_ps_link(bwd_loads, ps_down_Bps, ps_up_Bps,
                           {name: b for name, (_, b) in own.items()})
     rtt = min(c.rtt_s for c in classes)
-    per_device = blocks / max(1.0, sum(q for _, q in by_name.values()))
+    members = sum(by_name[name][1] for name in boxes)
+    per_device = blocks / max(1.0, members)
 
     def times(fine: Fine) -> tuple[float, float]:
-        # forward's tiles are a block's (t, o) parts, backward's dX (t, c) parts (dW's alike)
+        # forward's tiles are a block's (t, o) parts, backward's dX (t, c) parts (dW's alike);
+        # a device's first forward tile brings a part of X and one of W, its first backward
+        # one a part of dY (W and X held)
         fwd = link_s(fwd_down / ps_down_Bps, blocks * tm * to * itemsize / ps_up_Bps,
-                     per_device * fine[0] * fine[1])
+                     per_device * fine[0] * fine[1],
+                     min(fwd_down, members * (x_b / fine[0] + w_b / fine[1])) / ps_down_Bps)
         bwd = link_s(bwd_down / ps_down_Bps, blocks * (dx_b + dw_b) / ps_up_Bps,
-                     per_device * fine[0] * fine[2])
+                     per_device * fine[0] * fine[2],
+                     min(bwd_down, members * dy_b / fine[0]) / ps_down_Bps)
         for name, box in boxes.items():
             q = by_name[name][1]
             f, b = layer_box_times_s(fair_fwd[name], box, t, o, i, itemsize, grid, q, fine)

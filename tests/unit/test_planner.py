@@ -267,6 +267,26 @@ def test_the_ps_link_carries_both_ways_at_once_only_between_first_block_and_last
     assert link_s(1.0, 2.0, 4) == max(1.0 + 2.0 / 4, 1.0 / 4 + 2.0)
     assert abs(link_s(1.0, 2.0, 1e9) - 2.0) < 1e-8  # many: the busier way
     assert link_s(1.0, 2.0, 0.5) == 3.0  # fewer tiles than devices: still one each
+    # a first tile that brings more than its share (blocks its later tiles share) delays the
+    # results by its own time
+    assert link_s(1.0, 2.0, 4, first_s=0.6) == max(1.0 + 2.0 / 4, 0.6 + 2.0)
+    assert link_s(1.0, 2.0, 4, first_s=0.1) == link_s(1.0, 2.0, 4)
+
+
+def test_a_layers_forward_waits_for_every_devices_first_tile_on_the_ps_link() -> None:
+    """18 laptops (1 Gbit each) behind a 10 Gbit PS link, OPT-125m's q/k/v (1,024 tokens) on a
+    1 x 6 x 3 grid in 4 x 1 x 1 parts: each laptop's first tile brings a quarter of its X block
+    and the whole W block before its results can go up (bench/simulate_scale.py's topology,
+    simulated at 38.3 ms; predicted 33.8 when the wait was a quarter of its blocks)."""
+    from testbed.ps_backend.planner import predict_layer_s
+
+    ps = 1.25e9
+    laptops = [PlanDevice("laptops", 239.9e9, 125e6, 125e6, 0.006, count=18)]
+    forward, _ = predict_layer_s(1024, 2304, 768, 4, (1, 6, 3), laptops, ps, ps, (4, 1, 1))
+    x_part, w_block = 256 * 256 * 4, 384 * 256 * 4  # float32
+    first_s = 18 * (x_part + w_block) / ps
+    up_s = 18 * 1024 * 384 * 4 / ps  # each laptop's Y partial, its 1,024 x 384 block
+    assert forward >= first_s + up_s + 0.006
 
 
 def test_a_gemm_of_one_tile_a_device_behind_a_narrow_ps_link_is_predicted_down_then_up() -> None:
