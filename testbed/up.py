@@ -370,8 +370,8 @@ class Run:
                     earlier = json.loads(ps_json.read_text()).get("lan_address")
                 except (OSError, ValueError, AttributeError):  # none, or torn: any free port
                     earlier = None
-                argv += ["--lan-listen", resumed_listen(
-                    self.topology.network.ps.listen, earlier if isinstance(earlier, str) else None)]
+                argv += ["--lan-listen",
+                         resumed_listen(self.topology.network.ps.listen, earlier)]
             ps_json.unlink(missing_ok=True)  # the dead PS's address
             (self.run_dir / "status.json").unlink(missing_ok=True)  # and its last state
             # and its summary: a resumed PS that dies leaves none, and the run's summary then

@@ -144,13 +144,14 @@ def listen_problem(listen: str) -> str | None:
     return None
 
 
-def resumed_listen(listen: str, earlier: str | None) -> str:
+def resumed_listen(listen: str, earlier: object) -> str:
     """Where a resumed run's PS listens for devices beyond loopback: ``listen`` (the topology's
     ``network.ps.listen``), unless it asks for any free port (0) and the run's last start bound
-    ``earlier`` (``ps.json``'s ``lan_address``), whose port is free now. Then that port: the
-    devices that joined the run retry the address they had and find it again."""
+    ``earlier`` (``ps.json``'s ``lan_address`` as read: anything but a ``HOST:PORT`` string
+    means none), whose port is free now. Then that port: the devices that joined the run retry
+    the address they had and find it again."""
     host, port = parse_address(listen, listen=True)
-    if port != 0 or not earlier:
+    if port != 0 or not isinstance(earlier, str):
         return listen
     try:
         _, old = parse_address(earlier)

@@ -254,3 +254,4 @@ def test_a_resumed_run_listens_where_it_did_when_its_port_was_any_and_is_free() 
     assert resumed_listen("127.0.0.1:50051", f"127.0.0.1:{free}") == "127.0.0.1:50051"
     assert resumed_listen("127.0.0.1:0", None) == "127.0.0.1:0"
     assert resumed_listen("127.0.0.1:0", "torn") == "127.0.0.1:0"
+    assert resumed_listen("127.0.0.1:0", free) == "127.0.0.1:0"  # not a HOST:PORT string
