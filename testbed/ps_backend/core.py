@@ -618,6 +618,11 @@ class PsCore:
 
     def on_results(self, conn: DeviceConn, results: Sequence[ResultIn]) -> None:
         """One message's computed tiles, handled in order."""
+        if self.conns.get(conn.device_id) is not conn:
+            # its session ended (it left, its lease expired) and its tiles went back to the
+            # queue; a stream's last results can still follow its Leave: late, not refused
+            self.stats.late += len(results)
+            return
         arrived_s = time.monotonic()
         silent_s = arrived_s - conn.last_seen_s  # nothing heard from it meanwhile
         self.seen(conn)

@@ -83,6 +83,25 @@ def test_a_result_whose_tensor_did_not_decode_is_refused_and_requeued() -> None:
     assert core.results_refused == 1 and not job.done.done()
 
 
+def test_results_that_follow_a_leave_are_late_not_refused() -> None:
+    """An agent stopping sends Leave, and results already on its stream can arrive after it
+    (a CI run of tests/integration/test_mininet_partition.py recorded two as rejects)."""
+    core = _core()
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    a, b = np.ones((4, 2)), np.ones((2, 4))
+    job = GemmJob(uid="g", spec=GemmSpec("l", "forward", 0), a=a, b=b, c=np.empty((4, 4)),
+                  version=0, a_key="A", b_key="B")
+    core.submit(job)
+    assert conn.outbox is not None
+    (tile,) = [t for out in _drain(conn.outbox) for t in out.tiles]
+    assert core.leave(conn.device_id, conn.session_key, "SIGTERM") == 1  # re-queued
+    core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, a @ b, 128, 0.01, 0.0, 0.0,
+                                     0.0, 0.0, 0.0)])
+    assert core.stats.rejected == 0 and core.stats.late == 1
+    assert not [out for out in _drain(conn.outbox) if out is not None and out.reject]
+
+
 def test_leave_needs_the_session_key() -> None:
     core = _core()
     conn = core.join(_descriptor("dev"))
