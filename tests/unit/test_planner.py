@@ -192,9 +192,36 @@ def test_a_floor_is_under_every_prediction() -> None:
             flops, a_b, b_b, c_b = planner._tile_bytes(8192, 768, 50272, 4, grid)
             tiles = grid[0] * grid[1] * grid[2]
             floor = planner._floor_s(classes, tiles * flops, tiles * c_b,
-                                     grid[2] * (grid[0] * a_b + grid[1] * b_b), ps, ps)
+                                     grid[2] * (grid[0] * a_b + grid[1] * b_b), ps, ps,
+                                     (flops, a_b + b_b, c_b), planner.first_tiles_B(
+                                         sum(c.count for c in classes), tiles, a_b + b_b))
             predicted = planner.predict_s(8192, 768, 50272, 4, grid, classes, ps, ps)
             assert 0 < floor <= predicted * (1 + 1e-12), (grid, floor, predicted)
+
+
+def test_the_floor_counts_the_ps_links_fill_and_stays_under_every_prediction() -> None:
+    # random mixes behind a PS link that some of them overfill: the floor, fill included,
+    # never passes the prediction, and where the PS link sets the time it meets it, so a fill
+    # counted any larger would fail here (the search would drop a plan it could choose)
+    rng = random.Random(2)
+    tightest = 0.0
+    for _ in range(1500):
+        classes, (m, k, n), grid = _random_case(rng, (40, 40, 8))
+        ps = 10 ** rng.uniform(6.5, 9)
+        flops, a_b, b_b, c_b = planner._tile_bytes(m, k, n, 4, grid)
+        tiles = math.prod(grid)
+        first_B = planner.first_tiles_B(sum(c.count for c in classes), tiles, a_b + b_b)
+        floor = planner._floor_s(classes, tiles * flops, tiles * c_b,
+                                 grid[2] * (grid[0] * a_b + grid[1] * b_b), ps, ps,
+                                 (flops, a_b + b_b, c_b), first_B)
+        predicted = planner.predict_s(m, k, n, 4, grid, classes, ps, ps)
+        assert 0 < floor <= predicted * (1 + 1e-12), (classes, grid, (m, k, n), ps)
+        # the fill alone: every device's first tile down, then every result up
+        fill_s = min(first_B, grid[2] * (grid[0] * a_b + grid[1] * b_b)) / ps + \
+            tiles * c_b / ps + min(c.rtt_s for c in classes)
+        assert floor >= fill_s * (1 - 1e-12)
+        tightest = max(tightest, fill_s / predicted)
+    assert tightest > 0.999
 
 
 def _random_case(rng: random.Random, most: tuple[int, int, int]
