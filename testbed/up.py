@@ -530,17 +530,23 @@ class Run:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
+        killed = []
         for proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                try:
-                    proc.wait(REAP_S)
-                except subprocess.TimeoutExpired:  # its exit reaches us through a process
-                    # that is itself stopped (the agents' fork server): tear down the rest
-                    log.warning("process %d did not exit within %g s of SIGKILL; going on "
-                                "with the teardown", proc.pid, REAP_S)
+                killed.append(proc)
+        # one reaping deadline for all of them: with the agents' fork server stopped, no
+        # agent's exit reaches us, and a wait each made the teardown REAP_S times the agents
+        deadline = time.monotonic() + REAP_S
+        for proc in killed:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # its exit reaches us through a process that
+                # is itself stopped (the agents' fork server): tear down the rest
+                log.warning("process %d did not exit within %g s of SIGKILL; going on "
+                            "with the teardown", proc.pid, REAP_S)
         if self.forkserver is not None:  # after its agents: any left die with it
             self.forkserver.close()
         self._spawner.close()
