@@ -5,7 +5,7 @@ on Mininet), all on this machine. Three resources run out first, each with a rul
 
 * **memory**: the PS ``PS_BASE_BYTES`` + 4 copies of the model's weights (weights, gradients,
   AdamW's two moments), plus per agent ``AGENT_BASE_BYTES`` + its block cache, at most
-  ``min(cache, a step's operands)`` (:func:`agent_cache_bytes`, :func:`operand_bytes`) and all
+  ``min(cache, a step's operands)`` (:func:`device_cache_bytes`, :func:`operand_bytes`) and all
   caches together at most ``CACHE_SHARES`` times a step's operands, plus ``SHELL_BYTES`` per
   Mininet host;
   the sum must fit in the memory available now (``MemAvailable``, or what the cgroup still
@@ -109,6 +109,13 @@ def agent_cache_bytes(job: Any) -> int:
     return int(min(DEFAULT_CACHE_BYTES, max(MIN_AGENT_CACHE_BYTES, operand_bytes(job))))
 
 
+def device_cache_bytes(job: Any, group: Any) -> int:
+    """The cache budget of an emulated device of this topology group: the group's ``cache``
+    when it sets one (a phone with little memory to spare), else :func:`agent_cache_bytes`."""
+    cache = getattr(group, "cache_bytes", None)
+    return int(cache) if cache is not None else agent_cache_bytes(job)
+
+
 def needs_of(topology: Any, backend: str) -> Needs:
     """The run's needs under the rules of the module docstring."""
     agents = len(topology.devices)
@@ -118,8 +125,8 @@ def needs_of(topology: Any, backend: str) -> Needs:
     # each agent's cache up to its budget, all of them together what a step sends them (blocks
     # of older steps are dropped): each block to CACHE_SHARES devices on average, a generous
     # figure (hotcarbon's step sends 1.7 times its operands, simulated and emulated)
-    cached = min(agents * min(agent_cache_bytes(topology.job), operands),
-                 CACHE_SHARES * operands)
+    cached = min(sum(min(device_cache_bytes(topology.job, d.group), operands)
+                     for d in topology.devices), CACHE_SHARES * operands)
     memory = (PS_BASE_BYTES + 4 * weights + agents * AGENT_BASE_BYTES + cached
               + shells * SHELL_BYTES)
     return Needs(agents, shells, memory, agents * AGENT_TASKS + PS_TASKS + shells,

@@ -22,6 +22,8 @@ Schema (units are always written out, see :mod:`testbed.units`)::
         count: 6
         switch: ap0
         link: {down: 100Mbit, up: 20Mbit, delay: 10ms, loss: 0.5%, queue: 100}
+        cache: 256MiB               # optional, emulated devices: each one's operand-block cache
+                                    # (default: a step's operands, 64-768 MiB; 1MiB-64GiB)
         behaviour:                  # optional, emulated devices only: how they misbehave
           byzantine: {rate: 20%, modes: [noise, bitflip, stale, scale], noise: 0.01, scale: 1.5}
           straggler: {factor: 3.0, rate: 100%}   # compute time x factor on a share of tiles
@@ -188,6 +190,8 @@ class DeviceGroup:
     link: LinkSpec
     extra: dict[str, Any] = field(default_factory=dict)  # keys owned by other parts
     behaviour: BehaviourSpec | None = None
+    # each device's operand-block cache, bytes; None: capacity.agent_cache_bytes(job)
+    cache_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,10 @@ def _plain(value: Any) -> Any:
 MAX_DEVICES = 10_000  # per topology; `testbed up` also checks what this machine can start
 MAX_DELAY_S = 60.0  # one way; leases are 5 s, so a longer delay never lets a tile come back
 MAX_QUEUE_PACKETS = 1_000_000
+# a device's block cache: below 1 MiB a tile's blocks of the smallest job (tiny.yaml: ~100 KB)
+# barely fit twice; above 64 GiB no phone or laptop has the memory
+MIN_CACHE_BYTES = 1024**2
+MAX_CACHE_BYTES = 64 * 1024**3
 MAX_TOPOLOGY_BYTES = 16 * 1024**2  # a file's size: the largest valid topology is a few KB
 MAX_STRAGGLER_FACTOR = 1_000.0  # a device 1000x slower than its profile is gone, not slow
 MAX_DILATION = 10_000.0  # a 1 s step would take almost 3 h of wall-clock time
@@ -424,12 +432,20 @@ def _share(value: Any) -> float:
     return float(number)
 
 
+def _cache(size_bytes: int) -> int:
+    if not MIN_CACHE_BYTES <= size_bytes <= MAX_CACHE_BYTES:
+        raise ValueError(f"a device's cache must be between 1MiB and 64GiB, got "
+                         f"{size_bytes:,} bytes")
+    return size_bytes
+
+
 Name = Annotated[Str, AfterValidator(_name)]
 Rate = Annotated[float, BeforeValidator(units.parse_rate_bps)]
 Delay = Annotated[float, BeforeValidator(units.parse_duration_s), AfterValidator(_delay)]
 Loss = Annotated[float, BeforeValidator(units.parse_fraction), AfterValidator(_loss)]
 Share = Annotated[float, BeforeValidator(_share)]
 ExistingFile = Annotated[Path, BeforeValidator(_existing_file)]
+CacheSize = Annotated[int, BeforeValidator(units.parse_size_bytes), AfterValidator(_cache)]
 SwitchRef = Annotated[Str | None, AfterValidator(_switch_ref)]
 SwitchName = Annotated[Str, AfterValidator(_name), unique("switches", "switch")]
 
@@ -578,13 +594,14 @@ class GroupFile(Schema):
     switch: SwitchRef = Field(default=None, validate_default=True)
     link: LinkFile
     behaviour: BehaviourFile | None = None
+    cache: CacheSize | None = None
 
     def spec(self, base_dir: Path) -> DeviceGroup:
         from testbed.perf_model.profiles import find_profile
 
         return DeviceGroup(self.group, self.profile, find_profile(self.profile, base_dir) or Path(),
                            self.count, self.switch, self.link.spec(), {},
-                           self.behaviour.spec() if self.behaviour else None)
+                           self.behaviour.spec() if self.behaviour else None, self.cache)
 
 
 class ModelFile(Schema):

@@ -61,6 +61,7 @@ from typing import Any, Callable
 
 import yaml
 
+from testbed.capacity import device_cache_bytes
 from testbed.churn.schedule import ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
@@ -166,10 +167,6 @@ class Run:
         self.run_dir = run_dir
         self.network = network
         self.dilation = dilation
-        from testbed.capacity import agent_cache_bytes
-
-        # every emulated agent's block cache (the simulator gives its devices the same)
-        self.cache_bytes = agent_cache_bytes(topology.job)
         self.join_timeout_s = join_timeout_s
         self.resume = resume
         self.stop_requested = stop or threading.Event()
@@ -418,8 +415,10 @@ class Run:
             if (old is not None and old.poll() is None) or self._stopped:
                 return
             assert self.forkserver is not None, "start() starts the fork server first"
+            # its block cache: the simulator gives its devices the same
             args = agent_argv(self.network, self.topology, device, self.ps_port,
-                              self.cache_bytes, self.run_dir / "agents")
+                              device_cache_bytes(self.topology.job, device.group),
+                              self.run_dir / "agents")
             self.agents[name] = self.forkserver.start(
                 args, self.run_dir / "agents" / f"{name}.log", self.network.node_pid(name))
             self._write_pids()

@@ -347,6 +347,7 @@ class _Session:
         return pb.DeviceDescriptor(name=o.name, group=o.group, kind=o.kind, profile=o.profile,
                                    predicted_gflops=o.predicted_gflops,
                                    max_in_flight=o.max_in_flight, cache_bytes=o.cache_bytes,
+                                   keeps_held=True,
                                    platform=f"{platform.system()} {platform.machine()} "
                                             f"Python {platform.python_version()}")
 

@@ -81,6 +81,7 @@ class Descriptor:
     max_in_flight: int
     cache_bytes: int
     platform: str
+    keeps_held: bool = False  # its cache evicts held blocks last (testbed/wire/cache.py)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class OperandOut:
     block: np.ndarray | None  # in the stored orientation (as cached)
     transposed: bool  # the tile uses the block transposed
     parts: tuple["OperandOut", ...] = ()
+    held: bool = False  # the device's cache keeps it over blocks not held (Assignment.held)
 
 
 @dataclass(frozen=True)
@@ -311,7 +313,8 @@ class PsCore:
                           predicted_gflops=device.predicted_gflops or 1.0,
                           max_in_flight=max(1, device.max_in_flight or 2),
                           cache_bytes=max(0, device.cache_bytes), group=device.group,
-                          kind=device.kind or "real", profile=device.profile)
+                          kind=device.kind or "real", profile=device.profile,
+                          keeps_held=device.keeps_held)
         now = time.monotonic()
         conn = DeviceConn(slot, secrets.token_hex(16),
                           {"name": slot.name, "group": device.group, "kind": slot.kind,
@@ -429,7 +432,7 @@ class PsCore:
             self.invalidate(job.version)
         prefilled = self.ledger.take(job.uid, job.digest) if self.ledger is not None else {}
         cut = self.planner.plan(job, self.scheduler.devices.values())
-        served = self.scheduler.submit(job, cut.regions, prefilled, cut.owners)
+        served = self.scheduler.submit(job, cut.regions, prefilled, cut.owners, cut.held)
         if served:
             self.stats.from_ledger += served
             self._event("ledger_reuse", gemm=job.uid, step=job.spec.step, tiles=served,
@@ -602,7 +605,8 @@ class PsCore:
                     if send:  # a block travels as its tensor is stored, as its key names it
                         data = side(piece).T if transposed else side(piece)
                         sent += data.nbytes
-                    parts.append(OperandOut(key if keep else "", job.version, data, transposed))
+                    parts.append(OperandOut(key if keep else "", job.version, data, transposed,
+                                            held=a.held and keep))
                 operands.append(parts[0] if len(parts) == 1 else
                                 OperandOut("", job.version, None, False, tuple(parts)))
             tiles.append(TileOut(task.task_id, task.attempt, job.spec.step, job.uid, job.spec.op,

@@ -163,6 +163,9 @@ class GemmJob:
     # gradient): its blocks are named, sent and cached in the stored orientation (Task)
     a_transposed: bool = False
     b_transposed: bool = False
+    # the plan keeps its blocks on the devices for a later GEMM of the step (a linear on one
+    # grid: forward's X and W blocks for its backward): caches evict them last
+    held: bool = False
     partials: dict[tuple[int, int], dict[int, np.ndarray]] = field(default_factory=dict)
 
 
@@ -244,12 +247,14 @@ class Copy:
 @dataclass
 class Assignment:
     """A task handed to a device, and which of its blocks (``Task.blocks``) must travel (False:
-    the device holds it) and which the device keeps."""
+    the device holds it) and which the device keeps; ``held``: it keeps them as held blocks
+    (the plan uses them again in the step, :attr:`GemmJob.held`)."""
 
     task: Task
     send: tuple[bool, ...]
     keep: tuple[bool, ...]
     backup: bool = False
+    held: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -303,6 +308,7 @@ class DeviceSlot:
     group: str = ""
     kind: str = "emulated"
     profile: str = ""
+    keeps_held: bool = False  # its cache evicts held blocks last (wire/cache.py), as the mirror
     order: int = 0  # registration order (the backup search breaks ties by it)
     window: int = 1
     in_flight: dict[int, Copy] = field(default_factory=dict)
@@ -1167,13 +1173,15 @@ class Scheduler:
     # -- work in -------------------------------------------------------------------------------
     def submit(self, job: GemmJob, regions: Sequence[Region],
                prefilled: dict[tuple[int, ...], np.ndarray] | None = None,
-               owners: dict[tuple[int, int, int], str] | None = None) -> int:
+               owners: dict[tuple[int, int, int], str] | None = None, held: bool = False
+               ) -> int:
         """Queue every tile of a GEMM cut in ``regions`` (runs of C's rows, each cut its own
         way, :func:`~testbed.ps_backend.tiler.cut_regions`; a uniform cut is one,
         :func:`~testbed.ps_backend.tiler.uniform`); tiles in ``prefilled`` (by box key) are
         placed at once. ``owners`` maps tile ``(row, col, part)`` to the device the plan gave
         it (tasks are queued in the plan's dealing order, ``(part, row, col)``, region by
-        region). Returns how many tiles were prefilled. A GEMM whose every tile is prefilled is
+        region); ``held``, that the devices keep its blocks for later (:attr:`GemmJob.held`).
+        Returns how many tiles were prefilled. A GEMM whose every tile is prefilled is
         done when this returns (its future is resolved).
         """
         m = job.a.shape[0]
@@ -1181,6 +1189,7 @@ class Scheduler:
                 a.r1 != b.r0 for a, b in zip(regions, regions[1:])):
             raise ValueError(f"{job.uid}: regions {regions} do not cover rows 0:{m} once")
         boxes = cut_regions(job.b.shape[1], job.a.shape[1], regions)
+        job.held = held
         if self.check_values:  # Freivalds' work shared by the GEMM's tiles (K-split: per slice)
             job.check = GemmCheck(job.a, job.b, [(b.c0, b.c1, b.k0, b.k1) if b.split
                                                  else (b.c0, b.c1) for b in boxes],
@@ -1718,13 +1727,14 @@ class Scheduler:
         slot.given.add(task.task_id)
         send, keep = [], []
         sent = 0
+        held = task.job.held and slot.keeps_held
         for key, nbytes in task.blocks:
             hit = key in slot.cache
             cacheable = slot.cache.cacheable(nbytes)
-            if hit:
-                slot.cache.get(key)  # refresh, exactly as the device does when it uses the block
+            if hit:  # refresh, exactly as the device does when it uses the block
+                slot.cache.get(key, held)
             else:
-                slot.cache.put(key, task.job.version, nbytes, None)
+                slot.cache.put(key, task.job.version, nbytes, None, held)
                 sent += nbytes
             send.append(not hit)
             keep.append(cacheable)
@@ -1735,7 +1745,7 @@ class Scheduler:
         if sent:
             for link in slot.shared:
                 link.free_s = max(link.free_s, now_s) + sent / link.down_Bps * self.dilation
-        return Assignment(task, tuple(send), tuple(keep), backup)
+        return Assignment(task, tuple(send), tuple(keep), backup, held)
 
     # -- results in ----------------------------------------------------------------------------
     def accept(self, device_id: str, task_id: int, attempt: int, c: np.ndarray,

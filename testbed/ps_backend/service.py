@@ -58,7 +58,7 @@ def peer_host(peer: str) -> str:
 def descriptor_from_pb(d: pb.DeviceDescriptor) -> Descriptor:
     """A Join's descriptor as plain data."""
     return Descriptor(d.name, d.group, d.kind, d.profile, d.predicted_gflops, d.max_in_flight,
-                      d.cache_bytes, d.platform)
+                      d.cache_bytes, d.platform, d.keeps_held)
 
 
 def result_from_pb(r: pb.TileResult) -> ResultIn:
@@ -81,6 +81,7 @@ def _operand_to_pb(o: OperandOut, operand: pb.Operand) -> None:
         return
     operand.key = o.key
     operand.transposed = o.transposed
+    operand.held = o.held
     if o.block is not None:
         to_tensor(o.block, operand.tensor)
 

@@ -77,6 +77,9 @@ class Cut(NamedTuple):
 
     regions: tuple[Region, ...]  # runs of C's rows, each cut its own way (uniform: one)
     owners: dict[tuple[int, int, int], str] | None  # tile (row, col, slice) -> device
+    # the devices keep its blocks for a later GEMM of the step (a linear's forward on its layer
+    # grid): their caches evict them last (GemmJob.held)
+    held: bool = False
 
 
 @dataclass
@@ -334,10 +337,12 @@ class StepPlanner:
         plan: GemmPlan | None = None
         owners: dict[tuple[int, int, int], str] | None = None
         spread: tuple[int, int, int] | None = None  # the pair (T, out, in), when spread
+        held = False  # its blocks are kept for backward
         if job.spec.op == "forward":
             layer = self._layer(job.spec.layer, (m, n, k), item, slots)
             if layer is not None:
                 plan, owners = layer
+                held = True
         elif half is not None and job.spec.layer in self._layers:
             pair, dx_owners, dw_owners = self._layers[job.spec.layer]
             plan, owners = (pair.dx, dx_owners) if half == 0 else (pair.dw, dw_owners)
@@ -367,7 +372,7 @@ class StepPlanner:
         self._note_sat_out(pass_, plan.sat_out)
         cut = uniform(m, plan.tile_m, plan.tile_n, plan.k_parts, plan.k_block)
         self._count_shares(m, k, n, item, cut, owners, slots)
-        return Cut(cut, owners)
+        return Cut(cut, owners, held)
 
     def _note_sat_out(self, pass_: str, *sat_outs: dict[str, str]) -> None:
         """Record the groups one GEMM's plans (its regions') left out, with why."""

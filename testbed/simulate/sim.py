@@ -49,7 +49,7 @@ import numpy as np
 
 from testbed.agent.behaviour import Behaviour
 from testbed.agent.link import MESSAGE_OVERHEAD_BYTES, mathis_rate_bps
-from testbed.capacity import agent_cache_bytes
+from testbed.capacity import device_cache_bytes
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
 from testbed.emulator.device_model import DeviceModel, device_model_for
@@ -159,8 +159,6 @@ class Simulation(EventLoop):
         job = topology.job
         self.job = job
         self.dtype = np.dtype(job.dtype)
-        # each device's block cache, as testbed up gives its emulated agents
-        self.cache_bytes = agent_cache_bytes(job)
         self.schedule = schedule
         if not ps_gemm_s >= 0:
             raise ValueError(f"ps_gemm_s must be >= 0 seconds, got {ps_gemm_s}")
@@ -270,8 +268,11 @@ class Simulation(EventLoop):
             slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
                               predicted_gflops=dev.gflops or 1.0,
                               max_in_flight=EMULATED_MAX_IN_FLIGHT,
-                              cache_bytes=self.cache_bytes, group=dev.spec.group.group,
-                              kind="emulated", profile=dev.spec.group.profile)
+                              # its block cache, as testbed up gives its emulated agent
+                              cache_bytes=device_cache_bytes(self.job, dev.spec.group),
+                              group=dev.spec.group.group,
+                              kind="emulated", profile=dev.spec.group.profile,
+                              keeps_held=True)
             dev.slot = slot
             self.by_id[slot.device_id] = dev
             slots.append(slot)
@@ -331,7 +332,7 @@ class Simulation(EventLoop):
         job.done.add_done_callback(lambda _f: done())
         slots = [d.slot for d in self.devices.values() if d.slot is not None]
         cut = self.planner.plan(job, slots)
-        self.scheduler.submit(job, cut.regions, None, cut.owners)
+        self.scheduler.submit(job, cut.regions, None, cut.owners, cut.held)
         self.tiles_per_gemm[uid] = job.remaining
         self.pump()
         if not self._ticking:

@@ -74,8 +74,9 @@ def operand_array(operand: pb.Operand, cache: BlockCache[np.ndarray], k_axis: in
     """The block a tile computes with, as the device resolves it.
 
     A sent block is decoded and cached under its key (an empty key: not cached); a key alone is
-    a cache hit (the PS mirrors the cache, so it is there). The block is stored as it travels, in
-    its tensor's stored orientation; a ``transposed`` operand is used as a C-ordered copy of its
+    a cache hit (the PS mirrors the cache, so it is there); ``held`` marks it held either way
+    (:class:`~testbed.wire.cache.BlockCache`). The block is stored as it travels, in its
+    tensor's stored orientation; a ``transposed`` operand is used as a C-ordered copy of its
     transpose, so the product is the same whether the block arrived now or was cached. An
     operand of ``parts`` is each resolved in order (as the PS's mirror applied them) and joined
     along the contraction, ``k_axis`` (1 for A, 0 for B): the same array as the one block.
@@ -89,9 +90,9 @@ def operand_array(operand: pb.Operand, cache: BlockCache[np.ndarray], k_axis: in
     if operand.HasField("tensor"):
         stored = from_tensor(operand.tensor)
         if operand.key:
-            cache.put(operand.key, operand.version, stored.nbytes, stored)
+            cache.put(operand.key, operand.version, stored.nbytes, stored, operand.held)
     else:
-        cached = cache.get(operand.key)
+        cached = cache.get(operand.key, operand.held)
         if cached is None:
             raise MissingBlock(f"block {operand.key!r} is not in the cache")
         stored = cached

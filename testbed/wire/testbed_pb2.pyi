@@ -27,7 +27,7 @@ class Tensor(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class DeviceDescriptor(_message.Message):
-    __slots__ = ("name", "group", "kind", "profile", "predicted_gflops", "max_in_flight", "cache_bytes", "platform")
+    __slots__ = ("name", "group", "kind", "profile", "predicted_gflops", "max_in_flight", "cache_bytes", "platform", "keeps_held")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class DeviceDescriptor(_message.Message):
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_HELD_FIELD_NUMBER: _ClassVar[int]
     name: str
     group: str
     kind: str
@@ -44,7 +45,8 @@ class DeviceDescriptor(_message.Message):
     max_in_flight: int
     cache_bytes: int
     platform: str
-    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[str] = ..., profile: _Optional[str] = ..., predicted_gflops: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., platform: _Optional[str] = ...) -> None: ...
+    keeps_held: bool
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[str] = ..., profile: _Optional[str] = ..., predicted_gflops: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., platform: _Optional[str] = ..., keeps_held: _Optional[bool] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("token", "device")
@@ -161,18 +163,20 @@ class DeviceMessage(_message.Message):
     def __init__(self, attach: _Optional[_Union[Attach, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., result: _Optional[_Union[TileResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., results: _Optional[_Union[TileResults, _Mapping]] = ...) -> None: ...
 
 class Operand(_message.Message):
-    __slots__ = ("key", "tensor", "version", "transposed", "parts")
+    __slots__ = ("key", "tensor", "version", "transposed", "parts", "held")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSPOSED_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     key: str
     tensor: Tensor
     version: int
     transposed: bool
     parts: _containers.RepeatedCompositeFieldContainer[Operand]
-    def __init__(self, key: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., version: _Optional[int] = ..., transposed: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[Operand, _Mapping]]] = ...) -> None: ...
+    held: bool
+    def __init__(self, key: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., version: _Optional[int] = ..., transposed: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[Operand, _Mapping]]] = ..., held: _Optional[bool] = ...) -> None: ...
 
 class Tile(_message.Message):
     __slots__ = ("task_id", "attempt", "step", "gemm", "op", "row", "col", "m", "k", "n", "a", "b", "deadline_s")

@@ -157,7 +157,7 @@ def _run_layer(order_seed: int) -> tuple[list[np.ndarray], set[str]]:
     for batch in (jobs[:1], jobs[1:]):
         for job in batch:
             cut = planner_.plan(job, slots)
-            s.submit(job, cut.regions, owners=cut.owners)
+            s.submit(job, cut.regions, owners=cut.owners, held=cut.held)
             parts = max(parts, *(g.k_block for g in cut.regions))
         while any(job.remaining for job in batch):
             out = [(d, a) for d in list(s.devices) for a in s.assign(d)]

@@ -144,7 +144,7 @@ def test_the_step_planner_gives_a_slow_link_pair_one_layout() -> None:
                     b=np.broadcast_to(np.zeros((), dtype=np.float32), (t, i)),
                     c=np.empty((0, 0)), version=0, a_key="dY", b_key="X", a_transposed=True)]
     cut_x, cut_w = (planner.plan(j, slots) for j in jobs)  # type: ignore[attr-defined]
-    ((x,), own_x), ((w,), own_w) = cut_x, cut_w
+    ((x,), own_x, _), ((w,), own_w, _) = cut_x, cut_w
     tm_x, tn_x, k_x, tm_w, tn_w, k_w = x.tile_m, x.tile_n, x.k_parts, w.tile_m, w.tile_n, w.k_parts
     assert own_x is not None and own_w is not None
     assert k_x * tm_w >= o and k_w * tm_x >= t  # each GEMM's K slices are the other's rows

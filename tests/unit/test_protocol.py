@@ -85,3 +85,18 @@ def test_an_operand_of_parts_is_joined_along_k_and_each_part_is_cached() -> None
     to_tensor(np.ones((4, 2)), bad.parts.add().tensor)
     with pytest.raises(TensorError, match="do not join"):
         operand_array(bad, cache, 1)
+
+
+def test_a_held_operand_is_cached_held() -> None:
+    """``Operand.held`` reaches the device's cache: a held block outlives the blocks after it."""
+    from testbed.wire.cache import BlockCache
+    from testbed.wire.tensors import operand_array
+
+    block = np.zeros((4, 4))  # 128 bytes
+    cache: BlockCache[np.ndarray] = BlockCache(2 * block.nbytes)
+    for key, held in (("w", True), ("x0", False), ("x1", False)):
+        op = pb.Operand(key=key, held=held)
+        to_tensor(block, op.tensor)
+        operand_array(op, cache)
+    assert list(cache.keys()) == ["x1", "w"]
+    operand_array(pb.Operand(key="w"), cache)  # a key alone: a hit, still held

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from testbed.ps_backend.core import Descriptor, Outgoing, PsConfig, PsCore, ResultIn
 from testbed.ps_backend.scheduler import GemmJob, GemmSpec
@@ -142,6 +143,34 @@ def test_a_block_sent_for_w_transposed_serves_w_from_the_device_cache() -> None:
         assert job.done.done()
     assert sent_b == [True, False]  # W's block travelled once, for Wᵀ
     assert core.stats.bytes_down == 3 * 16 * 8  # x, w, dy: one 4x4 float64 block each
+
+
+@pytest.mark.parametrize("keeps_held", [True, False])
+def test_a_held_gemms_blocks_go_out_held_to_a_device_that_keeps_them(keeps_held: bool,
+                                                                      monkeypatch) -> None:
+    """A GEMM the plan keeps on the devices (``Cut.held``) marks its blocks held on the wire
+    for a device that said it keeps held blocks (``DeviceDescriptor.keeps_held``), and for one
+    that did not (an older agent), marks nothing: its cache and the PS's mirror stay plain
+    LRU."""
+    from testbed.ps_backend.service import descriptor_from_pb
+    from testbed.ps_backend.step_plan import Cut
+    from testbed.wire import testbed_pb2 as pb
+
+    core = _core()
+    monkeypatch.setattr(core.planner, "plan", lambda job, slots: Cut(uniform(4, 4, 4), None,
+                                                                      True))
+    conn = core.join(descriptor_from_pb(pb.DeviceDescriptor(
+        name="dev", kind="real", predicted_gflops=1.0, max_in_flight=8, cache_bytes=1 << 20,
+        keeps_held=keeps_held)))
+    core.attach(conn.device_id, conn.session_key)
+    assert conn.outbox is not None
+    x, w = np.ones((4, 4)), np.ones((4, 4))
+    core.submit(GemmJob(uid="s0/l/forward#0", spec=GemmSpec("l", "forward", 0), a=x, b=w,
+                        c=np.empty((4, 4)), version=0, a_key="x", b_key="w"))
+    (out,) = _drain(conn.outbox)
+    tile = message_to_pb(out).tiles[0]
+    assert (tile.a.held, tile.b.held) == (keeps_held, keeps_held)
+    assert core.scheduler.devices[conn.device_id].keeps_held is keeps_held
 
 
 def _first_messages(down_Bps: float) -> list[Outgoing]:

@@ -145,6 +145,43 @@ def test_result_for_a_task_never_given_is_rejected() -> None:
     assert outcome.verdict is Verdict.REJECTED and "not given to device d1" in outcome.reason
 
 
+def drain(s: Scheduler, device: BlockCache[np.ndarray], jobs: list[GemmJob], version: int,
+          a_parts: list[tuple[Any, int]] | None = None) -> int:
+    """Hand out and compute every tile of ``jobs`` on device d0, replaying the PS's decisions
+    on a real device cache as the agent does (``operand_array``: a sent block is cached under
+    its key, held as the tile says; a key alone must be a hit); the bytes sent. ``a_parts``
+    gets each task with the number of blocks its A came in."""
+    name = "d0"
+    sent = 0
+    while any(j.remaining for j in jobs):
+        for a in s.assign(name):
+            t = a.task
+            sent += a.nbytes
+            used = iter(zip(t.blocks, a.send, a.keep))
+            operands = []
+            for piece_of in (t.a_piece, t.b_piece):
+                parts = []
+                for piece in t.pieces:
+                    (key, _), send, keep = next(used)
+                    block = piece_of(piece)
+                    if send:
+                        if keep:
+                            device.put(key, version, block.nbytes, block, a.held)
+                        parts.append(block)
+                    else:
+                        cached = device.get(key, a.held)
+                        assert cached is not None, f"mirror says cached, device lost {key}"
+                        parts.append(cached)
+                operands.append(parts)
+            if a_parts is not None:
+                a_parts.append((t, len(operands[0])))
+            a_op = np.concatenate(operands[0], axis=1)
+            b_op = np.concatenate(operands[1], axis=0)
+            assert s.accept(name, t.task_id, t.attempt, a_op @ b_op).verdict is \
+                Verdict.ACCEPTED
+    return sent
+
+
 def test_cache_mirror_stays_exact() -> None:
     """Replaying the PS's decisions on a real device cache never misses a block, also when a
     tile's K slice is several parts, each its own block (k_block)."""
@@ -160,31 +197,43 @@ def test_cache_mirror_stays_exact() -> None:
             # the last two: K in 2 slices of parts 8 long (24 = 8 + 8 | 8), blocks of the
             # first two's whole-K blocks' tensors cut finer
             s.submit(j, uniform(j.a.shape[0], 16, 16, 2 if i >= 2 else 1, 8 if i >= 2 else 0))
-        while any(j.remaining for j in jobs):
-            for a in s.assign("d0"):
-                t = a.task
-                used = iter(zip(t.blocks, a.send, a.keep))
-                operands = []
-                for piece_of in (t.a_piece, t.b_piece):
-                    parts = []
-                    for piece in t.pieces:
-                        (key, _), send, keep = next(used)
-                        block = piece_of(piece)
-                        if send:
-                            if keep:
-                                device.put(key, step, block.nbytes, block)
-                            parts.append(block)
-                        else:
-                            cached = device.get(key)
-                            assert cached is not None, f"mirror says cached, device lost {key}"
-                            parts.append(cached)
-                    operands.append(parts)
-                a_op = np.concatenate(operands[0], axis=1)
-                b_op = np.concatenate(operands[1], axis=0)
-                assert len(operands[0]) == (2 if t.box.k_block and t.k_range == (0, 16) else 1)
-                assert s.accept("d0", t.task_id, t.attempt, a_op @ b_op).verdict is \
-                    Verdict.ACCEPTED
+        a_parts: list[tuple[Any, int]] = []
+        drain(s, device, jobs, step, a_parts)
+        for t, parts in a_parts:
+            assert parts == (2 if t.box.k_block and t.k_range == (0, 16) else 1)
+        assert any(t.box.k_block for t, _ in a_parts)
     assert device.used_bytes == s.devices["d0"].cache.used_bytes
+
+
+@pytest.mark.parametrize("keeps_held", [True, False])
+def test_held_blocks_outlast_the_traffic_before_their_next_use(keeps_held: bool) -> None:
+    """A forward GEMM whose blocks the plan keeps (``held``), then three GEMMs of other
+    tensors that overflow the cache, then a GEMM of the same X blocks (as the weight gradient
+    reuses forward's): a device that keeps held blocks last gets none of X again, one that
+    does not (an older agent: nothing is marked held for it) gets all of it; the mirror is
+    exact either way."""
+    s = Scheduler()
+    s.add_device(dataclasses.replace(slot("d0", window=2, cache=80_000), keeps_held=keeps_held))
+    device: BlockCache[np.ndarray] = BlockCache(80_000)
+
+    def gemm(uid: str, a_key: str, b_key: str) -> GemmJob:
+        made = job(64, 32, 64, uid=uid)  # X 16 KB, a tile's A block 4 KB
+        made.a_key, made.b_key = a_key, b_key
+        return made
+
+    forward = gemm("f", "X", "W")
+    s.submit(forward, uniform(64, 16, 16), held=True)
+    drain(s, device, [forward], 0)
+    between = [gemm(f"t{i}", f"T{i}", f"U{i}") for i in range(3)]  # 96 KB through 48 KB
+    for j in between:
+        s.submit(j, uniform(64, 16, 16))
+    drain(s, device, between, 0)
+    later = gemm("b", "X", "V")
+    s.submit(later, uniform(64, 16, 16))
+    x_bytes = v_bytes = 64 * 32 * 8
+    assert drain(s, device, [later], 0) == v_bytes + (0 if keeps_held else x_bytes)
+    assert device.used_bytes == s.devices["d0"].cache.used_bytes
+    assert list(device.keys()) == list(s.devices["d0"].cache.keys())
 
 
 # -- backups, the straggler rule, quarantine, the ledger's prefill ------------------------------

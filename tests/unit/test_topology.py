@@ -157,6 +157,9 @@ def test_binary_garbage_is_refused_with_the_file_named(tmp_path: Path,
     (("devices", 0, "behaviour"), {"straggler": {"factor": 1e99}},
      "devices[0].behaviour.straggler.factor", "<= 1,000"),
     (("time_dilation",), float("inf"), "time_dilation", "[1, 10000]"),
+    (("devices", 0, "cache"), 256, "devices[0].cache", "unit"),
+    (("devices", 0, "cache"), "512KiB", "devices[0].cache", "between 1MiB and 64GiB"),
+    (("devices", 0, "cache"), "100GiB", "devices[0].cache", "between 1MiB and 64GiB"),
     # names no file can have: each is one more problem, not a traceback from pathlib
     (("devices", 0, "profile"), "x" * 300, "devices[0].profile", "no device profile named"),
     (("devices", 0, "profile"), "a\0b", "devices[0].profile", "no device profile named"),
@@ -240,3 +243,10 @@ def test_a_section_of_another_part_lands_in_extra() -> None:
     raw["adb"] = {"enabled": True, "serials": ["A1"]}
     spec = parse_topology(raw).extra["adb"]
     assert spec.enabled and spec.serials == ("A1",)
+
+
+def test_a_group_may_set_its_devices_cache() -> None:
+    raw = minimal()
+    raw["devices"][0]["cache"] = "2MiB"
+    assert parse_topology(raw).devices[0].group.cache_bytes == 2 * 1024**2
+    assert parse_topology(minimal()).devices[0].group.cache_bytes is None  # the default

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 from testbed import capacity
@@ -282,6 +283,21 @@ def test_a_device_may_cache_a_steps_operands_however_many_devices_there_are() ->
     hotcarbon = load_topology(Path(REPO) / "topologies" / "hotcarbon.yaml").job
     assert capacity.operand_bytes(hotcarbon) > 768 * mib
     assert capacity.agent_cache_bytes(hotcarbon) == 768 * mib  # the agent's own default
+
+
+def test_a_groups_own_cache_is_what_its_devices_get_and_what_the_memory_rule_counts() -> None:
+    from testbed.topology import parse_topology
+
+    raw = yaml.safe_load((Path(REPO) / "topologies" / "hotcarbon.yaml").read_text())
+    default = parse_topology(raw)
+    raw["devices"][0]["cache"] = "256MiB"
+    small = parse_topology(raw)
+    mib = 1 << 20
+    assert capacity.device_cache_bytes(small.job, small.devices[0].group) == 256 * mib
+    assert capacity.device_cache_bytes(default.job, default.devices[0].group) == 768 * mib
+    # 15 phones, each cache within a step's operands and all far within CACHE_SHARES of them
+    assert capacity.needs_of(default, "loopback").memory_bytes - \
+        capacity.needs_of(small, "loopback").memory_bytes == pytest.approx(15 * 512 * mib)
 
 
 def test_the_machine_here_is_read() -> None:
