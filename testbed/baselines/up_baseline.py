@@ -23,13 +23,12 @@ from testbed.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
 )
+from testbed.run_lock import RunLock
 from testbed.topology import Topology
 
 
 def run_baseline_up(args: argparse.Namespace, topology: Topology, schedule: Any) -> int:
     """Run the topology's pipeline or data-parallel job on Mininet; exit code."""
-    from testbed.baselines.compare import DEFAULT_GRID_G_PER_KWH, _emulated_row
-    from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
     from testbed.baselines.placement import fit_problems
     from testbed.emulator.network.select import NetworkUnavailable, resolve_backend
     from testbed.up import make_run_dir
@@ -55,6 +54,21 @@ def run_baseline_up(args: argparse.Namespace, topology: Topology, schedule: Any)
         print(f"error: {args.topology}: " + "; ".join(problems), file=sys.stderr)
         return EXIT_BAD_INPUT
     run_dir = make_run_dir(Path(args.out), topology.name)
+    # held until this returns, as `testbed up` holds a tile-tp run's: `testbed clean RUN_DIR`
+    # refuses a run that is running (the kernel drops the lock if this process dies)
+    lock = RunLock(run_dir)
+    try:
+        return _run(args, topology, schedule, run_dir)
+    finally:
+        lock.release()
+
+
+def _run(args: argparse.Namespace, topology: Topology, schedule: Any, run_dir: Path) -> int:
+    """:func:`run_baseline_up`'s run, into its locked run directory."""
+    from testbed.baselines.compare import DEFAULT_GRID_G_PER_KWH, _emulated_row
+    from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
+
+    strategy = topology.job.parallelism.strategy
     dilation = topology.time_dilation or 1.0
     print(f"run directory: {run_dir} ({strategy} on Mininet, D = {dilation:g})")
     summary: dict[str, Any] = {"strategy": strategy, "topology": str(args.topology),

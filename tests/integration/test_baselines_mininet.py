@@ -206,6 +206,7 @@ def test_sighup_stops_a_pipeline_run_with_its_summary_and_leaves_nothing(
 
     import psutil
 
+    from testbed.run_lock import holder
     from tests.integration.test_mininet_run import cmdline_has, root_links
 
     path = write_topology(tmp_path)
@@ -225,6 +226,7 @@ def test_sighup_stops_a_pipeline_run_with_its_summary_and_leaves_nothing(
                 break
             time.sleep(0.1)
         run_dir = plans[0].parents[1]
+        assert holder(run_dir) is not None  # locked as a tile-tp run's directory is
         ours = root_links() - before
         stages = [p for p in psutil.pids() if cmdline_has(p, "testbed.baselines.stage_proc")
                   and cmdline_has(p, str(run_dir))]
@@ -236,6 +238,7 @@ def test_sighup_stops_a_pipeline_run_with_its_summary_and_leaves_nothing(
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, output[-3000:]
+    assert holder(run_dir) is None
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state"] == "interrupted" and summary["exit_code"] == 130
     assert not [p for p in stages if psutil.pid_exists(p)
