@@ -791,7 +791,8 @@ def _floor_s(classes: Sequence[PlanDevice], flops: float, up_B: float, down_B: f
     link's fill (:func:`link_s`): no result goes up the PS link before those came down it.
     ``down_B`` counts each block once, which the plan's blocks down never are below, so the
     fill is capped there as :func:`predict_s` caps it by those. Of the predictions a
-    1,000-device search made, three in five were above the bar on the fill alone."""
+    1,000-device search made without it, three in five were above the bar on the fill alone
+    (docs/planning.md, "The PS link both ways")."""
     rate = sum(max(c.rate_flops, 1.0) * c.count for c in classes)
     own_down = sum(c.down_Bps * c.count for c in classes)
     own_up = sum(c.up_Bps * c.count for c in classes)
