@@ -49,8 +49,12 @@ def _validate(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     topology, churn, _ = inputs
-    print(f"{args.topology}: ok ({len(topology.devices)} devices in {len(topology.groups)} "
-          f"groups, {topology.job.steps} steps, backend {topology.network.backend}, "
+    def counted(n: int, what: str) -> str:
+        return f"{n} {what}" + ("" if n == 1 else "s")
+
+    print(f"{args.topology}: ok ({counted(len(topology.devices), 'device')} in "
+          f"{counted(len(topology.groups), 'group')}, {counted(topology.job.steps, 'step')}, "
+          f"backend {topology.network.backend}, "
           f"strategy {topology.job.parallelism.strategy}"
           + (f", churn {churn.name}" if churn else "") + ")")
     return EXIT_OK

@@ -89,6 +89,10 @@ def _write(tmp_path: Path, raw: dict) -> Path:
 
 
 def test_validate_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one = minimal()  # one group
+    one["devices"][0]["count"], one["job"]["steps"] = 1, 1
+    assert main(["validate", str(_write(tmp_path, one))]) == 0
+    assert "ok (1 device in 1 group, 1 step," in capsys.readouterr().out
     assert main(["validate", str(_write(tmp_path, minimal()))]) == 0
     raw = minimal()
     raw["devices"][0]["count"] = -1
