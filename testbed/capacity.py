@@ -112,8 +112,7 @@ def agent_cache_bytes(job: Any) -> int:
 def device_cache_bytes(job: Any, group: Any) -> int:
     """The cache budget of an emulated device of this topology group: the group's ``cache``
     when it sets one (a phone with little memory to spare), else :func:`agent_cache_bytes`."""
-    cache = getattr(group, "cache_bytes", None)
-    return int(cache) if cache is not None else agent_cache_bytes(job)
+    return group.cache_bytes if group.cache_bytes is not None else agent_cache_bytes(job)
 
 
 def needs_of(topology: Any, backend: str) -> Needs:

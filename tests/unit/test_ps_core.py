@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed.ps_backend.core import Descriptor, Outgoing, PsConfig, PsCore, ResultIn
+from testbed.ps_backend.core import (
+    Descriptor,
+    DeviceConn,
+    Outgoing,
+    PsConfig,
+    PsCore,
+    ResultIn,
+    TileOut,
+)
 from testbed.ps_backend.scheduler import GemmJob, GemmSpec
 from testbed.ps_backend.service import message_to_pb
 from testbed.ps_backend.tiler import uniform
@@ -29,6 +37,18 @@ def _drain(queue: object) -> list[Outgoing]:
     while not queue.empty():  # type: ignore[attr-defined]
         out.append(queue.get_nowait())  # type: ignore[attr-defined]
     return out
+
+
+def _one_tile_out(core: PsCore) -> tuple[DeviceConn, GemmJob, TileOut]:
+    """A device joined and attached, and the one tile of a 4 x 2 x 4 GEMM it was sent."""
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    job = GemmJob(uid="g", spec=GemmSpec("l", "forward", 0), a=np.ones((4, 2)),
+                  b=np.ones((2, 4)), c=np.empty((4, 4)), version=0, a_key="A", b_key="B")
+    core.submit(job)
+    assert conn.outbox is not None
+    (tile,) = [t for out in _drain(conn.outbox) for t in out.tiles]
+    return conn, job, tile
 
 
 def _block(a: np.ndarray, b: np.ndarray, row: int, col: int) -> np.ndarray:
@@ -69,14 +89,7 @@ def test_a_gemm_goes_out_as_plain_tiles_and_comes_back_placed() -> None:
 
 def test_a_result_whose_tensor_did_not_decode_is_refused_and_requeued() -> None:
     core = _core()
-    conn = core.join(_descriptor("dev"))
-    core.attach(conn.device_id, conn.session_key)
-    a, b = np.ones((4, 2)), np.ones((2, 4))
-    job = GemmJob(uid="g", spec=GemmSpec("l", "forward", 0), a=a, b=b, c=np.empty((4, 4)),
-                  version=0, a_key="A", b_key="B")
-    core.submit(job)
-    assert conn.outbox is not None
-    (tile,) = [t for out in _drain(conn.outbox) for t in out.tiles]
+    conn, job, tile = _one_tile_out(core)
     core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, None, 3, 0.01, 0.0, 0.0, 0.0,
                                      0.0, 0.0, tensor_problem="needs 128 bytes, got 3")])
     rejects = [out.reject for out in _drain(conn.outbox) if out.reject is not None]
@@ -88,17 +101,10 @@ def test_results_that_follow_a_leave_are_late_not_refused() -> None:
     """An agent stopping sends Leave, and results already on its stream can arrive after it
     (a CI run of tests/integration/test_mininet_partition.py recorded two as rejects)."""
     core = _core()
-    conn = core.join(_descriptor("dev"))
-    core.attach(conn.device_id, conn.session_key)
-    a, b = np.ones((4, 2)), np.ones((2, 4))
-    job = GemmJob(uid="g", spec=GemmSpec("l", "forward", 0), a=a, b=b, c=np.empty((4, 4)),
-                  version=0, a_key="A", b_key="B")
-    core.submit(job)
-    assert conn.outbox is not None
-    (tile,) = [t for out in _drain(conn.outbox) for t in out.tiles]
+    conn, job, tile = _one_tile_out(core)
     assert core.leave(conn.device_id, conn.session_key, "SIGTERM") == 1  # re-queued
-    core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, a @ b, 128, 0.01, 0.0, 0.0,
-                                     0.0, 0.0, 0.0)])
+    core.on_results(conn, [ResultIn(tile.task_id, tile.attempt, job.a @ job.b, 128, 0.01, 0.0,
+                                     0.0, 0.0, 0.0, 0.0)])
     assert core.stats.rejected == 0 and core.stats.late == 1
     assert not [out for out in _drain(conn.outbox) if out is not None and out.reject]
 
