@@ -177,6 +177,7 @@ class Run:
         self.ps: subprocess.Popen | None = None
         self.ps_port = 0
         self.agents: dict[str, ForkedAgent] = {}
+        self._instances: dict[str, str] = {}  # device name -> its agent's --instance
         self.forkserver: AgentForkServer | None = None
         self.devices = {d.name: d for d in topology.devices}
         self.runlog: RunLog | None = None
@@ -416,9 +417,11 @@ class Run:
                 return
             assert self.forkserver is not None, "start() starts the fork server first"
             # its block cache: the simulator gives its devices the same
+            # a crash and a join of the trace restart the agent: the same device to the PS
+            instance = self._instances.setdefault(name, secrets.token_hex(8))
             args = agent_argv(self.network, self.topology, device, self.ps_port,
                               device_cache_bytes(self.topology.job, device.group),
-                              self.run_dir / "agents")
+                              self.run_dir / "agents", instance)
             self.agents[name] = self.forkserver.start(
                 args, self.run_dir / "agents" / f"{name}.log", self.network.node_pid(name))
             self._write_pids()
@@ -558,12 +561,15 @@ class Run:
 
 
 def agent_argv(network: Network, topology: Topology, device: DeviceSpec, ps_port: int,
-               cache_bytes: int, log_dir: Path) -> list[str]:
+               cache_bytes: int, log_dir: Path, instance: str = "") -> list[str]:
     """An emulated device's agent flags (``python -m testbed.agent``'s): where the PS is from
-    the device's host, what it emulates, its cache, the file that slows it (``log_dir``/NAME.slow),
-    its behaviour and the link shaping the network leaves to it."""
+    the device's host, who it is (``instance``: kept across its restarts, so that a restarted
+    agent takes its name back; "" lets the agent draw one), what it emulates, its cache, the
+    file that slows it (``log_dir``/NAME.slow), its behaviour and the link shaping the network
+    leaves to it."""
     return ["--ps", f"{network.ps_address_for(device)}:{ps_port}",
-            "--name", device.name, "--group", device.group.group, "--kind", "emulated",
+            "--name", device.name, *(["--instance", instance] if instance else []),
+            "--group", device.group.group, "--kind", "emulated",
             "--profile", str(device.group.profile_path),
             "--seed", str(topology.seed * 1000 + device.index),
             "--max-in-flight", str(EMULATED_MAX_IN_FLIGHT),

@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "only that certificate (default: $TESTBED_TLS_FINGERPRINT; empty: plain "
                         "gRPC, for loopback and emulated networks)")
     p.add_argument("--name", required=True, help="device name, e.g. phones-3")
+    p.add_argument("--instance", default="",
+                   help="who this device is to the PS, kept by a launcher across restarts of "
+                        "the device's agent: a join with the same name and instance takes the "
+                        "name back from a registration the PS still holds (default: random, "
+                        "this process; a join under a name another device holds gets NAME-2)")
     p.add_argument("--group", default="", help="topology group")
     p.add_argument("--kind", choices=("emulated", "real"), default="real")
     p.add_argument("--profile", default="", help="device profile name or path (emulated)")
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK) -> int:
         model = device_model_for(profile, seed=args.seed)
         gflops = gflops or profile.sustained_gflops
     options = AgentOptions(
-        ps_address=args.ps, token=token, name=args.name, group=args.group, kind=args.kind,
+        ps_address=args.ps, token=token, name=args.name, instance=args.instance,
+        group=args.group, kind=args.kind,
         profile=args.profile, predicted_gflops=gflops or 1.0, max_in_flight=args.max_in_flight,
         cache_bytes=int(args.cache_mib * 1024 * 1024), control_file=args.control_file,
         behaviour=behaviour, tls_fingerprint=args.tls_fingerprint,

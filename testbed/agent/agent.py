@@ -32,6 +32,7 @@ import logging
 import os
 import queue
 import random
+import secrets
 import sys
 import threading
 import time
@@ -82,6 +83,7 @@ class AgentOptions:
     ps_address: str
     token: str
     name: str
+    instance: str = ""  # who the device is to the PS ("": this process, at random)
     group: str = ""
     kind: str = "emulated"  # emulated | real
     profile: str = ""
@@ -175,6 +177,11 @@ class Agent:
         self.stopped_by = ""  # the signal that asked this agent to stop ("": none did)
         self.left_note = ""  # how it left, said in the one line it ends with
         self.joins = 0  # sessions the PS let in
+        # the name the run knows this device by: the one asked for until the PS names it
+        # (JoinReply.name; another device of the run may have asked the same), then that one
+        self.name = options.name
+        # a join again with the same name and instance takes the name back (PsCore._name_for)
+        self.instance = options.instance or secrets.token_hex(8)
 
     def device_time_s(self, wall_s: float, dilation: float) -> float:
         """Device seconds since the agent started, for a monotonic wall time (D as set)."""
@@ -200,7 +207,7 @@ class Agent:
         except (OSError, ValueError, AttributeError):
             return
         if factor > 0:
-            log.info("%s: compute slowed x%g", self.options.name, factor)
+            log.info("%s: compute slowed x%g", self.name, factor)
             self.slow_factor = factor
 
     # -- control from signal handlers ---------------------------------------------------------
@@ -242,7 +249,7 @@ class Agent:
                 if not self.stopping.is_set():
                     log.warning("%s: the PS ended this device's session (its lease ran out "
                                 "while the device was silent, or the PS dropped it); joining "
-                                "again in %.1f s", self.options.name, backoff)
+                                "again in %.1f s", self.name, backoff)
             except Exception as exc:
                 if self.stopping.is_set():
                     break  # our own stop cut a call short (request_stop): nothing to retry
@@ -255,7 +262,7 @@ class Agent:
                 break
             backoff = min(backoff * 2, largest)
         if self.stopped_by:
-            log.info("%s: %s: %s", self.options.name, self.stopped_by, self.left_note or (
+            log.info("%s: %s: %s", self.name, self.stopped_by, self.left_note or (
                 "stopped while joining the run again" if self.joins else
                 "stopped before joining the run"))
         return EXIT_OK
@@ -263,7 +270,7 @@ class Agent:
     def _failed(self, exc: Exception, backoff_s: float) -> int | None:
         """Say why a session failed: the exit code when retrying will not help, else None (the
         agent joins again in backoff_s)."""
-        name = self.options.name
+        name = self.name
         if isinstance(exc, JoinRefused):
             log.error("%s: join refused: %s", name, exc)
             return EXIT_REFUSED
@@ -344,7 +351,8 @@ class _Session:
     def _descriptor(self) -> pb.DeviceDescriptor:
         o = self.options
         import platform
-        return pb.DeviceDescriptor(name=o.name, group=o.group, kind=o.kind, profile=o.profile,
+        return pb.DeviceDescriptor(name=self.agent.name, instance=self.agent.instance,
+                                   group=o.group, kind=o.kind, profile=o.profile,
                                    predicted_gflops=o.predicted_gflops,
                                    max_in_flight=o.max_in_flight, cache_bytes=o.cache_bytes,
                                    keeps_held=True,
@@ -360,13 +368,18 @@ class _Session:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise JoinRefused(exc.details()) from exc
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # the PS is ending the run
-                log.info("%s: PS says: %s", self.options.name, exc.details())
+                log.info("%s: PS says: %s", self.agent.name, exc.details())
                 return "stop"
             raise
         self.agent.joins += 1
+        if self.reply.name and self.reply.name != self.agent.name:
+            log.warning("%s: another device of this run goes by that name; this one is %s "
+                        "in the run's records (give each device its own --name)",
+                        self.agent.name, self.reply.name)
+            self.agent.name = self.reply.name
         self.dilation = self.reply.time_dilation or 1.0
         self.agent.set_dilation(self.dilation)
-        log.info("%s joined as %s (dilation %.2f)", self.options.name, self.reply.device_id,
+        log.info("%s joined as %s (dilation %.2f)", self.agent.name, self.reply.device_id,
                  self.dilation)
         worker = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         worker.start()
@@ -410,9 +423,9 @@ class _Session:
             if message.time_dilation > 0:  # the PS changed D between steps
                 self.dilation = message.time_dilation
                 self.agent.set_dilation(self.dilation)
-                log.info("%s: time dilation now %.2f", self.options.name, self.dilation)
+                log.info("%s: time dilation now %.2f", self.agent.name, self.dilation)
             if message.HasField("reject"):
-                log.warning("%s: PS rejected task %d: %s", self.options.name,
+                log.warning("%s: PS rejected task %d: %s", self.agent.name,
                             message.reject.task_id, message.reject.reason)
             now = time.monotonic()
             delivery = []
@@ -424,7 +437,7 @@ class _Session:
             if delivery:
                 self.compute_q.put(delivery)
             if message.HasField("stop"):
-                log.info("%s: PS says stop: %s", self.options.name, message.stop.reason)
+                log.info("%s: PS says stop: %s", self.agent.name, message.stop.reason)
                 self.agent.stopping.set()
                 return "stop"
         return "ended"
@@ -508,7 +521,7 @@ class _Session:
             done = time.monotonic()
         if behaviour is not None:
             c, _ = behaviour.apply(c, int(tile.task_id), int(tile.attempt), tile.gemm,
-                                   self.options.name)
+                                   self.agent.name)
         self.agent.tiles_done += 1
         return pb.TileResult(
             task_id=tile.task_id, attempt=tile.attempt, c=to_tensor(c), compute_s=compute_s,

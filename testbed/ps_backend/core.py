@@ -47,6 +47,7 @@ from testbed.ps_backend.scheduler import (
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.validation import (
+    MAX_NAME_CHARS,
     MAX_PLATFORM_CHARS,
     MAX_TELEMETRY_KEYS,
     bounded_telemetry,
@@ -82,6 +83,7 @@ class Descriptor:
     cache_bytes: int
     platform: str
     keeps_held: bool = False  # its cache evicts held blocks last (testbed/wire/cache.py)
+    instance: str = ""  # random per agent process: the same process joining again (PsCore.join)
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,7 @@ class DeviceConn:
     joined_s: float
     last_seen_s: float
     outbox: asyncio.Queue[Outgoing | None] | None = None
+    instance: str = ""  # the agent process's (Descriptor.instance); never logged
     telemetry: dict[str, Any] = field(default_factory=dict)
     telemetry_dropped: int = 0  # telemetry entries refused (limits, non-finite values)
     end_reason: str = "stream broken"  # why its Work stream ended, for the departure event
@@ -304,12 +307,13 @@ class PsCore:
         """None if a Join's descriptor is acceptable (every field bounded and finite)."""
         return descriptor_problem(device.name, device.group, device.kind, device.profile,
                                   device.predicted_gflops, device.max_in_flight,
-                                  device.cache_bytes)
+                                  device.cache_bytes, device.instance)
 
     def join(self, device: Descriptor) -> DeviceConn:
         """Register a device (token and descriptor already checked)."""
         device_id = f"d{next(self._ids)}"
-        slot = DeviceSlot(device_id=device_id, name=device.name or device_id,
+        name = self._name_for(device.name or device_id, device.instance)
+        slot = DeviceSlot(device_id=device_id, name=name,
                           predicted_gflops=device.predicted_gflops or 1.0,
                           max_in_flight=max(1, device.max_in_flight or 2),
                           cache_bytes=max(0, device.cache_bytes), group=device.group,
@@ -320,15 +324,36 @@ class PsCore:
                           {"name": slot.name, "group": device.group, "kind": slot.kind,
                            "profile": device.profile,
                            "platform": clip_text(device.platform, MAX_PLATFORM_CHARS),
-                           "predicted_gflops": slot.predicted_gflops}, now, now)
+                           "predicted_gflops": slot.predicted_gflops}, now, now,
+                          instance=device.instance)
         conn.timeline = self._timeline(slot)
         self.conns[device_id] = conn
         # the scheduler and the planner count it once it attaches (attach): a token holder's
         # joins that never open a stream were planned tiles, and every one stalled the honest
         # devices until its lease expired
-        self._event("join", device=slot.name, device_id=device_id, **conn.descriptor)
+        asked = {} if name == device.name else {"asked_name": device.name}
+        self._event("join", device=slot.name, device_id=device_id, **conn.descriptor, **asked)
         self.joined.set()
         return conn
+
+    def _name_for(self, asked: str, instance: str) -> str:
+        """The name a joining device goes by: the one it asked for, unless a registered device
+        goes by it. Every record of the run is by name, so two devices must not share one.
+
+        The same agent process joining again (same ``instance``) takes its name back: its old
+        session is over on its side (the agent joins again only then), so that registration
+        is dropped now, its tiles re-queued, instead of at its lease's end. Another device
+        asking a taken name (machines that share a host name, `testbed join`'s default) gets
+        the lowest free ``asked-N``, N >= 2, cut to :data:`MAX_NAME_CHARS`."""
+        holder = next((c for c in self.conns.values() if c.slot.name == asked), None)
+        if holder is None:
+            return asked
+        if instance and hmac.compare_digest(holder.instance, instance):
+            self.drop(holder.device_id, "leave", "the same device joined again")
+            return asked
+        taken = {c.slot.name for c in self.conns.values()}
+        numbered = (f"{asked[:MAX_NAME_CHARS - len(str(n)) - 1]}-{n}" for n in itertools.count(2))
+        return next(name for name in numbered if name not in taken)
 
     def _timeline(self, slot: DeviceSlot) -> DeviceTimeline | None:
         """An emulated device's :class:`DeviceTimeline`, or None (a real device, or a group the

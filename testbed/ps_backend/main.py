@@ -364,13 +364,11 @@ def _wait_for_devices(server: PsServer, expected: int, timeout_s: float,
 
 
 def _attached(server: PsServer) -> int:
-    """Devices attached now: distinct names with an open Work stream (a join whose caller gave
-    up and joined again leaves a stale registration behind until its lease expires; it must
-    not count)."""
+    """Devices attached now: registrations with an open Work stream (a join whose caller gave
+    up and joined again never attached, and the second join dropped it: PsCore._name_for)."""
     core = server.core
     assert core is not None
-    return server.call(lambda: len({c.slot.name for c in core.conns.values()
-                                    if c.outbox is not None}))
+    return server.call(lambda: sum(c.outbox is not None for c in core.conns.values()))
 
 
 def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:

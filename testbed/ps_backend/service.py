@@ -58,7 +58,7 @@ def peer_host(peer: str) -> str:
 def descriptor_from_pb(d: pb.DeviceDescriptor) -> Descriptor:
     """A Join's descriptor as plain data."""
     return Descriptor(d.name, d.group, d.kind, d.profile, d.predicted_gflops, d.max_in_flight,
-                      d.cache_bytes, d.platform, d.keeps_held)
+                      d.cache_bytes, d.platform, d.keeps_held, d.instance)
 
 
 def result_from_pb(r: pb.TileResult) -> ResultIn:
@@ -138,7 +138,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                             lease_s=cfg.lease_s, heartbeat_s=cfg.heartbeat_s,
                             max_message_bytes=cfg.max_message_bytes,
                             time_dilation=cfg.time_dilation, run_name=cfg.run_name,
-                            dtype=pb.FLOAT64 if cfg.dtype == np.float64 else pb.FLOAT32)
+                            dtype=pb.FLOAT64 if cfg.dtype == np.float64 else pb.FLOAT32,
+                            name=conn.slot.name)
 
     async def Work(self, request_iterator: AsyncIterator[pb.DeviceMessage],
                    context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ServerMessage]:

@@ -179,6 +179,7 @@ def check_result(a: np.ndarray, b: np.ndarray, c: np.ndarray, check_values: bool
 # hour) and only exist to turn absurd values into a clear refusal.
 MAX_NAME_CHARS = 128  # device name, group, kind
 MAX_PROFILE_CHARS = 4096  # a profile name or the path of a profile file (PATH_MAX)
+MAX_INSTANCE_CHARS = 64  # an agent process's random instance (16 hex digits from ours)
 MAX_PLATFORM_CHARS = 256  # free text, truncated rather than refused
 MAX_PREDICTED_GFLOPS = 1e6
 # MAX_IN_FLIGHT (the largest window a device may ask for) is testbed.wire's: the agent checks it too
@@ -209,12 +210,13 @@ def clip_text(text: str, limit: int) -> str:
 
 
 def descriptor_problem(name: str, group: str, kind: str, profile: str, predicted_gflops: float,
-                       max_in_flight: int, cache_bytes: int) -> str | None:
+                       max_in_flight: int, cache_bytes: int, instance: str = "") -> str | None:
     """None if a Join's device descriptor is acceptable, else why not (names the field)."""
     for field_name, text, limit in (("name", name, MAX_NAME_CHARS),
                                     ("group", group, MAX_NAME_CHARS),
                                     ("kind", kind, MAX_NAME_CHARS),
-                                    ("profile", profile, MAX_PROFILE_CHARS)):
+                                    ("profile", profile, MAX_PROFILE_CHARS),
+                                    ("instance", instance, MAX_INSTANCE_CHARS)):
         if not printable_label(text, limit):
             return (f"device.{field_name} must be printable and at most {limit} "
                     f"characters (got {len(text)})")

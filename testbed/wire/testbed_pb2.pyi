@@ -27,7 +27,7 @@ class Tensor(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class DeviceDescriptor(_message.Message):
-    __slots__ = ("name", "group", "kind", "profile", "predicted_gflops", "max_in_flight", "cache_bytes", "platform", "keeps_held")
+    __slots__ = ("name", "group", "kind", "profile", "predicted_gflops", "max_in_flight", "cache_bytes", "platform", "keeps_held", "instance")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class DeviceDescriptor(_message.Message):
     CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     KEEPS_HELD_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     group: str
     kind: str
@@ -46,7 +47,8 @@ class DeviceDescriptor(_message.Message):
     cache_bytes: int
     platform: str
     keeps_held: bool
-    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[str] = ..., profile: _Optional[str] = ..., predicted_gflops: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., platform: _Optional[str] = ..., keeps_held: _Optional[bool] = ...) -> None: ...
+    instance: str
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[str] = ..., profile: _Optional[str] = ..., predicted_gflops: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., platform: _Optional[str] = ..., keeps_held: _Optional[bool] = ..., instance: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("token", "device")
@@ -57,7 +59,7 @@ class JoinRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., device: _Optional[_Union[DeviceDescriptor, _Mapping]] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("device_id", "session_key", "lease_s", "heartbeat_s", "max_message_bytes", "time_dilation", "run_name", "dtype")
+    __slots__ = ("device_id", "session_key", "lease_s", "heartbeat_s", "max_message_bytes", "time_dilation", "run_name", "dtype", "name")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,7 @@ class JoinReply(_message.Message):
     TIME_DILATION_FIELD_NUMBER: _ClassVar[int]
     RUN_NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     session_key: str
     lease_s: float
@@ -74,7 +77,8 @@ class JoinReply(_message.Message):
     time_dilation: float
     run_name: str
     dtype: DType
-    def __init__(self, device_id: _Optional[str] = ..., session_key: _Optional[str] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., time_dilation: _Optional[float] = ..., run_name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+    name: str
+    def __init__(self, device_id: _Optional[str] = ..., session_key: _Optional[str] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., time_dilation: _Optional[float] = ..., run_name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Attach(_message.Message):
     __slots__ = ("device_id", "session_key")

@@ -47,6 +47,8 @@ def test_absurd_numbers_and_names_are_refused_or_bounded(tmp_path: Path) -> None
         _refused(rogue, predicted_gflops=1.0, name="x" * 10_000)
         _refused(rogue, name="bad\nname")
         _refused(rogue, name="rogue", max_in_flight=10**6)
+        assert "device.instance" in _refused(rogue, max_in_flight=1,
+                                             instance="i" * 1_000).details()
         # later joins still work, and the lease watcher still drops a silent device
         for i in range(30):  # and departed devices are counted, not listed forever
             quitter = Rogue(ps.address, name=f"quitter-{i}")

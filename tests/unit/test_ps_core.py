@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,8 @@ from testbed.ps_backend.core import (
 from testbed.ps_backend.scheduler import GemmJob, GemmSpec
 from testbed.ps_backend.service import message_to_pb
 from testbed.ps_backend.tiler import uniform
+from testbed.ps_backend.validation import MAX_NAME_CHARS
+from testbed.runlog import RunLog, read_jsonl
 from testbed.wire.cache import BlockCache
 from testbed.wire.tensors import operand_array
 
@@ -27,9 +31,9 @@ def _core() -> PsCore:
     return PsCore(config)
 
 
-def _descriptor(name: str) -> Descriptor:
+def _descriptor(name: str, instance: str = "") -> Descriptor:
     return Descriptor(name=name, group="g", kind="real", profile="", predicted_gflops=1.0,
-                      max_in_flight=8, cache_bytes=1 << 20, platform="test")
+                      max_in_flight=8, cache_bytes=1 << 20, platform="test", instance=instance)
 
 
 def _drain(queue: object) -> list[Outgoing]:
@@ -116,6 +120,49 @@ def test_leave_needs_the_session_key() -> None:
     assert conn.device_id in core.conns
     assert core.leave(conn.device_id, conn.session_key, "bye") == 0
     assert conn.device_id not in core.conns
+
+
+def test_devices_that_ask_one_name_go_by_numbered_ones(tmp_path: Path) -> None:
+    """Machines sharing a host name (`testbed join`'s default name) are distinct devices to
+    every record of the run; a name that was given up is free again."""
+    core = PsCore(_core().config, RunLog(tmp_path))
+    first, second, third = (core.join(_descriptor("pi", instance)) for instance in "abc")
+    assert [c.slot.name for c in (first, second, third)] == ["pi", "pi-2", "pi-3"]
+    for conn in (first, second, third):
+        core.attach(conn.device_id, conn.session_key)
+    assert len({c.slot.name for c in core.conns.values()}) == 3
+    assert core.leave(second.device_id, second.session_key, "bye") == 0
+    assert core.join(_descriptor("pi", "d")).slot.name == "pi-2"
+    # cut to the longest name the PS takes, and still numbered apart
+    long = "x" * MAX_NAME_CHARS
+    assert [core.join(_descriptor(long, i)).slot.name for i in "ef"] == [
+        long, "x" * (MAX_NAME_CHARS - 2) + "-2"]
+    joins = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "join"]
+    assert [(e["device"], e.get("asked_name")) for e in joins[:3]] == [
+        ("pi", None), ("pi-2", "pi"), ("pi-3", "pi")]
+    assert all("instance" not in e for e in joins)  # it lets its holder take the name back
+
+
+def test_the_same_device_joining_again_takes_its_name_back_and_its_tiles_requeue(
+        tmp_path: Path) -> None:
+    """An agent joins again only once its session is over on its side; the registration the
+    PS still holds is dropped then, not at its lease's end."""
+    core = PsCore(_core().config, RunLog(tmp_path))
+    old = core.join(_descriptor("dev", "k1"))
+    core.attach(old.device_id, old.session_key)
+    core.submit(GemmJob(uid="g", spec=GemmSpec("l", "forward", 0), a=np.ones((4, 2)),
+                        b=np.ones((2, 4)), c=np.empty((4, 4)), version=0, a_key="A",
+                        b_key="B"))
+    assert old.slot.in_flight
+    new = core.join(_descriptor("dev", "k1"))
+    assert new.slot.name == "dev" and old.device_id not in core.conns
+    assert core.stats.requeued >= 1
+    (left,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "leave"]
+    assert left["device_id"] == old.device_id and left["reason"] == "the same device joined again"
+    assert left["requeued_tiles"] >= 1
+    # an empty instance never matches: a device that gives none is numbered, never taken over
+    assert core.join(_descriptor("dev")).slot.name == "dev-2"
+    assert old.device_id not in core.conns and new.device_id in core.conns
 
 
 def test_a_block_sent_for_w_transposed_serves_w_from_the_device_cache() -> None:
