@@ -1159,7 +1159,12 @@ def run_clean(args: argparse.Namespace) -> int:
             print(f"error: {target!r} is neither a run directory nor a network prefix: {exc}",
                   file=sys.stderr)
             return EXIT_BAD_INPUT
-    for left in cleanup.clean(prefix):
+    try:
+        cleaned = cleanup.clean(prefix)
+    except cleanup.RunStillRunning as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for left in cleaned:
         print(f"{left.prefix}: removed {len(left.pids)} process(es), "
               f"{len(left.links)} interface(s)" if not left.empty else
               f"{left.prefix}: nothing left")

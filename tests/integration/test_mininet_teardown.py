@@ -157,6 +157,11 @@ def test_sigkill_then_clean_leaves_nothing(tmp_path, capsys):
         facts = json.loads(line)
         prefix, pids = facts["prefix"], set(facts["pids"])
         run_netns = netns_of(pids)
+        # while its owner lives, the prefix is a run's network, not leftovers: refused, kept
+        assert cli.main(["clean", prefix]) == 2
+        assert "still running" in capsys.readouterr().err
+        assert cleanup.find_leftovers(prefix).pids and cleanup.record_path(prefix).exists()
+        assert all(psutil.pid_exists(pid) for pid in pids)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()

@@ -252,9 +252,18 @@ def _owner_alive(record: dict[str, Any]) -> bool:
 
 
 def clean(prefix: str | None = None) -> list[Leftovers]:
-    """Clean one run by prefix, or (None) every recorded run whose owner process is gone."""
+    """Clean one run by prefix, or (None) every recorded run whose owner process is gone.
+    Raises RunStillRunning (nothing touched) when the prefix's recorded owner is alive: its
+    hosts and links are not left over, they are its run's network."""
     if prefix is not None:
-        return [remove_leftovers(check_prefix(prefix))]
+        prefix = check_prefix(prefix)
+        record = _read_json(record_path(prefix))
+        if record and _owner_alive(record):
+            raise RunStillRunning(
+                f"{prefix}: its run's owner (pid {record['owner_pid']}) is still running: its "
+                "network is not left over; nothing was cleaned (stop that run, or kill it, then "
+                "clean what a killed run left)")
+        return [remove_leftovers(prefix)]
     removed = []
     for record in run_records():
         if record["alive"]:
