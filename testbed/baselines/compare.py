@@ -539,5 +539,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="tile-tp's PS memory for the largest-model column, at least 1GiB "
                         "(default 64GiB, an assumption)")
     p.add_argument("--no-report", action="store_true",
-                   help="skip each run's report.png/report.md")
+                   help="skip each run's report.png/report.md (with --simulate; on Mininet "
+                        "each run draws its report as testbed up does)")
     p.set_defaults(func=run_compare)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from testbed.baselines.data_parallel_sim import DataParallelSim
 from testbed.baselines.pipeline_sim import NoPlacement, PipelineSim, StepOutcome
 from testbed.baselines.sim_core import BaselineWorld
-from testbed.errors import EXIT_FAILURE, EXIT_OK
+from testbed.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from testbed.topology import Topology
 
 
@@ -25,7 +25,8 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
                       noise: bool = True, report: bool = True,
                       progress: Callable[[int, float, float], None] | None = None
                       ) -> dict[str, Any]:
-    """Simulate a pipeline or data-parallel job into run_dir; return the summary."""
+    """Simulate a pipeline or data-parallel job into run_dir; return the summary. Interrupted
+    (KeyboardInterrupt), it writes the summary of the steps done, then raises it again."""
     from testbed.runlog import RunLog
     from testbed.summary import write_simulated_summary
 
@@ -53,15 +54,18 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
         last[0] = now
 
     state, error = "done", None
-    log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
-              simulated=True, strategy=strategy)
-    world.start()
-    log.event("training_start", devices=len(world.present()), strategy=strategy)
+    interrupted = False
     try:
+        log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
+                  simulated=True, strategy=strategy)
+        world.start()
+        log.event("training_start", devices=len(world.present()), strategy=strategy)
         sim.run(job.steps, on_step)
     except NoPlacement as exc:
         state, error = "failed", str(exc)
         log.event("ps_failed", error=error)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM, testbed.cli): the steps done are kept
+        state, interrupted = "interrupted", True
     devices = world.device_records()
     events = log.finish(devices, state)
     done = sorted({o.step for o in executed})
@@ -80,7 +84,8 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
         "network": {"backend": "simulated", "rate": "flow-level max-min fair",
                     "delay": "path delay", "loss": "Mathis cap on the device link",
                     "paths": "device to device through the lowest common switch"},
-        "exit_code": EXIT_OK if state == "done" else EXIT_FAILURE, "devices": devices}
+        "exit_code": {"done": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(state, EXIT_FAILURE),
+        "devices": devices}
     if isinstance(sim, PipelineSim):
         summary.update(steps_redone=sim.steps_redone, restarts=sim.restarts,
                        restore_s=round(sim.restore_s, 6),
@@ -93,4 +98,7 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
                        dropped_replica_steps=sim.dropped_replica_steps,
                        placement={"replicas": list(sim.plan.replicas) if sim.plan else [],
                                   "rows": list(sim.plan.rows) if sim.plan else []})
-    return write_simulated_summary(run_dir, topology, summary, events, report)
+    summary = write_simulated_summary(run_dir, topology, summary, events, report)
+    if interrupted:
+        raise KeyboardInterrupt  # on to the caller (run_simulate; compare stops too)
+    return summary

@@ -150,23 +150,23 @@ def run_simulate(args: argparse.Namespace) -> int:
     def planned(shapes: int, processes: int, wall_s: float, cpu_s: float) -> None:
         print(f"planned {shapes} GEMM shape(s) in {wall_s:.1f} s ({cpu_s:.1f} CPU s in "
               f"{processes} process{'' if processes == 1 else 'es'})", flush=True)
-    if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
-        from testbed.baselines.run import simulate_baseline
-        summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
-    else:
-        try:
+    try:
+        if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
+            from testbed.baselines.run import simulate_baseline
+            summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
+        else:
             summary = simulate(topology, run_dir, schedule, progress=progress,
                                ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
                                during=during, on_planned=planned)
-        except KeyboardInterrupt:
-            try:
-                done = json.loads((run_dir / "summary.json").read_text())["steps_done"]
-            except (OSError, ValueError, KeyError):  # interrupted again while it was written
-                print(f"interrupted; run directory {run_dir}", file=sys.stderr)
-                return EXIT_INTERRUPTED
-            print(f"interrupted: {done} step{'' if done == 1 else 's'} kept in {run_dir} "
-                  f"(summary.json, report)", file=sys.stderr)
+    except KeyboardInterrupt:
+        try:
+            done = json.loads((run_dir / "summary.json").read_text())["steps_done"]
+        except (OSError, ValueError, KeyError):  # interrupted again while it was written
+            print(f"interrupted; run directory {run_dir}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        print(f"interrupted: {done} step{'' if done == 1 else 's'} kept in {run_dir} "
+              f"(summary.json, report)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE

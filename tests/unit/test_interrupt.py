@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO, cli_argv, killed_at_exit, wait_for
 
@@ -25,10 +26,20 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_simulation_keeps_its_steps(tmp_path: Path, sig: int) -> None:
+@pytest.mark.parametrize("sig, strategy", [(signal.SIGINT, "tile-tp"),
+                                         (signal.SIGTERM, "tile-tp"),
+                                         (signal.SIGTERM, "pipeline"),
+                                         (signal.SIGINT, "data-parallel")])
+def test_an_interrupted_simulation_keeps_its_steps(tmp_path: Path, sig: int,
+                                                   strategy: str) -> None:
+    """The baselines' simulation too (a simulated pipeline kept no summary.json)."""
+    raw = yaml.safe_load(TINY.read_text())
+    raw["job"].setdefault("parallelism", {})["strategy"] = strategy
+    topology = tmp_path / "job.yaml"
+    topology.write_text(yaml.safe_dump(raw))
     out = tmp_path / "runs"
-    proc = _start(["simulate", str(TINY), "--steps", "1000000", "--out", str(out)], tmp_path)
+    proc = _start(["simulate", str(topology), "--steps", "1000000", "--out", str(out)],
+                  tmp_path)
     with killed_at_exit(proc):
         steps = wait_for(lambda: next(out.glob("*/steps.jsonl"), None), 120, "a run directory")
         wait_for(lambda: len(steps.read_text().splitlines()) >= 3, 120, "three steps")
