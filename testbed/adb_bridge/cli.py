@@ -313,9 +313,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int_arg(0, 1_000_000), default=0,
                    help="time only the first N shapes")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--repeats", type=int_arg(1, 10_000), default=repeats,
-                   help=f"samples per shape and pass (each adds {MEASURE_PER_SAMPLE_S:g} s to the "
-                        f"deadline of a shape's timing on the phone)")
+    # at most three digits: the phone's Termux listener takes no more (termux_serve.GEMM_ARGS)
+    p.add_argument("--repeats", type=int_arg(1, 999), default=repeats,
+                   help=f"samples per shape and pass, at most 999 (each adds "
+                        f"{MEASURE_PER_SAMPLE_S:g} s to the deadline of a shape's timing on "
+                        f"the phone)")
     p.add_argument("--passes", type=int_arg(1, 1000), default=2,
                    help="sweeps over all shapes; each shape's figure is the fastest sample of "
                         "all passes, so a burst of other work on the phone hits one pass only")

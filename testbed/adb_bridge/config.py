@@ -210,8 +210,11 @@ class AdbSection(Schema):
     @field_validator("phone_port", mode="before")
     @classmethod
     def _port(cls, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            raise ValueError(f"expected a TCP port 1..65535, got {value!r}")
+        # the phone's control socket is phone_port + 2 (termux_control), as testbed adb's
+        # --phone-port takes it
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65533:
+            raise ValueError(f"expected a TCP port 1..65533 (the control port is 2 above it), "
+                             f"got {value!r}")
         return value
 
     def spec(self) -> AdbSpec:

@@ -18,7 +18,8 @@ from testbed.topology import Topology
 
 
 def max_message_bytes(tile_m: int, tile_n: int) -> int:
-    """Largest device message the PS accepts: one float64 result tile, with room to spare."""
+    """Largest device message the PS accepts with fixed tiles: four float64 result tiles of the
+    configured shape, plus 64 KiB."""
     return 4 * tile_m * tile_n * 8 + 64 * 1024
 
 

@@ -61,7 +61,7 @@ from testbed.topology import WatchdogSpec
 log = logging.getLogger(__name__)
 
 REJECT_EVENTS_LOGGED = 100  # a device's rejects other than failed checks logged one by one
-MAX_QUEUED_REJECTS = 1024  # Rejects waiting in a device's outbox (one that does not read)
+MAX_QUEUED_REJECTS = 1024  # no Reject is queued to an outbox holding this many unread
 DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are counted)
 DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
 NO_PROGRESS_S = WatchdogSpec().no_progress_s  # no tile accepted / no device attached

@@ -32,7 +32,8 @@ used both ways:
   device's finish counts the upload of its own result: a link-bound device is not late when
   its results queue on its uplink, and backing it up only spends links. At most two copies of a
   task exist; a device never gets the same task twice, only devices whose overhead is known (one
-  valid result each) take part, and the backup must promise to save at least
+  valid result each) take part unless the copy is ``OVERDUE_BACKUP_S`` x dilation past its
+  predicted return, and the backup must promise to save at least
   ``MIN_BACKUP_GAIN_S`` (50 ms) of wall time, so that the jitter of a loaded host does not look
   like straggling. The first *valid* result wins and is placed; a later copy is still checked
   (a wrong late tile counts against its device) and then dropped as ``LATE`` (counted as

@@ -224,8 +224,8 @@ def descriptor_problem(name: str, group: str, kind: str, profile: str, predicted
         return f"device.kind must be 'emulated' or 'real', got {clip_text(kind, 16)!r}"
     # 0 means "not given" (proto3 default); anything else must be a real speed
     if predicted_gflops != 0 and not finite_in(predicted_gflops, 1e-6, MAX_PREDICTED_GFLOPS):
-        return (f"device.predicted_gflops must be a finite number in (0, "
-                f"{MAX_PREDICTED_GFLOPS:g}], got {predicted_gflops!r}")
+        return (f"device.predicted_gflops must be 0 (not given) or a finite number in "
+                f"[1e-06, {MAX_PREDICTED_GFLOPS:g}], got {predicted_gflops!r}")
     if not 0 <= max_in_flight <= MAX_IN_FLIGHT:
         return f"device.max_in_flight must be in [1, {MAX_IN_FLIGHT}], got {max_in_flight}"
     if not 0 <= cache_bytes <= MAX_CACHE_BYTES:

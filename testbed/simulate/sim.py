@@ -9,7 +9,8 @@ clock. What it replaces is only what has no tensors: GEMM operands are zero-stri
 value check and the placement into C are the only two methods it overrides).
 
 What stands in for the other processes (the same rules as the emulated agent,
-``testbed/agent/agent.py``): the tiles one pump hands a device travel PS -> device as one message,
+``testbed/agent/agent.py``): the tiles one pump hands a device travel PS -> device in the messages
+``scheduler.message_runs`` cuts them into, each
 one flow over the path's links (:mod:`testbed.simulate.network`), the device computes its tiles
 one after another in arrival order for the device model's time (``device_model_for``:
 regression, noise, thermal state, energy) times its churn slow factor and, for a topology's

@@ -253,6 +253,10 @@ def test_adb_config_reports_every_problem_with_its_path() -> None:
     messages = dict(problems)
     assert "no unit" in messages["adb.telemetry_interval"]
     assert "TCP stream" in messages["adb.link.loss"]
+    # the control port is 2 above the phone port: it must be a port too
+    assert validate_adb_section({"phone_port": 65533})[1] == []
+    (problem,) = validate_adb_section({"phone_port": 65534})[1]
+    assert problem[0] == "adb.phone_port" and "1..65533" in problem[1]
 
 
 def test_adb_config_absent_means_disabled() -> None:
