@@ -32,6 +32,7 @@ What this module adds to plain pydantic, so that every file reads the same way:
 from __future__ import annotations
 
 import math
+import reprlib
 import types
 import typing
 from typing import Annotated, Any, ClassVar, TypeVar, Union
@@ -137,7 +138,7 @@ def problem_pairs(exc: ValidationError, root: str = "",
             pairs.append((error_path(locs[i][:-1], root),
                           f"key {_short(key)}: expected a str key, got {_type_name(key)}"))
         else:
-            pairs.append((error_path(locs[i], root), _message(errors[i], locs[i], model)))
+            pairs.append((error_path(locs[i], root), _clipped(_message(errors[i], locs[i], model))))
     return pairs
 
 
@@ -217,9 +218,19 @@ def _is_user_key(part: str) -> bool:
                                                              "list", "dict", "none"))
 
 
+_REPR = reprlib.Repr()  # keyword arguments only from Python 3.12
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 56, 56
+MAX_MESSAGE_CHARS = 400  # one problem's line: a validator's message may quote a whole value
+
+
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    text = _REPR.repr(value)  # bounded however large the value (a list of 10^5 items)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clipped(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else \
+        message[:MAX_MESSAGE_CHARS - 3] + "..."
 
 
 def _unknown_keys_first(errors: list[Any], locs: list[tuple[int | str, ...]]) -> list[int]:

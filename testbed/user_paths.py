@@ -27,6 +27,9 @@ from testbed.errors import InputError
 # Deeper nesting than this is no file of ours: the parsers recurse once per level, and Python's
 # stack ends near a thousand (a 1.2 KB line of brackets raised RecursionError).
 MAX_NESTING = 100
+# a YAML document's values, each alias counted as a copy of what it names: the largest valid
+# topology or profile has about a thousand
+MAX_EXPANDED_VALUES = 100_000
 READ_CHUNK_BYTES = 1 << 20  # read_user_text's pieces beyond a file's size as fstat gave it
 
 
@@ -184,8 +187,50 @@ class _UserYamlLoader(yaml.SafeLoader):
 
 def load_user_yaml(text: str) -> Any:
     """A user's YAML document, safely: yaml.YAMLError (with the line where it can) for text that
-    is not YAML, a key written twice in one mapping, or nesting deeper than MAX_NESTING."""
-    return yaml.load(text, Loader=_UserYamlLoader)  # a SafeLoader: no Python objects
+    is not YAML, a key written twice in one mapping, nesting deeper than MAX_NESTING, or
+    aliases that expand to more than MAX_EXPANDED_VALUES values."""
+    loader = _UserYamlLoader(text)  # a SafeLoader: no Python objects
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a document whose aliases expand it beyond MAX_EXPANDED_VALUES values. An alias
+    is one node however often it is used, so 884 bytes of nested aliases (eight levels of ten)
+    load as a few objects and become 10⁸ values only when walked: every error message that
+    showed such a value, and anything that copies it, ran for seconds and printed hundreds of
+    MB. Counted on the composed nodes (each node once, its expanded size from its children's);
+    a node among its own descendants (``&a [*a]``) counts as one value there."""
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        if children_done:
+            open_nodes.discard(id(node))
+            size[id(node)] = 1 + sum(size.get(id(c), 1) for c in children)
+            if size[id(node)] > MAX_EXPANDED_VALUES:
+                raise yaml.MarkedYAMLError(
+                    None, None, f"more than {MAX_EXPANDED_VALUES:,} values here, each alias "
+                    "counted as a copy of what its anchor names", node.start_mark)
+            continue
+        if id(node) in size or id(node) in open_nodes:
+            continue
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size and id(c) not in open_nodes)
 
 
 def load_user_json(text: str) -> Any:

@@ -15,8 +15,9 @@ from testbed.agent.tls import parse_address
 from testbed.cli import main
 from testbed.names import is_name
 from testbed.perf_model.profiles import profile_name_problem
+from testbed.schema import MAX_MESSAGE_CHARS
 from testbed.topology import TopologyError, parse_topology
-from testbed.user_paths import load_user_json, load_user_yaml
+from testbed.user_paths import MAX_EXPANDED_VALUES, load_user_json, load_user_yaml
 
 
 def minimal() -> dict:
@@ -45,6 +46,30 @@ def test_a_key_written_twice_is_refused_with_both_lines(tmp_path: Path,
 def test_merge_keys_are_not_duplicates() -> None:
     doc = load_user_yaml("base: &b {down: 1Gbit, up: 1Gbit}\nlink:\n  <<: *b\n  up: 2Gbit\n")
     assert doc["link"] == {"down": "1Gbit", "up": "2Gbit"}
+
+
+def test_aliases_that_expand_a_small_file_beyond_every_real_one_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """884 bytes of aliases, eight levels of ten, are 10^8 values: validate ran 9.7 s and printed
+    322 MB quoting them. Now the loader refuses them, and within the limit a problem's line stays
+    short however large the value it quotes."""
+    levels = "abcdefgh"
+    text = "name: x\n" + "".join(
+        f"{name}: &{name} [{', '.join([f'*{levels[i - 1]}' if i else '1'] * 10)}]\n"
+        for i, name in enumerate(levels)) + "churn: *h\n"
+    assert len(text) < 1000
+    code, err = validate(tmp_path, text, capsys)
+    assert code == 2 and f"more than {MAX_EXPANDED_VALUES:,} values" in err, err[:500]
+    assert len(err) < 1000
+    # self-reference is one value, not a loop
+    assert load_user_yaml("a: &a [*a]\n")["a"][0][0] is not None
+    # within the limit (10^4 values): each problem one short line
+    text = "name: x\n" + "".join(
+        f"{name}: &{name} [{', '.join([f'*{levels[i - 1]}' if i else '1'] * 10)}]\n"
+        for i, name in enumerate(levels[:4])) + "churn: *d\ntime_dilation: *d\n"
+    code, err = validate(tmp_path, text, capsys)
+    assert code == 2 and "churn" in err and "time_dilation" in err
+    assert max(len(line) for line in err.splitlines()) <= MAX_MESSAGE_CHARS + 40, err[:2000]
 
 
 def test_deep_nesting_is_refused_not_a_recursion_error(
