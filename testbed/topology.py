@@ -98,7 +98,7 @@ from testbed.emulator.dilation import DEFAULT_TARGET_P95
 from testbed.errors import InputError
 from testbed.names import is_name, name_problem
 from testbed.schema import Bool, Float, Int, Schema, Str, parse, scratch, unique
-from testbed.user_paths import is_file, load_user_yaml, read_user_text, user_path
+from testbed.user_paths import input_problem, load_user_yaml, read_user_text, user_path
 
 BACKENDS = ("auto", "loopback", "mininet")
 DTYPES = ("float32", "float64")
@@ -401,8 +401,9 @@ def _existing_file(value: Any, info: ValidationInfo) -> Path:
     if not isinstance(value, str) or not value:
         raise ValueError(f"expected a file path, got {value!r}")
     p = user_path(value, _base_dir(info))
-    if not is_file(p):
-        raise ValueError(f"no such file: {p}")
+    problem = input_problem(p)
+    if problem:
+        raise ValueError(problem)
     return p.resolve()
 
 
@@ -579,8 +580,9 @@ def _profile(value: str, info: ValidationInfo) -> str:
 
     path = find_profile(value, _base_dir(info))
     if path is None:
-        raise ValueError(f"no device profile named {value!r} (see `testbed perf show --list`) "
-                         f"and no such file")
+        problem = input_problem(user_path(value, _base_dir(info)))
+        raise ValueError(f"no device profile named {value!r} (see `testbed perf show --list`), "
+                         f"and {problem}")
     problems = profile_problems(path)
     if problems:
         raise ValueError(f"the profile {path} does not load: {'; '.join(problems)}")

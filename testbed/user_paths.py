@@ -85,6 +85,22 @@ def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
     return b"".join(pieces).decode("utf-8", errors)
 
 
+def input_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as an input file (None when it is a regular file): missing,
+    a directory, or another kind of file (a FIFO or a device would block or never end)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"no such file: {path}"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, a file in the way
+        return f"{path}: cannot be a file name: {getattr(exc, 'strerror', None) or exc}"
+    if stat.S_ISDIR(mode):
+        return f"{path} is a directory; expected a file"
+    if not stat.S_ISREG(mode):
+        return f"{path} is not a regular file (a FIFO or a device); expected a file"
+    return None
+
+
 def output_problem(path: Path) -> str | None:
     """Why a command could not write its output file at ``path`` (None when it can), asked
     before the command does its work: a phone's measurement takes minutes, and a name found

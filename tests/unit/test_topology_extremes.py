@@ -72,6 +72,24 @@ def test_aliases_that_expand_a_small_file_beyond_every_real_one_are_refused(
     assert max(len(line) for line in err.splitlines()) <= MAX_MESSAGE_CHARS + 40, err[:2000]
 
 
+def test_a_path_that_names_a_directory_or_a_fifo_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`churn: /tmp` said "no such file: /tmp"."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    base = (Path(__file__).parents[1] / "data" / "tiny.yaml").read_text()
+    for value, said in ((str(tmp_path), "is a directory; expected a file"),
+                        (str(fifo), "is not a regular file"),
+                        (str(tmp_path / "none.csv"), "no such file")):
+        code, err = validate(tmp_path, base + f"churn: {value}\n", capsys)
+        assert code == 2 and "churn: " in err and said in err and value in err, err
+    code, err = validate(tmp_path, base.replace("profile: snapdragon888",
+                                                f"profile: {tmp_path}", 1), capsys)
+    assert code == 2 and "is a directory; expected a file" in err and "profile" in err, err
+
+
 def test_deep_nesting_is_refused_not_a_recursion_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = validate(tmp_path, "name: x\nseed: " + "[" * 600 + "]" * 600 + "\n", capsys)
