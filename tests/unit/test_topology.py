@@ -169,7 +169,7 @@ def test_binary_garbage_is_refused_with_the_file_named(tmp_path: Path,
     (("devices", 0, "profile"), "a\0b", "devices[0].profile", "no device profile named"),
     (("devices", 0, "profile"), "~no-such-user-here/p.yaml", "devices[0].profile",
      "no device profile named"),
-    (("job", "data"), {"files": ["x" * 300]}, "job.data.files[0]", "no such file"),
+    (("job", "data"), {"files": ["x" * 300]}, "job.data.files[0]", "cannot be a file name"),
     (("job", "data"), {"files": ["~no-such-user-here/t.txt"]}, "job.data.files[0]",
      "no such file"),
 ])
