@@ -85,7 +85,7 @@ from testbed.topology import (
     steps_problem,
 )
 from testbed.units import number_arg
-from testbed.user_paths import load_user_json, load_user_yaml, read_user_text
+from testbed.user_paths import load_user_json, load_user_yaml, path_arg, read_user_text
 
 log = logging.getLogger("testbed.up")
 # tiles an emulated agent may ask to hold at once (the PS sizes its window to its speed);
@@ -1187,12 +1187,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="continue a run that stopped (killed, interrupted, its PS died) from its "
                         "newest checkpoint and ledger; refused while a testbed up runs it")
     p.add_argument("--steps", type=int, default=None, help="override job.steps")
-    p.add_argument("--out", default="runs", help="directory for run directories (default: runs)")
+    p.add_argument("--out", type=path_arg, default="runs",
+                   help="directory for run directories (default: runs)")
     p.add_argument("--no-live", action="store_true",
                    help="plain lines instead of the live view: the PS's phases before "
                    "training (waiting for devices, probing, planning) as they change, then "
                    "one line per step")
-    p.add_argument("--churn", default=None, help="churn trace CSV (overrides the topology's)")
+    p.add_argument("--churn", type=path_arg, default=None,
+                   help="churn trace CSV (overrides the topology's)")
     p.add_argument("--join-timeout", type=number_arg(0, 86_400), default=60.0,
                    help="seconds without a new device attaching (from the PS's start, then "
                    "from the last arrival) before training starts with those present")

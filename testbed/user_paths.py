@@ -10,6 +10,7 @@ file's list, not as a traceback (``pathlib`` raises RuntimeError, OSError and Va
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -83,6 +84,15 @@ def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
     if total > max_bytes:
         raise too_big
     return b"".join(pieces).decode("utf-8", errors)
+
+
+def path_arg(text: str) -> str:
+    """An argparse type: a path, never empty. `--churn ''` ran without the trace (or with the
+    topology's), `--out ''` made the run directory in the working directory: an empty value
+    is a shell variable that was not set, not a choice."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
 
 
 def input_problem(path: Path) -> str | None:

@@ -43,6 +43,7 @@ from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, InputError
 from testbed.topology import JobSpec, Topology
 from testbed.units import number_arg, size_arg
+from testbed.user_paths import path_arg
 
 STRATEGIES = ("tile-tp", "pipeline", "data-parallel")
 DEFAULT_PS_MEMORY = "64GiB"  # assumption: a workstation-class PS (the seeds' PS is a server)
@@ -518,13 +519,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "up, the pipeline and data-parallel as real stage and replica processes "
                     "(churn replayed by all, DiLoCo rounds included). Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
-    p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
+    p.add_argument("--churn", type=path_arg,
+                   help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="comma-separated strategies (default: all three)")
     p.add_argument("--simulate", action="store_true",
                    help="run in virtual time (default: on Mininet, needs root)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
-    p.add_argument("--out", default="runs", help="parent of the comparison directory")
+    p.add_argument("--out", type=path_arg, default="runs",
+                   help="parent of the comparison directory")
     p.add_argument("--gpu", default="a5000",
                    help="GPU reference: a shipped name (a5000) or a YAML file of the same keys")
     p.add_argument("--grid-g-per-kwh", type=number_arg(0, 1e5), default=DEFAULT_GRID_G_PER_KWH,

@@ -25,6 +25,7 @@ import yaml
 
 from testbed.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from testbed.units import number_arg
+from testbed.user_paths import path_arg
 
 
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
@@ -190,9 +191,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "step (a thousand devices take minutes) its progress every 10 s. Exit 2 on "
                     "bad input.")
     p.add_argument("topology", help="the topology YAML file")
-    p.add_argument("--churn", help="churn trace to replay (default: the topology's churn:)")
+    p.add_argument("--churn", type=path_arg,
+                   help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
-    p.add_argument("--out", default="runs", help="parent of the run directory (default: runs)")
+    p.add_argument("--out", type=path_arg, default="runs",
+                   help="parent of the run directory (default: runs)")
     p.add_argument("--ps-gemm-s", type=number_arg(0, 3600), default=0.0,
                    help="the PS's own time per offloaded GEMM, device seconds (default 0: not "
                         "modelled; see docs/simulate.md)")

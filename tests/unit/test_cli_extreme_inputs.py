@@ -134,6 +134,16 @@ def test_compare_refuses_a_strategy_named_twice(tmp_path: Path,
     assert "--strategies: tile-tp named more than once" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["simulate", "up", "compare"])
+@pytest.mark.parametrize("option", ["--churn", "--out"])
+def test_an_empty_path_is_refused_not_taken_for_none(command: str, option: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`--churn ''` ran without the trace and `--out ''` wrote into the working directory."""
+    assert main([command, str(write_topology(tmp_path)), option, ""]) == 2
+    assert f"argument {option}: expected a path, got an empty string" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["t.yaml"]  # nothing written
+
+
 def test_compare_refuses_a_churn_trace_under_which_no_device_is_present(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "gone.csv"
