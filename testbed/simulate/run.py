@@ -31,12 +31,13 @@ from testbed.user_paths import path_arg
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
              report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0,
              trace_tiles: bool = False, during: Any = None, during_every_s: float = 10.0,
-             on_planned: Any = None) -> dict[str, Any]:
+             on_planning: Any = None, on_planned: Any = None) -> dict[str, Any]:
     """Simulate the topology's job into run_dir; return the summary. ``progress(step, device
     s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far,
     planner CPU s so far)`` every ``during_every_s`` of wall time within a step;
-    ``on_planned(shapes, processes, wall s, CPU s)`` once the plans are made before the first
-    step (as the PS makes them: a large topology's take most of its first step's wall time)."""
+    ``on_planning()`` as the plans before the first step start and ``on_planned(shapes,
+    processes, wall s, CPU s)`` once they are made (as the PS makes them: a large topology's
+    take most of its first step's wall time, a job of millions of tokens a step minutes)."""
     from testbed.ps_backend.bound import BoundTotals, efficiency
     from testbed.ps_backend.step_plan import planning_workers
     from testbed.runlog import RunLog
@@ -66,6 +67,8 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     try:
         log.event("ps_start", expected_devices=len(topology.devices), time_dilation=1.0,
                   simulated=True, ps_gemm_s=ps_gemm_s)
+        if on_planning is not None:
+            on_planning()
         sim.start(plan_workers=planning_workers())
         if on_planned is not None and sim.planned is not None and sim.planned.shapes:
             on_planned(*sim.planned)
@@ -148,6 +151,10 @@ def run_simulate(args: argparse.Namespace) -> int:
                ) -> None:
         print(f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles "
               f"({wall_s:.0f} s, planning {planning_s:.0f} CPU s of them)", flush=True)
+    def planning() -> None:
+        print("planning every linear's tiles before the first step (minutes for a job of "
+              "millions of tokens a step)", flush=True)
+
     def planned(shapes: int, processes: int, wall_s: float, cpu_s: float) -> None:
         print(f"planned {shapes} GEMM shape(s) in {wall_s:.1f} s ({cpu_s:.1f} CPU s in "
               f"{processes} process{'' if processes == 1 else 'es'})", flush=True)
@@ -158,7 +165,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         else:
             summary = simulate(topology, run_dir, schedule, progress=progress,
                                ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
-                               during=during, on_planned=planned)
+                               during=during, on_planning=planning, on_planned=planned)
     except KeyboardInterrupt:
         try:
             done = json.loads((run_dir / "summary.json").read_text())["steps_done"]

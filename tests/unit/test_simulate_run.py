@@ -270,8 +270,10 @@ def test_simulate_reports_its_planning_before_and_while_it_runs(tmp_path: Path) 
                        during=lambda step, _d, _t, wall, planning:
                        seen.append((step, wall, planning)),
                        during_every_s=0.0,
+                       on_planning=lambda: planned.append(()),  # said before it plans
                        on_planned=lambda *args: planned.append(args))
-    assert len(planned) == 1
+    assert planned[0] == () and len(planned) == 2
+    planned.pop(0)
     shapes, processes, wall_s, ahead_cpu_s = planned[0]
     assert shapes == len({(lin.d_out, lin.d_in) for lin in linears(topology.job)})
     assert processes >= 1 and wall_s > 0.0 and ahead_cpu_s > 0.0
