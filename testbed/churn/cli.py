@@ -37,7 +37,9 @@ def _topology(path: str) -> Any:
 
 def _devices(topology: Any, only_groups: str | None) -> list[str]:
     """The devices to churn: every device, or those of ``only_groups`` (--groups); never none,
-    since a trace for no device is an empty file that looks like a quiet run."""
+    since a trace for no device is an empty file that looks like a quiet run, and never one
+    twice: ``--groups phones,phones`` drew two interleaved streams per phone, which failed the
+    check of the trace made with "already absent" on lines of a file never written."""
     groups = groups_of(topology)
     known = ", ".join(groups) or "none"
     if only_groups is None:
@@ -49,6 +51,10 @@ def _devices(topology: Any, only_groups: str | None) -> list[str]:
     if not chosen:
         raise _BadInput(f"--groups: {only_groups!r} names no group; expected comma-separated "
                         f"group names (topology groups: {known})")
+    twice = [g for g in dict.fromkeys(chosen) if chosen.count(g) > 1]
+    if twice:
+        raise _BadInput(f"--groups: {', '.join(twice)} named twice; expected each group once "
+                        f"(topology groups: {known})")
     unknown = [g for g in chosen if g not in groups]
     if unknown:
         raise _BadInput(f"--groups: unknown group(s) {', '.join(unknown)} (topology groups: "
@@ -63,7 +69,9 @@ def _emit(events: Sequence[TraceEvent], comments: list[str], topology: Any, seed
           output: str | None) -> int:
     """Check the trace text against the topology, then write it to a file or stdout."""
     text = format_trace(events, comments)
-    schedule = build_schedule(parse_trace(text, output or "<output>"), groups_of(topology), seed)
+    # a problem here is the command's own, in a trace nobody wrote yet: say so, not "<file>: line"
+    made = f"the trace made for {output or 'stdout'} (not written)"
+    schedule = build_schedule(parse_trace(text, made), groups_of(topology), seed)
     if output:
         with written_whole(Path(output)) as handle:
             handle.write(text)
@@ -103,7 +111,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
         from testbed.churn.fedscale import import_events, load_behave_trace
 
         clients = load_behave_trace(args.source)
-        events = import_events(clients, devices, args.start, args.duration, args.time_scale)
+        events = import_events(clients, devices, args.start, args.duration, args.time_scale,
+                               args.source)
         comments = [f"imported from FedScale client_behave_trace {Path(args.source).name} "
                     f"({len(clients)} clients; device i takes client i mod {len(clients)})",
                     f"trace time from {args.start:g} s, times divided by {args.time_scale:g}"]

@@ -9,7 +9,13 @@ Mapping onto a run: device i (0-based position in the topology) takes the trace 
 position ``i mod n`` of the dict's keys in file order, as FedScale's client manager does with its
 client ids. The import covers trace time [start_s, start_s + duration_s) and divides times by
 ``time_scale`` (so a 24 h trace with ``time_scale=60`` replays in 24 min); a device present at
-start_s starts present, each window start is a ``join`` and each window end a ``leave``.
+start_s starts present, each window start is a ``join`` and each window end a ``leave``. The
+windows are then handled as a session list's sessions
+(:func:`~testbed.churn.trace.rounded_session`): both ends rounded to the millisecond of a trace
+row, a window that then lasts nothing refused with its client and ``--time-scale``
+(``--time-scale 1e6`` once turned every window into a join and a leave at time 0, exit 0),
+windows that touch merged. An instant (``active[i] == inactive[i]``, or a window that ends
+exactly at start_s) holds no time and is left out.
 
 Pickles are untrusted input: :class:`RestrictedUnpickler` accepts only plain containers and
 numbers (dict, list, tuple, set, frozenset, str, int, float, bool, None; bytes only from
@@ -33,7 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from testbed.churn.trace import MAX_TIME_S, ChurnEvent, TraceEvent
+from testbed.churn.trace import (
+    MAX_TIME_S,
+    ChurnEvent,
+    TraceEvent,
+    merge_sessions,
+    rounded_session,
+)
 
 # The only globals a plain-data pickle may need: protocol-2 pickles build sets this way.
 _ALLOWED_GLOBALS = {("builtins", "set"), ("builtins", "frozenset"),
@@ -209,9 +221,31 @@ def event_bound(client: ClientWindows, start_s: float, end_s: float) -> float:
     return 2.0 * len(client.active_s) * periods + 1
 
 
+def replay_sessions(client: ClientWindows, start_s: float, end_s: float, time_scale: float
+                    ) -> tuple[list[tuple[float, float]], str | None]:
+    """The client's presence in [start_s, end_s) as replay-time sessions (inf: still present at
+    the end), rounded and merged as a session list's are; or a problem naming the client and
+    --time-scale when a window lasts less than a trace row's millisecond once divided."""
+    sessions: list[tuple[float, float]] = []
+    for lo, hi in client.present_intervals(start_s, end_s):
+        if lo == hi:
+            continue  # an instant (active == inactive, or a window ending at start_s): no time
+        end = math.inf if hi >= end_s else (hi - start_s) / time_scale
+        fix = "lower --time-scale so that it lasts at least 1 ms" + (
+            ", or move --start" if lo == start_s > 0 else "")  # --start may have cut it short
+        begin, end, short = rounded_session(
+            (lo - start_s) / time_scale, end,
+            f"client {client.key!r}: the window {lo:g} .. {hi:g} s of trace time, divided by "
+            f"--time-scale {time_scale:g},", fix)
+        if short:
+            return [], short
+        sessions.append((begin, end))
+    return merge_sessions(sessions), None
+
+
 def import_events(clients: Sequence[ClientWindows], devices: Sequence[str],
                   start_s: float = 0.0, duration_s: float | None = None,
-                  time_scale: float = 1.0) -> list[TraceEvent]:
+                  time_scale: float = 1.0, source: str = "<pickle>") -> list[TraceEvent]:
     """Churn events for ``devices`` (device i takes client i mod n), time 0 = start_s."""
     if not clients:
         raise FedScaleError("the trace has no clients")
@@ -239,19 +273,29 @@ def import_events(clients: Sequence[ClientWindows], devices: Sequence[str],
         raise FedScaleError(f"the import would write up to {expected:,.0f} events, more than the "
                             f"{MAX_EVENTS:,} accepted (a short finish_time repeats the windows "
                             f"very often); import a shorter span with --duration")
+    per_client: list[list[tuple[float, float]]] = []
+    problems: list[str] = []
+    for client in clients[:len(devices)]:  # the clients some device takes
+        sessions, problem = replay_sessions(client, start_s, end_s, time_scale)
+        per_client.append(sessions)
+        problems.extend([problem] if problem else [])
+    if problems:
+        shown = problems[:20] + ([f"... and {len(problems) - 20} more"]
+                                 if len(problems) > 20 else [])
+        raise FedScaleError(f"{source}: {len(problems)} client(s) with a window that lasts "
+                            f"less than a millisecond once divided by --time-scale "
+                            f"{time_scale:g}:\n" +
+                            "\n".join(f"  - {p}" for p in shown))
     rows: list[tuple[float, int, int, TraceEvent]] = []
     for index, device in enumerate(devices):
-        client = clients[index % len(clients)]
-        intervals = client.present_intervals(start_s, end_s)
+        sessions = per_client[index % len(clients)]
         events: list[TraceEvent] = []
-        for lo, hi in intervals:
-            if lo > start_s:
-                events.append(TraceEvent(round((lo - start_s) / time_scale, 3), device,
-                                         ChurnEvent.JOIN))
-            if hi < end_s:
-                events.append(TraceEvent(round((hi - start_s) / time_scale, 3), device,
-                                         ChurnEvent.LEAVE))
-        if not intervals:
+        for lo, hi in sessions:
+            if lo > 0:
+                events.append(TraceEvent(lo, device, ChurnEvent.JOIN))
+            if math.isfinite(hi):
+                events.append(TraceEvent(hi, device, ChurnEvent.LEAVE))
+        if not sessions:
             events.append(TraceEvent(0.0, device, ChurnEvent.LEAVE))  # never present
         rows.extend((e.time_s, index, order, e) for order, e in enumerate(events))
     rows.sort(key=lambda r: r[:3])

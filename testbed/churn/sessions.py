@@ -29,19 +29,19 @@ from typing import Sequence
 
 from testbed import units
 from testbed.churn.trace import (
+    PRECISION_DIGITS,
     ChurnEvent,
     TraceError,
     TraceEvent,
     data_rows,
+    merge_sessions,
     read_trace_text,
+    rounded_session,
     time_in_range_s,
 )
 
 _COLUMN_RE = re.compile(r"^(start|end)_([A-Za-z]+)$")
 HEADER = "device,start_s,end_s"
-
-
-PRECISION_DIGITS = 3  # times are rounded to milliseconds, as a trace row keeps them
 
 
 def _header(cells: list[str]) -> tuple[float, str, str | None]:
@@ -66,7 +66,7 @@ def _header(cells: list[str]) -> tuple[float, str, str | None]:
 
 def _time_s(cell: str, what: str, unit_s: float, unit_name: str
             ) -> tuple[float | None, str | None]:
-    """The cell in seconds, rounded to the millisecond, or a problem."""
+    """The cell in seconds (not yet rounded), or a problem."""
     try:
         value = float(cell)
     except ValueError:
@@ -74,7 +74,7 @@ def _time_s(cell: str, what: str, unit_s: float, unit_name: str
     if not math.isfinite(value) or value < 0:
         return None, f"{what} must be a finite number >= 0, got {cell!r}"
     time_s, problem = time_in_range_s(value, unit_s, unit_name, what)
-    return (None, problem) if problem else (round(time_s, PRECISION_DIGITS), None)
+    return (None, problem) if problem else (time_s, None)
 
 
 def parse_sessions(text: str, devices: Sequence[str],
@@ -104,13 +104,14 @@ def parse_sessions(text: str, devices: Sequence[str],
         end, p2 = (math.inf, None) if end_cell == "" else _time_s(end_cell, "end", unit_s,
                                                                    unit_name)
         row.extend(p for p in (p1, p2) if p)
-        if start is not None and end is not None and not start < end:
-            if float(start_cell) < float(end_cell):
-                row.append(f"the session {start_cell} .. {end_cell} {unit_name} is shorter than "
-                           f"the millisecond a trace row resolves: its join and leave would "
-                           f"fall at the same time ({start:g} s); make it at least 1 ms long")
-            else:
+        if start is not None and end is not None:
+            if not start < end:
                 row.append(f"a session must end after it starts ({start_cell} .. {end_cell})")
+            else:
+                start, end, short = rounded_session(
+                    start, end, f"the session {start_cell} .. {end_cell} {unit_name}",
+                    "make it at least 1 ms long")
+                row.extend([short] if short else [])
         problems.extend(f"line {number}: {p}" for p in row)
         if not row and start is not None and end is not None:
             sessions.setdefault(device, []).append((start, end))
@@ -118,17 +119,7 @@ def parse_sessions(text: str, devices: Sequence[str],
         problems.append(f"line 1: the file is empty; expected the header {HEADER!r}")
     if problems:
         raise TraceError(source, problems)
-    return {d: _merge(s) for d, s in sessions.items()}
-
-
-def _merge(sessions: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for lo, hi in sorted(sessions):
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return merged
+    return {d: merge_sessions(s) for d, s in sessions.items()}
 
 
 def session_events(sessions: dict[str, list[tuple[float, float]]],

@@ -70,6 +70,7 @@ MAX_LINE_CHARS = 1024
 # a trace file's size: ~25 bytes a row, so some ten million events (a FedScale import of 10,000
 # devices over days is far less); more is a wrong file, read no further
 MAX_TRACE_BYTES = 256 * 1024**2
+PRECISION_DIGITS = 3  # a trace row keeps times to the millisecond
 MAX_TIME_S = 365 * 86_400.0  # a year: the latest time a trace (or session list) may name
 MAX_SLOW_FACTOR = MAX_STRAGGLER_FACTOR  # one cap for 'slow' and a topology's straggler factor
 
@@ -297,9 +298,11 @@ def parse_trace(text: str, source: str = "<trace>",
 
 
 def read_trace_text(path: Path) -> str:
-    """A churn file's text (a trace or a session list), or a TraceError saying why not."""
+    """A churn file's text (a trace or a session list), or a TraceError saying why not. Read as
+    utf-8-sig: a spreadsheet's "CSV UTF-8" export starts with a byte order mark, which would
+    otherwise become part of the first header name."""
     try:
-        return read_user_text(path, MAX_TRACE_BYTES)
+        return read_user_text(path, MAX_TRACE_BYTES).removeprefix("\ufeff")
     except OSError as exc:
         raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:
@@ -339,6 +342,34 @@ def name_problems(events: Iterable[TraceEvent], groups: Mapping[str, Sequence[st
             problems.append(f"line {e.line}: unknown device {e.target!r} (not a device or group "
                             f"of the topology; groups: {', '.join(groups) or 'none'})")
     return problems
+
+
+# ----------------------------------------------------------------------------------------------
+# Sessions (shared by the importers)
+
+
+def rounded_session(start_s: float, end_s: float, what: str, fix: str
+                    ) -> tuple[float, float, str | None]:
+    """A session's ends rounded to the millisecond a trace row keeps, and a problem naming
+    ``what`` when it then lasts nothing: its join and leave would fall at the same time, and
+    dropping it silently would hide a wrong unit or time scale. ``end_s`` may be inf (open)."""
+    start, end = round(start_s, PRECISION_DIGITS), round(end_s, PRECISION_DIGITS)
+    if start < end:
+        return start, end, None
+    return start, end, (f"{what} is shorter than the millisecond a trace row resolves: its join "
+                        f"and leave would fall at the same time ({start:g} s); {fix}")
+
+
+def merge_sessions(sessions: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sessions that overlap or touch (once rounded) as one: never a leave and a join at the
+    same time."""
+    merged: list[tuple[float, float]] = []
+    for lo, hi in sorted(sessions):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
 
 
 # ----------------------------------------------------------------------------------------------
