@@ -91,6 +91,8 @@ BOUNDS = {  # kind: (largest magnitude, what the number is)
     # a diverged run's loss may be anything a float32 holds (past it, it is inf: refused)
     "loss": (3.5e38, "nats: a float32's range"),
 }
+# kinds no run writes below 0 (seconds and fractions may be: a lag, a signed tile error)
+NOT_NEGATIVE = ("bytes", "count", "factor", "J")
 MAX_STEP = 10**12  # a step index; steps are counted from 0
 STEP_NUMBERS = {"wall_s": "s", "device_time_s": "s", "bytes_down": "bytes",
                 "bytes_up": "bytes"}  # every step has them
@@ -138,6 +140,8 @@ def _number_problem(record: dict[str, Any], key: str, kind: str, required: bool 
             abs(value) <= sys.float_info.max):  # an int past a float's range has no float
         return f"{key}: expected a finite number, got {_shown(value)}"
     limit, what = BOUNDS[kind]
+    if value < 0 and kind in NOT_NEGATIVE:
+        return f"{key}: expected a number at least 0 ({what}), got {_shown(value)}"
     if abs(value) > limit:
         return f"{key}: expected a number of magnitude at most {limit:g} ({what}), " \
                f"got {_shown(value)}"

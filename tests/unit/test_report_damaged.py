@@ -139,6 +139,24 @@ def test_a_finite_value_too_large_to_plot_is_refused_with_its_bound(
              "(a fraction: 1 is 100%), got 1e+308")
 
 
+def test_a_negative_count_bytes_or_factor_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A summary whose figures were negated printed "time dilation -1.00" (a hostile-input
+    audit); seconds and fractions may be negative (a lag, a signed tile error)."""
+    _run_files(tmp_path)
+    steps = tmp_path / "steps.jsonl"
+    record = json.loads(steps.read_text().splitlines()[0])
+    _replace_line(steps, 1, json.dumps({**record, "bytes_down": -2e6}))
+    _refused(tmp_path, capsys, "line 1: bytes_down: expected a number at least 0 (bytes")
+    _replace_line(steps, 1, json.dumps(record))
+    summary = tmp_path / "summary.json"
+    write_json_atomic(summary, {**json.loads(summary.read_text()), "time_dilation": -1.0})
+    _refused(tmp_path, capsys, "time_dilation: expected a number at least 0 (a factor), got -1.0")
+    write_json_atomic(summary, {**json.loads(summary.read_text()), "time_dilation": 1.0,
+                                "lag_p95_s": -0.5})  # a lag may be negative: still reports
+    assert main(["report", str(tmp_path)]) == 0
+
+
 def test_values_at_their_bounds_still_plot(tmp_path: Path) -> None:
     from testbed.report import BOUNDS, MAX_STEP
 
