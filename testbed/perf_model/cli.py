@@ -10,6 +10,8 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Callable
@@ -142,6 +144,18 @@ def _imported(source: str, src: str, backend: str) -> tuple[list[Any], Callable[
     return [rec for path in logs for rec in importers.import_vfpbench(path)], importers.write_peaks
 
 
+@contextmanager
+def _fitted_on(path: str, note: str = "") -> Iterator[None]:
+    """A model's refusal of the rows it is fitted on (too few of them) as a MeasurementError
+    naming the file they came from: the rows are the file's, so is the problem."""
+    try:
+        yield
+    except InputError:
+        raise
+    except ValueError as exc:
+        raise MeasurementError(path, [f"{exc}{note}"]) from None
+
+
 def _load(path: str, device: str | None):
     rows = read_measurements(path, min_seconds=MIN_MODEL_SECONDS)
     if device:
@@ -163,7 +177,9 @@ def _fit(args: argparse.Namespace) -> int:
         X, y = _load(args.measurements, args.device)
         estimator = {"cost": BlasCostRegressor, "ridge": GemmTimeRegressor,
                      "rate": OverheadRateRegressor}[args.model]()
-        model = estimator.fit(X, y).export()
+        with _fitted_on(args.measurements,
+                        f" (rows of device {args.device!r})" if args.device else ""):
+            model = estimator.fit(X, y).export()
         problems = model_problems(model.to_dict())
         if problems:  # what a profile would refuse is not written
             raise MeasurementError(args.measurements, [
@@ -196,12 +212,15 @@ def _eval(args: argparse.Namespace) -> int:
                 raise MeasurementError(args.measurements, [
                     f"leave one set out needs at least two per-shape float sets of >= 6 "
                     f"shapes, found {len(sets)}"])
-            result = leave_one_set_out(sets)
+            with _fitted_on(args.measurements):
+                result = leave_one_set_out(sets)
             print(json.dumps(as_plain(result), indent=1) if args.json
                   else format_sets_table(result) + "\n" + format_model_level())
             return EXIT_OK
         X, y = _load(args.measurements, args.device)
-        result = evaluate(X, y, seed=args.seed)
+        with _fitted_on(args.measurements, f"; each split fits on 70-75% of the {len(y)} rows"
+                        + (f" of device {args.device!r}" if args.device else "")):
+            result = evaluate(X, y, seed=args.seed)
     except (MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -8,7 +8,8 @@
   ``forward`` op, ``MatMul`` rows ``gemm``.
 * DeepBench (Apache-2.0, Baidu Research; github.com/baidu-research/DeepBench ``results/``):
   int8 GEMMs (int32 accumulation, gemmlowp) on iPhone 6 (A8), iPhone 7 (A10), Raspberry Pi 3.
-  Its M, N, K name C[M x N] = A[M x K] B[K x N], as ours do.
+  Its M, N, K name C[M x N] = A[M x K] B[K x N], as ours do. Its ``precision`` column says so
+  (``int8in_int32acc_gemmlowp``); a row of another precision is refused, not imported as int8.
 * vfpbench (MIT, Copyright (c) 2019 Hiroyuki Ogasawara; github.com/hiroog/vfpbench ``log/``):
   measured peak GFLOPS per device; not GEMMs, so they import into :class:`PeakRecord`.
 * MNN (Apache-2.0, Alibaba; ``docs/perf/gemm_speed_benchmark.md`` @4d40bdb): Snapdragon 8 Gen 5
@@ -26,7 +27,15 @@
   (BSD-3-Clause; ``README.md`` @75db3c0): whole-model phone times (:class:`ModelTiming`).
 
 Every importer checks what it converts: a size that is not a positive integer or a time that is
-not a positive finite number is a :class:`SourceFormatError` naming the file and line.
+not a positive finite number is a :class:`SourceFormatError` naming the file and line. Each
+measurement row made is checked as ``perf fit`` would read it once written
+(:func:`~testbed.perf_model.measurements.written_row_problems`): a size above BLAS's 32-bit limit
+or a time above an hour is refused here, naming the source's line and column, not in a later
+command. A source is read with :func:`~testbed.user_paths.read_user_text`, as every user file is:
+a FIFO, a device or a directory is refused at once, and so is a file of more than
+MAX_SOURCE_BYTES; CSV sources go through the measurement reader's
+:func:`~testbed.perf_model.measurements.read_csv_lines` (a byte order mark dropped, a column named
+twice or a row of another field count than the header refused).
 """
 
 from __future__ import annotations
@@ -39,8 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from testbed.perf_model.measurements import Measurement
-from testbed.user_paths import written_whole
+from testbed.errors import InputError
+from testbed.perf_model.measurements import Measurement, read_csv_lines, written_row_problems
+from testbed.user_paths import read_user_text, written_whole
 
 MLX_ATTRIBUTION = ("mlx-benchmark detailed_benchmark.md @85c5376 (MIT, (c) 2023 Tristan Bilot), "
                    "mean of 9 calls after 1 warm-up")
@@ -61,48 +71,57 @@ PADDLE_ATTRIBUTION = ("Paddle-Lite docs/performance/benchmark.md @3d329c9 (Apach
                       "on a big core, warmup 20, mean of 600")
 XNNPACK_ATTRIBUTION = "XNNPACK README.md performance section @75db3c0 (BSD-3-Clause)"
 
-# a CSV field above this is not a measurement: csv's own limit (128 KiB) raises csv.Error
-MAX_FIELD_CHARS = 4096
+# The most a source file may hold. The largest in ../shared/data is under 1 MB (ncnn's parsed
+# benchmark table); 64 MiB is seventy times that, and still read whole in a moment. A file
+# beyond it is a wrong one (a disk image, /dev/zero), which would otherwise fill the memory.
+MAX_SOURCE_BYTES = 64 * 1024**2
 
 
 class SourceFormatError(ValueError):
     """A source file that does not look as expected; names the file and line."""
 
 
-def _records(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV with a header; SourceFormatError on missing columns or a
-    line csv cannot read (an oversized field, a stray quote)."""
+class SourceStructureError(SourceFormatError, InputError):
+    """A CSV source's header, field counts or lines refused by ``read_csv_lines``: every
+    problem, each with its line."""
+
+
+def _source_text(path: Path) -> str:
+    """A source file's text, a byte order mark dropped; SourceFormatError naming the file when
+    it cannot be read, is not a regular file or holds more than MAX_SOURCE_BYTES."""
     try:
-        handle = path.open(newline="", errors="replace")
-    except OSError as exc:
-        raise SourceFormatError(f"{path}: cannot read: {exc.strerror}") from exc
-    with handle:
-        reader = csv.DictReader(handle)
-        try:
-            header = reader.fieldnames or []
-        except csv.Error as exc:
-            raise SourceFormatError(f"{path}: line 1: {exc}") from exc
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise SourceFormatError(f"{path}: line 1 (header): missing column(s) "
-                                    f"{', '.join(missing)}; expected {', '.join(required)}")
-        while True:
-            try:
-                rec = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:  # the line after the last one read whole
-                raise SourceFormatError(f"{path}: line {reader.line_num + 1}: {exc}") from exc
-            too_long = [k for k, v in rec.items()
-                        if isinstance(v, str) and len(v) > MAX_FIELD_CHARS]
-            if too_long:
-                raise SourceFormatError(f"{path}: line {reader.line_num}: column "
-                                        f"{too_long[0]!r} is longer than {MAX_FIELD_CHARS} "
-                                        f"characters")
-            if None in rec or any(rec.get(c) is None for c in required):
-                raise SourceFormatError(f"{path}: line {reader.line_num}: expected "
-                                        f"{len(header)} fields as in the header")
-            yield reader.line_num, rec
+        text = read_user_text(path, MAX_SOURCE_BYTES, errors="replace")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        raise SourceFormatError(f"{path}: cannot read: "
+                                f"{getattr(exc, 'strerror', None) or exc}") from exc
+    return text.removeprefix("\ufeff")
+
+
+def _records(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV source with a header, read and checked as a measurement file
+    is (:func:`read_csv_lines`): SourceStructureError for what is not a regular file or too
+    large, a missing or doubled column, a line too long or not CSV, a row of another field
+    count than the header."""
+    return read_csv_lines(path, required, None, "source", error=SourceStructureError,
+                          max_bytes=MAX_SOURCE_BYTES)
+
+
+def _checked(path: Path, line_no: int, row: Measurement, columns: dict[str, str]) -> Measurement:
+    """``row`` if ``perf fit`` would read it once written, else SourceFormatError naming the
+    source's line and the source column (``columns``: measurement column -> source column) each
+    refused value came from."""
+    problems = written_row_problems(row)
+    if not problems:
+        return row
+    said = []
+    for column, message in problems:
+        if column == "<top>":
+            said.append(message)
+        else:
+            source = columns.get(column, column)
+            said.append(f"column {source!r}" + (f" ({column} once imported)"
+                                                 if source != column else "") + f": {message}")
+    raise SourceFormatError(f"{path}: line {line_no}: {'; '.join(said)}")
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -115,13 +134,13 @@ def _positive_int(text: str, what: str) -> int:
     return value
 
 
-def _positive_time(text: str, what: str) -> float:
+def _positive_time(text: str, what: str, noun: str = "time") -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan  # reported below with the column and what was expected
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what}: expected a positive finite time, got {text!r}")
+        raise ValueError(f"{what}: expected a positive finite {noun}, got {text!r}")
     return value
 
 
@@ -142,6 +161,17 @@ def mlx_gemm(operand_shapes: str) -> tuple[int, int, int, int]:
     return math.prod(a[:-2]), a[-2], a[-1], b[-1]
 
 
+# measurement column -> the source column it is made from, to name it in an error (_checked)
+MLX_COLUMNS = {"m": "operand_shapes", "k": "operand_shapes", "n": "operand_shapes",
+               "batch": "operand_shapes", "time": "ms_mean_of_9"}
+DEEPBENCH_COLUMNS = {"m": "M", "k": "K", "n": "N", "time": "time_ms"}
+MNN_COLUMNS = {"m": "M", "k": "K", "n": "N", "time": "time_ms"}
+MMPERF_COLUMNS = {"device": "platform", "backend": "library", "m": "M", "k": "K", "n": "N",
+                  "time": "gflops"}
+# DeepBench's device results are all of one precision; what it names, as (dtype, backend)
+DEEPBENCH_PRECISIONS = {"int8in_int32acc_gemmlowp": ("int8", "gemmlowp")}
+
+
 def import_mlx(path: str | Path, backend: str | None = "cpu") -> list[Measurement]:
     """mlx-benchmark rows (of one backend, or all with None) as measurements."""
     path = Path(path)
@@ -153,29 +183,40 @@ def import_mlx(path: str | Path, backend: str | None = "cpu") -> list[Measuremen
         try:
             batch, m, k, n = mlx_gemm(rec["operand_shapes"])
             ms = _positive_time(rec["ms_mean_of_9"], "ms_mean_of_9")
+            seconds = ms / 1e3 / batch
         except (ValueError, IndexError) as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
-        rows.append(Measurement(device=rec["device"].strip(), backend=rec["backend"],
-                                dtype="float32", threads=0,
-                                op="forward" if rec["op"] == "Linear" else "gemm",
-                                m=m, k=k, n=n, batch=batch, seconds=ms / 1e3 / batch,
-                                repeats=9, provenance=MLX_ATTRIBUTION))
+        except OverflowError:  # a batch beyond a float's range (int / float converts it)
+            raise SourceFormatError(f"{path}: line {line_no}: operand_shapes: a batch of more "
+                                    f"than 1e308 GEMMs in {rec['operand_shapes'][:80]!r}") from None
+        rows.append(_checked(path, line_no, Measurement(
+            device=rec["device"].strip(), backend=rec["backend"], dtype="float32", threads=0,
+            op="forward" if rec["op"] == "Linear" else "gemm", m=m, k=k, n=n, batch=batch,
+            seconds=seconds, repeats=9, provenance=MLX_ATTRIBUTION), MLX_COLUMNS))
     return rows
 
 
 def import_deepbench(path: str | Path) -> list[Measurement]:
-    """DeepBench device GEMM rows as measurements (dtype int8)."""
+    """DeepBench device GEMM rows as measurements, of the precision their ``precision`` column
+    names (all int8 with int32 accumulation on gemmlowp); a row of another is refused."""
     path = Path(path)
     rows = []
-    for line_no, rec in _records(path, ("device", "M", "N", "K", "time_ms")):
+    for line_no, rec in _records(path, ("device", "precision", "M", "N", "K", "time_ms")):
         try:
             m, n, k = (_positive_int(rec[c], c) for c in ("M", "N", "K"))
             ms = _positive_time(rec["time_ms"], "time_ms")
+            precision = rec["precision"].strip()
+            if precision not in DEEPBENCH_PRECISIONS:
+                raise ValueError(f"column 'precision': expected "
+                                 f"{', '.join(DEEPBENCH_PRECISIONS)} (the precision of DeepBench's "
+                                 f"device results, the one this importer knows), got "
+                                 f"{precision[:80]!r}")
         except ValueError as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
-        rows.append(Measurement(device=rec["device"], backend="gemmlowp", dtype="int8",
-                                threads=0, op="gemm", m=m, k=k, n=n, seconds=ms / 1e3,
-                                provenance=DEEPBENCH_ATTRIBUTION))
+        dtype, backend = DEEPBENCH_PRECISIONS[precision]
+        rows.append(_checked(path, line_no, Measurement(
+            device=rec["device"], backend=backend, dtype=dtype, threads=0, op="gemm", m=m, k=k,
+            n=n, seconds=ms / 1e3, provenance=DEEPBENCH_ATTRIBUTION), DEEPBENCH_COLUMNS))
     return rows
 
 
@@ -213,7 +254,8 @@ class PeakRecord:
     provenance: str
 
 
-_PEAK = re.compile(r"^\s*(SingleThread|MultiThread)\s+(HP|SP|DP)\s+max:\s+([0-9.]+)\s+GFLOPS")
+# the figure is any word: one that is not a positive finite number is refused, not skipped
+_PEAK = re.compile(r"^\s*(SingleThread|MultiThread)\s+(HP|SP|DP)\s+max:\s+(\S+)\s+GFLOPS")
 
 
 def import_vfpbench(path: str | Path) -> list[PeakRecord]:
@@ -221,7 +263,7 @@ def import_vfpbench(path: str | Path) -> list[PeakRecord]:
     path = Path(path)
     records = []
     in_total = False
-    for line in path.read_text(errors="replace").splitlines():
+    for line_no, line in enumerate(_source_text(path).splitlines(), 1):
         if line.startswith("Total:"):
             in_total = True
             continue
@@ -229,9 +271,15 @@ def import_vfpbench(path: str | Path) -> list[PeakRecord]:
             break
         match = _PEAK.match(line) if in_total else None
         if match:
-            scope = "single" if match.group(1) == "SingleThread" else "multi"
-            records.append(PeakRecord(device=path.stem, precision=match.group(2), scope=scope,
-                                      gflops=float(match.group(3)),
+            thread, precision = match.group(1), match.group(2)
+            try:
+                gflops = _positive_time(match.group(3)[:80], f"{thread} {precision} max",
+                                        "GFLOPS figure")
+            except ValueError as exc:
+                raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+            records.append(PeakRecord(device=path.stem, precision=precision,
+                                      scope="single" if thread == "SingleThread" else "multi",
+                                      gflops=gflops,
                                       provenance=f"{VFPBENCH_ATTRIBUTION}, log/{path.name}"))
     if not records:
         raise SourceFormatError(f"{path}: no 'Total:' block with '... max: N GFLOPS' lines")
@@ -270,9 +318,10 @@ def import_mnn(path: str | Path) -> list[Measurement]:
         except ValueError as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
         dtype = "float16" if rec["precision_flag"].strip() == "2" else "float32"
-        rows.append(Measurement(device=rec["device"].strip(), backend="mnn-cpu", dtype=dtype,
-                                threads=threads, op="gemm", m=m, k=k, n=n, seconds=ms / 1e3,
-                                provenance=MNN_ATTRIBUTION))
+        rows.append(_checked(path, line_no, Measurement(
+            device=rec["device"].strip(), backend="mnn-cpu", dtype=dtype, threads=threads,
+            op="gemm", m=m, k=k, n=n, seconds=ms / 1e3, provenance=MNN_ATTRIBUTION),
+            MNN_COLUMNS))
     return rows
 
 
@@ -286,31 +335,35 @@ def import_mmperf(path: str | Path) -> list[Measurement]:
     for line_no, rec in _records(path, ("platform", "library", "M", "N", "K", "gflops")):
         try:
             m, n, k = (_positive_int(rec[c], c) for c in ("M", "N", "K"))
-            gflops = _positive_time(rec["gflops"], "gflops")
+            gflops = _positive_time(rec["gflops"], "gflops", "rate")
         except ValueError as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
+        try:
+            seconds = 2.0 * m * k * n / (gflops * 1e9)
+        except OverflowError:  # a size of hundreds of digits: refused by name below
+            seconds = math.inf
         chip = MMPERF_CHIPS.get(rec["platform"].strip(), rec["platform"].strip())
         library = rec["library"].strip()
         note = "; Apple AMX matrix unit, not NEON" if library == "accelerate" else ""
-        rows.append(Measurement(device=chip, backend=f"mmperf-{library}", dtype="float32",
-                                threads=1, op="gemm", m=m, k=k, n=n,
-                                seconds=2.0 * m * k * n / (gflops * 1e9),
-                                provenance=MMPERF_ATTRIBUTION + note))
+        rows.append(_checked(path, line_no, Measurement(
+            device=chip, backend=f"mmperf-{library}", dtype="float32", threads=1, op="gemm",
+            m=m, k=k, n=n, seconds=seconds, provenance=MMPERF_ATTRIBUTION + note),
+            MMPERF_COLUMNS))
     return rows
 
 
 def import_tf_sd835(path: str | Path) -> list[Measurement]:
     """The Snapdragon 835 CPU (Eigen fp32) row of the TensorFlow MatMul table (square N)."""
     path = Path(path)
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        raise SourceFormatError(f"{path}: cannot read: {exc.strerror}") from exc
+    text = _source_text(path)
     sizes: list[int] = []
     for line_no, line in enumerate(text.splitlines(), 1):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0].startswith("Library"):
-            sizes = [_positive_int(c.split("=")[1], "N") for c in cells[2:] if "=" in c]
+            try:
+                sizes = [_positive_int(c.split("=")[1], "N") for c in cells[2:] if "=" in c]
+            except ValueError as exc:
+                raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
         elif cells and cells[0] == "cpu-Eigen-fp32":
             if not sizes:
                 raise SourceFormatError(f"{path}: line {line_no}: no 'Library\\Size' header "
@@ -319,9 +372,11 @@ def import_tf_sd835(path: str | Path) -> list[Measurement]:
                 us = [_positive_time(c, f"N={n}") for c, n in zip(cells[2:], sizes)]
             except ValueError as exc:
                 raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
-            return [Measurement(device="Snapdragon 835", backend="tf-eigen-cpu",
-                                dtype="float32", threads=0, op="gemm", m=n, k=n, n=n,
-                                seconds=t / 1e6, repeats=10, provenance=TF835_ATTRIBUTION)
+            return [_checked(path, line_no, Measurement(
+                        device="Snapdragon 835", backend="tf-eigen-cpu", dtype="float32",
+                        threads=0, op="gemm", m=n, k=n, n=n, seconds=t / 1e6, repeats=10,
+                        provenance=TF835_ATTRIBUTION),
+                        dict.fromkeys(("m", "k", "n", "time"), f"N={n}"))
                     for n, t in zip(sizes, us)]
     raise SourceFormatError(f"{path}: no 'cpu-Eigen-fp32' row in a MatMul table")
 
@@ -384,10 +439,7 @@ def ncnn_gemms(path: str | Path, tokens: int | None = None) -> list[tuple[str, i
     to the patch count + 1 (the class token), read from the patch convolution and the input.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        raise SourceFormatError(f"{path}: cannot read: {exc.strerror}") from exc
+    lines = _source_text(path).splitlines()
     gemms: list[tuple[str, int, int, int]] = []
     seq = tokens
     after_crop = False
@@ -453,7 +505,7 @@ def _md_tables(text: str) -> Iterator[tuple[int, list[str], list[list[str]]]]:
 def import_paddle_lite(path: str | Path) -> list[ModelTiming]:
     """The fp32 ARMv8 CPU table of Paddle-Lite's benchmark page (1 thread, big core)."""
     path = Path(path)
-    text = path.read_text(errors="replace")
+    text = _source_text(path)
     out = []
     for line_no, header, body in _md_tables(text):
         if header[0] != "模型" or not any("骁龙" in h for h in header):
@@ -480,7 +532,7 @@ def import_paddle_lite(path: str | Path) -> list[ModelTiming]:
 def import_xnnpack(path: str | Path) -> list[ModelTiming]:
     """XNNPACK's phone and Raspberry Pi MobileNet tables (single- and multi-threaded)."""
     path = Path(path)
-    text = path.read_text(errors="replace")
+    text = _source_text(path)
     out = []
     lines = text.splitlines()
     for line_no, header, body in _md_tables(text):

@@ -9,8 +9,8 @@ Columns (header required, order free; ``*`` marks optional columns)::
     op          forward | input_grad | weight_grad | gemm  (gemm: the source did not say)
     m, k, n     C[m x n] = A[m x k] @ B[k x n]; positive integers up to 2^31 - 1
     batch*      number of such GEMMs the time covers (batched matmul); default 1
-    time        the measured time of the whole row (all ``batch`` GEMMs), >= 0 (fitting a model
-                needs >= MIN_MODEL_SECONDS per GEMM)
+    time        the measured time of the whole row (all ``batch`` GEMMs), >= 0 and at most an
+                hour (MAX_ROW_SECONDS); fitting a model needs >= MIN_MODEL_SECONDS per GEMM
     time_unit   s | ms | us | ns
     repeats*    timed calls the figure summarizes (median or mean, see provenance)
     joules*     energy of the row, if measured
@@ -21,19 +21,28 @@ checks every row against :class:`MeasurementRow` (a :mod:`testbed.schema` model,
 one validation mechanism) and raises one :class:`MeasurementError` (an ``InputError``: the CLI
 exits 2) that lists every problem of every row with its line number, column and what was
 expected. The file's structure (header, field counts, line length) is checked by
-:func:`read_csv_lines`, which ``perf predict --shapes`` shares.
+:func:`read_csv_lines`, which ``perf predict --shapes`` and the importers' CSV sources share; an
+importer checks each row it makes with :func:`written_row_problems`, the reader's own checks, so
+that ``perf import`` never writes what ``perf fit`` would refuse.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, Iterable
 
 import numpy as np
-from pydantic import AfterValidator, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from testbed.errors import InputError
 from testbed.schema import Schema, problem_pairs
@@ -56,6 +65,10 @@ MAX_BLAS_DIMENSION = 2**31 - 1  # BLAS integers are 32-bit by default: no GEMM c
 # A file may hold shorter times (a 0: "too fast to time"), but a fit cannot use them: the rate
 # 2mkn / t of a 0 or a subnormal 1e-320 s is infinite, and of any t below 1 ns absurd.
 MIN_MODEL_SECONDS = 1e-9
+# The longest time one row may take: an hour. The largest GEMM BLAS takes (2^31 - 1 on a side)
+# is beyond any device, and a timed call of an hour is beyond any measurement run; a 1e308 s
+# typo would overflow the rate models' arithmetic (perf fit --model rate).
+MAX_ROW_SECONDS = 3600.0
 
 
 class MeasurementError(InputError):
@@ -137,8 +150,9 @@ class MeasurementRow(Schema):
     k: Annotated[int, _at_least(1), _at_most(MAX_BLAS_DIMENSION)]
     n: Annotated[int, _at_least(1), _at_most(MAX_BLAS_DIMENSION)]
     batch: Annotated[int, _at_least(1)] = 1
-    time: float
+    # time_unit before time: time's check reads the unit (validated in this order)
     time_unit: Annotated[str, _one_of(TIME_UNITS_S, "a time unit")]
+    time: float
     repeats: Annotated[int, _at_least(0)] = 0
     joules: float | None = None
     provenance: Text
@@ -154,10 +168,15 @@ class MeasurementRow(Schema):
 
     @field_validator("time", "joules")
     @classmethod
-    def _finite_non_negative(cls, value: float | None) -> float | None:
+    def _finite_non_negative(cls, value: float | None, info: ValidationInfo) -> float | None:
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ValueError(f"expected a finite number >= 0 (a negative or infinite time or "
                              f"energy is a broken measurement), got {value!r}")
+        unit = info.data.get("time_unit")  # absent when the unit was refused: said there
+        if info.field_name == "time" and unit in TIME_UNITS_S and value is not None \
+                and value * TIME_UNITS_S[unit] > MAX_ROW_SECONDS:
+            raise ValueError(f"expected at most {MAX_ROW_SECONDS:g} s (an hour) for one row, got "
+                             f"{value!r} {unit}")
         return value
 
     def measurement(self) -> Measurement:
@@ -171,18 +190,21 @@ class MeasurementRow(Schema):
 
 def read_csv_lines(path: str | Path, required: tuple[str, ...], known: tuple[str, ...] | None,
                    what: str, error: type[InputError] = InputError,
-                   max_line_chars: int = MAX_LINE_CHARS) -> list[tuple[int, dict[str, str]]]:
+                   max_line_chars: int = MAX_LINE_CHARS,
+                   max_bytes: int = MAX_CSV_BYTES) -> list[tuple[int, dict[str, str]]]:
     """(line number, {column: text}) of each data row of a CSV with a header; ``#`` comments.
 
-    Structure only: a missing or (when ``known`` is given) unknown header column, a line that is
-    not CSV or too long, a row with another number of fields than the header. Raises ``error``
-    with every such problem; the values are the caller's schema's to check.
+    Structure only: a file that is not a regular one or holds more than ``max_bytes``, a missing,
+    doubled or (when ``known`` is given) unknown header column, a line that is not CSV or too
+    long, a row with another number of fields than the header. Raises ``error`` with every such
+    problem; the values are the caller's schema's to check. A UTF-8 byte order mark (which
+    spreadsheet programs write) is dropped, as the utf-8-sig codec would.
     """
     path = Path(path)
     try:
-        text = read_user_text(path, MAX_CSV_BYTES, errors="replace")
-    except OSError as exc:
-        raise error(str(path), [f"cannot read: {exc.strerror}"]) from exc
+        text = read_user_text(path, max_bytes, errors="replace").removeprefix("\ufeff")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        raise error(str(path), [f"cannot read: {getattr(exc, 'strerror', None) or exc}"]) from exc
     numbered: list[tuple[int, list[str]]] = []
     problems: list[tuple[int, str]] = []  # (line, message), reported in line order
     for i, line in enumerate(text.splitlines(), 1):
@@ -207,6 +229,10 @@ def read_csv_lines(path: str | Path, required: tuple[str, ...], known: tuple[str
         raise fail(problems)  # the header itself is unreadable: no row can be checked
     header_line, header_fields = numbered[0]
     header = [h.strip() for h in header_fields]
+    # a column named twice would be read from its last copy only, silently
+    header_problems = [f"line {header_line}: column {c!r} named "
+                       + ("twice" if header.count(c) == 2 else f"{header.count(c)} times")
+                       for i, c in enumerate(header) if c in header[:i] and c not in header[i + 1:]]
     missing = [c for c in required if c not in header]
     unknown = [c for c in header if known is not None and c not in known]
     if missing or unknown:
@@ -216,9 +242,11 @@ def read_csv_lines(path: str | Path, required: tuple[str, ...], known: tuple[str
         if unknown:
             parts.append(f"unknown column(s) {', '.join(unknown)}")
         optional = [c for c in known or () if c not in required]
-        raise error(str(path), [f"line {header_line} (header): {'; '.join(parts)}; expected the "
-                                f"columns {', '.join(required)}"
-                                + (f" (optional: {', '.join(optional)})" if optional else "")])
+        header_problems.append(f"line {header_line} (header): {'; '.join(parts)}; expected the "
+                               f"columns {', '.join(required)}"
+                               + (f" (optional: {', '.join(optional)})" if optional else ""))
+    if header_problems:
+        raise error(str(path), header_problems)
     rows: list[tuple[int, dict[str, str]]] = []
     for line_no, fields in numbered[1:]:
         if len(fields) != len(header):
@@ -273,6 +301,38 @@ def read_measurements(path: str | Path, min_seconds: float = 0.0) -> list[Measur
     return rows
 
 
+def _written_fields(r: Measurement) -> list[str]:
+    """A row's fields as :func:`write_measurements` writes them (in the order of COLUMNS)."""
+    return [r.device, r.backend, r.dtype, str(r.threads), r.op, str(r.m), str(r.k), str(r.n),
+            str(r.batch), f"{r.seconds * r.batch:.9g}", "s", str(r.repeats),
+            "" if r.joules is None else f"{r.joules * r.batch:.6g}", r.provenance]
+
+
+def written_row_problems(row: Measurement) -> list[tuple[str, str]]:
+    """(column, message) of each check :func:`read_measurements` would fail on ``row`` once
+    written: the line's (its length, a ``#`` that makes it a comment), then
+    :class:`MeasurementRow`'s. An importer asks it of every row it makes, so that nothing
+    ``perf import`` writes is refused, or skipped, by ``perf fit`` later."""
+    try:
+        fields = _written_fields(row)
+    except (OverflowError, ValueError) as exc:  # seconds x batch beyond a float; a huge int
+        return [("<top>", f"cannot be written as a measurement row: {exc}")]
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(fields)
+    line = buffer.getvalue()
+    if len(line) > MAX_LINE_CHARS:
+        return [("<top>", f"{len(line)} characters once written; a measurement row is at most "
+                          f"{MAX_LINE_CHARS}")]
+    if line.lstrip().startswith("#"):
+        return [("device", f"expected a name that does not start with '#' (the line would be "
+                           f"read as a comment), got {row.device[:80]!r}")]
+    try:
+        MeasurementRow.model_validate(dict(zip(COLUMNS, fields)))
+    except ValidationError as exc:
+        return problem_pairs(exc, model=MeasurementRow)
+    return []
+
+
 def write_measurements(path: str | Path, rows: Iterable[Measurement],
                        comments: Iterable[str] = ()) -> None:
     """Write rows in the CSV format (times in seconds, per row including batch)."""
@@ -282,10 +342,7 @@ def write_measurements(path: str | Path, rows: Iterable[Measurement],
         writer = csv.writer(handle)
         writer.writerow(COLUMNS)
         for r in rows:
-            writer.writerow([r.device, r.backend, r.dtype, r.threads, r.op, r.m, r.k, r.n,
-                             r.batch, f"{r.seconds * r.batch:.9g}", "s", r.repeats,
-                             "" if r.joules is None else f"{r.joules * r.batch:.6g}",
-                             r.provenance])
+            writer.writerow(_written_fields(r))
 
 
 def as_arrays(rows: Iterable[Measurement]) -> tuple[np.ndarray, np.ndarray]:
