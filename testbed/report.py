@@ -91,8 +91,9 @@ BOUNDS = {  # kind: (largest magnitude, what the number is)
     # a diverged run's loss may be anything a float32 holds (past it, it is inf: refused)
     "loss": (3.5e38, "nats: a float32's range"),
 }
-# kinds no run writes below 0 (seconds and fractions may be: a lag, a signed tile error)
-NOT_NEGATIVE = ("bytes", "count", "factor", "J")
+# kinds no run writes below 0 (seconds, fractions and joules may be: a lag, a signed tile error,
+# a phone's energy measured from its battery while it charged)
+NOT_NEGATIVE = ("bytes", "count", "factor")
 MAX_STEP = 10**12  # a step index; steps are counted from 0
 STEP_NUMBERS = {"wall_s": "s", "device_time_s": "s", "bytes_down": "bytes",
                 "bytes_up": "bytes"}  # every step has them
