@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ import yaml
 from testbed.errors import InputError
 from testbed.names import name_problem
 from testbed.perf_model.features import ExportedTimeModel
-from testbed.user_paths import is_file, load_user_yaml, read_user_text, user_path
+from testbed.user_paths import input_problem, is_file, load_user_yaml, read_user_text, user_path
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 MAX_PROFILE_BYTES = 16 * 1024**2  # a profile is a few KB; a name of a huge file is a mistake
@@ -213,9 +214,12 @@ def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
     """
     path = find_profile(str(name_or_path), base_dir)
     if path is None:
+        candidate = user_path(str(name_or_path), base_dir)
+        there = input_problem(candidate) if os.path.lexists(candidate) else None
         raise ProfileError(str(name_or_path), [
-            f"no device profile named {str(name_or_path)!r}; shipped profiles: "
-            f"{', '.join(list_profiles())}"])
+            f"no device profile named {str(name_or_path)!r}"
+            + (f", and {there}" if there else "")
+            + f"; shipped profiles: {', '.join(list_profiles())}"])
     try:
         raw = load_user_yaml(read_user_text(path, MAX_PROFILE_BYTES, errors="replace")) or {}
     except OSError as exc:

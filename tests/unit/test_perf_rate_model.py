@@ -98,6 +98,8 @@ def test_perf_predict_shapes_file(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.parametrize("argv, content, needle", [
     (["perf", "predict", "no-such-profile", "1", "2", "3"], None, "no device profile named"),
+    # a directory where a profile file was meant: said, not only "no device profile named"
+    (["perf", "predict", "{d}", "1", "2", "3"], None, "is a directory; expected a file"),
     (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "M K N.m: expected a positive"),
     (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "M K N.k: expected a positive"),
     (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k\n1,2\n", "line 1 (header)"),
@@ -110,7 +112,7 @@ def test_perf_predict_rejects_bad_input_with_exit_2(tmp_path, capsys, argv, cont
     f = tmp_path / "in.csv"
     if content is not None:
         f.write_text(content)
-    assert run_cli([a.replace("{f}", str(f)) for a in argv]) == 2
+    assert run_cli([a.replace("{f}", str(f)).replace("{d}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
     assert needle in err, err
 
