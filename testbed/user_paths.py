@@ -54,7 +54,8 @@ def is_file(path: Path) -> bool:
 
 
 def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
-    """A user's text file, whole (UTF-8, ``errors`` as for bytes.decode). Raises OSError, its
+    """A user's text file, whole (UTF-8, a leading byte order mark dropped, ``errors`` as for
+    bytes.decode). Raises OSError, its
     ``strerror`` saying why, when the file cannot be read, is not a regular file (a FIFO or a
     device such as /dev/zero would block or never end) or holds more than ``max_bytes``;
     UnicodeDecodeError when it is not text.
@@ -83,7 +84,9 @@ def read_user_text(path: Path, max_bytes: int, errors: str = "strict") -> str:
             total += len(piece)
     if total > max_bytes:
         raise too_big
-    return b"".join(pieces).decode("utf-8", errors)
+    # utf-8-sig: a spreadsheet's "CSV UTF-8" export starts with a byte order mark, which would
+    # otherwise become part of the first header name (or the first key)
+    return b"".join(pieces).decode("utf-8-sig", errors)
 
 
 def path_arg(text: str) -> str:

@@ -298,11 +298,10 @@ def parse_trace(text: str, source: str = "<trace>",
 
 
 def read_trace_text(path: Path) -> str:
-    """A churn file's text (a trace or a session list), or a TraceError saying why not. Read as
-    utf-8-sig: a spreadsheet's "CSV UTF-8" export starts with a byte order mark, which would
-    otherwise become part of the first header name."""
+    """A churn file's text (a trace or a session list; a byte order mark dropped, as
+    :func:`read_user_text` drops it), or a TraceError saying why not."""
     try:
-        return read_user_text(path, MAX_TRACE_BYTES).removeprefix("\ufeff")
+        return read_user_text(path, MAX_TRACE_BYTES)
     except OSError as exc:
         raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:

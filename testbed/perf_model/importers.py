@@ -90,11 +90,10 @@ def _source_text(path: Path) -> str:
     """A source file's text, a byte order mark dropped; SourceFormatError naming the file when
     it cannot be read, is not a regular file or holds more than MAX_SOURCE_BYTES."""
     try:
-        text = read_user_text(path, MAX_SOURCE_BYTES, errors="replace")
+        return read_user_text(path, MAX_SOURCE_BYTES, errors="replace")
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
         raise SourceFormatError(f"{path}: cannot read: "
                                 f"{getattr(exc, 'strerror', None) or exc}") from exc
-    return text.removeprefix("\ufeff")
 
 
 def _records(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
@@ -134,7 +133,7 @@ def _positive_int(text: str, what: str) -> int:
     return value
 
 
-def _positive_time(text: str, what: str, noun: str = "time") -> float:
+def _positive_figure(text: str, what: str, noun: str = "time") -> float:
     try:
         value = float(text)
     except ValueError:
@@ -164,8 +163,7 @@ def mlx_gemm(operand_shapes: str) -> tuple[int, int, int, int]:
 # measurement column -> the source column it is made from, to name it in an error (_checked)
 MLX_COLUMNS = {"m": "operand_shapes", "k": "operand_shapes", "n": "operand_shapes",
                "batch": "operand_shapes", "time": "ms_mean_of_9"}
-DEEPBENCH_COLUMNS = {"m": "M", "k": "K", "n": "N", "time": "time_ms"}
-MNN_COLUMNS = {"m": "M", "k": "K", "n": "N", "time": "time_ms"}
+MNK_MS_COLUMNS = {"m": "M", "k": "K", "n": "N", "time": "time_ms"}  # DeepBench's and MNN's
 MMPERF_COLUMNS = {"device": "platform", "backend": "library", "m": "M", "k": "K", "n": "N",
                   "time": "gflops"}
 # DeepBench's device results are all of one precision; what it names, as (dtype, backend)
@@ -182,7 +180,7 @@ def import_mlx(path: str | Path, backend: str | None = "cpu") -> list[Measuremen
             continue
         try:
             batch, m, k, n = mlx_gemm(rec["operand_shapes"])
-            ms = _positive_time(rec["ms_mean_of_9"], "ms_mean_of_9")
+            ms = _positive_figure(rec["ms_mean_of_9"], "ms_mean_of_9")
             seconds = ms / 1e3 / batch
         except (ValueError, IndexError) as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
@@ -204,7 +202,7 @@ def import_deepbench(path: str | Path) -> list[Measurement]:
     for line_no, rec in _records(path, ("device", "precision", "M", "N", "K", "time_ms")):
         try:
             m, n, k = (_positive_int(rec[c], c) for c in ("M", "N", "K"))
-            ms = _positive_time(rec["time_ms"], "time_ms")
+            ms = _positive_figure(rec["time_ms"], "time_ms")
             precision = rec["precision"].strip()
             if precision not in DEEPBENCH_PRECISIONS:
                 raise ValueError(f"column 'precision': expected "
@@ -216,7 +214,7 @@ def import_deepbench(path: str | Path) -> list[Measurement]:
         dtype, backend = DEEPBENCH_PRECISIONS[precision]
         rows.append(_checked(path, line_no, Measurement(
             device=rec["device"], backend=backend, dtype=dtype, threads=0, op="gemm", m=m, k=k,
-            n=n, seconds=ms / 1e3, provenance=DEEPBENCH_ATTRIBUTION), DEEPBENCH_COLUMNS))
+            n=n, seconds=ms / 1e3, provenance=DEEPBENCH_ATTRIBUTION), MNK_MS_COLUMNS))
     return rows
 
 
@@ -273,7 +271,7 @@ def import_vfpbench(path: str | Path) -> list[PeakRecord]:
         if match:
             thread, precision = match.group(1), match.group(2)
             try:
-                gflops = _positive_time(match.group(3)[:80], f"{thread} {precision} max",
+                gflops = _positive_figure(match.group(3)[:80], f"{thread} {precision} max",
                                         "GFLOPS figure")
             except ValueError as exc:
                 raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
@@ -313,7 +311,7 @@ def import_mnn(path: str | Path) -> list[Measurement]:
             continue
         try:
             m, k, n = (_positive_int(rec[c], c) for c in ("M", "K", "N"))
-            ms = _positive_time(rec["time_ms"], "time_ms")
+            ms = _positive_figure(rec["time_ms"], "time_ms")
             threads = _positive_int(rec["threads"], "threads")
         except ValueError as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
@@ -321,7 +319,7 @@ def import_mnn(path: str | Path) -> list[Measurement]:
         rows.append(_checked(path, line_no, Measurement(
             device=rec["device"].strip(), backend="mnn-cpu", dtype=dtype, threads=threads,
             op="gemm", m=m, k=k, n=n, seconds=ms / 1e3, provenance=MNN_ATTRIBUTION),
-            MNN_COLUMNS))
+            MNK_MS_COLUMNS))
     return rows
 
 
@@ -335,7 +333,7 @@ def import_mmperf(path: str | Path) -> list[Measurement]:
     for line_no, rec in _records(path, ("platform", "library", "M", "N", "K", "gflops")):
         try:
             m, n, k = (_positive_int(rec[c], c) for c in ("M", "N", "K"))
-            gflops = _positive_time(rec["gflops"], "gflops", "rate")
+            gflops = _positive_figure(rec["gflops"], "gflops", "rate")
         except ValueError as exc:
             raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
         try:
@@ -369,7 +367,7 @@ def import_tf_sd835(path: str | Path) -> list[Measurement]:
                 raise SourceFormatError(f"{path}: line {line_no}: no 'Library\\Size' header "
                                         f"before the cpu-Eigen-fp32 row")
             try:
-                us = [_positive_time(c, f"N={n}") for c, n in zip(cells[2:], sizes)]
+                us = [_positive_figure(c, f"N={n}") for c, n in zip(cells[2:], sizes)]
             except ValueError as exc:
                 raise SourceFormatError(f"{path}: line {line_no}: {exc}") from exc
             return [_checked(path, line_no, Measurement(
@@ -408,7 +406,7 @@ def import_ncnn(path: str | Path) -> list[ModelTiming]:
                                         "gpu_device", "min_ms", "max_ms", "avg_ms")):
         try:
             threads = _positive_int(rec["num_threads"], "num_threads")
-            times = [_positive_time(rec[c], c) for c in ("min_ms", "max_ms", "avg_ms")]
+            times = [_positive_figure(rec[c], c) for c in ("min_ms", "max_ms", "avg_ms")]
             loops = _positive_int(rec["loop_count"], "loop_count") \
                 if (rec.get("loop_count") or "").strip() else 0
         except ValueError as exc:
@@ -515,7 +513,7 @@ def import_paddle_lite(path: str | Path) -> list[ModelTiming]:
                 continue
             for soc, cell in zip(header[1:], row[1:]):
                 try:
-                    ms = _positive_time(cell, soc)
+                    ms = _positive_figure(cell, soc)
                 except ValueError:
                     continue  # "-" cells: not measured
                 device = soc.replace("骁龙", "Snapdragon").replace("麒麟", "Kirin")
@@ -542,7 +540,7 @@ def import_xnnpack(path: str | Path) -> list[ModelTiming]:
             precision = "fp32" if row[0].startswith("FP32") else "int8"
             for column, cell in zip(header[1:], row[1:]):
                 try:
-                    ms = _positive_time(cell, column)
+                    ms = _positive_figure(cell, column)
                 except ValueError:
                     continue
                 out.append(ModelTiming(device=column.replace(", ms", ""), model=row[0],

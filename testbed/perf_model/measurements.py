@@ -202,7 +202,7 @@ def read_csv_lines(path: str | Path, required: tuple[str, ...], known: tuple[str
     """
     path = Path(path)
     try:
-        text = read_user_text(path, max_bytes, errors="replace").removeprefix("\ufeff")
+        text = read_user_text(path, max_bytes, errors="replace")
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
         raise error(str(path), [f"cannot read: {getattr(exc, 'strerror', None) or exc}"]) from exc
     numbered: list[tuple[int, list[str]]] = []
