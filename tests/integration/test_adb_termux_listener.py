@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -38,7 +37,13 @@ from tests.conftest import (
     wait_for,
 )
 from tests.fakes.adb_phones import termux_phone
-from tests.fakes.fake_adb import OTHER_APP_UID, TERMUX_UID, FakeAdbServer, phone_pids
+from tests.fakes.fake_adb import (
+    OTHER_APP_UID,
+    TERMUX_UID,
+    FakeAdbServer,
+    free_port_base,
+    phone_pids,
+)
 
 pytestmark = pytest.mark.integration
 SERIAL = "STOCK1"
@@ -71,25 +76,6 @@ while True:
     s.close()
     time.sleep(0.2)
 """
-
-
-def free_port_base() -> int:
-    """A phone port D with D, D+1 and D+2 free on this host (the fake phone's loopback)."""
-    for _ in range(200):
-        base = random.randrange(20000, 40000)
-        socks = []
-        try:
-            for port in (base, base + 1, base + 2):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no three free ports in a row")
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from testbed.adb_bridge import doctor as adb_doctor
 from testbed.cli import main
 from testbed.perf_model.measurements import read_measurements
 from tests.fakes.adb_phones import DATA, recorded_phone
-from tests.fakes.fake_adb import FakeAdbServer, FakePhone, FakeTermux, ShellResult
+from tests.fakes.fake_adb import FakeAdbServer, FakePhone, FakeTermux, ShellResult, free_port_base
 
 RUN = "sh /data/local/tmp/testbed/run-python.sh /data/local/tmp/testbed/time_gemm.py "
 DESCRIBE = b'{"cpu_model": "Qualcomm SM8350", "numpy": "1.26.0"}\n'
@@ -393,15 +393,16 @@ def test_the_doctor_names_an_app_that_holds_the_probe_port(
         fake_adb: VanishingServer, tmp_path: Path) -> None:
     """`adb reverse` of the probe port fails "Address already in use": that was "the adb
     connection failed mid-check ... check the cable"."""
+    phone_port = free_port_base()  # the probe's port, D+1, and the control port, D+2, free
+    probe_port = phone_port + 1
     with socket.socket() as other_app:
-        other_app.bind(("127.0.0.1", 0))
+        other_app.bind(("127.0.0.1", probe_port))
         other_app.listen(1)
-        probe_port = other_app.getsockname()[1]
         phone = fake_adb.plug(recorded_phone("T1", termux=FakeTermux(work_dir=tmp_path),
                                              exec_hook=lambda p, c: ShellResult(exit_code=127)
                                              if c.startswith("python3 ") else None))
         phone.same_ports = True  # phone port D is this host's port D: the app holds it
-        report = doctor(fake_adb, "T1", phone_port=probe_port - 1,
+        report = doctor(fake_adb, "T1", phone_port=phone_port,
                         listener_timeout_s=0.2).report()
     assert (f"[FAIL] probe port: adb reverse tcp:{probe_port} failed (cannot bind listener: "
             f"Address already in use): something on the phone already listens on "
