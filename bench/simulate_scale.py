@@ -4,10 +4,11 @@ For 100 / 1,000 / 10,000 devices (quick mode: 100, a couple of minutes) on OPT-1
 (hidden 768, 12 layers, ffn 3072) and OPT-1.3B-shaped (hidden 2048, 24 layers, ffn 8192, seq
 2048) jobs: one step each, in a child process per case so that each peak RSS is its own. Wall
 seconds cover the whole run (joining every device, planning, the step, writing the run
-directory); CPU seconds are the child's user + system time (on a shared host, wall time
-includes waiting for a core, and two runs of one case differ by up to a fifth); planner CPU
-seconds are the part of them the step planner took (``summary.json``'s ``planner_cpu_s``),
-steadier from run to run.
+directory); CPU seconds are the child's user + system time and its planning processes' (on a
+shared host, wall time includes waiting for a core, and two runs of one case differ by up to a
+fifth); planner CPU seconds are the part of them the step planner took, in the child and its
+planning processes (``summary.json``'s ``planner_cpu_s``), steadier from run to run. Peak RSS
+is the largest process's: the child's or a planning process's.
 
     .venv/bin/python bench/simulate_scale.py [--quick] [--steps N] [--timeout-s S]
 """
@@ -96,24 +97,31 @@ def one_case(devices: int, model: str, steps: int, timeout_s: float) -> dict[str
             summary = simulate(topology, run_dir, report=False)
         except _OutOfTime:
             wall = time.monotonic() - start
-            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu_s, rss_mb = _usage()
             sim = made[0] if made else None
             return {"devices": devices, "model": model, "state": "unfinished", "wall_s": wall,
-                    "cpu_s": usage.ru_utime + usage.ru_stime,
-                    "peak_rss_mb": usage.ru_maxrss / 1024,
+                    "cpu_s": cpu_s, "peak_rss_mb": rss_mb,
                     "virtual_s": sim.now_s if sim is not None else 0.0,
                     "tiles": (sim.totals.tiles + sim.stats.tiles) if sim is not None else 0}
         wall = time.monotonic() - start
         signal.setitimer(signal.ITIMER_REAL, 0)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    rss_mb = usage.ru_maxrss / 1024
+    cpu_s, rss_mb = _usage()
     return {"devices": devices, "model": model, "state": summary["state"],
             "steps": summary["steps_done"], "wall_s": wall,
             "steps_per_wall_s": summary["steps_done"] / wall if wall > 0 else 0.0,
             "device_s_per_step": summary["wall_s"] / max(1, summary["steps_done"]),
             "tiles": summary["tiles"], "peak_rss_mb": rss_mb,
-            "cpu_s": usage.ru_utime + usage.ru_stime, "plan_cpu_s": summary["planner_cpu_s"],
+            "cpu_s": cpu_s, "plan_cpu_s": summary["planner_cpu_s"],
             "flow_recomputes": summary["flow_rate_recomputes"]}
+
+
+def _usage() -> tuple[float, float]:
+    """CPU seconds of this process and of the planning processes it has waited for, and the
+    peak RSS (MB) of the largest of them."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    planners = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = me.ru_utime + me.ru_stime + planners.ru_utime + planners.ru_stime
+    return cpu_s, max(me.ru_maxrss, planners.ru_maxrss) / 1024
 
 
 def main(argv: list[str] | None = None) -> int:
