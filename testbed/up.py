@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -648,7 +649,8 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
     anything starts: (topology, trace path, schedule), or exit 2 with the problems printed.
 
     `testbed up`, `simulate`, `compare` and `validate` all start here, so they accept and refuse
-    the same. ``churn_path`` (``--churn``) replaces the topology's own trace.
+    the same. ``churn_path`` (``--churn``) replaces the topology's own trace, in the topology
+    returned too (its ``churn``), so the run directory's ``topology.yaml`` names the trace.
     """
     try:
         topology = load_topology(topology_path)
@@ -667,6 +669,8 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
               "(job.parallelism.strategy)", file=sys.stderr)
         return EXIT_BAD_INPUT
     churn = Path(churn_path).resolve() if churn_path else topology.churn
+    # the run directory's topology.yaml names the trace replayed, --churn's too
+    topology = dataclasses.replace(topology, churn=churn)
     schedule = None
     if churn is not None:
         from testbed.churn import TraceError, load_schedule

@@ -475,7 +475,6 @@ def run_compare(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     topology, churn, _ = inputs
-    topology = dataclasses.replace(topology, churn=churn)
     try:
         gpu = load_gpu(args.gpu)
         schedules = {}
