@@ -578,7 +578,9 @@ class Simulation(EventLoop):
             for g in group:
                 if gemm_flops(g.m, g.k, g.n) < self.job.parallelism.min_offload_flops:
                     next(seq)
+                    self.stats.gemms_local += 1
                     continue  # the PS computes it (no virtual time: see the module docstring)
+                self.stats.gemms_offloaded += 1
                 if self.ps_gemm_s > 0:  # the PS's own work before this GEMM goes out
                     self.pass_time(self.now_s + self.ps_gemm_s)
                 waited = floating if floats(g.op) else left  # as the engine (GemmContext.defer)

@@ -11,7 +11,7 @@ import pytest
 
 from testbed.churn.schedule import load_schedule
 from testbed.cli import main
-from testbed.ps_backend.tiler import cut_regions
+from testbed.ps_backend.tiler import cut_regions, gemm_flops
 from testbed.runlog import read_jsonl
 from testbed.simulate.chain import linears, step_chain
 from testbed.simulate.run import simulate
@@ -42,6 +42,23 @@ def test_run_directory_is_complete_and_marked(tmp_path: Path) -> None:
     assert 0 < summary["planner_cpu_s"] <= summary["sim_wall_s"] + 0.01
 
 
+def test_gemms_the_ps_keeps_are_counted_as_the_ps_counts_them(tmp_path: Path) -> None:
+    """A step's ``gemms`` are all its GEMMs and ``gemms_local`` those under min_offload_flops,
+    as the PS writes them (its executor's counts); the simulator wrote the offloaded ones and
+    0."""
+    text = TINY.read_text().replace("min_offload_flops: 0", "min_offload_flops: 300000")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text)
+    topology = load_topology(path).with_overrides(steps=1)
+    chain = [g for group in step_chain(topology.job) for g in group]
+    local = sum(gemm_flops(g.m, g.k, g.n) < 300_000 for g in chain)
+    assert 0 < local < len(chain)  # the threshold splits this job's GEMMs
+    (tmp_path / "run").mkdir()
+    simulate(topology, tmp_path / "run", noise=False, report=False)
+    [step] = read_jsonl(tmp_path / "run" / "steps.jsonl")
+    assert (step["gemms"], step["gemms_local"]) == (len(chain), local)
+
+
 def test_every_tile_of_every_gemm_is_accepted_once(tmp_path: Path) -> None:
     topology = load_topology(TINY).with_overrides(steps=1)
     sim = Simulation(topology, noise=False)
@@ -70,6 +87,21 @@ def test_churn_replays_the_schedule_in_order(tmp_path: Path) -> None:
                           ("join", "phones-1")]
     times = [e["elapsed_s"] for e in events if e["event"] == "churn"]
     assert times == pytest.approx([a.time_s for a in schedule.actions], abs=1e-9)
+
+
+def test_the_run_directory_names_the_trace_of_churn(tmp_path: Path) -> None:
+    """`--churn` replaces the topology's trace, and the resolved topology.yaml says which: it
+    said ``churn: null``, so a churn run could not be told from its directory."""
+    import yaml
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    out = tmp_path / "runs"
+    assert main(["simulate", str(TINY), "--churn", str(trace), "--steps", "1",
+                 "--out", str(out)]) == 0
+    [run_dir] = out.iterdir()
+    resolved = yaml.safe_load((run_dir / "topology.yaml").read_text())
+    assert resolved["churn"] == str(trace.resolve())
 
 
 def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
