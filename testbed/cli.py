@@ -98,10 +98,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # SIGTERM and SIGHUP (a closed terminal) stop a command as Ctrl-C does: its `finally`s run
     # (a network taken down, a run's summary written) where the default action ended the
-    # process on the spot (`testbed up` puts handlers of its own over these while it runs)
+    # process on the spot (`testbed up` puts handlers of its own over these while it runs).
+    # SIGINT too: a shell without job control starts a background command with SIGINT
+    # ignored, and Python then installs no handler of its own, so `kill -INT` did nothing
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        previous = {s: signal.signal(s, _interrupt)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -19,11 +19,12 @@ TINY = REPO / "tests" / "data" / "tiny.yaml"
 
 
 def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
-    # SIGINT as a terminal leaves it (a shell without job control starts background jobs with
-    # SIGINT ignored, and Python then never installs its handler)
+    # SIGINT ignored, as a shell without job control starts a background job (`testbed
+    # simulate T & kill -INT $!` in a script): Python then installs no handler of its own,
+    # and the command must (it ran on to its end)
     return subprocess.Popen(cli_argv(*argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=cwd,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
 
 
 @pytest.mark.parametrize("sig, strategy", [(signal.SIGINT, "tile-tp"),
