@@ -101,7 +101,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         state, interrupted = "interrupted", True
     devices = sim.device_records()
     events = log.finish(devices, state)
-    t = sim.totals
+    t = sim.run_totals()
     k = sim.scheduler.counters
     summary: dict[str, Any] = {
         "run": run_dir.name, "simulated": True, "state": state, "error": error,

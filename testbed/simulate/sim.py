@@ -38,6 +38,7 @@ GEMMs below ``min_offload_flops``, its software per GEMM) takes no virtual time 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import time
@@ -593,6 +594,13 @@ class Simulation(EventLoop):
         stats, self.stats = self.stats, StepStats()
         self.totals.add(stats)
         return self.now_s - start_s, stats, record
+
+    def run_totals(self) -> StepStats:
+        """The run's figures so far: the finished steps and the one under way (an interrupted
+        or failed run's summary counts what it spent, as the PS's ``PsCore.totals``)."""
+        out = dataclasses.replace(self.totals)
+        out.add(self.stats)
+        return out
 
     def device_record(self, dev: SimDevice, state: str | None = None) -> dict[str, Any]:
         """The PS's device record for devices.jsonl and summary.json (PsCore._device_record)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -102,6 +103,26 @@ def test_the_run_directory_names_the_trace_of_churn(tmp_path: Path) -> None:
     [run_dir] = out.iterdir()
     resolved = yaml.safe_load((run_dir / "topology.yaml").read_text())
     assert resolved["churn"] == str(trace.resolve())
+
+
+def test_an_interrupted_run_counts_the_step_under_way_as_the_ps_does(tmp_path: Path) -> None:
+    """Its wall time and energy ran to the interrupt while its tiles and bytes stopped at the
+    last finished step; now all of them count the step under way (PsCore.totals), and the
+    finished steps are what steps.jsonl and steps_done say."""
+    topology = load_topology(TINY).with_overrides(steps=5)
+
+    def interrupt(step: int, device_s: float, tiles: int, *_: float) -> None:
+        if step == 2 and tiles > 0:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        simulate(topology, tmp_path, noise=False, report=False, during=interrupt,
+                 during_every_s=0.0)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    steps = read_jsonl(tmp_path / "steps.jsonl")
+    assert summary["state"] == "interrupted" and summary["steps_done"] == len(steps) == 2
+    assert summary["tiles"] > sum(s["tiles"] for s in steps)
+    assert summary["bytes_down"] > sum(s["bytes_down"] for s in steps)
+    assert summary["wall_s"] > sum(s["wall_s"] for s in steps)
 
 
 def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
