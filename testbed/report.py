@@ -485,6 +485,7 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
         f"# Run {name}",
         "",
         f"- state: {summary.get('state', '?')} (exit code {summary.get('exit_code', '?')})",
+        *_error_line(summary.get("error")),
         f"- steps: {summary.get('steps_done', len(steps))} of {summary.get('steps', '?')}; "
         + (f"final loss {loss:.4f}" if isinstance(loss, float) else "final loss: none"),
         f"- tiles: {summary.get('tiles', 0)}, recomputed {summary.get('recomputed_tiles', 0)}, "
@@ -493,6 +494,7 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
         f"up {format_bytes(summary.get('bytes_up', 0))}",
         f"- wall time {summary.get('wall_s', 0):.1f} s, time dilation "
         f"{summary.get('time_dilation', 1):.2f}",
+        *_energy_line(summary.get("energy")),
         fidelity_line(summary),
         f"- network: {network.get('backend', '?')} (rate: {network.get('rate', '?')}, "
         f"delay: {network.get('delay', '?')}, loss: {network.get('loss', '?')})",
@@ -507,6 +509,32 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
         *_real_devices(summary.get("real_devices") or {}),
     ]
     return "\n".join(lines)
+
+
+MAX_ERROR_CHARS = 500  # a failed run's reason on its page: its first lines say it
+
+
+def _error_line(error: Any) -> list[str]:
+    """Why a run failed (summary.json's ``error``), on one line; none when it did not."""
+    if not isinstance(error, str) or not error.strip():
+        return []
+    text = " ".join(error.split())
+    cut = text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+    return [f"- error: {cut}"]
+
+
+def _energy_line(energy: Any) -> list[str]:
+    """The devices' energy (summary.json's ``energy.total``) when the run has it: all of it,
+    and its compute, idle and radio parts; none when a figure is missing or not a number."""
+    total = energy.get("total") if isinstance(energy, dict) else None
+    keys = ("total_j", "compute_j", "idle_j", "radio_j", "carbon_g")
+    if not isinstance(total, dict) or not all(
+            isinstance(total.get(k), (int, float)) and not isinstance(total.get(k), bool)
+            and math.isfinite(total[k]) for k in keys):
+        return []
+    return [f"- device energy {total['total_j']:.1f} J (compute {total['compute_j']:.1f}, idle "
+            f"{total['idle_j']:.1f}, radio {total['radio_j']:.1f}), {total['carbon_g']:.3g} "
+            f"gCO2e"]
 
 
 def _num(value: Any, fmt: str) -> str:

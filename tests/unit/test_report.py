@@ -31,6 +31,31 @@ def test_report_from_run_files(tmp_path: Path) -> None:
         assert needle in text, needle
 
 
+def test_report_says_why_a_run_failed_and_what_its_devices_spent(tmp_path: Path) -> None:
+    """summary.json had both, and report.md said only 'state: failed' and no energy."""
+    log = RunLog(tmp_path)
+    log.step(step=0, loss=None, wall_s=1.0, device_time_s=1.0, bytes_down=1, bytes_up=1)
+    log.close()
+    reason = "simulation stalled at t=5.000000 s:\n12 tiles outstanding, " + "x" * 2000
+    write_json_atomic(tmp_path / "summary.json", {
+        "state": "failed", "exit_code": 1, "error": reason, "steps_done": 1, "steps": 4,
+        "wall_s": 5.0, "devices": [],
+        "energy": {"total": {"total_j": 107.6, "compute_j": 4.4, "idle_j": 100.0,
+                             "radio_j": 3.2, "carbon_g": 0.0142}}})
+    assert main(["report", str(tmp_path)]) == 0
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    [error] = [line for line in lines if line.startswith("- error: ")]
+    assert error.startswith("- error: simulation stalled at t=5.000000 s: 12 tiles outstanding")
+    assert len(error) <= len("- error: ") + 500 and error.endswith("...")
+    assert "- device energy 107.6 J (compute 4.4, idle 100.0, radio 3.2), 0.0142 gCO2e" in lines
+    # a damaged energy block costs only its line
+    write_json_atomic(tmp_path / "summary.json", {"state": "done", "steps_done": 1,
+                                                  "energy": {"total": {"total_j": "x"}}})
+    assert main(["report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "device energy" not in text and "- error" not in text
+
+
 def test_report_refuses_a_non_run_directory(tmp_path: Path) -> None:
     assert main(["report", str(tmp_path)]) == 2
 
