@@ -35,7 +35,7 @@ from testbed.perf_model.profiles import (
     load_profile,
     profile_name_problem,
 )
-from testbed.schema import Schema, parse
+from testbed.schema import Schema, problem_pairs
 from testbed.units import SEED, int_arg, number_arg
 from testbed.user_paths import checked_output, written_whole
 
@@ -319,6 +319,16 @@ def predict_seconds(profile: Any, shapes: list[tuple[int, int, int]]) -> list[fl
     return out
 
 
+def _command_line_shape(mkn: list[str]) -> tuple[int, int, int]:
+    """``M K N`` given on the command line as a shape; InputError naming M, K or N."""
+    try:
+        row = ShapeRow.model_validate(dict(zip("mkn", mkn)))
+    except ValidationError as exc:
+        raise InputError("command line", [f"{path.upper()}: {message}"
+                                          for path, message in problem_pairs(exc)]) from None
+    return row.m, row.k, row.n
+
+
 def _predict(args: argparse.Namespace) -> int:
     try:
         profile = load_profile(args.profile)
@@ -327,11 +337,11 @@ def _predict(args: argparse.Namespace) -> int:
                 raise InputError("command line", ["give M K N or --shapes FILE, not both"])
             shapes = read_shapes(args.shapes)
         elif len(args.mkn) == 3:
-            row = parse(ShapeRow, dict(zip("mkn", args.mkn)), "command line", root="M K N")
-            shapes = [(row.m, row.k, row.n)]
+            shapes = [_command_line_shape(args.mkn)]
         else:
-            raise InputError("command line", [f"expected M K N (three positive integers) or "
-                                              f"--shapes FILE, got {len(args.mkn)} value(s)"])
+            raise InputError("command line", [
+                f"expected one shape, M K N (three positive integers), or --shapes FILE.csv for "
+                f"several; got {len(args.mkn)} value(s)"])
     except (InputError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -373,44 +383,93 @@ def _show(args: argparse.Namespace) -> int:
         print(f"  power: active {profile.power.active_w} W, idle {profile.power.idle_w} W, "
               f"radio {profile.power.radio_w} W")
     if profile.model is not None and profile.model.noise_levels:
-        from testbed.perf_model.calibrate import noise_band
-        low, high = noise_band(profile.model)
-        print(f"  expected error band (5-95% of held-out measured/predicted): "
-              f"{100 * (low - 1):+.0f}% .. {100 * (high - 1):+.0f}%; emulated tiles draw "
-              f"their noise from it")
+        print(noise_line(profile))
     evaluation = profile.evaluation if isinstance(profile.evaluation, dict) else {}
-    held = dict(evaluation.get("held_out") or {})
+    rest = dict(evaluation)  # what the summary below does not print
+    held = dict(rest.pop("held_out", None) or {})
     calibration = evaluation.get("calibration")
     if isinstance(calibration, dict) and isinstance(calibration.get("leave_one_out"), dict):
         # a `perf calibrate` profile: each calibration shape predicted without it
         held[f"leave-one-out over the {calibration.get('shapes')} calibration shapes "
              f"({calibration.get('shape_curve')})"] = calibration["leave_one_out"]
+        rest["calibration"] = {k: v for k, v in calibration.items() if k != "leave_one_out"}
     if held:
         print("accuracy on data it was not fitted on:")
-        for label, fig in held.items():
-            if isinstance(fig, dict) and "within_25" in fig:
-                print(f"  {label}: n {fig.get('n')}, ±10% {fig.get('within_10')}%, ±25% "
-                      f"{fig.get('within_25')}%, ±50% {fig.get('within_50')}%, median p/t "
-                      f"{fig.get('median_ratio')}")
-            elif isinstance(fig, dict):  # model level: one line per measured row
-                print(f"  {label}:")
-                for row, val in fig.items():
-                    if isinstance(val, dict) and "measured_ms" in val:
-                        extra = ", ".join(f"{k} {v}" for k, v in val.items()
-                                          if k not in ("measured_ms", "spread_ms"))
-                        print(f"    {row}: measured {val['measured_ms']} ms, {extra}")
-                    else:
-                        print(f"    {row}: {val}")
-            else:
-                print(f"  {label}: {fig}")
+        for line in held_out_lines(held):
+            print(line)
     else:
         print("accuracy on data it was not fitted on: none measured (see evaluation)")
     print("provenance:")
     for key, text in profile.provenance.items():
         print(f"  {key}: {text}")
-    print("evaluation:")
-    print("  " + yaml.safe_dump(profile.evaluation, sort_keys=False).replace("\n", "\n  "))
+    rest = {k: v for k, v in rest.items() if v not in ({}, None)}
+    compared = {k: v for k, v in rest.items() if isinstance(v, dict) and v
+                and all(_is_scores(fig) for fig in v.values())}
+    if compared:  # `perf eval`'s splits, every model on them: the fitted one is shipped above
+        print("every model on the same splits (testbed perf eval):")
+        for split, models in compared.items():
+            print(f"  {split}:")
+            for name, fig in models.items():
+                print(f"    {name}: " + ("as above (the shipped model)" if fig in held.values()
+                                         else _scores_text(fig)))
+    rest = {k: v for k, v in rest.items() if k not in compared}
+    if rest:  # the figures above are not repeated here
+        print("evaluation (other figures):")
+        print("  " + yaml.safe_dump(rest, sort_keys=False).rstrip("\n").replace("\n", "\n  "))
     return EXIT_OK
+
+
+def noise_line(profile: Any) -> str:
+    """The band of the per-tile noise factor an emulated device of ``profile`` draws from.
+
+    It is not the model's error across shapes unless the profile says so: a phone's or laptop's
+    noise is one shape's call-to-call spread (``provenance.noise``), while the shapes held out of
+    its fit are 0.9 to 6 times off (docs/perf-models.md, "Noise is a call-to-call spread")."""
+    from testbed.perf_model.calibrate import noise_band
+    low, high = noise_band(profile.model)
+    band = (f"  per-tile noise band (5-95% of the factor emulated tiles draw their time from): "
+            f"{100 * (low - 1):+.0f}% .. {100 * (high - 1):+.0f}%")
+    source = str((profile.provenance or {}).get("noise", ""))
+    if "per-call spread" in source:
+        return (band + "; one shape's call-to-call spread (provenance: noise), not the model's "
+                       "error across shapes (accuracy below)")
+    return band + "; what it is: provenance, noise" if source else band
+
+
+_SCORES = (("n", "n {}"), ("within_5", "±5% {}%"), ("within_10", "±10% {}%"),
+           ("within_15", "±15% {}%"), ("within_25", "±25% {}%"), ("within_50", "±50% {}%"),
+           ("mape", "MAPE {}%"), ("rmspe", "RMSPE {}%"), ("median_ratio", "median p/t {}"))
+
+
+def _is_scores(fig: Any) -> bool:
+    return isinstance(fig, dict) and "within_25" in fig
+
+
+def _scores_text(fig: dict[str, Any]) -> str:
+    return ", ".join(text.format(fig[key]) for key, text in _SCORES if key in fig)
+
+
+def held_out_lines(held: dict[str, Any]) -> list[str]:
+    """``evaluation.held_out`` as lines: one per figure set, one per model-level row."""
+    lines = []
+    for label, fig in held.items():
+        if _is_scores(fig):
+            lines.append(f"  {label}: {_scores_text(fig)}")
+        elif isinstance(fig, dict):  # model level: one line per measured row
+            lines.append(f"  {label}:")
+            for row, val in fig.items():
+                if isinstance(val, dict) and "measured_ms" in val:
+                    spread = val.get("spread_ms")
+                    extra = ", ".join(f"{k} {v}" for k, v in val.items()
+                                      if k not in ("measured_ms", "spread_ms"))
+                    within = (f" (min {spread[0]}, max {spread[1]})"
+                              if isinstance(spread, list) and len(spread) == 2 else "")
+                    lines.append(f"    {row}: measured {val['measured_ms']} ms{within}, {extra}")
+                else:
+                    lines.append(f"    {row}: {val}")
+        else:
+            lines.append(f"  {label}: {fig}")
+    return lines
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -486,10 +545,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_calibrate)
 
     p = sub.add_parser("predict", help="seconds an emulated device of a profile takes for one "
-                                       "GEMM (no noise, cold); CSV m,k,n,seconds")
+                                       "GEMM (no noise, cold); CSV m,k,n,seconds",
+                       # one shape or a file: argparse's own usage would say [M K N ...]
+                       usage="%(prog)s [-h] profile (M K N | --shapes FILE.csv)")
     p.add_argument("profile", help="profile name or path")
-    p.add_argument("mkn", nargs="*", metavar="M K N", help="C[M x N] = A[M x K] B[K x N]")
-    p.add_argument("--shapes", help="CSV with columns m, k, n (one GEMM per row)")
+    p.add_argument("mkn", nargs="*", metavar="M K N",
+                   help="one GEMM, C[M x N] = A[M x K] B[K x N] (several: --shapes)")
+    p.add_argument("--shapes", metavar="FILE.csv",
+                   help="CSV with columns m, k, n (one GEMM per row)")
     p.set_defaults(func=_predict)
 
     p = sub.add_parser("show", help="a profile's provenance and evaluation figures")

@@ -100,8 +100,12 @@ def test_perf_predict_shapes_file(tmp_path: Path, capsys) -> None:
     (["perf", "predict", "no-such-profile", "1", "2", "3"], None, "no device profile named"),
     # a directory where a profile file was meant: said, not only "no device profile named"
     (["perf", "predict", "{d}", "1", "2", "3"], None, "is a directory; expected a file"),
-    (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "M K N.m: expected a positive"),
-    (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "M K N.k: expected a positive"),
+    (["perf", "predict", "snapdragon888", "0", "2", "3"], None, "- M: expected a positive"),
+    (["perf", "predict", "snapdragon888", "4", "-2", "3"], None, "- K: expected a positive"),
+    # several shapes on the command line: one shape there, several in a --shapes file
+    (["perf", "predict", "m2pro", "8192", "96", "384", "512", "512", "512"], None,
+     "expected one shape, M K N (three positive integers), or --shapes FILE.csv for several; "
+     "got 6 value(s)"),
     (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k\n1,2\n", "line 1 (header)"),
     (["perf", "predict", "snapdragon888", "--shapes", "{f}"], "m,k,n\n1,2,3\n4,0,6\n",
      "line 3: column 'k': expected a positive integer up to 1048576, got 0"),
@@ -115,6 +119,14 @@ def test_perf_predict_rejects_bad_input_with_exit_2(tmp_path, capsys, argv, cont
     assert run_cli([a.replace("{f}", str(f)).replace("{d}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
     assert needle in err, err
+
+
+def test_perf_predict_help_shows_the_one_shape_it_accepts(capsys) -> None:
+    # argparse's own usage said [M K N ...], which promised several shapes
+    assert run_cli(["perf", "predict", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: testbed perf predict [-h] profile (M K N | --shapes FILE.csv)" in out, out
+    assert "..." not in out
 
 
 def test_perf_calibrate_writes_a_profile_that_predicts_the_device(tmp_path, capsys) -> None:
