@@ -174,9 +174,8 @@ def _device_events(model: SessionModel, device: str, duration_s: float,
     return events
 
 
-def generate_events(devices: Sequence[str], model: SessionModel, duration_s: float,
-                    seed: int) -> list[TraceEvent]:
-    """A trace's events for ``devices`` over [0, duration_s), ordered by time then device."""
+def generation_problems(device_count: int, model: SessionModel, duration_s: float) -> list[str]:
+    """Every reason :func:`generate_events` would refuse these parameters (nothing is drawn)."""
     problems = model.problems()
     duration_problem = _range_problem("--duration", duration_s, MIN_LENGTH_S, MAX_TIME_S,
                                       " s (1 ms to a year)")
@@ -185,15 +184,22 @@ def generate_events(devices: Sequence[str], model: SessionModel, duration_s: flo
         # the shortest absences of a daily cycle; checked before drawing any, since a typo
         # ('1000000h') would otherwise run for ever
         cycle_s = model.shortest_cycle_s
-        expected = 2 * len(devices) * duration_s / cycle_s
+        expected = 2 * device_count * duration_s / cycle_s
         if expected > MAX_GENERATED_EVENTS:
             problems.append(
-                f"--duration: {len(devices)} device(s) over {duration_s:g} s with a session and "
+                f"--duration: {device_count} device(s) over {duration_s:g} s with a session and "
                 f"an absence every {cycle_s:g} s on average (at the daily peak, if any) "
                 f"make about {expected:,.0f} events; a generated trace holds at most "
                 f"{MAX_GENERATED_EVENTS:,} (shorten --duration or lengthen the means)")
     if duration_problem:
         problems.insert(0, duration_problem)
+    return problems
+
+
+def generate_events(devices: Sequence[str], model: SessionModel, duration_s: float,
+                    seed: int) -> list[TraceEvent]:
+    """A trace's events for ``devices`` over [0, duration_s), ordered by time then device."""
+    problems = generation_problems(len(devices), model, duration_s)
     if problems:
         raise ValueError("; ".join(problems))
     import numpy as np

@@ -54,6 +54,38 @@ def test_gen_bad_input_exits_2(args: list[str], expected: str,
     assert expected in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("dist", [[], ["--dist", "exponential"]])
+def test_gen_refuses_a_shape_without_weibull(dist: list[str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # the exponential draw has no shape: --shape 0.5 was ignored and an exponential trace written
+    code = main(["trace", "gen", "--topology", TOPOLOGY, "--duration", "1h", "--session-mean",
+                 "10min", "--absence-mean", "1min", "--shape", "0.5", *dist])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "--shape: only --dist weibull has a shape, got --shape 0.5 with --dist exponential" \
+        in captured.err, captured.err
+
+
+def test_show_plot_title_names_the_seed_it_draws_picks_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a trace generated with seed 3, shown over a topology whose seed is 7: the title said
+    # "(seed 7)" under a header saying "seed 3"
+    from testbed.churn import show
+
+    trace = tmp_path / "seed3.csv"
+    assert main(["trace", "gen", "--topology", TOPOLOGY, *FLAKY_ARGS[:-1], "3", "-o",
+                 str(trace)]) == 0
+    assert "for topology default, seed 3" in trace.read_text()
+    titles: list[str] = []
+    monkeypatch.setattr(show, "plot_timeline",
+                        lambda schedule, path, title="": titles.append(title))
+    for seed, origin in (([], "the topology's seed"), (["--seed", "5"], "--seed")):
+        assert main(["trace", "show", str(trace), "--topology", TOPOLOGY, "--plot",
+                     str(tmp_path / "t.png"), *seed]) == 0
+        assert titles.pop() == (f"churn: seed3.csv on topology default (picks seeded with "
+                                f"{'5' if seed else '7'}, {origin})")
+
+
 def test_show_prints_a_summary_and_draws_a_timeline(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "timeline.png"
