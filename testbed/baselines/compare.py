@@ -106,6 +106,14 @@ def largest_model(topology: Topology, strategy: str, ps_memory_bytes: int,
     return best
 
 
+def used_energy_j(energy: dict[str, Any], used: set[str]) -> float:
+    """Joules of the devices a strategy used (``energy`` is a run's ``topology_energy``): a
+    device that computed nothing and moved no byte in the whole run would be free for other
+    work, so no strategy is charged for it (the pipeline's devices beyond its stages were
+    never in its run; tile-tp's the plans left out sat in it, idle)."""
+    return float(sum(d["total_j"] for name, d in energy["devices"].items() if name in used))
+
+
 def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
          grid: float) -> dict[str, Any]:
     devices = [d for d in summary.get("devices", []) if d.get("compute_s") or
@@ -114,7 +122,9 @@ def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
     executed = max(len(steps), 1)
     down = sum(d.get("bytes_down", 0) for d in devices)
     up = sum(d.get("bytes_up", 0) for d in devices)
-    energy = float(summary["energy"]["total"]["total_j"])
+    # the devices the strategy used, and only those (docs/baselines.md, "Energy"): tile-tp's
+    # run charges idle power to every device present, its plans' sat-out ones too
+    energy = used_energy_j(summary["energy"], names)
     done = max(int(summary.get("steps_done", 0)), 1)
     lost = {"tile-tp": f"{summary.get('requeued_tiles', 0)} tiles re-queued, "
                        f"{summary.get('recomputed_tiles', 0)} recomputed",

@@ -137,3 +137,21 @@ def test_a_strategy_that_does_not_fit_is_a_row_not_a_crash(tmp_path: Path) -> No
     (cmp_dir,) = out.iterdir()
     rows = list(csv.DictReader((cmp_dir / "comparison.csv").open()))
     assert rows[0]["state"] == "does not fit" and "no device holds a replica" in rows[0]["note"]
+
+
+def test_a_device_no_strategy_used_is_not_charged() -> None:
+    """tile-tp's run charges idle power to the devices its plans left out; the comparison
+    charged them to tile-tp while the pipeline and data parallelism paid nothing for theirs."""
+    from testbed.baselines.compare import _row
+
+    energy = {"devices": {"laptops-0": {"total_j": 30.0}, "phones-0": {"total_j": 12.0},
+                          "phones-1": {"total_j": 7.0}},
+              "total": {"total_j": 49.0}}
+    summary = {"state": "done", "steps_done": 2, "wall_s": 4.0, "energy": energy,
+               "devices": [{"device": "laptops-0", "compute_s": 3.0, "bytes_down": 10},
+                           {"device": "phones-0", "compute_s": 0.0, "bytes_up": 5},
+                           {"device": "phones-1", "compute_s": 0.0}]}  # sat out the whole run
+    steps = [{"device_time_s": 2.0}, {"device_time_s": 2.0}]
+    row = _row("tile-tp", summary, steps, 475.0)
+    assert row["devices_used"] == 2
+    assert row["energy_j_per_step"] == pytest.approx((30.0 + 12.0) / 2)
