@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from testbed.baselines import cost
 from testbed.baselines.gpu import GpuProfile, gpu_step, load_gpu
@@ -40,7 +40,7 @@ from testbed.baselines.placement import (
     plan_data_parallel,
 )
 from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
-from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, InputError
+from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, InputError
 from testbed.topology import JobSpec, Topology
 from testbed.units import number_arg, size_arg
 from testbed.user_paths import path_arg
@@ -196,8 +196,12 @@ def _that_fit(topology: Topology, strategies: list[str], ps_memory_bytes: int,
 def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_for: Any,
             gpu: GpuProfile, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
             gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
-            ps_memory_bytes: int = 64 * 2**30, report: bool = False) -> list[dict[str, Any]]:
-    """Run each strategy into out_dir/<strategy>/ and write the comparison; return the rows."""
+            ps_memory_bytes: int = 64 * 2**30, report: bool = False,
+            progress: Callable[[str, Path, dict[str, Any] | None], None] | None = None
+            ) -> list[dict[str, Any]]:
+    """Run each strategy into out_dir/<strategy>/ and write the comparison; return the rows.
+    ``progress(strategy, its directory, None)`` as a strategy starts and ``(..., its row)``
+    when it ends."""
     from testbed.baselines.run import simulate_baseline
     from testbed.runlog import read_jsonl
     from testbed.simulate.run import simulate
@@ -206,6 +210,8 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
     for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
         run_dir = out_dir / strategy
         run_dir.mkdir(parents=True)
+        if progress is not None:
+            progress(strategy, run_dir, None)
         schedule = schedule_for(topo)
         summary = (simulate(topo, run_dir, schedule, report=report) if strategy == "tile-tp"
                    else simulate_baseline(topo, run_dir, schedule, report=report))
@@ -213,6 +219,8 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
         row = _row(strategy, summary, steps, grid_g_per_kwh)
         row["largest_model"] = largest
         rows.append(row)
+        if progress is not None:
+            progress(strategy, run_dir, row)
     rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
     steps_n = topology.job.steps
     inputs = {"topology": topology.name, "steps": steps_n, "churn": str(topology.churn or ""),
@@ -295,11 +303,13 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                      grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
                      gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
                      ps_memory_bytes: int = 64 * 2**30,
-                     schedule_for: Any = None) -> list[dict[str, Any]]:
+                     schedule_for: Any = None,
+                     progress: Callable[[str, Path, dict[str, Any] | None], None] | None = None
+                     ) -> list[dict[str, Any]]:
     """Each strategy on Mininet: tile-tp through `testbed up`, the baselines as stage and
     replica processes (testbed/baselines/emulate.py); then the comparison files. With churn
     (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): every strategy replays
-    it."""
+    it. ``progress`` as :func:`compare`'s."""
     import yaml
 
     from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
@@ -316,6 +326,8 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
         raw["job"].setdefault("parallelism", {})["strategy"] = strategy
         path = out_dir / f"{strategy}.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        if progress is not None:
+            progress(strategy, out_dir / strategy, None)
         row: dict[str, Any]
         try:
             churn = ["--churn", str(topology.churn)] if topology.churn else []
@@ -346,6 +358,8 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
             row = {"strategy": strategy, "state": "failed", "note": str(exc)}
         row["largest_model"] = largest
         rows.append(row)
+        if progress is not None:
+            progress(strategy, out_dir / strategy, row)
     rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
     inputs = {"topology": topology.name, "steps": topology.job.steps,
               "churn": str(topology.churn or ""),
@@ -500,15 +514,36 @@ def run_compare(args: argparse.Namespace) -> int:
     ps_memory = args.ps_memory
     out_dir = make_run_dir(Path(args.out), f"{topology.name}-compare")
     print(f"comparison directory: {out_dir} ({'simulated' if args.simulate else 'Mininet'})")
-    if args.simulate:
-        rows = compare(topology, out_dir, strategies,
-                       lambda t: schedules.get(t.job.parallelism.strategy), gpu,
-                       args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue, ps_memory,
-                       report=not args.no_report)
-    else:
-        rows = compare_emulated(Path(args.topology), topology, out_dir, strategies, gpu,
-                                args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue,
-                                ps_memory, lambda t: schedules.get(t.job.parallelism.strategy))
+    under_way: list[tuple[str, Path]] = []
+
+    def progress(strategy: str, run_dir: Path, row: dict[str, Any] | None) -> None:
+        if row is None:
+            under_way[:] = [(strategy, run_dir)]
+            print(f"{strategy}: {topology.job.steps} step(s) "
+                  f"{'in virtual time' if args.simulate else 'on Mininet'}...", flush=True)
+            return
+        under_way.clear()
+        step_s = row.get("step_s")
+        print(f"{strategy}: {row['state']}" + (f", {step_s:.3f} s a step" if isinstance(
+            step_s, float) else "") + (f" ({row['note'][:200]})" if row["state"] == "failed"
+                                       and row.get("note") else ""), flush=True)
+    try:
+        if args.simulate:
+            rows = compare(topology, out_dir, strategies,
+                           lambda t: schedules.get(t.job.parallelism.strategy), gpu,
+                           args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue, ps_memory,
+                           report=not args.no_report, progress=progress)
+        else:
+            rows = compare_emulated(Path(args.topology), topology, out_dir, strategies, gpu,
+                                    args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue,
+                                    ps_memory,
+                                    lambda t: schedules.get(t.job.parallelism.strategy),
+                                    progress=progress)
+    except KeyboardInterrupt:
+        where = (f" during {under_way[0][0]} (its run so far: {under_way[0][1]})"
+                 if under_way else "")
+        print(f"interrupted{where}; no comparison was written in {out_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print((out_dir / "comparison.md").read_text())
     failed = [r["strategy"] for r in rows if r["state"] == "failed"]
     return EXIT_FAILURE if failed else EXIT_OK

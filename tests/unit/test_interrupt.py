@@ -55,6 +55,26 @@ def test_an_interrupted_simulation_keeps_its_steps(tmp_path: Path, sig: int,
     assert (steps.parent / "report.png").exists()
 
 
+def test_an_interrupted_comparison_says_which_strategy_and_where_its_steps_are(
+        tmp_path: Path) -> None:
+    """It printed nothing while each strategy ran, and 'interrupted' alone at the end."""
+    out = tmp_path / "cmp"
+    proc = _start(["compare", str(TINY), "--simulate", "--steps", "1000000", "--out", str(out)],
+                  tmp_path)
+    with killed_at_exit(proc):
+        steps = wait_for(lambda: next(out.glob("*/tile-tp/steps.jsonl"), None), 120,
+                         "tile-tp's run directory")
+        wait_for(lambda: len(steps.read_text().splitlines()) >= 2, 120, "two steps")
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "tile-tp: 1000000 step(s) in virtual time..." in output, output[-2000:]
+    assert f"interrupted during tile-tp (its run so far: {steps.parent}); no comparison was " \
+           f"written in {steps.parent.parent}" in output, output[-2000:]
+    assert json.loads((steps.parent / "summary.json").read_text())["state"] == "interrupted"
+    assert not (steps.parent.parent / "comparison.md").exists()
+
+
 def test_sigterm_stops_a_measurement_in_one_line_leaving_no_file(tmp_path: Path) -> None:
     out = tmp_path / "m.csv"
     proc = _start(["perf", "measure", "--out", str(out)], tmp_path)
