@@ -21,6 +21,7 @@ from testbed.baselines.sim_core import PS, BaselineWorld
 from testbed.churn import load_schedule
 from testbed.cli import main
 from testbed.ps_backend.engine.data import builtin_corpus
+from testbed.runlog import read_jsonl
 from testbed.topology import Topology, parse_topology
 
 
@@ -194,7 +195,12 @@ def test_testbed_simulate_dispatches_on_strategy(tmp_path: Path,
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["strategy"] == "pipeline" and summary["steps_done"] == 2
     assert (run_dir / "report.md").is_file()
-    capsys.readouterr()
+    # its last line gives the steps' device time, and apart the restores that precede them (it
+    # gave their sum as the steps')
+    steps_s = sum(s["device_time_s"] for s in read_jsonl(run_dir / "steps.jsonl"))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"done: 2 steps, {steps_s:.3f} s device time ("
+                           f"{summary['wall_s']:.3f} s with restores and restarts)"), last
     # `testbed up` runs the baselines on Mininet only: on loopback, exit 2 saying so
     assert main(["up", str(path), "--out", str(tmp_path / "up")]) == 2
     err = capsys.readouterr().err
