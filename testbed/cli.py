@@ -52,8 +52,12 @@ def _validate(args: argparse.Namespace) -> int:
     def counted(n: int, what: str) -> str:
         return f"{n} {what}" + ("" if n == 1 else "s")
 
+    members = {d.group.group for d in topology.devices}
+    empty = [g.group for g in topology.groups if g.group not in members]
     print(f"{args.topology}: ok ({counted(len(topology.devices), 'device')} in "
-          f"{counted(len(topology.groups), 'group')}, {counted(topology.job.steps, 'step')}, "
+          f"{counted(len(members), 'group')}"
+          + (f" (no devices in {', '.join(empty)})" if empty else "")
+          + f", {counted(topology.job.steps, 'step')}, "
           f"backend {topology.network.backend}, "
           f"strategy {topology.job.parallelism.strategy}"
           + (f", churn {churn.name}" if churn else "") + ")")

@@ -571,7 +571,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run in virtual time (default: on Mininet, needs root)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
     p.add_argument("--out", type=path_arg, default="runs",
-                   help="parent of the comparison directory")
+                   help="parent of the comparison directory (default: runs)")
     p.add_argument("--gpu", default="a5000",
                    help="GPU reference: a shipped name (a5000) or a YAML file of the same keys")
     p.add_argument("--grid-g-per-kwh", type=number_arg(0, 1e5), default=DEFAULT_GRID_G_PER_KWH,

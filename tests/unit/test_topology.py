@@ -93,6 +93,11 @@ def test_validate_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     one["devices"][0]["count"], one["job"]["steps"] = 1, 1
     assert main(["validate", str(_write(tmp_path, one))]) == 0
     assert "ok (1 device in 1 group, 1 step," in capsys.readouterr().out
+    # a group of none is not counted as one the devices are in ("2 devices in 2 groups")
+    empty = minimal()
+    empty["devices"].append({**empty["devices"][0], "group": "spare", "count": 0})
+    assert main(["validate", str(_write(tmp_path, empty))]) == 0
+    assert " in 1 group (no devices in spare), " in capsys.readouterr().out
     assert main(["validate", str(_write(tmp_path, minimal()))]) == 0
     raw = minimal()
     raw["devices"][0]["count"] = -1
