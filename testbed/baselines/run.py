@@ -18,6 +18,7 @@ from testbed.baselines.data_parallel_sim import DataParallelSim
 from testbed.baselines.pipeline_sim import NoPlacement, PipelineSim, StepOutcome
 from testbed.baselines.sim_core import BaselineWorld
 from testbed.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from testbed.interrupts import held
 from testbed.topology import Topology
 
 
@@ -43,12 +44,13 @@ def simulate_baseline(topology: Topology, run_dir: Path, schedule: Any = None,
 
     def on_step(o: StepOutcome) -> None:
         now = time.monotonic()
-        executed.append(o)
-        log.step(step=o.step, loss=None, wall_s=round(o.device_s, 6),
-                 device_time_s=round(o.device_s, 6), sim_wall_s=round(now - last[0], 6),
-                 strategy=strategy, redo=o.redo, tiles=0, bytes_down=o.bytes_down,
-                 bytes_up=o.bytes_up, device_compute_s=round(o.compute_s, 6),
-                 energy_j=round(o.energy_j, 6), simulated=True, **o.fields)
+        with held():  # the step's line and its count, or neither (testbed.interrupts)
+            log.step(step=o.step, loss=None, wall_s=round(o.device_s, 6),
+                     device_time_s=round(o.device_s, 6), sim_wall_s=round(now - last[0], 6),
+                     strategy=strategy, redo=o.redo, tiles=0, bytes_down=o.bytes_down,
+                     bytes_up=o.bytes_up, device_compute_s=round(o.compute_s, 6),
+                     energy_j=round(o.energy_j, 6), simulated=True, **o.fields)
+            executed.append(o)
         if progress is not None:
             progress(o.step, o.device_s, now - last[0])
         last[0] = now

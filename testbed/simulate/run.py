@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from testbed.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from testbed.interrupts import held
 from testbed.units import number_arg
 from testbed.user_paths import path_arg
 
@@ -76,22 +77,23 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
             t0 = time.monotonic()
             current = (step, t0, sim.planner.cpu_s)
             device_s, stats, record = sim.run_step(step)
-            bound.add(record, device_s)
-            log.step(step=step, loss=None, wall_s=round(device_s, 6),
-                     device_time_s=round(device_s, 6), time_dilation=1.0,
-                     sim_wall_s=round(time.monotonic() - t0, 6),
-                     **record.fields(), efficiency=efficiency(record.bound_s, device_s),
-                     tiles=stats.tiles, recomputed_tiles=stats.recomputed,
-                     requeued_tiles=stats.requeued, rejected=stats.rejected, late=stats.late,
-                     bytes_down=stats.bytes_down, bytes_up=stats.bytes_up,
-                     gemms=stats.gemms_offloaded + stats.gemms_local,
-                     gemms_local=stats.gemms_local, max_lag_s=0.0,
-                     device_compute_s=round(stats.device_compute_s, 6),
-                     energy_j=round(stats.energy_j, 6), failed_checks=0, backups=stats.backups,
-                     backup_wins=stats.backup_wins, wasted=stats.wasted, tiles_from_ledger=0,
-                     simulated=True)
-            log.stages(step, record.stages)
-            steps_done += 1
+            with held():  # the step's line and its count, or neither (testbed.interrupts)
+                bound.add(record, device_s)
+                log.step(step=step, loss=None, wall_s=round(device_s, 6),
+                         device_time_s=round(device_s, 6), time_dilation=1.0,
+                         sim_wall_s=round(time.monotonic() - t0, 6),
+                         **record.fields(), efficiency=efficiency(record.bound_s, device_s),
+                         tiles=stats.tiles, recomputed_tiles=stats.recomputed,
+                         requeued_tiles=stats.requeued, rejected=stats.rejected, late=stats.late,
+                         bytes_down=stats.bytes_down, bytes_up=stats.bytes_up,
+                         gemms=stats.gemms_offloaded + stats.gemms_local,
+                         gemms_local=stats.gemms_local, max_lag_s=0.0,
+                         device_compute_s=round(stats.device_compute_s, 6),
+                         energy_j=round(stats.energy_j, 6), failed_checks=0, backups=stats.backups,
+                         backup_wins=stats.backup_wins, wasted=stats.wasted, tiles_from_ledger=0,
+                         simulated=True)
+                log.stages(step, record.stages)
+                steps_done += 1
             if progress is not None:
                 progress(step, device_s, time.monotonic() - t0)
     except RuntimeError as exc:
