@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -85,10 +84,11 @@ def read_status(run_dir: Path) -> dict[str, Any]:
 
 
 def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, outside the ephemeral range, where another test's
+    connection could take a port released a moment before (tests/fakes/ports.py)."""
+    from tests.fakes.ports import free_ports
+
+    return free_ports(1)
 
 
 def wait_for(predicate: Any, timeout_s: float = 15.0, what: str = "") -> Any:
@@ -101,6 +101,20 @@ def wait_for(predicate: Any, timeout_s: float = 15.0, what: str = "") -> Any:
             return value
         time.sleep(0.05)
     raise TimeoutError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler of its own on ``sig`` (``SigCgt`` in its
+    /proc status): a signal sent before then takes the default action (SIGTERM: exit -15). A
+    test that signals a command it just started waits for this instead of sleeping a guess
+    (a loaded host took 2-3 s to import the command line)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines()
+                   if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
 def reference_losses(topology: Path, steps: int) -> tuple[list[float], dict[str, Any]]:

@@ -50,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import re
 import select
 import shlex
@@ -63,6 +62,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from tests.fakes.ports import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -262,24 +263,9 @@ class LocalProcessCommand:
 
 def free_port_base() -> int:
     """A phone port D with D, D+1 and D+2 free on this host, for a phone with ``same_ports``
-    (the doctor's probe is D+1, the Termux listener's control port D+2). Below Linux's
-    ephemeral range (32768 on), so that no socket bound to port 0 elsewhere in the suite takes
-    one of them between this check and its use."""
-    for _ in range(200):
-        base = random.randrange(20000, 32000)
-        socks = []
-        try:
-            for port in (base, base + 1, base + 2):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no three free ports in a row")
+    (the doctor's probe is D+1, the Termux listener's control port D+2), outside the ephemeral
+    range (:func:`tests.fakes.ports.free_ports`)."""
+    return free_ports(3)
 
 
 def phone_pids(phone: FakePhone, everyone: bool = True) -> dict[int, str]:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.adversarial.psproc import TOKEN, PsProcess
-from tests.conftest import REPO, TINY, killed_at_exit, wait_for
+from tests.conftest import REPO, TINY, catches, killed_at_exit, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -107,8 +107,11 @@ def test_a_stop_during_a_stalled_handshake_ends_at_once(tmp_path: Path) -> None:
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     proc = _join(address, "sha256:" + "ab" * 32, tmp_path, "lan-stalled")
     with listener, killed_at_exit(proc):
-        time.sleep(2.0)  # started, and in the handshake (its timeout: 10 s)
-        out, took_s = _stopped(proc, signal.SIGTERM)
+        listener.settimeout(60)
+        conn, _ = listener.accept()  # it dialled: in the handshake (its timeout: 10 s)
+        with conn:
+            wait_for(lambda: catches(proc.pid, signal.SIGTERM), 30, "join's SIGTERM handler")
+            out, took_s = _stopped(proc, signal.SIGTERM)
     assert proc.returncode == 130, out
     assert took_s < 3.0, (took_s, out)
     assert out.strip().splitlines() == [out.strip().splitlines()[-1]], out  # one line

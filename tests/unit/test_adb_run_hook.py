@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from testbed.dashboard import render
 from testbed.errors import InputError
 from testbed.runlog import RunLog, read_jsonl
 from testbed.topology import load_topology
-from tests.conftest import tiny_topology
+from tests.conftest import closed_port, tiny_topology
 from tests.fakes.adb_phones import recorded_phone
 from tests.fakes.fake_adb import FakeAdbServer, FakePhone
 
@@ -172,9 +171,7 @@ def test_phones_at_start_counts_devices_of_the_chosen_serials(tmp_path: Path) ->
 
 
 def test_phones_at_start_without_an_adb_server_is_a_clear_error(tmp_path: Path) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = closed_port()
     runlog = RunLog(tmp_path)
     hook = AdbRunHook(AdbSpec(True, "127.0.0.1", port), tmp_path, "t", runlog)
     with pytest.raises(RuntimeError, match=f"cannot reach the adb server at 127.0.0.1:{port}"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, cli_argv, killed_at_exit, wait_for
+from tests.conftest import REPO, catches, cli_argv, killed_at_exit, wait_for
 
 TINY = REPO / "tests" / "data" / "tiny.yaml"
 
@@ -78,7 +78,8 @@ def test_an_interrupted_comparison_says_which_strategy_and_where_its_steps_are(
 def test_sigterm_stops_a_measurement_in_one_line_leaving_no_file(tmp_path: Path) -> None:
     out = tmp_path / "m.csv"
     proc = _start(["perf", "measure", "--out", str(out)], tmp_path)
-    time.sleep(3)  # importing numpy and starting the sweep (a minute in all)
+    wait_for(lambda: catches(proc.pid, signal.SIGTERM), 60, "the command's SIGTERM handler")
+    time.sleep(0.5)  # into the sweep (a minute in all), or still before it: no file either way
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output

@@ -28,6 +28,7 @@ from testbed.ps_backend.tls import (
 )
 from testbed.wire import testbed_pb2 as pb
 from testbed.wire import testbed_pb2_grpc as pb_grpc
+from tests.conftest import closed_port
 
 TOKEN = "t0ken-" + "7" * 26
 PROMPT_S = 3.0  # a stop ends the agent within this; the pin's handshake timeout is 10 s
@@ -240,9 +241,7 @@ def test_a_resumed_run_keeps_its_certificate_and_token_unless_they_are_unusable(
 
 
 def test_a_resumed_run_listens_where_it_did_when_its_port_was_any_and_is_free() -> None:
-    with socket.socket() as was:  # a port the run's first start had: free again
-        was.bind(("127.0.0.1", 0))
-        free = was.getsockname()[1]
+    free = closed_port()  # a port the run's first start had: free again
     assert resumed_listen("127.0.0.1:0", f"127.0.0.1:{free}") == f"127.0.0.1:{free}"
     # listening on every address, the device dialled one of them: its port is the one
     assert resumed_listen("0.0.0.0:0", f"192.0.2.7:{free}") == f"0.0.0.0:{free}"
