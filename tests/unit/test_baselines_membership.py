@@ -3,6 +3,8 @@ rows fixed, a lost replica out for the rest of its round, back at the next round
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -10,6 +12,16 @@ from testbed.baselines.engine import DataParallelTrainer
 from testbed.baselines.membership import ReplicaMembership, join_state_bytes, row_weights
 from testbed.ps_backend.engine.data import builtin_corpus
 from testbed.topology import JobSpec, ModelSpec, OptimizerSpec
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for the test, and the count it had back afterwards (the pool is
+    the process's: left at 1, every later test would run single-threaded)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def test_synchronous_replicas_drop_out_for_a_step_and_come_back_the_next() -> None:
@@ -45,8 +57,8 @@ def test_weights_and_join_bytes() -> None:
     assert join_state_bytes(10, 8, 4, 8) == 80
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_a_diloco_replica_back_takes_theta_global_and_a_fresh_inner_adamw() -> None:
-    torch.set_num_threads(1)
     job = JobSpec(model=ModelSpec(hidden=32, layers=2, heads=2, ffn=64, seq_len=16),
                   batch_size=6, steps=4, dtype="float64",
                   optimizer=OptimizerSpec(lr=1e-3, weight_decay=0.01))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,16 @@ from testbed.cli import main
 from testbed.ps_backend.engine.data import builtin_corpus
 from testbed.runlog import read_jsonl
 from testbed.topology import Topology, parse_topology
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for the test, and the count it had back afterwards (the pool is
+    the process's: left at 1, every later test would run single-threaded)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def topo(strategy: str, count: int = 4, steps: int = 6, **parallelism: Any) -> Topology:
@@ -57,6 +68,7 @@ def run(sim: Any, steps: int) -> list[StepOutcome]:
     return out
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_pipeline_moves_what_the_real_pipeline_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     """Device-to-device bytes of the simulated step = bytes the executed pipeline sent."""
     bounds = ((0, 1), (1, 3), (3, 4))
@@ -72,7 +84,6 @@ def test_pipeline_moves_what_the_real_pipeline_moves(monkeypatch: pytest.MonkeyP
     world.send = spy  # type: ignore[method-assign]
     sim = PipelineSim(t, world)
     run(sim, 1)
-    torch.set_num_threads(1)
     executed = PipelineTrainer(t.job, seed=3, bounds=list(bounds), micro_batches=3,
                                corpus=builtin_corpus(cap_bytes=64 * 1024)).step().bytes_sent
     stage = {"phones-0": 0, "phones-1": 1, "phones-2": 2}

@@ -293,7 +293,10 @@ def test_a_tile_of_parts_joins_cached_blocks_and_its_parts_serve_a_finer_cut() -
             for tile in batch:
                 compute(tile)
         assert len(tiles) == k_parts
-    np.testing.assert_array_equal(jobs[0].c, x @ w.T)  # one product of the joined parts
+    # one product of the joined parts: the device computes with A and B as C-ordered arrays
+    # (operand_array joins the parts into exactly x and a C-ordered copy of w.T), and `x @ w.T`
+    # would take another BLAS path (a transposed B), with no promise of the same bits
+    np.testing.assert_array_equal(jobs[0].c, x @ np.ascontiguousarray(w.T))
     np.testing.assert_allclose(jobs[1].c, x @ w.T, rtol=1e-12, atol=1e-12)
     assert sent == [2 * 4 * 6 * 8, 0, 0, 0]  # x and w once, as parts; then all held
     assert core.stats.bytes_down == 2 * 4 * 6 * 8

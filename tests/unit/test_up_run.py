@@ -23,7 +23,7 @@ from testbed.churn.trace import parse_trace
 from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl
 from testbed.up import Spawner
-from tests.conftest import REPO, TINY, cli_argv, killed_at_exit
+from tests.conftest import REPO, TINY, killed_at_exit
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -306,19 +306,35 @@ def test_the_machine_here_is_read() -> None:
     assert host.fd_hard >= host.fd_soft > 0
 
 
-def test_up_refuses_a_run_the_machine_cannot_hold_before_starting_anything(tmp_path: Path
-                                                                           ) -> None:
+def test_up_refuses_a_run_the_machine_cannot_hold_before_starting_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from testbed import cli
+    from testbed.emulator.network import select
+
+    # a small machine's limits, not this one's (a host with hundreds of GB free holds any run
+    # a test would write): 2 GB available, tasks and files to spare
+    small = capacity.HostLimits(available_bytes=2e9, memory_source="a small machine's",
+                                tasks_free=1 << 20, tasks_source="a small machine's",
+                                fd_soft=1 << 20, fd_hard=1 << 20)
+    monkeypatch.setattr(capacity, "host_limits", lambda: small)
+
+    def make_network(*args: object, **kwargs: object) -> object:
+        raise AssertionError("testbed up made the run's network")
+    monkeypatch.setattr(select, "make_network", make_network)
     raw = yaml.safe_load(TINY.read_text())
-    raw["devices"][0]["count"] = 9_000
+    raw["devices"][0]["count"] = 100  # 100 agents x 32 MB + the PS's 400 MB: ~3.6 GB
     path = tmp_path / "huge.yaml"
     path.write_text(yaml.safe_dump(raw))
     out = tmp_path / "runs"
-    done = subprocess.run(cli_argv("up", str(path), "--no-live", "--out", str(out)), cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "cannot hold the run" in done.stderr and str(path) in done.stderr
-    assert "memory:" in done.stderr
+    children = {c.pid for c in psutil.Process().children(recursive=True)}
+    code = cli.main(["up", str(path), "--no-live", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cannot hold the run" in err and str(path) in err
+    assert "memory: 101 agent(s)" in err and "only 2.0 GB is available" in err, err
     assert not out.exists()  # nothing was started or written
+    assert {c.pid for c in psutil.Process().children(recursive=True)} <= children
 
 
 # -- testbed clean RUN_DIR from a partial run directory -----------------------------------------
