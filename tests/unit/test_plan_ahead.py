@@ -118,3 +118,16 @@ def test_plans_made_in_two_processes_are_the_ones_made_in_one(
     device_s, stats, _ = together.run_step(0)
     monkeypatch.undo()
     assert (device_s, stats.tiles) == _step(topology, False, monkeypatch)
+
+
+def test_a_child_stopped_with_bytes_still_unsent_does_not_fail_the_ps() -> None:
+    """A child stopped while idle (stop_if_idle kills it) can leave the None its answering
+    thread could not flush in its stdin's buffer; closing that pipe flushed it into a broken
+    pipe, and the PS failed its run with BrokenPipeError (seen once in CI)."""
+    counter = planning_processes._Counter(0)
+    child = planning_processes._Child(counter, ("not a config",))
+    child.proc.kill()
+    child.proc.wait()
+    assert child.proc.stdin is not None
+    child.proc.stdin.write(b"unsent: the pipe's reader is gone")  # buffered, not flushed
+    assert child.finish() is None  # it took nothing; no BrokenPipeError
