@@ -117,6 +117,31 @@ def catches(pid: int, sig: int) -> bool:
     return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
+def host_cmdlines() -> list[str]:
+    """Every process's command line on this host; one that exits while /proc is read is
+    skipped (read once each: a check and then a second read fail when it ends between)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                out.append((Path("/proc") / d / "cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for the test, and the count it had back afterwards (the pool is
+    the process's: left at 1, every later test would run single-threaded)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def reference_losses(topology: Path, steps: int) -> tuple[list[float], dict[str, Any]]:
     """Losses and final weights of the same job trained in one process, no devices."""
     from testbed.ps_backend.engine.trainer import Trainer

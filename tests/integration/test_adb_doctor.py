@@ -21,7 +21,7 @@ import pytest
 from testbed.adb_bridge import AdbBridge, agent_package
 from testbed.adb_bridge.cli import adb_address
 from testbed.adb_bridge.doctor import ThrowawayPS
-from tests.conftest import wait_for
+from tests.conftest import host_cmdlines, wait_for
 from tests.fakes.adb_phones import termux_phone
 from tests.fakes.fake_adb import FakeAdbServer, phone_pids
 
@@ -175,7 +175,7 @@ def test_bridge_runs_agent_in_termux_and_stops_it(fake_adb_server: FakeAdbServer
         started = wait_for(lambda: next((e for e in events if e.kind == "agent-started"), None),
                            30, "the bridge's agent-started event")
         assert started.data["launcher"] == "termux" and ps.joined == "adb-termux1"
-        cmdlines = [c for c in phone_pids(phone).values()] + _host_cmdlines()
+        cmdlines = [c for c in phone_pids(phone).values()] + host_cmdlines()
         assert not [c for c in cmdlines if token in c]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and [p for p in phone.files if "/token-" in p]:
@@ -191,14 +191,3 @@ def test_bridge_runs_agent_in_termux_and_stops_it(fake_adb_server: FakeAdbServer
         f"{agent_package.PHONE_DIR}/termux-agent.sh", "stop"]
 
 
-def _host_cmdlines() -> list[str]:
-    """Every process's command line here; one that exits while /proc is read is skipped (one
-    read each: a check, then a second read, fails when the process ends between the two)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                out.append((Path("/proc") / d / "cmdline").read_bytes().decode(errors="replace"))
-            except OSError:
-                pass
-    return out

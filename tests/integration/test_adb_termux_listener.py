@@ -29,6 +29,7 @@ from testbed.adb_bridge.doctor import ThrowawayPS
 from testbed.adb_bridge.termux_control import parse_proc_net_tcp
 from testbed.runlog import read_jsonl
 from tests.conftest import (
+    host_cmdlines,
     killed_at_exit,
     reference_losses,
     run_dir_of,
@@ -97,17 +98,6 @@ def doctor(port: int, phone_port: int, *args: str) -> subprocess.CompletedProces
                            "--phone-port", str(phone_port), *args],
                           capture_output=True, text=True, timeout=240, cwd=ROOT,
                           env=dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port)))
-
-
-def all_cmdlines() -> list[str]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                out.append((Path("/proc") / d / "cmdline").read_bytes().decode(errors="replace"))
-            except OSError:
-                pass
-    return out
 
 
 def test_doctor_asks_for_the_listener_then_passes_through_it(
@@ -224,7 +214,7 @@ def test_bridge_waits_for_the_listener_runs_the_agent_and_refuses_an_impostor(
         pid = started.data["pid"]
         assert pid in phone_pids(phone)
         # The token is on no command line here (the phone's processes are local ones).
-        assert not [c for c in all_cmdlines() if token in c]
+        assert not [c for c in host_cmdlines() if token in c]
         # One token file went to the phone: mode 0600 for the adb shell's own python, before
         # the bridge learnt there is none; it is gone, and Termux's (0644) never went.
         assert [m for p, m in phone.push_modes if "/token-" in p] == [0o600]
@@ -290,7 +280,7 @@ def test_testbed_up_with_a_stock_phone_through_the_listener(fake_adb_server: Fak
         # The run's token reached the agent in its environment, and no command line.
         environ = Path(f"/proc/{started['pid']}/environ").read_bytes().split(b"\0")
         token = next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"TESTBED_TOKEN="))
-        assert len(token) == 32 and not [c for c in all_cmdlines() if token.decode() in c]
+        assert len(token) == 32 and not [c for c in host_cmdlines() if token.decode() in c]
         output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     events = read_jsonl(run_dir / "events.jsonl")

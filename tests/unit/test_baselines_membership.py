@@ -3,25 +3,12 @@ rows fixed, a lost replica out for the rest of its round, back at the next round
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 from testbed.baselines.engine import DataParallelTrainer
 from testbed.baselines.membership import ReplicaMembership, join_state_bytes, row_weights
 from testbed.ps_backend.engine.data import builtin_corpus
 from testbed.topology import JobSpec, ModelSpec, OptimizerSpec
-
-
-@pytest.fixture
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread for the test, and the count it had back afterwards (the pool is
-    the process's: left at 1, every later test would run single-threaded)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_synchronous_replicas_drop_out_for_a_step_and_come_back_the_next() -> None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 
 from testbed.baselines import cost, pipeline_sim
@@ -24,16 +22,6 @@ from testbed.cli import main
 from testbed.ps_backend.engine.data import builtin_corpus
 from testbed.runlog import read_jsonl
 from testbed.topology import Topology, parse_topology
-
-
-@pytest.fixture
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread for the test, and the count it had back afterwards (the pool is
-    the process's: left at 1, every later test would run single-threaded)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def topo(strategy: str, count: int = 4, steps: int = 6, **parallelism: Any) -> Topology:
