@@ -299,6 +299,9 @@ def host_profile() -> dict[str, Any]:
             "power": "assumed: this VM exposes no power sensor (no RAPL); 15 W per busy core, "
                      "5 W idle share; radio 0.5 W Wi-Fi (HotCarbon'25, arXiv 2507.01803)",
             "thermal": "none: a server core is not expected to throttle in a run",
+            "noise": f"the fit's own error across shapes: quantiles of the out-of-fold "
+                     f"log(measured / predicted) of its {len(y)} shapes (5-fold), not one "
+                     f"shape's call-to-call spread",
         },
     }
 

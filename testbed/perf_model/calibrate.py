@@ -122,7 +122,7 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
                   f"and overhead {model.overhead_s * 1e6:.1f} us fitted on {len(y)} shapes of "
                   f"{rows[0].device} ({rows[0].provenance})"),
         "noise": (f"the base profile {base.name}'s: "
-                  f"{(base.provenance or {}).get('noise', 'per-call spread')}"
+                  f"{(base.provenance or {}).get('noise', 'not stated in its provenance')}"
                   if inherit_noise else "spread of the leave-one-out log(measured / predicted) "
                   "of the calibration shapes, centred (the base profile has none)"),
     }

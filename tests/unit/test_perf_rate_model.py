@@ -316,3 +316,22 @@ def test_every_shipped_profile_shows_accuracy_on_data_it_was_not_fitted_on(name:
     section = section.split("provenance:")[0]
     assert "none measured" not in section
     assert ("±25%" in section) or ("measured" in section and "ms" in section), section
+
+
+def test_a_profile_calibrated_on_the_host_says_its_noise_is_the_fit_error_across_shapes(
+        tmp_path, capsys) -> None:
+    # the host's noise is its fit's out-of-fold residuals; a calibrated copy called it a
+    # "per-call spread" (calibrate's default label) and perf show then said it was one
+    # shape's call-to-call spread, not the model's error across shapes
+    csv_path = tmp_path / "m.csv"
+    write_measurements(csv_path, rows_of(synthetic_device(31e9, 3e-4), [
+        (16, 128, 16), (64, 512, 64), (128, 1024, 128), (256, 1024, 256)]))
+    out = tmp_path / "h.yaml"
+    assert run_cli(["perf", "calibrate", "host", str(csv_path), "--out", str(out)]) == 0
+    noise = load_profile(str(out)).provenance["noise"]
+    assert noise.startswith("the base profile host's: the fit's own error across shapes")
+    capsys.readouterr()
+    assert run_cli(["perf", "show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "call-to-call spread (provenance: noise)" not in shown, shown
+    assert "what it is: provenance, noise" in shown
