@@ -37,8 +37,8 @@ def schedule_summary(schedule: ChurnSchedule, bins: int = 10) -> list[str]:
     n = len(schedule.devices)
     absent = [d for d in schedule.devices if d not in schedule.initially_present]
     lines = [
-        f"devices: {n} ({', '.join(f'{g} {len(m)}' for g, m in schedule.groups.items())}), "
-        f"seed {schedule.seed}",
+        f"devices: {n} ({', '.join(f'{g} {len(m)}' for g, m in schedule.groups.items())}); "
+        f"picks seeded with {schedule.seed} (which devices a row such as phones:2 takes)",
         f"starts present: {n - len(absent)} of {n}" +
         (f" (absent: {', '.join(absent)})" if absent else ""),
         "device actions by event: " + ", ".join(f"{k} {v}" for k, v in

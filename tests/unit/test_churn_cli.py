@@ -93,6 +93,9 @@ def test_show_prints_a_summary_and_draws_a_timeline(tmp_path: Path,
                  TOPOLOGY, "--bins", "4", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "device actions by event: join 0, leave 0, crash 0, partition 3, heal 3, slow 2" in out
+    # the seed says what it seeds (it stood alone: "devices: 8 (phones 6, laptops 2), seed 7")
+    assert "devices: 8 (phones 6, laptops 2); picks seeded with 7 (which devices a row such " \
+        "as phones:2 takes)" in out, out
     assert "starts present: 8 of 8" in out
     assert "t=    120.0 s    8   6  ######++" in out  # both laptops partitioned
     data = png.read_bytes()
