@@ -298,7 +298,29 @@ def _load(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], di
         if problems:
             raise InputError(str(run_dir / "ps_summary.json"), problems)
         summary = {**base, **summary}
+        if not path.exists():
+            summary = _unfinished(run_dir, summary)
     return steps, events, summary
+
+
+def _unfinished(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """A run without summary.json: ``running`` while a `testbed up` holds it (its report said
+    ``failed``), and the network ``testbed up`` described in network.json (the report said
+    ``?`` for each of its figures)."""
+    from testbed.run_lock import holder
+
+    out = dict(summary)
+    pid = holder(run_dir)
+    if pid is not None and out.get("state") == "failed":
+        out.update(state="running", running_pid=pid)
+    if "network" not in out:
+        try:
+            network = load_user_json(read_user_text(run_dir / "network.json", 1 << 20))
+        except (OSError, ValueError):
+            network = None
+        if isinstance(network, dict) and not _summary_problems({"network": network}):
+            out["network"] = network
+    return out
 
 
 def _outputs(run_dir: Path, names: tuple[str, ...]) -> list[Path]:
@@ -362,7 +384,7 @@ def _figure(name: str, steps: list[dict[str, Any]], events: list[dict[str, Any]]
                      if summary.get("simulated") else "no loss recorded", ha="center",
                      va="center", transform=ax_loss.transAxes)
         ax_loss.set_yticks([])
-    ax_time.plot(x, [s["wall_s"] for s in steps], marker=".", label="wall")
+    ax_time.plot(x, [s["wall_s"] for s in steps], marker=".", label="wall time")
     if any(s.get("device_time_s") != s.get("wall_s") for s in steps):
         ax_time.plot(x, [s["device_time_s"] for s in steps], marker=".", label="device time")
     bounded = [(s["step"], s["bound_s"]) for s in steps if s.get("bound_s") is not None]
@@ -375,10 +397,10 @@ def _figure(name: str, steps: list[dict[str, Any]], events: list[dict[str, Any]]
     # D in the title (it is a factor, not a percentage: on the error axis it lay flat at 0)
     dilations = sorted({float(s["time_dilation"]) for s in steps
                         if isinstance(s.get("time_dilation"), (int, float))})
-    dilation_text = "" if not dilations or dilations == [1.0] else \
+    d_title = "" if not dilations or dilations == [1.0] else \
         f" at time dilation D {dilations[0]:.2f}" if len(dilations) == 1 else \
         f" at time dilation D {dilations[0]:.2f}-{dilations[-1]:.2f}"
-    ax_time.set(title="step time" + dilation_text, xlabel="step", ylabel="s")
+    ax_time.set(title="step time" + d_title, xlabel="step", ylabel="seconds")
     previous = None
     for s in steps:  # an adaptive run: where D changed, at that step's wall time
         d = s.get("time_dilation")
@@ -397,7 +419,7 @@ def _figure(name: str, steps: list[dict[str, Any]], events: list[dict[str, Any]]
     if fid:  # fidelity per step on a second axis: p95 tile-time error
         ax_err = ax_time.twinx()
         ax_err.plot([f[0] for f in fid], [100 * f[1] for f in fid], color="tab:red",
-                    linestyle="--", label="p95 tile error %")
+                    linestyle="--", marker=".", label="p95 tile error %")  # (one step: a dot)
         ax_err.set_ylim(0, 1.4 * max(100 * f[1] for f in fid) or 1.0)
         ax_err.set(ylabel="p95 tile-time error %")
         more_handles, more_labels = ax_err.get_legend_handles_labels()
@@ -418,8 +440,9 @@ def _figure(name: str, steps: list[dict[str, Any]], events: list[dict[str, Any]]
             label.set_color("red")
     ax_dev.set(title="tiles per device by group: mean, range (red: departed)"
                if grouped else "tiles per device (red: departed at least once)", xlabel="tiles")
-    fig.suptitle(f"{name}: {summary.get('state', '?')}, "
-                 f"{summary.get('steps_done', len(steps))} steps")
+    done = summary.get("steps_done", len(steps))
+    fig.suptitle(f"{name}: {summary.get('state', '?')}, {done} step{'' if done == 1 else 's'}"
+                 + (" so far" if summary.get("state") == "running" else ""))
     fig.tight_layout()
     return fig
 
@@ -441,29 +464,39 @@ def _planning_lines(steps: list[dict[str, Any]], summary: dict[str, Any]) -> lis
     if sat_out:
         lines += ["", "## Device groups that sat out", "",
                   "Left out of some GEMMs by the planner (`link`: moving its share costs more "
-                  "than computing it; `speed`: too slow to shorten the GEMM; `in N of M ... "
-                  "GEMMs`: it computed the others):", ""]
+                  "than computing it; `PS link`: the PS's link has no room for its share; "
+                  "`speed`: too slow to shorten the GEMM; `(N of M)`: N of the group's M "
+                  "devices sat out, the others computed; `in N of M ... GEMMs`: it computed "
+                  "the others):", ""]
         lines += [f"- {g}: {', '.join(sorted(w))}" for g, w in sorted(sat_out.items())]
     return [*lines, ""] if lines else []
 
 
 def fidelity_line(summary: dict[str, Any]) -> str:
-    """The run's emulation fidelity: device-side tile-time error and how much of a step's
-    device time the tiles' lateness can account for, against the target."""
+    """The run's emulation fidelity: how much of a step's device time the tiles' lateness can
+    account for, against the target (the verdict's figure, :func:`fidelity_ok`), then the
+    device-side tile-time error and the result lag (which the verdict does not judge)."""
     p95 = summary.get("tile_error_p95")
+    if not isinstance(p95, (int, float)) and summary.get("totals_from") == "steps.jsonl":
+        # a run still running, or one that died, has no run-wide figures: not "no tiles"
+        return "- emulation fidelity: unknown (no summary of the run; steps.jsonl has each " \
+               "step's tile_error_p95 and lateness_share)"
     if not isinstance(p95, (int, float)):
         return "- emulation fidelity: no emulated tiles"
     target, ok = summary.get("dilation_target_p95"), summary.get("fidelity_ok")
-    verdict = "" if not isinstance(target, (int, float)) or ok is None else \
-        (f" (target {100 * target:.0f}%: " + ("met)" if ok else "**MISSED**)"))
     share = summary.get("lateness_share_max")
+    judged = "the lateness" if isinstance(share, (int, float)) else "the p95 tile-time error"
+    verdict = "" if not isinstance(target, (int, float)) or ok is None else \
+        f" (target: {judged} at most {100 * target:.0f}%: " + ("met)" if ok else "**MISSED**)")
     late = "" if not isinstance(share, (int, float)) else \
-        f"; late devices can account for up to {100 * share:.1f}% of a step's device time" \
-        f"{lateness_kinds(summary)}"
-    return (f"- emulation fidelity{verdict}: tile-time error p50 "
-            f"{100 * (summary.get('tile_error_p50') or 0):.1f}%, p95 {100 * p95:.1f}%{late}; "
-            f"p95 lag {1e3 * (summary.get('lag_p95_s') or 0):.1f} ms; time dilation "
-            f"{summary.get('dilation_min')}..{summary.get('dilation_max')}")
+        f" late devices can account for up to {100 * share:.1f}% of a step's device time" \
+        f"{lateness_kinds(summary)};"
+    lag = summary.get("lag_p95_s")
+    return (f"- emulation fidelity{verdict}:{late} tile-time error (a tile's time on its device "
+            f"against its model's) p50 {100 * (summary.get('tile_error_p50') or 0):.1f}%, p95 "
+            f"{100 * p95:.1f}%"
+            + (f"; p95 result lag (wall-clock time a result came after its model's time) "
+               f"{1e3 * lag:.1f} ms" if isinstance(lag, (int, float)) else ""))
 
 
 def markdown(run_dir: Path) -> Path:
@@ -484,17 +517,18 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
     lines = [
         f"# Run {name}",
         "",
-        f"- state: {summary.get('state', '?')} (exit code {summary.get('exit_code', '?')})",
+        _state_line(summary),
         *_error_line(summary.get("error")),
         f"- steps: {summary.get('steps_done', len(steps))} of {summary.get('steps', '?')}; "
-        + (f"final loss {loss:.4f}" if isinstance(loss, float) else "final loss: none"),
+        + (f"final loss {loss:.4f} (cross-entropy, nats)"
+           if _is_number(loss) else "final loss: none"),
         f"- tiles: {summary.get('tiles', 0)}, recomputed {summary.get('recomputed_tiles', 0)}, "
         f"re-queued {summary.get('requeued_tiles', 0)}, rejected {summary.get('rejected', 0)}",
         f"- payload: down {format_bytes(summary.get('bytes_down', 0))}, "
         f"up {format_bytes(summary.get('bytes_up', 0))}",
-        f"- wall time {summary.get('wall_s', 0):.1f} s, time dilation "
-        f"{summary.get('time_dilation', 1):.2f}",
+        *_time_lines(summary),
         *_energy_line(summary.get("energy")),
+        *_partial_line(summary),
         fidelity_line(summary),
         f"- network: {network.get('backend', '?')} (rate: {network.get('rate', '?')}, "
         f"delay: {network.get('delay', '?')}, loss: {network.get('loss', '?')})",
@@ -512,6 +546,68 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
 
 
 MAX_ERROR_CHARS = 500  # a failed run's reason on its page: its first lines say it
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _state_line(summary: dict[str, Any]) -> str:
+    """How the run ended (or that it has not), with its exit code and what stopped it."""
+    state = summary.get("state", "?")
+    if state == "running":
+        pid = summary.get("running_pid")
+        who = f" (pid {pid})" if pid else ""
+        return (f"- state: running: a `testbed up`{who} holds this run directory; this page "
+                f"counts the steps it has finished so far")
+    by = summary.get("interrupted_by")
+    signals = ", ".join(str(x) for x in by) if isinstance(by, list) and by else None
+    code = summary.get("exit_code")
+    why = [f"exit code {code}" if code is not None else "", f"by {signals}" if signals else ""]
+    return f"- state: {state}" + (f" ({', '.join(w for w in why if w)})" if any(why) else "")
+
+
+def dilation_text(summary: dict[str, Any]) -> str | None:
+    """The run's time dilation D: one figure, or the range an adaptive run went through
+    (``2.31``, ``2.31-4.80``); None when the summary has none."""
+    low, high = summary.get("dilation_min"), summary.get("dilation_max")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and \
+            not isinstance(low, bool) and not isinstance(high, bool) and abs(high - low) >= 0.005:
+        return f"{low:.2f}-{high:.2f}"
+    for value in (low, high, summary.get("time_dilation")):
+        if _is_number(value):
+            return f"{value:.2f}"
+    return None
+
+
+def _time_lines(summary: dict[str, Any]) -> list[str]:
+    """The run's time: wall time and device time with the time dilation between them, or for a
+    simulated run its virtual device time and what simulating it took; what is not recorded
+    says so (a run's report said "wall time 0.0 s, time dilation 1.00" for it)."""
+    wall, device = summary.get("wall_s"), summary.get("device_time_s")
+    if summary.get("simulated"):
+        took = summary.get("sim_wall_s")
+        return [(f"- simulated device time {wall:.1f} s" if _is_number(wall) else
+                 "- simulated device time: not recorded")
+                + (f" (simulating took {took:.1f} s of wall time; virtual time needs no time "
+                   f"dilation)" if _is_number(took) else "")]
+    dilation = dilation_text(summary)
+    wall_text = f"wall time {wall:.1f} s (the PS's: from waiting for its devices to its end)" \
+        if _is_number(wall) else "wall time: not recorded"
+    device_text = f"its steps' device time {device:.2f} s (their wall time / D)" \
+        if _is_number(device) else "device time: not recorded"
+    return [f"- {wall_text}; {device_text}; time dilation D "
+            f"{dilation if dilation is not None else 'not recorded'}"]
+
+
+def _partial_line(summary: dict[str, Any]) -> list[str]:
+    """For a run stopped in a step: which figures count that step's work (the PS's totals) and
+    which only the finished steps (architecture.md, "Exit codes")."""
+    if summary.get("state") not in ("interrupted", "failed") or \
+            summary.get("totals_from") == "steps.jsonl":
+        return []
+    return ["- tiles, payload, wall time and energy count the work of the step under way when "
+            "the run stopped too; steps, loss, device time and efficiency count finished steps"]
 
 
 def _error_line(error: Any) -> list[str]:
@@ -532,9 +628,9 @@ def _energy_line(energy: Any) -> list[str]:
             isinstance(total.get(k), (int, float)) and not isinstance(total.get(k), bool)
             and math.isfinite(total[k]) for k in keys):
         return []
-    return [f"- device energy {total['total_j']:.1f} J (compute {total['compute_j']:.1f}, idle "
-            f"{total['idle_j']:.1f}, radio {total['radio_j']:.1f}), {total['carbon_g']:.3g} "
-            f"gCO2e"]
+    return [f"- device energy {total['total_j']:.1f} J (compute {total['compute_j']:.1f} J, "
+            f"idle {total['idle_j']:.1f} J, radio {total['radio_j']:.1f} J), carbon "
+            f"{total['carbon_g']:.3g} gCO2e"]
 
 
 def _num(value: Any, fmt: str) -> str:

@@ -36,7 +36,8 @@ def steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """A summary's figures of the steps, from ``steps.jsonl``'s records as checked by
     :func:`testbed.report.step_problems` (``step`` an integer, ``loss`` a number or null):
     ``steps_done`` (distinct steps), ``losses`` in step order, ``final_loss``, the
-    ``STEP_TOTALS`` summed, the last step's ``time_dilation``, and ``totals_from``:
+    ``STEP_TOTALS`` summed, their ``device_time_s`` summed (when there are steps), the last
+    step's ``time_dilation``, and ``totals_from``:
     ``"steps.jsonl"`` to say where they came from. A step recorded twice counts once (its
     last record)."""
     by_step = {record["step"]: record for record in steps}
@@ -46,6 +47,9 @@ def steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
                            "final_loss": losses[-1] if losses else None}
     for key in STEP_TOTALS:
         out[key] = sum(record[key] for record in ordered if _number(record.get(key)))
+    if ordered:  # the finished steps' device time (its PS's summary counts the same)
+        out["device_time_s"] = round(sum(record["device_time_s"] for record in ordered
+                                         if _number(record.get("device_time_s"))), 6)
     dilations = [record["time_dilation"] for record in ordered
                  if _number(record.get("time_dilation"))]
     if dilations:
@@ -65,8 +69,9 @@ def ps_summary_or_steps(run_dir: Path,
                         steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The PS's own summary (``ps_summary.json``), or, when the PS left none (it crashed, or
     ``testbed up`` was killed with it; a file that is not a JSON object counts as none), state
-    ``failed`` with :func:`steps_summary` of the run's steps and up.json's ``steps`` (the steps
-    asked for). ``steps``: the run's checked steps.jsonl records (default: read them,
+    ``failed`` with :func:`steps_summary` of the run's steps, up.json's ``steps`` (the steps
+    asked for) and, when no step has one, up.json's ``dilation`` as ``time_dilation``.
+    ``steps``: the run's checked steps.jsonl records (default: read them,
     :func:`checked_steps`). Used by the summary and, for a run without one, by the report."""
     try:
         ps_summary = load_user_json(read_user_text(run_dir / "ps_summary.json",
@@ -85,6 +90,10 @@ def ps_summary_or_steps(run_dir: Path,
     asked = up.get("steps") if isinstance(up, dict) else None
     if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
         out["steps"] = asked
+    dilation = up.get("dilation") if isinstance(up, dict) else None
+    if "time_dilation" not in out and isinstance(dilation, (int, float)) and \
+            not isinstance(dilation, bool) and 1 <= dilation <= 1e6:
+        out["time_dilation"] = dilation  # the D the run started with, before any step
     return out
 
 

@@ -20,7 +20,7 @@ def test_render_snapshot() -> None:
     console = Console(record=True, width=140, file=open("/dev/null", "w"))
     console.print(render(snapshot, "home"))
     text = console.export_text()
-    for needle in ("step 3/20", "loss 4.2500", "1234", "321/s", "12.5 MB", "phones-0", "busy",
+    for needle in ("steps done 3/20", "loss 4.2500", "1234", "321/s", "12.5 MB", "phones-0", "busy",
                    "41.5", "laptops-0", "left", "requeued 2"):
         assert needle in text, needle
 
@@ -30,8 +30,8 @@ def test_the_header_names_each_group_that_sat_out_with_its_reason() -> None:
                 "sat_out": {"phones-a": "link in 13 of 18 backward GEMMs", "phones-d": "link"}}
     console = Console(record=True, width=200, file=open("/dev/null", "w"))
     console.print(render(snapshot, "large"))
-    assert "sat out phones-a: link in 13 of 18 backward GEMMs; phones-d: link" in \
-        console.export_text()
+    assert "sat out (planner, last step):  phones-a: link in 13 of 18 backward GEMMs;  " \
+        "phones-d: link" in console.export_text()
 
 
 def test_past_forty_devices_the_view_has_a_row_per_group() -> None:

@@ -27,7 +27,7 @@ def test_report_from_run_files(tmp_path: Path) -> None:
     assert (tmp_path / "report.png").stat().st_size > 10_000
     text = (tmp_path / "report.md").read_text()
     for needle in ("final loss 4.6000", "recomputed 2", "disconnect: 1", "down 6.0 MB",
-                   "loopback", "dilation 2.00"):
+                   "loopback", "time dilation D 2.00"):
         assert needle in text, needle
 
 
@@ -47,7 +47,8 @@ def test_report_says_why_a_run_failed_and_what_its_devices_spent(tmp_path: Path)
     [error] = [line for line in lines if line.startswith("- error: ")]
     assert error.startswith("- error: simulation stalled at t=5.000000 s: 12 tiles outstanding")
     assert len(error) <= len("- error: ") + 500 and error.endswith("...")
-    assert "- device energy 107.6 J (compute 4.4, idle 100.0, radio 3.2), 0.0142 gCO2e" in lines
+    assert "- device energy 107.6 J (compute 4.4 J, idle 100.0 J, radio 3.2 J), carbon 0.0142 " \
+        "gCO2e" in lines
     # a damaged energy block costs only its line
     write_json_atomic(tmp_path / "summary.json", {"state": "done", "steps_done": 1,
                                                   "energy": {"total": {"total_j": "x"}}})
@@ -66,7 +67,7 @@ def test_fidelity_line_gives_the_verdict_and_what_late_tiles_can_account_for() -
     fields = {"tile_error_p50": 0.001, "tile_error_p95": 1.5, "lag_p95_s": 0.0004,
               "dilation_min": 3.4, "dilation_max": 3.4, "dilation_target_p95": 0.1}
     met = fidelity_line({**fields, "lateness_share_max": 0.012, "fidelity_ok": True})
-    assert "(target 10%: met)" in met and "p95 150.0%" in met
+    assert "(target: the lateness at most 10%: met)" in met and "p95 150.0%" in met
     assert "up to 1.2% of a step's device time" in met
     missed = fidelity_line({**fields, "lateness_share_max": 0.3, "fidelity_ok": False})
     assert "**MISSED**" in missed and "up to 30.0%" in missed
