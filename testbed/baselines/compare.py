@@ -41,6 +41,7 @@ from testbed.baselines.placement import (
 )
 from testbed.emulator.energy import DEFAULT_GRID_G_PER_KWH, carbon_g
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, InputError
+from testbed.interrupts import held
 from testbed.topology import JobSpec, Topology
 from testbed.units import number_arg, size_arg
 from testbed.user_paths import path_arg
@@ -60,7 +61,9 @@ OPT_SHAPES = {"OPT-125m": (12, 768, 12), "OPT-350m": (24, 1024, 16),
 COLUMNS = ("strategy", "state", "devices_used", "steps_done", "step_s", "bound_s", "wall_s",
            "down_bytes_per_device_step", "up_bytes_per_device_step", "energy_j_per_step",
            "carbon_g_per_step", "energy_j", "carbon_g", "steps_redone", "restarts",
+           "churn_events", "churn_events_total", "sequences_trained", "sequences_asked",
            "lost_work", "largest_model", "note")
+GPU_STATE = "estimate, not run"  # the GPU row: a datasheet roofline (gpu.py), no run behind it
 
 
 def with_strategy(topology: Topology, strategy: str) -> Topology:
@@ -114,8 +117,39 @@ def used_energy_j(energy: dict[str, Any], used: set[str]) -> float:
     return float(sum(d["total_j"] for name, d in energy["devices"].items() if name in used))
 
 
+def sequences_trained(summary: dict[str, Any], steps: list[dict[str, Any]],
+                      batch_size: int) -> int:
+    """Sequences a run trained over its steps: the whole batch each step, except for
+    data-parallel steps a replica missed (its rows went untrained; ``took_part`` and
+    ``placement.rows``, docs/baselines.md). Redone pipeline steps count once."""
+    placement = summary.get("placement") or {}
+    rows = dict(zip(placement.get("replicas") or [], placement.get("rows") or []))
+    done = [s for s in steps if not s.get("redo")]
+    if not rows or not any("took_part" in s for s in done):
+        return batch_size * int(summary.get("steps_done", len(done)))
+    return sum(sum(_row_count(rows.get(n, 0)) for n in s.get("took_part", rows)) for s in done)
+
+
+def _row_count(rows: Any) -> int:
+    """A replica's rows: a count (simulated) or a [start, end) range (emulated)."""
+    return int(rows[1] - rows[0]) if isinstance(rows, (list, tuple)) else int(rows)
+
+
+def _lost_work(strategy: str, summary: dict[str, Any], trained: int, asked: int) -> str:
+    if strategy == "tile-tp":
+        return (f"{summary.get('requeued_tiles', 0)} tiles re-queued, "
+                f"{summary.get('recomputed_tiles', 0)} recomputed")
+    if strategy == "pipeline":
+        return (f"{summary.get('steps_redone', 0)} steps redone after "
+                f"{summary.get('restarts', 0)} restart(s)")
+    text = f"{summary.get('dropped_replica_steps', 0)} replica-steps dropped"
+    return text + (f" ({asked - trained} of {asked} sequences untrained)" if trained < asked
+                   else "")
+
+
 def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
-         grid: float) -> dict[str, Any]:
+         grid: float, batch_size: int | None = None,
+         churn_total: int | None = None) -> dict[str, Any]:
     devices = [d for d in summary.get("devices", []) if d.get("compute_s") or
                d.get("bytes_down") or d.get("bytes_up")]
     names = {d["device"] for d in devices}
@@ -126,12 +160,8 @@ def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
     # run charges idle power to every device present, its plans' sat-out ones too
     energy = used_energy_j(summary["energy"], names)
     done = max(int(summary.get("steps_done", 0)), 1)
-    lost = {"tile-tp": f"{summary.get('requeued_tiles', 0)} tiles re-queued, "
-                       f"{summary.get('recomputed_tiles', 0)} recomputed",
-            "pipeline": f"{summary.get('steps_redone', 0)} steps redone after "
-                        f"{summary.get('restarts', 0)} restart(s)",
-            "data-parallel": f"{summary.get('dropped_replica_steps', 0)} replica-steps "
-                             f"dropped"}[strategy]
+    asked = (batch_size or 0) * int(summary.get("steps_done", 0))
+    trained = sequences_trained(summary, steps, batch_size) if batch_size else 0
     return {"strategy": strategy, "state": summary["state"], "devices_used": len(names),
             "steps_done": summary.get("steps_done", 0),
             "step_s": statistics.median(s["device_time_s"] for s in steps) if steps else None,
@@ -145,8 +175,15 @@ def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
             "energy_j_per_step": energy / done, "carbon_g_per_step": carbon_g(energy, grid) / done,
             "energy_j": energy, "carbon_g": carbon_g(energy, grid),
             "steps_redone": summary.get("steps_redone", 0), "restarts": summary.get("restarts", 0),
-            "lost_work": lost, "note": summary.get("error") or ""}
-
+            # how much of the trace this run lived through: a run that ends early misses the
+            # trace's later events, so rows under one trace need not have met the same churn
+            "churn_events": summary.get("churn_events", 0) if churn_total is not None else None,
+            "churn_events_total": churn_total,
+            "sequences_trained": trained if batch_size else None,
+            "sequences_asked": asked if batch_size else None,
+            "lost_work": _lost_work(strategy, summary, trained, asked) if batch_size
+            else _lost_work(strategy, summary, 0, 0),
+            "note": summary.get("error") or ""}
 
 
 def _does_not_fit(topo: Topology, strategy: str, largest: str) -> dict[str, Any] | None:
@@ -207,35 +244,91 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
     from testbed.simulate.run import simulate
 
     rows: list[dict[str, Any]] = []
-    for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
-        run_dir = out_dir / strategy
-        run_dir.mkdir(parents=True)
-        if progress is not None:
-            progress(strategy, run_dir, None)
-        schedule = schedule_for(topo)
-        summary = (simulate(topo, run_dir, schedule, report=report) if strategy == "tile-tp"
-                   else simulate_baseline(topo, run_dir, schedule, report=report))
-        steps = [s for s in read_jsonl(run_dir / "steps.jsonl")]
-        row = _row(strategy, summary, steps, grid_g_per_kwh)
-        row["largest_model"] = largest
-        rows.append(row)
-        if progress is not None:
-            progress(strategy, run_dir, row)
-    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
     steps_n = topology.job.steps
     inputs = {"topology": topology.name, "steps": steps_n, "churn": str(topology.churn or ""),
               "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
               "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
               "mode": "simulated"}
+    under_way: dict[str, Any] = {}
+    try:
+        for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
+            run_dir = out_dir / strategy
+            run_dir.mkdir(parents=True)
+            schedule = schedule_for(topo)
+            under_way.update(strategy=strategy, run_dir=run_dir, largest=largest,
+                             batch=topo.job.batch_size,
+                             churn_total=len(schedule.actions) if schedule is not None else None)
+            if progress is not None:
+                progress(strategy, run_dir, None)
+            summary = (simulate(topo, run_dir, schedule, report=report) if strategy == "tile-tp"
+                       else simulate_baseline(topo, run_dir, schedule, report=report))
+            steps = [s for s in read_jsonl(run_dir / "steps.jsonl")]
+            row = _row(strategy, summary, steps, grid_g_per_kwh, topo.job.batch_size,
+                       under_way["churn_total"])
+            row["largest_model"] = largest
+            row["note"] = "; ".join(x for x in (row["note"], _ps_memory_note(
+                topo, strategy, ps_memory_bytes)) if x)
+            rows.append(row)
+            under_way.clear()
+            if progress is not None:
+                progress(strategy, run_dir, row)
+    except KeyboardInterrupt:
+        # what finished stays comparable: a partial comparison, its unfinished rows saying so
+        with held():
+            rows.extend(_interrupted_rows(strategies, rows, under_way, grid_g_per_kwh))
+            rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
+            write_comparison(out_dir, rows, {**inputs, "mode": "simulated; INTERRUPTED, "
+                                             "partial"})
+        raise
+    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
     write_comparison(out_dir, rows, inputs)
     return rows
+
+
+def _ps_memory_note(topology: Topology, strategy: str, ps_memory_bytes: int) -> str:
+    """tile-tp's PS holds the model, its optimizer state and the batch's activations: a job
+    beyond --ps-memory runs in the simulator all the same, which the row must say."""
+    need = cost.replica_bytes(topology.job, topology.job.batch_size)
+    if strategy != "tile-tp" or need <= ps_memory_bytes:
+        return ""
+    return (f"the job needs {gib(need)} on the PS, more than --ps-memory "
+            f"{gib(ps_memory_bytes)}; run as if the PS held it")
+
+
+def _interrupted_rows(strategies: list[str], rows: list[dict[str, Any]],
+                      under_way: dict[str, Any], grid: float) -> list[dict[str, Any]]:
+    """Rows for an interrupted comparison: the strategy under way (its steps done, from the
+    summary its run wrote as it stopped) and each strategy never started."""
+    from testbed.runlog import read_jsonl
+
+    out: list[dict[str, Any]] = []
+    seen = {r["strategy"] for r in rows}
+    if under_way:
+        strategy, run_dir = under_way["strategy"], under_way["run_dir"]
+        seen.add(strategy)
+        row: dict[str, Any] = {"strategy": strategy, "state": "interrupted",
+                               "note": f"interrupted; its run so far: {run_dir}"}
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+            steps = read_jsonl(run_dir / "steps.jsonl")
+            if summary.get("energy") and steps:
+                row = {**_row(strategy, summary, steps, grid, under_way["batch"],
+                              under_way["churn_total"]), "state": "interrupted",
+                       "note": row["note"]}
+        except (OSError, ValueError, KeyError):
+            pass  # no summary yet: the row says only that it was interrupted
+        row["largest_model"] = under_way["largest"]
+        out.append(row)
+    out += [{"strategy": s, "state": "not run (interrupted before it)"}
+            for s in strategies if s not in seen]
+    return out
 
 
 def _gpu_row(topology: Topology, gpu: GpuProfile, gpu_grid_g_per_kwh: float, pue: float,
              ps_memory_bytes: int) -> dict[str, Any]:
     g = gpu_step(topology.job, gpu, pue)
     steps_n = topology.job.steps
-    return {"strategy": f"gpu:{gpu.name}", "state": "reference", "devices_used": 1,
+    return {"strategy": f"gpu:{gpu.name}", "state": GPU_STATE, "devices_used": 1,
             "steps_done": steps_n, "step_s": g.step_s, "wall_s": g.step_s * steps_n,
             "down_bytes_per_device_step": 0, "up_bytes_per_device_step": 0,
             "energy_j_per_step": g.energy_j,
@@ -243,7 +336,10 @@ def _gpu_row(topology: Topology, gpu: GpuProfile, gpu_grid_g_per_kwh: float, pue
             "energy_j": g.energy_j * steps_n,
             "carbon_g": carbon_g(g.energy_j * steps_n, gpu_grid_g_per_kwh),
             "steps_redone": 0, "restarts": 0, "lost_work": "",
+            "sequences_trained": topology.job.batch_size * steps_n,
+            "sequences_asked": topology.job.batch_size * steps_n,
             "largest_model": largest_model(topology, "gpu", ps_memory_bytes, gpu),
+            "fits": g.fits,
             "note": "" if g.fits else f"the job needs {gib(g.need_bytes)}, more than the "
                                       f"GPU's {gib(gpu.memory_bytes)}"}
 
@@ -282,6 +378,12 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
     energy = run_energy(devices, events, power, links, 1.0, end_s, grid)
     total_j = float(energy["total"]["total_j"])
     n = len(devices)
+    asked = topology.job.batch_size * steps_n
+    trained = asked
+    if strategy == "data-parallel" and res.get("took_part"):
+        rows = res.get("rows") or []
+        trained = sum(_row_count(rows[i]) for t in res["took_part"] for i in t
+                      if i < len(rows))
     return {"strategy": strategy, "state": "done", "devices_used": n, "steps_done": steps_n,
             "step_s": statistics.median(step_s), "wall_s": end_s,
             "down_bytes_per_device_step": sum(d["bytes_down"] for d in devices) / n / steps_n,
@@ -290,9 +392,12 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
             carbon_g(total_j, grid) / steps_n, "energy_j": total_j,
             "carbon_g": carbon_g(total_j, grid), "steps_redone": res.get("steps_redone", 0),
             "restarts": res.get("restarts", 0),
+            "sequences_trained": trained, "sequences_asked": asked,
             "lost_work": (f"{res.get('steps_redone', 0)} steps redone after "
                           f"{res.get('restarts', 0)} restart(s)" if strategy == "pipeline"
                           else f"{res.get('dropped_replica_steps', 0)} replica-steps dropped"
+                          + (f" ({asked - trained} of {asked} sequences untrained)"
+                             if trained < asked else "")
                           if res.get("churn") else "no churn replayed"),
             "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
                     f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
@@ -340,10 +445,20 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 if done.returncode != 0:
                     raise RuntimeError(f"testbed up exited {done.returncode}: "
                                        f"{done.stderr.strip()[-300:]}")
-                row = _row(strategy, summary, read_jsonl(run_dir / "steps.jsonl"),
-                           grid_g_per_kwh)
+                steps = read_jsonl(run_dir / "steps.jsonl")
+                schedule = schedule_for(topo) if schedule_for and topology.churn else None
+                row = _row(strategy, summary, steps, grid_g_per_kwh, topo.job.batch_size,
+                           len(schedule.actions) if schedule is not None else None)
+                # in device seconds, as the baselines' rows: testbed up's wall_s is real
+                # seconds at its own time dilation (auto picks one), from the PS's start
+                up_d = float(summary.get("time_dilation") or 1.0)
+                row["wall_s"] = (summary["wall_s"] / up_d if topology.churn
+                                 else sum(s["device_time_s"] for s in steps))
                 losses = ", ".join(f"{x:.6f}" for x in summary.get("losses") or [])
-                row["note"] = f"Mininet via testbed up ({run_dir.name}); losses {losses}"
+                row["note"] = (f"Mininet via testbed up ({run_dir.name}), D = {up_d:.3g}"
+                               + (" (time_dilation: auto)" if topology.time_dilation is None
+                                  else "") + "; bytes from the PS's payload accounting; "
+                               f"losses {losses}")
             elif strategy == "pipeline":
                 schedule = schedule_for(topo) if schedule_for and topology.churn else None
                 res = emulate_pipeline(path, out_dir / strategy, dilation=dilation,
@@ -354,6 +469,9 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation,
                                             schedule=schedule)
                 row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
+                if schedule is not None:  # the trace's events its replicas met
+                    row["churn_events"] = len(res.get("churn") or [])
+                    row["churn_events_total"] = len(schedule.actions)
         except (RuntimeError, OSError, ValueError) as exc:
             row = {"strategy": strategy, "state": "failed", "note": str(exc)}
         row["largest_model"] = largest
@@ -365,7 +483,9 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
               "churn": str(topology.churn or ""),
               "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
               "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
-              "mode": f"emulated on Mininet, D = {dilation:g}"}
+              "mode": f"emulated on Mininet, D = {dilation:g}"
+                      + (" for the baselines, tile-tp at its own (its note)"
+                         if "tile-tp" in strategies and topology.time_dilation is None else "")}
     write_comparison(out_dir, rows, inputs)
     return rows
 
@@ -378,6 +498,32 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _fairness_notes(rows: list[dict[str, Any]], steps_n: int) -> list[str]:
+    """What the rows did not share: steps, the trace's churn, the sequences trained."""
+    ran = [r for r in rows if r.get("step_s") is not None]
+    notes = []
+    for r in ran:
+        if r.get("steps_done") is not None and int(r["steps_done"]) < steps_n:
+            notes.append(f"- {r['strategy']}: {r['state']} after {r['steps_done']} of "
+                         f"{steps_n} steps; its per-step figures are its run so far (an unfinished "
+                         f"step's work included) over the steps done")
+    met = {r["strategy"]: r.get("churn_events") for r in ran
+           if r.get("churn_events_total") is not None and r.get("churn_events") is not None}
+    if len(set(met.values())) > 1:
+        total = next(r["churn_events_total"] for r in ran if r["strategy"] in met)
+        notes.append("- not the same churn: each run replays the trace from its own start "
+                     "and meets only the events that come before it ends ("
+                     + ", ".join(f"{s} {n} of {total}" for s, n in met.items())
+                     + "); a run that ended before an event never paid for it")
+    for r in ran:
+        trained, asked = r.get("sequences_trained"), r.get("sequences_asked")
+        if trained is not None and asked and trained < asked:
+            notes.append(f"- {r['strategy']}: trained {trained} of the {asked} sequences its "
+                         f"steps held (dropped replicas' rows go untrained), so its time and "
+                         f"energy per step bought fewer tokens than a whole batch")
+    return notes
+
+
 def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str, Any]) -> None:
     """comparison.csv, .json, .md and .png in out_dir."""
     with (out_dir / "comparison.csv").open("w", newline="") as fh:
@@ -387,23 +533,49 @@ def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str
             w.writerow({k: r.get(k, "") for k in COLUMNS})
     (out_dir / "comparison.json").write_text(json.dumps({"inputs": inputs, "rows": rows},
                                                         indent=2, default=str) + "\n")
-    heads = ["strategy", "state", "devices", "s/step", "bound s/step", "wall s", "MB down/dev/step",
-             "MB up/dev/step", "J/step", "gCO2e/step", "redone", "lost work", "largest model"]
-    lines = [f"# Comparison: {inputs['topology']} ({inputs['mode']}, {inputs['steps']} steps"
+    heads = ["strategy", "state", "steps done", "devices used", "median s/step",
+             "tile-tp bound s/step", "wall s", "MB down/device/step", "MB up/device/step",
+             "J/step", "gCO2e/step", "steps redone", "churn events met", "lost work",
+             "largest model"]
+    steps_n = inputs["steps"]
+    lines = [f"# Comparison: {inputs['topology']} ({inputs['mode']}, {steps_n} "
+             f"step{'s' if steps_n != 1 else ''}"
              f"{', churn ' + inputs['churn'] if inputs['churn'] else ''})", "",
              "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         mb = [(r.get(k) or 0) / 1e6 if r.get("step_s") is not None else None
               for k in ("down_bytes_per_device_step", "up_bytes_per_device_step")]
+        churn = (f"{r['churn_events']} of {r['churn_events_total']}"
+                 if r.get("churn_events_total") is not None and r.get("churn_events") is not None
+                 else None)
+        done = (f"{r['steps_done']} of {steps_n}" if r.get("steps_done") is not None
+                and r.get("state") != GPU_STATE else None)
         lines.append("| " + " | ".join(_fmt(v) for v in (
-            r["strategy"], r["state"], r.get("devices_used"), r.get("step_s"), r.get("bound_s"),
-            r.get("wall_s"),
+            r["strategy"], r["state"], done, r.get("devices_used"), r.get("step_s"),
+            r.get("bound_s"), r.get("wall_s"),
             mb[0], mb[1], r.get("energy_j_per_step"), r.get("carbon_g_per_step"),
-            r.get("steps_redone"), r.get("lost_work"), r.get("largest_model"))) + " |")
+            r.get("steps_redone"), churn, r.get("lost_work"), r.get("largest_model"))) + " |")
+    lines += ["", "Columns: median s/step is the median device (virtual or undilated) seconds "
+              "of a step run, restarts and restores left out; wall s is the whole run, "
+              "restarts and restores included; bytes are per device used per step run; J and "
+              "gCO2e per step done count the devices used only (their compute, idle and "
+              "radio energy over the run); churn events met: the trace's device events that "
+              "came while the run lasted, of all in the trace; largest model: the largest OPT "
+              "shape that fits these devices' memory (memory only)."]
     base = next((r for r in rows if r["strategy"] == "tile-tp" and r.get("step_s")), None)
     ref = rows[-1]
-    lines += ["", "Ratios (time per step against tile-tp; energy and carbon per step against "
-              f"{ref['strategy']}):", ""]
+    gpu_row = ref if ref.get("state") == GPU_STATE else None
+    if gpu_row is not None:
+        lines += ["", f"{ref['strategy']} is not a run: an estimate from the GPU's datasheet "
+                  f"(GEMM FLOPs over peak x sustained fraction, plus memory-bound bytes over "
+                  f"its bandwidth; board power x time x PUE), with no network and no churn"
+                  + ("." if ref.get("fits", True) else
+                     f"; the job does not fit its memory ({ref.get('note')}), so its "
+                     f"figures are for a GPU that could hold it.")]
+    against = "time per step against tile-tp" if base is not None else \
+        "no tile-tp row, so no time ratios"
+    lines += ["", f"Ratios ({against}; energy and carbon per step against the "
+              f"{ref['strategy']} estimate):", ""]
     for r in rows[:-1]:
         if not r.get("step_s"):
             continue
@@ -422,6 +594,7 @@ def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str
                   f"it ran {base['step_s'] / base['bound_s']:.3g}x that). A strategy faster than "
                   f"the bound is faster than any tile-tp planner could be here."]
     notes = [f"- {r['strategy']}: {r['note']}" for r in rows if r.get("note")]
+    notes += _fairness_notes(rows[:-1] if gpu_row is not None else rows, steps_n)
     if notes:
         lines += ["", "Notes:", "", *notes]
     gpu = inputs["gpu"]
@@ -542,7 +715,10 @@ def run_compare(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         where = (f" during {under_way[0][0]} (its run so far: {under_way[0][1]})"
                  if under_way else "")
-        print(f"interrupted{where}; no comparison was written in {out_dir}", file=sys.stderr)
+        partial = out_dir / "comparison.md"
+        print(f"interrupted{where}; " + (f"a partial comparison (the strategies that finished, "
+              f"the one under way as far as it got) is in {partial}" if partial.is_file()
+              else f"no comparison was written in {out_dir}"), file=sys.stderr)
         return EXIT_INTERRUPTED
     print((out_dir / "comparison.md").read_text())
     failed = [r["strategy"] for r in rows if r["state"] == "failed"]
