@@ -175,7 +175,13 @@ def test_compare_replays_churn_on_emulated_data_parallel(tmp_path: Path) -> None
     assert [c["event"] for c in res["churn"]] == ["crash", "join"]
     gone = res["replicas"].index("phones-0")
     assert dropped > 0 and gone in took[-1], took
-    assert row["state"] == "done" and row["lost_work"] == f"{dropped} replica-steps dropped"
+    # a dropped replica's rows of the batch went untrained: the row says how many
+    trained = sum(end - start for t in took for start, end in (res["rows"][i] for i in t))
+    asked = row["sequences_asked"]
+    assert row["sequences_trained"] == trained < asked
+    assert row["state"] == "done" and row["lost_work"] == \
+        f"{dropped} replica-steps dropped ({asked - trained} of {asked} sequences untrained)"
+    assert row["churn_events"] == 2 and row["churn_events_total"] == 2
     assert data["inputs"]["churn"] == str(trace.resolve())
     topo = load_topology(path)
     torch.set_num_threads(1)

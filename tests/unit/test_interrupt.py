@@ -69,10 +69,16 @@ def test_an_interrupted_comparison_says_which_strategy_and_where_its_steps_are(
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output
     assert "tile-tp: 1000000 step(s) in virtual time..." in output, output[-2000:]
-    assert f"interrupted during tile-tp (its run so far: {steps.parent}); no comparison was " \
-           f"written in {steps.parent.parent}" in output, output[-2000:]
+    partial = steps.parent.parent / "comparison.md"
+    assert f"interrupted during tile-tp (its run so far: {steps.parent}); a partial comparison " \
+           f"(the strategies that finished, the one under way as far as it got) is in " \
+           f"{partial}" in output, output[-2000:]
     assert json.loads((steps.parent / "summary.json").read_text())["state"] == "interrupted"
-    assert not (steps.parent.parent / "comparison.md").exists()
+    # the partial comparison says so, and which strategies never ran
+    text = partial.read_text()
+    assert "INTERRUPTED, partial" in text
+    assert "| tile-tp | interrupted |" in text, text
+    assert "| pipeline | not run (interrupted before it) |" in text, text
 
 
 def test_sigterm_stops_a_measurement_in_one_line_leaving_no_file(tmp_path: Path) -> None:
