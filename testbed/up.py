@@ -5,8 +5,9 @@ input exits 2), and so is the machine (:mod:`testbed.capacity`: memory, tasks an
 descriptors for one PS and an agent per device; a run that cannot fit exits 2, naming the limit).
 
 A :class:`Run` turns a validated :class:`~testbed.topology.Topology` into running parts, in this
-order, and removes them in reverse order on ``stop()`` (after success, an error, Ctrl-C or
-SIGTERM):
+order, and removes them on ``stop()`` (after success, an error, Ctrl-C or SIGTERM) in reverse
+order but for the PS, stopped before the agents (it tells them the run is over; an agent's own
+SIGTERM would reach it as a departure):
 
 1. the network backend (:mod:`testbed.emulator.network`): loopback or Mininet; a Mininet run's
    prefix is in ``network.json`` before its first host exists;
@@ -528,18 +529,11 @@ class Run:
             self._follower.join(5)
         if self.adb is not None:  # first: phones' agents leave while the PS is still there
             self.adb.stop()
-        procs = ([self.ps] if self.ps is not None else []) + list(self.agents.values())
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        killed = []
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                killed.append(proc)
+        # the PS first: stopped, it writes its summary and tells every device the run is over.
+        # Signalled together, each agent's own SIGTERM reached the PS as a leave (that is how
+        # churn's leave works): a Ctrl-C counted every device as departed, its tiles re-queued
+        killed = _terminate([self.ps] if self.ps is not None else [])
+        killed += _terminate(list(self.agents.values()))
         # one reaping deadline for all of them: with the agents' fork server stopped, no
         # agent's exit reaches us, and a wait each made the teardown REAP_S times the agents
         deadline = time.monotonic() + REAP_S
@@ -559,6 +553,24 @@ class Run:
             if self.runlog is not None:
                 self.runlog.event("run_stop")
                 self.runlog.close()
+
+
+def _terminate(procs: list[Any]) -> list[Any]:
+    """SIGTERM to each process still running (a Popen, or a ForkedAgent: the same calls),
+    STOP_GRACE_S for all of them to exit, SIGKILL to the rest; return those killed (their exits
+    are reaped later, under one deadline)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    killed = []
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            killed.append(proc)
+    return killed
 
 
 def agent_argv(network: Network, topology: Topology, device: DeviceSpec, ps_port: int,

@@ -121,11 +121,18 @@ def read_token(args: argparse.Namespace) -> str:
     return token
 
 
-def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK) -> int:
+def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
+         supervised: bool = False) -> int:
     """Run one agent until the PS ends the run (0), refuses it (3), or a signal stops it
     (SIGINT, SIGTERM, SIGHUP: it leaves, says so in one line, and exits ``stopped_exit``: 0 for
     the agents a run starts, whose SIGTERM is a churn trace's graceful leave; 130 for
-    ``testbed join``, interrupted as every testbed command)."""
+    ``testbed join``, interrupted as every testbed command).
+
+    ``supervised``: an agent ``testbed up`` started (its fork server). It ignores SIGINT and
+    SIGHUP, which a Ctrl-C or a closed terminal sends the whole process group: the run stops it
+    after its PS, which tells every device the run is over. Leaving on them itself, every agent
+    reached the PS as a departure, its tiles re-queued, and the report drew every device
+    departed."""
     args = build_parser().parse_args(argv)
     try:
         token = read_token(args)
@@ -178,8 +185,9 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK) -> int:
         up=LinkDirection(args.up_bps, args.delay_s, args.loss))
     agent = Agent(options, model)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop("SIGTERM"))
-    signal.signal(signal.SIGINT, lambda *_: agent.request_stop("SIGINT"))
-    signal.signal(signal.SIGHUP, lambda *_: agent.request_stop("SIGHUP"))  # terminal closed
+    for sig in (signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(sig, signal.SIG_IGN if supervised else
+                      lambda s, _f: agent.request_stop(signal.Signals(s).name))
     signal.signal(signal.SIGUSR1, lambda *_: agent.set_partitioned(True))
     signal.signal(signal.SIGUSR2, lambda *_: agent.set_partitioned(False))
     code = agent.run()

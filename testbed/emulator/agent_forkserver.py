@@ -23,9 +23,9 @@ Protocol, one JSON object a line over the server's stdin and stdout:
 * replies: ``{"id": N, "pid": PID}`` once the agent is forked, and ``{"exited": PID, "code": C}``
   when the server reaps it (``C`` as ``subprocess.Popen.returncode``: -SIGNAL when killed).
 
-The server ignores SIGINT and SIGHUP (a Ctrl-C, or a closed terminal's hangup, reaches the whole
-process group: the agents stop on it themselves, and ``testbed up`` then ends the server) and
-exits when its stdin closes.
+The server and its agents ignore SIGINT and SIGHUP (a Ctrl-C, or a closed terminal's hangup,
+reaches the whole process group: ``testbed up`` stops the PS, then the agents with SIGTERM, then
+the server) and the server exits when its stdin closes.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _run_agent(request: dict[str, Any], server_pid: int, close: list[int]) -> in
     from testbed.agent.__main__ import main
 
     sys.argv = ["testbed.agent", *request["args"]]
-    return main(list(request["args"]))
+    return main(list(request["args"]), supervised=True)
 
 
 def _fork_agent(request: dict[str, Any], close: list[int]) -> int:

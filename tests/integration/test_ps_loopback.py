@@ -20,6 +20,9 @@ import torch
 
 from testbed.runlog import read_jsonl, write_json_atomic
 from tests.conftest import (
+    REPO,
+    catches,
+    cli_argv,
     killed_at_exit,
     read_status,
     reference_losses,
@@ -155,15 +158,26 @@ def test_device_killed_mid_step_costs_only_its_tiles(tmp_path: Path) -> None:
     assert sum(s["recomputed_tiles"] for s in steps) <= gone["in_flight"]
 
 
-def test_sigint_stops_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("terminal", [False, True], ids=["kill -INT", "Ctrl-C"])
+def test_sigint_stops_everything(tmp_path: Path, terminal: bool) -> None:
+    """SIGINT to `testbed up`, or to its whole process group as a terminal's Ctrl-C sends it
+    (the PS and every agent get it too)."""
     topology = tiny_topology(tmp_path, steps=200, time_dilation=2)
     out = tmp_path / "runs"
-    proc = start_up(topology, out)
-    run_dir = run_dir_of(out)
-    wait_for(lambda: read_status(run_dir).get("step", 0) >= 1, 120, "training to start")
-    pids = json.loads((run_dir / "pids.json").read_text())
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    # its own session: the group's SIGINT reaches nothing of this test's
+    proc = subprocess.Popen(cli_argv("up", str(topology), "--no-live", "--out", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, start_new_session=True)
+    with killed_at_exit(proc):
+        run_dir = run_dir_of(out)
+        wait_for(lambda: read_status(run_dir).get("step", 0) >= 1, 120, "training to start")
+        pids = json.loads((run_dir / "pids.json").read_text())
+        wait_for(lambda: catches(proc.pid, signal.SIGINT), 30, "testbed up's handler")
+        if terminal:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output
     children = [pids["ps"], *pids["agents"].values()]
     alive = [p for p in children if psutil.pid_exists(p)
@@ -171,6 +185,12 @@ def test_sigint_stops_everything(tmp_path: Path) -> None:
     assert not alive, f"orphans: {alive}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state"] == "interrupted" and summary["exit_code"] == 130
+    # stopping the run is no churn: the agents were told by the PS, not counted as leaving
+    # (every agent's SIGTERM was a departure, its tiles re-queued, every device drawn departed)
+    leaves = [e for e in read_jsonl(run_dir / "events.jsonl")
+              if e["event"] in ("leave", "disconnect", "lease_expired")]
+    assert not leaves, leaves
+    assert summary["departures"] == 0 and summary["requeued_tiles"] == 0, summary
 
 
 def test_agent_with_wrong_token_is_refused(tmp_path: Path) -> None:
