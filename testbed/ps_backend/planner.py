@@ -49,7 +49,10 @@ TILE_OVERHEAD_S = 0.002
 NEAR_TIE = 0.05  # plans within 5 % of the fastest count as fast: most devices at work wins
 PARTIAL_CLASS_MAX = 16  # a class this small may take part with only some of its devices
 # a larger class behind a PS link it would overfill: these multiples of the devices filling it
-PS_FILL_FACTORS = (0.5, 1.0, 2.0, 4.0)
+# (a device's own link is not busy all the time, so twice the fill can be faster). Half and four
+# times were tried too; at 1,000 devices they cost 40 % of the search and were chosen in one
+# case of six, 0.2 % faster (docs/simulate.md, "Fewer sizes of a large class")
+PS_FILL_FACTORS = (1.0, 2.0)
 EXACT_CLASS_MAX = 32  # the search models a larger class as PSEUDO_PER_CLASS pseudo-devices
 PSEUDO_PER_CLASS = 8
 FIT_SLACK = 1.1  # split_boxes(fit=True): a cut whose runs get within 10 % of their share fits
