@@ -715,7 +715,9 @@ def run_up(args: argparse.Namespace) -> int:
 def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
     from rich.console import Console
 
-    console = Console(stderr=False)
+    # lines as they are: a pipe or a log file got them cut at 80 columns, a run directory's
+    # path in two (a terminal wraps what is too long for it on its own)
+    console = Console(stderr=False, soft_wrap=True)
     resume_dir, saved = _resume_target(args)
     if isinstance(saved, int):
         return saved
@@ -862,7 +864,8 @@ def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
     done = summary.get("steps_done", 0)
     console.print(f"{summary.get('state', 'failed')}: {done} step{'' if done == 1 else 's'}, "
                   f"final loss {loss if loss is None else f'{loss:.4f}'}, "
-                  f"{summary.get('tiles', 0)} tiles; run directory {run_dir}")
+                  f"{summary.get('tiles', 0)} tiles{_outcome_figures(summary)}; run directory "
+                  f"{run_dir}")
     if summary.get("state") == "failed":  # why, here: not only in summary.json and ps.log
         reason = None if failures else summary.get("error") or (
             None if explained or interrupted or (run_dir / "ps_summary.json").exists() else
@@ -873,6 +876,22 @@ def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
     for warning in run_warnings(summary):
         console.print(warning, style="bold red", markup=False)
     return code
+
+
+def _outcome_figures(summary: dict[str, Any]) -> str:
+    """The end line's device time, efficiency and energy, those the summary has (as `testbed
+    simulate`'s end line gives them)."""
+    def number(key: str) -> float | None:
+        value = summary.get(key)
+        return float(value) if isinstance(value, (int, float)) and \
+            not isinstance(value, bool) else None
+
+    device, eff = number("device_time_s"), number("efficiency")
+    total = ((summary.get("energy") or {}).get("total") or {}).get("total_j")
+    parts = [f"{device:.3f} s device time" if device is not None else "",
+             f"efficiency {eff:.2f}" if eff is not None else "",
+             f"energy {total:.1f} J" if isinstance(total, (int, float)) else ""]
+    return "".join(f", {p}" for p in parts if p)
 
 
 def portable_input(path: Path) -> str:

@@ -185,11 +185,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     eff = summary.get("efficiency")
     eff_text = f"{eff:.2f}" if isinstance(eff, float) else "n/a (no bound for this strategy)"
     done = summary["steps_done"]
-    # a baseline's virtual time also holds its restores and restarts, outside its steps
+    # a baseline's virtual time also holds what is outside its steps: the model handed out to
+    # its devices, restores and restarts
     in_steps = sum(s.get("device_time_s", 0.0) for s in read_jsonl(run_dir / "steps.jsonl"))
     extra = summary["wall_s"] - in_steps
     print(f"done: {done} step{'' if done == 1 else 's'}, {in_steps:.3f} s device time"
-          + (f" ({summary['wall_s']:.3f} s with restores and restarts)" if extra > 5e-4 else "")
+          + (f" ({summary['wall_s']:.3f} s in all, the model handed out to its devices"
+             + (f" and {summary['restarts']} restart(s)" if summary.get("restarts") else "")
+             + " included)" if extra > 5e-4 else "")
           + f", efficiency {eff_text}, energy {summary['energy']['total']['total_j']:.1f} J")
     return EXIT_OK
 

@@ -191,6 +191,11 @@ def test_sigint_stops_everything(tmp_path: Path, terminal: bool) -> None:
               if e["event"] in ("leave", "disconnect", "lease_expired")]
     assert not leaves, leaves
     assert summary["departures"] == 0 and summary["requeued_tiles"] == 0, summary
+    # its last line gives the figures `testbed simulate`'s gives: device time, efficiency, energy
+    assert f"interrupted: {summary['steps_done']} step" in output, output
+    assert f", {summary['device_time_s']:.3f} s device time, efficiency " \
+           f"{summary['efficiency']:.2f}, energy {summary['energy']['total']['total_j']:.1f} J; " \
+           f"run directory {run_dir}" in output, output[-1500:]
 
 
 def test_agent_with_wrong_token_is_refused(tmp_path: Path) -> None:

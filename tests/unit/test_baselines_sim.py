@@ -194,12 +194,15 @@ def test_testbed_simulate_dispatches_on_strategy(tmp_path: Path,
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["strategy"] == "pipeline" and summary["steps_done"] == 2
     assert (run_dir / "report.md").is_file()
-    # its last line gives the steps' device time, and apart the restores that precede them (it
-    # gave their sum as the steps')
+    # its last line gives the steps' device time, and apart the model's hand-out that precedes
+    # them (it gave their sum as the steps', then called the hand-out "restores and restarts"
+    # in a run with none)
     steps_s = sum(s["device_time_s"] for s in read_jsonl(run_dir / "steps.jsonl"))
     last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary["restarts"] == 0
     assert last.startswith(f"done: 2 steps, {steps_s:.3f} s device time ("
-                           f"{summary['wall_s']:.3f} s with restores and restarts)"), last
+                           f"{summary['wall_s']:.3f} s in all, the model handed out to its "
+                           f"devices included)"), last
     # `testbed up` runs the baselines on Mininet only: on loopback, exit 2 saying so
     assert main(["up", str(path), "--out", str(tmp_path / "up")]) == 2
     err = capsys.readouterr().err
