@@ -22,6 +22,13 @@ from testbed.units import format_bytes
 STATE_STYLE = {"busy": "green", "idle": "yellow", "left": "red", "partitioned": "magenta",
                "quarantined": "bold red", "sat out": "dim"}
 MAX_DEVICE_ROWS = 40
+VIEW_LINES_BESIDE_DEVICES = 14  # the panel's border, header, losses, faults, sat-out and notes
+
+
+def device_rows_for(height: int) -> int:
+    """How many device rows a terminal of ``height`` lines shows whole beside the rest of the
+    view (at most MAX_DEVICE_ROWS): campus's 32 rows on a 30-line terminal ran off its foot."""
+    return max(4, min(MAX_DEVICE_ROWS, height - VIEW_LINES_BESIDE_DEVICES))
 
 
 class Packed:
@@ -163,19 +170,20 @@ def _gflops(d: dict[str, Any]) -> str:
     return f"{gflops:.1f}" if d.get("tiles_done") and isinstance(gflops, (int, float)) else "-"
 
 
-def render_devices(devices: list[dict[str, Any]],
-                   sat_out: dict[str, Any] | None = None) -> RenderableType:
+def render_devices(devices: list[dict[str, Any]], sat_out: dict[str, Any] | None = None,
+                   max_rows: int = MAX_DEVICE_ROWS) -> RenderableType:
     """A table of devices: state, tiles done, in flight, bytes, observed speed, temperature and
     compute energy (``comp J``: the tiles' joules; the report's device energy adds idle and
     radio energy to it).
 
     Compact enough for an 80-column terminal; the device name carries its group. An idle
     device with no tile of a group the planner left out of the last step (``sat_out``) reads
-    ``sat out``. Past ``MAX_DEVICE_ROWS`` devices (large.yaml has 240) a row per group instead
-    (:func:`render_groups`): the first forty names would hide most of the run.
+    ``sat out``. Past ``max_rows`` devices (large.yaml has 240; a short terminal shows fewer:
+    :func:`device_rows_for`) a row per group instead (:func:`render_groups`): the first forty
+    names would hide most of the run.
     """
     sat_out = sat_out if isinstance(sat_out, dict) else {}
-    if len(devices) > MAX_DEVICE_ROWS:
+    if len(devices) > max_rows:
         return render_groups(devices, sat_out)
     table = _device_table("device")
     for d in sorted(devices, key=lambda d: _natural(str(d.get("device", "")))):
@@ -243,9 +251,10 @@ def render_losses(losses: list[float], width: int = 60) -> RenderableType:
     return Text(f"loss {recent[0]:.3f} {line} {recent[-1]:.3f}")
 
 
-def render(snapshot: dict[str, Any], title: str = "", notes: list[str] | None = None
-           ) -> RenderableType:
-    """The whole live view for one snapshot."""
+def render(snapshot: dict[str, Any], title: str = "", notes: list[str] | None = None,
+           max_rows: int = MAX_DEVICE_ROWS) -> RenderableType:
+    """The whole live view for one snapshot; ``max_rows``: device rows at most, past which a
+    row per group (:func:`device_rows_for` of the terminal's height)."""
     parts: list[RenderableType] = [render_header(snapshot, title),
                                    render_losses(snapshot.get("losses") or [])]
     faults = render_faults(snapshot)
@@ -254,7 +263,8 @@ def render(snapshot: dict[str, Any], title: str = "", notes: list[str] | None = 
     sat_out = render_sat_out(snapshot.get("sat_out"))
     if sat_out is not None:
         parts.append(sat_out)
-    parts.append(render_devices(snapshot.get("devices") or [], snapshot.get("sat_out")))
+    parts.append(render_devices(snapshot.get("devices") or [], snapshot.get("sat_out"),
+                                max_rows))
     for note in (notes or [])[-5:]:
         parts.append(Text(note, style="dim"))
     return Panel(Group(*parts), title="testbed", border_style="blue")

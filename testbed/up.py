@@ -1107,7 +1107,7 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
     """Show progress until the PS ends (or we are stopped); return the exit code."""
     from rich.live import Live
 
-    from testbed.dashboard import render
+    from testbed.dashboard import device_rows_for, render
 
     status_path = run.run_dir / "status.json"
 
@@ -1125,7 +1125,8 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
         while not stop.wait(0.25):
             code = run.poll()
             if view is not None:
-                view.update(render(snapshot(), run.topology.name, run.notes))
+                view.update(render(snapshot(), run.topology.name, run.notes,
+                                   device_rows_for(console.size.height)))
             else:
                 # the PS's phases before training (waiting for devices, probing the time
                 # dilation, planning) take minutes on large topologies: say which one runs

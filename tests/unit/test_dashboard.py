@@ -54,6 +54,22 @@ def test_past_forty_devices_the_view_has_a_row_per_group() -> None:
                       "10.5", "69.0", "20.0"]
 
 
+def test_a_short_terminal_gets_a_row_per_group_before_its_rows_run_off_its_foot() -> None:
+    # campus's 32 device rows on a 30-line terminal: the rows past its height were cut off
+    from testbed.dashboard import MAX_DEVICE_ROWS, device_rows_for, render
+
+    devices = [{"device": f"{g}-{i}", "group": g, "state": "busy", "tiles_done": 1}
+               for g in ("phones", "laptops") for i in range(16)]
+    snapshot = {"state": "training", "step": 1, "steps": 3, "devices": devices}
+    for height, grouped in ((30, True), (60, False)):
+        console = Console(record=True, width=80, height=height, file=open("/dev/null", "w"))
+        console.print(render(snapshot, "campus", max_rows=device_rows_for(height)))
+        text = console.export_text()
+        assert ("phones (16)" in text) is grouped and ("phones-15" in text) is not grouped, text
+        assert len(text.splitlines()) <= height, text
+    assert device_rows_for(10) == 4 and device_rows_for(1000) == MAX_DEVICE_ROWS
+
+
 def test_the_header_says_how_far_late_devices_can_have_moved_the_last_step() -> None:
     snapshot = {"state": "training", "step": 2, "steps": 5, "tile_error_p50": 0.001,
                 "tile_error_p95": 0.5, "lateness_share": 0.0634}
