@@ -100,30 +100,39 @@ def run_summary(devices: dict[str, EnergyAccount],
 
 
 def device_presence_s(events: list[dict[str, Any]], end_elapsed_s: float,
-                      dilation: float = 1.0) -> dict[str, float]:
+                      dilation: float = 1.0, from_event: str | None = None) -> dict[str, float]:
     """Device seconds each device was a member of the run, from events.jsonl.
 
     A device is present from its ``join`` to its ``leave``/``disconnect``/``lease_expired``
     (or the end of the run); a device that joins again adds its new stretch. Wall time becomes
     device time on a :class:`DeviceClock` that follows the PS's D: the one it started with (its
     ``ps_start`` record, else ``dilation``), the probe's choice and each change between steps
-    (an adaptive run's).
+    (an adaptive run's). With ``from_event`` (``training_start``), only from that event on:
+    what the devices spent waiting for each other, the probe and the planner is left out.
     """
     clock = DeviceClock(0.0, dilation)
     since: dict[str, float] = {}  # device seconds at each present device's join
     total: dict[str, float] = {}
+    counting = from_event is None
     for e in events:
         name, kind, t = e.get("device"), e.get("event"), float(e.get("elapsed_s", 0.0))
         if kind == "ps_start" and e.get("time_dilation"):
             clock = DeviceClock(0.0, float(e["time_dilation"]))
         elif kind in ("dilation_probe", "dilation_change"):
             clock.set_dilation(float(e["chosen"] if kind == "dilation_probe" else e["new"]), t)
+        elif kind == from_event and not counting:
+            counting = True
+            since = dict.fromkeys(since, clock.device_s(t))  # those present count from here
         elif not name:
             continue
         elif kind == "join":
             since.setdefault(name, clock.device_s(t))
         elif kind in ("leave", "disconnect", "lease_expired") and name in since:
-            total[name] = total.get(name, 0.0) + clock.device_s(t) - since.pop(name)
+            joined = since.pop(name)
+            if counting:
+                total[name] = total.get(name, 0.0) + clock.device_s(t) - joined
+    if not counting:  # the event never came: nothing to count
+        return {}
     end = clock.device_s(end_elapsed_s)
     for name, joined in since.items():
         total[name] = total.get(name, 0.0) + max(0.0, end - joined)
@@ -133,7 +142,8 @@ def device_presence_s(events: list[dict[str, Any]], end_elapsed_s: float,
 def run_energy(devices: list[dict[str, Any]], events: list[dict[str, Any]],
                power: dict[str, PowerParams | None], links: dict[str, tuple[float, float]],
                dilation: float, end_elapsed_s: float,
-               grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH) -> dict[str, Any]:
+               grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
+               from_event: str | None = None) -> dict[str, Any]:
     """The run's energy per device and in total, from what the run recorded.
 
     ``devices`` are the PS's final device records (``compute_s`` and ``energy_j`` summed over
@@ -144,9 +154,10 @@ def run_energy(devices: list[dict[str, Any]], events: list[dict[str, Any]],
     * idle: ``idle_w · (present device-seconds - compute seconds)``, present time from events;
     * radio: ``radio_w · 8 · bytes / rate`` for each direction.
 
-    Devices without a power model are listed with ``null`` energy.
+    Devices without a power model are listed with ``null`` energy. ``from_event``: idle time
+    from that event on only (:func:`device_presence_s`).
     """
-    presence = device_presence_s(events, end_elapsed_s, dilation)
+    presence = device_presence_s(events, end_elapsed_s, dilation, from_event)
     accounts: dict[str, EnergyAccount] = {}
     merged: dict[str, dict[str, float]] = {}
     for d in devices:  # a device that rejoined has several records: add them up
@@ -175,8 +186,8 @@ def run_energy(devices: list[dict[str, Any]], events: list[dict[str, Any]],
 
 
 def topology_energy(topology: Any, devices: list[dict[str, Any]], events: list[dict[str, Any]],
-                    dilation: float, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH
-                    ) -> dict[str, Any]:
+                    dilation: float, grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH,
+                    from_event: str | None = None) -> dict[str, Any]:
     """run_energy with power models and link rates taken from a topology's devices."""
     power: dict[str, PowerParams | None] = {}
     links: dict[str, tuple[float, float]] = {}
@@ -185,4 +196,4 @@ def topology_energy(topology: Any, devices: list[dict[str, Any]], events: list[d
         power[spec.name] = by_group[spec.group.group]
         links[spec.name] = (spec.link.down_bps, spec.link.up_bps)
     end = max((float(e.get("elapsed_s", 0.0)) for e in events), default=0.0)
-    return run_energy(devices, events, power, links, dilation, end, grid_g_per_kwh)
+    return run_energy(devices, events, power, links, dilation, end, grid_g_per_kwh, from_event)

@@ -32,6 +32,24 @@ def test_presence_counts_each_stretch_at_the_d_it_ran_at() -> None:
         pytest.approx(4.0 / 1 + 4.0 / 4 + 8.0 / 8)
 
 
+def test_presence_from_the_start_of_training_leaves_out_the_wait_before_it() -> None:
+    # what `testbed compare` charges tile-tp's row, as the baselines' rows are charged: the
+    # devices' idle time while they joined and the PS probed and planned is left out
+    events = [{"event": "ps_start", "time_dilation": 2.0, "elapsed_s": 0.0},
+              {"event": "join", "device": "a", "elapsed_s": 1.0},
+              {"event": "join", "device": "b", "elapsed_s": 2.0},
+              {"event": "join", "device": "c", "elapsed_s": 2.5},
+              {"event": "leave", "device": "c", "elapsed_s": 3.0},  # gone before training
+              {"event": "training_start", "elapsed_s": 5.0},
+              {"event": "leave", "device": "b", "elapsed_s": 7.0},
+              {"event": "join", "device": "c", "elapsed_s": 8.0}]
+    assert device_presence_s(events, 9.0) == \
+        pytest.approx({"a": 8.0 / 2, "b": 5.0 / 2, "c": 0.5 / 2 + 1.0 / 2})
+    assert device_presence_s(events, 9.0, from_event="training_start") == \
+        pytest.approx({"a": 4.0 / 2, "b": 2.0 / 2, "c": 1.0 / 2})
+    assert device_presence_s(events[:5], 9.0, from_event="training_start") == {}  # never began
+
+
 def test_run_energy_sums_the_power_model() -> None:
     power = PowerParams(active_w=5.0, idle_w=0.5, radio_w=0.5)
     events = [{"event": "join", "device": "p", "elapsed_s": 0.0},
