@@ -521,7 +521,8 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
         *_error_line(summary.get("error")),
         f"- steps: {summary.get('steps_done', len(steps))} of {summary.get('steps', '?')}; "
         + (f"final loss {loss:.4f} (cross-entropy, nats)"
-           if _is_number(loss) else "final loss: none"),
+           if _is_number(loss) else "final loss: none" + (
+               " (a simulation computes no tensors)" if summary.get("simulated") else "")),
         f"- tiles: {summary.get('tiles', 0)}, recomputed {summary.get('recomputed_tiles', 0)}, "
         f"re-queued {summary.get('requeued_tiles', 0)}, rejected {summary.get('rejected', 0)}",
         f"- payload: down {format_bytes(summary.get('bytes_down', 0))}, "

@@ -68,6 +68,7 @@ def test_a_simulated_runs_time_is_device_time_not_wall_time(tmp_path: Path) -> N
     text = markdown(tmp_path).read_text()
     assert "- simulated device time 2.3 s (simulating took 3.3 s of wall time" in text
     assert "wall time 2.3" not in text and "time dilation 1.00" not in text
+    assert "final loss: none (a simulation computes no tensors)" in text
 
 
 def test_an_emulated_runs_times_say_what_they_cover(tmp_path: Path) -> None:
