@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from testbed.runlog import device_group
+from testbed.summary import SAT_OUT_PART, SAT_OUT_WHY
 from testbed.units import format_bytes
 
 STATE_STYLE = {"busy": "green", "idle": "yellow", "left": "red", "partitioned": "magenta",
@@ -86,11 +87,6 @@ def render_header(snapshot: dict[str, Any], title: str = "") -> RenderableType:
     return Packed([Text.from_markup(p) for p in parts if p])
 
 
-SAT_OUT_WHY = {"link": "moving its share costs more than computing it",
-               "PS link": "the PS's link has no room for its share",
-               "speed": "too slow to shorten the GEMM"}
-
-
 def render_sat_out(sat_out: Any) -> RenderableType | None:
     """The groups the planner left out of the last step, why, and what the reasons mean; None
     when none sat out. A reason's ``(N of M)``: N of the group's M devices sat out."""
@@ -103,7 +99,7 @@ def render_sat_out(sat_out: Any) -> RenderableType | None:
             for w in sat_out.values()}
     legend = [f"{k}: {why}" for k, why in SAT_OUT_WHY.items() if k in said]
     if any(re.search(r"\(\d+ of \d+\)", str(w)) for w in sat_out.values()):
-        legend.append("(N of M): N of its M devices")
+        legend.append(f"(N of M): {SAT_OUT_PART}")
     parts += [Text(f"{entry}" + (";" if i < len(legend) - 1 else ""), style="dim")
               for i, entry in enumerate(legend)]  # each whole on its line
     return Packed(parts)

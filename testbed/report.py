@@ -28,7 +28,14 @@ from typing import Any, Callable
 from testbed.emulator.dilation import LATENESS_KINDS
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.runlog import device_group
-from testbed.summary import DEPARTURES, lateness_kinds, ps_summary_or_steps
+from testbed.summary import (
+    DEPARTURES,
+    SAT_OUT_PART,
+    SAT_OUT_WHY,
+    is_number,
+    lateness_kinds,
+    ps_summary_or_steps,
+)
 from testbed.units import format_bytes
 from testbed.user_paths import load_user_json, output_problem, read_user_text, written_whole
 
@@ -463,11 +470,10 @@ def _planning_lines(steps: list[dict[str, Any]], summary: dict[str, Any]) -> lis
             sat_out.setdefault(group, set()).add(str(why))
     if sat_out:
         lines += ["", "## Device groups that sat out", "",
-                  "Left out of some GEMMs by the planner (`link`: moving its share costs more "
-                  "than computing it; `PS link`: the PS's link has no room for its share; "
-                  "`speed`: too slow to shorten the GEMM; `(N of M)`: N of the group's M "
-                  "devices sat out, the others computed; `in N of M ... GEMMs`: it computed "
-                  "the others):", ""]
+                  "Left out of some GEMMs by the planner ("
+                  + "; ".join(f"`{k}`: {why}" for k, why in SAT_OUT_WHY.items())
+                  + f"; `(N of M)`: {SAT_OUT_PART}; `in N of M ... GEMMs`: it computed the "
+                  "others):", ""]
         lines += [f"- {g}: {', '.join(sorted(w))}" for g, w in sorted(sat_out.items())]
     return [*lines, ""] if lines else []
 
@@ -521,7 +527,7 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
         *_error_line(summary.get("error")),
         f"- steps: {summary.get('steps_done', len(steps))} of {summary.get('steps', '?')}; "
         + (f"final loss {loss:.4f} (cross-entropy, nats)"
-           if _is_number(loss) else "final loss: none" + (
+           if is_number(loss) else "final loss: none" + (
                " (a simulation computes no tensors)" if summary.get("simulated") else "")),
         f"- tiles: {summary.get('tiles', 0)}, recomputed {summary.get('recomputed_tiles', 0)}, "
         f"re-queued {summary.get('requeued_tiles', 0)}, rejected {summary.get('rejected', 0)}",
@@ -549,10 +555,6 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
 MAX_ERROR_CHARS = 500  # a failed run's reason on its page: its first lines say it
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _state_line(summary: dict[str, Any]) -> str:
     """How the run ended (or that it has not), with its exit code and what stopped it."""
     state = summary.get("state", "?")
@@ -572,11 +574,10 @@ def dilation_text(summary: dict[str, Any]) -> str | None:
     """The run's time dilation D: one figure, or the range an adaptive run went through
     (``2.31``, ``2.31-4.80``); None when the summary has none."""
     low, high = summary.get("dilation_min"), summary.get("dilation_max")
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and \
-            not isinstance(low, bool) and not isinstance(high, bool) and abs(high - low) >= 0.005:
+    if is_number(low) and is_number(high) and abs(high - low) >= 0.005:
         return f"{low:.2f}-{high:.2f}"
     for value in (low, high, summary.get("time_dilation")):
-        if _is_number(value):
+        if is_number(value):
             return f"{value:.2f}"
     return None
 
@@ -588,15 +589,15 @@ def _time_lines(summary: dict[str, Any]) -> list[str]:
     wall, device = summary.get("wall_s"), summary.get("device_time_s")
     if summary.get("simulated"):
         took = summary.get("sim_wall_s")
-        return [(f"- simulated device time {wall:.1f} s" if _is_number(wall) else
+        return [(f"- simulated device time {wall:.1f} s" if is_number(wall) else
                  "- simulated device time: not recorded")
                 + (f" (simulating took {took:.1f} s of wall time; virtual time needs no time "
-                   f"dilation)" if _is_number(took) else "")]
+                   f"dilation)" if is_number(took) else "")]
     dilation = dilation_text(summary)
     wall_text = f"wall time {wall:.1f} s (the PS's: from waiting for its devices to its end)" \
-        if _is_number(wall) else "wall time: not recorded"
+        if is_number(wall) else "wall time: not recorded"
     device_text = f"its steps' device time {device:.2f} s (their wall time / D)" \
-        if _is_number(device) else "device time: not recorded"
+        if is_number(device) else "device time: not recorded"
     return [f"- {wall_text}; {device_text}; time dilation D "
             f"{dilation if dilation is not None else 'not recorded'}"]
 

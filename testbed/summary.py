@@ -15,7 +15,7 @@ predictions. The report
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from testbed.emulator.dilation import LATENESS_KINDS, next_dilation, worst_error
 from testbed.runlog import read_jsonl, write_json_atomic
@@ -28,8 +28,17 @@ STEP_TOTALS = ("tiles", "recomputed_tiles", "requeued_tiles", "rejected", "bytes
 MAX_PS_SUMMARY_BYTES = 1 << 30  # ps_summary.json: its device list is capped (DEPARTED_KEPT)
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[float]:
+    """An int or float of a record, not a bool (JSON's true is no figure)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# what the planner's reasons for a group sitting out mean (step_plan's sat_out), for the report
+# and the live view
+SAT_OUT_WHY = {"link": "moving its share costs more than computing it",
+               "PS link": "the PS's link has no room for its share",
+               "speed": "too slow to shorten the GEMM"}
+SAT_OUT_PART = "N of the group's M devices sat out, the others computed"  # "(N of M)"
 
 
 def steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -42,16 +51,16 @@ def steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     last record)."""
     by_step = {record["step"]: record for record in steps}
     ordered = [by_step[step] for step in sorted(by_step)]
-    losses = [record["loss"] for record in ordered if _number(record.get("loss"))]
+    losses = [record["loss"] for record in ordered if is_number(record.get("loss"))]
     out: dict[str, Any] = {"steps_done": len(ordered), "losses": losses,
                            "final_loss": losses[-1] if losses else None}
     for key in STEP_TOTALS:
-        out[key] = sum(record[key] for record in ordered if _number(record.get(key)))
+        out[key] = sum(record[key] for record in ordered if is_number(record.get(key)))
     if ordered:  # the finished steps' device time (its PS's summary counts the same)
         out["device_time_s"] = round(sum(record["device_time_s"] for record in ordered
-                                         if _number(record.get("device_time_s"))), 6)
+                                         if is_number(record.get("device_time_s"))), 6)
     dilations = [record["time_dilation"] for record in ordered
-                 if _number(record.get("time_dilation"))]
+                 if is_number(record.get("time_dilation"))]
     if dilations:
         out["time_dilation"] = dilations[-1]
     out["totals_from"] = "steps.jsonl"
@@ -91,8 +100,7 @@ def ps_summary_or_steps(run_dir: Path,
     if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
         out["steps"] = asked
     dilation = up.get("dilation") if isinstance(up, dict) else None
-    if "time_dilation" not in out and isinstance(dilation, (int, float)) and \
-            not isinstance(dilation, bool) and 1 <= dilation <= 1e6:
+    if "time_dilation" not in out and is_number(dilation) and 1 <= dilation <= 1e6:
         out["time_dilation"] = dilation  # the D the run started with, before any step
     return out
 

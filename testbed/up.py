@@ -881,16 +881,13 @@ def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
 def _outcome_figures(summary: dict[str, Any]) -> str:
     """The end line's device time, efficiency and energy, those the summary has (as `testbed
     simulate`'s end line gives them)."""
-    def number(key: str) -> float | None:
-        value = summary.get(key)
-        return float(value) if isinstance(value, (int, float)) and \
-            not isinstance(value, bool) else None
+    from testbed.summary import is_number
 
-    device, eff = number("device_time_s"), number("efficiency")
+    device, eff = summary.get("device_time_s"), summary.get("efficiency")
     total = ((summary.get("energy") or {}).get("total") or {}).get("total_j")
-    parts = [f"{device:.3f} s device time" if device is not None else "",
-             f"efficiency {eff:.2f}" if eff is not None else "",
-             f"energy {total:.1f} J" if isinstance(total, (int, float)) else ""]
+    parts = [f"{device:.3f} s device time" if is_number(device) else "",
+             f"efficiency {eff:.2f}" if is_number(eff) else "",
+             f"energy {total:.1f} J" if is_number(total) else ""]
     return "".join(f", {p}" for p in parts if p)
 
 

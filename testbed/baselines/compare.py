@@ -136,6 +136,8 @@ def _row_count(rows: Any) -> int:
 
 
 def _lost_work(strategy: str, summary: dict[str, Any], trained: int, asked: int) -> str:
+    """What churn cost a run (``summary``: its summary.json, or an emulated baseline's result,
+    which has the same keys)."""
     if strategy == "tile-tp":
         return (f"{summary.get('requeued_tiles', 0)} tiles re-queued, "
                 f"{summary.get('recomputed_tiles', 0)} recomputed")
@@ -181,8 +183,7 @@ def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
             "churn_events_total": churn_total,
             "sequences_trained": trained if batch_size else None,
             "sequences_asked": asked if batch_size else None,
-            "lost_work": _lost_work(strategy, summary, trained, asked) if batch_size
-            else _lost_work(strategy, summary, 0, 0),
+            "lost_work": _lost_work(strategy, summary, trained, asked),
             "note": summary.get("error") or ""}
 
 
@@ -393,12 +394,8 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
             "carbon_g": carbon_g(total_j, grid), "steps_redone": res.get("steps_redone", 0),
             "restarts": res.get("restarts", 0),
             "sequences_trained": trained, "sequences_asked": asked,
-            "lost_work": (f"{res.get('steps_redone', 0)} steps redone after "
-                          f"{res.get('restarts', 0)} restart(s)" if strategy == "pipeline"
-                          else f"{res.get('dropped_replica_steps', 0)} replica-steps dropped"
-                          + (f" ({asked - trained} of {asked} sequences untrained)"
-                             if trained < asked else "")
-                          if res.get("churn") else "no churn replayed"),
+            "lost_work": (_lost_work(strategy, res, trained, asked) if res.get("churn")
+                          else "no churn replayed"),
             "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
                     f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
 
@@ -450,8 +447,8 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 up_d = float(summary.get("time_dilation") or 1.0)
                 # energy from its training's start, as the baselines' rows count theirs: the
                 # run's own figure also charges the devices' idle power while they joined and
-                # the PS probed and planned (22.9 J a step against 14.9 simulated, two steps of
-                # home-wifi)
+                # the PS probed and planned (a one-off run of two steps of home-wifi: 22.9 J a
+                # step against 14.9 simulated)
                 events = read_jsonl(run_dir / "events.jsonl")
                 if any(e.get("event") == "training_start" for e in events):
                     summary = {**summary, "energy": topology_energy(

@@ -79,7 +79,7 @@ def test_devices_that_sit_out_say_so_and_why_in_80_columns() -> None:
     assert rows["library-phones-0"][6] == "-"  # no tile yet: no observed speed
     assert "lab-laptops: link (6 of 8)" in text and "dorm-phones: link" in text
     assert "link: moving its share costs more than computing it" in text
-    assert "(N of M): N of its M devices" in text
+    assert "(N of M): N of the group's M devices sat out" in text
 
 
 def test_devices_are_listed_in_number_order_and_energy_says_what_it_counts() -> None:
