@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import statistics
 import subprocess
@@ -256,16 +257,18 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
             run_dir = out_dir / strategy
             run_dir.mkdir(parents=True)
             schedule = schedule_for(topo)
+            churn_total = len(schedule.actions) if schedule is not None else None
             under_way.update(strategy=strategy, run_dir=run_dir, largest=largest,
-                             batch=topo.job.batch_size,
-                             churn_total=len(schedule.actions) if schedule is not None else None)
+                             row_so_far=functools.partial(_simulated_row_so_far, strategy,
+                                                          run_dir, grid_g_per_kwh,
+                                                          topo.job.batch_size, churn_total))
             if progress is not None:
                 progress(strategy, run_dir, None)
             summary = (simulate(topo, run_dir, schedule, report=report) if strategy == "tile-tp"
                        else simulate_baseline(topo, run_dir, schedule, report=report))
             steps = [s for s in read_jsonl(run_dir / "steps.jsonl")]
             row = _row(strategy, summary, steps, grid_g_per_kwh, topo.job.batch_size,
-                       under_way["churn_total"])
+                       churn_total)
             row["largest_model"] = largest
             row["note"] = "; ".join(x for x in (row["note"], _ps_memory_note(
                 topo, strategy, ps_memory_bytes)) if x)
@@ -276,7 +279,7 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
     except KeyboardInterrupt:
         # what finished stays comparable: a partial comparison, its unfinished rows saying so
         with held():
-            rows.extend(_interrupted_rows(strategies, rows, under_way, grid_g_per_kwh))
+            rows.extend(_interrupted_rows(strategies, rows, under_way))
             rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
             write_comparison(out_dir, rows, {**inputs, "mode": "simulated; INTERRUPTED, "
                                              "partial"})
@@ -297,32 +300,40 @@ def _ps_memory_note(topology: Topology, strategy: str, ps_memory_bytes: int) -> 
 
 
 def _interrupted_rows(strategies: list[str], rows: list[dict[str, Any]],
-                      under_way: dict[str, Any], grid: float) -> list[dict[str, Any]]:
-    """Rows for an interrupted comparison: the strategy under way (its steps done, from the
-    summary its run wrote as it stopped) and each strategy never started."""
-    from testbed.runlog import read_jsonl
-
+                      under_way: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows for an interrupted comparison: the strategy under way (``under_way``: its strategy,
+    run_dir, largest model, and ``row_so_far()``, its row from what its run wrote as it
+    stopped, or None where a run writes nothing until it ends) and each strategy never
+    started."""
     out: list[dict[str, Any]] = []
     seen = {r["strategy"] for r in rows}
     if under_way:
         strategy, run_dir = under_way["strategy"], under_way["run_dir"]
         seen.add(strategy)
-        row: dict[str, Any] = {"strategy": strategy, "state": "interrupted",
-                               "note": f"interrupted; its run so far: {run_dir}"}
+        note = f"interrupted; its run so far: {run_dir}"
+        row: dict[str, Any] = {"strategy": strategy}
+        so_far = under_way.get("row_so_far")
         try:
-            summary = json.loads((run_dir / "summary.json").read_text())
-            steps = read_jsonl(run_dir / "steps.jsonl")
-            if summary.get("energy") and steps:
-                row = {**_row(strategy, summary, steps, grid, under_way["batch"],
-                              under_way["churn_total"]), "state": "interrupted",
-                       "note": row["note"]}
+            row = (so_far() if so_far is not None else None) or row
         except (OSError, ValueError, KeyError):
             pass  # no summary yet: the row says only that it was interrupted
-        row["largest_model"] = under_way["largest"]
-        out.append(row)
+        out.append({**row, "state": "interrupted", "note": note,
+                    "largest_model": under_way["largest"]})
     out += [{"strategy": s, "state": "not run (interrupted before it)"}
             for s in strategies if s not in seen]
     return out
+
+
+def _simulated_row_so_far(strategy: str, run_dir: Path, grid: float, batch: int,
+                          churn_total: int | None) -> dict[str, Any] | None:
+    """A simulated run's row from the summary it wrote as it stopped; None before a step."""
+    from testbed.runlog import read_jsonl
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    if not (summary.get("energy") and steps):
+        return None
+    return _row(strategy, summary, steps, grid, batch, churn_total)
 
 
 def _gpu_row(topology: Topology, gpu: GpuProfile, gpu_grid_g_per_kwh: float, pue: float,
@@ -415,7 +426,6 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     import yaml
 
     from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
-    from testbed.runlog import read_jsonl
     from testbed.up import portable_input
     from testbed.user_paths import load_user_yaml
 
@@ -424,77 +434,101 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     raw["job"]["steps"] = topology.job.steps
     dilation = topology.time_dilation or 1.0
     rows: list[dict[str, Any]] = []
-    for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
-        raw["job"].setdefault("parallelism", {})["strategy"] = strategy
-        path = out_dir / f"{strategy}.yaml"
-        path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        if progress is not None:
-            progress(strategy, out_dir / strategy, None)
-        row: dict[str, Any]
-        try:
-            churn = ["--churn", str(topology.churn)] if topology.churn else []
-            if strategy == "tile-tp":
-                runs = out_dir / "tile-tp"
-                done = _run_up([sys.executable, "-m", "testbed.cli", "up", str(path),
-                                "--no-live", "--out", str(runs), *churn])
-                (run_dir,) = list(runs.iterdir())
-                summary = json.loads((run_dir / "summary.json").read_text())
-                if done.returncode != 0:
-                    raise RuntimeError(f"testbed up exited {done.returncode}: "
-                                       f"{done.stderr.strip()[-300:]}")
-                steps = read_jsonl(run_dir / "steps.jsonl")
-                schedule = schedule_for(topo) if schedule_for and topology.churn else None
-                up_d = float(summary.get("time_dilation") or 1.0)
-                # energy from its training's start, as the baselines' rows count theirs: the
-                # run's own figure also charges the devices' idle power while they joined and
-                # the PS probed and planned (a one-off run of two steps of home-wifi: 22.9 J a
-                # step against 14.9 simulated)
-                events = read_jsonl(run_dir / "events.jsonl")
-                if any(e.get("event") == "training_start" for e in events):
-                    summary = {**summary, "energy": topology_energy(
-                        topo, summary.get("devices") or [], events, up_d, grid_g_per_kwh,
-                        from_event="training_start")}
-                row = _row(strategy, summary, steps, grid_g_per_kwh, topo.job.batch_size,
-                           len(schedule.actions) if schedule is not None else None)
-                # in device seconds, as the baselines' rows: testbed up's wall_s is real
-                # seconds at its own time dilation (auto picks one), from the PS's start
-                row["wall_s"] = (summary["wall_s"] / up_d if topology.churn
-                                 else sum(s["device_time_s"] for s in steps))
-                losses = ", ".join(f"{x:.6f}" for x in summary.get("losses") or [])
-                row["note"] = (f"Mininet via testbed up ({run_dir.name}), D = {up_d:.3g}"
-                               + (" (time_dilation: auto)" if topology.time_dilation is None
-                                  else "") + "; bytes from the PS's payload accounting; "
-                               "energy from its training's start; "
-                               f"losses {losses}")
-            elif strategy == "pipeline":
-                schedule = schedule_for(topo) if schedule_for and topology.churn else None
-                res = emulate_pipeline(path, out_dir / strategy, dilation=dilation,
-                                       schedule=schedule)
-                row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
-            else:
-                schedule = schedule_for(topo) if schedule_for and topology.churn else None
-                res = emulate_data_parallel(path, out_dir / strategy, dilation=dilation,
-                                            schedule=schedule)
-                row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
-                if schedule is not None:  # the trace's events its replicas met
-                    row["churn_events"] = len(res.get("churn") or [])
-                    row["churn_events_total"] = len(schedule.actions)
-        except (RuntimeError, OSError, ValueError) as exc:
-            row = {"strategy": strategy, "state": "failed", "note": str(exc)}
-        row["largest_model"] = largest
-        rows.append(row)
-        if progress is not None:
-            progress(strategy, out_dir / strategy, row)
-    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
+    mode = f"emulated on Mininet, D = {dilation:g}" + (
+        " for the baselines, tile-tp at its own (its note)"
+        if "tile-tp" in strategies and topology.time_dilation is None else "")
     inputs = {"topology": topology.name, "steps": topology.job.steps,
               "churn": str(topology.churn or ""),
               "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
               "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
-              "mode": f"emulated on Mininet, D = {dilation:g}"
-                      + (" for the baselines, tile-tp at its own (its note)"
-                         if "tile-tp" in strategies and topology.time_dilation is None else "")}
+              "mode": mode}
+    under_way: dict[str, Any] = {}
+    try:
+        for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
+            raw["job"].setdefault("parallelism", {})["strategy"] = strategy
+            path = out_dir / f"{strategy}.yaml"
+            path.write_text(yaml.safe_dump(raw, sort_keys=False))
+            schedule = schedule_for(topo) if schedule_for and topology.churn else None
+            churn_total = len(schedule.actions) if schedule is not None else None
+            runs = out_dir / strategy
+            # tile-tp's `testbed up` writes its summary as it stops; the baselines' processes
+            # report only at their end, so an interrupted one's row says only that
+            under_way.update(strategy=strategy, run_dir=runs, largest=largest,
+                             row_so_far=functools.partial(
+                                 _up_row, topology, topo, runs, grid_g_per_kwh, churn_total)
+                             if strategy == "tile-tp" else None)
+            if progress is not None:
+                progress(strategy, runs, None)
+            row: dict[str, Any]
+            try:
+                if strategy == "tile-tp":
+                    churn = ["--churn", str(topology.churn)] if topology.churn else []
+                    done = _run_up([sys.executable, "-m", "testbed.cli", "up", str(path),
+                                    "--no-live", "--out", str(runs), *churn])
+                    if done.returncode != 0:
+                        raise RuntimeError(f"testbed up exited {done.returncode}: "
+                                           f"{done.stderr.strip()[-300:]}")
+                    row = _up_row(topology, topo, runs, grid_g_per_kwh, churn_total)
+                elif strategy == "pipeline":
+                    res = emulate_pipeline(path, runs, dilation=dilation, schedule=schedule)
+                    row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
+                else:
+                    res = emulate_data_parallel(path, runs, dilation=dilation,
+                                                schedule=schedule)
+                    row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
+                    if schedule is not None:  # the trace's events its replicas met
+                        row["churn_events"] = len(res.get("churn") or [])
+                        row["churn_events_total"] = len(schedule.actions)
+            except (RuntimeError, OSError, ValueError) as exc:
+                row = {"strategy": strategy, "state": "failed", "note": str(exc)}
+            row["largest_model"] = largest
+            rows.append(row)
+            under_way.clear()
+            if progress is not None:
+                progress(strategy, runs, row)
+    except KeyboardInterrupt:
+        # as compare's: what finished stays comparable
+        with held():
+            rows.extend(_interrupted_rows(strategies, rows, under_way))
+            rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
+            write_comparison(out_dir, rows, {**inputs,
+                                             "mode": mode + "; INTERRUPTED, partial"})
+        raise
+    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
     write_comparison(out_dir, rows, inputs)
     return rows
+
+
+def _up_row(topology: Topology, topo: Topology, runs: Path, grid: float,
+            churn_total: int | None) -> dict[str, Any]:
+    """tile-tp's row from the run `testbed up` made in ``runs`` (``topo``: the topology as
+    that strategy runs it), in the baselines' terms: device seconds, energy from its training's
+    start. Also an interrupted run's, from the summary it wrote as it stopped."""
+    from testbed.runlog import read_jsonl
+
+    (run_dir,) = list(runs.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    up_d = float(summary.get("time_dilation") or 1.0)
+    # energy from its training's start, as the baselines' rows count theirs: the run's own
+    # figure also charges the devices' idle power while they joined and the PS probed and
+    # planned (a one-off run of two steps of home-wifi: 22.9 J a step against 14.9 simulated)
+    events = read_jsonl(run_dir / "events.jsonl")
+    if any(e.get("event") == "training_start" for e in events):
+        summary = {**summary, "energy": topology_energy(
+            topo, summary.get("devices") or [], events, up_d, grid,
+            from_event="training_start")}
+    row = _row("tile-tp", summary, steps, grid, topo.job.batch_size, churn_total)
+    # in device seconds, as the baselines' rows: testbed up's wall_s is real seconds at its
+    # own time dilation (auto picks one), from the PS's start
+    row["wall_s"] = (summary["wall_s"] / up_d if topology.churn
+                     else sum(s["device_time_s"] for s in steps))
+    losses = ", ".join(f"{x:.6f}" for x in summary.get("losses") or [])
+    row["note"] = (f"Mininet via testbed up ({run_dir.name}), D = {up_d:.3g}"
+                   + (" (time_dilation: auto)" if topology.time_dilation is None else "")
+                   + "; bytes from the PS's payload accounting; energy from its training's "
+                   f"start; losses {losses}")
+    return row
 
 
 def _fmt(value: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -162,14 +163,33 @@ def test_an_interrupted_run_keeps_its_steps_in_the_partial_row(tmp_path: Path) -
     summary["state"] = "interrupted"
     (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "steps.jsonl").write_text(json.dumps({"device_time_s": 3.0}) + "\n")
+    so_far = functools.partial(cmp._simulated_row_so_far, "pipeline", run_dir, 475.0, 8, None)
     rows = cmp._interrupted_rows(
         ["tile-tp", "pipeline", "data-parallel"], [{"strategy": "tile-tp"}],
-        {"strategy": "pipeline", "run_dir": run_dir, "largest": "OPT-125m", "batch": 8,
-         "churn_total": None}, 475.0)
+        {"strategy": "pipeline", "run_dir": run_dir, "largest": "OPT-125m",
+         "row_so_far": so_far})
     assert [r["strategy"] for r in rows] == ["pipeline", "data-parallel"]
     assert rows[0]["state"] == "interrupted" and rows[0]["steps_done"] == 1
     assert rows[0]["step_s"] == pytest.approx(3.0)
     assert str(run_dir) in rows[0]["note"]
+
+
+def _fake_up(step_s: list[float], state: str = "done") -> Any:
+    """A stand-in for `testbed up` that writes the run a Mininet run of these steps would."""
+    import subprocess
+
+    def fake_up(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        run_dir = Path(argv[argv.index("--out") + 1]) / "20260101-000000-cmp"
+        run_dir.mkdir(parents=True)
+        steps = [{"step": i, "device_time_s": s, "bound_s": 1.0} for i, s in enumerate(step_s)]
+        (run_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+        summary = {**_summary(["phones-0"], steps_done=len(step_s)), "wall_s": 20.0,
+                   "time_dilation": 2.5, "losses": [5.0, 4.0][:len(step_s)], "state": state}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        if state == "interrupted":  # as _run_up: the run stopped, and the interrupt goes on
+            raise KeyboardInterrupt
+        return subprocess.CompletedProcess(argv, 0, "", "")
+    return fake_up
 
 
 def test_emulated_tile_tp_wall_time_is_in_device_seconds(tmp_path: Path,
@@ -178,23 +198,9 @@ def test_emulated_tile_tp_wall_time_is_in_device_seconds(tmp_path: Path,
     """`testbed up` runs at its own time dilation (auto) and its wall_s is real seconds from
     the PS's start; the baselines' wall time is device seconds at D = 1, and the title said
     D = 1 for every row."""
-    import subprocess
-
     path = write_topology(tmp_path, steps=2)
-    dilation = 2.5
     step_s = [1.25, 1.5]
-
-    def fake_up(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        run_dir = Path(argv[argv.index("--out") + 1]) / "20260101-000000-cmp"
-        run_dir.mkdir(parents=True)
-        steps = [{"step": i, "device_time_s": s, "bound_s": 1.0} for i, s in enumerate(step_s)]
-        (run_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
-        summary = {**_summary(["phones-0"], steps_done=2), "wall_s": 20.0,
-                   "time_dilation": dilation, "losses": [5.0, 4.0]}
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-        return subprocess.CompletedProcess(argv, 0, "", "")
-
-    monkeypatch.setattr(cmp, "_run_up", fake_up)
+    monkeypatch.setattr(cmp, "_run_up", _fake_up(step_s))  # at D = 2.5
     out = tmp_path / "out"
     out.mkdir()
     rows = cmp.compare_emulated(path, load_topology(path), out, ["tile-tp"], GPU)
@@ -204,6 +210,41 @@ def test_emulated_tile_tp_wall_time_is_in_device_seconds(tmp_path: Path,
     assert "D = 2.5" in tile["note"]
     md = (out / "comparison.md").read_text()
     assert "tile-tp at its own" in md
+
+
+@pytest.mark.parametrize("during", ["pipeline", "tile-tp"])
+def test_an_interrupted_mininet_comparison_keeps_what_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, during: str) -> None:
+    """On Mininet a Ctrl-C wrote no comparison at all, finished strategies' rows lost; an
+    interrupted `testbed up` keeps its steps in its row, as in virtual time."""
+    import testbed.baselines.emulate as emulate
+
+    def interrupted(*_a: Any, **_k: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(emulate, "emulate_pipeline", interrupted)
+    monkeypatch.setattr(cmp, "_run_up", _fake_up([1.25, 1.5] if during == "pipeline" else [1.25],
+                                                 "done" if during == "pipeline"
+                                                 else "interrupted"))
+    path = write_topology(tmp_path, steps=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        cmp.compare_emulated(path, load_topology(path), out,
+                             ["tile-tp", "pipeline", "data-parallel"], GPU)
+    rows = {r["strategy"]: r for r in csv.DictReader((out / "comparison.csv").open())}
+    tile = rows["tile-tp"]
+    if during == "pipeline":
+        assert tile["state"] == "done" and tile["steps_done"] == "2"
+        assert rows["pipeline"]["state"] == "interrupted"
+        assert str(out / "pipeline") in rows["pipeline"]["note"]
+    else:  # its steps so far, in device seconds as a finished row's
+        assert tile["state"] == "interrupted" and tile["steps_done"] == "1"
+        assert float(tile["wall_s"]) == pytest.approx(1.25)
+        assert rows["pipeline"]["state"] == "not run (interrupted before it)"
+    assert rows["data-parallel"]["state"] == "not run (interrupted before it)"
+    mode = json.loads((out / "comparison.json").read_text())["inputs"]["mode"]
+    assert mode.startswith("emulated on Mininet") and mode.endswith("INTERRUPTED, partial")
 
 
 def test_a_tile_tp_job_beyond_the_ps_memory_says_so(tmp_path: Path) -> None:
