@@ -527,12 +527,14 @@ class Run:
         self._follower_stop.set()
         if self._follower is not None:
             self._follower.join(5)
-        if self.adb is not None:  # first: phones' agents leave while the PS is still there
-            self.adb.stop()
-        # the PS first: stopped, it writes its summary and tells every device the run is over.
-        # Signalled together, each agent's own SIGTERM reached the PS as a leave (that is how
-        # churn's leave works): a Ctrl-C counted every device as departed, its tiles re-queued
+        # the PS first: stopped, it writes its summary and tells every device the run is over,
+        # phones through the bridge's relays too. Signalled together (or the bridge first, which
+        # SIGTERMs each phone's agent), each agent's own SIGTERM reached the PS as a leave (that
+        # is how churn's leave works): a Ctrl-C counted every device as departed, its tiles
+        # re-queued
         killed = _terminate([self.ps] if self.ps is not None else [])
+        if self.adb is not None:  # then the phones' agents, told by the PS, are gone or going
+            self.adb.stop()
         killed += _terminate(list(self.agents.values()))
         # one reaping deadline for all of them: with the agents' fork server stopped, no
         # agent's exit reaches us, and a wait each made the teardown REAP_S times the agents

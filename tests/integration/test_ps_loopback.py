@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -31,8 +32,12 @@ from tests.conftest import (
     tiny_topology,
     wait_for,
 )
+from tests.fakes.adb_phones import agent_phone
+from tests.fakes.fake_adb import FakeAdbServer
 
 pytestmark = pytest.mark.integration
+PHONE_SERIAL = "SIGINTPHONE1"
+PHONE_NAME = "adb-sigintphone1"  # device_name(PHONE_SERIAL)
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -161,8 +166,24 @@ def test_device_killed_mid_step_costs_only_its_tiles(tmp_path: Path) -> None:
 @pytest.mark.parametrize("terminal", [False, True], ids=["kill -INT", "Ctrl-C"])
 def test_sigint_stops_everything(tmp_path: Path, terminal: bool) -> None:
     """SIGINT to `testbed up`, or to its whole process group as a terminal's Ctrl-C sends it
-    (the PS and every agent get it too)."""
-    topology = tiny_topology(tmp_path, steps=200, time_dilation=2)
+    (the PS and every agent get it too). A phone over adb takes part (the fake adb server's,
+    its agent a process of this test's, out of reach of the group's SIGINT as a phone's is):
+    stopping the run is no churn for it either."""
+    adb_server = FakeAdbServer().start()
+    try:
+        phone = adb_server.plug(agent_phone(PHONE_SERIAL, tmp_path / "phone",
+                                            tmp_path / "phone-logs",
+                                            env={"OPENBLAS_NUM_THREADS": "1"}))
+        _interrupt_and_check(tmp_path, terminal, adb={
+            "enabled": True, "server": f"127.0.0.1:{adb_server.port}",
+            "link": {"down": "1Gbit", "up": "1Gbit"}})
+        assert phone.processes and all(p.poll() is not None for p in phone.processes)
+    finally:
+        adb_server.stop()  # also ends every local process the phone's shell started
+
+
+def _interrupt_and_check(tmp_path: Path, terminal: bool, adb: dict[str, Any]) -> None:
+    topology = tiny_topology(tmp_path, steps=200, time_dilation=2, adb=adb)
     out = tmp_path / "runs"
     # its own session: the group's SIGINT reaches nothing of this test's
     proc = subprocess.Popen(cli_argv("up", str(topology), "--no-live", "--out", str(out)),
@@ -171,6 +192,9 @@ def test_sigint_stops_everything(tmp_path: Path, terminal: bool) -> None:
     with killed_at_exit(proc):
         run_dir = run_dir_of(out)
         wait_for(lambda: read_status(run_dir).get("step", 0) >= 1, 120, "training to start")
+        wait_for(lambda: any(d["device"] == PHONE_NAME and d.get("tiles_done", 0) > 0
+                             for d in read_status(run_dir).get("devices", [])), 60,
+                 f"{PHONE_NAME} to compute tiles")  # the phone takes part
         pids = json.loads((run_dir / "pids.json").read_text())
         wait_for(lambda: catches(proc.pid, signal.SIGINT), 30, "testbed up's handler")
         if terminal:
