@@ -20,10 +20,12 @@ each strategy could train on these devices' memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import functools
 import json
+import logging
 import statistics
 import subprocess
 import sys
@@ -683,6 +685,21 @@ def _plot(out_dir: Path, rows: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
+@contextlib.contextmanager
+def _quiet_networks(quiet: bool) -> Iterator[None]:
+    """The baselines' Mininet networks coming up and down said nothing a user reads between
+    compare's own lines (tile-tp's, in its `testbed up`, went to that run's output): their
+    INFO lines only with --verbose, warnings always."""
+    logger = logging.getLogger("testbed.emulator.network")
+    before = logger.level
+    if quiet:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def run_compare(args: argparse.Namespace) -> int:
     """The `testbed compare` command."""
     from testbed.churn import TraceError, load_schedule
@@ -748,11 +765,12 @@ def run_compare(args: argparse.Namespace) -> int:
                            args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue, ps_memory,
                            report=not args.no_report, progress=progress)
         else:
-            rows = compare_emulated(Path(args.topology), topology, out_dir, strategies, gpu,
-                                    args.grid_g_per_kwh, args.gpu_grid_g_per_kwh, args.pue,
-                                    ps_memory,
-                                    lambda t: schedules.get(t.job.parallelism.strategy),
-                                    progress=progress)
+            with _quiet_networks(not getattr(args, "verbose", False)):
+                rows = compare_emulated(Path(args.topology), topology, out_dir, strategies,
+                                        gpu, args.grid_g_per_kwh, args.gpu_grid_g_per_kwh,
+                                        args.pue, ps_memory,
+                                        lambda t: schedules.get(t.job.parallelism.strategy),
+                                        progress=progress)
     except KeyboardInterrupt:
         where = (f" during {under_way[0][0]} (its run so far: {under_way[0][1]})"
                  if under_way else "")
