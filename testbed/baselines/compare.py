@@ -471,16 +471,14 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                         raise RuntimeError(f"testbed up exited {done.returncode}: "
                                            f"{done.stderr.strip()[-300:]}")
                     row = _up_row(topology, topo, runs, grid_g_per_kwh, churn_total)
-                elif strategy == "pipeline":
-                    res = emulate_pipeline(path, runs, dilation=dilation, schedule=schedule)
-                    row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
                 else:
-                    res = emulate_data_parallel(path, runs, dilation=dilation,
-                                                schedule=schedule)
+                    emulate = (emulate_pipeline if strategy == "pipeline"
+                               else emulate_data_parallel)
+                    res = emulate(path, runs, dilation=dilation, schedule=schedule)
                     row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
-                    if schedule is not None:  # the trace's events its replicas met
-                        row["churn_events"] = len(res.get("churn") or [])
-                        row["churn_events_total"] = len(schedule.actions)
+                    if schedule is not None:  # the trace's events that came while it ran
+                        row["churn_events"] = res["churn_events"]
+                        row["churn_events_total"] = churn_total
             except (RuntimeError, OSError, ValueError) as exc:
                 row = {"strategy": strategy, "state": "failed", "note": str(exc)}
             row["largest_model"] = largest

@@ -163,6 +163,9 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                "wall_s": wall_s, "stages": stages, "attempt_reports": every_attempt,
                "losses": [final[k] for k in sorted(final)], "executed": executed,
                "restarts": restarts, "steps_redone": redone, "network": net.describe(),
+               # the trace's events whose time came while the run lasted (a tile-tp run's
+               # summary counts its replayed ones): those left in `actions` never came
+               "churn_events": len(schedule.actions) - len(actions) if schedule else 0,
                "links": {d: {"tx_bytes": after[d]["tx_bytes"] - before[d]["tx_bytes"],
                              "rx_bytes": after[d]["rx_bytes"] - before[d]["rx_bytes"]}
                          for d in names}}
@@ -308,6 +311,7 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                "losses": reports["ps"]["losses"], "took_part": took_part,
                "dropped_replica_steps": sum(len(names) - len(t) for t in took_part),
                "churn": churn if schedule is not None else [], "reports": reports,
+               "churn_events": len(schedule.actions) - len(actions) if schedule else 0,
                "network": net.describe(),
                "links": {("ps" if n is None else n): {
                    "tx_bytes": after[n]["tx_bytes"] - before[n]["tx_bytes"],

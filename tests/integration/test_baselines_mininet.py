@@ -176,6 +176,7 @@ def test_a_lost_stage_restarts_from_its_checkpoint_with_the_same_losses(tmp_path
                            bounds=[(0, 2), (2, 4)], dilation=2.0,
                            schedule=load_schedule(trace, topo), timeout_s=300)
     assert res["restarts"] == 1 and "phones-2" not in res["devices"]
+    assert res["churn_events"] == 1  # the trace's one event came while it ran (compare's column)
     redo = [e for e in res["executed"] if e["redo"]]
     # the steps finished since the checkpoint ran again; the aborted one counts too
     assert res["steps_redone"] == len(redo) + 1
