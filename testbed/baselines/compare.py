@@ -247,14 +247,10 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
     from testbed.runlog import read_jsonl
     from testbed.simulate.run import simulate
 
-    rows: list[dict[str, Any]] = []
-    steps_n = topology.job.steps
-    inputs = {"topology": topology.name, "steps": steps_n, "churn": str(topology.churn or ""),
-              "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
-              "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
-              "mode": "simulated"}
-    under_way: dict[str, Any] = {}
-    try:
+    inputs = _inputs(topology, gpu, grid_g_per_kwh, gpu_grid_g_per_kwh, pue, ps_memory_bytes,
+                     "simulated")
+    gpu_row = _gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes)
+    with _comparison_written(out_dir, strategies, inputs, gpu_row) as (rows, under_way):
         for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
             run_dir = out_dir / strategy
             run_dir.mkdir(parents=True)
@@ -278,17 +274,41 @@ def compare(topology: Topology, out_dir: Path, strategies: list[str], schedule_f
             under_way.clear()
             if progress is not None:
                 progress(strategy, run_dir, row)
+    return rows
+
+
+def _inputs(topology: Topology, gpu: GpuProfile, grid_g_per_kwh: float,
+            gpu_grid_g_per_kwh: float, pue: float, ps_memory_bytes: int,
+            mode: str) -> dict[str, Any]:
+    """What a comparison was run with (comparison.json's ``inputs``; the page's title and
+    last line)."""
+    return {"topology": topology.name, "steps": topology.job.steps,
+            "churn": str(topology.churn or ""), "grid_g_per_kwh": grid_g_per_kwh,
+            "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh, "pue": pue,
+            "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu), "mode": mode}
+
+
+@contextlib.contextmanager
+def _comparison_written(out_dir: Path, strategies: list[str], inputs: dict[str, Any],
+                        gpu_row: dict[str, Any]
+                        ) -> Iterator[tuple[list[dict[str, Any]], dict[str, Any]]]:
+    """The rows a comparison's strategies add and the strategy under way (see
+    :func:`_interrupted_rows`), written to out_dir with the GPU's row when the block ends; on an
+    interrupt as a partial comparison, so that what finished stays comparable (its unfinished
+    rows saying so), and the interrupt goes on."""
+    rows: list[dict[str, Any]] = []
+    under_way: dict[str, Any] = {}
+    try:
+        yield rows, under_way
     except KeyboardInterrupt:
-        # what finished stays comparable: a partial comparison, its unfinished rows saying so
         with held():
             rows.extend(_interrupted_rows(strategies, rows, under_way))
-            rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
-            write_comparison(out_dir, rows, {**inputs, "mode": "simulated; INTERRUPTED, "
-                                             "partial"})
+            rows.append(gpu_row)
+            write_comparison(out_dir, rows, {**inputs, "mode": f"{inputs['mode']}; "
+                                             "INTERRUPTED, partial"})
         raise
-    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
+    rows.append(gpu_row)
     write_comparison(out_dir, rows, inputs)
-    return rows
 
 
 def _ps_memory_note(topology: Topology, strategy: str, ps_memory_bytes: int) -> str:
@@ -435,17 +455,13 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     raw.setdefault("network", {})["backend"] = "mininet"
     raw["job"]["steps"] = topology.job.steps
     dilation = topology.time_dilation or 1.0
-    rows: list[dict[str, Any]] = []
     mode = f"emulated on Mininet, D = {dilation:g}" + (
         " for the baselines, tile-tp at its own (its note)"
         if "tile-tp" in strategies and topology.time_dilation is None else "")
-    inputs = {"topology": topology.name, "steps": topology.job.steps,
-              "churn": str(topology.churn or ""),
-              "grid_g_per_kwh": grid_g_per_kwh, "gpu_grid_g_per_kwh": gpu_grid_g_per_kwh,
-              "pue": pue, "ps_memory_bytes": ps_memory_bytes, "gpu": dataclasses.asdict(gpu),
-              "mode": mode}
-    under_way: dict[str, Any] = {}
-    try:
+    inputs = _inputs(topology, gpu, grid_g_per_kwh, gpu_grid_g_per_kwh, pue, ps_memory_bytes,
+                     mode)
+    gpu_row = _gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes)
+    with _comparison_written(out_dir, strategies, inputs, gpu_row) as (rows, under_way):
         for strategy, topo, largest in _that_fit(topology, strategies, ps_memory_bytes, rows):
             raw["job"].setdefault("parallelism", {})["strategy"] = strategy
             path = out_dir / f"{strategy}.yaml"
@@ -486,16 +502,6 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
             under_way.clear()
             if progress is not None:
                 progress(strategy, runs, row)
-    except KeyboardInterrupt:
-        # as compare's: what finished stays comparable
-        with held():
-            rows.extend(_interrupted_rows(strategies, rows, under_way))
-            rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
-            write_comparison(out_dir, rows, {**inputs,
-                                             "mode": mode + "; INTERRUPTED, partial"})
-        raise
-    rows.append(_gpu_row(topology, gpu, gpu_grid_g_per_kwh, pue, ps_memory_bytes))
-    write_comparison(out_dir, rows, inputs)
     return rows
 
 
