@@ -113,17 +113,28 @@ def _cmd_gen(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    if args.kind == "sessions":
+        # a session list has times of its own: these were silently ignored
+        given = [option for option, value in (("--start", args.start),
+                                              ("--duration", args.duration),
+                                              ("--time-scale", args.time_scale))
+                 if value is not None]
+        if given:
+            raise _BadInput(f"{', '.join(given)}: fedscale only; a session list is imported "
+                            f"as its times say (drop {', '.join(given)})")
     topology = _topology(args.topology)
     devices = _devices(topology, None)
     if args.kind == "fedscale":
         from testbed.churn.fedscale import import_events, load_behave_trace
 
+        start_s = 0.0 if args.start is None else args.start
+        time_scale = 1.0 if args.time_scale is None else args.time_scale
         clients = load_behave_trace(args.source)
-        events = import_events(clients, devices, args.start, args.duration, args.time_scale,
+        events = import_events(clients, devices, start_s, args.duration, time_scale,
                                args.source)
         comments = [f"imported from FedScale client_behave_trace {Path(args.source).name} "
                     f"({len(clients)} clients; device i takes client i mod {len(clients)})",
-                    f"trace time from {args.start:g} s, times divided by {args.time_scale:g}"]
+                    f"trace time from {start_s:g} s, times divided by {time_scale:g}"]
     else:
         from testbed.churn.sessions import load_sessions
 
@@ -138,6 +149,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if args.topology is None:
         if args.plot:
             raise _BadInput("--plot needs --topology (groups must be expanded into devices)")
+        if args.seed is not None:  # it was ignored: nothing is picked without the groups
+            raise _BadInput("--seed needs --topology (seeded picks such as phones:2 are drawn "
+                            "from the topology's groups)")
         for line in trace_summary(load_trace(args.trace)):
             print(line)
         print("(give --topology to check names, expand groups and see availability)")
@@ -229,7 +243,8 @@ def add_parser(subparsers: Any) -> None:
     show.add_argument("--seed", type=units.SEED,
                       help="seed for selectors (default: the topology's)")
     show.add_argument("--bins", type=units.int_arg(1, 1000), default=10,
-                      help="availability rows (default 10)")
+                      help="intervals of the availability table: it prints BINS + 1 evenly "
+                           "spaced times, 0 to the last event (default 10)")
     show.add_argument("--plot", metavar="FILE", help="draw the timeline into this PNG")
     show.set_defaults(func=_guarded(_cmd_show))
 
@@ -240,12 +255,12 @@ def add_parser(subparsers: Any) -> None:
     imp.add_argument("kind", choices=("fedscale", "sessions"))
     imp.add_argument("source", help="the file to import")
     imp.add_argument("--topology", required=True, help="topology YAML naming the devices")
-    imp.add_argument("--start", type=units.duration_arg, default=0.0,
+    imp.add_argument("--start", type=units.duration_arg, default=None,
                      help="fedscale: trace time that becomes time 0 (default 0s)")
     imp.add_argument("--duration", type=units.duration_arg, default=None,
                      help="fedscale: span to import (default: up to the longest finish_time)")
-    imp.add_argument("--time-scale", type=float, default=1.0,
-                     help="fedscale: divide trace times by this (60: an hour replays in a "
-                          "minute)")
+    imp.add_argument("--time-scale", type=float, default=None,
+                     help="fedscale: divide trace times by this (default 1; 60: an hour "
+                          "replays in a minute)")
     imp.add_argument("-o", "--output", help="trace file to write (default: stdout)")
     imp.set_defaults(func=_guarded(_cmd_import))

@@ -250,10 +250,14 @@ def import_events(clients: Sequence[ClientWindows], devices: Sequence[str],
     if not clients:
         raise FedScaleError("the trace has no clients")
     if not (math.isfinite(time_scale) and time_scale > 0):
-        raise FedScaleError(f"--time-scale must be > 0, got {time_scale:g}")
+        raise FedScaleError(f"--time-scale must be a finite number > 0, got {time_scale:g}")
     if duration_s is None:
-        duration_s = max(clients[i % len(clients)].finish_time_s
-                         for i in range(len(devices))) - start_s
+        last_s = max(clients[i % len(clients)].finish_time_s for i in range(len(devices)))
+        if not start_s < last_s:  # the span "up to the longest finish_time" is empty
+            raise FedScaleError(f"--start {start_s:g} s is at or past the end of the trace "
+                                f"(the longest finish_time of the clients the devices take: "
+                                f"{last_s:g} s); give an earlier --start, or a --duration")
+        duration_s = last_s - start_s
     if not (start_s >= 0 and duration_s > 0):
         raise FedScaleError(f"the imported span must be non-empty: start {start_s:g} s, "
                             f"duration {duration_s:g} s")

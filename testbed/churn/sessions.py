@@ -17,7 +17,8 @@ refused with its line, since it would become a join and a leave at the same time
 touching sessions of one device are then merged. Each session start
 becomes ``join`` (a device whose first session starts after 0 therefore starts absent, see
 :mod:`testbed.churn.trace`), each end ``leave``. A device of the topology that the list does not
-mention gets no events: it stays present for the whole run.
+mention gets no events: it stays present for the whole run. A list with no session row at all
+is refused (the trace it made would be empty, which looks like a run without churn).
 """
 
 from __future__ import annotations
@@ -85,13 +86,16 @@ def parse_sessions(text: str, devices: Sequence[str],
     sessions: dict[str, list[tuple[float, float]]] = {}
     unit_s: float | None = None
     unit_name = "s"
+    header_line, rows = 0, 0
     for number, split in data_rows(text, problems):
         cells = [c.strip() for c in split]
         if unit_s is None:
+            header_line = number
             unit_s, unit_name, problem = _header(cells)
             if problem:
                 problems.append(f"line {number}: {problem}")
             continue
+        rows += 1
         if len(cells) != 3:
             problems.append(f"line {number}: expected 3 cells ({HEADER}), got {len(cells)}")
             continue
@@ -117,6 +121,10 @@ def parse_sessions(text: str, devices: Sequence[str],
             sessions.setdefault(device, []).append((start, end))
     if unit_s is None:
         problems.append(f"line 1: the file is empty; expected the header {HEADER!r}")
+    elif not rows and not problems:
+        # an empty trace looks like a quiet run; a list of no session is a wrong or cut file
+        problems.append(f"line {header_line}: no session rows after the header; expected one "
+                        f"row per online session ({HEADER})")
     if problems:
         raise TraceError(source, problems)
     return {d: merge_sessions(s) for d, s in sessions.items()}

@@ -91,6 +91,12 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
     else:
         halves_model = base.model
     fitted = calibrate(halves_model, X, y)
+    if fitted.selected_ == "base curve" and not any(fitted.halves_):
+        # no curve was kept, whatever the label of the estimator says: the host's cost model
+        # (or no model) has no half lengths, and a flat rate-form curve has none to give
+        fitted.selected_ = (f"constant rate (the base {base.name} has no rate-form shape curve)"
+                            if halves_model.form != "rate"
+                            else f"constant rate (the base {base.name}'s curve is flat)")
     model = fitted.export()
     inherit_noise = base.model is not None and bool(base.model.noise_levels)
     if inherit_noise:  # a tile's call-to-call spread, not the fit's misses across shapes
@@ -118,7 +124,8 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
         "model": (f"calibrated with `testbed perf calibrate {base.name} {source}`: shape curve "
                   f"(half_m, half_k, half_n) = {tuple(model.coef)} ({fitted.selected_}) from "
                   f"{base.name} "
-                  f"({base_prov[:300]}); level peak_flops = {model.peak_flops / 1e9:.2f} GFLOP/s "
+                  f"({base_prov[:300]}{'...' if len(base_prov) > 300 else ''}); "
+                  f"level peak_flops = {model.peak_flops / 1e9:.2f} GFLOP/s "
                   f"and overhead {model.overhead_s * 1e6:.1f} us fitted on {len(y)} shapes of "
                   f"{rows[0].device} ({rows[0].provenance})"),
         "noise": (f"the base profile {base.name}'s: "

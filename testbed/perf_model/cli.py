@@ -23,6 +23,7 @@ from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.perf_model.features import MAX_DIMENSION
 from testbed.perf_model.measurements import (
     MIN_MODEL_SECONDS,
+    Measurement,
     MeasurementError,
     as_arrays,
     read_csv_lines,
@@ -44,8 +45,14 @@ def _measure(args: argparse.Namespace) -> int:
     from testbed.perf_model.measure import LocalNumpyRunner, Shape, measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
     size = "full" if args.full else "quick"
+    runner = LocalNumpyRunner(device=args.device, threads=args.threads,
+                              min_sample_s=args.min_sample_s)
+    info = runner.describe()
     try:
         checked_output(args.out, "--out")
+        # before minutes of timing: a name the rows cannot hold is refused now, not after
+        # writing a file that perf fit refuses (an empty name) or reads as no rows ('#...')
+        _device_name_check(args.device, str(info["backend"]))
         if args.shapes:
             # a handful of shapes (e.g. the 5 to calibrate a profile from), op 'gemm': not said
             shapes = [Shape("gemm", m, k, n) for m, k, n in read_shapes(args.shapes)]
@@ -56,12 +63,12 @@ def _measure(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    runner = LocalNumpyRunner(device=args.device, threads=args.threads,
-                              min_sample_s=args.min_sample_s)
+    print(f"measuring {len(shapes)} shape(s) x {args.passes} pass(es) x {args.repeats} "
+          f"sample(s) on {info['cpu_model']} ({info['threads']} thread(s)); {args.out} is "
+          f"written at the end", file=sys.stderr, flush=True)
     rows = measure(shapes, runner, dtype=args.dtype,
                    warmup=args.warmup, repeats=args.repeats, passes=args.passes,
-                   statistic=args.statistic)
-    info = runner.describe()
+                   statistic=args.statistic, on_pass=PassProgress())
     write_measurements(args.out, rows, comments=[
         f"testbed perf measure {what}: {info['cpu_model']}, "
         f"{info['backend']}, {info['threads']} thread(s)",
@@ -71,6 +78,38 @@ def _measure(args: argparse.Namespace) -> int:
     print(f"{args.out}: {len(rows)} shapes measured on {info['cpu_model']} "
           f"({info['threads']} thread(s), {info['backend']})")
     return EXIT_OK
+
+
+def _device_name_check(device: str, backend: str) -> None:
+    """InputError naming --device when a row of that device would not read back (the reader's
+    own checks, :func:`written_row_problems`)."""
+    from testbed.perf_model.measurements import written_row_problems
+    probe = Measurement(device=device, backend=backend, dtype="float32", threads=1, op="gemm",
+                        m=1, k=1, n=1, seconds=1.0, provenance="testbed perf measure")
+    problems = written_row_problems(probe)
+    if problems:
+        raise InputError("--device", [message for _, message in problems])
+
+
+class PassProgress:
+    """``perf measure``'s progress on stderr: the first pass (which tells how long a pass
+    takes), then at most one line every ``every_s`` seconds, and the last."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last_s: float | None = None
+
+    def __call__(self, done: int, passes: int, elapsed_s: float) -> None:
+        """Print a line for pass ``done`` of ``passes`` if one is due."""
+        due = (self._last_s is None or done == passes
+               or elapsed_s - self._last_s >= self.every_s)
+        if not due:
+            return
+        self._last_s = elapsed_s
+        left_s = elapsed_s / done * (passes - done)
+        print(f"pass {done}/{passes} done, {elapsed_s:.0f} s"
+              + (f", about {left_s:.0f} s left" if done < passes else ""),
+              file=sys.stderr, flush=True)
 
 
 def _write_text(out: str, text: str) -> None:
@@ -110,7 +149,12 @@ _MODEL_SOURCES: dict[str, Any] = {}
 def _import(args: argparse.Namespace) -> int:
     try:  # the source read and checked whole before --out is written
         checked_output(args.out, "--out")
-        rows, write = _imported(args.source, args.src, args.backend)
+        if args.backend is not None and args.source != "mlx":
+            # it was ignored: `perf import mmperf ... --backend mmperf-ruy` wrote every backend
+            raise InputError("--backend", [
+                f"only an mlx import keeps one backend; {args.source} imports every row of the "
+                f"source (choose a backend later: perf fit/eval/calibrate --backend)"])
+        rows, write = _imported(args.source, args.src, args.backend or "cpu")
         if not rows:  # an empty output is never what an import was run for
             raise InputError(args.src, [f"no rows to import from it as {args.source}"])
     except (OSError, ValueError) as exc:
@@ -156,13 +200,55 @@ def _fitted_on(path: str, note: str = "") -> Iterator[None]:
         raise MeasurementError(path, [f"{exc}{note}"]) from None
 
 
-def _load(path: str, device: str | None):
-    rows = read_measurements(path, min_seconds=MIN_MODEL_SECONDS)
-    if device:
-        rows = [r for r in rows if r.device == device]
-        if not rows:
-            raise MeasurementError(path, [f"no rows of device {device!r}"])
+def _load(path: str, device: str | None, backend: str | None = None):
+    rows = one_set(path, read_measurements(path, min_seconds=MIN_MODEL_SECONDS), device,
+                   backend)
     return as_arrays(rows)
+
+
+def _chosen(path: str, rows: list[Measurement], device: str | None,
+            backend: str | None) -> list[Measurement]:
+    """The rows of ``--device`` and ``--backend`` (each when given); MeasurementError naming
+    what the file has when none is left."""
+    for column, wanted in (("device", device), ("backend", backend)):
+        if wanted is None:
+            continue
+        have = sorted({getattr(r, column) for r in rows})
+        rows = [r for r in rows if getattr(r, column) == wanted]
+        if not rows:
+            raise MeasurementError(path, [f"no rows of {column} {wanted!r}; "
+                                          + (f"the rows of device {device!r} have "
+                                             if column == "backend" and device else
+                                             "the file has ")
+                                          + ", ".join(have)])
+    return rows
+
+
+def _chosen_text(device: str | None, backend: str | None) -> str:
+    """' of device D, backend B' for the options given ('' for none)."""
+    parts = [f"{what} {value!r}" for what, value in (("device", device), ("backend", backend))
+             if value]
+    return f" of {', '.join(parts)}" if parts else ""
+
+
+def one_set(path: str, rows: list[Measurement], device: str | None,
+            backend: str | None) -> list[Measurement]:
+    """The rows ``perf fit`` and ``perf eval`` fit a model on: one (device, backend, dtype,
+    threads) set. A file of several sets (``tests/data/perf_sets.csv``: 9 of them) is refused
+    unless --device and --backend pick one: one model across devices or libraries fits none,
+    and its held-out figures say nothing about any of them."""
+    rows = _chosen(path, rows, device, backend)
+    sets = sorted({(r.device, r.backend, r.dtype, str(r.threads)) for r in rows})
+    if len(sets) > 1:
+        shown = "; ".join("/".join(s) for s in sets[:12]) + ("; ..." if len(sets) > 12 else "")
+        narrowed = len({(d, b) for d, b, _, _ in sets}) == 1
+        raise MeasurementError(path, [
+            f"rows of {len(sets)} (device, backend, dtype, threads) sets: {shown}; a model is "
+            f"fitted on one set: "
+            + ("keep one dtype and thread count in the file" if narrowed
+               else "choose one with --device and --backend")
+            + " (perf eval --leave-one-set-out compares sets)"])
+    return rows
 
 
 def _fit(args: argparse.Namespace) -> int:
@@ -174,11 +260,11 @@ def _fit(args: argparse.Namespace) -> int:
     from testbed.perf_model.profile_schema import model_problems
     try:
         checked_output(args.out, "--out")
-        X, y = _load(args.measurements, args.device)
+        X, y = _load(args.measurements, args.device, args.backend)
         estimator = {"cost": BlasCostRegressor, "ridge": GemmTimeRegressor,
                      "rate": OverheadRateRegressor}[args.model]()
-        with _fitted_on(args.measurements,
-                        f" (rows of device {args.device!r})" if args.device else ""):
+        chosen = _chosen_text(args.device, args.backend)
+        with _fitted_on(args.measurements, f" (rows{chosen})" if chosen else ""):
             model = estimator.fit(X, y).export()
         problems = model_problems(model.to_dict())
         if problems:  # what a profile would refuse is not written
@@ -204,9 +290,9 @@ def _eval(args: argparse.Namespace) -> int:
     )
     try:
         if args.leave_one_set_out:
-            rows = read_measurements(args.measurements, min_seconds=MIN_MODEL_SECONDS)
-            if args.device:
-                rows = [r for r in rows if r.device == args.device]
+            rows = _chosen(args.measurements,
+                           read_measurements(args.measurements, min_seconds=MIN_MODEL_SECONDS),
+                           args.device, args.backend)
             sets = group_sets(rows)
             if len(sets) < 2:
                 raise MeasurementError(args.measurements, [
@@ -217,9 +303,9 @@ def _eval(args: argparse.Namespace) -> int:
             print(json.dumps(as_plain(result), indent=1) if args.json
                   else format_sets_table(result) + "\n" + format_model_level())
             return EXIT_OK
-        X, y = _load(args.measurements, args.device)
+        X, y = _load(args.measurements, args.device, args.backend)
         with _fitted_on(args.measurements, f"; each split fits on 70-75% of the {len(y)} rows"
-                        + (f" of device {args.device!r}" if args.device else "")):
+                        + _chosen_text(args.device, args.backend)):
             result = evaluate(X, y, seed=args.seed)
     except (MeasurementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -357,6 +443,10 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    if args.list and args.profile:  # the name was ignored: the whole list came out
+        print(f"error: give a profile or --list, not both (got {args.profile!r} and --list)",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.list or not args.profile:
         for name in list_profiles():
             profile = load_profile(name)
@@ -484,7 +574,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     size.add_argument("--full", action="store_true", help="600 shapes")
     size.add_argument("--shapes", metavar="FILE.csv", default="",
                       help="time these shapes instead (columns m, k, n; e.g. 5 to calibrate)")
-    p.add_argument("--out", default="perf_measurements.csv", help="output CSV")
+    p.add_argument("--out", default="perf_measurements.csv",
+                   help="output CSV, written at the end (default: perf_measurements.csv)")
     p.add_argument("--device", default="host", help="device name written into the rows")
     p.add_argument("--threads", type=int_arg(1, 1024), default=1,
                    help="BLAS threads (agents use 1)")
@@ -499,7 +590,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="a sample loops the call until it lasts this long")
     p.add_argument("--statistic", choices=("min", "median"), default="min",
                    help="figure per shape over its samples (min: noise only adds time)")
-    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--seed", type=SEED, default=0,
+                   help="seed of the --quick/--full shape draw (default 0)")
     p.set_defaults(func=_measure)
 
     p = sub.add_parser("import", help="convert ../shared/data sources into the CSV format")
@@ -510,14 +602,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("src", help="source file (vfpbench: a log or the log directory)")
     p.add_argument("--out", required=True, help="CSV to write (replaced once the source is "
                    "read whole; missing directories are made)")
-    p.add_argument("--backend", default="cpu", help="mlx backend to keep, or 'all'")
+    p.add_argument("--backend", help="mlx only: the backend to keep, or 'all' (default: cpu)")
     p.set_defaults(func=_import)
 
-    for name, func, text in (("fit", _fit, "fit a GemmTimeRegressor; write its model section"),
-                             ("eval", _eval, "held-out scores: fitted model vs pure roofline")):
+    for name, func, text in (
+            ("fit", _fit, "fit a GEMM time model (--model cost, rate or ridge) on one set of "
+                          "rows; write its model section"),
+            ("eval", _eval, "held-out scores of every model family (the cost model as "
+                            "'fitted', rate, constant, ridge, roofline) on one set of rows")):
         p = sub.add_parser(name, help=text)
         p.add_argument("measurements", help="measurement CSV")
-        p.add_argument("--device", help="only rows of this device")
+        p.add_argument("--device", help="only rows of this device (a file of several "
+                                        "devices needs it)")
+        p.add_argument("--backend", help="only rows of this backend/library (a file of several "
+                                         "needs it)")
         if name == "fit":
             p.add_argument("--out", required=True, help="YAML file for the model section")
             p.add_argument("--model", choices=("cost", "ridge", "rate"), default="cost",
@@ -525,14 +623,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                 "overhead + monotone capped rate (phones, laptops); ridge: "
                                 "log-space ridge on smooth features")
         else:
-            p.add_argument("--seed", type=SEED, default=0)
-            p.add_argument("--json", action="store_true")
+            p.add_argument("--seed", type=SEED, default=0,
+                           help="seed of the random held-out split (default 0)")
+            p.add_argument("--json", action="store_true",
+                           help="print the figures as JSON (adds RMSPE)")
             p.add_argument("--leave-one-set-out", action="store_true",
                            help="hold out each (device, backend, dtype, threads) set in turn: "
                                 "calibrated from 5 of its shapes, and every other set's profile")
         p.set_defaults(func=func)
 
-    p = sub.add_parser("calibrate", help="a device profile from 3-10 measured shapes of it: the "
+    p = sub.add_parser("calibrate", help="a device profile from 3 or more (e.g. 5) measured "
+                                         "shapes of it: the "
                                          "base profile's shape curve, the device's own level "
                                          "and overhead")
     p.add_argument("base_profile", help="profile name or path whose shape curve to keep")
@@ -556,6 +657,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_predict)
 
     p = sub.add_parser("show", help="a profile's provenance and evaluation figures")
-    p.add_argument("profile", nargs="?", help="profile name or path")
-    p.add_argument("--list", action="store_true", help="list shipped profiles")
+    p.add_argument("profile", nargs="?", help="profile name or path (none: the list)")
+    p.add_argument("--list", action="store_true",
+                   help="list shipped profiles: name, kind, GFLOP/s at a 128x1024x128 tile, "
+                        "description")
     p.set_defaults(func=_show)

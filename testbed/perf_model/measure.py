@@ -175,8 +175,13 @@ def sweep_shapes(size: str = "quick", seed: int = 0) -> list[Shape]:
 
 def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
             warmup: int = 1, repeats: int = 3, passes: int = 1, statistic: str = "min",
-            progress: Callable[[int, Shape, float], None] | None = None) -> list[Measurement]:
+            progress: Callable[[int, Shape, float], None] | None = None,
+            on_pass: Callable[[int, int, float], None] | None = None) -> list[Measurement]:
     """Time every shape with the runner; one Measurement per shape (``statistic`` of samples).
+
+    ``progress(i, shape, seconds)`` is called per shape once its figure is known (after the last
+    pass); ``on_pass(done, passes, elapsed_s)`` after each pass over all shapes, so that a sweep
+    of minutes can say how far it is.
 
     With ``passes`` > 1 the whole sweep is timed that many times, round-robin, so that a slow
     phase of the machine hits every shape a little rather than some shapes entirely. A shape's
@@ -190,7 +195,8 @@ def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
     provenance = (f"testbed perf measure on {info['cpu_model']}, {info['threads']} thread(s), "
                   f"{statistic} of {passes}x{repeats} samples after {warmup} warm-up calls")
     samples: list[list[float]] = [[] for _ in shapes]
-    for _ in range(passes):
+    start = time.monotonic()
+    for done in range(1, passes + 1):
         for i, shape in enumerate(shapes):
             got = runner.time_gemm(shape.m, shape.k, shape.n, dtype, warmup, repeats)
             # what read_measurements and a fit take: finite, and no call is faster than 1 ns;
@@ -201,6 +207,8 @@ def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
                                    f"{repr(got)[:200]} for {shape}; expected finite numbers of "
                                    f"seconds >= {MIN_MODEL_SECONDS:g}")
             samples[i].extend(got)
+        if on_pass is not None:
+            on_pass(done, passes, time.monotonic() - start)
     rows = []
     for i, shape in enumerate(shapes):
         seconds = float(STATISTICS[statistic](samples[i]))

@@ -317,6 +317,13 @@ def written_row_problems(row: Measurement) -> list[tuple[str, str]]:
         fields = _written_fields(row)
     except (OverflowError, ValueError) as exc:  # seconds x batch beyond a float; a huge int
         return [("<top>", f"cannot be written as a measurement row: {exc}")]
+    # the reader splits the file into lines first (str.splitlines, which also breaks at \r,
+    # \v, \f, \x1c-\x1e, \x85, \u2028, \u2029): a field holding one cuts its row in two
+    broken = [(column, value) for column, value in zip(COLUMNS, fields)
+              if value.splitlines() not in ([], [value])]
+    if broken:
+        return [(column, f"expected text without a line break (the row would be read as two "
+                         f"lines), got {value[:80]!r}") for column, value in broken]
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="").writerow(fields)
     line = buffer.getvalue()

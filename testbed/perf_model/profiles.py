@@ -216,9 +216,13 @@ def load_profile(name_or_path: str | Path, base_dir: Path | None = None,
     if path is None:
         candidate = user_path(str(name_or_path), base_dir)
         there = input_problem(candidate) if os.path.lexists(candidate) else None
+        # a path (a '/' or a .yaml name) that is not there: said, not only "no profile named"
+        missing = (not os.path.lexists(candidate)
+                   and ("/" in str(name_or_path) or str(name_or_path).endswith((".yaml", ".yml"))))
         raise ProfileError(str(name_or_path), [
             f"no device profile named {str(name_or_path)!r}"
             + (f", and {there}" if there else "")
+            + (f" (no such file: {candidate})" if missing else "")
             + f"; shipped profiles: {', '.join(list_profiles())}"])
     try:
         raw = load_user_yaml(read_user_text(path, MAX_PROFILE_BYTES, errors="replace")) or {}
