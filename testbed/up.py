@@ -1174,11 +1174,25 @@ def run_clean(args: argparse.Namespace) -> int:
 
     target = args.target
     if args.list:
-        for r in cleanup.run_records():
+        if target is not None:
+            print(f"error: --list lists every recorded network and takes no run directory or "
+                  f"prefix (got {target!r}); without --list, {target!r} would be cleaned",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        records = cleanup.run_records()
+        for r in records:
             print(f"{r['prefix']}  owner pid {r['owner_pid']}  "
                   f"{'running' if r['alive'] else 'gone'}  topology {r.get('topology', '?')}")
+        if not records:  # a silent --list read as a broken one
+            print(f"no recorded networks (none in {cleanup.state_dir()})")
         return EXIT_OK
     prefix: str | None = None
+    if target is not None and not Path(target).is_dir() and (
+            os.sep in target or Path(target).exists()):
+        what = "not a directory" if Path(target).exists() else "no such directory"
+        print(f"error: {target}: {what}; expected a run directory (RUN_DIR, made by testbed "
+              f"up) or a network prefix ({cleanup.PREFIX_FORM})", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if target is not None and Path(target).is_dir():
         try:
             lines = cleanup.clean_run_dir(Path(target))
@@ -1190,9 +1204,9 @@ def run_clean(args: argparse.Namespace) -> int:
     if target is not None:
         try:
             prefix = cleanup.check_prefix(target)
-        except ValueError as exc:
-            print(f"error: {target!r} is neither a run directory nor a network prefix: {exc}",
-                  file=sys.stderr)
+        except ValueError:
+            print(f"error: {target!r} is neither a run directory nor a network prefix (expected "
+                  f"a directory made by testbed up, or {cleanup.PREFIX_FORM})", file=sys.stderr)
             return EXIT_BAD_INPUT
     try:
         cleaned = cleanup.clean(prefix)
@@ -1203,6 +1217,9 @@ def run_clean(args: argparse.Namespace) -> int:
         print(f"{left.prefix}: removed {len(left.pids)} process(es), "
               f"{len(left.links)} interface(s)" if not left.empty else
               f"{left.prefix}: nothing left")
+    if not cleaned:  # nothing recorded, or only live runs (each said above, in the log)
+        print("nothing to clean: no recorded network whose owner is gone "
+              "(testbed clean --list shows them all)")
     return EXIT_OK
 
 

@@ -9,8 +9,10 @@ Every argument is checked here, before the agent starts (exit 2): PS_ADDRESS is 
 (an IP address or a host name, port 1-65535, ``[v6]:PORT``), the fingerprint 64 hex digits,
 ``--name`` a topology name (:data:`testbed.names.NAME_RE`; the default is this host's name
 made one: lower-cased, other characters as ``-``, cut to 24). The token file's first line must
-be printable text (``testbed.agent.__main__.read_token``). A PS that is not up yet is then
-tried again and again, one line each time, as the agent does.
+be printable text (``testbed.agent.__main__.read_token``). The environment's stand-ins
+(``$TESTBED_TLS_FINGERPRINT``, ``$TESTBED_TOKEN_FILE``, ``$TESTBED_TOKEN``) are checked the
+same way, and an error names the variable, not an option that was not given. A PS that is
+not up yet is then tried again and again, one line each time, as the agent does.
 
 Exit codes: 0 the run ended, 2 bad input, 3 refused (the token, another certificate than the
 pinned one, a server that does not speak TLS), 130 stopped by SIGINT, SIGTERM or SIGHUP after
@@ -69,11 +71,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "that does not speak TLS exits 3.")
     p.add_argument("ps_address", metavar="PS_ADDRESS", type=ps_address_arg,
                    help="HOST:PORT the run printed ([v6]:PORT for IPv6)")
-    p.add_argument("--fingerprint", type=fingerprint_arg,
-                   default=os.environ.get("TESTBED_TLS_FINGERPRINT", ""),
+    # the environment's defaults are checked in _join, whose errors name the variable: as
+    # argparse defaults they were checked as if given, and a bad $TESTBED_TLS_FINGERPRINT was
+    # reported as a bad --fingerprint the user never gave
+    p.add_argument("--fingerprint", type=fingerprint_arg, default=None,
                    help="the PS certificate's fingerprint, sha256:... (default: "
                         "$TESTBED_TLS_FINGERPRINT)")
-    p.add_argument("--token-file", default=os.environ.get("TESTBED_TOKEN_FILE", ""),
+    p.add_argument("--token-file", default=None,
                    help="file holding the run's join token (default: $TESTBED_TOKEN_FILE, "
                         "else $TESTBED_TOKEN)")
     p.add_argument("--name", type=device_name_arg, default=default_name(socket.gethostname()),
@@ -87,18 +91,53 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_join)
 
 
+def _settle_environment(args: argparse.Namespace) -> str | None:
+    """Fill ``args.fingerprint`` and ``args.token_file`` from the environment when not given,
+    and check what the environment gave; the problem, naming the option or variable it came
+    from, or None.
+
+    The token file is only looked at, not read: it may be a pipe (``<(pass show run)``) that
+    the agent reads once. ``$TESTBED_TOKEN`` is stripped as a token file's line is (a stray
+    space or newline was sent as part of the token and refused by the PS as a wrong token).
+    """
+    if args.fingerprint is None:
+        text = os.environ.get("TESTBED_TLS_FINGERPRINT", "")
+        try:
+            args.fingerprint = normalize(text) if text.strip() else ""
+        except PinError as exc:
+            return f"$TESTBED_TLS_FINGERPRINT: {exc}"
+    if not args.fingerprint:
+        return ("--fingerprint is required (printed by `testbed up` with the join command; it "
+                "pins the PS's certificate)")
+    source = "--token-file"
+    if args.token_file is None:
+        args.token_file = os.environ.get("TESTBED_TOKEN_FILE", "")
+        source = "$TESTBED_TOKEN_FILE"
+    if args.token_file:
+        path = args.token_file
+        if not os.path.exists(path):
+            return f"{source} {path}: no such file; expected the join-token file `testbed up` wrote"
+        if os.path.isdir(path):
+            return f"{source} {path}: a directory; expected the join-token file `testbed up` wrote"
+        return None
+    token = os.environ.get("TESTBED_TOKEN", "").strip()
+    if not token:
+        return "no token: give --token-file FILE (or set TESTBED_TOKEN_FILE or TESTBED_TOKEN)"
+    if not token.isprintable():
+        return ("$TESTBED_TOKEN holds control characters (a line break?); expected the token "
+                "`testbed up` wrote, one line of printable characters")
+    os.environ["TESTBED_TOKEN"] = token  # what the agent sends: as a token file's, stripped
+    return None
+
+
 def _join(args: argparse.Namespace) -> int:
     import sys
 
     from testbed.agent.__main__ import main as agent_main
 
-    if not args.fingerprint:
-        print("error: --fingerprint is required (printed by `testbed up` with the join "
-              "command; it pins the PS's certificate)", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if not args.token_file and not os.environ.get("TESTBED_TOKEN", "").strip():
-        print("error: no token: give --token-file FILE (or set TESTBED_TOKEN_FILE or "
-              "TESTBED_TOKEN)", file=sys.stderr)
+    problem = _settle_environment(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # OPTION=VALUE: a value starting with '-' is never taken for an option of the agent's
     argv = [f"--ps={args.ps_address}", f"--tls-fingerprint={args.fingerprint}",

@@ -384,12 +384,21 @@ def format_device(rows: list[Row]) -> str:
                      for r in rows)
 
 
+def _error_text(row: Row) -> str:
+    """The relative error in percent; '-' against nothing configured (a link without delay has
+    no relative error: its RTT passes on the 1 ms alone, and '0.0%' read as measured 0)."""
+    return f"{row.error * 100:.1f}%" if row.configured else "-"
+
+
 def format_table(rows: list[Row]) -> str:
     """A plain-text table of rows: device, quantity, configured, measured, error, verdict."""
-    lines = [f"{'device':<16} {'what':<5} {'configured':>14} {'measured':>14} {'error':>8}  ok"]
+    # device names run to 24 characters (testbed.names); a fixed 16 pushed longer ones'
+    # rows out of their columns
+    w = max([16, *(len(r.device) for r in rows)])
+    lines = [f"{'device':<{w}} {'what':<5} {'configured':>14} {'measured':>14} {'error':>8}  ok"]
     for r in rows:
-        lines.append(f"{r.device:<16} {r.quantity:<5} {_fmt(r.quantity, r.configured):>14} "
-                     f"{_fmt(r.quantity, r.measured):>14} {r.error * 100:>7.1f}%  "
+        lines.append(f"{r.device:<{w}} {r.quantity:<5} {_fmt(r.quantity, r.configured):>14} "
+                     f"{_fmt(r.quantity, r.measured):>14} {_error_text(r):>8}  "
                      f"{'yes' if r.ok else 'NO'}")
     if any(r.quantity.endswith("*") for r in rows):
         lines.append("* both directions saturated at once")

@@ -53,11 +53,13 @@ def state_dir() -> Path:
     raise RuntimeError("no writable directory for network run records (/run or $TMPDIR)")
 
 
+PREFIX_FORM = "'tb' and three characters from a-z0-9, like 'tbk3x'"  # PREFIX_RE, said
+
+
 def check_prefix(prefix: str) -> str:
     """Return prefix if it is a run prefix like 'tbk3x'; else raise ValueError."""
     if not PREFIX_RE.match(prefix):
-        raise ValueError(f"{prefix!r} is not a run prefix (expected 'tb' and three characters "
-                         f"from a-z0-9, like 'tbk3x')")
+        raise ValueError(f"{prefix!r} is not a run prefix (expected {PREFIX_FORM})")
     return prefix
 
 

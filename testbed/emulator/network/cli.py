@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
+from testbed.names import is_name
 from testbed.topology import DeviceSpec, TopologyError, load_topology
 from testbed.units import int_arg, number_arg
 
@@ -21,27 +22,40 @@ log = logging.getLogger(__name__)
 
 def add_parser(subparsers: Any) -> None:
     """Register `net check` on the testbed command."""
-    net = subparsers.add_parser("net", help="network tools (check a topology's links)")
+    net = subparsers.add_parser(
+        "net", help="network tools (check a topology's links)",
+        description="Network tools. `testbed net check TOPOLOGY` brings the topology's "
+                    "network up on Mininet and measures every device link against its "
+                    "configuration (docs/network.md).")
     net_sub = net.add_subparsers(dest="net_command", metavar="NET_COMMAND", required=True)
     p = net_sub.add_parser(
         "check", help="bring a topology's network up and measure every device link",
-        description="Bring the topology's network up on the Mininet backend, measure each "
-                    "device's throughput both ways (iperf3) and RTT, print them against the "
-                    "configured values; exit 1 when one is off by more than the tolerance.")
-    p.add_argument("topology", help="the topology YAML file")
+        usage="%(prog)s [-h] TOPOLOGY [--tolerance FRACTION] [--seconds S]\n"
+              "                         [--samples N] [--duplex] [--devices NAME [NAME ...]]\n"
+              "                         [--per-group N]",
+        description="Bring the topology's network up on the Mininet backend (root, Mininet, "
+                    "iperf3), measure each device's throughput both ways (iperf3) and RTT, "
+                    "print them against the configured values. Exit 0 when all are within "
+                    "the tolerance, 1 when one is not or the network cannot start, 2 on bad "
+                    "input (nothing started).")
+    # optional for argparse only: `--devices a b TOPOLOGY` gives --devices every name, and
+    # run_check takes the topology back from there (argparse said "required: topology")
+    p.add_argument("topology", nargs="?", metavar="TOPOLOGY", help="the topology YAML file")
     p.add_argument("--tolerance", type=number_arg(0, 1, above_low=True), default=0.10,
-                   help="relative tolerance (default 0.10; RTT gets 1 ms more)")
+                   metavar="FRACTION",
+                   help="relative tolerance, a fraction above 0 up to 1 (default 0.10, i.e. "
+                        "10%%; the RTT gets 1 ms more)")
     p.add_argument("--seconds", type=number_arg(0, 3600, above_low=True), default=3.0,
-                   help="least seconds measured per direction (default 3); slow paths "
+                   metavar="S", help="least seconds measured per direction (default 3); slow paths "
                         "measure longer and skip more of slow start: 4x and 2x the "
                         "time their device link's queue takes to drain")
-    p.add_argument("--samples", type=int_arg(1, 10_000), default=10,
+    p.add_argument("--samples", type=int_arg(1, 10_000), default=10, metavar="N",
                    help="RTT samples per device (default 10)")
     p.add_argument("--duplex", action="store_true",
                    help="also measure both directions at once (rows down* and up*): each "
                         "must still get its own rate, as training's tiles down and results "
                         "up do")
-    p.add_argument("--devices", nargs="*", metavar="NAME",
+    p.add_argument("--devices", nargs="+", metavar="NAME",
                    help="only these devices (default: all, one after another, about 15-30 s each: "
                         "on a large topology, a few of each group)")
     p.add_argument("--per-group", type=int_arg(1, 1_000_000), metavar="N",
@@ -71,6 +85,20 @@ def select_devices(devices: list[DeviceSpec], names: list[str] | None,
     return [d for d in devices if d.name in chosen]
 
 
+def _topology_argument(args: argparse.Namespace) -> str | None:
+    """Find the topology file when ``--devices`` took it (``--devices a b TOPOLOGY``): its last
+    name, when that cannot be a device's (:mod:`testbed.names`: no '.' or '/'). The problem, or
+    None."""
+    if args.topology is not None:
+        return None
+    last = args.devices[-1] if args.devices else None
+    if last is not None and not is_name(last):
+        args.devices, args.topology = args.devices[:-1], last
+        return None if args.devices else "--devices: expected at least one device name"
+    return ("no topology file: give it first, `testbed net check TOPOLOGY [--devices NAME "
+            "...]`" + (f" (--devices took {args.devices})" if args.devices else ""))
+
+
 def _duration(seconds: float) -> str:
     """A duration for a person: seconds under two minutes, else minutes."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
@@ -87,6 +115,10 @@ def run_check(args: argparse.Namespace) -> int:
     from testbed.emulator.network.mininet import MininetNetwork
     from testbed.emulator.network.probe import probe
 
+    problem = _topology_argument(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         topology = load_topology(args.topology)
     except TopologyError as exc:
