@@ -87,7 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # that part is not built yet
         module.add_parser(sub)
+    _own_errors(parser)
     return parser
+
+
+def _own_errors(parser: argparse.ArgumentParser) -> None:
+    """Each command's parser says its own usage for an argument it does not know: argparse
+    leaves unknown arguments to the top parser, whose error showed `usage: testbed [-h] [-v]
+    COMMAND ...` for `testbed net check TOPOLOGY --bogus`. Every leaf command records its
+    parser (``_parser``), and :func:`parse_args` reports leftovers through it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.set_defaults(_parser=command)  # a nested command's own overrides it
+                _own_errors(command)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, with an unknown argument reported by its command's parser."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     streams = sys.stdout, sys.stderr
     try:
         try:
-            args = build_parser().parse_args(argv)
+            args = parse_args(build_parser(), argv)
         except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
             return int(exc.code or 0)
         sys.stdout, sys.stderr = ReaderSafe(sys.stdout), ReaderSafe(sys.stderr)

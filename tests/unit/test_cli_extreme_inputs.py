@@ -232,3 +232,18 @@ def test_adb_doctor_bounds_the_probe_timeout(timeout: str,
                  "--probe-timeout", timeout]) == 2
     err = capsys.readouterr().err
     assert "argument --probe-timeout: expected at most 600s" in err, err
+
+
+@pytest.mark.parametrize("argv, usage, unknown", [
+    (["net", "check", "topologies/home-wifi.yaml", "--bogus"], "testbed net check", "--bogus"),
+    (["simulate", "topologies/home-wifi.yaml", "--stepz", "2"], "testbed simulate", "--stepz 2"),
+    (["trace", "show", "x.csv", "--bogus"], "testbed trace show", "--bogus"),
+])
+def test_an_unknown_option_is_said_with_its_commands_usage(
+        argv: list[str], usage: str, unknown: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse leaves unknown arguments to the top parser: `usage: testbed [-h] [-v]
+    COMMAND ...`, which does not say what the command takes."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {usage} "), err
+    assert f"{usage}: error: unrecognized arguments: {unknown}" in err, err
