@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of tiles that straggle, [0, 1]")
     b.add_argument("--behaviour-log", default="",
                    help="append every corruption made to this JSON-lines file")
+    p.add_argument("--progress-s", type=float, default=0.0,
+                   help="log a line on the tiles computed every this many seconds (default 0: "
+                        "none; testbed join sets 60)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -142,6 +146,10 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
     except ValueError as exc:
         print(f"error: --token-file {args.token_file}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not (math.isfinite(args.progress_s) and 0 <= args.progress_s <= 86_400):
+        print(f"error: --progress-s: expected 0 (none) to 86400 seconds, got {args.progress_s:g}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     if not 1 <= args.max_in_flight <= MAX_IN_FLIGHT:
         print(f"error: --max-in-flight: expected 1 to {MAX_IN_FLIGHT}, got {args.max_in_flight}",
               file=sys.stderr)
@@ -181,6 +189,7 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
         profile=args.profile, predicted_gflops=gflops or 1.0, max_in_flight=args.max_in_flight,
         cache_bytes=int(args.cache_mib * 1024 * 1024), control_file=args.control_file,
         behaviour=behaviour, tls_fingerprint=args.tls_fingerprint,
+        progress_s=args.progress_s,
         down=LinkDirection(args.down_bps, args.delay_s, args.loss),
         up=LinkDirection(args.up_bps, args.delay_s, args.loss))
     agent = Agent(options, model)

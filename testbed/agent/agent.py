@@ -97,6 +97,7 @@ class AgentOptions:
     control_file: str = ""  # JSON {"slow": factor} written by the churn replay; polled
     behaviour: Behaviour | None = None  # emulated misbehaviour (byzantine, straggler)
     tls_fingerprint: str = ""  # the PS's certificate pin (testbed join); empty: plain channel
+    progress_s: float = 0.0  # a line on the work done every this many seconds (0: none)
 
 
 class Outbox:
@@ -157,6 +158,18 @@ class PendingTile:
     a: np.ndarray
     b: np.ndarray
     arrived_s: float  # when the operands are all on the device (emulated downlink)
+
+
+def progress_line(name: str, done: int, recent: int, every_s: float, joined: bool) -> str:
+    """What a device has done so far, for its periodic progress line."""
+    line = f"{name}: {done} tile{'' if done == 1 else 's'} computed"
+    if not joined:
+        return line + "; not in the run at the moment (joining again)"
+    if recent:
+        return line + f", {recent} in the last {every_s:g} s"
+    return line + (f", none in the last {every_s:g} s (the PS plans each GEMM with the devices "
+                   f"that make it faster: a slow link or CPU can leave this one out, and the "
+                   f"PS's own work between GEMMs takes time too)")
 
 
 class Agent:
@@ -229,6 +242,9 @@ class Agent:
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> int:
         """Join and work until the PS says stop or we are asked to; re-join on failures."""
+        if self.options.progress_s > 0:
+            threading.Thread(target=self._say_progress, args=(self.options.progress_s,),
+                             name="progress", daemon=True).start()
         first, largest = self.options.backoff_s
         backoff = first
         while not self.stopping.is_set():
@@ -266,6 +282,17 @@ class Agent:
                 "stopped while joining the run again" if self.joins else
                 "stopped before joining the run"))
         return EXIT_OK
+
+    def _say_progress(self, every_s: float) -> None:
+        """A line every ``every_s`` on the work done, until the agent stops: a device that
+        joined a run on another machine (``testbed join``) said nothing from its join to the
+        run's end, however long that was."""
+        before = self.tiles_done
+        while not self.stopping.wait(every_s):
+            done = self.tiles_done
+            log.info("%s", progress_line(self.name, done, done - before, every_s,
+                                         self._session is not None))
+            before = done
 
     def _failed(self, exc: Exception, backoff_s: float) -> int | None:
         """Say why a session failed: the exit code when retrying will not help, else None (the

@@ -33,6 +33,10 @@ from testbed.names import MAX_NAME_CHARS, NAME_RULE, is_name
 from testbed.units import int_arg
 from testbed.wire import MAX_IN_FLIGHT
 
+# a joined device says what it has computed this often: from its join to the run's end it said
+# nothing, and a run of OPT-125m steps takes hours
+PROGRESS_S = 60.0
+
 
 def device_name_arg(text: str) -> str:
     """An argparse type: a device name as a topology names things (:mod:`testbed.names`), or
@@ -141,7 +145,8 @@ def _join(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     # OPTION=VALUE: a value starting with '-' is never taken for an option of the agent's
     argv = [f"--ps={args.ps_address}", f"--tls-fingerprint={args.fingerprint}",
-            f"--name={args.name}", "--kind=real", f"--max-in-flight={args.max_in_flight}"]
+            f"--name={args.name}", "--kind=real", f"--max-in-flight={args.max_in_flight}",
+            f"--progress-s={PROGRESS_S:g}"]
     if args.token_file:
         argv += [f"--token-file={args.token_file}"]
     if args.profile:

@@ -101,3 +101,14 @@ def test_no_token_anywhere_is_refused(agent: list[dict[str, Any]],
     assert main(["join", ADDRESS, "--fingerprint", PIN]) == 2
     assert "error: no token: give --token-file FILE" in capsys.readouterr().err
     assert not agent
+
+
+def test_join_asks_its_agent_for_progress(agent: list[dict[str, Any]], tmp_path: Path) -> None:
+    """A joined device said nothing from its join to the run's end (tests/unit/
+    test_agent_progress.py has the line itself)."""
+    from testbed.agent.join import PROGRESS_S
+
+    token = tmp_path / "tok"
+    token.write_text("t0ken\n")
+    assert main(["join", ADDRESS, "--fingerprint", PIN, "--token-file", str(token)]) == 0
+    assert f"--progress-s={PROGRESS_S:g}" in agent[0]["argv"]
