@@ -83,3 +83,30 @@ def test_a_prefix_is_still_cleaned(no_records: list[Any],
     assert main(["clean", "tbzzz"]) == 0
     assert no_records == ["tbzzz"]
     assert capsys.readouterr().out == "tbzzz: nothing left\n"
+
+
+def test_a_run_dirs_prefix_now_of_a_live_run_is_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefixes are three random characters: once a killed run's record is gone, a later run
+    may draw its prefix, and `testbed clean RUN_DIR` of the killed run removed that live run's
+    hosts and links."""
+    import json
+
+    import psutil
+
+    from testbed.emulator.network import cleanup
+
+    monkeypatch.setattr(cleanup, "state_dir", lambda: tmp_path / "records")
+    (tmp_path / "records").mkdir()
+    me = psutil.Process()
+    (tmp_path / "records" / "tbq9z.json").write_text(json.dumps(
+        {"prefix": "tbq9z", "owner_pid": me.pid, "owner_create_time": me.create_time()}))
+    removed: list[str] = []
+    monkeypatch.setattr(cleanup, "remove_leftovers", lambda p: removed.append(p))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "network.json").write_text(json.dumps({"prefix": "tbq9z"}))
+    lines = cleanup.clean_run_dir(run_dir)
+    assert not removed, "a live run's network was removed"
+    assert lines[-1] == (f"tbq9z: now the network of another run, which is running (owner pid "
+                         f"{me.pid}); left alone")

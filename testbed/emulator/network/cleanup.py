@@ -415,6 +415,13 @@ def clean_run_dir(run_dir: Path) -> list[str]:
     lines.append(f"{run_dir}: stopped {len(ours)} leftover process(es)")
     prefix = _read_json(run_dir / "network.json").get("prefix")
     if isinstance(prefix, str) and PREFIX_RE.match(prefix):
+        record = _read_json(record_path(prefix))
+        if record and _owner_alive(record):
+            # three random characters: a later run may have drawn this run's prefix, and its
+            # hosts and links are that live run's network, not this dead run's leftovers
+            lines.append(f"{prefix}: now the network of another run, which is running (owner "
+                         f"pid {record['owner_pid']}); left alone")
+            return lines
         left = remove_leftovers(prefix)
         lines.append(f"{prefix}: removed {len(left.pids)} process(es), {len(left.links)} "
                      f"interface(s)" if not left.empty else f"{prefix}: nothing left")
