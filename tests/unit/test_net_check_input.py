@@ -93,3 +93,37 @@ def test_table_shows_no_relative_error_against_no_configured_delay() -> None:
     line = format_table([Row("a-0", "rtt", 0.0, 0.0004, 0.1)]).splitlines()[1]
     assert line.split()[-2:] == ["-", "yes"]
     assert "0.0%" not in line
+
+
+def test_an_interrupted_check_prints_the_devices_it_measured(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C after some devices: their rows came only as progress lines, with no table."""
+    import testbed.emulator.network.check as check
+    import testbed.emulator.network.mininet as mininet
+    import testbed.emulator.network.probe as probe
+
+    class FakeNetwork:
+        prefix, hosts, bringup_s = "tbzzz", ["a"], 0.1
+
+        def __init__(self, *_a: Any, **_k: Any) -> None:
+            pass
+
+        def __enter__(self) -> FakeNetwork:
+            return self
+
+        def __exit__(self, *_exc: Any) -> None:
+            pass
+
+    def interrupted(net: Any, devices: Any, *_a: Any, on_device: Any, **_k: Any) -> None:
+        on_device(1, devices[0], [Row(devices[0].name, "down", 10e6, 9.9e6, 0.1),
+                                  Row(devices[0].name, "up", 1e6, 0.5e6, 0.1)])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe, "probe", lambda: SimpleNamespace(
+        missing=lambda: [], iperf3=True, delay_mechanism="application"))
+    monkeypatch.setattr(mininet, "MininetNetwork", FakeNetwork)
+    monkeypatch.setattr(check, "check_devices", interrupted)
+    assert main(["net", "check", HOME]) == 130
+    out = capsys.readouterr().out
+    assert "phones-0         down    10.00 Mbit/s    9.90 Mbit/s" in out, out
+    assert "interrupted after 1 of 8 device(s); 1/2 within tolerance so far" in out, out

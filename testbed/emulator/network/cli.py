@@ -135,6 +135,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"error: net check needs the Mininet backend; missing: {'; '.join(missing)}",
               file=sys.stderr)
         return EXIT_FAILURE
+    so_far: list[Any] = []  # the rows of the devices measured, as each is done
     try:
         with MininetNetwork(topology, capabilities=caps) as net:
             print(f"network {net.prefix}: {len(net.hosts)} hosts up in {net.bringup_s:.1f} s; "
@@ -150,6 +151,7 @@ def run_check(args: argparse.Namespace) -> int:
             width = len(str(len(devices)))
 
             def measured(n: int, device: Any, rows: list[Any]) -> None:
+                so_far.extend(rows)
                 print(f"[{n:>{width}}/{len(devices)}] {device.name}: {format_device(rows)}",
                       flush=True)
 
@@ -158,6 +160,13 @@ def run_check(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt:  # the network is down (the `with`); the devices done still count
+        if so_far:
+            done = len({r.device for r in so_far})
+            print(format_table(so_far))
+            print(f"interrupted after {done} of {len(devices)} device(s); "
+                  f"{sum(r.ok for r in so_far)}/{len(so_far)} within tolerance so far")
+        raise
     print(format_table(rows))
     bad = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(bad)}/{len(rows)} within tolerance")
