@@ -36,12 +36,13 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 from adbutils.errors import AdbError
 
 from testbed.adb_bridge import agent_package, parsers, termux, termux_control
+from testbed.adb_bridge.cli import START_SERVER_FIX
 from testbed.adb_bridge.client import (
     AdbServer,
     PhoneCommandError,
@@ -105,6 +106,15 @@ def state_problem(name: str, detail: str = "") -> str:
     return " ".join(filter(None, (STATE_MEANINGS.get(name), detail)))
 
 
+def serial_problem(serial: str, server: str, states: dict[str, str]) -> str:
+    """``serial`` is on no phone of the adb server at ``server``: said with the serials it
+    lists (a typo shows; an empty list says to plug the phone in)."""
+    listed = ", ".join(f"{printable(s)} ({printable(split_state(st)[0])})"
+                       for s, st in sorted(states.items()))
+    return (f"{printable(serial)} is not connected to the adb server at {server}, which lists "
+            + (listed or "no phones"))
+
+
 class BadProbeReport(ValueError):
     """What came over the probe port is not the probe's report (another app, a broken python)."""
 
@@ -119,9 +129,23 @@ class Check:
     fix: str = ""
 
 
+def check_lines(check: Check) -> str:
+    """One check as the report prints it: ``[ok]``/``[FAIL] name: detail``, and the fix under
+    a failed one. The checks already quote the phone through printable; this keeps any text
+    that came another way (an adb error's message) from breaking a line or moving the cursor."""
+    line = f"[{'ok' if check.ok else 'FAIL'}] {check.name}: " \
+           f"{printable(check.detail, most=MAX_LINE_CHARS)}"
+    if not check.ok and check.fix:
+        line += f"\n       fix: {printable(check.fix, most=MAX_LINE_CHARS)}"
+    return line
+
+
 @dataclass
 class Doctor:
-    """Runs the checks against one adb server (and one phone on it)."""
+    """Runs the checks against one adb server (and one phone on it).
+
+    ``on_check(check)`` is called as each check ends and ``on_wait(what)`` before a step that
+    may wait for the phone (seconds to minutes), so a command line can show progress."""
 
     server: AdbServer
     serial: str | None = None
@@ -135,6 +159,8 @@ class Doctor:
     checks: list[Check] = field(default_factory=list)
     launcher: str = ""
     control: TermuxControl | None = None
+    on_check: Callable[[Check], None] | None = None
+    on_wait: Callable[[str], None] | None = None
 
     @property
     def control_port(self) -> int:
@@ -142,8 +168,15 @@ class Doctor:
         return self.phone_port + termux_control.CONTROL_PORT_OFFSET
 
     def _add(self, name: str, ok: bool, detail: str, fix: str = "") -> bool:
-        self.checks.append(Check(name, ok, detail, fix))
+        check = Check(name, ok, detail, fix)
+        self.checks.append(check)
+        if self.on_check is not None:
+            self.on_check(check)
         return ok
+
+    def _waiting(self, what: str) -> None:
+        if self.on_wait is not None:
+            self.on_wait(what)
 
     def run(self) -> bool:
         """Run the checks in order; True when the phone can compute tiles."""
@@ -175,8 +208,7 @@ class Doctor:
             version = s.server_version()
         except (AdbError, OSError) as exc:
             return self._add("adb server", False, f"no adb server at {s.host}:{s.port} ({exc})",
-                             "start one with `adb start-server`, or point --adb or "
-                             "ANDROID_ADB_SERVER_PORT at yours")
+                             START_SERVER_FIX)
         self._add("adb server", True, f"{s.host}:{s.port}, protocol {version}")
         if not self._phone_check():
             return False
@@ -212,9 +244,11 @@ class Doctor:
             self.serial = next(iter(states))
         state = states.get(self.serial)
         if state is None:
-            return self._add("phone", False, f"{self.serial} is not connected",
+            server = f"{self.server.host}:{self.server.port}"
+            return self._add("phone", False, serial_problem(self.serial, server, states),
                              "plug it in and turn on USB debugging (Settings > About phone > "
-                             "tap Build number 7 times; then Developer options > USB debugging)")
+                             "tap Build number 7 times; then Developer options > USB debugging)"
+                             + (", or name a phone the server lists" if states else ""))
         name, detail = split_state(state)
         if name != "device":
             problem = state_problem(name, detail)
@@ -241,6 +275,8 @@ class Doctor:
         return None
 
     def _launcher_checks(self) -> bool:
+        self._waiting(f"asking the adb shell's python for numpy and grpc (up to "
+                      f"{self.python_timeout_s:.0f} s)")
         code, out = self._shell("python3 -c 'import numpy, grpc, sys; print(sys.version.split()[0],"
                                 " numpy.__version__, grpc.__version__)'", self.python_timeout_s)
         if code == 0:
@@ -280,6 +316,8 @@ class Doctor:
                 "; ")
             return self._add("termux listener", False, problem, fix)
         self.control = control
+        self._waiting(f"waiting up to {self.listener_timeout_s:.0f} s for a Termux listener "
+                      f"to dial 127.0.0.1:{self.control_port} on the phone")
         if control.wait_connected(self.listener_timeout_s):
             hello = control.hello
             self.launcher = "termux-serve"
@@ -345,6 +383,8 @@ class Doctor:
                                  f"am: {printable(answer.text, most=300)}",
                                  "update Termux (RUN_COMMAND needs Termux 0.95 or later)")
             self._add("run_command allowed", True, "the adb shell may send Termux's intent")
+            self._waiting(f"waiting up to {self.probe_timeout_s:g} s (--probe-timeout) for "
+                          f"Termux to run the probe")
             try:
                 report, seen = self._wait_report(listener)
             except BadProbeReport as exc:
@@ -439,6 +479,8 @@ class Doctor:
                     f"{phone_dir}/termux-agent.sh", ["start", *argv]))
                 started = termux.parse_am_output(out, code).outcome == "sent"
             if started:
+                self._waiting(f"waiting up to {self.join_timeout_s:.0f} s for the agent to "
+                              f"join a throwaway PS")
                 ps.done.wait(self.join_timeout_s)
         finally:
             self._shell(f"rm -f {shlex.quote(token_path)}")
@@ -461,19 +503,15 @@ class Doctor:
                          "run the doctor again with the phone unlocked; in Termux, "
                          "~/.testbed/agent.log says why the agent stopped")
 
-    def report(self) -> str:
-        """The checks as text, one per line, with the fix under a failed one."""
-        lines = []
-        # the checks already quote the phone through printable; this keeps any text that came
-        # another way (an adb error's message) from breaking a line or moving the cursor
-        for c in self.checks:
-            lines.append(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: "
-                         f"{printable(c.detail, most=MAX_LINE_CHARS)}")
-            if not c.ok and c.fix:
-                lines.append(f"       fix: {printable(c.fix, most=MAX_LINE_CHARS)}")
+    def verdict(self) -> str:
+        """The report's last line: whether the phone can compute tiles."""
         ok = bool(self.checks) and self.checks[-1].ok and self.checks[-1].name == "join/leave"
-        lines.append("the phone can compute tiles" if ok else "the phone cannot compute tiles")
-        return "\n".join(lines)
+        return "the phone can compute tiles" if ok else "the phone cannot compute tiles"
+
+    def report(self) -> str:
+        """The checks as text, one per line, with the fix under a failed one, then the
+        verdict."""
+        return "\n".join([*map(check_lines, self.checks), self.verdict()])
 
 
 def read_report(conn: socket.socket, deadline: float) -> dict[str, Any]:
