@@ -1,5 +1,5 @@
-"""``testbed simulate TOPOLOGY [--churn TRACE] [--steps N] [--out DIR] [--trace-tiles]``: a run
-directory in virtual time.
+"""``testbed simulate TOPOLOGY [--churn TRACE] [--steps N] [--out DIR] [--ps-gemm-s S]
+[--trace-tiles]``: a run directory in virtual time.
 
 The same validation as ``testbed up`` (topology, profiles, churn trace: exit 2 before anything
 is written), then the same run directory (``runlog.py``'s files; ``summary.json`` with
@@ -9,7 +9,16 @@ since training started and ``t`` is the run's origin plus that; ``wall_s`` of a 
 device time (what the deployment would take) and ``sim_wall_s`` what simulating it took.
 With ``--trace-tiles``, ``tiles.jsonl`` has every accepted tile's times as ``testbed up
 --trace-tiles`` writes them, in virtual seconds, so ``bench/stage_profile.py --run RUN --tiles``
-reads either.
+reads either. ``--ps-gemm-s`` and ``--trace-tiles`` are tile-tp's: a job whose
+``parallelism.strategy`` is pipeline or data-parallel refuses them (exit 2, nothing written).
+
+What it prints, in this order: the run directory; a note for each part of the topology that is
+not simulated (Byzantine behaviour, ``adb:`` phones, devices joining through
+``network.ps.listen``); the planning before the first step (not with ``planner: fifo``, which
+plans nothing); one line per step (its device seconds and the wall seconds simulating it took),
+and within a step, every 10 s of wall time, its device seconds and tiles so far; then the end
+line (steps, device seconds, efficiency ``bound_s / device time``, energy in joules: the
+summary's ``energy.total.total_j``, compute, idle and radio).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from testbed.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from testbed.interrupts import held
 from testbed.units import number_arg
 from testbed.user_paths import path_arg
@@ -127,6 +136,64 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     return summary
 
 
+def not_simulated(topology: Any) -> list[str]:
+    """A note for each part of the topology the simulation leaves out (it simulates the
+    topology's own device groups only, and no tensors): Byzantine groups, the ``adb:`` section's
+    real phones, the devices of other machines ``network.ps.listen`` lets join."""
+    notes = []
+    byzantine = [g.group for g in topology.groups
+                 if g.behaviour and g.behaviour.byzantine and g.behaviour.byzantine.rate > 0]
+    if byzantine:  # no tensors, so nothing to corrupt or check (docs/simulate.md)
+        notes.append(f"note: byzantine behaviour is not simulated (groups: {', '.join(byzantine)}"
+                     "): every result passes its check; run it with testbed up")
+    adb = topology.extra.get("adb")
+    if adb is not None and getattr(adb, "enabled", False):
+        notes.append(f"note: adb.enabled: real phones are not simulated, only the topology's "
+                     f"{len(topology.devices)} devices; run them with testbed up")
+    if topology.network.ps.listen:
+        notes.append(f"note: network.ps.listen: devices joining from other machines are not "
+                     f"simulated, only the topology's {len(topology.devices)} devices")
+    return notes
+
+
+def step_line(step: int, device_s: float, wall_s: float) -> str:
+    """The line printed when a step ends."""
+    return f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)"
+
+
+def during_line(step: int, device_s: float, tiles: int, wall_s: float, planning_s: float
+                ) -> str:
+    """The line printed every 10 s of wall time within a step (device and wall seconds, tiles
+    and the planner's CPU seconds so far)."""
+    return (f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles "
+            f"({wall_s:.0f} s to simulate so far, {planning_s:.0f} CPU s of it planning)")
+
+
+def planned_line(shapes: int, processes: int, wall_s: float, cpu_s: float) -> str:
+    """The line printed once the plans before the first step are made."""
+    return (f"planned {shapes} GEMM shape(s) in {wall_s:.1f} s ({cpu_s:.1f} CPU s in "
+            f"{processes} process{'' if processes == 1 else 'es'})")
+
+
+def efficiency_text(summary: dict[str, Any], strategy: str) -> str:
+    """The end line's efficiency (``bound_s`` / device time), or why there is none."""
+    eff = summary.get("efficiency")
+    if isinstance(eff, float):
+        return f"{eff:.2f}"
+    if strategy != "tile-tp":
+        return "n/a (no bound for this strategy)"
+    return "n/a (no GEMM was offloaded: job.parallelism.min_offload_flops)"
+
+
+def tile_tp_only(args: argparse.Namespace, strategy: str) -> str | None:
+    """The tile-tp option given for a baseline, said as the error line; None if there is none
+    (``--trace-tiles``'s is load_run_inputs', as for testbed up)."""
+    if strategy != "tile-tp" and args.ps_gemm_s:
+        return (f"--ps-gemm-s: the {strategy} baseline offloads no GEMM to wait for "
+                "(job.parallelism.strategy); tile-tp only")
+    return None
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """The `testbed simulate` command."""
     from testbed.runlog import read_jsonl
@@ -137,39 +204,42 @@ def run_simulate(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     topology, _, schedule = inputs
+    strategy = topology.job.parallelism.strategy
+    problem = tile_tp_only(args, strategy)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     run_dir = make_run_dir(Path(args.out), topology.name)
     (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
     (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(), sort_keys=False))
     print(f"run directory: {run_dir} (simulated)")
-    byzantine = [g.group for g in topology.groups
-                 if g.behaviour and g.behaviour.byzantine and g.behaviour.byzantine.rate > 0]
-    if byzantine:  # no tensors, so nothing to corrupt or check (docs/simulate.md)
-        print(f"note: byzantine behaviour is not simulated (groups: {', '.join(byzantine)}): "
-              "every result passes its check; run it with testbed up", flush=True)
+    for note in not_simulated(topology):
+        print(note, flush=True)
 
     def progress(step: int, device_s: float, wall_s: float) -> None:
-        print(f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)",
-              flush=True)
+        print(step_line(step, device_s, wall_s), flush=True)
 
     def during(step: int, device_s: float, tiles: int, wall_s: float, planning_s: float
                ) -> None:
-        print(f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles "
-              f"({wall_s:.0f} s, planning {planning_s:.0f} CPU s of them)", flush=True)
+        print(during_line(step, device_s, tiles, wall_s, planning_s), flush=True)
+
     def planning() -> None:
         print("planning every linear's tiles before the first step (minutes for a job of "
               "millions of tokens a step)", flush=True)
 
     def planned(shapes: int, processes: int, wall_s: float, cpu_s: float) -> None:
-        print(f"planned {shapes} GEMM shape(s) in {wall_s:.1f} s ({cpu_s:.1f} CPU s in "
-              f"{processes} process{'' if processes == 1 else 'es'})", flush=True)
+        print(planned_line(shapes, processes, wall_s, cpu_s), flush=True)
     try:
-        if topology.job.parallelism.strategy != "tile-tp":  # the baselines (docs/baselines.md)
+        if strategy != "tile-tp":  # the baselines (docs/baselines.md)
             from testbed.baselines.run import simulate_baseline
             summary = simulate_baseline(topology, run_dir, schedule, progress=progress)
         else:
+            # fifo cuts fixed tiles: nothing is planned before the first step
             summary = simulate(topology, run_dir, schedule, progress=progress,
                                ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
-                               during=during, on_planning=planning, on_planned=planned)
+                               during=during, on_planned=planned,
+                               on_planning=(planning if topology.job.parallelism.planner
+                                            != "fifo" else None))
     except KeyboardInterrupt:
         try:
             done = json.loads((run_dir / "summary.json").read_text())["steps_done"]
@@ -182,8 +252,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE
-    eff = summary.get("efficiency")
-    eff_text = f"{eff:.2f}" if isinstance(eff, float) else "n/a (no bound for this strategy)"
     done = summary["steps_done"]
     # a baseline's virtual time also holds what is outside its steps: the model handed out to
     # its devices, restores and restarts
@@ -193,33 +261,38 @@ def run_simulate(args: argparse.Namespace) -> int:
           + (f" ({summary['wall_s']:.3f} s in all, the model handed out to its devices"
              + (f" and {summary['restarts']} restart(s)" if summary.get("restarts") else "")
              + " included)" if extra > 5e-4 else "")
-          + f", efficiency {eff_text}, energy {summary['energy']['total']['total_j']:.1f} J")
+          + f", efficiency {efficiency_text(summary, strategy)}, energy "
+            f"{summary['energy']['total']['total_j']:.1f} J")
     return EXIT_OK
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `testbed simulate`."""
+    from testbed.topology import MAX_STEPS
+
     p = sub.add_parser(
         "simulate", help="run a topology's job in virtual time (no processes, no tensors)",
         description="Simulate a topology's job: the PS's scheduler and planner, the devices' "
                     "models, churn and a flow-level network in virtual time. Writes the same "
-                    "run directory as `testbed up`, marked simulated. A job whose "
-                    "parallelism.strategy is pipeline or data-parallel runs those baselines "
-                    "(docs/baselines.md). Prints each step's device time, and within a long "
-                    "step (a thousand devices take minutes) its progress every 10 s. Exit 2 on "
-                    "bad input.")
-    p.add_argument("topology", help="the topology YAML file")
-    p.add_argument("--churn", type=path_arg,
-                   help="churn trace to replay (default: the topology's churn:)")
-    p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
-    p.add_argument("--out", type=path_arg, default="runs",
+                    "run directory as `testbed up` (<DIR>/<time>-<name>/), marked simulated. A "
+                    "job whose parallelism.strategy is pipeline or data-parallel runs those "
+                    "baselines (docs/baselines.md). Prints each step's device time, and within "
+                    "a long step (a thousand devices take minutes) its progress every 10 s. "
+                    "Exit: 0 done, 1 failed while running (a stalled simulation), 2 bad input "
+                    "(nothing written), 130 interrupted (the steps done are kept).")
+    p.add_argument("topology", metavar="TOPOLOGY", type=path_arg, help="the topology YAML file")
+    p.add_argument("--churn", type=path_arg, metavar="TRACE",
+                   help="churn trace CSV to replay (default: the topology's churn:)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help=f"training steps, 1 to {MAX_STEPS:,} (default: the topology's job.steps)")
+    p.add_argument("--out", type=path_arg, default="runs", metavar="DIR",
                    help="parent of the run directory (default: runs)")
-    p.add_argument("--ps-gemm-s", type=number_arg(0, 3600), default=0.0,
-                   help="the PS's own time per offloaded GEMM, device seconds (default 0: not "
-                        "modelled; see docs/simulate.md)")
+    p.add_argument("--ps-gemm-s", type=number_arg(0, 3600), default=0.0, metavar="S",
+                   help="the PS's own time per offloaded GEMM, device seconds, 0 to 3600 "
+                        "(default 0: not modelled; tile-tp only; see docs/simulate.md)")
     p.add_argument("--trace-tiles", action="store_true",
                    help="write RUN_DIR/tiles.jsonl: every accepted tile's times (handed out, "
                         "on the device, started, done, back), virtual seconds, as testbed up "
                         "--trace-tiles writes them (read with bench/stage_profile.py --run RUN "
-                        "--tiles); ~300 bytes a tile")
+                        "--tiles); ~300 bytes a tile; tile-tp only")
     p.set_defaults(func=run_simulate)
