@@ -2,7 +2,7 @@
 latency, and the PS's CPU cost of validating tiles.
 
     .venv/bin/python bench/churn.py                 # the three rates, ~90 s of training each
-    .venv/bin/python bench/churn.py --quick         # shorter runs, for a smoke test
+    .venv/bin/python bench/churn.py --quick         # 30 s windows, rates 0, 30, 100: ~1.5 min
     .venv/bin/python bench/churn.py --rates 0,50 --duration-s 120 --devices 12
 
 For each rate r (% of the devices per minute) a trace is made: every 60 / (r/100 · N) seconds a
@@ -167,19 +167,29 @@ def validation_micro(repeats: int) -> list[dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default="0,10,30", help="%% of devices churning a minute")
-    p.add_argument("--devices", type=int, default=10)
-    p.add_argument("--duration-s", type=float, default=90.0, help="churn window, s")
-    p.add_argument("--absence-s", type=float, default=15.0, help="how long a device is away")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default=None,
+                   help="comma-separated churn rates, %% of the devices per minute "
+                        "(default 0,10,30; quick: 0,30,100)")
+    p.add_argument("--devices", type=int, default=10,
+                   help="devices of the job (default 10)")
+    p.add_argument("--duration-s", type=float, default=90.0,
+                   help="churn window, seconds (default 90)")
+    p.add_argument("--absence-s", type=float, default=15.0,
+                   help="how long a departed device stays away, seconds (default 15)")
     p.add_argument("--steps", type=int, default=0, help="job steps (default: enough to cover "
                                                         "the window at ~1 s a step)")
-    p.add_argument("--quick", action="store_true", help="30 s windows, 6 devices")
+    p.add_argument("--quick", action="store_true",
+                   help="30 s windows, 6 devices, 8 s absences (replaces those three "
+                        "options), rates 0,30,100 unless --rates (at 10 %%/min no one of "
+                        "6 devices leaves in 30 s); about 1.5 minutes")
     args = p.parse_args(argv)
     if args.quick:
         args.duration_s, args.devices, args.absence_s = 30.0, 6, 8.0
     args.steps = args.steps or int(args.duration_s / 1.5) + 5  # steps take ~1.5-2 s
-    rates = [float(r) for r in args.rates.split(",")]
+    rates = [float(r) for r in (args.rates or ("0,30,100" if args.quick else "0,10,30"))
+             .split(",")]
     print(f"churn bench: {args.devices} devices, {args.duration_s:g} s window, "
           f"absence {args.absence_s:g} s, {args.steps} steps; host load "
           f"{open('/proc/loadavg').read().split()[0]}")

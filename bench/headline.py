@@ -228,7 +228,8 @@ def emulated(args: argparse.Namespace, emu_models: list[str], emu_sizes: list[in
 
 def main(argv: list[str] | None = None) -> int:
     """Run the cases and print the tables and verdicts."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N = 4, 15, 32 and OPT-125m only")
     p.add_argument("--steps", type=int, default=2, help="steps per run (default 2)")
     p.add_argument("--tile-tp-max-devices", default="",
@@ -245,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                         "phones for minutes per step)")
     p.add_argument("--emulate-devices", default=None,
                    help="N to emulate, comma-separated (default 4,8,15; quick: 4)")
-    p.add_argument("--grid-g-per-kwh", type=float, default=475.0)
-    p.add_argument("--gpu-grid-g-per-kwh", type=float, default=475.0)
+    p.add_argument("--grid-g-per-kwh", type=float, default=475.0,
+                   help="the phones' grid carbon intensity, gCO2e/kWh (default 475)")
+    p.add_argument("--gpu-grid-g-per-kwh", type=float, default=475.0,
+                   help="the A5000's grid carbon intensity, gCO2e/kWh (default 475)")
     args = p.parse_args(argv)
     sweep = [4, 15, 32] if args.quick else [4, 8, 15, 32, 100, 1000]
     models = ["OPT-125m"] if args.quick else list(OPT)

@@ -28,6 +28,7 @@ Needs root and the Mininet tools (prints what is missing otherwise). Sizes whose
 
     .venv/bin/python bench/mininet_scale.py [--sizes 50 200 500] [--settle-s 5] [--keep DIR]
         [--launch forkserver|exec]
+    .venv/bin/python bench/mininet_scale.py --quick   # 20 devices, 2 s to settle
 """
 
 from __future__ import annotations
@@ -194,16 +195,25 @@ def run(n: int, work: Path, settle_s: float, launch: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark for each size and print one line per size."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 500])
-    parser.add_argument("--settle-s", type=float, default=5.0,
-                        help="idle time after the last join before memory is read")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=None,
+                        help="devices, one line each (default 50 200 500; quick: 20)")
+    parser.add_argument("--settle-s", type=float, default=None,
+                        help="idle time after the last join before memory is read, seconds "
+                             "(default 5; quick: 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="20 devices, 2 s to settle: a smoke run")
     parser.add_argument("--launch", choices=("forkserver", "exec"), default="forkserver",
                         help="agents forked by the fork server, as testbed up starts them "
                              "(default), or one python -m testbed.agent each")
     parser.add_argument("--keep", default="",
                         help="keep topologies and PS/agent logs in this (new) directory")
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [20] if args.quick else [50, 200, 500]
+    if args.settle_s is None:
+        args.settle_s = 2.0 if args.quick else 5.0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     missing = probe().missing()
     if missing:

@@ -9,6 +9,7 @@ what each would cost a step of the topology's job.
 
     .venv/bin/python bench/operand_digest.py [--topology topologies/hotcarbon.yaml]
                                              [--rows 8192] [--cols 3072] [--repeat 10]
+    .venv/bin/python bench/operand_digest.py --quick   # 2048 rows, 3 repeats
 """
 
 from __future__ import annotations
@@ -31,13 +32,22 @@ from testbed.topology import load_topology  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", default=str(REPO / "topologies" / "hotcarbon.yaml"),
                    help="whose step's operands to cost (default: hotcarbon)")
-    p.add_argument("--rows", type=int, default=8192)
-    p.add_argument("--cols", type=int, default=3072)
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--rows", type=int, default=None,
+                   help="rows of the float32 operand hashed (default 8192; quick: 2048)")
+    p.add_argument("--cols", type=int, default=3072, help="its columns (default 3072)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="hashes timed per candidate (default 10; quick: 3)")
+    p.add_argument("--quick", action="store_true",
+                   help="a 2048-row operand hashed 3 times: seconds, the rates noisier")
     args = p.parse_args(argv)
+    if args.rows is None:
+        args.rows = 2048 if args.quick else 8192
+    if args.repeat is None:
+        args.repeat = 3 if args.quick else 10
     topology = load_topology(args.topology)
     step_bytes = operand_bytes(topology.job)
     x = np.random.default_rng(0).standard_normal((args.rows, args.cols), dtype=np.float32)

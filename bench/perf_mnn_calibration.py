@@ -191,11 +191,12 @@ def print_distribution(title: str, dist: dict[str, np.ndarray]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the figures; exit 0."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="300 random picks (default 3,000)")
     size.add_argument("--all", action="store_true", help="every 5-shape pick")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random picks (default 0)")
     parser.add_argument("--sets", default=str(SETS_CSV), help="per-shape sets CSV")
     args = parser.parse_args(argv)
 

@@ -23,9 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     from testbed.baselines.emulate import emulate_pipeline
     from testbed.emulator.network.probe import probe
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 steps (default 5)")
-    p.add_argument("--steps", type=int)
+    p.add_argument("--steps", type=int, help="training steps (default 5; quick: 2)")
     args = p.parse_args(argv)
     steps = args.steps or (2 if args.quick else 5)
     missing = probe().missing()
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     sent: dict[str, int] = {}
     for st in res["stages"]:
         sent.update(st["sent_bytes"])
-    print(f"{steps} steps, {res['wall_s']:.1f} s wall, delay: {res['network']['delay']}")
+    print(f"{steps} steps, {res['wall_s']:.1f} s wall from training's start "
+          f"({res['wall_s'] / steps:.2f} s a step), delay: {res['network']['delay']}")
     print(f"{'stage host':12} {'payload out':>12} {'tx bytes':>10} {'over':>6} "
           f"{'payload in':>11} {'rx bytes':>10} {'over':>6}")
     for s, d in enumerate(devices):

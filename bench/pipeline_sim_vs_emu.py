@@ -33,10 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     from testbed.emulator.network.probe import probe
     from testbed.topology import load_topology
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 steps (default 4)")
-    p.add_argument("--steps", type=int)
-    p.add_argument("--dilation", type=float, default=3.0, help="D (default 3)")
+    p.add_argument("--steps", type=int,
+                   help="training steps (default 4; quick: 2)")
+    p.add_argument("--dilation", type=float, default=3.0,
+                   help="the emulation's time dilation D (default 3)")
     args = p.parse_args(argv)
     steps = args.steps or (2 if args.quick else 4)
     missing = probe().missing()

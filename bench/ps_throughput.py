@@ -246,12 +246,17 @@ def ceiling_client(address: str, up_bytes: int, tile: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the PS's tiles/s and the bare-gRPC ceiling for each (devices, tile edge)."""
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--devices", type=int, nargs="+", default=[16, 64])
-    p.add_argument("--tiles", type=int, nargs="+", default=[64, 256])
-    p.add_argument("--seconds", type=float, default=10.0)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, nargs="+", default=[16, 64],
+                   help="agent processes, one figure each (default 16 64)")
+    p.add_argument("--tiles", type=int, nargs="+", default=[64, 256],
+                   help="tile edges, one figure each (default 64 256)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="measured window per figure, seconds (default 10)")
     p.add_argument("--quick", action="store_true",
-                   help="4 devices, 3 s per figure (a smoke run, not a measurement)")
+                   help="4 devices, 3 s per figure (a smoke run, not a measurement; "
+                        "replaces --devices and --seconds)")
     p.add_argument("--ceiling-client", metavar="HOST:PORT", help=argparse.SUPPRESS)
     p.add_argument("--up-bytes", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--tile", type=int, default=64, help=argparse.SUPPRESS)

@@ -144,15 +144,20 @@ def plan_only(names: list[str], quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small model, one step")
     p.add_argument("--plan-only", action="store_true", help="print plans against the bound")
     p.add_argument("--simulate", action="store_true",
                    help="run `testbed simulate` (virtual time) instead of `testbed up`")
-    p.add_argument("--topologies", default=",".join(TOPOLOGIES), help="comma-separated names")
+    p.add_argument("--topologies", default=",".join(TOPOLOGIES),
+                   help="comma-separated names in topologies/ (default: "
+                        + ",".join(TOPOLOGIES) + ")")
     p.add_argument("--planners", default="auto,fifo", help="comma-separated: auto, fifo")
-    p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--timeout-s", type=float, default=3600)
+    p.add_argument("--steps", type=int, default=1,
+                   help="steps per run (default 1)")
+    p.add_argument("--timeout-s", type=float, default=3600,
+                   help="per run, seconds (default 3600)")
     args = p.parse_args(argv)
     names = [n for n in args.topologies.split(",") if n]
     unknown = [n for n in names if not (REPO / "topologies" / f"{n}.yaml").exists()]

@@ -15,6 +15,7 @@ Prints per-step wall times of each device, their ratio emulated / real, and the 
 summed tile compute times.
 
     .venv/bin/python bench/sim_to_real.py [--steps 5] [--tokens 1024] [--hidden 512 --ffn 2048]
+    .venv/bin/python bench/sim_to_real.py --quick   # 2 steps of 256 tokens, one round
 """
 
 from __future__ import annotations
@@ -70,17 +71,26 @@ def run_device(kind: str, args: argparse.Namespace) -> tuple[list[float], float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--tokens", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--ffn", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--tile", type=int, default=256)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per device and round (default 5; quick: 2)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens of a step's activations (default 1024; quick: 256)")
+    p.add_argument("--hidden", type=int, default=512, help="hidden width (default 512)")
+    p.add_argument("--ffn", type=int, default=2048, help="FFN width (default 2048)")
+    p.add_argument("--layers", type=int, default=1, help="layers (default 1)")
+    p.add_argument("--tile", type=int, default=256, help="tile edge (default 256)")
     p.add_argument("--in-flight", type=int, default=3, help="tiles outstanding per device")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="alternate real and emulated this many times (load drifts)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="alternate real and emulated this many times (load drifts; "
+                        "default 2; quick: 1)")
+    p.add_argument("--quick", action="store_true",
+                   help="2 steps of 256 tokens, one round: seconds, a smoke run")
     args = p.parse_args(argv)
+    for name, full, quick in (("steps", 5, 2), ("tokens", 1024, 256), ("rounds", 2, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     logging.basicConfig(level=logging.WARNING)
     real: list[float] = []
     emulated: list[float] = []

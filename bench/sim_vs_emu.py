@@ -176,11 +176,14 @@ def compare(name: str, emu: dict[str, Any], sim: dict[str, Any],
 
 def main(argv: list[str] | None = None) -> int:
     """Run the cases both ways and print them side by side."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tests/data/tiny.yaml only")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2,
+                   help="steps per run, both ways (default 2)")
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="per emulated run")
+    p.add_argument("--timeout-s", type=float, default=1800.0,
+                   help="per emulated run, seconds (default 1800)")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="keep the run directories under DIR/<case>/{emu,sim} (default: "
                         "a temporary directory, removed)")

@@ -58,8 +58,10 @@ def stage_kind(stage: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("topology", nargs="?", default=str(ROOT / "topologies" / "hotcarbon.yaml"))
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("topology", nargs="?", default=str(ROOT / "topologies" / "hotcarbon.yaml"),
+                   help="the topology YAML to simulate (default topologies/hotcarbon.yaml)")
     p.add_argument("--stages", action="store_true", help="list every stage, not only kinds")
     p.add_argument("--layers", action="store_true",
                    help="per linear shape: planned apart or on one grid, predicted")
@@ -90,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             return print_tiles(Path(args.run), args.step, args.gemm)
         return code
     topology = load_topology(args.topology).with_overrides(steps=1)
+    cut = ""
     if args.quick:
         job = topology.job
         model = dataclasses.replace(job.model, layers=min(2, job.model.layers))
+        cut = f" (--quick: {model.layers} of its {job.model.layers} layers)"
         topology = topology.with_overrides(job=dataclasses.replace(job, model=model))
     sim = Simulation(topology, noise=True)
     if args.window_scale is not None:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     sim.start()
     device_s, stats, record = sim.run_step(0)
-    print(f"{topology.name}: one step, simulated in {time.monotonic() - started:.1f} s")
+    print(f"{topology.name}{cut}: one step, simulated in {time.monotonic() - started:.1f} s")
     if args.cpu:
         walks, walk_s = calls["_assign_backups"]
         print(f"  planner {sim.planner.cpu_s:.1f} CPU s; backup walk {walk_s:.1f} s in "
