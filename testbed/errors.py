@@ -24,11 +24,19 @@ def out_of_room(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in OUT_OF_ROOM
 
 
+# problems an input's message lists; the rest are counted. A wrong file given as a trace
+# (`--churn /etc/passwd`) listed a problem per line of it, however long it was
+SHOWN_PROBLEMS = 20
+
+
 class InputError(ValueError):
-    """Every problem found in one input (``source``), each already saying where it is."""
+    """Every problem found in one input (``source``), each already saying where it is
+    (``problems``: all of them; the message lists the first ``SHOWN_PROBLEMS``)."""
 
     def __init__(self, source: str, problems: list[str]):
         self.source = source
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+        lines = [f"  - {p}" for p in problems[:SHOWN_PROBLEMS]]
+        if len(problems) > SHOWN_PROBLEMS:
+            lines.append(f"  - ... and {len(problems) - SHOWN_PROBLEMS} more")
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(lines))

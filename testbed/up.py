@@ -688,17 +688,19 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
     schedule = None
     if churn is not None:
         from testbed.churn import TraceError, load_schedule
+        # where the trace was named: a problem of `--churn x.csv` said only the resolved path
+        given = "--churn " if churn_path else "the topology's churn: "
         try:
             schedule = load_schedule(churn, topology)
         except TraceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {given}{exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         except OSError as exc:
-            print(f"error: --churn {churn}: {exc.strerror}", file=sys.stderr)
+            print(f"error: {given}{churn}: {exc.strerror}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if not schedule.initially_present and not schedule.counts_by_event()["join"]:
-            print(f"error: {churn}: no device is ever present (every device leaves at time 0 "
-                  "and none joins), so no step could make progress", file=sys.stderr)
+            print(f"error: {given}{churn}: no device is ever present (every device leaves at "
+                  "time 0 and none joins), so no step could make progress", file=sys.stderr)
             return EXIT_BAD_INPUT
     return topology, churn, schedule
 

@@ -103,3 +103,19 @@ def test_show_bins_help_matches_the_rows_printed(capsys) -> None:
     for action in trace_parser._subparsers._group_actions:  # type: ignore[union-attr]
         text = " ".join(action.choices["show"].format_help().split())
     assert "BINS + 1 evenly spaced times" in text
+
+
+def test_a_wrong_file_given_as_churn_names_the_option_and_lists_twenty_problems(
+        tmp_path: Path, capsys) -> None:
+    """`--churn /etc/passwd` printed a problem per line of the file under its resolved path
+    alone, not saying it came from --churn."""
+    wrong = tmp_path / "passwd"
+    wrong.write_text("".join(f"user{i}:x:{i}:{i}::/home/u:/bin/sh\n" for i in range(30)))
+    out = tmp_path / "runs"
+    assert main(["simulate", TOPOLOGY, "--churn", str(wrong), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --churn {wrong}: 30 problem(s):\n"), err
+    lines = err.splitlines()
+    assert lines[1].startswith("  - line 1: expected the header") and len(lines) == 22, lines
+    assert lines[-1] == "  - ... and 10 more"
+    assert not out.exists()  # nothing started
