@@ -249,9 +249,14 @@ class Simulation(EventLoop):
                     report(self.now_s - self._step_start_s, self.stats)
                 return done()
         if not self.run_until(check):
-            raise RuntimeError(f"simulation stalled at t={self.now_s:.6f} s: "
-                               f"{len(self.scheduler.tasks)} tiles outstanding, no device "
-                               "can make progress")
+            # why: with none present the time said is only when the queue ran dry (a
+            # run whose devices all crashed at 0.005 s said 0.25), not when progress stopped
+            why = ("no device is present (each has left, crashed or stayed cut off past its "
+                   "lease, and the churn trace brings none back)" if not self.by_id else
+                   f"none of the {len(self.by_id)} devices present can make progress")
+            raise RuntimeError(f"simulation stalled: {len(self.scheduler.tasks)} tiles "
+                               f"outstanding and {why} (simulated time "
+                               f"{self.now_s:.6f} s)")
 
     # -- membership ----------------------------------------------------------------------------
     def join(self, dev: SimDevice) -> None:

@@ -107,3 +107,19 @@ def test_help_names_what_each_option_takes(capsys: pytest.CaptureFixture[str]) -
                  "1 to 10,000,000", "0 done", "1 failed", "130 interrupted"):
         assert part in text, part
     assert text.count("tile-tp only") == 2
+
+
+@pytest.mark.parametrize("event", ["crash", "partition"])
+def test_a_run_whose_devices_all_go_says_why_it_stalled(tmp_path: Path, capsys: Any,
+                                                       event: str) -> None:
+    """Every device crashed at 0.005 s, and the run said `simulation stalled at t=0.250000 s:
+    ... no device can make progress`: the time of the queue running dry, not the cause."""
+    trace = tmp_path / "gone.csv"
+    trace.write_text(f"time_s,device,event,arg\n0.005,phones,{event},\n"
+                     f"0.005,laptops,{event},\n")
+    assert main(["simulate", str(TINY), "--churn", str(trace), "--steps", "2",
+                 "--out", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    why = ("no device is present (each has left, crashed or stayed cut off past its lease, and "
+           "the churn trace brings none back)")
+    assert "error: simulation stalled: " in err and f" tiles outstanding and {why}" in err, err
