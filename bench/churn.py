@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from testbed.ps_backend.validation import check_result  # noqa: E402
 from testbed.runlog import read_jsonl  # noqa: E402
+from testbed.units import list_arg, number_arg  # noqa: E402
 
 
 def topology(devices: int, steps: int, trace: Path | None) -> dict[str, Any]:
@@ -169,7 +170,7 @@ def validation_micro(repeats: int) -> list[dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rates", default=None,
+    p.add_argument("--rates", type=list_arg(number_arg(0, 6000)), default=None,
                    help="comma-separated churn rates, %% of the devices per minute "
                         "(default 0,10,30; quick: 0,30,100)")
     p.add_argument("--devices", type=int, default=10,
@@ -188,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.duration_s, args.devices, args.absence_s = 30.0, 6, 8.0
     args.steps = args.steps or int(args.duration_s / 1.5) + 5  # steps take ~1.5-2 s
-    rates = [float(r) for r in (args.rates or ("0,30,100" if args.quick else "0,10,30"))
-             .split(",")]
+    rates = args.rates or ([0.0, 30.0, 100.0] if args.quick else [0.0, 10.0, 30.0])
     print(f"churn bench: {args.devices} devices, {args.duration_s:g} s window, "
           f"absence {args.absence_s:g} s, {args.steps} steps; host load "
           f"{open('/proc/loadavg').read().split()[0]}")

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.units import choice_arg, int_arg, list_arg
+
 MODELS = {
     "opt-125m": {"family": "opt", "hidden": 768, "layers": 12, "heads": 12, "ffn": 3072,
                  "seq_len": 128, "vocab": 50272},
@@ -134,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=1800.0,
                    help="per case, seconds (default 1800); a case still running then "
                         "prints how far it got")
-    p.add_argument("--models", default=",".join(MODELS),
+    p.add_argument("--models", type=list_arg(choice_arg(*MODELS)), default=list(MODELS),
                    help="comma-separated job shapes (default " + ",".join(MODELS) + ")")
-    p.add_argument("--devices", default="",
+    p.add_argument("--devices", type=list_arg(int_arg(1, 1_000_000)), default=[],
                    help="comma-separated device counts (default 100,1000,10000; quick: 100)")
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -144,12 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one_case(int(args.case[0]), args.case[1], args.steps,
                                   args.timeout_s)))
         return 0
-    sizes = [int(x) for x in args.devices.split(",") if x] or \
-        ([100] if args.quick else [100, 1000, 10000])
+    sizes = args.devices or ([100] if args.quick else [100, 1000, 10000])
     print(f"{'model':10} {'devices':>7} {'steps/wall s':>12} {'wall s':>8} {'cpu s':>8} "
           f"{'planner cpu s':>13} {'device s/step':>13} {'tiles':>8} {'peak RSS MB':>11}",
           flush=True)
-    for model in args.models.split(","):
+    for model in args.models:
         for n in sizes:
             cmd = [sys.executable, __file__, "--case", str(n), model, "--steps", str(args.steps)]
             try:

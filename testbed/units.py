@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Callable
+from typing import Any, Callable
 
 _NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
 _PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z/%]+)\s*$")
@@ -145,6 +145,33 @@ def number_arg(low: float, high: float, above_low: bool = False) -> Callable[[st
 
 
 SEED = int_arg(0, 2**63 - 1)  # what numpy's generators take
+
+
+def list_arg(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """An argparse type: comma-separated items, each read by the argparse type ``item``, or
+    the parser's error naming the option and the item (a bench's `--rates abc` ended in a
+    traceback)."""
+    def items(text: str) -> list[Any]:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        out = []
+        for part in parts:
+            try:
+                out.append(item(part))
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                raise argparse.ArgumentTypeError(f"{part!r}: {exc}") from None
+        return out
+    return items
+
+
+def choice_arg(*choices: str) -> Callable[[str], str]:
+    """An argparse type: one of ``choices`` (for items of :func:`list_arg`)."""
+    def choice(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}")
+        return text
+    return choice
 
 
 def parse_fraction(text: object) -> float:

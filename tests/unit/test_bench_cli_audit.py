@@ -186,3 +186,19 @@ def test_stage_profile_quick_says_the_model_was_cut(monkeypatch: pytest.MonkeyPa
     tiny = Path(__file__).resolve().parents[1] / "data" / "tiny.yaml"
     assert module.main([str(tiny), "--quick"]) == 0
     assert capsys.readouterr().out.startswith("tiny (--quick: 2 of its 2 layers): one step")
+
+
+@pytest.mark.parametrize("name, argv, said", [
+    ("churn", ["--rates", "abc"], "argument --rates: 'abc': expected a number"),
+    ("simulate_scale", ["--models", "opt-125m,bogus"],
+     "argument --models: 'bogus': expected one of opt-125m, opt-1.3b"),
+    ("simulate_scale", ["--devices", "100,x"], "argument --devices: 'x': expected a whole number"),
+])
+def test_a_bad_list_value_is_the_parsers_error_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str,
+        argv: list[str], said: str) -> None:
+    module = _bench(monkeypatch, name)
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    assert exit_.value.code == 2
+    assert said in capsys.readouterr().err
