@@ -176,7 +176,8 @@ def test_sigkill_then_clean_leaves_nothing(tmp_path, capsys):
 
 def test_clean_refuses_a_malformed_prefix(capsys):
     assert cli.main(["clean", "e"]) == 2
-    assert "not a run prefix" in capsys.readouterr().err
+    assert ("error: 'e' is neither a run directory nor a network prefix (expected a directory "
+            f"made by testbed up, or {cleanup.PREFIX_FORM})") in capsys.readouterr().err
 
 
 def test_up_killed_during_bringup_then_clean_run_dir_leaves_nothing(tmp_path):
