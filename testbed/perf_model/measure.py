@@ -173,6 +173,12 @@ def sweep_shapes(size: str = "quick", seed: int = 0) -> list[Shape]:
     return shapes
 
 
+def threads_text(threads: int) -> str:
+    """A runner's thread count as a row's provenance says it: 0 is a phone's numpy, whose BLAS
+    picks its own (it read '0 thread(s)')."""
+    return f"{threads} thread(s)" if threads else "its BLAS's own thread count"
+
+
 def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
             warmup: int = 1, repeats: int = 3, passes: int = 1, statistic: str = "min",
             progress: Callable[[int, Shape, float], None] | None = None,
@@ -192,8 +198,8 @@ def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
         raise ValueError(f"statistic: expected one of {', '.join(STATISTICS)}, got {statistic!r}")
     shapes = list(shapes)
     info = runner.describe()
-    provenance = (f"testbed perf measure on {info['cpu_model']}, {info['threads']} thread(s), "
-                  f"{statistic} of {passes}x{repeats} samples after {warmup} warm-up calls")
+    provenance = (f"testbed perf measure on {info['cpu_model']}, {threads_text(info['threads'])}"
+                  f", {statistic} of {passes}x{repeats} samples after {warmup} warm-up calls")
     samples: list[list[float]] = [[] for _ in shapes]
     start = time.monotonic()
     for done in range(1, passes + 1):

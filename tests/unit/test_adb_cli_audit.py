@@ -205,6 +205,9 @@ def test_a_limited_sweep_is_labelled_so_in_the_csv(fake_adb: FakeAdbServer,
     first = out.read_text().splitlines()[0]
     assert first == (f"# testbed adb measure M1 --size quick: Qualcomm SM8350, "
                      f"numpy-1.26.0-phone; the first 2 of its {SWEEPS['quick']} shapes; seed 7")
+    # the phone's numpy lets its BLAS pick the threads (0): the rows said "0 thread(s)"
+    rows = [line for line in out.read_text().splitlines() if not line.startswith("#")][1:]
+    assert rows and all(", its BLAS's own thread count, " in row for row in rows), rows
 
 
 def test_doctor_says_each_check_as_it_ends(fake_adb: FakeAdbServer) -> None:
