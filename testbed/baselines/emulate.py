@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from testbed.baselines.placement import device_infos, plan_pipeline
 from testbed.baselines.sim_core import BaselineWorld
+from testbed.runlog import write_json_atomic
 from testbed.topology import load_topology
 
 if TYPE_CHECKING:  # Mininet is imported where a run starts: not every host has it
@@ -108,7 +109,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                         "progress": str(progress), "ready_dir": str(ready_dir),
                         "report_pattern": str(run_dir / f"stage{{}}-attempt{attempt}.json")}
             plan_path = run_dir / f"pipeline_plan{attempt}.json"
-            plan_path.write_text(json.dumps(plan_doc, indent=2))
+            write_json_atomic(plan_path, plan_doc)  # its stages, and a watcher, read it whole
             procs = []
             for s, d in enumerate(use):
                 log = (run_dir / f"stage{s}.log").open("w")
@@ -169,7 +170,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                "links": {d: {"tx_bytes": after[d]["tx_bytes"] - before[d]["tx_bytes"],
                              "rx_bytes": after[d]["rx_bytes"] - before[d]["rx_bytes"]}
                          for d in names}}
-        (run_dir / "pipeline_emulated.json").write_text(json.dumps(out, indent=2))
+        write_json_atomic(run_dir / "pipeline_emulated.json", out)
         return out
     finally:
         _stop(procs, net)
@@ -267,7 +268,7 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                     "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s,
                     "start": str(run_dir / "ps.start") if schedule is not None else ""}
         plan_path = run_dir / "data_parallel_plan.json"
-        plan_path.write_text(json.dumps(plan_doc, indent=2))
+        write_json_atomic(plan_path, plan_doc)  # its replicas, and a watcher, read it whole
         nodes: list[str | None] = [None, *names]
         before = {n: net.interface_counters(n) for n in nodes}
         t0 = time.monotonic()
@@ -316,7 +317,7 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                "links": {("ps" if n is None else n): {
                    "tx_bytes": after[n]["tx_bytes"] - before[n]["tx_bytes"],
                    "rx_bytes": after[n]["rx_bytes"] - before[n]["rx_bytes"]} for n in nodes}}
-        (run_dir / "data_parallel_emulated.json").write_text(json.dumps(out, indent=2))
+        write_json_atomic(run_dir / "data_parallel_emulated.json", out)
         return out
     finally:
         _stop(procs, net)
