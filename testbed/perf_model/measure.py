@@ -173,10 +173,10 @@ def sweep_shapes(size: str = "quick", seed: int = 0) -> list[Shape]:
     return shapes
 
 
-def threads_text(threads: int) -> str:
-    """A runner's thread count as a row's provenance says it: 0 is a phone's numpy, whose BLAS
-    picks its own (it read '0 thread(s)')."""
-    return f"{threads} thread(s)" if threads else "its BLAS's own thread count"
+def threads_text(threads: int | str) -> str:
+    """A runner's thread count (``describe()``'s) as a row's provenance says it: 0 is a phone's
+    numpy, whose BLAS picks its own (it read '0 thread(s)')."""
+    return f"{threads} thread(s)" if str(threads) != "0" else "its BLAS's own thread count"
 
 
 def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
