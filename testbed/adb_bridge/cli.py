@@ -241,8 +241,8 @@ def _measure(args: argparse.Namespace) -> int:
 
     from testbed.adb_bridge.client import PhoneCommandError, printable, split_state
     from testbed.adb_bridge.doctor import serial_problem, state_problem
-    from testbed.adb_bridge.measure import AdbGemmRunner, PhoneCannotMeasure, SweepProgress
-    from testbed.perf_model.measure import measure, sweep_shapes
+    from testbed.adb_bridge.measure import AdbGemmRunner, PhoneCannotMeasure
+    from testbed.perf_model.measure import SweepProgress, measure, sweep_shapes
     from testbed.perf_model.measurements import write_measurements
 
     args.serial = args.serial or os.environ.get("ANDROID_SERIAL", "")
@@ -280,15 +280,17 @@ def _measure(args: argparse.Namespace) -> int:
               + f" (adb server {args.adb}); {doctor_hint}", file=sys.stderr)
         return EXIT_FAILURE
     deadline_s = MEASURE_START_S + (1 + args.repeats) * MEASURE_PER_SAMPLE_S
-    progress = SweepProgress(len(shapes), args.passes, printable(args.serial))
+    progress = SweepProgress(len(shapes), args.passes)
     try:
         runner = AdbGemmRunner(server.device(args.serial), start_s=MEASURE_START_S,
-                               per_sample_s=MEASURE_PER_SAMPLE_S, phone_port=args.phone_port,
-                               on_timed=progress)
+                               per_sample_s=MEASURE_PER_SAMPLE_S, phone_port=args.phone_port)
         try:
-            progress.start(deadline_s)  # once the phone can measure: it may wait for Termux
+            # once the phone can measure: it may have waited for Termux
+            progress.start(f"measuring {len(shapes)} shape(s) x {args.passes} pass(es) on "
+                           f"{printable(args.serial)}: {len(shapes) * args.passes} timings, "
+                           f"each within {deadline_s:g} s")
             rows = measure(shapes, runner, dtype=args.dtype, repeats=args.repeats,
-                           passes=args.passes)
+                           passes=args.passes, on_timed=progress)
         finally:
             runner.close()
     except (PhoneCannotMeasure, PhoneCommandError) as exc:

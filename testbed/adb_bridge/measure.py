@@ -18,8 +18,8 @@ and the call's deadline. Anything else is :class:`PhoneCannotMeasure` naming the
 shape and what was expected, so no figure that testbed's own reader would refuse is written.
 
 A sweep on a phone takes minutes (one adb shell command and python start per shape and pass):
-``on_timed`` is called after each shape's timing, and :class:`SweepProgress` turns those calls
-into log lines (INFO, on stderr from the command line).
+``testbed adb measure`` logs its progress (INFO, on stderr) through
+:class:`~testbed.perf_model.measure.SweepProgress`, as ``perf measure`` prints its own.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from testbed.adb_bridge import termux, termux_control
 from testbed.adb_bridge.agent_package import PHONE_DIR
@@ -58,61 +57,12 @@ def call_deadline_s(warmup: int, repeats: int, start_s: float, per_sample_s: flo
     return start_s + per_sample_s * (max(warmup, 1) + repeats)
 
 
-class SweepProgress:
-    """``testbed adb measure``'s progress: a line when the sweep starts (how many timings, and
-    how long one may take), one after the first timing (which tells how long one takes), then
-    at most one every ``every_s`` seconds, and one at the end of each pass. Called once per
-    shape timed (``AdbGemmRunner(on_timed=...)``); each line goes to ``say`` (the log by
-    default)."""
-
-    def __init__(self, shapes: int, passes: int, serial: str, every_s: float = 10.0,
-                 say: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.shapes, self.passes, self.serial = shapes, passes, serial
-        self.every_s = every_s
-        self.say = say
-        self.clock = clock
-        self.done = 0
-        self._start_s = clock()
-        self._last_s: float | None = None
-
-    def _print(self, text: str) -> None:
-        if self.say is not None:
-            self.say(text)
-        else:
-            log.info("%s", text)
-
-    def start(self, deadline_s: float) -> None:
-        """Say what the sweep is about to do; its clock starts now."""
-        self._start_s = self.clock()
-        self._print(f"measuring {self.shapes} shape(s) x {self.passes} pass(es) on "
-                    f"{self.serial}: {self.shapes * self.passes} timings, each within "
-                    f"{deadline_s:g} s")
-
-    def __call__(self) -> None:
-        """One shape timed: print a line if one is due."""
-        self.done += 1
-        now = self.clock()
-        elapsed_s = now - self._start_s
-        total = self.shapes * self.passes
-        end_of_pass = self.shapes > 0 and self.done % self.shapes == 0
-        if not (self._last_s is None or end_of_pass or now - self._last_s >= self.every_s):
-            return
-        self._last_s = now
-        left_s = elapsed_s / self.done * (total - self.done)
-        pass_no = min((self.done - 1) // max(self.shapes, 1) + 1, self.passes)
-        self._print(f"{self.done}/{total} timed (pass {pass_no}/{self.passes}), "
-                    f"{elapsed_s:.0f} s" + (f", about {left_s:.0f} s left"
-                                              if self.done < total else ""))
-
-
 class AdbGemmRunner:
     """Times numpy ``A @ B`` on one phone (an adbutils device) through adb shell."""
 
     def __init__(self, device: Any, *, start_s: float, per_sample_s: float,
                  min_sample_s: float = 1e-3, phone_port: int = 7700,
-                 listener_wait_s: float = 10.0, on_timed: Callable[[], None] | None = None):
-        self.on_timed = on_timed
+                 listener_wait_s: float = 10.0):
         self.device = device
         self.serial = str(device.serial)
         self.shell = PhoneShell(device, QUICK_COMMAND_S)
@@ -240,8 +190,6 @@ class AdbGemmRunner:
             raise self._fail(what, f"the timing script answered {_shown(answer)}; expected "
                              f'{{"samples": [{repeats} number(s) of seconds, each from '
                              f"{MIN_MODEL_SECONDS:g} to {limit_s:g}]}}")
-        if self.on_timed is not None:
-            self.on_timed()
         return [float(s) for s in samples]
 
 

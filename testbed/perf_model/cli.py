@@ -42,7 +42,13 @@ from testbed.user_paths import checked_output, written_whole
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from testbed.perf_model.measure import LocalNumpyRunner, Shape, measure, sweep_shapes
+    from testbed.perf_model.measure import (
+        LocalNumpyRunner,
+        Shape,
+        SweepProgress,
+        measure,
+        sweep_shapes,
+    )
     from testbed.perf_model.measurements import write_measurements
     size = "full" if args.full else "quick"
     runner = LocalNumpyRunner(device=args.device, threads=args.threads,
@@ -63,12 +69,14 @@ def _measure(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"measuring {len(shapes)} shape(s) x {args.passes} pass(es) x {args.repeats} "
-          f"sample(s) on {info['cpu_model']} ({info['threads']} thread(s)); {args.out} is "
-          f"written at the end", file=sys.stderr, flush=True)
+    progress = SweepProgress(len(shapes), args.passes,
+                             say=lambda line: print(line, file=sys.stderr, flush=True))
+    progress.start(f"measuring {len(shapes)} shape(s) x {args.passes} pass(es) x "
+                   f"{args.repeats} sample(s) on {info['cpu_model']} ({info['threads']} "
+                   f"thread(s)); {args.out} is written at the end")
     rows = measure(shapes, runner, dtype=args.dtype,
                    warmup=args.warmup, repeats=args.repeats, passes=args.passes,
-                   statistic=args.statistic, on_pass=PassProgress())
+                   statistic=args.statistic, on_timed=progress)
     write_measurements(args.out, rows, comments=[
         f"testbed perf measure {what}: {info['cpu_model']}, "
         f"{info['backend']}, {info['threads']} thread(s)",
@@ -89,27 +97,6 @@ def _device_name_check(device: str, backend: str) -> None:
     problems = written_row_problems(probe)
     if problems:
         raise InputError("--device", [message for _, message in problems])
-
-
-class PassProgress:
-    """``perf measure``'s progress on stderr: the first pass (which tells how long a pass
-    takes), then at most one line every ``every_s`` seconds, and the last."""
-
-    def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s = every_s
-        self._last_s: float | None = None
-
-    def __call__(self, done: int, passes: int, elapsed_s: float) -> None:
-        """Print a line for pass ``done`` of ``passes`` if one is due."""
-        due = (self._last_s is None or done == passes
-               or elapsed_s - self._last_s >= self.every_s)
-        if not due:
-            return
-        self._last_s = elapsed_s
-        left_s = elapsed_s / done * (passes - done)
-        print(f"pass {done}/{passes} done, {elapsed_s:.0f} s"
-              + (f", about {left_s:.0f} s left" if done < passes else ""),
-              file=sys.stderr, flush=True)
 
 
 def _write_text(out: str, text: str) -> None:

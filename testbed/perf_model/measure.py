@@ -173,6 +173,51 @@ def sweep_shapes(size: str = "quick", seed: int = 0) -> list[Shape]:
     return shapes
 
 
+class SweepProgress:
+    """A sweep's progress (``perf measure``'s and ``adb measure``'s): the caller's line as it
+    starts (:meth:`start`), one after the first timing (which tells how long one takes), then
+    at most one every ``every_s`` seconds, and one at the end of each pass. Called once per
+    shape timed (``measure(on_timed=...)``); each line goes to ``say`` (the log by default)."""
+
+    def __init__(self, shapes: int, passes: int, every_s: float = 10.0,
+                 say: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.shapes, self.passes = shapes, passes
+        self.every_s = every_s
+        self.say = say
+        self.clock = clock
+        self.done = 0
+        self._start_s = clock()
+        self._last_s: float | None = None
+
+    def _print(self, text: str) -> None:
+        if self.say is not None:
+            self.say(text)
+        else:
+            log.info("%s", text)
+
+    def start(self, headline: str) -> None:
+        """Say what the sweep is about to do (``headline``); its clock starts now."""
+        self._start_s = self.clock()
+        self._print(headline)
+
+    def __call__(self) -> None:
+        """One shape timed: print a line if one is due."""
+        self.done += 1
+        now = self.clock()
+        elapsed_s = now - self._start_s
+        total = self.shapes * self.passes
+        end_of_pass = self.shapes > 0 and self.done % self.shapes == 0
+        if not (self._last_s is None or end_of_pass or now - self._last_s >= self.every_s):
+            return
+        self._last_s = now
+        left_s = elapsed_s / self.done * (total - self.done)
+        pass_no = min((self.done - 1) // max(self.shapes, 1) + 1, self.passes)
+        self._print(f"{self.done}/{total} timed (pass {pass_no}/{self.passes}), "
+                    f"{elapsed_s:.0f} s" + (f", about {left_s:.0f} s left"
+                                              if self.done < total else ""))
+
+
 def threads_text(threads: int | str) -> str:
     """A runner's thread count (``describe()``'s) as a row's provenance says it: 0 is a phone's
     numpy, whose BLAS picks its own (it read '0 thread(s)')."""
@@ -182,12 +227,12 @@ def threads_text(threads: int | str) -> str:
 def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
             warmup: int = 1, repeats: int = 3, passes: int = 1, statistic: str = "min",
             progress: Callable[[int, Shape, float], None] | None = None,
-            on_pass: Callable[[int, int, float], None] | None = None) -> list[Measurement]:
+            on_timed: Callable[[], None] | None = None) -> list[Measurement]:
     """Time every shape with the runner; one Measurement per shape (``statistic`` of samples).
 
     ``progress(i, shape, seconds)`` is called per shape once its figure is known (after the last
-    pass); ``on_pass(done, passes, elapsed_s)`` after each pass over all shapes, so that a sweep
-    of minutes can say how far it is.
+    pass); ``on_timed()`` after each timing (a :class:`SweepProgress`, so that a sweep of
+    minutes, on this host or a phone, can say how far it is).
 
     With ``passes`` > 1 the whole sweep is timed that many times, round-robin, so that a slow
     phase of the machine hits every shape a little rather than some shapes entirely. A shape's
@@ -201,8 +246,7 @@ def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
     provenance = (f"testbed perf measure on {info['cpu_model']}, {threads_text(info['threads'])}"
                   f", {statistic} of {passes}x{repeats} samples after {warmup} warm-up calls")
     samples: list[list[float]] = [[] for _ in shapes]
-    start = time.monotonic()
-    for done in range(1, passes + 1):
+    for _ in range(passes):
         for i, shape in enumerate(shapes):
             got = runner.time_gemm(shape.m, shape.k, shape.n, dtype, warmup, repeats)
             # what read_measurements and a fit take: finite, and no call is faster than 1 ns;
@@ -213,8 +257,8 @@ def measure(shapes: Iterable[Shape], runner: GemmRunner, dtype: str = "float32",
                                    f"{repr(got)[:200]} for {shape}; expected finite numbers of "
                                    f"seconds >= {MIN_MODEL_SECONDS:g}")
             samples[i].extend(got)
-        if on_pass is not None:
-            on_pass(done, passes, time.monotonic() - start)
+            if on_timed is not None:
+                on_timed()
     rows = []
     for i, shape in enumerate(shapes):
         seconds = float(STATISTICS[statistic](samples[i]))

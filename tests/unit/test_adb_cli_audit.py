@@ -166,11 +166,12 @@ def test_no_phones_says_what_to_do(fake_adb: FakeAdbServer,
 def test_measure_logs_its_progress(fake_adb: FakeAdbServer, tmp_path: Path,
                                    caplog: pytest.LogCaptureFixture) -> None:
     """A sweep of 150 shapes x 2 passes, minutes on a phone, said nothing until it ended."""
-    caplog.set_level(logging.INFO, logger="testbed.adb_bridge.measure")
+    caplog.set_level(logging.INFO, logger="testbed.perf_model.measure")
     fake_adb.plug(timing_phone())
     assert adb(fake_adb, "measure", "M1", "--limit", "3", "--repeats", "1", "--passes", "2",
                "--out", str(tmp_path / "m.csv")) == 0
-    lines = [r.getMessage() for r in caplog.records if r.name == "testbed.adb_bridge.measure"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "testbed.perf_model.measure"
+             and not r.getMessage().startswith("measured ")]  # the sweep's own last log line
     assert lines[0] == "measuring 3 shape(s) x 2 pass(es) on M1: 6 timings, each within 70 s"
     assert lines[1].startswith("1/6 timed (pass 1/2), ")  # how long one takes
     assert lines[-1].startswith("6/6 timed (pass 2/2), ") and "left" not in lines[-1]
@@ -178,13 +179,12 @@ def test_measure_logs_its_progress(fake_adb: FakeAdbServer, tmp_path: Path,
 
 
 def test_sweep_progress_is_at_most_one_line_per_interval() -> None:
-    from testbed.adb_bridge.measure import SweepProgress
+    from testbed.perf_model.measure import SweepProgress
 
     now = [0.0]
     said: list[str] = []
-    progress = SweepProgress(100, 2, "M1", every_s=10.0, say=said.append,
-                             clock=lambda: now[0])
-    progress.start(90.0)
+    progress = SweepProgress(100, 2, every_s=10.0, say=said.append, clock=lambda: now[0])
+    progress.start("measuring 100 shape(s) x 2 pass(es) on M1: 200 timings, each within 90 s")
     for _ in range(200):  # one timing a second
         now[0] += 1.0
         progress()

@@ -79,18 +79,8 @@ def test_measure_reports_progress_per_pass_and_its_file_reads_back(tmp_path: Pat
                     "--repeats", "1", "--device", "my-laptop", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "measuring 2 shape(s) x 2 pass(es) x 1 sample(s)" in err, err
-    assert "pass 1/2 done" in err and "pass 2/2 done" in err, err
+    assert "1/4 timed (pass 1/2)" in err and "4/4 timed (pass 2/2)" in err, err
     assert out.exists()
-
-
-def test_pass_progress_prints_the_first_the_due_and_the_last(capsys) -> None:
-    from testbed.perf_model.cli import PassProgress
-    progress = PassProgress(every_s=10.0)
-    for done, elapsed_s in ((1, 1.0), (2, 2.0), (3, 11.5), (4, 12.0), (5, 13.0)):
-        progress(done, 5, elapsed_s)
-    lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" done")[0] for line in lines] == ["pass 1/5", "pass 3/5", "pass 5/5"]
-    assert lines[0] == "pass 1/5 done, 1 s, about 4 s left"
 
 
 @pytest.mark.parametrize("command", ["fit", "eval"])
