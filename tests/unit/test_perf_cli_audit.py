@@ -120,8 +120,17 @@ def test_an_unknown_device_or_backend_names_what_the_file_has(capsys) -> None:
 def test_eval_of_one_set_is_unchanged(capsys) -> None:
     assert run_cli(["perf", "eval", str(HOST)]) == 0
     out = capsys.readouterr().out
-    # the committed set's figures (docs/perf-models.md)
-    assert "random        fitted       38   52.6   92.1  100.0  100.0       1.01     5.1" in out
+    # the committed set's figures (docs/perf-models.md: 38 held-out rows; within 5 % 52.6 %,
+    # 10 % 92.1 %, 25 and 50 % all; median p/t 1.01; MAPE 5.1 %), with room for another
+    # machine's BLAS and fit: a row or two across a band edge, a few hundredths elsewhere
+    row = next(line.split() for line in out.splitlines() if line.startswith("random ")
+               and line.split()[1] == "fitted")
+    n, within_5, within_10, within_25, within_50, p_over_t, mape = map(float, row[2:])
+    assert n == 38
+    two_rows = 2 * 100 / 38 + 0.1  # percentage points
+    assert abs(within_5 - 52.6) <= two_rows and abs(within_10 - 92.1) <= two_rows
+    assert within_25 >= 97 and within_50 == 100.0
+    assert abs(p_over_t - 1.01) <= 0.02 and abs(mape - 5.1) <= 0.5
 
 
 def test_import_refuses_backend_for_a_source_that_keeps_every_row(tmp_path: Path,
