@@ -702,6 +702,9 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
             print(f"error: {given}{churn}: no device is ever present (every device leaves at "
                   "time 0 and none joins), so no step could make progress", file=sys.stderr)
             return EXIT_BAD_INPUT
+    from testbed.emulator.network.base import loss_without_delay
+    for note in loss_without_delay(topology):  # valid, but likely not what was meant
+        print(note, file=sys.stderr)
     return topology, churn, schedule
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from testbed.baselines import cost
 from testbed.baselines.memory import device_memory, gib
+from testbed.emulator.network.base import loss_cap_bps
 from testbed.errors import InputError
 from testbed.perf_model.profiles import DeviceProfile, load_profile
 from testbed.topology import JobSpec, Topology
@@ -49,7 +50,7 @@ class DeviceInfo:
     memory_bytes_s: float
     usable_bytes: int
     ram_bytes: int
-    up_bps: float
+    up_bps: float  # the device's link, capped by its path's loss (loss_cap_bps)
     down_bps: float
 
 
@@ -83,8 +84,10 @@ def device_infos(topology: Topology, names: set[str] | None = None) -> list[Devi
         p = profiles[g.group]
         mem = device_memory(p)
         bw = p.model.bandwidth_bytes_s if p.model is not None else DEFAULT_MEMORY_BYTES_S
+        cap = loss_cap_bps(topology, d)  # what TCP gets through a lossy path, as tile-tp's plans
         out.append(DeviceInfo(d.name, g.group, g.profile, p.sustained_gflops, bw,
-                              mem.usable_bytes, mem.ram_bytes, d.link.up_bps, d.link.down_bps))
+                              mem.usable_bytes, mem.ram_bytes, min(d.link.up_bps, cap),
+                              min(d.link.down_bps, cap)))
     return out
 
 

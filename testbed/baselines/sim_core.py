@@ -27,13 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from testbed.agent.link import mathis_rate_bps
 from testbed.baselines.cost import Gemm
 from testbed.baselines.placement import DEFAULT_MEMORY_BYTES_S
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
 from testbed.emulator.device_model import DeviceModel, device_model_for
-from testbed.emulator.network.base import path_loss
+from testbed.emulator.network.base import loss_cap_bps
 from testbed.perf_model.profiles import PowerParams, load_profile
 from testbed.simulate.events import EventLoop
 from testbed.simulate.network import FlowNetwork
@@ -112,7 +111,7 @@ class BaselineWorld(EventLoop):
                                       sl.link.delay_s)
         profiles = {g.group: load_profile(str(g.profile_path), check=False) for g in topo.groups}
         for d in topo.devices:
-            cap = mathis_rate_bps(d.link.delay_s, path_loss(topo, d))
+            cap = loss_cap_bps(topo, d)  # tile-tp's, over the path to the PS
             down_Bps, up_Bps = min(d.link.down_bps, cap) / 8, min(d.link.up_bps, cap) / 8
             own = (net.add_link(down_Bps, f"{d.name}:down"), net.add_link(up_Bps, f"{d.name}:up"))
             p = profiles[d.group.group]

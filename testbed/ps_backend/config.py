@@ -111,8 +111,7 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
     PS's own, capped by what the switch links let through to all devices (:func:`cut_Bps`): a
     lower bound stays one, and the planner sees the shared uplink.
     """
-    from testbed.agent.link import mathis_rate_bps
-    from testbed.emulator.network.base import path_delay_s, path_loss
+    from testbed.emulator.network.base import loss_cap_bps, path_delay_s
     from testbed.perf_model.profiles import ProfileError, load_profile
 
     links = {}
@@ -120,8 +119,7 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
         if d.group.group in links:
             continue
         delay_s = path_delay_s(topology, d)
-        # a lossy path carries what TCP gets through it (as the emulator's agent applies)
-        cap_bps = mathis_rate_bps(delay_s, path_loss(topology, d))
+        cap_bps = loss_cap_bps(topology, d)  # a lossy path carries what TCP gets through it
         links[d.group.group] = (min(d.link.down_bps, cap_bps) / 8,
                                 min(d.link.up_bps, cap_bps) / 8, 2 * delay_s)
     own = {g: (down, up) for g, (down, up, _) in links.items()}

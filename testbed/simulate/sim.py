@@ -50,12 +50,12 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from testbed.agent.behaviour import Behaviour
-from testbed.agent.link import MESSAGE_OVERHEAD_BYTES, mathis_rate_bps
+from testbed.agent.link import MESSAGE_OVERHEAD_BYTES
 from testbed.capacity import device_cache_bytes
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
 from testbed.emulator.device_model import DeviceModel, device_model_for
-from testbed.emulator.network.base import path_delay_s, path_loss, switch_path
+from testbed.emulator.network.base import loss_cap_bps, path_delay_s, switch_path
 from testbed.perf_model.profiles import load_profile
 from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.bound import floats, pass_of
@@ -213,7 +213,7 @@ class Simulation(EventLoop):
         out: dict[str, SimDevice] = {}
         for d in topo.devices:
             delay = path_delay_s(topo, d)
-            cap = mathis_rate_bps(delay, path_loss(topo, d))  # the emulator's loss cap
+            cap = loss_cap_bps(topo, d)  # the emulator's loss cap
             down_Bps = min(d.link.down_bps, cap) / 8
             up_Bps = min(d.link.up_bps, cap) / 8
             own_down = net.add_link(down_Bps, f"{d.name}:down")

@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from testbed.agent.link import mathis_rate_bps
 from testbed.topology import DeviceSpec, SwitchLink, Topology
 
 # A topology's link rate is what the application's bytes get: a saturated TCP flow's payload,
@@ -126,3 +127,27 @@ def path_loss(topology: Topology, device: DeviceSpec) -> float:
     for sl in switch_path(topology, device.group.switch):
         keep *= 1 - sl.link.loss_fraction
     return 1 - keep
+
+
+def loss_cap_bps(topology: Topology, device: DeviceSpec) -> float:
+    """What TCP gets through the device's lossy path (inf: no loss, or no delay): Mathis' rate
+    for the path's round trip and loss. Every part that models loss caps the device's own link
+    at this rate, both ways: the simulators, the planner and the bound, the agent on loopback,
+    the Mininet backend's kernel rates without netem (with netem the kernel drops packets)."""
+    return mathis_rate_bps(path_delay_s(topology, device), path_loss(topology, device))
+
+
+def loss_without_delay(topology: Topology) -> list[str]:
+    """The device groups whose path has loss but no delay: Mathis' rate needs a round trip, so
+    their loss caps nothing anywhere but in a kernel with netem. Notes, not errors: a run with
+    them is still a valid run (TCP at a sub-millisecond round trip barely feels 1 % loss)."""
+    out = []
+    for i, group in enumerate(topology.groups):
+        first = DeviceSpec(f"{group.group}-0", 0, group)  # a group's devices share one path
+        loss = path_loss(topology, first)
+        if group.count and loss > 0 and path_delay_s(topology, first) <= 0:
+            out.append(f"note: devices[{i}] ({group.group}): its path to the PS has a loss of "
+                       f"{100 * loss:g}% and no delay, which caps no rate: TCP's rate under "
+                       "loss is MSS/RTT x sqrt(3/(2p)) (docs/network.md), so the simulator and "
+                       "an emulation without netem apply none; give the path a delay")
+    return out

@@ -7,8 +7,11 @@ For each device (one after another, so that shared links do not mix the measurem
   the kernel's byte counter of that interface, sampled every 20 ms next to a clock reading, over
   a window anchored where the flow began (:func:`window_rate_bps`). It is compared with the
   *path's* configured rate in that direction: the smallest rate on the way (device link, switch
-  links, PS link). HTB charges whole frames and the backend sets each class's rate so that the
-  payload gets the configured one (docs/network.md, "A rate is the payload's").
+  links, PS link), or what TCP gets through the path's loss when that is less (Mathis' rate,
+  :func:`~testbed.emulator.network.base.loss_cap_bps`: the rate the backend shapes without netem;
+  with netem the kernel drops packets and the kernel's TCP may do better). HTB charges whole
+  frames and the backend sets each class's rate so that the payload gets the configured one
+  (docs/network.md, "A rate is the payload's").
   Why the kernel and not iperf3's own report: iperf3 counts bytes when its process reads them,
   so on a loaded 2-core machine a descheduled receiver moved bytes between one-second intervals
   (single intervals of a 1 Mbit/s path read 0.42-1.25 Mbit/s) and out of the window; CI
@@ -48,7 +51,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from testbed.agent.hold import HOLD_RT_PRIORITY, hold_until
-from testbed.emulator.network.base import FRAME_BYTES, AppShaping, path_delay_s, switch_path
+from testbed.emulator.network.base import (
+    FRAME_BYTES,
+    AppShaping,
+    loss_cap_bps,
+    path_delay_s,
+    switch_path,
+)
 from testbed.emulator.network.mininet import MininetNetwork
 from testbed.topology import DeviceSpec, Topology
 
@@ -61,11 +70,12 @@ RTT_ABS_TOLERANCE_S = 1e-3
 
 
 def path_rate_bps(topology: Topology, device: DeviceSpec, direction: str) -> float:
-    """The smallest configured rate on the device's path to the PS in 'down' or 'up'."""
+    """The smallest configured rate on the device's path to the PS in 'down' or 'up', and no
+    more than TCP gets through the path's loss (:func:`loss_cap_bps`, as every part models it)."""
     key = "down_bps" if direction == "down" else "up_bps"
     links = [device.link, topology.network.ps.link,
              *(sl.link for sl in switch_path(topology, device.group.switch))]
-    return min(getattr(link, key) for link in links)
+    return min(min(getattr(link, key) for link in links), loss_cap_bps(topology, device))
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -254,8 +264,8 @@ class AgentDelayLine:
     sleep): with four busy loops on two cores a plain sleep woke on the next 4 ms scheduler tick
     and the RTTs of the check's 1 Mbit/s path read 32 ms for 24.
 
-    Rates stay None: the kernel (HTB) shapes them; only delay (and loss, not measured here) is
-    the application's, exactly as the agent gets them from ``app_shaping()``.
+    Rates stay None: the kernel (HTB) shapes them, a lossy path's at what TCP gets through it;
+    only delay is the application's, exactly as the agent gets it from ``app_shaping()``.
     """
 
     def __init__(self, shaping: AppShaping, nbytes: int = 0):

@@ -42,10 +42,13 @@ allowed the whole rate: a link is full duplex, as topologies, the simulator and 
 and a direction's ACKs must not wait behind the other direction's queued data (docs/network.md,
 "Both ways at once"). Under each leaf, when the kernel has netem: ``netem delay <delay_s *
 dilation> loss <loss %> limit <queue or 1000>``; otherwise, when ``queue`` is given, ``pfifo limit
-<queue>`` (packets). Without netem, delay and loss are not in the kernel:
-:meth:`MininetNetwork.app_shaping` returns the whole path's one-way delay and loss for the
-application to apply, undilated (as the loopback backend returns them, so the agent treats both
-alike). ``describe()`` states which mechanism is active. :meth:`MininetNetwork.set_dilation`
+<queue>`` (packets). Without netem, nothing drops packets: a device's own link, both ways, is
+shaped at the smaller of its rate and what TCP gets through its lossy path
+(:func:`~testbed.emulator.network.base.loss_cap_bps`, Mathis' rate, as the simulators and the
+planner cap it), so every process in the host, an agent or a baseline's stage, gets the same;
+the delay is the application's: :meth:`MininetNetwork.app_shaping` returns the whole path's
+one-way delay, undilated (as the loopback backend returns it, so the agent treats both alike).
+``describe()`` states which mechanism is active. :meth:`MininetNetwork.set_dilation`
 moves every egress to a new D in place (``tc class change``, and ``qdisc change`` for netem),
 between the steps of an adaptive run (:mod:`testbed.emulator.link_dilation`).
 
@@ -57,6 +60,7 @@ a crash.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import string
@@ -66,7 +70,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from testbed.emulator.network import cleanup
-from testbed.emulator.network.base import AppShaping, path_delay_s, path_loss, wire_rate_bps
+from testbed.emulator.network.base import AppShaping, loss_cap_bps, path_delay_s, wire_rate_bps
 from testbed.emulator.network.probe import Capabilities, probe
 from testbed.topology import DeviceSpec, LinkSpec, Topology
 
@@ -324,9 +328,12 @@ class MininetNetwork:
             h = net.addHost(f"{P}d{i}", ip=f"{device_ip(i)}/{PREFIX_LEN}")
             self.hosts[device.name] = h
             dl = device.link
+            # without netem nothing drops packets: the kernel carries what TCP would get
+            # through the lossy path instead, for every process in the host (agents, baselines)
+            cap = math.inf if self.caps.netem else loss_cap_bps(topo, device)
             self.device_port[device.name] = link(h, device.group.switch or default_switch, dl,
-                                                 dl.up_bps, dl.down_bps)
-            host_egress[device.name] = self._egress(f"{h.name}e0", dl.up_bps, dl)
+                                                 min(dl.up_bps, cap), min(dl.down_bps, cap))
+            host_egress[device.name] = self._egress(f"{h.name}e0", min(dl.up_bps, cap), dl)
             if (i + 2) % self.progress_every == 0:
                 self._report("hosts", i + 2, total)
         for j, (name, switch, pl) in enumerate(self.phone_places()):
@@ -465,11 +472,12 @@ class MininetNetwork:
         return int(self._host(node).pid)
 
     def app_shaping(self, device: DeviceSpec) -> AppShaping:
-        """Rates are in the kernel (HTB); delay and loss too with netem, else the app's."""
+        """Rates are in the kernel (HTB), and so is loss: netem's, else the rate TCP gets
+        through the lossy path (:func:`loss_cap_bps`) on the device's link; delay is netem's,
+        else the app's."""
         if self.caps.netem:
             return AppShaping()
-        return AppShaping(delay_s=path_delay_s(self.topology, device),
-                          loss_fraction=path_loss(self.topology, device))
+        return AppShaping(delay_s=path_delay_s(self.topology, device))
 
     def set_partitioned(self, device: DeviceSpec, partitioned: bool) -> bool:
         """Take the device's switch port down (partitioned) or up again."""
@@ -486,7 +494,8 @@ class MininetNetwork:
         return {"backend": "mininet", "prefix": self.prefix, "switch": "linux-bridge",
                 "controller": None, "hosts": len(self.hosts),
                 "rate": "htb, small TCP segments first" if self.caps.u32 else "htb",
-                "delay": mech, "loss": mech,
+                "delay": mech,
+                "loss": "netem" if self.caps.netem else "rate (TCP under loss, in htb)",
                 "queue": "netem limit" if self.caps.netem else "pfifo (when set)",
                 "dilation": self.dilation, "address_plan": f"10.0.0.0/8, PS {PS_IP}",
                 "bringup_s": round(self.bringup_s, 3)}
