@@ -10,7 +10,7 @@ measure`` on the phone and writes the same CSV, only once every shape gave a val
 Whatever a phone says (model, SoC, state detail, cpu_model) is printed through
 :func:`~testbed.adb_bridge.client.printable`: one line, short, no terminal escape sequences.
 A phone that cannot do what was asked exits 1 in every command, and so does an adb server that
-cannot be reached (the message says how to start one: :data:`START_SERVER_FIX`); 2 is for a bad
+cannot be reached (the message says how to start one: :mod:`.server_address`); 2 is for a bad
 command line. A SERIAL the server does not list is a phone that is not there (unplugged, or a
 typo): exit 1, with the serials the server does list.
 
@@ -29,6 +29,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
+from testbed.adb_bridge.server_address import adb_address, unreachable
 from testbed.agent.tls import parse_address
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from testbed.perf_model.measure import SWEEPS
@@ -44,17 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 5037
-# what to do when no adb server answers, in every command (the doctor's fix says it too)
-START_SERVER_FIX = ("start one with `adb start-server`, or point --adb HOST:PORT (or "
-                    "ANDROID_ADB_SERVER_ADDRESS and ANDROID_ADB_SERVER_PORT) at yours")
 # the phone port the agent dials; the doctor's probe uses it + 1 and the Termux listener + 2
 MAX_PHONE_PORT = 65533
-
-
-def unreachable(address: str, exc: BaseException) -> str:
-    """The one line said when the adb server at ``address`` did not answer ``exc``."""
-    return f"error: cannot reach the adb server at {address} ({exc}); {START_SERVER_FIX}"
 
 
 def phone_port_arg(text: str) -> int:
@@ -65,37 +57,6 @@ def phone_port_arg(text: str) -> int:
             f"expected a TCP port from 1 to {MAX_PHONE_PORT} (the doctor's probe uses it + 1 "
             f"and the Termux listener it + 2), got {text!r}")
     return int(digits)
-
-
-def adb_address(flag: str | None, environ: dict[str, str] | None = None
-                ) -> tuple[str, str | None]:
-    """The adb server ``HOST:PORT`` to use, and the problem with it (None when fine).
-
-    ``--adb`` wins; else ``ANDROID_ADB_SERVER_ADDRESS`` and ``ANDROID_ADB_SERVER_PORT``, the
-    variables the ``adb`` client reads, each with adb's default. HOST:PORT is checked as a PS
-    address is (:func:`testbed.agent.tls.parse_address`: ``[v6]:PORT`` for IPv6). A bad
-    ``ANDROID_ADB_SERVER_PORT`` is a problem even with ``--adb``: adbutils reads it when it is
-    imported, and raises a bare ValueError."""
-    env = os.environ if environ is None else environ
-    port_text = env.get("ANDROID_ADB_SERVER_PORT", "").strip()
-    if port_text and (not (port_text.isascii() and port_text.isdigit())
-                      or not 0 < int(port_text) < 65536):
-        return flag or port_text, (f"ANDROID_ADB_SERVER_PORT: expected a TCP port (1-65535), "
-                                   f"got {port_text!r}")
-    if flag is not None:
-        try:
-            parse_address(flag)
-        except ValueError as exc:
-            return flag, f"--adb: {exc}"
-        return flag, None
-    host = env.get("ANDROID_ADB_SERVER_ADDRESS", "").strip() or DEFAULT_HOST
-    address = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    address += f":{port_text or DEFAULT_PORT}"
-    try:
-        parse_address(address)
-    except ValueError as exc:
-        return address, f"ANDROID_ADB_SERVER_ADDRESS: {exc}"
-    return address, None
 
 
 # The deadline of one shape's timing on the phone (adb_bridge/measure.py): MEASURE_START_S for

@@ -42,7 +42,6 @@ import grpc
 from adbutils.errors import AdbError
 
 from testbed.adb_bridge import agent_package, parsers, termux, termux_control
-from testbed.adb_bridge.cli import START_SERVER_FIX
 from testbed.adb_bridge.client import (
     AdbServer,
     PhoneCommandError,
@@ -51,6 +50,7 @@ from testbed.adb_bridge.client import (
     split_state,
 )
 from testbed.adb_bridge.phone_info import PhoneInfo, support_problem
+from testbed.adb_bridge.server_address import START_SERVER_FIX
 from testbed.adb_bridge.termux_control import ControlError, TermuxControl
 
 DOCTOR_NAME = "adb-doctor"

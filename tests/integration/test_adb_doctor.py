@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import pytest
 
 from testbed.adb_bridge import AdbBridge, agent_package
-from testbed.adb_bridge.cli import adb_address
 from testbed.adb_bridge.doctor import ThrowawayPS
+from testbed.adb_bridge.server_address import adb_address
 from tests.conftest import host_cmdlines, wait_for
 from tests.fakes.adb_phones import termux_phone
 from tests.fakes.fake_adb import FakeAdbServer, phone_pids

@@ -78,7 +78,7 @@ def test_no_adb_server_says_how_to_start_one(command: list[str], closed_port: in
 
 
 def test_doctor_without_a_server_gives_the_same_fix(closed_port: int) -> None:
-    from testbed.adb_bridge.cli import START_SERVER_FIX
+    from testbed.adb_bridge.server_address import START_SERVER_FIX
 
     d = adb_doctor.Doctor(client.AdbServer("127.0.0.1", closed_port), serial="X")
     assert not d.run()
