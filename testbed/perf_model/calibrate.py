@@ -90,13 +90,7 @@ def calibrate_profile(base: DeviceProfile, rows: list[Measurement], source: str,
                                          peak_flops=1.0, bandwidth_bytes_s=1.0, form="rate")
     else:
         halves_model = base.model
-    fitted = calibrate(halves_model, X, y)
-    if fitted.selected_ == "base curve" and not any(fitted.halves_):
-        # no curve was kept, whatever the label of the estimator says: the host's cost model
-        # (or no model) has no half lengths, and a flat rate-form curve has none to give
-        fitted.selected_ = (f"constant rate (the base {base.name} has no rate-form shape curve)"
-                            if halves_model.form != "rate"
-                            else f"constant rate (the base {base.name}'s curve is flat)")
+    fitted = calibrate(halves_model, X, y, base_name=base.name)
     model = fitted.export()
     inherit_noise = base.model is not None and bool(base.model.noise_levels)
     if inherit_noise:  # a tile's call-to-call spread, not the fit's misses across shapes

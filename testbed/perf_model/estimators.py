@@ -433,7 +433,8 @@ class OverheadRateRegressor(RegressorMixin, BaseEstimator):
 
 
 def calibrate(base: ExportedTimeModel, X: np.ndarray, y: np.ndarray,
-              peak_flops: float | None = None, select: bool = True) -> OverheadRateRegressor:
+              peak_flops: float | None = None, select: bool = True,
+              base_name: str = "base") -> OverheadRateRegressor:
     """A device's own level and overhead on the base profile's shape curve, from >= 3 shapes.
 
     With ``select`` (the default) the constant-rate baseline is calibrated on the same shapes
@@ -441,12 +442,18 @@ def calibrate(base: ExportedTimeModel, X: np.ndarray, y: np.ndarray,
     lower: a curve learned on other libraries can be wrong for this one (MNN's 4-thread fp16
     rates are flat in m where single-thread fp32 sets are not; docs/perf-models.md), and the
     device's own shapes are the only evidence. A base without the ``rate`` form (an older
-    profile) is calibrated as a constant rate. The result's ``selected_`` says which won.
+    profile, the host's cost model) or with a flat curve is calibrated as a constant rate. The
+    result's ``selected_`` says which won, and why (``base_name`` names the base there).
     """
     halves = tuple(base.coef) if base.form == "rate" else (0.0, 0.0, 0.0)
     curve = OverheadRateRegressor(halves=halves, peak_flops=peak_flops).fit(X, y)  # type: ignore[arg-type]
+    if not any(halves):  # no curve to keep: the rate is constant whatever is selected
+        curve.selected_ = (f"constant rate (the base {base_name} has no rate-form shape curve)"
+                           if base.form != "rate"
+                           else f"constant rate (the base {base_name}'s curve is flat)")
+        return curve
     curve.selected_ = "base curve"
-    if not select or not any(halves):
+    if not select:
         return curve
     constant = OverheadRateRegressor(constant=True, peak_flops=peak_flops).fit(X, y)
     if np.mean(np.abs(constant.loo_log_residuals_)) < np.mean(np.abs(curve.loo_log_residuals_)):
