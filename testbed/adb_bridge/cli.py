@@ -158,17 +158,18 @@ def _devices(args: argparse.Namespace) -> int:
 
     with ThreadPoolExecutor(max(1, min(MAX_PHONES_ASKED_AT_ONCE, len(states)))) as pool:
         rows = list(pool.map(row, states.items()))
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    columns = ("serial", "state", "model", "soc", "android", "profile", "reverse", "problem")
+    for r in rows:  # a phone not in state device: what its state means, and adb's detail
+        if r["state"] != "device":
+            r["problem"] = state_problem(r["state"], r.get("state_detail", ""))
+    if args.json:  # every row has every key, null where the phone could not be asked
+        keys = (*columns, "state_detail", "profile_reason")
+        print(json.dumps([{k: r.get(k) for k in keys} for r in rows], indent=2))
         return EXIT_OK
     if not rows:
         print(f"no phones on the adb server at {args.adb}: plug one in and turn on USB "
               f"debugging (`testbed adb doctor` says what is missing)")
         return EXIT_OK
-    columns = ("serial", "state", "model", "soc", "android", "profile", "reverse", "problem")
-    for r in rows:  # a phone not in state device: what its state means, and adb's detail
-        if r["state"] != "device":
-            r["problem"] = state_problem(r["state"], r.get("state_detail", ""))
     # the serial too (the adb server's text): one line per phone, whatever it is named
     table = [[printable(str(r.get(c, "")), most=MAX_PROBLEM_CHARS) for c in columns]
              for r in rows]

@@ -26,6 +26,7 @@ import pytest
 
 from testbed.adb_bridge import AdbBridge, RelayShaping
 from testbed.adb_bridge.agent_package import PHONE_DIR, build_agent_zip
+from testbed.adb_bridge.doctor import state_problem
 from tests.conftest import wait_for
 from tests.fakes.adb_phones import DATA, Events, recorded_phone
 from tests.fakes.adb_phones import agent_phone as shared_agent_phone
@@ -542,7 +543,12 @@ def test_cli_devices_lists_state_profile_reverse(fake_adb_server: FakeAdbServer,
     rows = {r["serial"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["PHONE1"]["profile"] == "snapdragon888"
     assert rows["PHONE1"]["reverse"] == "tcp:7700 -> tcp:40001"
-    assert rows["PHONE2"] == {"serial": "PHONE2", "state": "unauthorized"}
+    # every row has the same keys: what is not known of a phone not in state device is null,
+    # and its problem says what to do about its state, as the table does
+    assert set(rows["PHONE2"]) == set(rows["PHONE1"])
+    assert {k: v for k, v in rows["PHONE2"].items() if v is not None} == {
+        "serial": "PHONE2", "state": "unauthorized", "problem": state_problem("unauthorized", "")}
+    assert "USB debugging is not allowed" in rows["PHONE2"]["problem"]
     assert main(["adb", "devices", "--adb", f"127.0.0.1:{fake_adb_server.port}"]) == 0
     table = capsys.readouterr().out
     assert "PHONE1" in table and "M2011K2G" in table and "unauthorized" in table
