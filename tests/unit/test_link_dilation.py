@@ -81,3 +81,16 @@ def test_change_commands_move_every_class_of_an_egress_in_place(netem: bool,
     delays = [c for c in changed if c.startswith("qdisc change")]
     assert len(delays) == ((2 if acks_first else 1) if netem else 0)
     assert all("delay 40000us" in c for c in delays)
+
+
+def test_a_slow_egress_holds_two_frames_of_credit_and_a_fast_one_a_millisecond():
+    """What an egress's bucket holds after an idle moment leaves faster than the link: at 3.5
+    Mbit/s a 15 kB floor passed 34 ms of traffic at once (small tiles then crossed slow links
+    faster than their bound allows); the floor is two frames, and above 24 Mbit/s 1 ms."""
+    def bursts(rate_bps: float) -> set[str]:
+        return {word for c in tc_commands(Egress("tbx1d0e0", rate_bps, 0.0, 0.0, None),
+                                          False, True)
+                for word in c.split() if word.endswith("b") and word[:-1].isdigit()}
+    assert bursts(3.5e6) == {"3028b"}
+    assert bursts(100e6) == {"12500b"}
+    assert bursts(1e9) == {"125000b"}

@@ -35,22 +35,22 @@ Which YAML key becomes which kernel setting (each on the *egress* of one end of 
 On each of those egresses: ``htb`` root ``1:`` with one class ``1:1`` at ``rate = ceil =
 wire_rate_bps(rate_bps) / dilation`` (tc unit ``bit``, i.e. bit/s: HTB charges whole frames, and a
 topology's rate is the TCP payload's, :data:`~testbed.emulator.network.base.MSS_BYTES`), burst
-max(15 kB, 1 ms of the rate). When the kernel has the u32 classifier, ``1:1`` has two children that
-share its rate, ``1:2`` (5 % assured, prio 0) for TCP segments under 128 bytes (pure ACKs, HTTP/2
-window updates and pings) and ``1:3`` (the rest, prio 1, the default) for everything else, each
-allowed the whole rate: a link is full duplex, as topologies, the simulator and the bound take it,
-and a direction's ACKs must not wait behind the other direction's queued data (docs/network.md,
-"Both ways at once"). Under each leaf, when the kernel has netem: ``netem delay <delay_s *
-dilation> loss <loss %> limit <queue or 1000>``; otherwise, when ``queue`` is given, ``pfifo limit
-<queue>`` (packets). Without netem, nothing drops packets: a device's own link, both ways, is
-shaped at the smaller of its rate and what TCP gets through its lossy path
-(:func:`~testbed.emulator.network.base.loss_cap_bps`, Mathis' rate, as the simulators and the
-planner cap it), so every process in the host, an agent or a baseline's stage, gets the same;
-the delay is the application's: :meth:`MininetNetwork.app_shaping` returns the whole path's
-one-way delay, undilated (as the loopback backend returns it, so the agent treats both alike).
-``describe()`` states which mechanism is active. :meth:`MininetNetwork.set_dilation`
-moves every egress to a new D in place (``tc class change``, and ``qdisc change`` for netem),
-between the steps of an adaptive run (:mod:`testbed.emulator.link_dilation`).
+max(two frames, 1 ms of the rate) (:data:`MIN_BURST_BYTES`). When the kernel has the u32
+classifier, ``1:1`` has two children that share its rate, ``1:2`` (5 % assured, prio 0) for TCP
+segments under 128 bytes (pure ACKs, HTTP/2 window updates and pings) and ``1:3`` (the rest, prio
+1, the default) for everything else, each allowed the whole rate: a link is full duplex, as
+topologies, the simulator and the bound take it, and a direction's ACKs must not wait behind the
+other direction's queued data (docs/network.md, "Both ways at once"). Under each leaf, when the
+kernel has netem: ``netem delay <delay_s * dilation> loss <loss %> limit <queue or 1000>``;
+otherwise, when ``queue`` is given, ``pfifo limit <queue>`` (packets). Without netem, nothing drops
+packets: a device's own link, both ways, is shaped at the smaller of its rate and what TCP gets
+through its lossy path (:func:`~testbed.emulator.network.base.loss_cap_bps`, Mathis' rate, as the
+simulators and the planner cap it), so every process in the host, an agent or a baseline's stage,
+gets the same; the delay is the application's: :meth:`MininetNetwork.app_shaping` returns the whole
+path's one-way delay, undilated (as the loopback backend returns it, so the agent treats both
+alike). ``describe()`` states which mechanism is active. :meth:`MininetNetwork.set_dilation` moves
+every egress to a new D in place (``tc class change``, and ``qdisc change`` for netem), between the
+steps of an adaptive run (:mod:`testbed.emulator.link_dilation`).
 
 Processes started with :meth:`MininetNetwork.popen` run in the node's namespace (``mnexec -a``) and
 carry ``TESTBED_NET_PREFIX=P`` in their environment, which is how :mod:`.cleanup` finds them after
@@ -70,7 +70,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from testbed.emulator.network import cleanup
-from testbed.emulator.network.base import AppShaping, loss_cap_bps, path_delay_s, wire_rate_bps
+from testbed.emulator.network.base import (
+    FRAME_BYTES,
+    AppShaping,
+    loss_cap_bps,
+    path_delay_s,
+    wire_rate_bps,
+)
 from testbed.emulator.network.probe import Capabilities, probe
 from testbed.topology import DeviceSpec, LinkSpec, Topology
 
@@ -80,6 +86,12 @@ IFNAME_MAX = 15
 # HTB classes of a shaped egress when small TCP segments go first (tc_commands): the share of
 # the rate assured to them (an ACK per two full segments is ~2 % of the other way's data)
 ACK_CLASS, DATA_CLASS, ACK_SHARE = 2, 3, 0.05
+# An egress's bucket: 1 ms of its rate, and no less than two frames. What a bucket holds after
+# an idle moment leaves at once, faster than the link: the 15 kB floor this had before let a
+# 3.5 Mbit/s link pass 34 ms of its traffic at once, and a job of small tiles over such links ran
+# 0.79-0.88 s a step against the simulator's 1.20 (docs/network.md, "A message after an idle
+# moment").
+MIN_BURST_BYTES = 2 * FRAME_BYTES
 PS_IP = "10.0.0.1"
 PREFIX_LEN = 8  # the /8 of the address plan
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -148,7 +160,7 @@ def tc_change_commands(e: Egress, netem: bool, acks_first: bool) -> list[str]:
 def _htb_classes(e: Egress, acks_first: bool) -> list[str]:
     """The HTB classes of one egress, after the verb (``class add`` or ``class change``)."""
     rate = max(1, round(e.rate_bps))
-    burst_bytes = max(15_000, round(e.rate_bps / 8 * 1e-3))
+    burst_bytes = max(MIN_BURST_BYTES, round(e.rate_bps / 8 * 1e-3))
     burst = f"burst {burst_bytes}b cburst {burst_bytes}b"
     classes = [f"dev {e.intf} parent 1: classid 1:1 htb rate {rate}bit ceil {rate}bit {burst}"]
     if acks_first:
