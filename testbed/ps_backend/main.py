@@ -374,7 +374,10 @@ def _attached(server: PsServer) -> int:
 def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     """Make the plans of every offloaded linear before the first step (StepPlanner.prepare),
     in this thread and a planning process a further core: the loop thread keeps serving the
-    devices meanwhile (nothing else plans before training starts)."""
+    devices meanwhile (nothing else plans before training starts); a line every 10 s says
+    how many shapes are planned."""
+    from testbed.ps_backend.planning_processes import progress_line
+
     core = server.core
     assert core is not None
     started = time.monotonic()
@@ -383,8 +386,11 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     tokens = job.batch_size * job.model.seq_len
     shapes = [(tokens, g.out_features, g.in_features) for g in trainer.model.gemm_layers()]
     cpu0 = core.planner.cpu_s
+
+    def planning(done: int, total: int, wall_s: float) -> None:
+        log.info("%s", progress_line(done, total, wall_s))
     planned = core.planner.prepare(shapes, trainer.dtype.itemsize, slots,
-                                   workers=planning_workers())
+                                   workers=planning_workers(), progress=planning)
     wall_s = time.monotonic() - started
     cpu_s = core.planner.cpu_s - cpu0
     processes = core.planner.processes

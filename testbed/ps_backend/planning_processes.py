@@ -24,6 +24,11 @@ only once the planner is imported: asking first, a child took a small job's line
 imported for half a second while the parent waited (the test topology's 0.2 s of planning
 became 0.9 s). A child that fails leaves the linears it took to be searched at their first
 GEMM (``StepPlanner.plan``); the parent logs it.
+
+How far it is (:class:`Progress`): a linear counts as planned once this process has searched it
+or once the child that took it asks for another, and a thread of the parent's says so every
+10 s while the searches run (:func:`progress_line`): a thousand devices' plans took a minute
+(docs/simulate.md, "Speed"), with nothing said between the start and the end.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, Callable, NamedTuple
 
 from testbed.pdeathsig import die_with_parent
 
@@ -74,13 +79,62 @@ class _Counter:
             self.next = self.count
 
 
+def progress_line(planned: int, total: int, wall_s: float) -> str:
+    """The line said every 10 s while the linears are planned (:class:`Progress`)."""
+    return f"planning: {planned} of {total} GEMM shapes planned ({wall_s:.0f} s so far)"
+
+
+class Progress:
+    """How many of ``total`` linears are planned, in any process; while it is entered, a thread
+    of its own calls ``say(planned, total, wall s since entered)`` every ``every_s`` (``say``
+    None: it only counts)."""
+
+    def __init__(self, total: int, say: Callable[[int, int, float], None] | None = None,
+                 every_s: float = 10.0):
+        self.total = total
+        self.planned = 0
+        self.say = say
+        self.every_s = every_s
+        self.lock = threading.Lock()  # this process's loop and the children's answering threads
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started_s = time.monotonic()
+
+    def one_done(self) -> None:
+        """One more linear's searches are done."""
+        with self.lock:
+            self.planned += 1
+
+    def __enter__(self) -> Progress:
+        self._started_s = time.monotonic()
+        if self.say is not None:
+            self._thread = threading.Thread(target=self._tell, name="planning-progress",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _tell(self) -> None:
+        assert self.say is not None
+        while not self._stop.wait(self.every_s):
+            with self.lock:
+                planned = self.planned
+            self.say(planned, self.total, time.monotonic() - self._started_s)
+
+
 class _Child:
     """One planning process and the thread that answers it."""
 
-    def __init__(self, counter: _Counter, setup: tuple[Any, ...]):
+    def __init__(self, counter: _Counter, setup: tuple[Any, ...],
+                 progress: Progress | None = None):
         self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE)
         self.counter = counter
+        self.progress = progress
         self.took = 0
         self.result: tuple[Any, ...] | None = None
         # a linear taken and counted as one step: stop_if_idle must not see it taken and
@@ -101,6 +155,8 @@ class _Child:
         try:
             while True:
                 message = pickle.load(stdout)
+                if message[0] == "take" and self.took and self.progress is not None:
+                    self.progress.one_done()  # it asks again: the last it took is searched
                 if message[0] == "done":
                     self.result = message
                     return
@@ -142,18 +198,21 @@ class _Child:
 
 
 def prepare_together(planner: Any, shapes: list[tuple[int, int, int]], item: int,
-                     slots: list[Any], workers: int) -> int:
+                     slots: list[Any], workers: int, progress: Progress | None = None) -> int:
     """Search ``shapes`` (longest first) with ``planner`` in this process and in ``workers -
     1`` planning processes; merge what they send into ``planner``'s caches and CPU seconds.
-    Returns how many processes took part (this one included)."""
+    Returns how many processes took part (this one included); ``progress`` counts the linears
+    searched, in every process."""
     counter = _Counter(len(shapes))
     views = [SlotView(s.device_id, s.name, s.group, s.quarantined, s.predicted_gflops)
              for s in slots]
     setup = (planner.config, views, shapes, item)
-    children = [_Child(counter, setup) for _ in range(workers - 1)]
+    children = [_Child(counter, setup, progress) for _ in range(workers - 1)]
     try:
         while (i := counter.take()) is not None:
             planner.prepare_shape(shapes[i], item, slots)
+            if progress is not None:
+                progress.one_done()
     finally:
         counter.close()
         busy = [c for c in children if not c.stop_if_idle()]

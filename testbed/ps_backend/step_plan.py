@@ -43,7 +43,7 @@ from testbed.ps_backend.planner import (
     plan_regions,
     predict_together_s,
 )
-from testbed.ps_backend.planning_processes import prepare_together
+from testbed.ps_backend.planning_processes import Progress, prepare_together
 from testbed.ps_backend.scheduler import DeviceSlot, GemmJob, SharedLink
 from testbed.ps_backend.tiler import Region, cut_regions, uniform
 
@@ -246,12 +246,16 @@ class StepPlanner:
 
     # -- planning -----------------------------------------------------------------------------
     def prepare(self, linears: Iterable[tuple[int, int, int]], item: int,
-                slots: Iterable[DeviceSlot], workers: int = 1) -> int:
+                slots: Iterable[DeviceSlot], workers: int = 1,
+                progress: Callable[[int, int, float], None] | None = None,
+                progress_every_s: float = 10.0) -> int:
         """Plan every linear's GEMMs ahead (``linears``: (tokens, out, in) each); return how
         many shapes were planned. With ``workers`` > 1, this process and ``workers - 1``
         others search the linears side by side
         (:func:`~testbed.ps_backend.planning_processes.prepare_together`,
-        :func:`planning_workers`).
+        :func:`planning_workers`). While they run, ``progress(shapes planned, shapes, wall s
+        so far)`` is called every ``progress_every_s``, from a thread of its own
+        (:class:`~testbed.ps_backend.planning_processes.Progress`).
 
         The searches (a linear's forward, its backward pair, both on one grid, the pair on two
         halves, the forward in regions of rows, and the pair spread with its GEMMs in regions
@@ -272,12 +276,14 @@ class StepPlanner:
         # that no stream is left with a long one at the end
         shapes = sorted(set(linears), key=lambda dx: (-math.prod(dx), dx))
         self.processes = 1
-        if workers > 1 and len(shapes) > 1:
-            self.processes = prepare_together(self, shapes, item, slots,
-                                              min(workers, len(shapes)))
-        else:
-            for dx in shapes:
-                self.prepare_shape(dx, item, slots)
+        with Progress(len(shapes), progress, progress_every_s) as counted:
+            if workers > 1 and len(shapes) > 1:
+                self.processes = prepare_together(self, shapes, item, slots,
+                                                  min(workers, len(shapes)), counted)
+            else:
+                for dx in shapes:
+                    self.prepare_shape(dx, item, slots)
+                    counted.one_done()
         self.cpu_s += time.thread_time() - started
         return len(shapes)
 

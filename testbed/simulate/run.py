@@ -15,8 +15,9 @@ reads either. ``--ps-gemm-s`` and ``--trace-tiles`` are tile-tp's: a job whose
 What it prints, in this order: the run directory; a note for each part of the topology that is
 not simulated (Byzantine behaviour, ``adb:`` phones, devices joining through
 ``network.ps.listen``); the planning before the first step (not with ``planner: fifo``, which
-plans nothing); one line per step (its device seconds and the wall seconds simulating it took),
-and within a step, every 10 s of wall time, its device seconds and tiles so far; then the end
+plans nothing): as it starts, every 10 s how many GEMM shapes are planned, and when it ends;
+one line per step (its device seconds and the wall seconds simulating it took), and within a
+step, every 10 s of wall time, its device seconds, tiles and GEMMs submitted so far; then the end
 line (steps, device seconds, efficiency ``bound_s / device time``, energy in joules: the
 summary's ``energy.total.total_j``, compute, idle and radio).
 """
@@ -41,13 +42,17 @@ from testbed.user_paths import path_arg
 def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = True,
              report: bool = True, progress: Any = None, ps_gemm_s: float = 0.0,
              trace_tiles: bool = False, during: Any = None, during_every_s: float = 10.0,
-             on_planning: Any = None, on_planned: Any = None) -> dict[str, Any]:
+             on_planning: Any = None, on_planned: Any = None,
+             planning: Any = None) -> dict[str, Any]:
     """Simulate the topology's job into run_dir; return the summary. ``progress(step, device
     s, wall s)`` after each step; ``during(step, device s so far, tiles so far, wall s so far,
-    planner CPU s so far)`` every ``during_every_s`` of wall time within a step;
-    ``on_planning()`` as the plans before the first step start and ``on_planned(shapes,
-    processes, wall s, CPU s)`` once they are made (as the PS makes them: a large topology's
-    take most of its first step's wall time, a job of millions of tokens a step minutes)."""
+    planner CPU s so far, GEMMs submitted so far, the step's GEMMs)`` every
+    ``during_every_s`` of wall time within a step;
+    ``on_planning()`` as the plans before the first step start, ``planning(shapes planned,
+    shapes, wall s so far)`` every ``during_every_s`` while they are made and
+    ``on_planned(shapes, processes, wall s, CPU s)`` once they are (as the PS makes them: a
+    large topology's take most of its first step's wall time, a job of millions of tokens a
+    step minutes)."""
     from testbed.ps_backend.bound import BoundTotals, efficiency
     from testbed.ps_backend.step_plan import planning_workers
     from testbed.runlog import RunLog
@@ -63,7 +68,8 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         assert sim is not None
         step, wall0, planned0 = current
         during(step, device_s, stats.tiles, time.monotonic() - wall0,
-               sim.planner.cpu_s - planned0)
+               sim.planner.cpu_s - planned0, stats.gemms_offloaded + stats.gemms_local,
+               sim.step_gemms)
     sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s,
                      tile=log.tile if trace_tiles else None,
                      during=within if during is not None else None,
@@ -79,7 +85,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
                   simulated=True, ps_gemm_s=ps_gemm_s)
         if on_planning is not None:
             on_planning()
-        sim.start(plan_workers=planning_workers())
+        sim.start(plan_workers=planning_workers(), planning=planning)
         if on_planned is not None and sim.planned is not None and sim.planned.shapes:
             on_planned(*sim.planned)
         for step in range(job.steps):
@@ -161,12 +167,14 @@ def step_line(step: int, device_s: float, wall_s: float) -> str:
     return f"step {step}: {device_s:.3f} s device time ({wall_s:.2f} s to simulate)"
 
 
-def during_line(step: int, device_s: float, tiles: int, wall_s: float, planning_s: float
-                ) -> str:
-    """The line printed every 10 s of wall time within a step (device and wall seconds, tiles
-    and the planner's CPU seconds so far)."""
-    return (f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles "
-            f"({wall_s:.0f} s to simulate so far, {planning_s:.0f} CPU s of it planning)")
+def during_line(step: int, device_s: float, tiles: int, wall_s: float, planning_s: float,
+                gemms: int, step_gemms: int) -> str:
+    """The line printed every 10 s of wall time within a step (device and wall seconds, tiles,
+    the planner's CPU seconds and the GEMMs submitted so far, of the step's: how far the step
+    is, where tiles and device seconds do not say)."""
+    return (f"  step {step}: {device_s:.3f} s of device time so far, {tiles:,} tiles, "
+            f"{gemms:,} of {step_gemms:,} GEMMs submitted ({wall_s:.0f} s to simulate so far, "
+            f"{planning_s:.0f} CPU s of it planning)")
 
 
 def planned_line(shapes: int, processes: int, wall_s: float, cpu_s: float) -> str:
@@ -196,6 +204,7 @@ def tile_tp_only(args: argparse.Namespace, strategy: str) -> str | None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """The `testbed simulate` command."""
+    from testbed.ps_backend.planning_processes import progress_line
     from testbed.runlog import read_jsonl
     from testbed.up import load_run_inputs, make_run_dir, portable_input
 
@@ -219,13 +228,17 @@ def run_simulate(args: argparse.Namespace) -> int:
     def progress(step: int, device_s: float, wall_s: float) -> None:
         print(step_line(step, device_s, wall_s), flush=True)
 
-    def during(step: int, device_s: float, tiles: int, wall_s: float, planning_s: float
-               ) -> None:
-        print(during_line(step, device_s, tiles, wall_s, planning_s), flush=True)
+    def during(step: int, device_s: float, tiles: int, wall_s: float, planning_s: float,
+               gemms: int, step_gemms: int) -> None:
+        print(during_line(step, device_s, tiles, wall_s, planning_s, gemms, step_gemms),
+              flush=True)
 
     def planning() -> None:
         print("planning every linear's tiles before the first step (minutes for a job of "
               "millions of tokens a step)", flush=True)
+
+    def planning_progress(planned: int, shapes: int, wall_s: float) -> None:
+        print(progress_line(planned, shapes, wall_s), flush=True)
 
     def planned(shapes: int, processes: int, wall_s: float, cpu_s: float) -> None:
         print(planned_line(shapes, processes, wall_s, cpu_s), flush=True)
@@ -238,6 +251,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             summary = simulate(topology, run_dir, schedule, progress=progress,
                                ps_gemm_s=args.ps_gemm_s, trace_tiles=args.trace_tiles,
                                during=during, on_planned=planned,
+                               planning=planning_progress,
                                on_planning=(planning if topology.job.parallelism.planner
                                             != "fifo" else None))
     except KeyboardInterrupt:

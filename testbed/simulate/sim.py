@@ -194,6 +194,8 @@ class Simulation(EventLoop):
         self.departed: list[dict[str, Any]] = []
         self._partitioned: set[str] = set()  # names of devices whose links are down
         self.tiles_per_gemm: dict[str, int] = {}
+        # a step's GEMMs, offloaded or not (a long step's progress says how many are submitted)
+        self.step_gemms = sum(len(group) for group in step_chain(job))
         self.planned: Planned | None = None  # set by start() when it plans ahead
         self.tick_s = min(0.25, self.config.lease_s / 4)  # PsServer._watch_leases' period
         self._ticking = False
@@ -531,17 +533,20 @@ class Simulation(EventLoop):
             self.pump()
 
     # -- the run -------------------------------------------------------------------------------
-    def start(self, plan_workers: int = 0) -> None:
+    def start(self, plan_workers: int = 0,
+              planning: Callable[[int, int, float], None] | None = None) -> None:
         """Devices present at the start join; with ``plan_workers``, every linear is planned
         in that many processes before training starts, as the PS plans (:meth:`plan_ahead`,
-        the ``planned`` event and :attr:`planned`); churn actions are queued at their times."""
+        the ``planned`` event and :attr:`planned`; ``planning(shapes planned, shapes, wall s
+        so far)`` every ``during_every_s`` meanwhile); churn actions are queued at their
+        times."""
         present = self.schedule.initially_present if self.schedule is not None else \
             frozenset(self.devices)
         self._wanted = set(present)
         self.join_all([dev for name, dev in self.devices.items() if name in present])
         if plan_workers:
             started, cpu0 = time.monotonic(), self.planner.cpu_s
-            shapes = self.plan_ahead(plan_workers)
+            shapes = self.plan_ahead(plan_workers, planning)
             self.planned = Planned(shapes, self.planner.processes, time.monotonic() - started,
                                    self.planner.cpu_s - cpu0)
             self.emit("planned", shapes=shapes, wall_s=round(self.planned.wall_s, 3),
@@ -554,14 +559,16 @@ class Simulation(EventLoop):
             for action in self.schedule.actions:
                 self.at(action.time_s, functools.partial(self._track, action))
 
-    def plan_ahead(self, workers: int = 1) -> int:
+    def plan_ahead(self, workers: int = 1,
+                   progress: Callable[[int, int, float], None] | None = None) -> int:
         """Every linear's plans before the first step, with the devices present, as the PS
-        makes them (``ps_backend.main._plan_ahead``, :meth:`StepPlanner.prepare`); the
-        number of shapes planned."""
+        makes them (``ps_backend.main._plan_ahead``, :meth:`StepPlanner.prepare`, which calls
+        ``progress`` every ``during_every_s`` of wall time); the number of shapes planned."""
         tokens = self.job.batch_size * self.job.model.seq_len
         slots = [d.slot for d in self.devices.values() if d.slot is not None]
         return self.planner.prepare([(tokens, lin.d_out, lin.d_in) for lin in linears(self.job)],
-                                    self.dtype.itemsize, slots, workers=workers)
+                                    self.dtype.itemsize, slots, workers=workers,
+                                    progress=progress, progress_every_s=self.during_every_s)
 
     def _track(self, action: ChurnAction) -> None:
         if action.event is ChurnEvent.JOIN:

@@ -93,9 +93,9 @@ def test_devices_it_does_not_simulate_are_said(
 
 def test_the_progress_line_says_which_seconds_are_which() -> None:
     """'(12 s, planning 12 CPU s of them)' did not say the 12 s were wall seconds."""
-    line = during_line(0, 0.098, 404, 12.4, 0.2)
-    assert line == ("  step 0: 0.098 s of device time so far, 404 tiles "
-                    "(12 s to simulate so far, 0 CPU s of it planning)")
+    line = during_line(0, 0.098, 404, 12.4, 0.2, 2, 291)
+    assert line == ("  step 0: 0.098 s of device time so far, 404 tiles, 2 of 291 GEMMs "
+                    "submitted (12 s to simulate so far, 0 CPU s of it planning)")
 
 
 def test_help_names_what_each_option_takes(capsys: pytest.CaptureFixture[str]) -> None:

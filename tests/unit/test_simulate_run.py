@@ -320,7 +320,7 @@ def test_simulate_reports_its_planning_before_and_while_it_runs(tmp_path: Path) 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     summary = simulate(topology, run_dir, noise=False, report=False,
-                       during=lambda step, _d, _t, wall, planning:
+                       during=lambda step, _d, _t, wall, planning, *_gemms:
                        seen.append((step, wall, planning)),
                        during_every_s=0.0,
                        on_planning=lambda: planned.append(()),  # said before it plans
