@@ -4,6 +4,12 @@ The fake phone is unrooted: its adb shell has no Python, and its Termux answers 
 RUN_COMMAND intent by running the pushed ``termux-agent.sh`` (a real /bin/sh process) with a
 python that can hide numpy or grpc. The doctor's last check is a real join through the phone's
 reverse port against a throwaway gRPC PS; the bridge test runs the real agent the same way.
+
+The doctor runs through the command line's entry point (``testbed.cli.main``) in this process,
+as `testbed adb doctor` would run it, with one difference: no phone here runs the Termux
+listener, so the wait for it always ends empty, and it is 0.5 s instead of the doctor's 5 s (and
+the bridge's 2.5 s; the listener's own tests, where it dials, are in
+test_adb_termux_listener.py).
 """
 
 from __future__ import annotations
@@ -13,14 +19,17 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from testbed.adb_bridge import AdbBridge, agent_package
-from testbed.adb_bridge.doctor import ThrowawayPS
+from testbed.adb_bridge import doctor as doctor_module
+from testbed.adb_bridge.doctor import Doctor, ThrowawayPS
 from testbed.adb_bridge.server_address import adb_address
+from testbed.cli import main
 from tests.conftest import host_cmdlines, wait_for
 from tests.fakes.adb_phones import termux_phone
 from tests.fakes.fake_adb import FakeAdbServer, phone_pids
@@ -38,12 +47,33 @@ def fake_adb_server() -> Iterator[FakeAdbServer]:
     server.stop()
 
 
-def doctor(port: int, *args: str, env: dict[str, str] | None = None
-           ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "testbed.cli", "adb", "doctor", *args],
-                          capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env=dict(os.environ, **(env or {}),
-                                   ANDROID_ADB_SERVER_PORT=str(port)))
+@dataclass
+class NoListenerDoctor(Doctor):
+    """The doctor, waiting 0.5 s for a Termux listener that none of these phones runs."""
+
+    listener_timeout_s: float = 0.5
+
+
+RunDoctor = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def doctor(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> RunDoctor:
+    """``doctor(port, *args, env=None)``: `testbed adb doctor ARGS` with the adb server port in
+    the environment, through the command line's entry point: its exit code and output."""
+    monkeypatch.setattr(doctor_module, "Doctor", NoListenerDoctor)
+
+    def run(port: int, *args: str, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        argv = ["adb", "doctor", *args]
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            for key, value in {**(env or {}), "ANDROID_ADB_SERVER_PORT": str(port)}.items():
+                m.setenv(key, value)
+            code = main(argv)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["testbed", *argv], code, out.out, out.err)
+    return run
 
 
 def plug(server: FakeAdbServer, tmp_path: Path, **kwargs: Any) -> Any:
@@ -52,7 +82,7 @@ def plug(server: FakeAdbServer, tmp_path: Path, **kwargs: Any) -> Any:
 
 
 def test_doctor_ready_phone_joins_and_leaves(fake_adb_server: FakeAdbServer,
-                                             tmp_path: Path) -> None:
+                                             doctor: RunDoctor, tmp_path: Path) -> None:
     phone = plug(fake_adb_server, tmp_path)
     done = doctor(fake_adb_server.port, SERIAL, "--push")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -67,6 +97,7 @@ def test_doctor_ready_phone_joins_and_leaves(fake_adb_server: FakeAdbServer,
 
 
 def test_doctor_reads_a_phone_without_shell_v2_end_to_end(fake_adb_server: FakeAdbServer,
+                                                          doctor: RunDoctor,
                                                           tmp_path: Path) -> None:
     """Every check through shell protocol v1 (no exit status of its own, stderr merged into
     stdout): adbutils' shell2 read such a phone as blank."""
@@ -91,9 +122,9 @@ def test_doctor_reads_a_phone_without_shell_v2_end_to_end(fake_adb_server: FakeA
     ("no numpy", {"modules": ("grpc",)}, "[FAIL] termux python: python 3", "in Termux run: pkg "
      "install python-numpy"),
 ])
-def test_doctor_names_problem_and_fix(fake_adb_server: FakeAdbServer, tmp_path: Path,
-                                      scenario: str, kwargs: dict[str, Any], problem: str,
-                                      fix: str) -> None:
+def test_doctor_names_problem_and_fix(fake_adb_server: FakeAdbServer, doctor: RunDoctor,
+                                      tmp_path: Path, scenario: str, kwargs: dict[str, Any],
+                                      problem: str, fix: str) -> None:
     installed = kwargs.pop("installed", True)
     phone = plug(fake_adb_server, tmp_path, **kwargs)
     if not installed:
@@ -111,7 +142,8 @@ def test_doctor_names_problem_and_fix(fake_adb_server: FakeAdbServer, tmp_path: 
         assert "numpy missing" in done.stdout and "No module named 'numpy'" in done.stdout
 
 
-def test_doctor_agent_version_mismatch(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+def test_doctor_agent_version_mismatch(fake_adb_server: FakeAdbServer, doctor: RunDoctor,
+                                       tmp_path: Path) -> None:
     phone = plug(fake_adb_server, tmp_path)
     phone.files[f"{agent_package.PHONE_DIR}/agent.zip"] = (0o100644, b"an older agent", 0)
     done = doctor(fake_adb_server.port, SERIAL)
@@ -120,7 +152,8 @@ def test_doctor_agent_version_mismatch(fake_adb_server: FakeAdbServer, tmp_path:
     assert f"fix: `testbed adb doctor {SERIAL} --push`" in done.stdout
 
 
-def test_doctor_unplugged_and_no_server(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+def test_doctor_unplugged_and_no_server(fake_adb_server: FakeAdbServer, doctor: RunDoctor,
+                                        tmp_path: Path) -> None:
     done = doctor(fake_adb_server.port, SERIAL)
     assert done.returncode == 1
     assert f"[FAIL] phone: {SERIAL} is not connected" in done.stdout
@@ -167,7 +200,8 @@ def test_bridge_runs_agent_in_termux_and_stops_it(fake_adb_server: FakeAdbServer
     ps = ThrowawayPS(token, hold=True).start()
     events: list[Any] = []
     bridge = AdbBridge("127.0.0.1", fake_adb_server.port, f"127.0.0.1:{ps.port}", token,
-                       telemetry_interval_s=0.3, agent_grace_s=10, on_event=events.append)
+                       telemetry_interval_s=0.3, agent_grace_s=10, listener_grace_s=0.5,
+                       on_event=events.append)
     try:
         bridge.start()
         assert ps.done.wait(90), [(e.kind, e.data) for e in events]

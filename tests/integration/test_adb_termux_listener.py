@@ -8,6 +8,11 @@ control port through the fake's reverse forwarding to the bridge. Another app on
 impersonates the listener; the bridge finds its uid in the phone's socket table (the fake builds
 ``/proc/net/tcp`` from this host's, with the owners' uids) and refuses it. The real ``adb``
 client reads the same table and the reverse rules from the fake.
+
+`testbed adb doctor` and `testbed adb measure` run through the command line's entry point
+(``testbed.cli.main``) in this process. Before the user starts the listener, nothing can dial the
+control port, so there the wait for it (5 s for the doctor, 10 s for measure) is 0.5 s: it ends
+empty however long it is. Every wait for a listener or an app that does dial is the command's own.
 """
 
 from __future__ import annotations
@@ -19,14 +24,18 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from testbed.adb_bridge import AdbBridge, agent_package
-from testbed.adb_bridge.doctor import ThrowawayPS
+from testbed.adb_bridge import doctor as doctor_module
+from testbed.adb_bridge import measure as measure_module
+from testbed.adb_bridge.doctor import Doctor, ThrowawayPS
 from testbed.adb_bridge.termux_control import parse_proc_net_tcp
+from testbed.cli import main
 from testbed.runlog import read_jsonl
 from tests.conftest import (
     host_cmdlines,
@@ -48,7 +57,6 @@ from tests.fakes.fake_adb import (
 
 pytestmark = pytest.mark.integration
 SERIAL = "STOCK1"
-ROOT = Path(__file__).resolve().parents[2]
 ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 # Another app that speaks the listener's hello and records whatever it is sent.
@@ -93,18 +101,51 @@ def plug(server: FakeAdbServer, tmp_path: Path) -> Any:
     return server.plug(phone)
 
 
-def doctor(port: int, phone_port: int, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "testbed.cli", "adb", "doctor", SERIAL,
-                           "--phone-port", str(phone_port), *args],
-                          capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env=dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port)))
+NO_LISTENER_S = 0.5  # the wait for a listener before anything can dial the control port
+
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def testbed_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> RunCli:
+    """``testbed_cli(adb_port, *argv, listener_s=None)``: `testbed ARGV` with the adb server
+    port in the environment, through the command line's entry point: its exit code and output.
+    ``listener_s`` is how long the doctor or measure waits for the Termux listener (None: the
+    command's own wait)."""
+    def run(port: int, *argv: str, listener_s: float | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            m.setenv("ANDROID_ADB_SERVER_PORT", str(port))
+            if listener_s is not None:
+                @dataclass
+                class ShortDoctor(Doctor):
+                    listener_timeout_s: float = listener_s
+
+                class ShortRunner(measure_module.AdbGemmRunner):
+                    def __init__(self, device: Any, **kwargs: Any) -> None:
+                        super().__init__(device, **kwargs, listener_wait_s=listener_s)
+
+                m.setattr(doctor_module, "Doctor", ShortDoctor)
+                m.setattr(measure_module, "AdbGemmRunner", ShortRunner)
+            code = main(list(argv))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["testbed", *argv], code, out.out, out.err)
+    return run
+
+
+def doctor(testbed_cli: RunCli, port: int, phone_port: int, *args: str,
+           listener_s: float | None = None) -> subprocess.CompletedProcess[str]:
+    return testbed_cli(port, "adb", "doctor", SERIAL, "--phone-port", str(phone_port), *args,
+                       listener_s=listener_s)
 
 
 def test_doctor_asks_for_the_listener_then_passes_through_it(
-        fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+        fake_adb_server: FakeAdbServer, testbed_cli: RunCli, tmp_path: Path) -> None:
     phone = plug(fake_adb_server, tmp_path)
     base = free_port_base()
-    first = doctor(fake_adb_server.port, base, "--push")
+    first = doctor(testbed_cli, fake_adb_server.port, base, "--push", listener_s=NO_LISTENER_S)
     assert first.returncode == 1, first.stdout + first.stderr
     assert ("[FAIL] termux listener: not running, and this phone does not let the adb shell "
             "send Termux's RUN_COMMAND intent") in first.stdout, first.stdout
@@ -112,7 +153,7 @@ def test_doctor_asks_for_the_listener_then_passes_through_it(
             f"127.0.0.1:{base + 2}` (once; leave it running)") in first.stdout, first.stdout
     # The user types the command the doctor printed; the doctor pushed the script it runs.
     fake_adb_server.termux_serve(SERIAL, f"127.0.0.1:{base + 2}")
-    second = doctor(fake_adb_server.port, base, "--push")
+    second = doctor(testbed_cli, fake_adb_server.port, base, "--push")
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"[ok] termux listener: `sh /data/local/tmp/testbed/termux-agent.sh serve " \
            f"127.0.0.1:{base + 2}` is connected as uid {TERMUX_UID}" in second.stdout
@@ -125,12 +166,12 @@ def test_doctor_asks_for_the_listener_then_passes_through_it(
 
 
 def test_doctor_names_an_app_that_holds_the_control_port(
-        fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+        fake_adb_server: FakeAdbServer, testbed_cli: RunCli, tmp_path: Path) -> None:
     plug(fake_adb_server, tmp_path)
     base = free_port_base()
     got = tmp_path / "impostor.bin"
     fake_adb_server.run_app(SERIAL, [sys.executable, "-c", IMPOSTOR, str(base + 2), str(got)])
-    done = doctor(fake_adb_server.port, base, "--push")
+    done = doctor(testbed_cli, fake_adb_server.port, base, "--push")
     assert done.returncode == 1, done.stdout + done.stderr
     assert (f"[FAIL] termux listener: uid {OTHER_APP_UID} (not Termux, uid {TERMUX_UID}) is "
             f"connected to the control port 127.0.0.1:{base + 2}") in done.stdout, done.stdout
@@ -139,14 +180,14 @@ def test_doctor_names_an_app_that_holds_the_control_port(
 
 
 def test_doctor_names_an_app_that_took_the_control_port_first(
-        fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+        fake_adb_server: FakeAdbServer, testbed_cli: RunCli, tmp_path: Path) -> None:
     plug(fake_adb_server, tmp_path)
     base = free_port_base()
     squat = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); "
              "time.sleep(600)" % (base + 2))
     fake_adb_server.run_app(SERIAL, [sys.executable, "-c", squat])
     wait_for(lambda: _accepts(base + 2), 30, "the app to listen on the control port")
-    done = doctor(fake_adb_server.port, base, "--push")
+    done = doctor(testbed_cli, fake_adb_server.port, base, "--push")
     assert done.returncode == 1, done.stdout + done.stderr
     assert (f"[FAIL] termux listener: adb reverse tcp:{base + 2} failed (") in done.stdout
     assert f"something on the phone already listens on 127.0.0.1:{base + 2}" in done.stdout
@@ -161,21 +202,21 @@ def _accepts(port: int) -> bool:
         return False
 
 
-def test_measure_through_the_listener(fake_adb_server: FakeAdbServer, tmp_path: Path) -> None:
+def test_measure_through_the_listener(fake_adb_server: FakeAdbServer, testbed_cli: RunCli,
+                                      tmp_path: Path) -> None:
     plug(fake_adb_server, tmp_path)
     base = free_port_base()
     out = tmp_path / "phone.csv"
-    argv = [sys.executable, "-m", "testbed.cli", "adb", "measure", SERIAL, "--phone-port",
-            str(base), "--limit", "2", "--repeats", "1", "--passes", "1", "--out", str(out)]
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(fake_adb_server.port))
-    first = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    argv = ["adb", "measure", SERIAL, "--phone-port", str(base), "--limit", "2", "--repeats",
+            "1", "--passes", "1", "--out", str(out)]
+    first = testbed_cli(fake_adb_server.port, *argv, listener_s=NO_LISTENER_S)
     assert first.returncode == 1 and not out.exists(), first.stdout + first.stderr
     assert ("no Python that the adb shell can run on this phone, and no Termux listener "
             "connected") in first.stderr
     assert f"in Termux run `sh /data/local/tmp/testbed/termux-agent.sh serve 127.0.0.1:" \
            f"{base + 2}`" in first.stderr
     fake_adb_server.termux_serve(SERIAL, f"127.0.0.1:{base + 2}")
-    second = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    second = testbed_cli(fake_adb_server.port, *argv)
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"2 shapes measured on {SERIAL}" in second.stdout
     rows = [line for line in out.read_text().splitlines() if line and not line.startswith("#")]

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -22,8 +22,9 @@ PIN = "sha256:" + "ab" * 32  # well formed; no PS has it
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30.0
             ) -> subprocess.CompletedProcess[str]:
-    """The command in a fresh interpreter (a join that is not refused runs until the timeout,
-    which fails the test; adbutils must not be imported already)."""
+    """The command in a fresh interpreter (a token file is refused by the agent `testbed join`
+    starts, and a join that is not refused runs until the timeout, which fails the test;
+    adbutils must not be imported already)."""
     proc = subprocess.Popen(cli_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
@@ -33,6 +34,27 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30
         proc.communicate()
         pytest.fail(f"{' '.join(args)}: still running after {timeout_s:g} s (not refused)")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+@pytest.fixture
+def refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+            ) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``refused(*args)``: the command through the command line's entry point in this process,
+    for a `testbed join` that its parser must refuse: were it not refused, the agent it starts
+    fails the test at once (in place of an agent retrying a PS for ever)."""
+    import testbed.agent.__main__ as agent_main
+
+    def not_refused(argv: list[str], stopped_exit: int = 0) -> int:
+        pytest.fail(f"not refused: the agent was started with {argv}")
+
+    monkeypatch.setattr(agent_main, "main", not_refused)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+    return run
 
 
 @pytest.fixture
@@ -48,8 +70,9 @@ def token_file(tmp_path: Path) -> Path:
     "127.0.0.1", "127.0.0.1:notaport", "", ":", "127.0.0.1:99999999999999999999999",
     "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:-5", "http://127.0.0.1:9", "::1:50051",
     "[not-v6]:5", "999.0.0.1:5"])
-def test_join_refuses_a_malformed_ps_address(address: str, token_file: Path) -> None:
-    done = run_cli("join", address, "--fingerprint", PIN, "--token-file", str(token_file))
+def test_join_refuses_a_malformed_ps_address(address: str, token_file: Path,
+                                             refused: Callable[..., Any]) -> None:
+    done = refused("join", address, "--fingerprint", PIN, "--token-file", str(token_file))
     assert done.returncode == 2, done.stderr
     assert "testbed join: error: argument PS_ADDRESS: expected HOST:PORT" in done.stderr
     assert "Traceback" not in done.stderr
@@ -67,8 +90,9 @@ def test_join_refuses_an_empty_blank_or_binary_token_file(content: bytes, tmp_pa
 
 
 @pytest.mark.parametrize("name", ["-x", "", "a\nb", "Laptop", "a" * 25, "a b", "a\n"])
-def test_join_refuses_a_name_a_topology_could_not_have(name: str, token_file: Path) -> None:
-    done = run_cli("join", f"127.0.0.1:{closed_port()}", "--fingerprint", PIN,
+def test_join_refuses_a_name_a_topology_could_not_have(name: str, token_file: Path,
+                                                      refused: Callable[..., Any]) -> None:
+    done = refused("join", f"127.0.0.1:{closed_port()}", "--fingerprint", PIN,
                    "--token-file", str(token_file), f"--name={name}")
     assert done.returncode == 2, done.stderr
     assert "testbed join: error: argument --name: expected lower-case letters" in done.stderr
