@@ -12,6 +12,13 @@ is the largest process's: the child's or a planning process's.
 
     .venv/bin/python bench/simulate_scale.py [--quick] [--steps N] [--timeout-s S]
                                              [--devices 100,1000] [--models opt-125m]
+    .venv/bin/python bench/simulate_scale.py --topology bench/topologies/mixed-1000.yaml \
+        --timeout-s 120
+
+``--topology FILE`` simulates that file's devices and job instead (its own steps unless
+``--steps``): ``bench/topologies/mixed-1000.yaml`` is a thousand devices of six kinds on five
+access switches (docs/simulate.md, "Heterogeneous groups at a thousand devices"); a case still
+running at ``--timeout-s`` prints the tiles it simulated by then, a rate to compare.
 """
 
 from __future__ import annotations
@@ -73,8 +80,10 @@ def _out_of_time(_signum: int, _frame: Any) -> None:
     raise _OutOfTime()
 
 
-def one_case(devices: int, model: str, steps: int, timeout_s: float) -> dict[str, Any]:
-    """Run in this process: simulate and measure; after timeout_s, say how far it got."""
+def one_case(devices: int, model: str, steps: int, timeout_s: float,
+             topology_file: str | None = None) -> dict[str, Any]:
+    """Run in this process: simulate and measure; after timeout_s, say how far it got
+    (``topology_file``: that file, with ``steps`` steps, instead of the generated one)."""
     from testbed.simulate import sim as sim_module
     from testbed.simulate.run import simulate
     from testbed.topology import load_topology
@@ -91,8 +100,11 @@ def one_case(devices: int, model: str, steps: int, timeout_s: float) -> dict[str
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.yaml"
-        path.write_text(topology_yaml(devices, model, steps))
-        topology = load_topology(path)
+        if topology_file:
+            topology = load_topology(topology_file).with_overrides(steps=steps)
+        else:
+            path.write_text(topology_yaml(devices, model, steps))
+            topology = load_topology(path)
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         start = time.monotonic()
@@ -140,19 +152,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated job shapes (default " + ",".join(MODELS) + ")")
     p.add_argument("--devices", type=list_arg(int_arg(1, 1_000_000)), default=[],
                    help="comma-separated device counts (default 100,1000,10000; quick: 100)")
+    p.add_argument("--topology", metavar="FILE",
+                   help="simulate this topology file instead (--devices and --models ignored)")
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
         print(json.dumps(one_case(int(args.case[0]), args.case[1], args.steps,
-                                  args.timeout_s)))
+                                  args.timeout_s, args.topology)))
         return 0
     sizes = args.devices or ([100] if args.quick else [100, 1000, 10000])
+    models = args.models
+    extra: list[str] = []
+    if args.topology:
+        from testbed.topology import load_topology
+        given = load_topology(args.topology)
+        sizes, models = [len(given.devices)], [Path(args.topology).stem]
+        extra = ["--topology", args.topology]
     print(f"{'model':10} {'devices':>7} {'steps/wall s':>12} {'wall s':>8} {'cpu s':>8} "
           f"{'planner cpu s':>13} {'device s/step':>13} {'tiles':>8} {'peak RSS MB':>11}",
           flush=True)
-    for model in args.models:
+    for model in models:
         for n in sizes:
-            cmd = [sys.executable, __file__, "--case", str(n), model, "--steps", str(args.steps)]
+            cmd = [sys.executable, __file__, "--case", str(n), model, "--steps", str(args.steps),
+                   *extra]
             try:
                 out = subprocess.run(cmd + ["--timeout-s", str(args.timeout_s)],
                                      capture_output=True, text=True,

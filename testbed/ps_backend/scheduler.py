@@ -49,15 +49,16 @@ Affinity: among the first ``AFFINITY_SCAN`` pending tasks, a device gets the one
 already caches most of (on a hit only the other block travels).
 
 **Indexes, not scans.** The queue (:class:`PendingQueue`) keeps positions and an index by owner,
-and the copies in flight are indexed by remaining time (:class:`BackupIndex`), so a pick or a
-backup search does not walk every task or every device; the choices are those of the plain
-scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a reference). Copies
-on a device whose overhead is unknown wait outside that index until they may be backed up.
-:meth:`Scheduler.assign_each` offers work to devices fastest first, as the PS pumps, and stops
-once no device left could take anything; :meth:`Scheduler.assign_ready` makes the same choices
-over a :class:`ReadyIndex`, which files the ready devices by overhead bucket as well, so that a
-pump offers a steal or a backup only to devices whose own overhead and speed let them pass the
-test (``tests/unit/test_scheduler_ready_index.py``).
+and the copies in flight are indexed by remaining time, one index per tile size
+(:class:`BackupClasses` of :class:`BackupIndex`), so a pick or a backup search does not walk every
+task or every device, nor the copies of tiles too large for the device searching; the choices are
+those of the plain scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a
+reference). Copies on a device whose overhead is unknown wait outside that index until they may be
+backed up. :meth:`Scheduler.assign_each` offers work to devices fastest first, as the PS pumps, and
+stops once no device left could take anything; :meth:`Scheduler.assign_ready` makes the same
+choices over a :class:`ReadyIndex`, which files the ready devices by overhead bucket as well, so
+that a pump offers a steal or a backup only to devices whose own overhead and speed let them pass
+the test (``tests/unit/test_scheduler_ready_index.py``).
 
 **Checks and quarantine.** Every result is checked (:mod:`testbed.ps_backend.validation`). A
 device that fails ``quarantine_after`` checks (0: never) is quarantined: it gets no more work, its
@@ -432,6 +433,7 @@ class BackupIndex:
         self._waiting_due: list[tuple[float, int, int, int, Copy, DeviceSlot]] = []
         self.min_flops = math.inf  # no current entry has fewer FLOPs (a bound, not exact)
         self.min_nbytes = math.inf  # nor fewer operand bytes (A and B blocks; a bound)
+        self.min_result_nbytes: float = math.inf  # nor fewer result bytes (a bound)
         # per operand block key, the copies whose task uses it (a superset: copies that left
         # are dropped when met and at compaction), so a device can find the copies whose
         # blocks it holds
@@ -458,6 +460,7 @@ class BackupIndex:
         task = copy.task
         self.min_flops = min(self.min_flops, task.flops)
         self.min_nbytes = min(self.min_nbytes, task.a_nbytes + task.b_nbytes)
+        self.min_result_nbytes = min(self.min_result_nbytes, task.result_nbytes)
         held = (copy, slot, copy.idx_ver)
         by_block = self._by_block
         for key, _ in task.blocks:
@@ -561,7 +564,7 @@ class BackupIndex:
         for task_id in [t for t, copies in self._parked.items()
                         if not any(s.in_flight.get(t) is c for c, s in copies)]:
             del self._parked[task_id]
-        self.min_flops = self.min_nbytes = math.inf
+        self.min_flops = self.min_nbytes = self.min_result_nbytes = math.inf
         self._by_block = {}
         for e in self._earliest:  # every current entry: in the lists or waiting
             self._file_blocks(e[4], e[5])
@@ -569,6 +572,7 @@ class BackupIndex:
             for copy, _ in copies:
                 self.min_flops = min(self.min_flops, copy.task.flops)
                 self.min_nbytes = min(self.min_nbytes, copy.task.a_nbytes + copy.task.b_nbytes)
+                self.min_result_nbytes = min(self.min_result_nbytes, copy.task.result_nbytes)
         self._added = 0
         self._kept = len(self._by_expected) + len(self._waiting_due)
 
@@ -578,6 +582,10 @@ class BackupIndex:
         while heap and not self.current(heap[0]):
             heapq.heappop(heap)
         return heap[0][0] if heap else math.inf
+
+    def empty(self) -> bool:
+        """Whether no copy is indexed here any more, parked ones included."""
+        return math.isinf(self.earliest_expected_s()) and not self._parked
 
     def most_remaining_s(self, now_s: float, overdue_s: float) -> float:
         """No candidate copy has more remaining time than this at now_s (-inf: none);
@@ -663,6 +671,68 @@ class BackupIndex:
                 else:
                     j += 1
                 head2 = None
+
+
+class BackupClasses:
+    """The copies in flight, one :class:`BackupIndex` per tile size (a task's FLOPs).
+
+    A backup search (:meth:`Scheduler._backup_candidate`) walks one size at a time, and within
+    a size it stops as soon as the device could not finish a tile of that size in time: the
+    walk over every size at once stopped only at the smallest tile's bound, so a slow device
+    walked past every large tile in flight. With a thousand devices of six kinds, each plan
+    giving every kind its own tile size, no tile pending and thousands out, a result's pump
+    walked every copy for each of a hundred idle devices (0.4-2 s of the PS's time a result;
+    docs/simulate.md, "Heterogeneous groups at a thousand devices"). A plan has a few sizes a
+    GEMM, so the classes are few; a class is dropped once nothing is indexed in it.
+    """
+
+    def __init__(self, devices: dict[str, DeviceSlot]):
+        self._devices = devices
+        self.classes: dict[float, BackupIndex] = {}
+
+    def add(self, copy: Copy, slot: DeviceSlot) -> None:
+        """Index a copy just handed out (:meth:`BackupIndex.add`)."""
+        index = self.classes.get(copy.task.flops)
+        if index is None:
+            index = self.classes[copy.task.flops] = BackupIndex(self._devices)
+        index.add(copy, slot)
+
+    def known(self, slot: DeviceSlot) -> None:
+        """The device's overhead became known (:meth:`BackupIndex.known`)."""
+        for index in self.classes.values():
+            index.known(slot)
+
+    def unpark(self, task: Task) -> None:
+        """A holder of the task let go (:meth:`BackupIndex.unpark`)."""
+        index = self.classes.get(task.flops)
+        if index is not None:
+            index.unpark(task)
+
+    @property
+    def min_flops(self) -> float:
+        """No copy indexed has fewer FLOPs (inf: none; a bound, not exact)."""
+        return min((index.min_flops for index in self.classes.values()), default=math.inf)
+
+    def earliest_expected_s(self) -> float:
+        """The earliest predicted return of any copy in the search (inf: none)."""
+        return min((index.earliest_expected_s() for index in self.classes.values()),
+                   default=math.inf)
+
+    def mosts(self, now_s: float, overdue_s: float) -> list[tuple[BackupIndex, float]]:
+        """Each class with copies in the search, and the most remaining time of any (the
+        classes that hold nothing any more are dropped here)."""
+        out = []
+        for flops, index in list(self.classes.items()):
+            most = index.most_remaining_s(now_s, overdue_s)
+            if most > -math.inf:
+                out.append((index, most))
+            elif index.empty():
+                del self.classes[flops]
+        return out
+
+    def most_remaining_s(self, now_s: float, overdue_s: float) -> float:
+        """No candidate copy has more remaining time than this at now_s (-inf: none)."""
+        return max((most for _, most in self.mosts(now_s, overdue_s)), default=-math.inf)
 
 
 _first_item = operator.itemgetter(0)
@@ -1046,7 +1116,7 @@ class Scheduler:
                  speculate: bool = True, window_scale: float = WINDOW_SCALE):
         self.devices: dict[str, DeviceSlot] = {}
         self.pending = PendingQueue(self._owner_dead)
-        self._backups = BackupIndex(self.devices)
+        self._backups = BackupClasses(self.devices)
         self._orders = itertools.count()  # registration order of devices
         self._copy_seq = itertools.count()  # order in which copies are handed out
         self.tasks: dict[int, Task] = {}  # live tasks of unfinished GEMMs
@@ -1111,7 +1181,7 @@ class Scheduler:
         learned from its result see it (never later than ``now_s``). Without this, each copy out
         was overdue on waking and backed up, and each result then taught its device an overhead
         of about the pause (9 s after 30 s: a tiny run, as the unit test pauses it)."""
-        index = BackupIndex(self.devices)
+        index = BackupClasses(self.devices)
         for slot in self.devices.values():
             for copy in (*slot.in_flight.values(), *slot.cancelled.values()):
                 copy.sent_s = min(copy.sent_s + lost_s, now_s)
@@ -1358,7 +1428,8 @@ class Scheduler:
         if not self.speculate or math.isinf(index.min_flops):
             return
         overdue_s = OVERDUE_BACKUP_S * self.dilation
-        most = index.most_remaining_s(now_s, overdue_s)
+        mosts = index.mosts(now_s, overdue_s)
+        most = max((m for _, m in mosts), default=-math.inf)
         if most <= 0.0:
             return
         # _backup_candidate gives a device whose overhead is unknown only copies overdue by
@@ -1370,18 +1441,20 @@ class Scheduler:
         # non-increasing in this pump: it only loses copies to new holders, new ones are shorter)
         bar_s = min(most / STRAGGLER_RATIO, most - MIN_BACKUP_GAIN_S)
         devices = self.devices
-        current: float | None = most
+        current: list[tuple[BackupIndex, float]] | None = mosts
         for key in ready.backup_walk(start, bar_s, index.min_flops * self.dilation, unknown):
             slot = devices[key[2]]
             if current is None:
-                current = index.most_remaining_s(now_s, overdue_s)
+                current = index.mosts(now_s, overdue_s)
             if self._no_backup_below(slot.rate_flops, floor_s, now_s, current):
                 break
             if slot.overhead_s is None and \
                     not now_s - index.earliest_expected_s() >= overdue_s:
                 continue  # as above: nothing it could take
-            # _backup_candidate's first test: without it, assign would hand it nothing
-            if copy_pays(current, self._backup_floor_s(slot, now_s)):
+            # _backup_candidate's first test, for each tile size: without it, assign would
+            # hand it nothing
+            if any(copy_pays(most_c, self._backup_floor_s(slot, now_s, c))
+                   for c, most_c in current):
                 got = self.assign(slot.device_id, now_s=now_s)
                 if got:
                     out.append((slot, got))
@@ -1425,19 +1498,23 @@ class Scheduler:
         return copy_pays(bar_s, mine)
 
     def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
-                         most: float | None = None) -> bool:
+                         mosts: list[tuple[BackupIndex, float]] | None = None) -> bool:
         """Whether no device at most this fast, with at least this overhead, can take a
-        backup copy now (``most``: the index's most_remaining_s(now_s), if known)."""
+        backup copy now, of any tile size (``mosts``: the index's :meth:`BackupClasses.mosts`
+        at now_s, if known)."""
         index = self._backups
         if not self.speculate or math.isinf(index.min_flops):
             return True
-        # the least finish_wall_s of such a device (1 - 1e-9: rounding of the sum can only
-        # make the bound looser, never wrong)
-        mine_min = ((index.min_flops / max(rate_flops, 1.0)) * self.dilation + overhead_s) * \
-            (1 - 1e-9)
-        if most is None:
-            most = index.most_remaining_s(now_s, OVERDUE_BACKUP_S * self.dilation)
-        return most <= 0.0 or not copy_pays(most, mine_min)
+        if mosts is None:
+            mosts = index.mosts(now_s, OVERDUE_BACKUP_S * self.dilation)
+        rate = max(rate_flops, 1.0)
+        for size, most in mosts:
+            # the least finish_wall_s of such a device at this size (1 - 1e-9: rounding of
+            # the sum can only make the bound looser, never wrong)
+            mine_min = ((size.min_flops / rate) * self.dilation + overhead_s) * (1 - 1e-9)
+            if most > 0.0 and copy_pays(most, mine_min):
+                return False
+        return True
 
     def _pending_live(self) -> bool:
         first = self.pending.first()
@@ -1586,23 +1663,48 @@ class Scheduler:
             return copy.expected_s - now_s
         return now_s - copy.sent_s
 
-    def _backup_floor_s(self, slot: DeviceSlot, now_s: float) -> float:
-        """No copy's ``mine`` in _backup_candidate's ``qualifies`` is below this: its terms at
-        the fewest FLOPs in flight and no result bytes of the copy's own, the same expressions
-        in the same order (so also after rounding); the blocks the device lacks only add. It
-        counts what the device holds, owes and has queued on its path, which
-        ``finish_wall_s`` does not: on large.yaml's phones 3 of 4 copies the walk tested
-        failed on those alone."""
+    def _backup_floor_s(self, slot: DeviceSlot, now_s: float, index: BackupIndex) -> float:
+        """No ``mine`` in _backup_candidate's ``qualifies`` of a copy in ``index`` (one tile
+        size) is below this: its terms at the fewest FLOPs and result bytes of those copies,
+        the same expressions in the same order (so also after rounding); the blocks the device
+        lacks only add. It counts what the device holds, owes and has queued
+        on its path, which ``finish_wall_s`` does not: on large.yaml's phones 3 of 4 copies the
+        walk tested failed on those alone; on a thousand devices' slow uplinks, most failed on
+        their own result's upload."""
         rate = max(slot.rate_flops, 1.0)
         held = len(slot.in_flight) + len(slot.cancelled) + 1
         fetch = 0 < slot.down_Bps < math.inf
-        return max(held * (self._backups.min_flops / rate),
-                   slot.upload_s(0, slot.owed_nbytes)) * self.dilation + \
+        result = index.min_result_nbytes
+        return max(held * (index.min_flops / rate),
+                   slot.upload_s(0 if math.isinf(result) else int(result),
+                                 slot.owed_nbytes)) * self.dilation + \
             self._overhead_s(slot) + (slot.queued_s(now_s) if fetch else 0.0)
 
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
         """The in-flight task with the longest remaining time whose holder straggles behind
-        this device (ties: the first device registered, then the first copy handed out).
+        this device (ties: the first device registered, then the first copy handed out): the
+        best of each tile size's (:meth:`_candidate_in`, one :class:`BackupIndex` each), by
+        the same order; a size whose longest copy is shorter than the best so far is not
+        searched."""
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        best: Task | None = None
+        best_remaining = 0.0
+        best_key = (0, 0)
+        for index, most in self._backups.mosts(now_s, overdue_s):
+            if most < best_remaining:
+                continue  # none of its copies could beat the best (a tie still may)
+            found = self._candidate_in(index, most, slot, now_s)
+            if found is not None:
+                task, remaining, key = found
+                if best is None or remaining > best_remaining or \
+                        (remaining == best_remaining and key < best_key):
+                    best, best_remaining, best_key = task, remaining, key
+        return best
+
+    def _candidate_in(self, index: BackupIndex, most: float, slot: DeviceSlot, now_s: float
+                      ) -> tuple[Task, float, tuple[int, int]] | None:
+        """The best candidate among one tile size's copies (``most``: their most remaining
+        time now), with its remaining time and tie key, or None.
 
         The index walks copies longest-remaining first, so the walk stops at the first copy that
         could not qualify even at the smallest tile size in flight (``min_flops``), behind the tiles
@@ -1614,12 +1716,10 @@ class Scheduler:
         walking every copy (with hundreds of idle devices on slow links, most copies fail on the
         blocks the device would have to fetch, not on its speed).
         """
-        index = self._backups
         if math.isinf(index.min_flops):
             return None
         overdue_s = OVERDUE_BACKUP_S * self.dilation
-        most = index.most_remaining_s(now_s, overdue_s)
-        floor = self._backup_floor_s(slot, now_s)
+        floor = self._backup_floor_s(slot, now_s, index)
         if not copy_pays(most, floor):
             return None  # not even the longest copy could qualify
         mine_min = self.finish_wall_s(slot, index.min_flops)
@@ -1665,7 +1765,9 @@ class Scheduler:
         # margin: the sum's rounding may only make the bound looser)
         whole = mine_min
         if fetch:
-            whole = (mine_min + index.min_nbytes / down_Bps * dilation) * (1 - 1e-9)
+            # the least ``mine`` of a copy whose blocks the device fetches whole: past the
+            # compute, its upload or what it owes may be the larger term (1 - 1e-9: as above)
+            whole = (max(mine_min, floor) + index.min_nbytes / down_Bps * dilation) * (1 - 1e-9)
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
@@ -1712,7 +1814,7 @@ class Scheduler:
                     key = (other.order, copy.seq)
                     if best is None or remaining > best_remaining or key < best_key:
                         best, best_remaining, best_key = copy.task, remaining, key
-        return best
+        return None if best is None else (best, best_remaining, best_key)
 
     def _give(self, slot: DeviceSlot, task: Task, now_s: float, backup: bool) -> Assignment:
         compute_wall_s = slot.finish_estimate_s(task.flops) * self.dilation
