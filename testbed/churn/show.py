@@ -22,13 +22,36 @@ def _time_grid(end_s: float, bins: int) -> list[float]:
     return [end_s * i / bins for i in range(bins + 1)]
 
 
+NAMES_LISTED = 12  # more names than this are counted per name stem (group-N)
+
+
+def names_used(names: list[str]) -> str:
+    """The names a trace uses: each, when few; else how many, and per stem (a device name's
+    group, ``phones`` of ``phones-42``) how many and from which number to which: a trace of a
+    thousand devices printed ten kilobytes of names on one line."""
+    if len(names) <= NAMES_LISTED:
+        return ", ".join(names) or "none"
+    stems: dict[str, list[int]] = {}
+    bare: list[str] = []
+    for name in names:
+        stem, _, number = name.rpartition("-")
+        if stem and number.isascii() and number.isdigit():
+            stems.setdefault(stem, []).append(int(number))
+        else:
+            bare.append(name)
+    parts = [f"{stem}-{min(ns)} .. {stem}-{max(ns)}: {len(ns):,}" for stem, ns in stems.items()]
+    parts += bare[:NAMES_LISTED] + ([f"{len(bare) - NAMES_LISTED:,} more"]
+                                     if len(bare) > NAMES_LISTED else [])
+    return f"{len(names):,} ({'; '.join(parts)})"
+
+
 def trace_summary(trace: Trace) -> list[str]:
     """Lines describing a trace on its own (no topology needed)."""
     counts = Counter(e.event.value for e in trace.events)
     return [
         f"trace {trace.source}: {len(trace.events)} events, 0 .. {trace.duration_s:g} s",
         "rows by event: " + ", ".join(f"{name} {counts.get(name, 0)}" for name in EVENT_NAMES),
-        "names used: " + (", ".join(trace.targets()) or "none"),
+        "names used: " + names_used(trace.targets()),
     ]
 
 
