@@ -74,12 +74,8 @@ class HostLimits:
 
 
 def weight_bytes(job: Any) -> float:
-    """Bytes of the model's weights (embedding, L decoder layers, final norm) in the job's dtype."""
-    m = job.model
-    h, f = m.hidden, m.ffn
-    per_layer = 4 * h * h + 4 * h + 2 * h * f + h + f + 4 * h  # attention, MLP, two LayerNorms
-    params = m.vocab * h + (m.seq_len + 2) * h + m.layers * per_layer + 2 * h
-    return params * (8 if job.dtype == "float64" else 4)
+    """Bytes of the model's weights (``ModelSpec.parameters``) in the job's dtype."""
+    return job.model.parameters * (8 if job.dtype == "float64" else 4)
 
 
 def operand_bytes(job: Any) -> float:

@@ -53,12 +53,17 @@ def _validate(args: argparse.Namespace) -> int:
     def counted(n: int, what: str) -> str:
         return f"{n} {what}" + ("" if n == 1 else "s")
 
+    def parameters(n: int) -> str:  # 125,239,296 -> 125.2 M
+        return next(f"{n / unit:.1f} {name}" for unit, name in ((1e9, "B"), (1e6, "M"), (1e3, "k"),
+                                                                (1, "")) if n >= unit or unit == 1)
+
     members = {d.group.group for d in topology.devices}
     empty = [g.group for g in topology.groups if g.group not in members]
     print(f"{args.topology}: ok ({counted(len(topology.devices), 'device')} in "
           f"{counted(len(members), 'group')}"
           + (f" (no devices in {', '.join(empty)})" if empty else "")
           + f", {counted(topology.job.steps, 'step')}, "
+          f"a model of {parameters(topology.job.model.parameters)} parameters, "
           f"backend {topology.network.backend}, "
           f"strategy {topology.job.parallelism.strategy}"
           + (f", churn {churn.name}" if churn else "") + ")")

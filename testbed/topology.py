@@ -217,6 +217,17 @@ class ModelSpec:
     seq_len: int = 128
     vocab: int = 256  # byte-level tokens
 
+    @property
+    def parameters(self) -> int:
+        """Parameters of the decoder this shape builds (the tied head counts once).
+
+        Per layer: 4 attention projections ``4·(h² + h)``, two layer norms ``4·h``, the
+        feed-forward ``2·h·f + f + h``; plus embeddings ``(vocab + seq_len)·h`` and the final
+        layer norm ``2·h`` (``tests/unit/test_engine.py`` counts a built model's)."""
+        h, f = self.hidden, self.ffn
+        per_layer = 4 * (h * h + h) + 4 * h + 2 * h * f + f + h
+        return self.layers * per_layer + (self.vocab + self.seq_len) * h + 2 * h
+
 
 @dataclass(frozen=True)
 class DataSpec:

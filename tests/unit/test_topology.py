@@ -92,7 +92,14 @@ def test_validate_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     one = minimal()  # one group
     one["devices"][0]["count"], one["job"]["steps"] = 1, 1
     assert main(["validate", str(_write(tmp_path, one))]) == 0
-    assert "ok (1 device in 1 group, 1 step," in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok (1 device in 1 group, 1 step," in out
+    # the model's size, as the engine builds it (test_engine counts a built model's)
+    from testbed.topology import load_topology
+    n = load_topology(_write(tmp_path, one)).job.model.parameters
+    assert n > 1000
+    assert any(f", a model of {n / unit:.1f} {name} parameters, " in out
+               for unit, name in ((1e3, "k"), (1e6, "M")))
     # a group of none is not counted as one the devices are in ("2 devices in 2 groups")
     empty = minimal()
     empty["devices"].append({**empty["devices"][0], "group": "spare", "count": 0})
