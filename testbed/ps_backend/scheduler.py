@@ -584,8 +584,10 @@ class BackupIndex:
         return heap[0][0] if heap else math.inf
 
     def empty(self) -> bool:
-        """Whether no copy is indexed here any more, parked ones included."""
-        return math.isinf(self.earliest_expected_s()) and not self._parked
+        """Whether no copy that counts is indexed here any more, parked ones included."""
+        return math.isinf(self.earliest_expected_s()) and not any(
+            slot.in_flight.get(copy.task.task_id) is copy
+            for copies in self._parked.values() for copy, slot in copies)
 
     def most_remaining_s(self, now_s: float, overdue_s: float) -> float:
         """No candidate copy has more remaining time than this at now_s (-inf: none);
@@ -691,9 +693,13 @@ class BackupClasses:
         self.classes: dict[float, BackupIndex] = {}
 
     def add(self, copy: Copy, slot: DeviceSlot) -> None:
-        """Index a copy just handed out (:meth:`BackupIndex.add`)."""
+        """Index a copy just handed out (:meth:`BackupIndex.add`). A new tile size (a new
+        GEMM's, mostly) first drops the classes nothing counts in any more: their entries hold
+        the finished GEMMs' tasks, and with them their operands."""
         index = self.classes.get(copy.task.flops)
         if index is None:
+            for flops in [f for f, c in self.classes.items() if c.empty()]:
+                del self.classes[flops]
             index = self.classes[copy.task.flops] = BackupIndex(self._devices)
         index.add(copy, slot)
 
