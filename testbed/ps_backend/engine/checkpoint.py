@@ -48,7 +48,15 @@ def save_atomic(obj: Any, path: str | Path) -> Path:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            try:
+                torch.save(obj, f)
+            except RuntimeError as exc:
+                # torch's writer turns a failed write into 'unexpected pos 571264 vs 571152';
+                # the write's own error (a full disk) is its context: say that one
+                failed = exc.__context__
+                if isinstance(failed, OSError) and failed.errno is not None:
+                    raise OSError(failed.errno, failed.strerror, str(path)) from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)

@@ -1,0 +1,55 @@
+"""A checkpoint written to a disk that fills: the error says the disk is full (torch's writer
+said 'unexpected pos 571264 vs 571152', which a run then printed as its one line), the
+temporary is gone, and the checkpoint before it stays."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from testbed.errors import out_of_room
+from testbed.ps_backend.engine import checkpoint
+
+
+class FillingFile(io.RawIOBase):
+    """A file on a disk with ``room`` bytes left: writes past it fail as the kernel's do."""
+
+    def __init__(self, fd: int, room: int):
+        self.fd, self.room = fd, room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # type: ignore[override]
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return os.write(self.fd, data)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self.fd)
+        super().close()
+
+
+def test_a_full_disk_is_said_as_such_and_the_old_checkpoint_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {"w": torch.arange(100_000, dtype=torch.float32)}
+    old = checkpoint.save_atomic(state, tmp_path / "step-000001.pt")
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FillingFile(fd, 50_000))
+    with pytest.raises(OSError) as raised:
+        checkpoint.save_atomic(state, tmp_path / "step-000002.pt")
+    assert raised.value.errno == errno.ENOSPC and out_of_room(raised.value)
+    assert "No space left on device" in str(raised.value)
+    assert "unexpected pos" not in str(raised.value)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [old.name]  # no temporary left
+    assert torch.equal(torch.load(old, weights_only=True)["w"], state["w"])
