@@ -736,10 +736,6 @@ class BackupClasses:
                 del self.classes[flops]
         return out
 
-    def most_remaining_s(self, now_s: float, overdue_s: float) -> float:
-        """No candidate copy has more remaining time than this at now_s (-inf: none)."""
-        return max((most for _, most in self.mosts(now_s, overdue_s)), default=-math.inf)
-
 
 _first_item = operator.itemgetter(0)
 

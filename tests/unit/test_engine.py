@@ -20,7 +20,7 @@ from testbed.ps_backend.engine.data import (
     load_corpus,
     stdlib_sources,
 )
-from testbed.ps_backend.engine.model import OptDecoder, count_parameters, parameter_count
+from testbed.ps_backend.engine.model import OptDecoder, count_parameters
 from testbed.ps_backend.engine.offload import (
     ExecutorResultError,
     GemmContext,
@@ -373,7 +373,7 @@ def test_opt_125m_builds_with_about_125m_parameters() -> None:
     opt125m = ModelSpec(hidden=768, layers=12, heads=12, ffn=3072, seq_len=2048, vocab=50272)
     model = OptDecoder(opt125m)
     n = count_parameters(model)
-    assert n == parameter_count(opt125m)
+    assert n == opt125m.parameters  # ModelSpec's count, from the shape alone
     # OPT-125m has 125,239,296 parameters with its 2050 learned positions; we use 2048.
     assert n == 125_239_296 - 2 * 768
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
@@ -381,7 +381,7 @@ def test_opt_125m_builds_with_about_125m_parameters() -> None:
     assert len(model.gemm_layers()) == 4 * 12 + 1  # q/k/v submitted as one linear
     assert model.lm_head.weight is model.embed_tokens.weight
     # With the byte vocabulary (256 tokens) the same shape has 86.8 M parameters.
-    assert parameter_count(dataclasses.replace(opt125m, vocab=256)) == 86_825_472
+    assert dataclasses.replace(opt125m, vocab=256).parameters == 86_825_472
 
 
 def test_attention_is_causal() -> None:

@@ -157,12 +157,6 @@ class OptDecoder(nn.Module):
         return self.lm_head(self.final_layer_norm(h))
 
 
-def parameter_count(spec: ModelSpec) -> int:
-    """Parameters of :class:`OptDecoder` for ``spec``, from its shape (``ModelSpec.parameters``,
-    which needs no torch)."""
-    return spec.parameters
-
-
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters of a built model (a tied weight counts once)."""
     return sum(p.numel() for p in model.parameters())
@@ -174,5 +168,5 @@ def gemm_flops_per_token(spec: ModelSpec) -> float:
     return 2.0 * (spec.layers * (4 * h * h + 2 * h * f) + h * spec.vocab)
 
 
-__all__ = ["OptDecoder", "DecoderLayer", "GemmLayer", "SelfAttention", "parameter_count",
+__all__ = ["OptDecoder", "DecoderLayer", "GemmLayer", "SelfAttention",
            "count_parameters", "gemm_flops_per_token"]
