@@ -9,9 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 import pytest
@@ -40,8 +41,58 @@ def tiny_topology(tmp_path: Path, name: str = "tiny", **changes: Any) -> Path:
     return path
 
 
+def planning_topology(tmp_path: Path) -> Path:
+    """The tiny job on 10 MB/s links, where the planner's searches choose among grids (hidden
+    128, 4,096 tokens a step, float32 as the PS trains it), written into tmp_path."""
+    raw = yaml.safe_load(TINY.read_text())
+    for group in raw["devices"]:
+        group["link"] = {"down": "10MB/s", "up": "10MB/s", "delay": "5ms"}
+    raw["job"]["model"].update(hidden=128, ffn=512, seq_len=64)
+    raw["job"]["dtype"] = "float32"
+    path = tmp_path / "planning.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def planning_child_takes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning side by side: this process takes its first linear only once a planning
+    process (unpatched) has taken one; without it a small job's linears may all be taken here
+    before the child has started, and nothing would come back to merge."""
+    from testbed.ps_backend import planning_processes
+
+    real_take = planning_processes._Counter.take
+
+    def take_after_the_other(counter: Any) -> int | None:
+        if threading.current_thread() is threading.main_thread():
+            deadline = time.monotonic() + 60
+            while counter.next == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real_take(counter)
+    monkeypatch.setattr(planning_processes._Counter, "take", take_after_the_other)
+
+
 def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "testbed.cli", *args]
+
+
+@pytest.fixture
+def cli_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+             ) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``cli_here(*argv, env=None)``: `testbed ARGV` through the command line's entry point in
+    this process, ``env`` set for the call, and what a subprocess would show: its exit code,
+    stdout and stderr (no interpreter and no torch import to wait for)."""
+    from testbed.cli import main
+
+    def run(*argv: str, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            for key, value in (env or {}).items():
+                m.setenv(key, value)
+            code = main(list(argv))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["testbed", *argv], code, out.out, out.err)
+    return run
 
 
 def start_up(topology: Path, out: Path, *extra: str) -> subprocess.Popen:

@@ -29,7 +29,6 @@ from testbed.adb_bridge import AdbBridge, agent_package
 from testbed.adb_bridge import doctor as doctor_module
 from testbed.adb_bridge.doctor import Doctor, ThrowawayPS
 from testbed.adb_bridge.server_address import adb_address
-from testbed.cli import main
 from tests.conftest import host_cmdlines, wait_for
 from tests.fakes.adb_phones import termux_phone
 from tests.fakes.fake_adb import FakeAdbServer, phone_pids
@@ -58,21 +57,15 @@ RunDoctor = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
-def doctor(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> RunDoctor:
+def doctor(monkeypatch: pytest.MonkeyPatch, cli_here: RunDoctor) -> RunDoctor:
     """``doctor(port, *args, env=None)``: `testbed adb doctor ARGS` with the adb server port in
     the environment, through the command line's entry point: its exit code and output."""
     monkeypatch.setattr(doctor_module, "Doctor", NoListenerDoctor)
 
     def run(port: int, *args: str, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
-        argv = ["adb", "doctor", *args]
-        capsys.readouterr()
-        with monkeypatch.context() as m:
-            for key, value in {**(env or {}), "ANDROID_ADB_SERVER_PORT": str(port)}.items():
-                m.setenv(key, value)
-            code = main(argv)
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(["testbed", *argv], code, out.out, out.err)
+        return cli_here("adb", "doctor", *args,
+                        env={**(env or {}), "ANDROID_ADB_SERVER_PORT": str(port)})
     return run
 
 

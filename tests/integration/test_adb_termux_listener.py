@@ -35,7 +35,6 @@ from testbed.adb_bridge import doctor as doctor_module
 from testbed.adb_bridge import measure as measure_module
 from testbed.adb_bridge.doctor import Doctor, ThrowawayPS
 from testbed.adb_bridge.termux_control import parse_proc_net_tcp
-from testbed.cli import main
 from testbed.runlog import read_jsonl
 from tests.conftest import (
     host_cmdlines,
@@ -108,16 +107,14 @@ RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
-def testbed_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> RunCli:
+def testbed_cli(monkeypatch: pytest.MonkeyPatch, cli_here: RunCli) -> RunCli:
     """``testbed_cli(adb_port, *argv, listener_s=None)``: `testbed ARGV` with the adb server
     port in the environment, through the command line's entry point: its exit code and output.
     ``listener_s`` is how long the doctor or measure waits for the Termux listener (None: the
     command's own wait)."""
     def run(port: int, *argv: str, listener_s: float | None = None
             ) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()
         with monkeypatch.context() as m:
-            m.setenv("ANDROID_ADB_SERVER_PORT", str(port))
             if listener_s is not None:
                 @dataclass
                 class ShortDoctor(Doctor):
@@ -129,9 +126,7 @@ def testbed_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 
                 m.setattr(doctor_module, "Doctor", ShortDoctor)
                 m.setattr(measure_module, "AdbGemmRunner", ShortRunner)
-            code = main(list(argv))
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(["testbed", *argv], code, out.out, out.err)
+            return cli_here(*argv, env={"ANDROID_ADB_SERVER_PORT": str(port)})
     return run
 
 

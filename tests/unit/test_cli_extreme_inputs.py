@@ -37,7 +37,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30
 
 
 @pytest.fixture
-def refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def refused(monkeypatch: pytest.MonkeyPatch,
+            cli_here: Callable[..., subprocess.CompletedProcess[str]]
             ) -> Callable[..., subprocess.CompletedProcess[str]]:
     """``refused(*args)``: the command through the command line's entry point in this process,
     for a `testbed join` that its parser must refuse: were it not refused, the agent it starts
@@ -48,13 +49,7 @@ def refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         pytest.fail(f"not refused: the agent was started with {argv}")
 
     monkeypatch.setattr(agent_main, "main", not_refused)
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-    return run
+    return cli_here
 
 
 @pytest.fixture

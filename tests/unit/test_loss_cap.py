@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from testbed.agent.link import MSS_BYTES
 from testbed.baselines.placement import device_infos
@@ -81,7 +82,6 @@ def test_loss_on_a_path_without_delay_is_a_note_not_an_error(tmp_path: Path, cap
     assert "loss of 1%" in notes[0] and "give the path a delay" in notes[0]
     assert loss_without_delay(parse_topology(lossy())) == []  # the switch link's delay counts
 
-    import yaml
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(raw))
     inputs = load_run_inputs(path)

@@ -9,32 +9,19 @@ plans made ahead: the same device time and tiles, and with them made ahead no se
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from testbed.ps_backend import planning_processes, step_plan
 from testbed.simulate.chain import linears
 from testbed.simulate.sim import Simulation
 from testbed.topology import Topology, load_topology
-
-TINY = Path(__file__).resolve().parents[1] / "data" / "tiny.yaml"
+from tests.conftest import planning_child_takes_first, planning_topology
 
 
 def _topology(tmp_path: Path) -> Topology:
-    """The tiny job on 10 MB/s links, where the planner's searches choose among grids."""
-    raw = yaml.safe_load(TINY.read_text())
-    for group in raw["devices"]:
-        group["link"] = {"down": "10MB/s", "up": "10MB/s", "delay": "5ms"}
-    raw["job"]["model"].update(hidden=128, ffn=512, seq_len=64)
-    raw["job"]["dtype"] = "float32"  # as the PS trains it (the itemsize plans are made for)
-    path = tmp_path / "ahead.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return load_topology(path).with_overrides(steps=1)
+    return load_topology(planning_topology(tmp_path)).with_overrides(steps=1)
 
 
 def _shapes(topology: Topology) -> int:
@@ -92,18 +79,7 @@ def test_plans_made_in_two_processes_are_the_ones_made_in_one(
         return sim
 
     alone = prepared(1)
-    # this process takes its first linear only once the other process has taken one (the
-    # child is unpatched): without it, the small job's linears may all be taken here before
-    # the other has started, and nothing would come back to merge
-    real_take = planning_processes._Counter.take
-
-    def take_after_the_other(counter: Any) -> int | None:
-        if threading.current_thread() is threading.main_thread():
-            deadline = time.monotonic() + 60
-            while counter.next == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        return real_take(counter)
-    monkeypatch.setattr(planning_processes._Counter, "take", take_after_the_other)
+    planning_child_takes_first(monkeypatch)
     together = prepared(2)
     monkeypatch.undo()
     assert together.planner.processes == 2

@@ -10,39 +10,25 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import yaml
 
 from testbed.cli import main
 from testbed.ps_backend import main as ps_main
-from testbed.ps_backend import planning_processes, step_plan
+from testbed.ps_backend import step_plan
 from testbed.ps_backend.planning_processes import Progress, prepare_together, progress_line
 from testbed.simulate import run as simulate_run
 from testbed.simulate.chain import linears, step_chain
 from testbed.simulate.sim import Simulation
 from testbed.topology import Topology, load_topology
+from tests.conftest import TINY, planning_child_takes_first, planning_topology
 
-TINY = Path(__file__).resolve().parents[1] / "data" / "tiny.yaml"
 SEARCH_S = 0.1  # each linear's searches take at least this long here
 EVERY_S = 0.02  # and a line is due this often
-
-
-def _topology(tmp_path: Path) -> Path:
-    """The tiny job on 10 MB/s links, where the planner's searches choose among grids."""
-    raw = yaml.safe_load(TINY.read_text())
-    for group in raw["devices"]:
-        group["link"] = {"down": "10MB/s", "up": "10MB/s", "delay": "5ms"}
-    raw["job"]["model"].update(hidden=128, ffn=512, seq_len=64)
-    raw["job"]["dtype"] = "float32"
-    path = tmp_path / "progress.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 def _shapes(topology: Topology) -> int:
@@ -67,7 +53,7 @@ def _started(topology: Topology) -> Simulation:
 
 def test_prepare_says_how_many_shapes_are_planned_while_it_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    topology = load_topology(_topology(tmp_path)).with_overrides(steps=1)
+    topology = load_topology(planning_topology(tmp_path)).with_overrides(steps=1)
     quiet = _started(topology)
     quiet.plan_ahead()
     _slow_searches(monkeypatch)
@@ -97,21 +83,12 @@ def test_linears_a_planning_process_searched_count_as_planned(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A linear counts once its process is done with it: here, or in the child that took it
     (it asks for another), so that a count of 2 processes reaches every shape."""
-    topology = load_topology(_topology(tmp_path)).with_overrides(steps=1)
+    topology = load_topology(planning_topology(tmp_path)).with_overrides(steps=1)
     sim = _started(topology)
     tokens = topology.job.batch_size * topology.job.model.seq_len
     shapes = sorted({(tokens, lin.d_out, lin.d_in) for lin in linears(topology.job)})
     slots = [d.slot for d in sim.devices.values() if d.slot is not None]
-    real_take = planning_processes._Counter.take
-
-    def take_after_the_other(counter: Any) -> int | None:
-        # this process waits until the child has taken a linear (as test_plan_ahead's)
-        if threading.current_thread() is threading.main_thread():
-            deadline = time.monotonic() + 60
-            while counter.next == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        return real_take(counter)
-    monkeypatch.setattr(planning_processes._Counter, "take", take_after_the_other)
+    planning_child_takes_first(monkeypatch)
     counted = Progress(len(shapes))
     assert prepare_together(sim.planner, shapes, 4, slots, 2, counted) == 2
     assert counted.planned == len(shapes)
@@ -120,7 +97,7 @@ def test_linears_a_planning_process_searched_count_as_planned(
 def test_testbed_simulate_prints_the_planning_progress(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    path = _topology(tmp_path)
+    path = planning_topology(tmp_path)
     shapes = _shapes(load_topology(path))
     _slow_searches(monkeypatch)
     monkeypatch.setattr(step_plan, "planning_workers", lambda: 1)  # every search slowed here
