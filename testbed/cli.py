@@ -54,8 +54,10 @@ def _validate(args: argparse.Namespace) -> int:
         return f"{n} {what}" + ("" if n == 1 else "s")
 
     def parameters(n: int) -> str:  # 125,239,296 -> 125.2 M
-        return next(f"{n / unit:.1f} {name}" for unit, name in ((1e9, "B"), (1e6, "M"), (1e3, "k"),
-                                                                (1, "")) if n >= unit or unit == 1)
+        for unit, name in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+            if n >= unit:
+                return f"{n / unit:.1f} {name}"
+        return str(n)
 
     members = {d.group.group for d in topology.devices}
     empty = [g.group for g in topology.groups if g.group not in members]
