@@ -54,11 +54,13 @@ and the copies in flight are indexed by remaining time, one index per tile size
 task or every device, nor the copies of tiles too large for the device searching; the choices are
 those of the plain scans (``tests/unit/test_scheduler_indexes.py`` checks them against such a
 reference). Copies on a device whose overhead is unknown wait outside that index until they may be
-backed up. :meth:`Scheduler.assign_each` offers work to devices fastest first, as the PS pumps, and
-stops once no device left could take anything; :meth:`Scheduler.assign_ready` makes the same
-choices over a :class:`ReadyIndex`, which files the ready devices by overhead bucket as well, so
-that a pump offers a steal or a backup only to devices whose own overhead and speed let them pass
-the test (``tests/unit/test_scheduler_ready_index.py``).
+backed up. A device's search that found nothing is kept until the device's state changes or a copy
+it looked at could ripen (:func:`_pays_from_s`); meanwhile its searches look only at the copies
+admitted or overdue since (``BackupClasses.admitted``). :meth:`Scheduler.assign_each` offers work
+to devices fastest first, as the PS pumps, and stops once no device left could take anything;
+:meth:`Scheduler.assign_ready` makes the same choices over a :class:`ReadyIndex`, which files the
+ready devices by overhead bucket as well, so that a pump offers a steal or a backup only to devices
+whose own overhead and speed let them pass the test (``tests/unit/test_scheduler_ready_index.py``).
 
 **Checks and quarantine.** Every result is checked (:mod:`testbed.ps_backend.validation`). A
 device that fails ``quarantine_after`` checks (0: never) is quarantined: it gets no more work, its
@@ -319,6 +321,10 @@ class DeviceSlot:
     # them), but they still occupy the window: the device is busy with them until they return.
     cancelled: dict[int, Copy] = field(default_factory=dict)
     given: set[int] = field(default_factory=set)  # every task id ever handed to it
+    # counts every change of in_flight or cancelled (the scheduler's own, the only ones): what
+    # a device holds and owes is computed again only after one
+    copies_changed: int = field(default=0, init=False)
+    _owed: tuple[int, int] = field(default=(-1, 0), init=False, repr=False)  # (changes, bytes)
     cache: BlockCache[None] = field(init=False)
     rate_flops: float = 0.0  # observed speed, FLOP per device second (EWMA)
     peak_rate_flops: float = 0.0  # fastest tile seen (the bound must not assume slower)
@@ -356,8 +362,10 @@ class DeviceSlot:
     @property
     def owed_nbytes(self) -> int:
         """The result bytes of the copies it holds (cancelled ones too: it still sends them)."""
-        return sum(c.task.result_nbytes for c in itertools.chain(
-            self.in_flight.values(), self.cancelled.values()))
+        if self._owed[0] != self.copies_changed:
+            self._owed = (self.copies_changed, sum(c.task.result_nbytes for c in itertools.chain(
+                self.in_flight.values(), self.cancelled.values())))
+        return self._owed[1]
 
     def upload_s(self, nbytes: int, owed_nbytes: int | None = None) -> float:
         """Device seconds its uplink needs for the results it owes and ``nbytes`` more (0 when
@@ -386,6 +394,45 @@ class DeviceSlot:
 # by-return list and sent_s in the overdue list. (order, seq) is unique per copy, so sorting
 # never compares copies.
 _Entry = tuple[float, int, int, int, Copy, DeviceSlot]
+# A copy admitted to a search list, as logged: (copy, holder, its index version, its index)
+_Logged = tuple[Copy, DeviceSlot, int, "BackupIndex"]
+# past this many logged admissions the log restarts, and with it every answer kept
+ADMITTED_LOG_MAX = 1 << 16
+# a kept answer ends this much before its copies could ripen (the sums' rounding)
+_RIPE_MARGIN_S = 1e-6
+
+
+@dataclass
+class _NoneFound:
+    """A device's backup search that found nothing: the device's state it ran with
+    (Scheduler._search_state), how far into BackupClasses.admitted it looked, and the wall
+    time before which no copy it looked at can qualify with that state (:func:`_pays_from_s`).
+    A copy's remaining time jumps when it becomes overdue; that is logged like an admission,
+    so the copy is looked at again then."""
+
+    state: tuple[Any, ...]
+    seen: int
+    until_s: float
+
+
+def _pays_from_s(now_s: float, remaining: float, overdue: bool, mine_s: float,
+                 mine_low_s: float) -> float:
+    """No earlier than this can a copy that fails ``copy_pays(remaining, mine_s)`` at now_s
+    pass it with nothing but time changing, while it stays overdue (``overdue``) or not yet
+    overdue (becoming overdue is an event of its own). The device's finish falls at most as
+    fast as time passes (its queue drains), never below ``mine_low_s`` (without the queue).
+    An overdue copy's remaining time grows as time passes, so it gains on ``STRAGGLER_RATIO``
+    times the finish at most 1 + ratio times as fast, on the gain (``MIN_BACKUP_GAIN_S``)
+    twice as fast; the remaining time of one not overdue falls, so it gains on the ratio at
+    most ratio - 1 times as fast, and never on the gain (inf: it cannot pass)."""
+    ratio, gain = STRAGGLER_RATIO, MIN_BACKUP_GAIN_S
+    if overdue:
+        return now_s + max(0.0, ratio * mine_low_s - remaining, mine_low_s + gain - remaining,
+                           (ratio * mine_s - remaining) / (1.0 + ratio),
+                           (mine_s + gain - remaining) / 2.0)
+    if remaining - mine_s < gain:
+        return math.inf
+    return now_s + max(0.0, (ratio * mine_s - remaining) / (ratio - 1.0))
 
 
 def _merge(into: list[_Entry], new: list[_Entry]) -> None:
@@ -419,8 +466,10 @@ class BackupIndex:
     order, hundreds per search), and ``most_remaining_s`` is over candidates only.
     """
 
-    def __init__(self, devices: dict[str, DeviceSlot]):
+    def __init__(self, devices: dict[str, DeviceSlot], log: list[_Logged] | None = None):
         self._devices = devices  # the scheduler's own dict (read-only here)
+        # every copy admitted to the search, in order (BackupClasses' log; None: not kept)
+        self._log = log
         self._by_expected: list[_Entry] = []  # sorted: expected_s descending
         self._by_sent: list[_Entry] = []  # overdue copies, sorted: sent_s ascending
         self._new: list[_Entry] = []  # added since the last sort
@@ -507,6 +556,8 @@ class BackupIndex:
         copy.waiting = False
         self._new.append((-entry[0], entry[1], entry[2], entry[3], copy, entry[5]))
         heapq.heappush(self._heap, entry)
+        if self._log is not None:
+            self._log.append((copy, entry[5], entry[3], self))
 
     def known(self, slot: DeviceSlot) -> None:
         """The device's overhead became known: its waiting copies are candidates now."""
@@ -545,6 +596,8 @@ class BackupIndex:
             expected, order, seq, ver, copy, slot = heapq.heappop(heap)
             if ver == copy.idx_ver:
                 self._new_overdue.append((copy.sent_s, order, seq, ver, copy, slot))
+                if self._log is not None:  # its remaining time jumped: looked at again
+                    self._log.append((copy, slot, ver, self))
         _merge(self._by_sent, self._new_overdue)
 
     def _compact(self) -> None:
@@ -691,6 +744,12 @@ class BackupClasses:
     def __init__(self, devices: dict[str, DeviceSlot]):
         self._devices = devices
         self.classes: dict[float, BackupIndex] = {}
+        # every copy admitted to a search list, in order, and per device whose last search
+        # found nothing: what it was searched with and until when that answer stands
+        # (Scheduler._backup_candidate)
+        self.admitted: list[_Logged] = []
+        self.found_none: dict[str, _NoneFound] = {}
+        self._synced_s = -math.inf
 
     def add(self, copy: Copy, slot: DeviceSlot) -> None:
         """Index a copy just handed out (:meth:`BackupIndex.add`). A new tile size (a new
@@ -700,8 +759,30 @@ class BackupClasses:
         if index is None:
             for flops in [f for f, c in self.classes.items() if c.empty()]:
                 del self.classes[flops]
-            index = self.classes[copy.task.flops] = BackupIndex(self._devices)
+            index = self.classes[copy.task.flops] = BackupIndex(self._devices, self.admitted)
+        if len(self.admitted) > ADMITTED_LOG_MAX:  # the answers kept point into it
+            self.admitted.clear()
+            self.found_none.clear()
         index.add(copy, slot)
+
+    def sync(self, now_s: float, overdue_s: float) -> None:
+        """Bring every class to ``now_s``: the copies overdue by then move to their list, and
+        those of devices of unknown overhead overdue long enough are admitted (and logged).
+        Once per time: a copy added since is not overdue by ``overdue_s`` at that time."""
+        if now_s == self._synced_s:
+            return
+        self._synced_s = now_s
+        for index in self.classes.values():
+            index._sync(now_s, overdue_s)
+
+    def kept(self, slot: DeviceSlot, now_s: float, state: tuple[Any, ...]
+             ) -> _NoneFound | None:
+        """The device's kept answer (nothing found) if it stands for the copies it looked at:
+        its state is the same, its time not up (then only the copies logged since its
+        ``seen`` need a look)."""
+        kept = self.found_none.get(slot.device_id)
+        return kept if kept is not None and now_s < kept.until_s and kept.state == state \
+            else None
 
     def known(self, slot: DeviceSlot) -> None:
         """The device's overhead became known (:meth:`BackupIndex.known`)."""
@@ -1216,6 +1297,7 @@ class Scheduler:
         if not keep_copies:
             slot.in_flight.clear()
             slot.cancelled.clear()
+            slot.copies_changed += 1
         return requeued
 
     def _release(self, task: Task, device_id: str, front: bool = True) -> bool:
@@ -1453,10 +1535,16 @@ class Scheduler:
             if slot.overhead_s is None and \
                     not now_s - index.earliest_expected_s() >= overdue_s:
                 continue  # as above: nothing it could take
-            # _backup_candidate's first test, for each tile size: without it, assign would
-            # hand it nothing
-            if any(copy_pays(most_c, self._backup_floor_s(slot, now_s, c))
-                   for c, most_c in current):
+            # a device whose kept answer stands looks only at the copies logged since
+            # (_backup_candidate): none, and it is handed nothing; else _backup_candidate's
+            # first test, for each tile size: without it, assign would hand it nothing
+            kept = index.kept(slot, now_s, self._search_state(slot)) \
+                if slot.overhead_s is not None else None
+            if kept is not None and kept.seen == len(index.admitted):
+                pass
+            elif kept is not None or \
+                    any(copy_pays(most_c, self._backup_floor_s(slot, now_s, c))
+                        for c, most_c in current):
                 got = self.assign(slot.device_id, now_s=now_s)
                 if got:
                     out.append((slot, got))
@@ -1682,54 +1770,120 @@ class Scheduler:
                                  slot.owed_nbytes)) * self.dilation + \
             self._overhead_s(slot) + (slot.queued_s(now_s) if fetch else 0.0)
 
+    def _search_state(self, slot: DeviceSlot) -> tuple[Any, ...]:
+        """What a backup search depends on of the searching device, but for time: equal
+        states give equal answers at one time (the tiles it holds and the results it owes,
+        its speed, overhead and links, what its cache holds, the links it shares; their
+        queues only grow but for time). The tasks it was ever given only grow too, and
+        only rule copies out."""
+        return (slot.copies_changed, slot.rate_flops, slot.overhead_s, slot.down_Bps,
+                slot.up_Bps, slot.down_free_s, slot.cache.changes, slot.shared,
+                slot.quarantined, self.dilation)
+
     def _backup_candidate(self, slot: DeviceSlot, now_s: float) -> Task | None:
         """The in-flight task with the longest remaining time whose holder straggles behind
         this device (ties: the first device registered, then the first copy handed out): the
         best of each tile size's (:meth:`_candidate_in`, one :class:`BackupIndex` each), by
         the same order; a size whose longest copy is shorter than the best so far is not
-        searched."""
+        searched.
+
+        A search that finds nothing is remembered with the device's state and the time until
+        which none of the copies it looked at can qualify (:func:`_pays_from_s`); until then,
+        and while that state holds, a search of the device looks only at the copies admitted
+        since (``BackupClasses.admitted``). With a thousand devices, no tile pending and
+        thousands out, each result's pump searched about fifty idle devices, each in vain
+        but for one in seventy (docs/simulate.md, "Heterogeneous groups at a thousand
+        devices")."""
         overdue_s = OVERDUE_BACKUP_S * self.dilation
+        classes = self._backups
+        classes.sync(now_s, overdue_s)  # admitted by time now: logged, so looked at below
+        known = slot.overhead_s is not None  # else copies ripen by OVERDUE_BACKUP_S: no memo
+        state = self._search_state(slot) if known else ()
+        kept = classes.kept(slot, now_s, state) if known else None
+        if kept is not None:
+            return self._admitted_candidate(slot, now_s, kept, classes)
+        seen = len(classes.admitted)
+        horizon = [math.inf]
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
-        for index, most in self._backups.mosts(now_s, overdue_s):
+        for index, most in classes.mosts(now_s, overdue_s):
             if most < best_remaining:
                 continue  # none of its copies could beat the best (a tie still may)
-            found = self._candidate_in(index, most, slot, now_s)
+            found = self._candidate_in(index, most, slot, now_s, horizon)
             if found is not None:
                 task, remaining, key = found
                 if best is None or remaining > best_remaining or \
                         (remaining == best_remaining and key < best_key):
                     best, best_remaining, best_key = task, remaining, key
+        if best is None and known:
+            classes.found_none[slot.device_id] = _NoneFound(
+                state, seen, horizon[0] - _RIPE_MARGIN_S)
+        else:
+            classes.found_none.pop(slot.device_id, None)
         return best
 
-    def _candidate_in(self, index: BackupIndex, most: float, slot: DeviceSlot, now_s: float
-                      ) -> tuple[Task, float, tuple[int, int]] | None:
-        """The best candidate among one tile size's copies (``most``: their most remaining
-        time now), with its remaining time and tie key, or None.
+    def _admitted_candidate(self, slot: DeviceSlot, now_s: float, kept: _NoneFound,
+                            classes: BackupClasses) -> Task | None:
+        """_backup_candidate while its kept answer stands: the best of the copies admitted
+        since it was found (none before them can qualify yet), by the same order; a search that
+        finds nothing again is kept, with those copies looked at too."""
+        horizon = [math.inf]
+        best: Task | None = None
+        best_remaining = 0.0
+        best_key = (0, 0)
+        log = classes.admitted
+        tests: dict[int, Callable[[float, Copy, DeviceSlot], bool]] = {}
+        for copy, other, ver, index in log[kept.seen:]:
+            if not (ver == copy.idx_ver and self.devices.get(other.device_id) is other
+                    and not other.quarantined
+                    and other.in_flight.get(copy.task.task_id) is copy) or \
+                    len(copy.task.holders) >= MAX_COPIES:
+                continue  # gone, or parked (its unparking logs it again)
+            qualifies = tests.get(id(index))
+            if qualifies is None:
+                qualifies = tests[id(index)] = self._backup_test(slot, now_s, index, horizon)
+            remaining = self.remaining_s(copy, now_s)
+            if remaining >= best_remaining and qualifies(remaining, copy, other):
+                key = (other.order, copy.seq)
+                if best is None or remaining > best_remaining or key < best_key:
+                    best, best_remaining, best_key = copy.task, remaining, key
+        if best is None:
+            classes.found_none[slot.device_id] = _NoneFound(
+                kept.state, len(log), min(kept.until_s, horizon[0] - _RIPE_MARGIN_S))
+        else:
+            del classes.found_none[slot.device_id]
+        return best
 
-        The index walks copies longest-remaining first, so the walk stops at the first copy that
-        could not qualify even at the smallest tile size in flight (``min_flops``), behind the tiles
-        the device holds, the results it owes and the blocks queued on its path
-        (``_backup_floor_s``): the device's finish only grows with a tile's FLOPs. On a link of
-        known rate it stops sooner, where no copy could qualify even at the fewest operand bytes in
-        flight (``min_nbytes``) fetched whole; below that point only copies whose blocks the device
-        already holds can, and the index finds those by block (``sharing_blocks``) instead of
-        walking every copy (with hundreds of idle devices on slow links, most copies fail on the
-        blocks the device would have to fetch, not on its speed).
-        """
-        if math.isinf(index.min_flops):
-            return None
-        overdue_s = OVERDUE_BACKUP_S * self.dilation
+    def _backup_test(self, slot: DeviceSlot, now_s: float, index: BackupIndex,
+                     horizon: list[float]) -> Callable[[float, Copy, DeviceSlot], bool]:
+        """_candidate_in's test of one copy of ``index`` for ``slot`` at now_s, alone (for
+        the copies admitted since a kept answer): the walk's bound (``could``) and its test
+        (``qualifies``), the earliest time a copy that fails could pass lowering
+        ``horizon[0]``."""
         floor = self._backup_floor_s(slot, now_s, index)
-        if not copy_pays(most, floor):
-            return None  # not even the longest copy could qualify
-        mine_min = self.finish_wall_s(slot, index.min_flops)
-        # finish_wall_s(slot, flops) and _fetch_s(slot, task), the same expressions inlined
-        # (this runs for every copy tested), with the compute queue raised to the upload queue
-        # where that is longer (a backup's result goes up behind what the device owes; the
-        # pruning above leaves it out, which only keeps it a lower bound). Stealing and the
-        # tail's straggler test (finish_wall_s) do not count the upload yet.
+        queued_s = slot.queued_s(now_s) if 0 < slot.down_Bps < math.inf else 0.0
+        qualifies = self._qualifier(slot, now_s, horizon)
+
+        def test(remaining: float, copy: Copy, other: DeviceSlot) -> bool:
+            if remaining > 0.0 and copy_pays(remaining, floor):
+                return qualifies(remaining, copy, other)
+            horizon[0] = min(horizon[0], _pays_from_s(
+                now_s, remaining, now_s >= copy.expected_s, floor, floor - queued_s))
+            return False
+
+        return test
+
+    def _qualifier(self, slot: DeviceSlot, now_s: float, horizon: list[float]
+                   ) -> Callable[[float, Copy, DeviceSlot], bool]:
+        """Whether a copy qualifies as ``slot``'s backup at now_s: the test of
+        ``_backup_candidate`` for one copy (``finish_wall_s(slot, flops)`` and
+        ``_fetch_s(slot, task)``, the same expressions inlined, as this runs for every copy
+        tested, with the compute queue raised to the upload queue where that is longer: a
+        backup's result goes up behind what the device owes). A copy that fails on time alone
+        lowers ``horizon[0]`` to when it could pass (:func:`_pays_from_s`). Stealing and the
+        tail's straggler test (finish_wall_s) do not count the upload yet."""
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
         held = len(slot.in_flight) + len(slot.cancelled) + 1
         rate = max(slot.rate_flops, 1.0)
         dilation = self.dilation
@@ -1751,12 +1905,64 @@ class Scheduler:
                        slot.upload_s(task.result_nbytes, owed)) * dilation + overhead_s
             if fetch:
                 if not copy_pays(remaining, mine + queued_s):
-                    return False  # nor with the blocks it lacks: they only add (exactly so)
-                missing = sum(nbytes for key, nbytes in task.blocks if key not in cache)
-                mine += missing / down_Bps * dilation + queued_s
-            else:
-                mine += 0.0  # _fetch_s's 0.0, for the same sum
-            return copy_pays(remaining, mine)
+                    # nor with the blocks it lacks: they only add (exactly so)
+                    horizon[0] = min(horizon[0], _pays_from_s(
+                        now_s, remaining, now_s >= copy.expected_s, mine + queued_s, mine))
+                    return False
+                fetch_s = sum(nbytes for key, nbytes in task.blocks
+                              if key not in cache) / down_Bps * dilation
+                if copy_pays(remaining, mine + (fetch_s + queued_s)):  # as _fetch_s sums it
+                    return True
+                horizon[0] = min(horizon[0], _pays_from_s(
+                    now_s, remaining, now_s >= copy.expected_s, mine + (fetch_s + queued_s),
+                    mine + fetch_s))
+                return False
+            if copy_pays(remaining, mine + 0.0):  # _fetch_s's 0.0, for the same sum
+                return True
+            horizon[0] = min(horizon[0], _pays_from_s(
+                now_s, remaining, now_s >= copy.expected_s, mine, mine))
+            return False
+
+        return qualifies
+
+    def _candidate_in(self, index: BackupIndex, most: float, slot: DeviceSlot, now_s: float,
+                      horizon: list[float]) -> tuple[Task, float, tuple[int, int]] | None:
+        """The best candidate among one tile size's copies (``most``: their most remaining
+        time now), with its remaining time and tie key, or None; ``horizon[0]`` is lowered to
+        the earliest time a copy here that does not qualify now could (:func:`_pays_from_s`;
+        for the copies the walk did not reach, from the bound it stopped at).
+
+        The index walks copies longest-remaining first, so the walk stops at the first copy that
+        could not qualify even at the smallest tile size in flight (``min_flops``), behind the tiles
+        the device holds, the results it owes and the blocks queued on its path
+        (``_backup_floor_s``): the device's finish only grows with a tile's FLOPs. On a link of
+        known rate it stops sooner, where no copy could qualify even at the fewest operand bytes in
+        flight (``min_nbytes``) fetched whole; below that point only copies whose blocks the device
+        already holds can, and the index finds those by block (``sharing_blocks``) instead of
+        walking every copy (with hundreds of idle devices on slow links, most copies fail on the
+        blocks the device would have to fetch, not on its speed).
+        """
+        if math.isinf(index.min_flops):
+            return None
+        overdue_s = OVERDUE_BACKUP_S * self.dilation
+        floor = self._backup_floor_s(slot, now_s, index)
+        down_Bps = slot.down_Bps
+        fetch = 0 < down_Bps < math.inf
+        queued_s = slot.queued_s(now_s) if fetch else 0.0
+
+        def unreached(remaining: float, mine_s: float) -> None:
+            # the copies past where the walk stopped: none has more remaining time now, none
+            # a smaller finish (overdue or not: both bounds)
+            horizon[0] = min(horizon[0],
+                             _pays_from_s(now_s, remaining, True, mine_s, mine_s - queued_s),
+                             _pays_from_s(now_s, remaining, False, mine_s, mine_s - queued_s))
+
+        if not copy_pays(most, floor):
+            unreached(most, floor)
+            return None  # not even the longest copy could qualify
+        mine_min = self.finish_wall_s(slot, index.min_flops)
+        qualifies = self._qualifier(slot, now_s, horizon)
+        cache = slot.cache
 
         def could(remaining: float) -> bool:
             # qualifies' own test at floor, no larger than any copy's ``mine``: a copy that
@@ -1769,7 +1975,8 @@ class Scheduler:
         if fetch:
             # the least ``mine`` of a copy whose blocks the device fetches whole: past the
             # compute, its upload or what it owes may be the larger term (1 - 1e-9: as above)
-            whole = (max(mine_min, floor) + index.min_nbytes / down_Bps * dilation) * (1 - 1e-9)
+            whole = (max(mine_min, floor) + index.min_nbytes / down_Bps * self.dilation) * \
+                (1 - 1e-9)
         best: Task | None = None
         best_remaining = 0.0
         best_key = (0, 0)
@@ -1782,15 +1989,18 @@ class Scheduler:
         while step is not None:
             remaining, entry = step
             if remaining < best_remaining or remaining <= 0.0 or not could(remaining):
+                unreached(remaining, floor)
                 break  # nor can any copy after it: every candidate was walked
             if budget < 0 and not copy_pays(remaining, whole):
                 if not (whole > mine_min and best is None):
+                    unreached(remaining, whole)
                     break
                 # what sharing_blocks would scan: its keys, at least
                 budget = min(len(cache), index.blocks())
             if budget >= 0:
                 if budget == 0:
                     shared = True
+                    unreached(remaining, whole)  # the copies sharing no block
                     break
                 budget -= 1
             copy, other = entry[4], entry[5]
@@ -1811,8 +2021,12 @@ class Scheduler:
                 if len(copy.task.holders) >= MAX_COPIES:
                     continue  # the walk parks these; either way no candidate
                 remaining = self.remaining_s(copy, now_s)
-                if remaining >= best_remaining and could(remaining) and \
-                        qualifies(remaining, copy, other):
+                if remaining < best_remaining:
+                    continue
+                if not could(remaining):
+                    horizon[0] = min(horizon[0], _pays_from_s(
+                        now_s, remaining, now_s >= copy.expected_s, floor, floor - queued_s))
+                elif qualifies(remaining, copy, other):
                     key = (other.order, copy.seq)
                     if best is None or remaining > best_remaining or key < best_key:
                         best, best_remaining, best_key = copy.task, remaining, key
@@ -1828,6 +2042,7 @@ class Scheduler:
         copy = Copy(task, task.attempt, backup, now_s, expected, compute_wall_s,
                     seq=next(self._copy_seq))
         slot.in_flight[task.task_id] = copy
+        slot.copies_changed += 1
         self._backups.add(copy, slot)
         slot.given.add(task.task_id)
         send, keep = [], []
@@ -1865,6 +2080,7 @@ class Scheduler:
         losing = slot.cancelled.get(task_id)
         if copy is None and losing is not None and losing.attempt == attempt:
             copy = slot.in_flight[task_id] = slot.cancelled.pop(task_id)  # checked as before
+            slot.copies_changed += 1
         if copy is None or copy.attempt != attempt:
             if task_id in slot.given and copy is None:
                 slot.tiles_late += 1
@@ -1874,6 +2090,7 @@ class Scheduler:
             return Outcome(Verdict.REJECTED, f"task {task_id} attempt {attempt} was not given "
                                              f"to device {device_id}", attempt=attempt)
         del slot.in_flight[task_id]
+        slot.copies_changed += 1
         task = copy.task
         self.counters.flops_returned += task.flops
         problem = self._check(task, c)
@@ -1953,6 +2170,7 @@ class Scheduler:
             losing = other.in_flight.pop(task.task_id, None) if other is not None else None
             if other is not None and losing is not None:
                 other.cancelled[task.task_id] = losing
+                other.copies_changed += 1
                 cancelled.append(other_id)
                 self.counters.cancelled += 1
         task.holders.clear()
@@ -1995,6 +2213,7 @@ class Scheduler:
         if slot is None or copy is None or copy.attempt != attempt:
             return Outcome(Verdict.REJECTED, f"task {task_id}: {reason}", attempt=attempt)
         del slot.in_flight[task_id]
+        slot.copies_changed += 1
         slot.tiles_rejected += 1
         requeued = self._release(copy.task, device_id)
         return Outcome(Verdict.REJECTED, f"task {task_id}: {reason}", requeued=requeued,

@@ -49,6 +49,9 @@ class BlockCache(Generic[V]):
         # then the held ones (a key is in one of the two)
         self._loose: OrderedDict[str, tuple[int, int, V]] = OrderedDict()
         self._held: OrderedDict[str, tuple[int, int, V]] = OrderedDict()
+        # counts every change of which keys are cached (a put, an eviction, an invalidation):
+        # the PS's backup search remembers a device's answer until it changes
+        self.changes = 0
 
     def __contains__(self, key: str) -> bool:
         return key in self._loose or key in self._held
@@ -94,6 +97,7 @@ class BlockCache(Generic[V]):
             self.used_bytes -= old[1]
         (self._held if held else self._loose)[key] = (version, nbytes, value)
         self.used_bytes += nbytes
+        self.changes += 1
         while self.used_bytes > self.capacity_bytes:
             _, (_, n, _) = (self._loose or self._held).popitem(last=False)
             self.used_bytes -= n
@@ -106,4 +110,5 @@ class BlockCache(Generic[V]):
             for key in stale:
                 self.used_bytes -= entries.pop(key)[1]
             dropped += len(stale)
+        self.changes += dropped
         return dropped

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from testbed.ps_backend.scheduler import (
     GemmSpec,
     PendingQueue,
     Scheduler,
+    SharedLink,
     Task,
     straggles,
 )
@@ -98,6 +100,16 @@ class ScanningScheduler(Scheduler):
         return best
 
 
+class CountingScheduler(Scheduler):
+    """The scheduler, counting the backup searches answered from a kept answer."""
+
+    kept_answers = 0
+
+    def _admitted_candidate(self, *args: Any) -> Task | None:
+        self.kept_answers += 1
+        return super()._admitted_candidate(*args)
+
+
 def test_pending_queue_keeps_deque_order() -> None:
     rng = random.Random(3)
     q, ref = PendingQueue(), deque()
@@ -139,7 +151,7 @@ def _slot(i: int, rng: random.Random) -> DeviceSlot:
 def test_indexed_choices_equal_scanning_choices() -> None:
     backups = requeued = 0
     for seed in range(8):
-        b, r = _run_pair(seed)
+        b, r, _ = _run_pair(seed)
         backups += b
         requeued += r
     assert backups >= 10 and requeued >= 100  # the runs exercise backups and re-queues
@@ -152,13 +164,29 @@ def test_indexed_choices_equal_scanning_choices_on_slow_links() -> None:
     assert backups >= 10
 
 
-def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
-    """Drive both schedulers through one random run; (backups, re-queues). ``links``: devices
-    with links of a known rate, slow enough that the blocks a device would fetch and the
-    results it owes decide many steals and backups."""
+def test_kept_backup_answers_equal_scanning_choices() -> None:
+    """Pumps a few milliseconds apart, devices behind shared links whose queues drain: a
+    device's search that found nothing is kept until a copy could ripen (its remaining time
+    grows once overdue, the device's queue drains) or something it depends on changes, and the
+    choices stay the scanning ones."""
+    backups = kept = 0
+    for seed in range(8):
+        b, _, k = _run_pair(100 + seed, links=True, dense=True)
+        backups += b
+        kept += k
+    assert backups >= 10 and kept >= 300
+
+
+def _run_pair(seed: int, links: bool = False, dense: bool = False) -> tuple[int, int, int]:
+    """Drive both schedulers through one random run; (backups, re-queues, searches answered
+    from a kept answer). ``links``: devices with links of a known rate, slow enough that the
+    blocks a device would fetch and the results it owes decide many steals and backups.
+    ``dense``: events a few milliseconds apart, and devices in groups behind shared links."""
     rng = random.Random(seed)
-    pair = (Scheduler(quarantine_after=2, dilation=rng.choice([1.0, 3.0])),
+    pair = (CountingScheduler(quarantine_after=2, dilation=rng.choice([1.0, 3.0])),
             ScanningScheduler(quarantine_after=2, dilation=1.0))
+    shared: list[tuple[SharedLink, SharedLink]] = [
+        (SharedLink(rate), SharedLink(rate)) for rate in (5e3, 2e4)] if dense else []
     pair[1].dilation = pair[0].dilation
     speed: dict[str, float] = {}  # device seconds per tile (fixed per device)
     bad: set[str] = set()
@@ -169,11 +197,14 @@ def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
         slots = []
         down_Bps = rng.choice([math.inf, 2e3, 2e4, 1e5]) if links else math.inf
         up_Bps = rng.choice([math.inf, 1e3, 1e4, 1e5]) if links else math.inf
-        for s in pair:
+        group = rng.randrange(len(shared) + 1)
+        for i, s in enumerate(pair):
             slot_rng = random.Random(seed * 1000 + n_dev)
             slots.append(_slot(n_dev, slot_rng))
             slots[-1].down_Bps = down_Bps
             slots[-1].up_Bps = up_Bps
+            if group < len(shared):
+                slots[-1].shared = (shared[group][i],)
             s.add_device(slots[-1])
         speed[slots[0].device_id] = rng.choice([0.01, 0.02, 0.05, 0.3, 1.5])
         if rng.random() < 0.1:
@@ -187,10 +218,10 @@ def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
     gemms = 0
     decisions = backups = 0
     for _ in range(1500):
-        now += rng.expovariate(20.0)
+        now += rng.expovariate(400.0 if dense else 20.0)
         r = rng.random()
         live = [d for d in pair[0].devices]
-        if r < 0.05 or not pair[0].tasks:  # a new GEMM, planned or FIFO
+        if r < (0.01 if dense else 0.05) or not pair[0].tasks:  # a new GEMM, planned or FIFO
             m, k, n = rng.choice([(64, 32, 64), (48, 64, 32), (96, 16, 80)])
             tm, tn, kp = rng.choice([16, 32]), rng.choice([16, 32]), rng.choice([1, 1, 2])
             boxes = cut_k(m, n, k, tm, tn, kp)
@@ -250,4 +281,4 @@ def _run_pair(seed: int, links: bool = False) -> tuple[int, int]:
     counters = [dict(vars(s.counters), validation_cpu_s=0.0) for s in pair]  # CPU time varies
     assert counters[0] == counters[1]
     assert pair[0].counters.backups == backups
-    return backups, counters[0]["requeued"]
+    return backups, counters[0]["requeued"], pair[0].kept_answers

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import numpy as np
 
-from testbed.ps_backend.scheduler import DeviceSlot, ReadyIndex, Scheduler
+from testbed.ps_backend.scheduler import DeviceSlot, ReadyIndex, Scheduler, SharedLink
 from testbed.ps_backend.tiler import cut_k, uniform
 from tests.unit.test_scheduler_indexes import _job, _slot
 
@@ -26,12 +27,24 @@ def _plain_order(s: Scheduler, blocked: set[str]) -> list[DeviceSlot]:
     return ready
 
 
-def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
-    """One random run of both; (tiles handed out, backups, steals-or-orphans seen); ``links``:
-    devices with links of a known rate."""
+def _run(seed: int, links: bool = False, dense: bool = False) -> tuple[int, int, int, int]:
+    """One random run of both; (tiles handed out, backups, steals-or-orphans seen, devices the
+    pump passed over for their kept backup answer); ``links``: devices with links of a known
+    rate; ``dense``: events a few milliseconds apart, and devices behind shared links."""
     rng = random.Random(seed)
     plain, indexed = Scheduler(quarantine_after=2), Scheduler(quarantine_after=2)
     ready = ReadyIndex(indexed)
+    shared = [(SharedLink(rate), SharedLink(rate)) for rate in (5e3, 2e4)] if dense else []
+    stood = 0
+    kept = indexed._backups.kept
+
+    def counted(*args: Any) -> Any:
+        nonlocal stood
+        answer = kept(*args)
+        stood += answer is not None and answer.seen == len(indexed._backups.admitted)
+        return answer
+
+    indexed._backups.kept = counted  # type: ignore[method-assign]
     blocked: set[str] = set()
     speed: dict[str, float] = {}
     bad: set[str] = set()
@@ -44,10 +57,13 @@ def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
         down_Bps = rng.choice([math.inf, 2e3, 2e4, 1e5]) if links else math.inf
         # uplinks likewise: a backup's result goes up behind what the device owes
         up_Bps = rng.choice([math.inf, 1e3, 1e4, 1e5]) if links else math.inf
-        for s in (plain, indexed):
+        group = rng.randrange(len(shared) + 1)
+        for i, s in enumerate((plain, indexed)):
             slot = _slot(n_dev, random.Random(seed * 1000 + n_dev))
             slot.down_Bps = down_Bps
             slot.up_Bps = up_Bps
+            if group < len(shared):
+                slot.shared = (shared[group][i],)
             s.add_device(slot)
         speed[f"d{n_dev}"] = rng.choice([0.01, 0.02, 0.05, 0.3, 1.5])
         if rng.random() < 0.08:
@@ -61,10 +77,10 @@ def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
     now = 0.0
     gemms = handed = backups = 0
     for _ in range(1200):
-        now += rng.expovariate(20.0)
+        now += rng.expovariate(400.0 if dense else 20.0)
         r = rng.random()
         live = list(plain.devices)
-        if r < 0.05 or not plain.tasks:
+        if r < (0.003 if dense else 0.05) or not plain.tasks:
             m, k, n = rng.choice([(64, 32, 64), (48, 64, 32), (96, 16, 80), (128, 32, 128)])
             tm, tn, kp = rng.choice([16, 32]), rng.choice([16, 32]), rng.choice([1, 1, 2])
             owners = None
@@ -133,13 +149,13 @@ def _run(seed: int, links: bool = False) -> tuple[int, int, int]:
         assert [t.task_id for t in plain.pending] == [t.task_id for t in indexed.pending]
     assert vars(plain.counters) | {"validation_cpu_s": 0} == \
         vars(indexed.counters) | {"validation_cpu_s": 0}
-    return handed, backups, plain.counters.requeued
+    return handed, backups, plain.counters.requeued, stood
 
 
 def test_ready_index_pumps_as_assign_each() -> None:
     handed = backups = requeued = 0
     for seed in range(10):
-        h, b, r = _run(seed)
+        h, b, r, _ = _run(seed)
         handed, backups, requeued = handed + h, backups + b, requeued + r
     # the runs exercise plain picks, backups and re-queued tiles
     assert handed >= 2000 and backups >= 3 and requeued >= 50
@@ -151,6 +167,17 @@ def test_ready_index_pumps_as_assign_each_with_slow_links() -> None:
     for seed in range(10):
         handed += _run(100 + seed, links=True)[0]
     assert handed >= 2000
+
+
+def test_ready_index_passes_over_devices_whose_kept_answer_stands() -> None:
+    """Pumps a few milliseconds apart: the pump passes over a device whose last backup search
+    found nothing while that answer stands and no copy was logged since (BackupClasses.kept),
+    and hands out what assign_each does."""
+    handed = backups = stood = 0
+    for seed in range(10):
+        h, b, _, k = _run(200 + seed, links=True, dense=True)
+        handed, backups, stood = handed + h, backups + b, stood + k
+    assert handed >= 1000 and backups >= 5 and stood >= 20
 
 
 def test_ready_index_order_and_least_overhead() -> None:
