@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from testbed.user_paths import written_whole
+
 if TYPE_CHECKING:  # imported lazily at run time (torch-heavy modules)
     from testbed.baselines.cost import Gemm
     from testbed.topology import Topology
@@ -90,17 +92,14 @@ def global_name(name: str, first_layer: int) -> str:
 
 def save_checkpoint(stage: Any, opt: Any, path: Path) -> None:
     """This stage's parameters and AdamW state by their names in the whole model (atomic)."""
-    import torch
+    from testbed.ps_backend.engine.checkpoint import save_atomic
 
     params = {global_name(n, stage.first): p for n, p in stage.named_parameters()}
     state = {"params": {n: p.detach().clone() for n, p in params.items()},
              "adam": {n: {k: (v.clone() if hasattr(v, "clone") else v)
                           for k, v in opt.state[p].items()}
                       for n, p in params.items() if p in opt.state}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    save_atomic(state, path)  # the PS's checkpoints' writer: a full disk is said as such
 
 
 def load_checkpoint(stage: Any, opt: Any, files: list[Path]) -> None:
@@ -335,9 +334,8 @@ def _report(s: int, plan: dict[str, Any], losses: list[float], sent: dict[str, i
 
 
 def _write_report(path: Path, report: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report))
-    tmp.replace(path)
+    with written_whole(path) as handle:
+        handle.write(json.dumps(report))
 
 
 if __name__ == "__main__":

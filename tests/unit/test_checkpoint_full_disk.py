@@ -53,3 +53,27 @@ def test_a_full_disk_is_said_as_such_and_the_old_checkpoint_stays(
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == [old.name]  # no temporary left
     assert torch.equal(torch.load(old, weights_only=True)["w"], state["w"])
+
+
+def test_a_baseline_stage_checkpoint_on_a_full_disk_is_said_as_such(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline stage writes its checkpoint the same way (testbed.baselines.stage_proc)."""
+    from testbed.baselines.stage_proc import save_checkpoint
+
+    stage = torch.nn.Linear(256, 256)
+    stage.first = 0  # its first layer's index in the model
+    opt = torch.optim.AdamW(stage.parameters())
+    stage(torch.ones(2, 256)).sum().backward()
+    opt.step()
+    path = tmp_path / "step2" / "stage0.pt"
+    save_checkpoint(stage, opt, path)
+    before = torch.load(path, weights_only=True)
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FillingFile(fd, 50_000))
+    with pytest.raises(OSError) as raised:
+        save_checkpoint(stage, opt, path)
+    assert raised.value.errno == errno.ENOSPC and out_of_room(raised.value)
+    assert str(path) in str(raised.value) and "unexpected pos" not in str(raised.value)
+    monkeypatch.undo()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["stage0.pt"]  # no temporary
+    after = torch.load(path, weights_only=True)
+    assert torch.equal(after["params"]["weight"], before["params"]["weight"])
