@@ -396,8 +396,11 @@ class DeviceSlot:
 _Entry = tuple[float, int, int, int, Copy, DeviceSlot]
 # A copy admitted to a search list, as logged: (copy, holder, its index version, its index)
 _Logged = tuple[Copy, DeviceSlot, int, "BackupIndex"]
-# past this many logged admissions the log restarts, and with it every answer kept
-ADMITTED_LOG_MAX = 1 << 16
+# the log of admissions drops the copies that left once it is this many times as long as what
+# it kept the last time (and at least ADMITTED_LOG_MIN long): a logged copy holds its task, and
+# with it its GEMM's operands and result
+ADMITTED_LOG_GROWTH = 4
+ADMITTED_LOG_MIN = 256
 # a kept answer ends this much before its copies could ripen (the sums' rounding)
 _RIPE_MARGIN_S = 1e-6
 
@@ -750,6 +753,7 @@ class BackupClasses:
         self.admitted: list[_Logged] = []
         self.found_none: dict[str, _NoneFound] = {}
         self._synced_s = -math.inf
+        self._log_kept = 0  # its length after the last trim
 
     def add(self, copy: Copy, slot: DeviceSlot) -> None:
         """Index a copy just handed out (:meth:`BackupIndex.add`). A new tile size (a new
@@ -760,10 +764,28 @@ class BackupClasses:
             for flops in [f for f, c in self.classes.items() if c.empty()]:
                 del self.classes[flops]
             index = self.classes[copy.task.flops] = BackupIndex(self._devices, self.admitted)
-        if len(self.admitted) > ADMITTED_LOG_MAX:  # the answers kept point into it
-            self.admitted.clear()
-            self.found_none.clear()
+        if len(self.admitted) > max(ADMITTED_LOG_MIN, ADMITTED_LOG_GROWTH * self._log_kept):
+            self._trim_log()
         index.add(copy, slot)
+
+    def _trim_log(self) -> None:
+        """Drop the logged copies that no longer count (their results came back, their
+        devices left), in place (the indexes hold the list); each kept answer's place in the
+        log moves with it. A search skips such copies anyway."""
+        log, devices = self.admitted, self._devices
+        kept: list[_Logged] = []
+        before = [0] * (len(log) + 1)  # how many entries are kept before each old place
+        for i, entry in enumerate(log):
+            before[i] = len(kept)
+            copy, slot = entry[0], entry[1]
+            if entry[2] == copy.idx_ver and devices.get(slot.device_id) is slot and \
+                    not slot.quarantined and slot.in_flight.get(copy.task.task_id) is copy:
+                kept.append(entry)
+        before[len(log)] = len(kept)
+        for answer in self.found_none.values():
+            answer.seen = before[answer.seen]
+        log[:] = kept
+        self._log_kept = len(kept)
 
     def sync(self, now_s: float, overdue_s: float) -> None:
         """Bring every class to ``now_s``: the copies overdue by then move to their list, and
