@@ -418,6 +418,14 @@ class _NoneFound:
     until_s: float
 
 
+def _counts(copy: Copy, slot: DeviceSlot, ver: int, devices: dict[str, DeviceSlot]) -> bool:
+    """Whether a copy filed at index version ``ver`` still counts: not refiled since, its
+    device still registered and trusted, the copy still out on it. (The backup walk and
+    ``BackupIndex.sharing_blocks`` test the same inline, as they run for every copy.)"""
+    return (ver == copy.idx_ver and devices.get(slot.device_id) is slot
+            and not slot.quarantined and slot.in_flight.get(copy.task.task_id) is copy)
+
+
 def _pays_from_s(now_s: float, remaining: float, overdue: bool, mine_s: float,
                  mine_low_s: float) -> float:
     """No earlier than this can a copy that fails ``copy_pays(remaining, mine_s)`` at now_s
@@ -469,9 +477,9 @@ class BackupIndex:
     order, hundreds per search), and ``most_remaining_s`` is over candidates only.
     """
 
-    def __init__(self, devices: dict[str, DeviceSlot], log: list[_Logged] | None = None):
+    def __init__(self, devices: dict[str, DeviceSlot], log: list[_Logged]):
         self._devices = devices  # the scheduler's own dict (read-only here)
-        # every copy admitted to the search, in order (BackupClasses' log; None: not kept)
+        # every copy admitted to the search or overdue since, in order (BackupClasses' log)
         self._log = log
         self._by_expected: list[_Entry] = []  # sorted: expected_s descending
         self._by_sent: list[_Entry] = []  # overdue copies, sorted: sent_s ascending
@@ -559,8 +567,7 @@ class BackupIndex:
         copy.waiting = False
         self._new.append((-entry[0], entry[1], entry[2], entry[3], copy, entry[5]))
         heapq.heappush(self._heap, entry)
-        if self._log is not None:
-            self._log.append((copy, entry[5], entry[3], self))
+        self._log.append((copy, entry[5], entry[3], self))
 
     def known(self, slot: DeviceSlot) -> None:
         """The device's overhead became known: its waiting copies are candidates now."""
@@ -570,9 +577,7 @@ class BackupIndex:
 
     def current(self, entry: _Entry) -> bool:
         """Whether an entry still stands for a copy that counts (else it is dropped)."""
-        copy, slot = entry[4], entry[5]
-        return (entry[3] == copy.idx_ver and self._devices.get(slot.device_id) is slot
-                and not slot.quarantined and slot.in_flight.get(copy.task.task_id) is copy)
+        return _counts(entry[4], entry[5], entry[3], self._devices)
 
     def park(self, copy: Copy, slot: DeviceSlot) -> None:
         """Out of the search until a holder of its task lets go (its task has enough copies)."""
@@ -599,8 +604,7 @@ class BackupIndex:
             expected, order, seq, ver, copy, slot = heapq.heappop(heap)
             if ver == copy.idx_ver:
                 self._new_overdue.append((copy.sent_s, order, seq, ver, copy, slot))
-                if self._log is not None:  # its remaining time jumped: looked at again
-                    self._log.append((copy, slot, ver, self))
+                self._log.append((copy, slot, ver, self))  # remaining jumped: look again
         _merge(self._by_sent, self._new_overdue)
 
     def _compact(self) -> None:
@@ -777,9 +781,7 @@ class BackupClasses:
         before = [0] * (len(log) + 1)  # how many entries are kept before each old place
         for i, entry in enumerate(log):
             before[i] = len(kept)
-            copy, slot = entry[0], entry[1]
-            if entry[2] == copy.idx_ver and devices.get(slot.device_id) is slot and \
-                    not slot.quarantined and slot.in_flight.get(copy.task.task_id) is copy:
+            if _counts(entry[0], entry[1], entry[2], devices):
                 kept.append(entry)
         before[len(log)] = len(kept)
         for answer in self.found_none.values():
@@ -1562,9 +1564,7 @@ class Scheduler:
             # first test, for each tile size: without it, assign would hand it nothing
             kept = index.kept(slot, now_s, self._search_state(slot)) \
                 if slot.overhead_s is not None else None
-            if kept is not None and kept.seen == len(index.admitted):
-                pass
-            elif kept is not None or \
+            if kept.seen < len(index.admitted) if kept is not None else \
                     any(copy_pays(most_c, self._backup_floor_s(slot, now_s, c))
                         for c, most_c in current):
                 got = self.assign(slot.device_id, now_s=now_s)
@@ -1857,9 +1857,7 @@ class Scheduler:
         log = classes.admitted
         tests: dict[int, Callable[[float, Copy, DeviceSlot], bool]] = {}
         for copy, other, ver, index in log[kept.seen:]:
-            if not (ver == copy.idx_ver and self.devices.get(other.device_id) is other
-                    and not other.quarantined
-                    and other.in_flight.get(copy.task.task_id) is copy) or \
+            if not _counts(copy, other, ver, self.devices) or \
                     len(copy.task.holders) >= MAX_COPIES:
                 continue  # gone, or parked (its unparking logs it again)
             qualifies = tests.get(id(index))
@@ -1879,10 +1877,10 @@ class Scheduler:
 
     def _backup_test(self, slot: DeviceSlot, now_s: float, index: BackupIndex,
                      horizon: list[float]) -> Callable[[float, Copy, DeviceSlot], bool]:
-        """_candidate_in's test of one copy of ``index`` for ``slot`` at now_s, alone (for
-        the copies admitted since a kept answer): the walk's bound (``could``) and its test
-        (``qualifies``), the earliest time a copy that fails could pass lowering
-        ``horizon[0]``."""
+        """_candidate_in's test of one copy of ``index`` for ``slot`` at now_s, alone (the
+        copies it finds by block, and those logged since a kept answer): the walk's bound
+        (``could``) and its test (``qualifies``), the earliest time a copy that fails could
+        pass lowering ``horizon[0]``."""
         floor = self._backup_floor_s(slot, now_s, index)
         queued_s = slot.queued_s(now_s) if 0 < slot.down_Bps < math.inf else 0.0
         qualifies = self._qualifier(slot, now_s, horizon)
@@ -2039,16 +2037,12 @@ class Scheduler:
             except StopIteration:
                 break
         if shared:
+            test = self._backup_test(slot, now_s, index, horizon)
             for copy, other in index.sharing_blocks(cache):
                 if len(copy.task.holders) >= MAX_COPIES:
                     continue  # the walk parks these; either way no candidate
                 remaining = self.remaining_s(copy, now_s)
-                if remaining < best_remaining:
-                    continue
-                if not could(remaining):
-                    horizon[0] = min(horizon[0], _pays_from_s(
-                        now_s, remaining, now_s >= copy.expected_s, floor, floor - queued_s))
-                elif qualifies(remaining, copy, other):
+                if remaining >= best_remaining and test(remaining, copy, other):
                     key = (other.order, copy.seq)
                     if best is None or remaining > best_remaining or key < best_key:
                         best, best_remaining, best_key = copy.task, remaining, key
