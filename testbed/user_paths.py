@@ -14,6 +14,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterator
@@ -151,9 +152,17 @@ def output_problem(path: Path) -> str | None:
     return None
 
 
+def temporary_names(name_pattern: str) -> re.Pattern[str]:
+    """The names :func:`written_whole` gives its temporaries for files whose names match the
+    regex ``name_pattern``: hidden, the writer's pid, 8 random hex digits. A process killed
+    before its rename leaves one; whoever owns the directory may match and remove them (the
+    PS's checkpoints: ``engine.checkpoint.remove_stale_temporaries``)."""
+    return re.compile(rf"\.(?:{name_pattern})\.\d+-[0-9a-f]{{8}}")
+
+
 def _temporary_beside(path: Path) -> Path:
-    """A new, empty file in ``path``'s directory, named after it (hidden), opened as a plain
-    open() would (the umask applies, unlike mkstemp's 0600), and closed."""
+    """A new, empty file in ``path``'s directory, named after it (hidden, :func:`temporary_names`),
+    opened as a plain open() would (the umask applies, unlike mkstemp's 0600), and closed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     return tmp
@@ -170,19 +179,31 @@ def checked_output(name: str, option: str) -> Path:
 
 
 @contextmanager
-def written_whole(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
+def written_whole(path: Path, binary: bool = False, durable: bool = False) -> Iterator[IO[Any]]:
     """A handle whose content replaces ``path`` only once all of it is written: it goes to a
-    temporary file beside ``path`` that is then renamed over it. A write that fails (a full
-    disk, an exception in the caller) leaves ``path`` as it was and no temporary file."""
+    temporary file beside ``path`` (:func:`temporary_names`) that is then renamed over it. A
+    write that fails (a full disk, an exception in the caller) leaves ``path`` as it was and no
+    temporary file. ``durable`` also survives a power cut: the data is fsync'ed before the
+    rename and the directory after it (the PS's checkpoints and its rewritten ``steps.jsonl``;
+    a report or a plot can be made again, and an fsync costs the slow disks milliseconds)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_beside(path)
     try:
         with open(tmp, "wb" if binary else "w", newline=None if binary else "") as handle:
             yield handle
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if durable:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself
+        finally:
+            os.close(directory)
 
 
 class _UserYamlLoader(yaml.SafeLoader):

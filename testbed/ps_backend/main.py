@@ -59,6 +59,7 @@ from testbed.ps_backend.tls import host_port, join_hosts, make_identity, saved_i
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.summary import run_warnings
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology, steps_problem
+from testbed.user_paths import written_whole
 
 log = logging.getLogger("testbed.ps")
 
@@ -202,27 +203,11 @@ def _restore(trainer: Any, run_dir: Path,
 
 def rewrite_durably(path: Path, data: bytes) -> None:
     """Replace ``path`` by ``data`` so that a kill or a power cut at any moment leaves the old
-    file or the new one: a temporary file beside it, written and fsync'ed, renamed over it, the
-    directory fsync'ed. (Truncating and rewriting in place, as ``--resume`` once did with
-    ``steps.jsonl``, left an empty file to a kill in between: every step before the checkpoint
-    was lost from the records.) A temporary left by a kill before the rename is written over
-    by the next call (its name is fixed) and never read."""
-    tmp = path.with_name(f".{path.name}.rewrite.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself
-    finally:
-        os.close(dir_fd)
+    file or the new one (``written_whole(durable=True)``). Truncating and rewriting in place,
+    as ``--resume`` once did with ``steps.jsonl``, left an empty file to a kill in between:
+    every step before the checkpoint was lost from the records."""
+    with written_whole(path, binary=True, durable=True) as f:
+        f.write(data)
 
 
 def failure_text(exc: BaseException) -> str:

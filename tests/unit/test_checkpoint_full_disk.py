@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from testbed import user_paths
 from testbed.errors import out_of_room
 from testbed.ps_backend.engine import checkpoint
 
@@ -40,11 +41,20 @@ class FillingFile(io.RawIOBase):
         super().close()
 
 
+def fill_the_disk_after(room: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files the project's one atomic writer (user_paths.written_whole) opens from now on
+    are on a disk with ``room`` bytes left."""
+    def opened(file: Path, mode: str, newline: str | None = None) -> FillingFile:
+        assert mode == "wb"
+        return FillingFile(os.open(file, os.O_WRONLY | os.O_TRUNC), room)
+    monkeypatch.setattr(user_paths, "open", opened, raising=False)
+
+
 def test_a_full_disk_is_said_as_such_and_the_old_checkpoint_stays(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = {"w": torch.arange(100_000, dtype=torch.float32)}
     old = checkpoint.save_atomic(state, tmp_path / "step-000001.pt")
-    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FillingFile(fd, 50_000))
+    fill_the_disk_after(50_000, monkeypatch)
     with pytest.raises(OSError) as raised:
         checkpoint.save_atomic(state, tmp_path / "step-000002.pt")
     assert raised.value.errno == errno.ENOSPC and out_of_room(raised.value)
@@ -68,7 +78,7 @@ def test_a_baseline_stage_checkpoint_on_a_full_disk_is_said_as_such(
     path = tmp_path / "step2" / "stage0.pt"
     save_checkpoint(stage, opt, path)
     before = torch.load(path, weights_only=True)
-    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FillingFile(fd, 50_000))
+    fill_the_disk_after(50_000, monkeypatch)
     with pytest.raises(OSError) as raised:
         save_checkpoint(stage, opt, path)
     assert raised.value.errno == errno.ENOSPC and out_of_room(raised.value)

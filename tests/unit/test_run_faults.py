@@ -541,9 +541,10 @@ def test_a_save_removes_the_temporaries_of_killed_saves_and_nothing_else(tmp_pat
 
     directory = tmp_path / "checkpoints"
     directory.mkdir()
-    stale = [directory / ".step-000002.pt.k3x_9a0q.tmp", directory / ".step-000003.pt.abcdefgh.tmp"]
+    stale = [directory / ".step-000002.pt.123-0a1b2c3d", directory / ".step-000003.pt.9-abcdef01"]
     kept = [directory / "notes.tmp", directory / ".step-000002.pt.tmp",
-            directory / ".other.pt.abcdefgh.tmp", directory / "step-000001.pt.abcdefgh.tmp"]
+            directory / ".other.pt.123-0a1b2c3d", directory / "step-000001.pt.123-0a1b2c3d",
+            directory / ".step-000002.pt.123-0a1b2c3d.tmp", directory / ".step-2.pt.123-0a1b2c3d"]
     for path in stale + kept:
         path.write_bytes(b"torn")
     trainer = types.SimpleNamespace(next_step=4, state_dict=lambda: {"step": 4})

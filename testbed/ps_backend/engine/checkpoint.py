@@ -1,11 +1,12 @@
 """Checkpoints: model, optimizer, step, weight version and RNG state in one file, atomically.
 
 A checkpoint is one ``torch.save`` file (``step-000012.pt`` names a checkpoint taken after step 11,
-when the next step to run is 12). It is written to a temporary file in the same directory, flushed
-and fsync'ed, then moved over the target with ``os.replace`` (atomic on POSIX) and the directory is
-fsync'ed. A process killed at any moment leaves either the old file or the new one, never a torn
-one; a leftover ``.tmp`` file is ignored by :func:`latest_checkpoint` and removed by the PS's
-next save (:func:`remove_stale_temporaries`).
+when the next step to run is 12). It is written as every file of the project that must survive a
+power cut: ``user_paths.written_whole(durable=True)``, a temporary file in the same directory,
+fsync'ed, renamed over the target (atomic on POSIX), the directory fsync'ed. A process killed at
+any moment leaves either the old file or the new one, never a torn one; a leftover temporary is
+ignored by :func:`latest_checkpoint` and removed by the PS's next save
+(:func:`remove_stale_temporaries`).
 
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain data.
 """
@@ -13,23 +14,20 @@ Loading uses ``torch.load(weights_only=True)``: a checkpoint holds only tensors 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from testbed.ps_backend.engine.trainer import Trainer
+from testbed.user_paths import temporary_names, written_whole
 
 log = logging.getLogger(__name__)
 
 FORMAT = "testbed-engine-checkpoint/1"
 _NAME_RE = re.compile(r"^step-(\d{6,})\.pt$")
-# save_atomic's temporary: mkstemp(prefix=".<name>.", suffix=".tmp"), 8 random characters from
-# tempfile's alphabet (a-z, 0-9, _) between
-_TEMP_RE = re.compile(r"^\.step-\d{6,}\.pt\.[a-z0-9_]{8}\.tmp$")
+_TEMP_RE = temporary_names(r"step-\d{6,}\.pt")  # save_atomic's temporaries
 
 
 class CheckpointError(RuntimeError):
@@ -44,44 +42,27 @@ def checkpoint_name(next_step: int) -> str:
 def save_atomic(obj: Any, path: str | Path) -> Path:
     """``torch.save`` obj to path so that path is always either the old or the new file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            try:
-                torch.save(obj, f)
-            except RuntimeError as exc:
-                # torch's writer turns a failed write into 'unexpected pos 571264 vs 571152';
-                # the write's own error (a full disk) is its context: say that one
-                failed = exc.__context__
-                if isinstance(failed, OSError) and failed.errno is not None:
-                    raise OSError(failed.errno, failed.strerror, str(path)) from None
-                raise
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
+    with written_whole(path, binary=True, durable=True) as f:
         try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+            torch.save(obj, f)
+        except RuntimeError as exc:
+            # torch's writer turns a failed write into 'unexpected pos 571264 vs 571152'; the
+            # write's own error (a full disk) is its context: say that one
+            failed = exc.__context__
+            if isinstance(failed, OSError) and failed.errno is not None:
+                raise OSError(failed.errno, failed.strerror, str(path)) from None
+            raise
     return path
 
 
 def remove_stale_temporaries(directory: str | Path) -> list[Path]:
     """Delete the temporaries of checkpoints that :func:`save_atomic` left in ``directory``
     (a save killed before its rename); return them. Only names of its pattern
-    (``.step-NNNNNN.pt.XXXXXXXX.tmp``) are touched. Called by the one process that writes a
+    (``.step-NNNNNN.pt.PID-XXXXXXXX``) are touched. Called by the one process that writes a
     run's checkpoints, after a save of its own, so no save is under way meanwhile."""
     removed = []
     for entry in Path(directory).iterdir():
-        if _TEMP_RE.match(entry.name) and entry.is_file():
+        if _TEMP_RE.fullmatch(entry.name) and entry.is_file():
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
