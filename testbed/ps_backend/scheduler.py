@@ -446,6 +446,13 @@ def _pays_from_s(now_s: float, remaining: float, overdue: bool, mine_s: float,
     return now_s + max(0.0, (ratio * mine_s - remaining) / (ratio - 1.0))
 
 
+def _none_pays_from_s(now_s: float, most: float, mine_s: float, mine_low_s: float) -> float:
+    """:func:`_pays_from_s` for copies a search did not reach: none has more remaining time
+    than ``most`` now, nor a smaller finish than ``mine_s``; overdue or not, both bounds."""
+    return min(_pays_from_s(now_s, most, True, mine_s, mine_low_s),
+               _pays_from_s(now_s, most, False, mine_s, mine_low_s))
+
+
 def _merge(into: list[_Entry], new: list[_Entry]) -> None:
     """Merge new entries into a sorted list (a few: binary insertion; many: one linear merge)."""
     if len(new) <= 8:
@@ -1562,17 +1569,40 @@ class Scheduler:
             # a device whose kept answer stands looks only at the copies logged since
             # (_backup_candidate): none, and it is handed nothing; else _backup_candidate's
             # first test, for each tile size: without it, assign would hand it nothing
-            kept = index.kept(slot, now_s, self._search_state(slot)) \
-                if slot.overhead_s is not None else None
+            state = self._search_state(slot) if slot.overhead_s is not None else None
+            kept = index.kept(slot, now_s, state) if state is not None else None
             if kept.seen < len(index.admitted) if kept is not None else \
-                    any(copy_pays(most_c, self._backup_floor_s(slot, now_s, c))
-                        for c, most_c in current):
+                    self._may_back_up(slot, now_s, current, state):
                 got = self.assign(slot.device_id, now_s=now_s)
                 if got:
                     out.append((slot, got))
                     current = None  # the copies changed
             if slot.free > 0 and self.pending.owned_any(slot.device_id):
                 ready.mark_fresh(slot)  # passed over with tiles of its own: offer them again
+
+    def _may_back_up(self, slot: DeviceSlot, now_s: float,
+                     mosts: list[tuple[BackupIndex, float]], state: tuple[Any, ...] | None
+                     ) -> bool:
+        """_backup_candidate's first test for each tile size (``mosts``: the classes synced to
+        now_s, with their most remaining time): whether the longest copy of any could qualify.
+        A device that fails it found nothing: its answer is kept as a search's would be
+        (``state``: its _search_state, None if its overhead is unknown), so that the pumps
+        after this one pass over it until a copy could ripen (half the devices of
+        mixed-1000's pumps failed it, each pump again)."""
+        horizon = math.inf
+        fetch = 0 < slot.down_Bps < math.inf
+        for index, most in mosts:
+            floor = self._backup_floor_s(slot, now_s, index)
+            if copy_pays(most, floor):
+                return True
+            if state is not None:  # as _candidate_in's first test
+                queued_s = slot.queued_s(now_s) if fetch else 0.0
+                horizon = min(horizon, _none_pays_from_s(now_s, most, floor, floor - queued_s))
+        if state is not None:
+            classes = self._backups
+            classes.found_none[slot.device_id] = _NoneFound(
+                state, len(classes.admitted), horizon - _RIPE_MARGIN_S)
+        return False
 
     def _steal_bar_s(self, now_s: float) -> float:
         """With tiles pending, all planned and none an orphan: the finish ``_pick_planned``
@@ -1971,11 +2001,9 @@ class Scheduler:
         queued_s = slot.queued_s(now_s) if fetch else 0.0
 
         def unreached(remaining: float, mine_s: float) -> None:
-            # the copies past where the walk stopped: none has more remaining time now, none
-            # a smaller finish (overdue or not: both bounds)
+            # the copies past where the walk stopped
             horizon[0] = min(horizon[0],
-                             _pays_from_s(now_s, remaining, True, mine_s, mine_s - queued_s),
-                             _pays_from_s(now_s, remaining, False, mine_s, mine_s - queued_s))
+                             _none_pays_from_s(now_s, remaining, mine_s, mine_s - queued_s))
 
         if not copy_pays(most, floor):
             unreached(most, floor)
@@ -2009,7 +2037,15 @@ class Scheduler:
         while step is not None:
             remaining, entry = step
             if remaining < best_remaining or remaining <= 0.0 or not could(remaining):
-                unreached(remaining, floor)
+                if best is None and whole > floor:
+                    # a search that finds nothing is kept until a copy could ripen: of the
+                    # copies below, those sharing no block with the cache fetch theirs whole,
+                    # and the rest are found by block (tested one by one, below); the floor
+                    # alone ended a third of mixed-1000's kept answers within half a ms
+                    shared = True
+                    unreached(remaining, whole)
+                else:
+                    unreached(remaining, floor)
                 break  # nor can any copy after it: every candidate was walked
             if budget < 0 and not copy_pays(remaining, whole):
                 if not (whole > mine_min and best is None):

@@ -172,12 +172,14 @@ def test_ready_index_pumps_as_assign_each_with_slow_links() -> None:
 def test_ready_index_passes_over_devices_whose_kept_answer_stands() -> None:
     """Pumps a few milliseconds apart: the pump passes over a device whose last backup search
     found nothing while that answer stands and no copy was logged since (BackupClasses.kept),
-    and hands out what assign_each does."""
+    and hands out what assign_each does. The pump's own first test keeps the answers of the
+    devices that fail it (Scheduler._may_back_up): 31 of these seeds' answers stood without
+    that, 185 with it; assign_each, the reference here, keeps none of those."""
     handed = backups = stood = 0
     for seed in range(10):
         h, b, _, k = _run(200 + seed, links=True, dense=True)
         handed, backups, stood = handed + h, backups + b, stood + k
-    assert handed >= 1000 and backups >= 5 and stood >= 20
+    assert handed >= 1000 and backups >= 5 and stood >= 100
 
 
 def test_ready_index_order_and_least_overhead() -> None:
