@@ -1557,11 +1557,14 @@ class Scheduler:
         bar_s = min(most / STRAGGLER_RATIO, most - MIN_BACKUP_GAIN_S)
         devices = self.devices
         current: list[tuple[BackupIndex, float]] | None = mosts
+        sure_rate = self._sure_backup_rate(floor_s, mosts)
         for key in ready.backup_walk(start, bar_s, index.min_flops * self.dilation, unknown):
             slot = devices[key[2]]
             if current is None:
                 current = index.mosts(now_s, overdue_s)
-            if self._no_backup_below(slot.rate_flops, floor_s, now_s, current):
+                sure_rate = self._sure_backup_rate(floor_s, current)
+            if slot.rate_flops < sure_rate and \
+                    self._no_backup_below(slot.rate_flops, floor_s, now_s, current):
                 break
             if slot.overhead_s is None and \
                     not now_s - index.earliest_expected_s() >= overdue_s:
@@ -1638,6 +1641,23 @@ class Scheduler:
             return True  # not this device's steal candidate: let _pick_planned decide
         mine = self.finish_wall_s(slot, task.flops) + self._fetch_s(slot, task, now_s)
         return copy_pays(bar_s, mine)
+
+    def _sure_backup_rate(self, overhead_s: float, mosts: list[tuple[BackupIndex, float]]
+                       ) -> float:
+        """A speed (FLOP/s) at and above which :meth:`_no_backup_below` is False for this
+        overhead and these classes, solved from its test with a margin against its rounding
+        (inf: none known; the test then decides). The pump's walk asks that test of every
+        device it passes, fastest first: four hundred a result on a thousand devices. (Were
+        the margin ever short, the walk would only go on past where it could have stopped:
+        each device it meets is tested exactly.)"""
+        ratio, gain, dilation = STRAGGLER_RATIO, MIN_BACKUP_GAIN_S, self.dilation
+        sure = math.inf
+        for size, most in mosts:
+            bar = min(most / ratio, most - gain)  # copy_pays(most, mine) for any mine below
+            room = bar - overhead_s
+            if most > 0.0 and room > 1e-6 * bar and not math.isinf(size.min_flops):
+                sure = min(sure, size.min_flops * dilation / room * (1 + 1e-6))
+        return sure
 
     def _no_backup_below(self, rate_flops: float, overhead_s: float, now_s: float,
                          mosts: list[tuple[BackupIndex, float]] | None = None) -> bool:
