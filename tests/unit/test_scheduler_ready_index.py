@@ -218,3 +218,30 @@ def test_add_devices_leaves_the_state_of_one_add_device_each() -> None:
     assert [(s.device_id, s.order, s.window) for s in one.devices.values()] == \
         [(s.device_id, s.order, s.window) for s in many.devices.values()]
     assert len({s.window for s in many.devices.values()}) > 2  # windows do differ
+
+
+def test_sure_backup_rate_is_where_no_backup_below_says_no() -> None:
+    """The pump's walk skips _no_backup_below for devices at least _sure_backup_rate fast: at
+    that speed and above, the test must say some backup could be taken; a little below the
+    exact threshold it may say either. Random classes, overheads and dilations, speeds from
+    the sure rate up and around it."""
+    import types
+
+    rng = random.Random(11)
+    checked = some = 0
+    for _ in range(3000):
+        s = Scheduler()
+        s.dilation = rng.choice([1.0, 2.5, 40.0])
+        s._backups = types.SimpleNamespace(min_flops=1.0)  # type: ignore[assignment]
+        mosts: Any = [(types.SimpleNamespace(min_flops=10 ** rng.uniform(3, 10)),
+                       rng.choice([-1.0, 0.0, 0.04, 0.05, 0.0501, 0.1]) or
+                       10 ** rng.uniform(-3, 1)) for _ in range(rng.randint(1, 4))]
+        overhead = rng.choice([0.0, 1e-3, 0.02, 10 ** rng.uniform(-4, 0)])
+        sure = s._sure_backup_rate(overhead, mosts)
+        if math.isinf(sure):
+            continue
+        some += 1
+        for rate in (sure, sure * (1 + 1e-12), sure * 1.01, sure * 1e3, sure * 1e9):
+            checked += 1
+            assert not s._no_backup_below(rate, overhead, 0.0, mosts), (sure, rate, mosts)
+    assert some >= 1000 and checked >= 5000
