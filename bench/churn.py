@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--absence-s", type=float, default=15.0,
                    help="how long a departed device stays away, seconds (default 15)")
     p.add_argument("--steps", type=int, default=0, help="job steps (default: enough to cover "
-                                                        "the window at ~1 s a step)")
+                                                        "the window at ~1.5 s a step, "
+                                                        "duration / 1.5 + 5)")
     p.add_argument("--quick", action="store_true",
                    help="30 s windows, 6 devices, 8 s absences (replaces those three "
                         "options), rates 0,30,100 unless --rates (at 10 %%/min no one of "
