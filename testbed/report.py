@@ -37,7 +37,13 @@ from testbed.summary import (
     ps_summary_or_steps,
 )
 from testbed.units import format_bytes
-from testbed.user_paths import load_user_json, output_problem, read_user_text, written_whole
+from testbed.user_paths import (
+    is_file,
+    load_user_json,
+    output_problem,
+    read_user_text,
+    written_whole,
+)
 
 DEVICE_BARS = 30  # past this many devices, the tiles panel shows one bar per group
 MAX_RUN_FILE_BYTES = 4 * 1024**3  # a run's files are read whole; a 10,000-device run's are GBs
@@ -676,7 +682,7 @@ def make_report(run_dir: Path) -> list[Path]:
 
 def _run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
-    if not (run_dir / "steps.jsonl").exists():
+    if not is_file(run_dir / "steps.jsonl"):  # False for a name no file can have, too
         print(f"error: {run_dir}: no steps.jsonl here; is this a run directory?", file=sys.stderr)
         return EXIT_BAD_INPUT
     for path in make_report(run_dir):

@@ -87,7 +87,13 @@ from testbed.topology import (
     steps_problem,
 )
 from testbed.units import number_arg
-from testbed.user_paths import load_user_json, load_user_yaml, path_arg, read_user_text
+from testbed.user_paths import (
+    input_problem,
+    load_user_json,
+    load_user_yaml,
+    path_arg,
+    read_user_text,
+)
 
 log = logging.getLogger("testbed.up")
 # tiles an emulated agent may ask to hold at once (the PS sizes its window to its speed);
@@ -682,7 +688,14 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
         print(f"error: --trace-tiles: the {strategy} baseline hands out no tiles "
               "(job.parallelism.strategy)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    churn = Path(churn_path).resolve() if churn_path else topology.churn
+    churn = topology.churn
+    if churn_path:
+        # checked before resolve(), which raises RuntimeError on a symlink loop
+        problem = input_problem(Path(churn_path))
+        if problem:
+            print(f"error: --churn: {problem}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        churn = Path(churn_path).resolve()
     # the run directory's topology.yaml names the trace replayed, --churn's too
     topology = dataclasses.replace(topology, churn=churn)
     schedule = None

@@ -52,6 +52,23 @@ def test_a_fifo_or_device_named_on_the_command_line_exits_2_at_once(tmp_path: Pa
         assert "not a regular file" in proc.stderr, (argv, proc.stderr)
 
 
+def test_a_name_no_file_can_have_on_the_command_line_exits_2(tmp_path: Path) -> None:
+    """A symlink loop as --churn (Path.resolve raised RuntimeError: a traceback, exit 1) and a
+    run directory whose name is too long for the file system (OSError from exists())."""
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    cases = [(["simulate", str(REPO / "topologies/default.yaml"), "--churn",
+               str(tmp_path / "loop-a"), "--out", str(tmp_path / "runs")],
+              "Too many levels of symbolic links"),
+             (["report", str(tmp_path / ("a" * 300))], "no steps.jsonl here")]
+    for argv, said in cases:
+        proc = subprocess.run([sys.executable, "-m", "testbed.cli", *argv], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)
+        assert proc.returncode == 2 and said in proc.stderr, (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_out_where_no_run_directory_can_be_made_is_bad_input(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     not_a_dir = tmp_path / "runs"
