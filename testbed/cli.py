@@ -9,6 +9,7 @@ A part registers its sub-commands with ``add_parser(subparsers)``; the function 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import io
 import logging
@@ -137,10 +138,17 @@ def main(argv: list[str] | None = None) -> int:
             args = parse_args(build_parser(), argv)
         except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
             return int(exc.code or 0)
-        sys.stdout, sys.stderr = ReaderSafe(sys.stdout), ReaderSafe(sys.stderr)
+        out, err = ReaderSafe(sys.stdout), ReaderSafe(sys.stderr)
+        sys.stdout, sys.stderr = out, err
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return int(args.func(args))
+        code = int(args.func(args))
+        out.flush()  # here, not at exit: a full disk must still change the exit code
+        if out.failed is not None and code == EXIT_OK:
+            print(f"error: standard output: {out.failed.strerror}; what the command printed "
+                  "is incomplete", file=sys.stderr)
+            return EXIT_FAILURE
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -165,29 +173,54 @@ class ReaderSafe:
     """A standard stream whose reader may go away (`testbed up | head`, a terminal closed):
     the first write that fails sends the rest to /dev/null, so a run goes on to its summary
     and report instead of ending at its next line of progress (rich's own handling of a broken
-    pipe raises SystemExit)."""
+    pipe raises SystemExit). A stream that was closed before the command started (``>&-``:
+    Python's is None) is /dev/null from the start. A write that fails for another reason
+    than a reader gone (a full disk under ``> trace.csv``) is kept in ``failed``: the output
+    is incomplete, and :func:`main` says so in its exit code."""
+
+    READER_GONE = (errno.EPIPE, errno.EIO)  # EIO: the terminal went away
 
     def __init__(self, stream: Any):
+        if stream is None:
+            stream = open(os.devnull, "w")  # kept open for the process's life
         self._stream = stream
+        # Under PYTHONUNBUFFERED (-u; many container images set it) the text layer writes to
+        # the raw file and drops what a short write left over: a full disk under
+        # ``> trace.csv`` cut the file at 8 KB without an error. Those writes are looped here.
+        raw = getattr(stream, "buffer", None)
+        self._raw = raw if isinstance(raw, io.RawIOBase) else None
         self._gone = False
+        self.failed: OSError | None = None
 
     def write(self, text: str) -> int:
         if not self._gone:
             try:
-                self._stream.write(text)
-            except OSError:  # EPIPE, or EIO once the terminal is gone
-                self._lost()
+                if self._raw is None:
+                    self._stream.write(text)
+                else:
+                    self._write_all(text.encode(self._stream.encoding, self._stream.errors))
+            except OSError as exc:
+                self._lost(exc)
         return len(text)
+
+    def _write_all(self, data: bytes) -> None:
+        assert self._raw is not None
+        self._stream.flush()  # what was written past this wrapper, first
+        view = memoryview(data)
+        while view:
+            view = view[self._raw.write(view) or 0:]  # the next write after a short one raises
 
     def flush(self) -> None:
         if not self._gone:
             try:
                 self._stream.flush()
-            except OSError:
-                self._lost()
+            except OSError as exc:
+                self._lost(exc)
 
-    def _lost(self) -> None:
+    def _lost(self, exc: OSError) -> None:
         self._gone = True
+        if exc.errno not in self.READER_GONE:
+            self.failed = exc
         try:  # what the stream still buffers goes to /dev/null at exit, not to an error
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self._stream.fileno())

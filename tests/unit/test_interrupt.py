@@ -115,3 +115,26 @@ def test_output_whose_reader_went_away_goes_to_dev_null() -> None:
     finally:
         signal.signal(signal.SIGPIPE, previous)
         stream.close()
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_output_that_a_full_disk_cuts_short_fails_the_command(unbuffered: str) -> None:
+    """`testbed trace gen ... > trace.csv` on a full disk exited 0 with the file cut short (under
+    PYTHONUNBUFFERED the text layer drops what a short write left, without an error). A reader
+    that went away is no failure (above); a disk that took part of the output is."""
+    import os
+
+    argv = [*cli_argv(), "trace", "gen", "--topology", str(REPO / "topologies/home-wifi.yaml"),
+            "--duration", "2h", "--session-mean", "90s", "--absence-mean", "40s"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with open("/dev/full", "w") as full:  # every write: ENOSPC
+        proc = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                              timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "standard output: No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    closed = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, timeout=120, preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr
