@@ -23,6 +23,9 @@ def _time_grid(end_s: float, bins: int) -> list[float]:
 
 
 NAMES_LISTED = 12  # more names than this are counted per name stem (group-N)
+# an availability bar has a character per device up to this many, then a share each: a
+# thousand devices printed lines a thousand characters wide
+BAR_WIDTH = 64
 
 
 def names_used(names: list[str]) -> str:
@@ -63,21 +66,40 @@ def schedule_summary(schedule: ChurnSchedule, bins: int = 10) -> list[str]:
         f"devices: {n} ({', '.join(f'{g} {len(m)}' for g, m in schedule.groups.items())}); "
         f"picks seeded with {schedule.seed} (which devices a row such as phones:2 takes)",
         f"starts present: {n - len(absent)} of {n}" +
-        (f" (absent: {', '.join(absent)})" if absent else ""),
+        (f" (absent: {names_used(absent)})" if absent else ""),
         "device actions by event: " + ", ".join(f"{k} {v}" for k, v in
                                                  schedule.counts_by_event().items()),
     ]
     per_device = Counter((a.device, a.event.value) for a in schedule.actions)
     touched = [d for d in schedule.devices if any(per_device[(d, e)] for e in EVENT_NAMES)]
-    for d in touched:
-        lines.append(f"  {d:<14} " + " ".join(f"{e} {per_device[(d, e)]}" for e in EVENT_NAMES
-                                              if per_device[(d, e)]))
-    lines.append(f"availability over time (present / reachable of {n}):")
+    if len(touched) <= NAMES_LISTED:
+        for d in touched:
+            lines.append(f"  {d:<14} " + " ".join(f"{e} {per_device[(d, e)]}"
+                                                  for e in EVENT_NAMES if per_device[(d, e)]))
+    else:  # per group: ten thousand devices printed ten thousand lines
+        touched_set = set(touched)
+        for group, members in schedule.groups.items():
+            counts = Counter({e: sum(per_device[(d, e)] for d in members) for e in EVENT_NAMES})
+            hit = sum(1 for d in members if d in touched_set)
+            if hit:
+                lines.append(f"  {group:<14} {hit:,} of {len(members):,} devices: " +
+                             " ".join(f"{e} {counts[e]:,}" for e in EVENT_NAMES if counts[e]))
+    scale = f"; a bar character is {n / BAR_WIDTH:.3g} devices" if n > BAR_WIDTH else ""
+    lines.append(f"availability over time (present / reachable of {n}{scale}):")
     times = _time_grid(schedule.duration_s, bins)
     for t, (present, reachable) in zip(times, schedule.availability(times)):
-        bar = "#" * reachable + "+" * (present - reachable) + "." * (n - present)
-        lines.append(f"  t={t:>9.1f} s  {present:>3} {reachable:>3}  {bar}")
+        lines.append(f"  t={t:>9.1f} s  {present:>3} {reachable:>3}  "
+                     f"{_bar(n, present, reachable)}")
     return lines
+
+
+def _bar(n: int, present: int, reachable: int) -> str:
+    """``#`` reachable, ``+`` present but partitioned, ``.`` absent: a character a device, or
+    :data:`BAR_WIDTH` characters in proportion (rounded) when there are more devices."""
+    if n > BAR_WIDTH:
+        reachable, present = (round(x * BAR_WIDTH / n) for x in (reachable, present))
+        n = BAR_WIDTH
+    return "#" * reachable + "+" * (present - reachable) + "." * (n - present)
 
 
 def plot_timeline(schedule: ChurnSchedule, path: str | Path, title: str = "") -> None:

@@ -133,3 +133,49 @@ def test_churn_files_may_start_with_a_byte_order_mark(
     inside.write_text(f"time_s,device,event,arg\n0,{BOM}phones-0,leave,\n", encoding="utf-8")
     with pytest.raises(TraceError, match="line 2"):
         load_trace(inside)
+
+
+# a trace whose group rows expand past what a run can hold ----------------------------------------
+
+def test_rows_that_act_on_too_many_devices_are_refused_before_any_is_expanded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 rows (8 KB) naming a group of 10,000 took 1.8 GB before the run started; the cap is
+    counted on the rows, before expanding (here at 1,000 for a small group of 100)."""
+    from testbed.churn import schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "MAX_ACTIONS", 1_000)
+    groups = {"phones": [f"phones-{i}" for i in range(100)], "laptops": ["laptops-0"]}
+    rows = "".join(f"{i},phones,slow,2\n" for i in range(11))
+    text = "time_s,device,event,arg\n" + rows
+    with pytest.raises(TraceError) as raised:
+        build_schedule(parse_trace(text, "flood.csv"), groups)
+    assert "line 12: the rows up to here act on more than 1,000 devices" in str(raised.value)
+    ten = "time_s,device,event,arg\n" + "".join(f"{i},phones,slow,2\n" for i in range(10))
+    assert len(build_schedule(parse_trace(ten, "ten.csv"), groups).actions) == 1_000
+
+
+def test_show_of_ten_thousand_devices_prints_bounded_lines(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A bar a character per device, a line per device touched: lines 10,000 characters wide,
+    10,000 lines. Now a bar is at most BAR_WIDTH characters, and devices are counted per
+    group past NAMES_LISTED."""
+    import yaml
+
+    from testbed.churn.show import BAR_WIDTH
+
+    raw = yaml.safe_load(TINY.read_text())
+    raw["devices"] = [dict(raw["devices"][0], group="phones", count=10_000)]
+    topology = tmp_path / "many.yaml"
+    topology.write_text(yaml.safe_dump(raw))
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,device,event,arg\n5,phones:25%,leave,\n9,phones:10%,partition,\n")
+    assert main(["trace", "show", str(trace), "--topology", str(topology)]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) < BAR_WIDTH + 80, out
+    assert len(out.splitlines()) < 40
+    assert " of 10,000 devices: leave 2,500 partition 1,000" in out, out
+    last = out.splitlines()[-1].split()  # t= 9.0 s present reachable bar
+    present, reachable, bar = int(last[3]), int(last[4]), last[5]
+    assert present == 7_500 and 6_500 <= reachable < 7_500  # some picked were gone already
+    assert bar == "#" * round(reachable * BAR_WIDTH / 10_000) + "+" * (
+        48 - round(reachable * BAR_WIDTH / 10_000)) + "." * 16, bar
