@@ -353,6 +353,10 @@ MAX_SEED = 2**63 - 1  # seeds travel as int64
 MAX_STEPS = 10_000_000
 MAX_BATCH = 65_536
 MAX_TILE = 65_536  # one tile edge; a 65536 x 65536 float32 tile is 16 GiB, more than any phone
+# A GEMM cut at job.parallelism.tile (planner fifo, and auto's GEMMs without a plan) into more
+# tiles than this is refused: `tile: 1` on a 4,096-token job made 12.6 million tiles of one GEMM
+# and 5.5 GB in a minute; the ready topologies' largest is 3,152 (bench/topologies/mixed-1000)
+MAX_GEMM_TILES = 100_000
 MAX_WEIGHT_DECAY = 1.0  # see OptimizerFile.weight_decay
 MAX_LR = 1.0  # AdamW moves each weight by about lr per step: above 1 training only diverges
 # Model sizes: each bound is ~3x (or more) the largest published transformer's value (GPT-3:
@@ -858,9 +862,30 @@ def parse_topology(raw: Any, source: str = "<topology>", base_dir: Path | None =
         from testbed.baselines.placement import fit_problems
 
         problems = fit_problems(topology)
-        if problems:
-            raise TopologyError(source, problems)
+    else:
+        problems = _tile_count_problems(topology.job)
+    if problems:
+        raise TopologyError(source, problems)
     return topology
+
+
+def _tile_count_problems(job: JobSpec) -> list[str]:
+    """A GEMM of the step that job.parallelism.tile cuts into more than MAX_GEMM_TILES tiles
+    (of those offloaded: the PS computes those below min_offload_flops itself)."""
+    from testbed.ps_backend.tiler import gemm_flops
+    from testbed.simulate.chain import step_chain
+
+    par = job.parallelism
+    tile_m, tile_n = par.tile_m, par.tile_n
+    count, gemm = max(((-(-g.m // tile_m) * -(-g.n // tile_n), g)
+                       for stage in step_chain(job) for g in stage
+                       if gemm_flops(g.m, g.k, g.n) >= par.min_offload_flops),
+                      key=lambda c: c[0], default=(0, None))
+    if gemm is None or count <= MAX_GEMM_TILES:
+        return []
+    return [f"job.parallelism.tile: [{tile_m}, {tile_n}] cuts {gemm.layer} ({gemm.op}, "
+            f"{gemm.m:,} x {gemm.n:,} results) into {count:,} tiles; expected at most "
+            f"{MAX_GEMM_TILES:,} a GEMM (a larger tile)"]
 
 
 def steps_problem(steps: int) -> str | None:

@@ -220,3 +220,26 @@ def test_a_key_that_is_not_a_string_names_its_mapping(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = validate(tmp_path, "name: x\ndevices:\n  - {group: a, 3: b}\n", capsys)
     assert code == 2 and "devices[0]: key 3: expected a str key, got int" in err
+
+
+def test_a_tile_that_cuts_a_gemm_into_too_many_tiles_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tile: 1` on a 4,096-token job (planner fifo) made 12.6 million tiles of one GEMM and
+    5.5 GB in a minute before its first step. GEMMs the PS keeps (below min_offload_flops) are
+    not cut, so do not count."""
+    from testbed.topology import MAX_GEMM_TILES
+
+    raw = minimal()
+    raw["job"]["model"].update(hidden=256, ffn=1024, seq_len=512)
+    raw["job"]["batch_size"] = 8  # 4,096 tokens: fc1 has 4,096 x 1,024 results
+    raw["job"]["parallelism"] = {"tile": 4, "planner": "fifo"}
+    code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+    assert code == 2 and MAX_GEMM_TILES < 262_144, err
+    assert ("job.parallelism.tile: [4, 4] cuts layers.0.fc1 (forward, 4,096 x 1,024 results) "
+            "into 262,144 tiles; expected at most 100,000 a GEMM (a larger tile)") in err, err
+    raw["job"]["parallelism"]["tile"] = 8  # the largest GEMM now: 65,536 tiles
+    code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+    assert code == 0, err
+    raw["job"]["parallelism"].update(tile=1, min_offload_flops=1e15)  # nothing offloaded
+    code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+    assert code == 0, err
