@@ -353,9 +353,10 @@ MAX_SEED = 2**63 - 1  # seeds travel as int64
 MAX_STEPS = 10_000_000
 MAX_BATCH = 65_536
 MAX_TILE = 65_536  # one tile edge; a 65536 x 65536 float32 tile is 16 GiB, more than any phone
-# A GEMM cut at job.parallelism.tile (planner fifo, and auto's GEMMs without a plan) into more
-# tiles than this is refused: `tile: 1` on a 4,096-token job made 12.6 million tiles of one GEMM
-# and 5.5 GB in a minute; the ready topologies' largest is 3,152 (bench/topologies/mixed-1000)
+# A GEMM that planner fifo would cut at job.parallelism.tile into more tiles than this is
+# refused: `tile: 1` on a 4,096-token job made 12.6 million tiles of one GEMM and 5.5 GB in a
+# minute. (auto cuts by its plans, up to 16 tiles a device: its fallback to the tile, for a
+# GEMM it could not plan, is not checked, as a 10,000-device plan may well pass this.)
 MAX_GEMM_TILES = 100_000
 MAX_WEIGHT_DECAY = 1.0  # see OptimizerFile.weight_decay
 MAX_LR = 1.0  # AdamW moves each weight by about lr per step: above 1 training only diverges
@@ -862,8 +863,10 @@ def parse_topology(raw: Any, source: str = "<topology>", base_dir: Path | None =
         from testbed.baselines.placement import fit_problems
 
         problems = fit_problems(topology)
-    else:
+    elif topology.job.parallelism.planner == "fifo":  # auto cuts by its plans, rarely so
         problems = _tile_count_problems(topology.job)
+    else:
+        problems = []
     if problems:
         raise TopologyError(source, problems)
     return topology
