@@ -85,7 +85,19 @@ def _finite(value: float) -> float:
     return value
 
 
+def printable(value: str) -> str:
+    """``value``, or ValueError when it holds a control character (an escape, a NUL)."""
+    if not value.isprintable():
+        bad = next(ch for ch in value if not ch.isprintable())
+        raise ValueError(f"expected text without control characters, got {value[:80]!r} "
+                         f"({bad!r}: a name or note is printed to terminals and written to files)")
+    return value
+
+
 Int = Annotated[int, Strict()]
+# text a command prints or writes again (a device's name, a description): an escape sequence in
+# a measurement file's device column reached `perf show`'s terminal through the profile it made
+PrintableStr = Annotated[str, Strict(), AfterValidator(printable)]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 # ints are accepted (Strict float takes them), bools are not; NaN and infinities are refused

@@ -45,7 +45,7 @@ from pydantic import (
 )
 
 from testbed.errors import InputError
-from testbed.schema import Schema, problem_pairs
+from testbed.schema import Schema, printable, problem_pairs
 from testbed.user_paths import read_user_text, written_whole
 
 REQUIRED = ("device", "backend", "dtype", "threads", "op", "m", "k", "n", "time", "time_unit",
@@ -132,7 +132,7 @@ def _one_of(allowed: Iterable[str], what: str) -> AfterValidator:
 def _non_empty(value: str) -> str:
     if not value:
         raise ValueError("expected a non-empty text")
-    return value
+    return printable(value)
 
 
 Text = Annotated[str, AfterValidator(_non_empty)]
@@ -198,11 +198,15 @@ def read_csv_lines(path: str | Path, required: tuple[str, ...], known: tuple[str
     doubled or (when ``known`` is given) unknown header column, a line that is not CSV or too
     long, a row with another number of fields than the header. Raises ``error`` with every such
     problem; the values are the caller's schema's to check. A UTF-8 byte order mark (which
-    spreadsheet programs write) is dropped, as the utf-8-sig codec would.
+    spreadsheet programs write) is dropped, as the utf-8-sig codec would; text that is not UTF-8
+    is refused (a Latin-1 file was read with U+FFFD in place of its accents).
     """
     path = Path(path)
     try:
-        text = read_user_text(path, max_bytes, errors="replace")
+        text = read_user_text(path, max_bytes)
+    except UnicodeDecodeError as exc:  # as topologies and traces: not read with U+FFFD in it
+        raise error(str(path), [f"not a UTF-8 text file (byte {exc.start}: {exc.reason}); "
+                                f"convert it first (iconv -f latin1 -t utf-8, for one)"]) from exc
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
         raise error(str(path), [f"cannot read: {getattr(exc, 'strerror', None) or exc}"]) from exc
     numbered: list[tuple[int, list[str]]] = []

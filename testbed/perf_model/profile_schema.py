@@ -29,7 +29,7 @@ from testbed.perf_model.features import (
     base_columns,
 )
 from testbed.perf_model.profiles import ProfileError, profile_name_problem
-from testbed.schema import Float, Int, Schema, Str, parse
+from testbed.schema import Float, Int, PrintableStr, Schema, Str, parse
 
 # -- ranges: (low, high), inclusive; why, and [the shipped profiles' values] -------------------
 # time model
@@ -214,7 +214,7 @@ class PowerSchema(Schema):
 class ProfileSchema(Schema):
     name: Annotated[Str, AfterValidator(_name)] | None = None
     kind: Literal["phone", "laptop", "desktop", "host", ""] = ""
-    description: str = ""
+    description: PrintableStr = ""
     sustained_gflops: Annotated[Float, _within(SUSTAINED_GFLOPS, "GFLOP/s")]
     tile_overhead_s: Annotated[Float, _within(OVERHEAD_S, "seconds")] = 0.0
     model: ModelSchema | None = None

@@ -139,3 +139,29 @@ def test_importers_keep_attribution() -> None:
     assert len(deep) == 39 and all(r.dtype == "int8" for r in deep)
     peak = importers.vfpbench_peak(SHARED / "vfpbench" / "log" / "Google Tensor G2 Pixel 7a.txt")
     assert peak == pytest.approx(227.49)
+
+
+def test_control_characters_and_text_not_utf8_are_refused(tmp_path: Path) -> None:
+    """An escape sequence in the device column passed `perf fit` into a profile's description,
+    and `perf show` then sent it to the terminal; a Latin-1 file was read with U+FFFD in place of
+    its accents, where topologies and traces are refused."""
+    from testbed.perf_model.profile_schema import check_profile
+    from testbed.perf_model.profiles import PROFILE_DIR
+    from testbed.user_paths import load_user_yaml
+
+    for name in ("ph\x1b[31mone", "host\x00", "tab\there"):
+        with pytest.raises(MeasurementError) as info:
+            read_measurements(write(tmp_path, HEADER + GOOD.replace("host", name, 1)))
+        assert "line 2: column 'device': expected text without control characters" in \
+            str(info.value), info.value
+    path = tmp_path / "latin.csv"
+    path.write_bytes((HEADER + GOOD.replace("host", "caf\xe9", 1)).encode("latin-1"))
+    with pytest.raises(MeasurementError) as info:
+        read_measurements(path)
+    assert f"not a UTF-8 text file (byte {len(HEADER) + 3}: invalid continuation byte)" in \
+        str(info.value), info.value
+    assert len(read_measurements(write(tmp_path, HEADER + GOOD.replace("host", "café", 1)))) == 1
+    raw = load_user_yaml((PROFILE_DIR / "snapdragon888.yaml").read_text())
+    raw["description"] = "Snapdragon\x1b[2J"
+    with pytest.raises(InputError, match="description: expected text without control"):
+        check_profile(raw, "edited.yaml")
