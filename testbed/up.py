@@ -711,9 +711,10 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
         except OSError as exc:
             print(f"error: {given}{churn}: {exc.strerror}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        if not schedule.initially_present and not schedule.counts_by_event()["join"]:
-            print(f"error: {given}{churn}: no device is ever present (every device leaves at "
-                  "time 0 and none joins), so no step could make progress", file=sys.stderr)
+        if not schedule.ever_reachable():  # a partition at 0 with no heal ran to a stall
+            print(f"error: {given}{churn}: no device is ever present and reachable (each is "
+                  "gone or cut off from time 0 on, and none joins or heals), so no step could "
+                  "make progress", file=sys.stderr)
             return EXIT_BAD_INPUT
     from testbed.emulator.network.base import loss_without_delay
     for note in loss_without_delay(topology):  # valid, but likely not what was meant

@@ -124,6 +124,26 @@ class ChurnSchedule:
                 out[device][kind].append((start, end))
         return out
 
+    def ever_reachable(self) -> bool:
+        """Whether at some time, after every action at that time, a device is present and not
+        cut off: else no step of a run under this schedule can make progress."""
+        states = {d: _DeviceState(d in self.initially_present) for d in self.devices}
+        reachable = len(self.initially_present)  # nobody starts partitioned
+        actions, i = self.actions, 0
+        if reachable and (not actions or actions[0].time_s > 0):
+            return True
+        while i < len(actions):
+            time_s = actions[i].time_s
+            while i < len(actions) and actions[i].time_s == time_s:
+                state = states[actions[i].device]
+                was = state.present and not state.partitioned
+                _apply(state, actions[i].event, actions[i].factor)
+                reachable += (state.present and not state.partitioned) - was
+                i += 1
+            if reachable:
+                return True
+        return False
+
     def availability(self, times_s: Sequence[float]) -> list[tuple[int, int]]:
         """At each time (ascending), (devices present, devices present and reachable)."""
         states = {d: _DeviceState(d in self.initially_present) for d in self.devices}

@@ -199,6 +199,18 @@ def test_a_trace_under_which_no_device_is_ever_present_is_refused_before_a_run(
     raw["churn"] = str(trace)
     code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
     assert code == 2 and "no device is ever present" in err and str(trace) in err
+    # cut off at 0 and never healed: a simulation ran 5 virtual seconds to a stall, exit 1;
+    # healed or joined at some time, a device is reachable then
+    for rows, refused in (("0,phones,partition,\n", True),
+                          ("0,phones-0,leave,\n0,phones-1,partition,\n", True),
+                          ("0,phones,partition,\n9,phones-1,heal,\n", False),
+                          ("0,phones,leave,\n4,phones-0,join,\n", False),
+                          ("0.001,phones,partition,\n", False)):
+        trace.write_text("time_s,device,event,arg\n" + rows)
+        code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
+        assert (code == 2 and "no device is ever present and reachable" in err) == refused, \
+            (rows, err)
+    trace.write_text("time_s,device,event,arg\n0,phones,leave,\n")
     out = tmp_path / "runs"
     assert main(["simulate", str(tmp_path / "topo.yaml"), "--out", str(out)]) == 2
     assert not out.exists()
