@@ -19,7 +19,7 @@ from testbed.churn.schedule import build_schedule, groups_of
 from testbed.churn.trace import TraceError, TraceEvent, format_trace, load_trace, parse_trace
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.topology import TopologyError, load_topology
-from testbed.user_paths import checked_output, written_whole
+from testbed.user_paths import checked_output, path_arg, written_whole
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,11 @@ def _devices(topology: Any, only_groups: str | None) -> list[str]:
         if not devices:
             raise _BadInput(f"topology {topology.name} has no devices to churn")
         return devices
-    chosen = [g.strip() for g in only_groups.split(",") if g.strip()]
-    if not chosen:
-        raise _BadInput(f"--groups: {only_groups!r} names no group; expected comma-separated "
-                        f"group names (topology groups: {known})")
+    chosen = [g.strip() for g in only_groups.split(",")]
+    if not any(chosen) or not all(chosen):  # ',phones' was taken, ',' refused
+        raise _BadInput(f"--groups: {only_groups!r} "
+                        f"{'names no group' if not any(chosen) else 'has an empty name'}; "
+                        f"expected comma-separated group names (topology groups: {known})")
     twice = [g for g in dict.fromkeys(chosen) if chosen.count(g) > 1]
     if twice:
         raise _BadInput(f"--groups: {', '.join(twice)} named twice; expected each group once "
@@ -245,7 +246,8 @@ def add_parser(subparsers: Any) -> None:
     show.add_argument("--bins", type=units.int_arg(1, 1000), default=10,
                       help="intervals of the availability table: it prints BINS + 1 evenly "
                            "spaced times, 0 to the last event (default 10)")
-    show.add_argument("--plot", metavar="FILE", help="draw the timeline into this PNG")
+    show.add_argument("--plot", metavar="FILE", type=path_arg,
+                      help="draw the timeline into this PNG")
     show.set_defaults(func=_guarded(_cmd_show))
 
     imp = sub.add_parser("import", help="convert a FedScale trace or a session list",

@@ -154,9 +154,17 @@ def _header_problem(cells: list[str]) -> tuple[float, str | None]:
     return seconds, None
 
 
+def _number(cell: str) -> float:
+    """float(cell), but for Python's digit separators: `1_0` read as 10, where `0x10` was
+    refused; a trace's numbers are plain decimals."""
+    if "_" in cell:
+        raise ValueError(cell)
+    return float(cell)
+
+
 def _is_number(cell: str) -> bool:
     try:
-        float(cell)
+        _number(cell)
     except ValueError:
         return False
     return True
@@ -164,7 +172,7 @@ def _is_number(cell: str) -> bool:
 
 def _parse_time(cell: str, unit_s: float, unit_name: str) -> tuple[float, str | None]:
     try:
-        value = float(cell)
+        value = _number(cell)
     except ValueError:
         return 0.0, f"time {cell!r} is not a number (write a bare number; the header names the " \
                     f"unit, {unit_name})"
@@ -211,7 +219,7 @@ def _parse_event(cell: str, arg: str) -> tuple[ChurnEvent | None, float | None, 
     event = ChurnEvent(name)
     if event is ChurnEvent.SLOW:
         try:
-            factor = float(arg)
+            factor = _number(arg)
         except ValueError:
             return None, None, f"'slow' needs a factor in the arg column (e.g. 2.0), got {arg!r}"
         if not (0 < factor <= MAX_SLOW_FACTOR):  # also refuses nan and inf

@@ -179,3 +179,19 @@ def test_show_of_ten_thousand_devices_prints_bounded_lines(
     assert present == 7_500 and 6_500 <= reachable < 7_500  # some picked were gone already
     assert bar == "#" * round(reachable * BAR_WIDTH / 10_000) + "+" * (
         48 - round(reachable * BAR_WIDTH / 10_000)) + "." * 16, bar
+
+
+def test_digit_separators_empty_group_names_and_an_empty_plot_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`1_0` was read as the time 10 (where `0x10` was refused), `--groups ,phones` as phones
+    (where `--groups ,` was refused), and `--plot ''` drew nothing and exited 0."""
+    with pytest.raises(TraceError, match="time '1_0' is not a number"):
+        parse_trace("time_s,device,event,arg\n1_0,phones-0,leave,\n", "t.csv")
+    with pytest.raises(TraceError, match="'slow' needs a factor"):
+        parse_trace("time_s,device,event,arg\n1,phones-0,slow,1_5\n", "t.csv")
+    assert main([*GEN, "--groups", ",phones"]) == 2
+    assert "--groups: ',phones' has an empty name" in capsys.readouterr().err
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,device,event,arg\n1,phones-0,leave,\n")
+    assert main(["trace", "show", str(trace), "--topology", str(TINY), "--plot", ""]) == 2
+    assert "argument --plot: expected a path" in capsys.readouterr().err
