@@ -49,7 +49,12 @@ from pathlib import Path
 from typing import Iterator
 
 from testbed.errors import InputError
-from testbed.perf_model.measurements import Measurement, read_csv_lines, written_row_problems
+from testbed.perf_model.measurements import (
+    MIN_MODEL_SECONDS,
+    Measurement,
+    read_csv_lines,
+    written_row_problems,
+)
 from testbed.user_paths import read_user_text, written_whole
 
 MLX_ATTRIBUTION = ("mlx-benchmark detailed_benchmark.md @85c5376 (MIT, (c) 2023 Tristan Bilot), "
@@ -110,6 +115,9 @@ def _checked(path: Path, line_no: int, row: Measurement, columns: dict[str, str]
     source's line and the source column (``columns``: measurement column -> source column) each
     refused value came from."""
     problems = written_row_problems(row)
+    if row.seconds < MIN_MODEL_SECONDS and not problems:  # read back, but perf fit refuses it
+        problems = [("time", f"{row.seconds:.3g} s a GEMM, below the "
+                             f"{MIN_MODEL_SECONDS:g} s perf fit accepts (a few clock cycles)")]
     if not problems:
         return row
     said = []
@@ -129,7 +137,8 @@ def _positive_int(text: str, what: str) -> int:
     except ValueError:
         value = 0  # reported below with the column and what was expected
     if value < 1:
-        raise ValueError(f"{what}: expected a positive integer, got {text!r}")
+        shown = text if len(text) <= 80 else f"{text[:80]}... ({len(text):,} characters)"
+        raise ValueError(f"{what}: expected a positive integer, got {shown!r}")
     return value
 
 
@@ -150,6 +159,9 @@ def _shape(text: str) -> list[int]:
 def mlx_gemm(operand_shapes: str) -> tuple[int, int, int, int]:
     """(batch, m, k, n) of an mlx-benchmark operand-shape string (bias, if any, ignored)."""
     parts = operand_shapes.split()
+    if len(parts) < 2:  # was 'list index out of range'
+        raise ValueError(f"column 'operand_shapes': expected two operand shapes such as "
+                         f"'1024x1024 1024x1024', got {operand_shapes[:80]!r}")
     a, b = _shape(parts[0]), _shape(parts[1])
     if len(b) == 1:  # a vector
         b = [b[0], 1]

@@ -230,3 +230,23 @@ def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "m.csv"
     path.write_text(text)
     return path
+
+
+def test_importers_refuse_what_perf_fit_would_and_say_what_they_expected(tmp_path: Path) -> None:
+    """mmperf at 1e6 GFLOPS on a 10^3 GEMM wrote a 2e-12 s row that `perf fit` then refused;
+    mlx's 'operand_shapes' with one shape said 'list index out of range'; a 4,400-digit M was
+    echoed whole."""
+    source = tmp_path / "mm.csv"
+    source.write_text(MMPERF_HEADER + "apple-a13,r1,ruy,10,10,10,1e6,x,Apple M1,1\n")
+    with pytest.raises(importers.SourceFormatError, match="line 2: column 'gflops' .*2e-12 s a "
+                       "GEMM, below the 1e-09 s perf fit accepts"):
+        importers.import_mmperf(source)
+    source.write_text(MMPERF_HEADER + MMPERF_ROW.replace("64,64,64", "9" * 4400 + ",64,64"))
+    with pytest.raises(importers.SourceFormatError) as info:
+        importers.import_mmperf(source)
+    assert "... (4,400 characters)" in str(info.value) and len(str(info.value)) < 400
+    mlx = tmp_path / "mlx.csv"
+    mlx.write_text(MLX_HEADER + "M1,Linear,100x1024,cpu,1.5\n")
+    with pytest.raises(importers.SourceFormatError, match="line 2: column 'operand_shapes': "
+                       "expected two operand shapes"):
+        importers.import_mlx(mlx)
