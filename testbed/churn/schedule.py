@@ -202,13 +202,19 @@ def _initially_present(trace: Trace, devices: Sequence[str],
     return {d for d in devices if first.get(d) is not ChurnEvent.JOIN}
 
 
+def _wanted(selector: tuple[str, int | None, float | None], members: int) -> int:
+    """How many devices a selector picks from a group of ``members``."""
+    _, count, fraction = selector
+    return count if count is not None else max(1, round((fraction or 0.0) * members))
+
+
 def _pick(e: TraceEvent, groups: Mapping[str, Sequence[str]],
           states: Mapping[str, _DeviceState], rng: random.Random) -> tuple[list[str], str | None]:
     """Draw the devices of a selector among the group members the event applies to."""
     assert e.selector is not None
     group, count, fraction = e.selector
     members = list(groups[group])
-    wanted = count if count is not None else max(1, round((fraction or 0.0) * len(members)))
+    wanted = _wanted(e.selector, len(members))
     eligible = [d for d in members if _applies(states[d], e.event) is None]
     if wanted > len(eligible):
         return [], (f"selector {e.target!r} needs {wanted} device(s) of {group!r} that can "
@@ -220,11 +226,14 @@ def _pick(e: TraceEvent, groups: Mapping[str, Sequence[str]],
 
 def _check_expansion(trace: Trace, groups: Mapping[str, Sequence[str]]) -> None:
     """TraceError when the trace's rows act on more than :data:`MAX_ACTIONS` devices in all,
-    before any is expanded (a selector acts on at most its group)."""
+    before any is expanded (a selector on as many as it picks, :func:`_wanted`)."""
     total = 0
     for e in trace.events:
-        group = e.selector[0] if e.selector is not None else e.target
-        total += len(groups[group]) if group in groups else 1
+        if e.selector is not None:
+            total += min(_wanted(e.selector, len(groups[e.selector[0]])),
+                         len(groups[e.selector[0]]))
+        else:
+            total += len(groups[e.target]) if e.target in groups else 1
         if total > MAX_ACTIONS:
             raise TraceError(trace.source, [
                 f"line {e.line}: the rows up to here act on more than {MAX_ACTIONS:,} devices "

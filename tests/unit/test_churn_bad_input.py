@@ -152,6 +152,12 @@ def test_rows_that_act_on_too_many_devices_are_refused_before_any_is_expanded(
     assert "line 12: the rows up to here act on more than 1,000 devices" in str(raised.value)
     ten = "time_s,device,event,arg\n" + "".join(f"{i},phones,slow,2\n" for i in range(10))
     assert len(build_schedule(parse_trace(ten, "ten.csv"), groups).actions) == 1_000
+    # a selector acts on as many devices as it picks, not on its whole group
+    picks = "time_s,device,event,arg\n" + "".join(f"{i},phones:1,slow,2\n" for i in range(900))
+    assert len(build_schedule(parse_trace(picks, "picks.csv"), groups).actions) == 900
+    picks += "".join(f"{900 + i},phones:5%,slow,2\n" for i in range(21))
+    with pytest.raises(TraceError, match="line 922: the rows up to here act on more than 1,000"):
+        build_schedule(parse_trace(picks, "picks.csv"), groups)
 
 
 def test_show_of_ten_thousand_devices_prints_bounded_lines(
