@@ -14,6 +14,7 @@ import importlib
 import io
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -208,7 +209,11 @@ class ReaderSafe:
         self._stream.flush()  # what was written past this wrapper, first
         view = memoryview(data)
         while view:
-            view = view[self._raw.write(view) or 0:]  # the next write after a short one raises
+            written = self._raw.write(view)  # the next write after a short one raises
+            if written is None:  # a non-blocking descriptor that is full: wait, not spin
+                select.select([], [self._raw.fileno()], [])
+                continue
+            view = view[written:]
 
     def flush(self) -> None:
         if not self._gone:
