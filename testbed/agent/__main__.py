@@ -13,7 +13,7 @@ from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
 from testbed.agent.link import LinkDirection
 from testbed.agent.tls import PinError, normalize, ps_address_arg
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK
-from testbed.units import number_arg
+from testbed.units import int_arg, number_arg
 from testbed.wire import MAX_IN_FLIGHT
 from testbed.wire.cache import DEFAULT_CACHE_BYTES
 
@@ -46,32 +46,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", default="", help="topology group")
     p.add_argument("--kind", choices=("emulated", "real"), default="real")
     p.add_argument("--profile", default="", help="device profile name or path (emulated)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the device model's noise")
+    # a run's seed (at most 2^63 - 1) x 1000 + the device's index (testbed up)
+    p.add_argument("--seed", type=int_arg(0, 2**128), default=0,
+                   help="seed of the device model's noise")
     p.add_argument("--max-in-flight", type=int, default=2,
                    help=f"tiles outstanding at most (1 to {MAX_IN_FLIGHT}; default 2)")
-    p.add_argument("--cache-mib", type=float, default=DEFAULT_CACHE_BYTES / 2**20,
+    # the numbers are checked as a topology's are (testbed/topology.py's limits, not imported:
+    # its pydantic models would load in every agent): `--cache-mib inf` was a traceback, 1e30 a
+    # join retried for ever, -5 and nan ran
+    p.add_argument("--cache-mib", type=number_arg(1, 64 * 1024),
+                   default=DEFAULT_CACHE_BYTES / 2**20,
                    help="operand cache budget, MiB (default %(default)g: a step's blocks of "
                         "every layer kept from forward to backward; docs/planning.md)")
-    p.add_argument("--gflops", type=float, default=0.0,
+    p.add_argument("--gflops", type=number_arg(0, sys.float_info.max), default=0.0,
                    help="predicted GFLOPS (default: the profile's, or 1)")
-    p.add_argument("--down-bps", type=float, default=None, help="emulated downlink, bit/s")
-    p.add_argument("--up-bps", type=float, default=None, help="emulated uplink, bit/s")
-    p.add_argument("--delay-s", type=float, default=0.0, help="emulated one-way delay, s")
-    p.add_argument("--loss", type=float, default=0.0, help="emulated loss probability [0, 1]")
+    p.add_argument("--down-bps", type=number_arg(0, 1e12, above_low=True), default=None,
+                   help="emulated downlink, bit/s")
+    p.add_argument("--up-bps", type=number_arg(0, 1e12, above_low=True), default=None,
+                   help="emulated uplink, bit/s")
+    # a topology's delay, at most 60 s, times the run's dilation, at most 10,000
+    p.add_argument("--delay-s", type=number_arg(0, 600_000), default=0.0,
+                   help="emulated one-way delay, wall s")
+    p.add_argument("--loss", type=number_arg(0, 1), default=0.0,
+                   help="emulated loss probability, below 1")
     p.add_argument("--control-file", default="",
                    help='JSON file {"slow": factor} polled for a compute slow-down (churn)')
     b = p.add_argument_group("emulated misbehaviour (testbed/agent/behaviour.py)")
-    b.add_argument("--byzantine-rate", type=float, default=0.0,
+    b.add_argument("--byzantine-rate", type=number_arg(0, 1), default=0.0,
                    help="share of tiles returned wrong, [0, 1] (default 0: honest)")
     b.add_argument("--byzantine-modes", default=",".join(MODES),
                    help=f"comma-separated corruption modes among {','.join(MODES)}")
-    b.add_argument("--byzantine-noise", type=float, default=0.01,
+    b.add_argument("--byzantine-noise", type=number_arg(0, sys.float_info.max, above_low=True),
+                   default=0.01,
                    help="noise standard deviation relative to the tile's RMS")
-    b.add_argument("--byzantine-scale", type=float, default=1.5,
+    b.add_argument("--byzantine-scale", type=number_arg(0, sys.float_info.max, above_low=True),
+                   default=1.5,
                    help="factor of a scaled tile")
-    b.add_argument("--straggler-factor", type=float, default=1.0,
+    b.add_argument("--straggler-factor", type=number_arg(1, 1000), default=1.0,
                    help="compute time multiplier of a straggling tile, >= 1")
-    b.add_argument("--straggler-rate", type=float, default=1.0,
+    b.add_argument("--straggler-rate", type=number_arg(0, 1), default=1.0,
                    help="share of tiles that straggle, [0, 1]")
     b.add_argument("--behaviour-log", default="",
                    help="append every corruption made to this JSON-lines file")
@@ -145,6 +158,10 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
         return EXIT_BAD_INPUT
     except ValueError as exc:
         print(f"error: --token-file {args.token_file}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.loss >= 1:  # as a topology's: a link that loses every packet carries nothing
+        print(f"error: --loss: expected a probability below 1, got {args.loss:g}",
+              file=sys.stderr)
         return EXIT_BAD_INPUT
     if not 1 <= args.max_in_flight <= MAX_IN_FLIGHT:
         print(f"error: --max-in-flight: expected 1 to {MAX_IN_FLIGHT}, got {args.max_in_flight}",

@@ -87,3 +87,23 @@ def test_join_says_in_one_line_that_the_ps_is_not_there_and_tries_again(tmp_path
     assert len(tries) >= 2 and all("joining again in" in line for line in tries), out
     assert "Traceback" not in out, out
     assert proc.returncode == 130, out  # interrupted, as every testbed command
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--cache-mib", "inf"), ("--cache-mib", "1e30"), ("--cache-mib", "-5"), ("--cache-mib", "0"),
+    ("--gflops", "nan"), ("--gflops", "-1"), ("--loss", "2"), ("--loss", "-1"),
+    ("--delay-s", "-1"), ("--delay-s", "nan"), ("--down-bps", "0"), ("--up-bps", "nan"),
+    ("--byzantine-noise", "nan"), ("--byzantine-rate", "1.5"), ("--straggler-factor", "0.5"),
+    ("--seed", "-1")])
+def test_the_agents_numbers_are_checked_before_it_starts(flag: str, value: str, capsys) -> None:
+    """`--cache-mib inf` was a traceback, 1e30 a join retried for ever with a traceback each
+    time, and -5, nan or a negative delay started an agent."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--ps", "127.0.0.1:1", "--name", "a-0", "--token", "t", flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}: expected" in capsys.readouterr().err
+
+
+def test_a_loss_of_one_is_refused_as_a_topology_refuses_it(capsys) -> None:
+    assert main(["--ps", "127.0.0.1:1", "--name", "a-0", "--token", "t", "--loss", "1"]) == 2
+    assert "--loss: expected a probability below 1" in capsys.readouterr().err
