@@ -30,9 +30,10 @@ def adb_address(flag: str | None, environ: dict[str, str] | None = None
     ``ANDROID_ADB_SERVER_PORT`` is a problem even with ``--adb``: adbutils reads it when it is
     imported, and raises a bare ValueError."""
     env = os.environ if environ is None else environ
+    port_set = "ANDROID_ADB_SERVER_PORT" in env  # set but empty: adbutils's int('') raises
     port_text = env.get("ANDROID_ADB_SERVER_PORT", "").strip()
-    if port_text and (not (port_text.isascii() and port_text.isdigit())
-                      or not 0 < int(port_text) < 65536):
+    if port_set and (not (port_text.isascii() and port_text.isdigit())
+                     or not 0 < int(port_text) < 65536):
         return flag or port_text, (f"ANDROID_ADB_SERVER_PORT: expected a TCP port (1-65535), "
                                    f"got {port_text!r}")
     if flag is not None:

@@ -185,15 +185,18 @@ def test_compare_refuses_a_ps_memory_that_is_no_size_of_a_ps(
 
 # -- C. testbed adb ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [["doctor"], ["measure", "SERIAL"], ["devices"],
-                                     ["doctor", "--adb", "127.0.0.1:5037"]])
+@pytest.mark.parametrize("command, value", [(["doctor"], "abc"), (["measure", "SERIAL"], "abc"),
+                                            (["devices"], "abc"),
+                                            (["doctor", "--adb", "127.0.0.1:5037"], "abc"),
+                                            (["devices"], ""),  # set but empty: int('')
+                                            (["devices", "--adb", "127.0.0.1:5037"], " ")])
 def test_adb_refuses_a_bad_server_port_variable_before_adbutils_reads_it(
-        command: list[str]) -> None:
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT="abc")
+        command: list[str], value: str) -> None:
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=value)
     done = run_cli("adb", *command, env=env)
     assert done.returncode == 2, done.stderr
-    assert "error: ANDROID_ADB_SERVER_PORT: expected a TCP port (1-65535), got 'abc'" in \
-        done.stderr
+    assert "error: ANDROID_ADB_SERVER_PORT: expected a TCP port (1-65535), got " \
+        f"{value.strip()!r}" in done.stderr
     assert "Traceback" not in done.stderr
 
 
