@@ -55,11 +55,13 @@ def parse_address(address: str, *, listen: bool = False) -> tuple[str, int]:
     low = 0 if listen else 1
     expected = (f"expected HOST:PORT (an IP address{'' if listen else ' or host name'}, ':', a "
                 f"port {low}-65535{' (0: any)' if listen else ''}; IPv6 as [::1]:50051), got "
-                f"{address!r}")
+                f"{address[:80]!r}{'...' if len(address) > 80 else ''}")
     host, sep, port = address.rpartition(":")
     if not sep:
         raise ValueError(f"{expected}: no port")
-    if not (port.isascii() and port.isdigit()) or not low <= int(port) <= 65535:
+    # five digits at most before int(): 5,000 of them raised Python's own digit-limit error
+    if not (port.isascii() and port.isdigit() and len(port) <= 5) or \
+            not low <= int(port) <= 65535:
         raise ValueError(f"{expected}: the port must be a whole number {low}-65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

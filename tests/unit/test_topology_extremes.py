@@ -255,3 +255,11 @@ def test_a_tile_that_cuts_a_gemm_into_too_many_tiles_is_refused(
     raw["job"]["parallelism"].update(tile=1, min_offload_flops=1e15)  # nothing offloaded
     code, err = validate(tmp_path, yaml.safe_dump(raw), capsys)
     assert code == 0, err
+
+
+def test_an_address_with_a_port_of_thousands_of_digits_says_what_was_expected() -> None:
+    """int() of 5,000 digits raised Python's own 'Exceeds the limit (4300 digits)' message."""
+    with pytest.raises(ValueError) as raised:
+        parse_address("127.0.0.1:" + "9" * 5000)
+    assert "the port must be a whole number 1-65535" in str(raised.value)
+    assert len(str(raised.value)) < 400 and "4300" not in str(raised.value)
