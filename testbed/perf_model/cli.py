@@ -37,7 +37,7 @@ from testbed.perf_model.profiles import (
     profile_name_problem,
 )
 from testbed.schema import Schema, problem_pairs
-from testbed.units import SEED, int_arg, number_arg
+from testbed.units import SEED, format_bytes, int_arg, number_arg
 from testbed.user_paths import checked_output, written_whole
 
 
@@ -62,6 +62,7 @@ def _measure(args: argparse.Namespace) -> int:
         if args.shapes:
             # a handful of shapes (e.g. the 5 to calibrate a profile from), op 'gemm': not said
             shapes = [Shape("gemm", m, k, n) for m, k, n in read_shapes(args.shapes)]
+            _memory_check(args.shapes, shapes, args.dtype)
             what = f"--shapes {args.shapes}"
         else:
             shapes = sweep_shapes(size, seed=args.seed)
@@ -362,6 +363,24 @@ class ShapeRow(Schema):
     m: Annotated[int, AfterValidator(_dimension)]
     k: Annotated[int, AfterValidator(_dimension)]
     n: Annotated[int, AfterValidator(_dimension)]
+
+
+def _memory_check(path: str, shapes: list[Any], dtype: str) -> None:
+    """InputError naming the shapes whose operands and result do not fit in the memory free
+    now: a 100,000-cube shape ended minutes later in numpy's MemoryError as a traceback. The
+    operands are drawn in float64 and then cast (LocalNumpyRunner)."""
+    import psutil
+
+    item = 4 if dtype == "float32" else 8
+    free = psutil.virtual_memory().available
+    too_big = [f"{s.m} x {s.k} x {s.n}: its operands and result need "
+               f"{format_bytes(need)}, and {format_bytes(free)} is free"
+               for s in shapes
+               if (need := 8 * max(s.m * s.k, s.k * s.n)
+                   + item * (s.m * s.k + s.k * s.n + s.m * s.n)) > free]
+    if too_big:
+        raise InputError(f"--shapes {path}", too_big[:10] + (
+            [f"and {len(too_big) - 10} more"] if len(too_big) > 10 else []))
 
 
 def read_shapes(path: str) -> list[tuple[int, int, int]]:

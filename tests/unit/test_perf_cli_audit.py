@@ -176,3 +176,17 @@ def test_calibrating_on_a_base_without_a_curve_says_constant_rate(tmp_path: Path
     summary = capsys.readouterr().out
     assert "mine: constant rate (the base host has no rate-form shape curve)" in summary
     assert "base curve" not in out.read_text()
+
+
+def test_measure_refuses_shapes_that_do_not_fit_in_memory_before_timing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 100,000-cube shape (within the reader's limits) ended in numpy's MemoryError, a
+    traceback, after the shapes before it were timed."""
+    shapes = tmp_path / "big.csv"
+    shapes.write_text("m,k,n\n64,64,64\n1000000,1000000,1000000\n")
+    out = tmp_path / "out.csv"
+    assert run_cli(["perf", "measure", "--shapes", str(shapes), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--shapes {shapes}" in err and "1000000 x 1000000 x 1000000: its operands and " \
+        "result need" in err, err
+    assert not out.exists()
