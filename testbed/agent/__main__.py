@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=os.environ.get("TESTBED_TOKEN", ""),
                    help="join token (default: $TESTBED_TOKEN). Visible in the process list: "
                         "prefer $TESTBED_TOKEN or --token-file")
-    p.add_argument("--token-file", default=os.environ.get("TESTBED_TOKEN_FILE", ""),
+    p.add_argument("--token-file", default=None,
                    help="read the join token from this file (default: $TESTBED_TOKEN_FILE); "
                         "it wins over --token")
     p.add_argument("--tls-fingerprint", default=os.environ.get("TESTBED_TLS_FINGERPRINT", ""),
@@ -151,13 +151,16 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
     reached the PS as a departure, its tiles re-queued, and the report drew every device
     departed."""
     args = build_parser().parse_args(argv)
+    source = "--token-file"  # what a problem with the file is blamed on
+    if args.token_file is None:
+        args.token_file, source = os.environ.get("TESTBED_TOKEN_FILE", ""), "$TESTBED_TOKEN_FILE"
     try:
         token = read_token(args)
     except OSError as exc:
-        print(f"error: --token-file {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"error: {source} {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except ValueError as exc:
-        print(f"error: --token-file {args.token_file}: {exc}", file=sys.stderr)
+        print(f"error: {source} {args.token_file}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.loss >= 1:  # as a topology's: a link that loses every packet carries nothing
         print(f"error: --loss: expected a probability below 1, got {args.loss:g}",

@@ -123,6 +123,17 @@ def _settle_environment(args: argparse.Namespace) -> str | None:
             return f"{source} {path}: no such file; expected the join-token file `testbed up` wrote"
         if os.path.isdir(path):
             return f"{source} {path}: a directory; expected the join-token file `testbed up` wrote"
+        # read here, once (it may be a pipe), so that a problem names where the file was given
+        # ($TESTBED_TOKEN_FILE was blamed on --token-file); the agent takes it as TESTBED_TOKEN
+        from testbed.agent.__main__ import read_token
+        try:
+            token = read_token(argparse.Namespace(token_file=path, token=""))
+        except OSError as exc:
+            return f"{source} {path}: {exc.strerror or exc}"
+        except ValueError as exc:
+            return f"{source} {path}: {exc}"
+        os.environ["TESTBED_TOKEN"] = token
+        args.token_file = ""
         return None
     token = os.environ.get("TESTBED_TOKEN", "").strip()
     if not token:

@@ -53,17 +53,23 @@ def test_a_good_fingerprint_from_the_environment_reaches_the_agent(
     token = tmp_path / "tok"
     token.write_text("t0ken\n")
     monkeypatch.setenv("TESTBED_TLS_FINGERPRINT", PIN.upper().replace("SHA256:", ""))
+    monkeypatch.delenv("TESTBED_TOKEN", raising=False)  # join sets it: restored after
     assert main(["join", ADDRESS, "--token-file", str(token)]) == 0
     assert f"--tls-fingerprint={PIN}" in agent[0]["argv"]
-    assert f"--token-file={token}" in agent[0]["argv"]
+    # read once by join (the file may be a pipe), handed to the agent as $TESTBED_TOKEN
+    assert not any(a.startswith("--token-file") for a in agent[0]["argv"])
+    assert os.environ["TESTBED_TOKEN"] == "t0ken"
 
 
 @pytest.mark.parametrize("where", ["option", "environment"])
-@pytest.mark.parametrize("kind", ["missing", "directory"])
+@pytest.mark.parametrize("kind", ["missing", "directory", "binary"])
 def test_a_token_file_that_is_not_one_is_named_with_where_it_came_from(
         monkeypatch: pytest.MonkeyPatch, agent: list[dict[str, Any]], tmp_path: Path,
         capsys: pytest.CaptureFixture[str], where: str, kind: str) -> None:
     path = tmp_path / "gone" if kind == "missing" else tmp_path
+    if kind == "binary":  # its content was blamed on --token-file, given or not
+        path = tmp_path / "token.bin"
+        path.write_bytes(b"\x00\x01\xff")
     argv = ["join", ADDRESS, "--fingerprint", PIN]
     if where == "option":
         argv += ["--token-file", str(path)]
@@ -71,9 +77,10 @@ def test_a_token_file_that_is_not_one_is_named_with_where_it_came_from(
         monkeypatch.setenv("TESTBED_TOKEN_FILE", str(path))
     assert main(argv) == 2
     source = "--token-file" if where == "option" else "$TESTBED_TOKEN_FILE"
-    what = "no such file" if kind == "missing" else "a directory"
-    assert f"error: {source} {path}: {what}; expected the join-token file" \
-        in capsys.readouterr().err
+    what = {"missing": "no such file; expected the join-token file",
+            "directory": "a directory; expected the join-token file",
+            "binary": "its first line is not text (a binary file?)"}[kind]
+    assert f"error: {source} {path}: {what}" in capsys.readouterr().err
     assert not agent
 
 
