@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from testbed.user_paths import load_user_json, read_user_text
@@ -55,10 +56,14 @@ class RunLock:
 def holder(run_dir: Path) -> int | None:
     """The pid of the `testbed up` holding ``run_dir`` (0 when unknown), or None when none does."""
     try:
-        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO put there would block an open for reading until a writer came
+        # (`testbed clean` and `report` hung on one); no testbed up holds such a lock
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return _up_pid(run_dir) or 0

@@ -84,7 +84,7 @@ class DataParallelSim:
                 if not w.run_until(functools.partial(self._changed, names)):
                     why = exc.problems[0] if names else "every device has left"
                     raise NoPlacement(f"no device present holds a replica at "
-                                      f"t={w.now_s:.1f} s and none joins later: {why}") from None
+                                      f"t={w.now_s:.6g} s and none joins later: {why}") from None
         w.emit("placement", replicas=list(plan.replicas), rows=list(plan.rows),
                replica_bytes=plan.replica_bytes, left_out=len(plan.left_out))
         self.plan = plan
@@ -110,7 +110,7 @@ class DataParallelSim:
                        "no replica's device is back (the replicas: "
                        f"{', '.join(self.plan.replicas if self.plan else ())})")
                 raise NoPlacement(f"data-parallel step {step}: no replica present at "
-                                  f"t={w.now_s:.1f} s and none comes back: {why}")
+                                  f"t={w.now_s:.6g} s and none comes back: {why}")
 
     def _changed(self, names: set[str]) -> bool:
         return {d.name for d in self.world.present()} != names

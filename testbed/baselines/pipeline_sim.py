@@ -92,7 +92,7 @@ class PipelineSim:
                 if not waiting:
                     why = exc.problems[0] if names else "every device has left"
                     raise NoPlacement(f"no pipeline placement fits the devices present at "
-                                      f"t={w.now_s:.1f} s and no device joins later: "
+                                      f"t={w.now_s:.6g} s and no device joins later: "
                                       f"{why}") from None
         used = set(self.plan.devices)
         for d in w.devices.values():

@@ -92,3 +92,21 @@ def test_a_listen_port_in_use_is_refused_before_anything_starts(tmp_path: Path, 
     assert not out.exists()
     assert listen_problem("0.0.0.0:0") is None
     assert "not an address of this machine" in (listen_problem("192.0.2.1:50051") or "")
+
+
+def test_records_that_are_no_files_a_run_writes_do_not_hang_or_fill_memory(
+        tmp_path: Path, capsys) -> None:
+    """A FIFO as up.lock hung `testbed clean` and `report` (an open for reading waits for a
+    writer); a FIFO as pids.json hung clean too, and a link to /dev/zero filled its memory."""
+    os.mkfifo(tmp_path / "up.lock")
+    assert holder(tmp_path) is None  # no testbed up holds a FIFO
+    (tmp_path / "steps.jsonl").write_text("")
+    for name, make in (("pids.json", lambda p: os.mkfifo(p)),
+                       ("network.json", lambda p: os.mkfifo(p)),
+                       ("pids.json", lambda p: p.symlink_to("/dev/zero"))):
+        for other in ("pids.json", "network.json"):
+            (tmp_path / other).unlink(missing_ok=True)
+        make(tmp_path / name)
+        assert main(["clean", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / name}: not a regular file" in err, err

@@ -381,11 +381,24 @@ def run_pids(run_dir: Path, pids: dict[str, Any]) -> list[int]:
             and p not in protected and is_testbed_process(p) and names_run_dir(p, run_dir)]
 
 
+# the largest record a run writes (pids.json of 10,000 agents is about half of it)
+MAX_RECORD_BYTES = 4 << 20
+
+
 def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file, or {} when it is missing or torn (a run killed while writing it)."""
+    """A JSON object file, or {} when it is missing or torn (a run killed while writing it).
+    ValueError naming it when it is no file a run writes: a FIFO hung `testbed clean`, a link
+    to /dev/zero filled its memory."""
+    from testbed.user_paths import read_user_text
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_user_text(path, MAX_RECORD_BYTES))
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}; expected the record a run writes "
+                         f"(or none)") from None
+    except ValueError:  # torn (json's error, or UnicodeDecodeError)
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -403,6 +416,7 @@ def clean_run_dir(run_dir: Path) -> list[str]:
         raise ValueError(f"{run_dir} is not a run directory (none of "
                          f"{', '.join(RUN_DIR_MARKERS)} in it)")
     pids = _read_json(run_dir / "pids.json")
+    network = _read_json(run_dir / "network.json")  # both read before anything is touched
     owner = running_up(run_dir, pids)
     if owner is not None:
         raise RunStillRunning(
@@ -413,7 +427,7 @@ def clean_run_dir(run_dir: Path) -> list[str]:
     ours = run_pids(run_dir, pids)
     kill_pids(ours)
     lines.append(f"{run_dir}: stopped {len(ours)} leftover process(es)")
-    prefix = _read_json(run_dir / "network.json").get("prefix")
+    prefix = network.get("prefix")
     if isinstance(prefix, str) and PREFIX_RE.match(prefix):
         record = _read_json(record_path(prefix))
         if record and _owner_alive(record):
