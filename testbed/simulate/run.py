@@ -291,7 +291,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "run directory as `testbed up` (<DIR>/<time>-<name>/), marked simulated. A "
                     "job whose parallelism.strategy is pipeline or data-parallel runs those "
                     "baselines (docs/baselines.md). Prints each step's device time, and within "
-                    "a long step (a thousand devices take minutes) its progress every 10 s. "
+                    "a long tile-tp step (a thousand devices take minutes) its progress every "
+                    "10 s. "
                     "Exit: 0 done, 1 failed while running (a stalled simulation), 2 bad input "
                     "(nothing written), 130 interrupted (the steps done are kept).")
     p.add_argument("topology", metavar="TOPOLOGY", type=path_arg, help="the topology YAML file")
