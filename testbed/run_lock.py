@@ -17,6 +17,7 @@ import os
 import stat
 from pathlib import Path
 
+from testbed.runlog import RUN_JSON_MAX_BYTES
 from testbed.user_paths import load_user_json, read_user_text
 
 LOCK_NAME = "up.lock"
@@ -75,7 +76,7 @@ def holder(run_dir: Path) -> int | None:
 def _up_pid(run_dir: Path) -> int | None:
     """pids.json's ``testbed_up``, when it reads as one (for messages only)."""
     try:
-        pid = load_user_json(read_user_text(Path(run_dir) / "pids.json", 1 << 20)).get(
+        pid = load_user_json(read_user_text(Path(run_dir) / "pids.json", RUN_JSON_MAX_BYTES)).get(
             "testbed_up")
     except (OSError, ValueError, AttributeError):
         return None

@@ -45,6 +45,10 @@ from typing import Any, Callable
 
 from testbed.user_paths import load_user_json, read_user_text, written_whole
 
+# the most a run record testbed up writes (up.json, pids.json, network.json) is read as: a few
+# hundred bytes, and pids.json of 10,000 agents 319 KB (json.dumps of such a record)
+RUN_JSON_MAX_BYTES = 1 << 20
+
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON so that a reader never sees a half-written file, and a write that fails (a

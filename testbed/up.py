@@ -72,6 +72,7 @@ from testbed.pdeathsig import die_with_parent
 from testbed.ps_backend.tls import listen_problem, resumed_listen
 from testbed.run_lock import RunLock, RunLocked
 from testbed.runlog import (
+    RUN_JSON_MAX_BYTES,
     RunFileError,
     RunLog,
     read_jsonl,
@@ -106,7 +107,6 @@ REAP_S = 5.0  # after SIGKILL, the most a child's exit is waited for
 AGENTS_GONE_S = 3.0  # every agent dead this long (and none can come back): the run fails
 # what stops a run (a closed terminal's SIGHUP too): tear down, summary, report, exit 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-RUN_JSON_MAX_BYTES = 1 << 20  # up.json, pids.json: a few hundred bytes as testbed up writes them
 DILATION_MODES = ("fixed", "auto", "adaptive")  # choose_dilation's dilation_info["mode"]
 MAX_CHOSEN_DILATION = 1e6  # an auto or adaptive D: the largest factor report.md takes
 # what a resumed run writes, appends to or deletes in its directory (the PS's, testbed up's,

@@ -381,18 +381,15 @@ def run_pids(run_dir: Path, pids: dict[str, Any]) -> list[int]:
             and p not in protected and is_testbed_process(p) and names_run_dir(p, run_dir)]
 
 
-# the largest record a run writes (pids.json of 10,000 agents is about half of it)
-MAX_RECORD_BYTES = 4 << 20
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object file, or {} when it is missing or torn (a run killed while writing it).
     ValueError naming it when it is no file a run writes: a FIFO hung `testbed clean`, a link
     to /dev/zero filled its memory."""
+    from testbed.runlog import RUN_JSON_MAX_BYTES
     from testbed.user_paths import read_user_text
 
     try:
-        data = json.loads(read_user_text(path, MAX_RECORD_BYTES))
+        data = json.loads(read_user_text(path, RUN_JSON_MAX_BYTES))
     except FileNotFoundError:
         return {}
     except OSError as exc:
