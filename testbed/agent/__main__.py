@@ -118,7 +118,13 @@ def read_token(args: argparse.Namespace) -> str:
     """
     if not args.token_file:
         return str(args.token)
-    with open(args.token_file, "rb") as f:
+    return read_token_file(args.token_file)
+
+
+def read_token_file(path: str) -> str:
+    """A token file's first line, stripped; ValueError or OSError as :func:`read_token` says
+    (``testbed join`` reads it itself, to name where the file was given)."""
+    with open(path, "rb") as f:
         head = f.read(MAX_TOKEN_BYTES + 1)
     line = head.split(b"\n", 1)[0]
     if len(line) > MAX_TOKEN_BYTES:

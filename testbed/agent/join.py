@@ -125,9 +125,9 @@ def _settle_environment(args: argparse.Namespace) -> str | None:
             return f"{source} {path}: a directory; expected the join-token file `testbed up` wrote"
         # read here, once (it may be a pipe), so that a problem names where the file was given
         # ($TESTBED_TOKEN_FILE was blamed on --token-file); the agent takes it as TESTBED_TOKEN
-        from testbed.agent.__main__ import read_token
+        from testbed.agent.__main__ import read_token_file
         try:
-            token = read_token(argparse.Namespace(token_file=path, token=""))
+            token = read_token_file(path)
         except OSError as exc:
             return f"{source} {path}: {exc.strerror or exc}"
         except ValueError as exc:
