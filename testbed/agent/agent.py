@@ -75,7 +75,8 @@ GIL_SWITCH_S = 0.0005
 
 
 class JoinRefused(Exception):
-    """The PS refused the join (wrong token): retrying will not help."""
+    """The PS refused the join (a wrong token), or the server is not a testbed PS: retrying
+    will not help."""
 
 
 @dataclass
@@ -394,6 +395,11 @@ class _Session:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise JoinRefused(exc.details()) from exc
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # retried for ever before
+                raise JoinRefused(
+                    f"{self.options.ps_address} answered in gRPC but has no testbed Join "
+                    f"({exc.details()}): not a testbed PS, or one of another version; give "
+                    f"the address in the join command `testbed up` printed") from exc
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # the PS is ending the run
                 log.info("%s: PS says: %s", self.agent.name, exc.details())
                 return "stop"

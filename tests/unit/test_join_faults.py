@@ -188,6 +188,25 @@ def test_a_server_that_does_not_speak_tls_is_refused_not_retried(
         listener.close()
 
 
+def test_a_grpc_server_that_is_not_a_ps_is_refused_not_retried(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Another gRPC service on the port given (UNIMPLEMENTED: it has no testbed Join): the
+    plain agent retried it for ever; now it stops (exit 3) saying so."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))  # serves nothing of ours
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="testbed.agent"):
+            done, codes = _run_in_thread(_agent(port))
+            assert done.wait(PROMPT_S), "the agent kept trying a server that is not the PS"
+        assert codes == [3]
+        assert f"127.0.0.1:{port} answered in gRPC but has no testbed Join" in caplog.text, \
+            caplog.text
+        assert "joining again" not in caplog.text, caplog.text
+    finally:
+        server.stop(grace=0).wait(5)
+
+
 @pytest.mark.parametrize("address", ["0.0.0.0:50051", "[::]:50051"])
 def test_the_address_a_ps_listens_on_everywhere_is_refused_with_what_to_give(
         capsys: pytest.CaptureFixture[str], address: str) -> None:
