@@ -94,12 +94,9 @@ class ChurnSchedule:
 
     def states_at(self, time_s: float) -> dict[str, tuple[bool, bool, float]]:
         """(present, partitioned, slow factor) per device after all actions at <= time_s."""
-        states = {d: _DeviceState(d in self.initially_present) for d in self.devices}
-        for a in self.actions:
-            if a.time_s > time_s:
-                break
-            _apply(states[a.device], a.event, a.factor)
-        return {d: (s.present, s.partitioned, s.slow_factor) for d, s in states.items()}
+        replay = _Replay(self)
+        replay.until(time_s)
+        return {d: (s.present, s.partitioned, s.slow_factor) for d, s in replay.states.items()}
 
     def intervals(self, end_s: float | None = None) -> dict[str, dict[str, list[tuple[float,
                                                                                        float]]]]:
@@ -127,37 +124,51 @@ class ChurnSchedule:
     def ever_reachable(self) -> bool:
         """Whether at some time, after every action at that time, a device is present and not
         cut off: else no step of a run under this schedule can make progress."""
-        states = {d: _DeviceState(d in self.initially_present) for d in self.devices}
-        reachable = len(self.initially_present)  # nobody starts partitioned
-        actions, i = self.actions, 0
-        if reachable and (not actions or actions[0].time_s > 0):
-            return True
-        while i < len(actions):
-            time_s = actions[i].time_s
-            while i < len(actions) and actions[i].time_s == time_s:
-                state = states[actions[i].device]
-                was = state.present and not state.partitioned
-                _apply(state, actions[i].event, actions[i].factor)
-                reachable += (state.present and not state.partitioned) - was
-                i += 1
-            if reachable:
-                return True
-        return False
+        replay = _Replay(self)
+        replay.until(0.0)
+        while not replay.reachable:
+            if replay.next_time_s is None:
+                return False
+            replay.until(replay.next_time_s)
+        return True
 
     def availability(self, times_s: Sequence[float]) -> list[tuple[int, int]]:
         """At each time (ascending), (devices present, devices present and reachable)."""
-        states = {d: _DeviceState(d in self.initially_present) for d in self.devices}
+        replay = _Replay(self)
         out: list[tuple[int, int]] = []
-        i = 0
         for t in times_s:
-            while i < len(self.actions) and self.actions[i].time_s <= t:
-                a = self.actions[i]
-                _apply(states[a.device], a.event, a.factor)
-                i += 1
-            present = sum(s.present for s in states.values())
-            reachable = sum(s.present and not s.partitioned for s in states.values())
-            out.append((present, reachable))
+            replay.until(t)
+            out.append((replay.present, replay.reachable))
         return out
+
+
+class _Replay:
+    """A schedule's devices as its actions apply in order, with how many are present and how
+    many present and reachable: the one walk behind every question asked of the timeline."""
+
+    def __init__(self, schedule: ChurnSchedule) -> None:
+        self.states = {d: _DeviceState(d in schedule.initially_present)
+                       for d in schedule.devices}
+        self.present = self.reachable = len(schedule.initially_present)  # none starts cut off
+        self._actions = schedule.actions
+        self._next = 0  # the first action not applied yet
+
+    @property
+    def next_time_s(self) -> float | None:
+        """When the next action not applied yet happens (None: every one has)."""
+        return self._actions[self._next].time_s if self._next < len(self._actions) else None
+
+    def until(self, time_s: float) -> None:
+        """Apply every action at or before ``time_s`` not applied yet."""
+        actions = self._actions
+        while self._next < len(actions) and actions[self._next].time_s <= time_s:
+            a = actions[self._next]
+            state = self.states[a.device]
+            was_present, was_reachable = state.present, state.present and not state.partitioned
+            _apply(state, a.event, a.factor)
+            self.present += state.present - was_present
+            self.reachable += (state.present and not state.partitioned) - was_reachable
+            self._next += 1
 
 
 def _apply(state: _DeviceState, event: ChurnEvent, factor: float | None) -> None:

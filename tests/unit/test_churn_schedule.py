@@ -154,3 +154,43 @@ def test_load_schedule_expands_a_shipped_trace_over_the_default_topology() -> No
     assert len(left) == 4 and left == back and all(d.startswith("phones-") for d in left)
     assert schedule.availability([59, 60, 150, 180]) == [(8, 8), (3, 3), (7, 7), (8, 8)]
     assert load_schedule(root / "traces" / "mass-departure.csv", topology) == schedule
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_timeline_walk_agrees_with_the_intervals(seed: int) -> None:
+    """availability, states_at and ever_reachable (one walk, ``_Replay``) against what
+    ``intervals`` (a walk of its own) says at every action's time and between."""
+    import random
+    rng = random.Random(seed)
+    devices = [d for members in GROUPS.values() for d in members]
+    present = {d: rng.random() < 0.5 for d in devices}
+    cut = dict.fromkeys(devices, False)
+    seen: dict[str, bool] = {}
+    rows, time_s = [], 0
+    for _ in range(rng.randrange(1, 30)):
+        time_s += rng.choice((0, 0, 1, 3))
+        d = rng.choice(devices)
+        event = rng.choice(("join" if not present[d] else rng.choice(("leave", "crash")),
+                            "heal" if cut[d] else "partition"))
+        if not present[d] and not seen.get(d):  # one that starts absent joins first
+            event = "join"
+        seen[d] = True
+        present[d] = event == "join" if event in ("join", "leave", "crash") else present[d]
+        cut[d] = event == "partition" if event in ("partition", "heal") else cut[d]
+        rows.append(f"{time_s},{d},{event},\n")
+    schedule = _schedule("".join(rows))
+    times = sorted({0.0, *(a.time_s for a in schedule.actions),
+                    *(a.time_s + 0.5 for a in schedule.actions)})
+    spans = schedule.intervals(end_s=times[-1] + 1)
+
+    def inside(t: float, d: str, kind: str) -> bool:
+        return any(start <= t < end for start, end in spans[d][kind])
+
+    expected = [(sum(inside(t, d, "present") for d in devices),
+                 sum(inside(t, d, "present") and not inside(t, d, "partitioned")
+                     for d in devices)) for t in times]
+    assert schedule.availability(times) == expected
+    for t in times:
+        assert {d: s[:2] for d, s in schedule.states_at(t).items()} == {
+            d: (inside(t, d, "present"), inside(t, d, "partitioned")) for d in devices}
+    assert schedule.ever_reachable() == any(reachable for _, reachable in expected)
