@@ -130,8 +130,8 @@ def read_token_file(path: str) -> str:
     if len(line) > MAX_TOKEN_BYTES:
         raise ValueError(f"its first line is longer than {MAX_TOKEN_BYTES:,} bytes; a token "
                          f"is one short line")
-    try:
-        token = line.decode("utf-8").strip()
+    try:  # utf-8-sig: a BOM (a Windows editor's save) was called a control character
+        token = line.decode("utf-8-sig").strip()
     except UnicodeDecodeError:
         raise ValueError("its first line is not text (a binary file?); expected the token "
                          "`testbed up` wrote, one line of printable characters") from None

@@ -84,6 +84,14 @@ def test_a_token_file_that_is_not_one_is_named_with_where_it_came_from(
     assert not agent
 
 
+def test_a_token_file_saved_by_a_windows_editor_is_read(
+        agent: list[dict[str, Any]], tmp_path: Path) -> None:
+    token = tmp_path / "tok"
+    token.write_bytes("\ufefft0ken\r\n".encode())  # a BOM, and CRLF
+    assert main(["join", ADDRESS, "--fingerprint", PIN, "--token-file", str(token)]) == 0
+    assert agent[0]["token"] == "t0ken"
+
+
 def test_a_token_from_the_environment_with_a_line_break_is_refused(
         monkeypatch: pytest.MonkeyPatch, agent: list[dict[str, Any]],
         capsys: pytest.CaptureFixture[str]) -> None:
