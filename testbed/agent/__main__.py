@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from testbed.agent.agent import Agent, AgentOptions
 from testbed.agent.behaviour import MODES, Behaviour, BehaviourError
@@ -107,6 +108,7 @@ def behaviour_from_args(args: argparse.Namespace) -> Behaviour | None:
 
 
 MAX_TOKEN_BYTES = 4096  # `testbed up` makes 32 hex digits; the file's first line, at most
+TOKEN_WAIT_NOTE_S = 2.0  # a token file not read by then is said to be waited for
 
 
 def read_token(args: argparse.Namespace) -> str:
@@ -124,8 +126,17 @@ def read_token(args: argparse.Namespace) -> str:
 def read_token_file(path: str) -> str:
     """A token file's first line, stripped; ValueError or OSError as :func:`read_token` says
     (``testbed join`` reads it itself, to name where the file was given)."""
-    with open(path, "rb") as f:
-        head = f.read(MAX_TOKEN_BYTES + 1)
+    # a FIFO nobody writes to holds the open (or the read) for ever: said once, after a while
+    waiting = threading.Timer(TOKEN_WAIT_NOTE_S, lambda: print(
+        f"waiting for the token's line from {path} (a pipe or FIFO nothing has written to "
+        f"yet?)", file=sys.stderr, flush=True))
+    waiting.daemon = True
+    waiting.start()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(MAX_TOKEN_BYTES + 1)
+    finally:
+        waiting.cancel()
     line = head.split(b"\n", 1)[0]
     if len(line) > MAX_TOKEN_BYTES:
         raise ValueError(f"its first line is longer than {MAX_TOKEN_BYTES:,} bytes; a token "

@@ -92,6 +92,27 @@ def test_a_token_file_saved_by_a_windows_editor_is_read(
     assert agent[0]["token"] == "t0ken"
 
 
+def test_a_fifo_nobody_writes_to_is_said_to_be_waited_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`mkfifo tok` and no writer: the open blocks; it was silent for as long as it did."""
+    import threading
+
+    from testbed.agent.__main__ import TOKEN_WAIT_NOTE_S, read_token_file
+    fifo = tmp_path / "tok"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(read_token_file(str(fifo))),
+                              daemon=True)
+    reader.start()
+    reader.join(TOKEN_WAIT_NOTE_S + 1.5)
+    assert reader.is_alive() and not got  # still waiting, as it should
+    assert f"waiting for the token's line from {fifo}" in capsys.readouterr().err
+    with open(fifo, "w") as writer:
+        writer.write("t0ken\n")
+    reader.join(5)
+    assert got == ["t0ken"]
+
+
 def test_a_token_from_the_environment_with_a_line_break_is_refused(
         monkeypatch: pytest.MonkeyPatch, agent: list[dict[str, Any]],
         capsys: pytest.CaptureFixture[str]) -> None:
