@@ -416,8 +416,9 @@ class Run:
                                           log_path)
         self._write_pids()
 
-    def start_agent(self, name: str) -> None:
-        """Start (or restart) a device's agent process."""
+    def start_agent(self, name: str, cut_off: bool = False) -> None:
+        """Start (or restart) a device's agent process (``cut_off``: blackholed from its
+        start, :meth:`testbed.churn.replay.RunControl.start_agent`)."""
         device = self.devices[name]
         with self._lock:
             old = self.agents.get(name)
@@ -430,6 +431,8 @@ class Run:
             args = agent_argv(self.network, self.topology, device, self.ps_port,
                               device_cache_bytes(self.topology.job, device.group),
                               self.run_dir / "agents", instance)
+            if cut_off:
+                args.append("--partitioned")
             self.agents[name] = self.forkserver.start(
                 args, self.run_dir / "agents" / f"{name}.log", self.network.node_pid(name))
             self._write_pids()

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emulated one-way delay, wall s")
     p.add_argument("--loss", type=number_arg(0, 1), default=0.0,
                    help="emulated loss probability, below 1")
+    p.add_argument("--partitioned", action="store_true",
+                   help="start cut off, as after SIGUSR1 (nothing in or out until SIGUSR2): "
+                        "a churn trace's device that joins while its link is down, on "
+                        "loopback")
     p.add_argument("--control-file", default="",
                    help='JSON file {"slow": factor} polled for a compute slow-down (churn)')
     b = p.add_argument_group("emulated misbehaviour (testbed/agent/behaviour.py)")
@@ -230,6 +234,7 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
     for sig in (signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(sig, signal.SIG_IGN if supervised else
                       lambda s, _f: agent.request_stop(signal.Signals(s).name))
+    agent.set_partitioned(args.partitioned)
     signal.signal(signal.SIGUSR1, lambda *_: agent.set_partitioned(True))
     signal.signal(signal.SIGUSR2, lambda *_: agent.set_partitioned(False))
     code = agent.run()

@@ -54,8 +54,9 @@ WAITING_STATES = (None, "starting", "waiting for devices")
 class RunControl(Protocol):
     """What the replay needs from a run."""
 
-    def start_agent(self, name: str) -> None:
-        """Start (or restart) the device's agent."""
+    def start_agent(self, name: str, cut_off: bool = False) -> None:
+        """Start (or restart) the device's agent; ``cut_off``: blackholed from its start, as
+        after SIGUSR1 (its link is down where the network cannot take it down)."""
 
     def signal_agent(self, name: str, sig: int) -> bool:
         """Signal the device's agent; False when it is not running."""
@@ -146,11 +147,13 @@ def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
     return state_after(schedule, applied, trace_s)
 
 
-def apply_action(action: ChurnAction, run: RunControl, agents_dir: Path) -> str:
-    """Do one action to the run; return its effect as recorded in events.jsonl."""
+def apply_action(action: ChurnAction, run: RunControl, agents_dir: Path,
+                 cut_off: bool = False) -> str:
+    """Do one action to the run; return its effect as recorded in events.jsonl. ``cut_off``:
+    the device's agent blackholes its own traffic (loopback) and its link is down now."""
     name, event = action.device, action.event
     if event is ChurnEvent.JOIN:
-        run.start_agent(name)
+        run.start_agent(name, cut_off)
         return "applied"
     if event is ChurnEvent.LEAVE:
         return "SIGTERM" if run.signal_agent(name, signal.SIGTERM) else "absent"
@@ -191,6 +194,10 @@ class Replay:
         self._clock_lock = threading.Lock()
         self._changed = threading.Event()  # D changed: a wait for the next action starts over
         self._thread: threading.Thread | None = None
+        # devices cut off by their agent, not the network (loopback): one that joins, or joins
+        # again after a crash, while its link is down starts cut off; Mininet keeps its port
+        # down across its agent's restarts
+        self._cut_by_agent: set[str] = set()
 
     def start(self) -> None:
         """Start the replay thread (nothing to do when every action was applied already)."""
@@ -251,7 +258,7 @@ class Replay:
         for name in sorted(self.start_state.partitioned):  # after --resume: still cut off
             action = ChurnAction(offset, name, ChurnEvent.PARTITION)
             self.event("churn_restore", device=name, action="partition",
-                       effect=apply_action(action, self.run, agents_dir))
+                       effect=self._apply(action, agents_dir))
         for action in self.schedule.actions[self.applied:]:
             while not self.stopping.is_set():
                 self._changed.clear()  # before reading the clock: a change after it wakes us
@@ -262,13 +269,22 @@ class Replay:
             if self.stopping.is_set():
                 return
             began_t = time.time()  # the PS may log what the action causes before it returns
-            effect = apply_action(action, self.run, agents_dir)
+            effect = self._apply(action, agents_dir)
             self.applied += 1
             record = action.to_dict()  # its "event" would shadow the record's kind
             self.event("churn", **{k: v for k, v in record.items() if k != "event"},
                        action=record["event"], effect=effect, at_t=began_t)
             self.note(f"churn t={action.time_s:g}s {action.event.value} {action.device}: "
                       f"{effect}")
+
+    def _apply(self, action: ChurnAction, agents_dir: Path) -> str:
+        name = action.device
+        effect = apply_action(action, self.run, agents_dir, name in self._cut_by_agent)
+        if action.event is ChurnEvent.PARTITION and effect != "link down":
+            self._cut_by_agent.add(name)
+        elif action.event is ChurnEvent.HEAL:
+            self._cut_by_agent.discard(name)
+        return effect
 
     def _wait_for_training(self) -> bool:
         """Block until the PS reports training (True), or the run ends first (False)."""

@@ -127,6 +127,7 @@ class SimDevice:
     slow: float = 1.0
     straggler: Behaviour | None = None  # the topology's straggler behaviour, as its agent's
     session: int = 0  # bumps on every departure: events of an older session are dropped
+    cuts: int = 0  # bumps on every partition: a lease timer is its own cut's only
     slot: DeviceSlot | None = None
     busy_until_s: float = 0.0
     flows: set[int] = field(default_factory=set)
@@ -287,9 +288,7 @@ class Simulation(EventLoop):
             slots.append(slot)
         self.scheduler.add_devices(slots)
         self._ready_stale = True
-        for dev, slot in zip(devs, slots):
-            if dev.partitioned:  # joined while its link is down: no work until it heals
-                self.ready.block(slot, True)
+        for slot in slots:  # none is cut off: a device joins once its link is up (_apply)
             self.planner.saw(slot)
             self.emit("join", device=slot.name, device_id=slot.device_id, group=slot.group,
                       kind="emulated", profile=slot.profile,
@@ -492,8 +491,9 @@ class Simulation(EventLoop):
         effect = "absent"
         if event is ChurnEvent.JOIN:
             if not dev.present:
-                self.join(dev)
-                effect = "applied"
+                effect = "applied"  # its agent starts; it reaches the PS once its link is up
+                if not dev.partitioned:
+                    self.join(dev)
         elif event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
             if dev.present:
                 effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
@@ -519,11 +519,15 @@ class Simulation(EventLoop):
             self.ready.block(dev.slot, down)
         for link, rate in zip(dev.own_links, dev.link_Bps):
             self.net.set_capacity(link, 0.0 if down else rate)
+        if down:
+            dev.cuts += 1
         if down and dev.present:
-            session = dev.session
+            # the PS counts the lease from the device's last message: a heal and a new cut
+            # start it again, so an earlier cut's timer must not end this one
+            session, cut = dev.session, dev.cuts
 
             def expire() -> None:
-                if dev.session == session and dev.partitioned and dev.present:
+                if dev.session == session and dev.cuts == cut and dev.partitioned:
                     self.drop(dev, "lease_expired",
                               f"no message for more than {self.config.lease_s:g} s")
             self.at(self.now_s + self.config.lease_s, expire)

@@ -158,6 +158,24 @@ def test_a_session_the_ps_ends_is_said_in_a_line_before_joining_again(
         ps.close()
 
 
+def test_an_agent_started_cut_off_joins_only_once_healed() -> None:
+    """`--partitioned` (a loopback device that joins while its link is down): no join until
+    the heal (SIGUSR2), as a device behind a port that is down cannot reach the PS."""
+    ps = FakePS("frozen")
+    try:
+        agent = _agent(ps.port)
+        agent.set_partitioned(True)
+        done, _ = _run_in_thread(agent)
+        time.sleep(1.0)
+        assert ps.joins == 0
+        agent.set_partitioned(False)
+        assert ps.attached.wait(10), "the healed agent never joined"
+        agent.request_stop("SIGTERM")
+        assert done.wait(PROMPT_S)
+    finally:
+        ps.close()
+
+
 def test_a_server_that_does_not_speak_tls_is_refused_not_retried(
         caplog: pytest.LogCaptureFixture) -> None:
     """A wrong port (an HTTP server, the PS's plain loopback port) answers, but not in TLS:

@@ -122,3 +122,43 @@ def test_each_device_counts_its_bytes_per_pass() -> None:
     item = sim.dtype.itemsize
     outputs = sum(tokens * lin.d_out * item for lin in linears(job))  # K split: partials more
     assert sum(m["fwd"][1] for m in moved) >= outputs
+
+
+def _run_trace(tmp_path: Path, rows: str, steps: int = 1) -> tuple[Simulation, list[dict]]:
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,device,event,arg\n" + rows)
+    topology = load_topology(TINY).with_overrides(steps=steps)
+    events: list[dict] = []
+
+    def event(kind: str, /, **fields: object) -> None:
+        events.append({**fields, "event": kind, "t": sim.now_s})
+    sim = Simulation(topology, load_schedule(trace, topology), noise=False, event=event)
+    sim.start()
+    for step in range(steps):
+        sim.run_step(step)
+    return sim, events
+
+
+def test_a_lease_runs_from_the_last_cut_not_an_earlier_healed_one(tmp_path: Path) -> None:
+    """Cut at 1 s, healed at 2 s, cut again at 3 s: the PS hears the device between the cuts,
+    so its lease ends at 3 s + lease, not at 1 s + lease (the first cut's timer)."""
+    sim, events = _run_trace(tmp_path, "1,phones-0,partition,\n2,phones-0,heal,\n"
+                                       "3,phones-0,partition,\n20,phones-0,heal,\n")
+    sim.pass_time(12.0)  # the step may end before either lease would
+    lease_s = sim.config.lease_s
+    expired = [e for e in events if e["event"] == "lease_expired"]
+    assert [e["t"] for e in expired] == [pytest.approx(3 + lease_s, abs=1e-9)], expired
+
+
+def test_a_device_that_joins_while_cut_off_joins_when_its_link_heals(tmp_path: Path) -> None:
+    """Its agent starts but cannot reach the PS (on Mininet its port is down): it was
+    registered at once, dealt tiles it could never return, and with no heal the step stalled."""
+    sim, events = _run_trace(tmp_path, "0,phones-0,leave,\n0,phones-1,leave,\n"
+                                       "0.001,phones-0,partition,\n0.001,phones-1,partition,\n"
+                                       "0.002,phones-0,join,\n0.002,phones-1,join,\n"
+                                       "0.5,phones-0,heal,\n", steps=2)
+    sim.pass_time(1.0)  # tiny's steps may end before the heal
+    joins = [e for e in events if e["event"] == "join"
+             and e["device"] in ("phones-0", "phones-1")]
+    assert [(e["device"], e["t"]) for e in joins] == [("phones-0", pytest.approx(0.5))]
+    assert sim.devices["phones-0"].present and not sim.devices["phones-1"].present

@@ -92,8 +92,8 @@ class FakeRun:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, object]] = []
 
-    def start_agent(self, name: str) -> None:
-        self.calls.append(("start", name, None))
+    def start_agent(self, name: str, cut_off: bool = False) -> None:
+        self.calls.append(("start", name, "cut off" if cut_off else None))
 
     def signal_agent(self, name: str, sig: int) -> bool:
         self.calls.append(("signal", name, signal.Signals(sig).name))
@@ -134,6 +134,52 @@ def test_replay_applies_every_action_in_order_and_records_it(tmp_path: Path) -> 
         ("phones-0", "leave", "SIGTERM"), ("laptops-0", "partition", "link down"),
         ("phones-0", "join", "applied"), ("laptops-0", "heal", "link up"),
         ("phones-1", "crash", "SIGKILL")]
+
+
+class LoopbackRun(FakeRun):
+    """A network that cannot take links down (loopback): the agent blackholes itself, and a
+    signal reaches only an agent that runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = {"phones-0", "phones-1", "phones-2"}
+
+    def start_agent(self, name: str, cut_off: bool = False) -> None:
+        super().start_agent(name, cut_off)
+        self.running.add(name)
+
+    def signal_agent(self, name: str, sig: int) -> bool:
+        if name not in self.running:
+            return False
+        super().signal_agent(name, sig)
+        if sig in (signal.SIGTERM, signal.SIGKILL):
+            self.running.discard(name)
+        return True
+
+    def set_partitioned(self, name: str, partitioned: bool) -> bool:
+        return False
+
+
+def test_an_agent_started_while_its_link_is_down_starts_cut_off_on_loopback(
+        tmp_path: Path) -> None:
+    """On loopback a cut is the agent's own: a device that joins while cut off (its partition
+    came while it was away, or it crashed while cut off) got an agent that worked at once."""
+    trace = ("time_s,device,event,arg\n0,laptops-0,leave,\n0.05,laptops-0,partition,\n"
+             "0.1,laptops-0,join,\n0.15,phones-0,partition,\n0.2,phones-0,crash,\n"
+             "0.25,phones-0,join,\n0.3,phones-0,heal,\n0.35,phones-0,crash,\n"
+             "0.4,phones-0,join,\n")
+    schedule = build_schedule(parse_trace(trace, "t.csv", GROUPS), GROUPS, seed=1)
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    run = LoopbackRun()
+    replay = Replay(schedule, run, tmp_path, dilation=0.2, event=lambda *a, **k: None)
+    replay.start()
+    deadline = time.monotonic() + 10
+    while replay.applied < len(schedule.actions) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    replay.stop()
+    assert [c for c in run.calls if c[0] == "start"] == [
+        ("start", "laptops-0", "cut off"), ("start", "phones-0", "cut off"),
+        ("start", "phones-0", None)]  # healed before its last join
 
 
 class BrokenLink(FakeRun):
