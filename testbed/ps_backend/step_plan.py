@@ -70,6 +70,28 @@ PAIR_JOINT_GAIN = 1.0
 LAYER_GAIN = 0.95
 HELD_SHARE = 0.5
 PASSES = ("forward", "backward")  # a step's GEMMs, as sat_out counts them
+# A group is planned for the devices it has present, rounded up to a step of its count: the
+# count, then each step about a tenth below the one before (59, 53, 47, 42, ...; 6, 5, 4, ...).
+# Plans made for every device of the topology dealt a departed device's share to the others, so
+# every later step ran that much longer (default without one of its 6 phones: 5.35 s a step
+# simulated, against 4.11 for a topology of 5; now 4.12). A new count is a new plan search on
+# the PS (about 10 s for large), so a device or two coming and going in a large group changes
+# no plan; a group that lost a tenth of its devices is planned again.
+PLAN_COUNT_STEP = 0.9
+
+
+def planned_count(count: int, present: int) -> int:
+    """How many devices of a group of ``count`` the plans count on when ``present`` are: the
+    least step of ``count`` (:data:`PLAN_COUNT_STEP`) at or above ``present``; 0 for none."""
+    if present <= 0:
+        return 0
+    level = count
+    while level > present:
+        lower = min(level - 1, math.floor(level * PLAN_COUNT_STEP))
+        if lower < present:
+            break
+        level = lower
+    return level
 
 
 class Cut(NamedTuple):
@@ -134,7 +156,7 @@ class StepPlanner:
         self.clock = clock  # the PS's monotonic clock; the simulator's virtual one
         self.config = config
         self._planned = {g for g, _, _ in config.planned_groups}  # the topology's groups
-        self._plans: dict[tuple[int, int, int, int, int | None], GemmPlan] = {}
+        self._plans: dict[tuple[Any, ...], GemmPlan] = {}
         self._gemms: list[BoundGemm] = []
         self._seen: dict[str, DeviceSlot] = {}
         self._min_down = self._min_up = 0.0
@@ -214,8 +236,10 @@ class StepPlanner:
         that join over the LAN) are classes of their own, counted as they are present, so the
         plan deals them tiles like any group.
         """
-        out = [PlanDevice(g, gflops * 1e9, *self._link(g), count=self._halved(n, half))
-               for g, n, gflops in self.config.planned_groups if self._halved(n, half) > 0]
+        slots = list(slots)
+        planned = self._counts(slots, half)
+        out = [PlanDevice(g, gflops * 1e9, *self._link(g), count=planned[g])
+               for g, _, gflops in self.config.planned_groups if planned[g] > 0]
         counts: dict[tuple[str, str, float], int] = {}
         for s in slots:
             if not s.quarantined and s.group not in self._planned:
@@ -223,6 +247,16 @@ class StepPlanner:
                 counts[key] = counts.get(key, 0) + 1
         return out + [PlanDevice(name, gflops * 1e9, *self._link(group), count=n)
                       for (name, group, gflops), n in sorted(counts.items())]
+
+    def _counts(self, slots: Iterable[DeviceSlot], half: int | None = None) -> dict[str, int]:
+        """The devices of each topology group that plans count on (:func:`planned_count`):
+        ``slots`` are the devices present (of one half of a backward pair, with ``half``)."""
+        present = dict.fromkeys(self._planned, 0)
+        for s in slots:
+            if not s.quarantined and s.group in self._planned:
+                present[s.group] += 1
+        return {g: planned_count(self._halved(n, half), present[g])
+                for g, n, _ in self.config.planned_groups}
 
     def _class_name(self, slot: DeviceSlot) -> str:
         """The plan's name for a device's class: its group, or for a device the topology does
@@ -233,14 +267,15 @@ class StepPlanner:
         return f"{slot.group or 'undeclared'}@{slot.predicted_gflops:g}"
 
     def _plan_key(self, shape: tuple[Any, ...], slots: list[DeviceSlot]) -> tuple[Any, ...]:
-        """A search's cache key: the shape alone when the plan depends only on the topology
-        (:meth:`_static`), else with the devices present too."""
+        """A search's cache key: the shape and the devices each group is planned for when the
+        plan depends only on the topology (:meth:`_static`), else the devices present."""
         if self._static(slots):
-            return shape
+            return (*shape, tuple(self._counts(slots).values()))
         return (*shape, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
 
     def _static(self, slots: list[DeviceSlot]) -> bool:
-        """Whether the plan depends only on the topology (then a restarted PS cuts the same)."""
+        """Whether the plan depends only on the topology and how many devices of each of its
+        groups are present (then a restarted PS cuts the same)."""
         return bool(self._planned) and all(s.group in self._planned or s.quarantined
                                            for s in slots)
 
@@ -609,7 +644,7 @@ class StepPlanner:
 
     def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
                   half: int | None = None) -> GemmPlan | None:
-        key = (m, k, n, item, half)
+        key = (m, k, n, item, half, tuple(self._counts(slots, half).values()))
         static = self._static(slots)
         plan = self._plans.get(key) if static else None
         if plan is None:
