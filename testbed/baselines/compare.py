@@ -794,7 +794,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "compare", help="run tile-tp, pipeline and data-parallel on one topology side by side, "
                         "with a cloud GPU reference (virtual time or Mininet)",
         description="Run the topology's job with each strategy (tile-tp, a GPipe pipeline as "
-                    "DT-FM, data parallelism or DiLoCo) on the same devices, device models, "
+                    "DT-FM, data parallelism: averaged every step, or DiLoCo rounds with "
+                    "job.parallelism.local_steps above 1) on the same devices, device models, "
                     "network and churn, and write a comparison directory: comparison.md, .csv, "
                     ".json, .png and one run directory per strategy, plus a cloud GPU "
                     "reference row. --simulate: virtual time (testbed simulate's models, "
@@ -805,7 +806,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--churn", type=path_arg,
                    help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
-                   help="comma-separated strategies (default: all three)")
+                   help="comma-separated strategies among tile-tp, pipeline, data-parallel "
+                        "(default: all three)")
     p.add_argument("--simulate", action="store_true",
                    help="run in virtual time (default: on Mininet, needs root)")
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
