@@ -18,7 +18,8 @@ device to device rather than PS to device:
 * **Churn**: the schedule's actions at their times from the start of training; ``leave`` and
   ``crash`` take the device away at once (a broken stream is seen at once, as in the tile
   simulation), ``partition`` cuts its links and the device is declared lost after the lease
-  (5 s, the PS's), ``heal`` brings it back, ``join`` adds it, ``slow`` scales its compute.
+  (5 s, the PS's, counted from that cut: a heal and a new cut start it again), ``heal``
+  brings it back, ``join`` adds it, ``slow`` scales its compute.
   The strategy reacts through :meth:`BaselineWorld.on_lost` / :meth:`on_back`.
 """
 
@@ -56,6 +57,7 @@ class Device:
     switch: str | None
     present: bool = False
     partitioned: bool = False
+    cuts: int = 0  # partitions of a reachable device so far (which one a lease timer is for)
     slow: float = 1.0
     busy_until_s: float = 0.0
     compute_s: float = 0.0
@@ -254,13 +256,18 @@ class BaselineWorld(EventLoop):
                 self.on_lost(dev, "left" if event is ChurnEvent.LEAVE else "stream broken")
         elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
             down = event is ChurnEvent.PARTITION
+            cut = down and not dev.partitioned  # a second partition sends no message either
             dev.partitioned = down
             for link, rate in zip(dev.own, dev.link_Bps):
                 self.net.set_capacity(link, 0.0 if down else rate)
             effect = "link down" if down else "link up"
-            if down and dev.present:
-                def expire(dev: Device = dev) -> None:
-                    if dev.partitioned and dev.present:
+            if cut and dev.present:
+                dev.cuts += 1
+
+                def expire(dev: Device = dev, cut: int = dev.cuts) -> None:
+                    # the PS counts the lease from the last message: a heal since this cut
+                    # (and a later cut) restarted it, so only this cut's own timer may fire
+                    if dev.cuts == cut and dev.partitioned and dev.present:
                         self.on_lost(dev, f"no message for more than {LEASE_S:g} s")
                 self.at(self.now_s + LEASE_S, expire)
             elif not down and dev.present:

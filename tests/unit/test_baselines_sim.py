@@ -16,7 +16,7 @@ from testbed.baselines.engine import PipelineTrainer
 from testbed.baselines.pipeline_sim import PipelineSim, StepOutcome
 from testbed.baselines.placement import PipelinePlan
 from testbed.baselines.run import simulate_baseline
-from testbed.baselines.sim_core import PS, BaselineWorld
+from testbed.baselines.sim_core import LEASE_S, PS, BaselineWorld
 from testbed.churn import load_schedule
 from testbed.cli import main
 from testbed.ps_backend.engine.data import builtin_corpus
@@ -253,3 +253,20 @@ def test_a_run_whose_devices_all_leave_fails_saying_so(tmp_path: Path, strategy:
     assert summary["state"] == "failed" and summary["exit_code"] == 1
     assert "every device has left" in summary["error"]
     assert 0 < summary["steps_done"] < 50
+
+
+def test_a_partition_healed_and_cut_again_is_lost_a_lease_after_the_second_cut(
+        tmp_path: Path) -> None:
+    """The PS counts the lease from the last message: the first cut's timer, still running
+    when the device was cut again, must not declare it lost 3 s into the second cut."""
+    t = topo("pipeline", count=2)
+    trace = tmp_path / "cuts.csv"
+    trace.write_text("time_s,device,event,arg\n1,phones-1,partition,\n2,phones-1,heal,\n"
+                     "3,phones-1,partition,\n")
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False)
+    lost: list[tuple[str, float]] = []
+    world.on_lost = lambda dev, _why: lost.append((dev.name, world.now_s))
+    world.start()
+    world.run_until(lambda: False)
+    assert [name for name, _ in lost] == ["phones-1"]
+    assert lost[0][1] == pytest.approx(3 + LEASE_S, rel=1e-12)
