@@ -105,7 +105,25 @@ def embed_params(spec: ModelSpec) -> int:
 
 def head_params(spec: ModelSpec) -> int:
     """The final norm and the LM head's weight (a copy of the tied embedding on a last stage)."""
-    return 2 * spec.hidden + spec.vocab * spec.hidden
+    return 2 * spec.hidden + tied_params(spec)
+
+
+def tied_params(spec: ModelSpec) -> int:
+    """The LM head's weight, tied to the token embedding: ``V·h``."""
+    return spec.vocab * spec.hidden
+
+
+def stage_params(spec: ModelSpec, layers: int, first: bool, last: bool) -> int:
+    """Parameters of a pipeline stage: its ``layers`` decoder layers, the embeddings on the first
+    stage, the final norm and LM head on the last. The first and last of several stages each
+    hold a copy of the tied weight (they exchange its gradient); one stage that is both holds
+    it once, as :class:`~testbed.baselines.engine.Stage` keeps it tied."""
+    n = layers * layer_params(spec)
+    if first:
+        n += embed_params(spec)
+    if last:
+        n += head_params(spec) - (tied_params(spec) if first else 0)
+    return n
 
 
 def layer_elementwise_bytes(spec: ModelSpec, rows: int, dtype_bytes: int) -> tuple[float, float]:

@@ -110,14 +110,8 @@ class PipelineSim:
 
     def _stage_params(self, s: int) -> int:
         assert self.plan is not None
-        spec = self.job.model
         a, b = self.plan.bounds[s]
-        n = (b - a) * cost.layer_params(spec)
-        if s == 0:
-            n += cost.embed_params(spec)
-        if s == len(self.plan.devices) - 1:
-            n += cost.head_params(spec)
-        return n
+        return cost.stage_params(self.job.model, b - a, s == 0, s == len(self.plan.devices) - 1)
 
     def _restore(self) -> float:
         """The PS sends every stage its weights and Adam moments; returns the seconds it took."""

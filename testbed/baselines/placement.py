@@ -4,12 +4,13 @@
 2206.01288): devices are ordered fastest first (profile GFLOPS, then memory); for every stage
 count ``S`` from 1 to ``min(devices, layers)`` the first ``S`` devices take contiguous runs of
 decoder layers (stage 0 adds the embeddings, the last stage the final norm and LM head, which
-holds a copy of the tied embedding). The cut minimises the slowest stage's time per
-micro-batch under each device's memory (bisection on that time; a greedy fill checks each
-candidate, which is exact for contiguous cuts in a fixed device order). Among the stage counts
-the plan with the smallest GPipe estimate ``(m + S - 1) · max(stage time, boundary transfer)``
-wins. A plan is refused (:class:`FitError`) when no stage count fits: the message names the
-devices, their usable memory and the bytes a layer needs.
+holds a copy of the tied embedding; a single stage holds the tied weight once). The cut
+minimises the slowest stage's time per micro-batch under each device's memory (bisection on
+that time; a greedy fill checks each candidate, which is exact for contiguous cuts in a fixed
+device order). Among the stage counts the plan with the smallest GPipe estimate
+``(m + S - 1) · max(stage time, boundary transfer)`` wins. A plan is refused (:class:`FitError`)
+when no stage count fits: the message names the devices, their usable memory and the bytes a
+layer needs.
 
 **Data-parallel replicas**: every device whose memory holds the whole model (weights,
 gradients, Adam's moments, the activations of its share of the batch) is a replica, fastest
@@ -113,6 +114,7 @@ class _Needs:
     head_flops: float
     head_el_bytes: float
     head_mem_bytes: float
+    tied_mem_bytes: float  # the head's tied weight: held once by a stage that is first and last
     boundary_bytes: float
 
 
@@ -132,6 +134,7 @@ def _needs(job: JobSpec, micro_batches: int) -> _Needs:
         head_flops=sum(g.flops for g in hf + hb), head_el_bytes=he,
         head_mem_bytes=cost.state_bytes(cost.head_params(spec), b)
         + micro_batches * cost.head_activation_bytes(spec, rows, b),
+        tied_mem_bytes=cost.state_bytes(cost.tied_params(spec), b),
         boundary_bytes=cost.boundary_bytes(spec, rows, b))
 
 
@@ -143,17 +146,23 @@ def _head_time(n: _Needs, d: DeviceInfo) -> float:
     return n.head_flops / (d.gflops * 1e9) + n.head_el_bytes / d.memory_bytes_s
 
 
+def _fixed_mem(n: _Needs, first: bool, last: bool) -> float:
+    """Memory of a stage's embeddings (first stage) and head (last stage), as
+    :func:`~testbed.baselines.cost.stage_params` counts them."""
+    mem = n.embed_mem_bytes if first else 0.0
+    if last:
+        mem += n.head_mem_bytes - (n.tied_mem_bytes if first else 0.0)
+    return mem
+
+
 def _fill(n: _Needs, devs: list[DeviceInfo], layers: int, limit_s: float
           ) -> list[tuple[int, int]] | None:
     """Greedy contiguous cut with every stage within limit_s and its device's memory."""
     bounds, i = [], 0
     last = len(devs) - 1
     for s, d in enumerate(devs):
-        fixed_mem = n.embed_mem_bytes if s == 0 else 0.0
-        fixed_s = 0.0
-        if s == last:
-            fixed_mem += n.head_mem_bytes
-            fixed_s += _head_time(n, d)
+        fixed_mem = _fixed_mem(n, s == 0, s == last)
+        fixed_s = _head_time(n, d) if s == last else 0.0
         lt = _layer_time(n, d)
         take = layers - i - (last - s)  # leave one layer for each later stage
         if s == last:
@@ -209,9 +218,8 @@ def plan_pipeline(job: JobSpec, devices: list[DeviceInfo]) -> PipelinePlan:
         assert bounds is not None
         est = _estimate(n, devs, bounds, m)
         if best is None or est < best.estimate_s:
-            mem = tuple(int((n.embed_mem_bytes if s == 0 else 0)
-                            + (n.head_mem_bytes if s == stages - 1 else 0)
-                            + (b - a) * n.layer_mem_bytes) for s, (a, b) in enumerate(bounds))
+            mem = tuple(int(_fixed_mem(n, s == 0, s == stages - 1) + (b - a) * n.layer_mem_bytes)
+                        for s, (a, b) in enumerate(bounds))
             best = PipelinePlan(tuple(d.name for d in devs), tuple(bounds), m, mem, est)
     if best is None:
         spec = job.model

@@ -120,3 +120,15 @@ def test_validate_exits_2_on_a_stage_a_phone_cannot_hold(
     assert "no placement" in capsys.readouterr().err
     path.write_text(yaml.safe_dump(topo(strategy="pipeline")))
     assert main(["validate", str(path)]) == 0
+
+
+def test_a_one_stage_pipeline_holds_the_tied_weight_once() -> None:
+    """One device holding the whole model keeps the tied LM head and embedding as one tensor,
+    as a data-parallel replica does (the placement had counted its V·h twice)."""
+    t = parse_topology(topo(count=1, strategy="pipeline", micro_batches=4))
+    plan = plan_pipeline(t.job, device_infos(t))
+    spec, rows = t.job.model, 16 // 4
+    activations = 4 * (spec.layers * cost.layer_activation_bytes(spec, rows, 4)
+                       + cost.head_activation_bytes(spec, rows, 4))
+    assert plan.bounds == ((0, spec.layers),)
+    assert plan.stage_bytes == (cost.state_bytes(cost.model_params(spec), 4) + activations,)

@@ -12,7 +12,7 @@ import yaml
 
 from testbed.baselines import cost, pipeline_sim
 from testbed.baselines.data_parallel_sim import DataParallelSim
-from testbed.baselines.engine import PipelineTrainer
+from testbed.baselines.engine import PipelineTrainer, Stage, _reference_model
 from testbed.baselines.pipeline_sim import PipelineSim, StepOutcome
 from testbed.baselines.placement import PipelinePlan
 from testbed.baselines.run import simulate_baseline
@@ -270,3 +270,21 @@ def test_a_partition_healed_and_cut_again_is_lost_a_lease_after_the_second_cut(
     world.run_until(lambda: False)
     assert [name for name, _ in lost] == ["phones-1"]
     assert lost[0][1] == pytest.approx(3 + LEASE_S, rel=1e-12)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("bounds", [((0, 4),), ((0, 1), (1, 3), (3, 4))])
+def test_a_stage_holds_the_parameters_the_real_stage_holds(
+        bounds: tuple[tuple[int, int], ...]) -> None:
+    """What a stage's AdamW, checkpoint and restore move: a one-stage pipeline holds the tied
+    LM head and token embedding once (it had counted V·h twice); the ends of a longer one hold a
+    copy each."""
+    t = topo("pipeline")
+    sim = PipelineSim(t, BaselineWorld(t, noise=False))
+    sim.plan = PipelinePlan(tuple(f"phones-{s}" for s in range(len(bounds))), bounds, 2,
+                            (0,) * len(bounds), 1.0)
+    model = _reference_model(t.job, t.seed)
+    last = len(bounds) - 1
+    real = [sum(p.numel() for p in Stage(model, a, e, s == 0, s == last).parameters())
+            for s, (a, e) in enumerate(bounds)]
+    assert [sim._stage_params(s) for s in range(len(bounds))] == real
