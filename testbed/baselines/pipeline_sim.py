@@ -1,7 +1,8 @@
 """A GPipe pipeline (DT-FM-style) in virtual time, on the topology's devices and network.
 
-One step (``m`` micro-batches over ``S`` stages, placement by
-:func:`~testbed.baselines.placement.plan_pipeline`):
+Before step 0 the PS hands every stage its weights (``P·b`` for its ``P`` parameters; the
+emulated stages build them from the job's seed instead). One step (``m`` micro-batches over
+``S`` stages, placement by :func:`~testbed.baselines.placement.plan_pipeline`):
 
 1. the PS sends micro-batch ``j``'s tokens to stage 0 and its targets to the last stage;
 2. stage ``s`` runs forward ``F(s, 0..m-1)`` then backward ``B(s, m-1..0)`` in that order
@@ -14,7 +15,8 @@ One step (``m`` micro-batches over ``S`` stages, placement by
 
 **Churn as DT-FM handles it**: a stage's device lost (left, crashed, or partitioned past the
 lease) stops the pipeline. The PS places the model again on the devices present (waiting for
-joins if none fits), sends every stage its state from the last checkpoint, and training
+joins if none fits), sends every stage its state from the last checkpoint (``3·P·b``; the
+weights alone, ``P·b``, before the first checkpoint, as at the start), and training
 resumes at the checkpoint's step: the steps since then are done again and counted
 (``steps_redone``; a ``restart`` event says why and how much). A device joining later is not
 taken into a running pipeline (DT-FM's schedule is fixed once placed); it is used at the next
@@ -114,17 +116,21 @@ class PipelineSim:
         return cost.stage_params(self.job.model, b - a, s == 0, s == len(self.plan.devices) - 1)
 
     def _restore(self) -> float:
-        """The PS sends every stage its weights and Adam moments; returns the seconds it took."""
+        """The PS sends every stage its state at the checkpoint (weights, and Adam's moments
+        once a step has trained them); returns the seconds it took."""
         assert self.plan is not None
         w = self.world
         start = w.now_s
         left = [len(self.plan.devices)]
         attempt = self.attempt
+        # before any step the moments are zeros a stage makes itself: the weights alone (P·b),
+        # as data-parallel's first hand-out
+        tensors = 3 if self.checkpoint_step > 0 else 1
 
         def one() -> None:
             left[0] -= 1
         for s, name in enumerate(self.plan.devices):
-            self.transfers.append(w.send(PS, name, 3 * self._stage_params(s) * self.b, one))
+            self.transfers.append(w.send(PS, name, tensors * self._stage_params(s) * self.b, one))
         if not w.run_until(lambda: left[0] == 0 or self.attempt != attempt):
             raise NoPlacement("the network stalled while restoring a checkpoint")
         return w.now_s - start

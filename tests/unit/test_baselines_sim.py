@@ -82,10 +82,11 @@ def test_pipeline_moves_what_the_real_pipeline_moves(monkeypatch: pytest.MonkeyP
         key = f"stage{stage[src]}->stage{stage[dst]}"
         simulated[key] = simulated.get(key, 0) + n
     assert simulated == {k: float(v) for k, v in executed.items()}
-    # and the PS sent the tokens to the first stage and the targets to the last
+    # and the PS sent the tokens to the first stage and the targets to the last, after the
+    # stage's weights: only them, its Adam moments are zeros before the first step
     tokens = sum(n for s, d, n in sent if s == PS and d == "phones-0")
-    restore = 3 * sim._stage_params(0) * 8
-    assert tokens == restore + 6 * 16 * cost.TOKEN_BYTES
+    hand_out = sim._stage_params(0) * 8
+    assert tokens == hand_out + 6 * 16 * cost.TOKEN_BYTES
 
 
 def test_a_lost_stage_restarts_from_the_checkpoint_and_counts_redone_steps(
@@ -110,6 +111,40 @@ def test_a_lost_stage_restarts_from_the_checkpoint_and_counts_redone_steps(
     assert [o.redo for o in out].count(True) == 1
     assert sim.plan is not None and "phones-1" not in sim.plan.devices
     assert world.now_s > sum(s.device_s for s in steps) + sim.restore_s - 1e-9
+
+
+def test_a_restart_after_a_checkpoint_restores_the_weights_and_adam_moments(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Weights alone (P·b) before the first step, as data-parallel's hand-out; weights and both
+    moments (3·P·b) when resuming at a checkpoint that has them."""
+    t = topo("pipeline", count=3, steps=4, micro_batches=2, checkpoint_every=1)
+    fixed_plan(monkeypatch, ("phones-0", "phones-1"), ((0, 2), (2, 4)), 2)
+    trace = tmp_path / "crash.csv"
+    trace.write_text("time_s,device,event,arg\n0.5,phones-1,crash,\n")
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False)
+    restores: list[list[tuple[str, float]]] = []
+    real_restore = PipelineSim._restore
+
+    def spy(sim: PipelineSim) -> float:
+        restores.append([])
+        real_send = world.send
+
+        def send(src: str, dst: str, nbytes: float, then: Any) -> Any:
+            restores[-1].append((dst, nbytes))
+            return real_send(src, dst, nbytes, then)
+        monkeypatch.setattr(world, "send", send)
+        try:
+            return real_restore(sim)
+        finally:
+            monkeypatch.setattr(world, "send", real_send)
+    monkeypatch.setattr(PipelineSim, "_restore", spy)
+    sim = PipelineSim(t, world)
+    run(sim, 4)
+    assert sim.restarts == 1 and sim.checkpoint_step > 0
+    params = [cost.stage_params(t.job.model, 2, True, False) * 8,
+              cost.stage_params(t.job.model, 2, False, True) * 8]
+    assert restores[0] == [("phones-0", params[0]), ("phones-1", params[1])]
+    assert restores[1] == [("phones-0", 3 * params[0]), ("phones-2", 3 * params[1])]
 
 
 def test_data_parallel_drops_a_departed_replica_and_keeps_the_rows_fixed(
