@@ -8,13 +8,18 @@ device to device rather than PS to device:
   thermal throttling and energy are the tile simulation's. A device runs its work one piece
   after another; a GEMM is timed by ``tile_cost(m, k, n, op, start)``; memory-bound work
   (:mod:`testbed.baselines.cost`) takes ``bytes / memory bandwidth`` at busy power. A churn
-  ``slow`` multiplies both.
+  ``slow`` multiplies both. Work is charged (``compute_s``, ``energy_j``) when it is queued;
+  work stopped part-way (its device lost, its step abandoned) is charged only up to the stop,
+  energy pro rata within the GEMM it was in. The device model's own state (thermal, the
+  counters in its ``telemetry``) has taken the whole piece.
 * **Network**: the topology's links in a :class:`~testbed.simulate.network.FlowNetwork`
   (max-min fair flows, loss folded into each device link by Mathis' cap as the emulator does).
   A transfer from device A to device B goes up A's link and the switch links to the lowest
   switch both hang under, then down to B: two phones on one access point share only the
   access point's switching, never the PS's link. PS <-> device paths are the tile
   simulation's. The last byte arrives after the path's one-way delay (sum of its links').
+  A transfer's bytes count at both ends when it starts; a cancelled one keeps only those it
+  had sent.
 * **Churn**: the schedule's actions at their times from the start of training; ``leave`` and
   ``crash`` take the device away at once (a broken stream is seen at once, as in the tile
   simulation), ``partition`` cuts its links and the device is declared lost after the lease
@@ -62,6 +67,9 @@ class Device:
     busy_until_s: float = 0.0
     compute_s: float = 0.0
     energy_j: float = 0.0
+    # the work charged and not yet run: (start_s, end_s, joules) of each GEMM or memory-bound
+    # part, so that work stopped part-way is charged only up to the stop
+    queued: list[tuple[float, float, float]] = field(default_factory=list)
     bytes_down: int = 0  # received
     bytes_up: int = 0  # sent
     joined: bool = False  # has a join event in the log (a participant)
@@ -76,6 +84,7 @@ class Transfer:
     flow_id: int
     src: str
     dst: str
+    nbytes: int  # the payload counted at both ends when it started
 
 
 @dataclass
@@ -169,15 +178,24 @@ class BaselineWorld(EventLoop):
     def send(self, src: str, dst: str, nbytes: float, then: Callable[[], None]) -> Transfer:
         """Move nbytes from src to dst over the network; ``then`` runs when they have arrived."""
         links, delay = self.path(src, dst)
+        self._count_bytes(src, dst, int(nbytes))
+        flow = self.net.start(nbytes + MESSAGE_OVERHEAD_BYTES, links, delay, then)
+        return Transfer(flow.flow_id, src, dst, int(nbytes))
+
+    def _count_bytes(self, src: str, dst: str, nbytes: int) -> None:
         for name, attr in ((src, "bytes_up"), (dst, "bytes_down")):
             dev = self.devices.get(name)
             if dev is not None:
-                setattr(dev, attr, getattr(dev, attr) + int(nbytes))
-        flow = self.net.start(nbytes + MESSAGE_OVERHEAD_BYTES, links, delay, then)
-        return Transfer(flow.flow_id, src, dst)
+                setattr(dev, attr, getattr(dev, attr) + nbytes)
 
     def cancel(self, transfer: Transfer) -> None:
-        """Stop a transfer (an endpoint is gone or the step was abandoned)."""
+        """Stop a transfer (an endpoint is gone or the step was abandoned); the bytes it had not
+        sent yet are taken off both ends' counts (one already sent is left as it is)."""
+        flow = self.net.flows.get(transfer.flow_id)
+        if flow is not None:
+            # the message's overhead goes first, as a frame's header does
+            unsent = min(transfer.nbytes, round(flow.left_bytes))
+            self._count_bytes(transfer.src, transfer.dst, -unsent)
         self.net.cancel(transfer.flow_id)
 
     def compute(self, dev: Device, gemms: list[Gemm], memory_bytes: float,
@@ -187,23 +205,32 @@ class BaselineWorld(EventLoop):
         Returns the work's device seconds."""
         start = max(self.now_s, dev.busy_until_s)
         t = start
-        joules = 0.0
+        parts: list[tuple[float, float, float]] = []
         for g in gemms:
             c = dev.model.tile_cost(g.m, g.k, g.n, g.op, t)
-            t += c.seconds * dev.slow
-            joules += c.joules * dev.slow
+            parts.append((t, t + c.seconds * dev.slow, c.joules * dev.slow))
+            t = parts[-1][1]
         mem_s = memory_bytes / dev.memory_bytes_s * dev.slow
-        if dev.power is not None:
-            joules += dev.power.busy_w(1.0) * mem_s
+        busy_w = dev.power.busy_w(1.0) if dev.power is not None else 0.0
+        parts.append((t, t + mem_s, busy_w * mem_s))
         t += mem_s
+        dev.queued = [q for q in dev.queued if q[1] > self.now_s] + \
+            [p for p in parts if p[1] > p[0]]
         dev.busy_until_s = t
         dev.compute_s += t - start
-        dev.energy_j += joules
+        dev.energy_j += sum(joules for _, _, joules in parts)
         self.at(t, then)
         return t - start
 
     def stop_work(self, dev: Device) -> None:
-        """The device drops what it was computing (its step was abandoned)."""
+        """The device drops what it was computing (its step was abandoned): the part of its work
+        not run by now is no longer charged (time, and energy pro rata within a part)."""
+        for start, end, joules in dev.queued:
+            if end > self.now_s:
+                unrun = end - max(start, self.now_s)
+                dev.compute_s -= unrun
+                dev.energy_j -= joules * unrun / (end - start)
+        dev.queued.clear()
         dev.busy_until_s = min(dev.busy_until_s, self.now_s)
 
     # -- membership ----------------------------------------------------------------------------

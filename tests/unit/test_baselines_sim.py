@@ -323,3 +323,64 @@ def test_a_stage_holds_the_parameters_the_real_stage_holds(
     real = [sum(p.numel() for p in Stage(model, a, e, s == 0, s == last).parameters())
             for s, (a, e) in enumerate(bounds)]
     assert [sim._stage_params(s) for s in range(len(bounds))] == real
+
+
+def test_work_stopped_part_way_is_charged_only_up_to_the_stop() -> None:
+    """compute() charges a piece when it is queued; a stop refunds what had not run, and a
+    piece queued behind it in full."""
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    dev = world.devices["phones-0"]
+    gemms, mem = cost.stage_work(t.job.model, 4, True, "F", 6, 8)
+    first = world.compute(dev, gemms, mem, lambda: None)
+    world.compute(dev, gemms, mem, lambda: None)  # queued behind the first
+    full_j = dev.energy_j / 2
+    world.pass_time(first * 0.4)
+    world.stop_work(dev)
+    assert dev.compute_s == pytest.approx(first * 0.4, rel=1e-9)
+    assert 0 < dev.energy_j < full_j
+    assert dev.busy_until_s == pytest.approx(first * 0.4, rel=1e-12)
+
+
+def test_a_cancelled_transfer_counts_the_bytes_it_had_sent() -> None:
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    transfer = world.send("phones-0", "phones-1", 1e6, lambda: None)
+    world.pass_time(0.1)  # phones-0's uplink: 20 Mbit/s, 250,000 B in 0.1 s
+    world.cancel(transfer)
+    sent = 250_000 - 64  # the message's overhead went first
+    a, b = world.devices["phones-0"], world.devices["phones-1"]
+    assert a.bytes_up == pytest.approx(sent, abs=1) and b.bytes_down == a.bytes_up
+    world.cancel(transfer)  # twice: nothing more taken off
+    assert b.bytes_down == a.bytes_up == pytest.approx(sent, abs=1)
+
+
+def test_a_replica_crashing_mid_piece_is_charged_no_more_than_it_was_there(
+        tmp_path: Path) -> None:
+    """The device record, the summary's totals and the energy all stop at the crash: its busy
+    and idle seconds add up to its presence (its busy seconds had run past it)."""
+    t = topo("data-parallel", count=3, steps=1)
+    probe = BaselineWorld(t, noise=False)
+    started: list[float] = []
+    real_compute = probe.compute
+
+    def spy(dev: Any, gemms: Any, mem: float, then: Any) -> float:
+        seconds = real_compute(dev, gemms, mem, then)
+        if dev.name == "phones-2" and gemms:  # its forward and backward
+            started.extend((probe.now_s, seconds))
+        return seconds
+    probe.compute = spy  # type: ignore[method-assign]
+    run(DataParallelSim(t, probe), 1)
+    crash_s = started[0] + 0.5 * started[1]
+    trace = tmp_path / "crash.csv"
+    trace.write_text(f"time_s,device,event,arg\n{crash_s:.9f},phones-2,crash,\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    summary = simulate_baseline(t, out, load_schedule(trace, t), noise=False, report=False)
+    us = 1e-6  # the records' rounding
+    record = next(d for d in summary["devices"] if d["device"] == "phones-2")
+    assert record["compute_s"] == pytest.approx(crash_s - started[0], abs=us)
+    energy = summary["energy"]["devices"]["phones-2"]
+    assert energy["busy_s"] + energy["idle_s"] == pytest.approx(crash_s, abs=2 * us)
+    assert summary["device_compute_s"] == pytest.approx(
+        sum(d["compute_s"] for d in summary["devices"]), abs=len(summary["devices"]) * us)
