@@ -14,9 +14,14 @@ All of a round's transfers share the PS's link, switch links and device links (m
 **Churn**, by the rule the engine and the emulation follow
 (:class:`~testbed.baselines.membership.ReplicaMembership`): the replicas are placed once, over
 the devices present at the start, each with fixed rows. A replica that is lost is dropped from
-its round (its rows are not trained, its bytes are not waited for; nothing is redone); when its
-device is back it first receives the others' state from the PS and trains from the next
-round. Devices that were not placed as replicas stay out.
+its round (its bytes are not waited for; nothing is redone); the step it was lost in goes
+without its rows unless its part had reached the PS (its gradient, its parameters at a round's
+end, or between DiLoCo's outer steps its loss, sent when its forward and backward end), as the
+emulated PS counts it. When its device is back it first
+receives the others' state from the PS and trains from the next round. Devices that were not
+placed as replicas stay out. Each step reports ``replicas`` (those that began it),
+``took_part`` and ``dropped_replicas`` (the placement's replicas not in ``took_part``), whose
+sum over the steps is ``dropped_replica_steps``.
 """
 
 from __future__ import annotations
@@ -49,7 +54,10 @@ class DataParallelSim:
         self.b = cost.DTYPE_BYTES[self.job.dtype]
         self.params = cost.model_params(self.job.model)
         self.plan: DataParallelPlan | None = None
-        self.live: dict[str, list[Transfer]] = {}  # replica -> its transfers in progress
+        # the step under way: its replicas not lost (-> their transfers), those whose part has
+        # reached the PS (or whose inner step is done), and those lost before that
+        self.live: dict[str, list[Transfer]] = {}
+        self.delivered: set[str] = set()
         self.dropped: set[str] = set()
         self.has_weights: set[str] = set()
         self.dropped_replica_steps = 0
@@ -64,7 +72,8 @@ class DataParallelSim:
         w.retire(dev, "disconnect" if "broken" in reason else
                  "lease_expired" if "message" in reason else "leave", reason)
         if dev.name in self.live:
-            self.dropped.add(dev.name)
+            if dev.name not in self.delivered:  # its rows are missing from the step
+                self.dropped.add(dev.name)
             self.membership.drop(self.index[dev.name])
             for t in self.live.pop(dev.name):
                 w.cancel(t)
@@ -128,10 +137,10 @@ class DataParallelSim:
         pending = {name for name, _ in active}
         self.replicas_last_step = len(active)
         self.live = {name: [] for name, _ in active}
-        self.dropped = set()
+        self.delivered, self.dropped = set(), set()
 
         def gone(name: str) -> bool:
-            return name in self.dropped or name not in self.live
+            return name not in self.live
 
         def done(name: str) -> None:
             pending.discard(name)
@@ -145,6 +154,7 @@ class DataParallelSim:
 
         def at_ps(name: str) -> None:
             arrived.add(name)
+            self.delivered.add(name)
             recheck()
 
         def recheck() -> None:
@@ -164,6 +174,8 @@ class DataParallelSim:
                     w.compute(w.devices[name], [], cost.optimizer_bytes(self.params, b),
                               self._guard(name, lambda: self._up(name, b, at_ps)))
                 else:
+                    # its loss goes to the PS now, as the emulated replica's does: its part
+                    self.delivered.add(name)
                     optimizer(name)
             else:
                 self._up(name, b, at_ps)
@@ -186,18 +198,24 @@ class DataParallelSim:
         ok = w.run_until(lambda: not {n for n in pending if not gone(n)})
         if not ok:
             raise NoPlacement(f"data-parallel step {step} stalled at t={w.now_s:.3f} s")
-        self.dropped_replica_steps += len(plan.replicas) - (len(live) - len(self.dropped))
         self.took_part = [n for n, _ in active if n not in self.dropped]
         if not self.took_part:  # no rows trained: the emulation's PS stops here too
             raise NoPlacement(f"data-parallel step {step}: every replica was lost during the "
                               f"step (by t={w.now_s:.3f} s)"
                               + ("" if w.present() else ": every device has left"))
+        self.dropped_replica_steps += self._missing()
         self.live = {}
         self._recheck = lambda: None
 
+    def _missing(self) -> int:
+        """The placement's replicas the last step went without: away at its start or lost
+        before their part reached the PS (as the emulated PS counts them)."""
+        assert self.plan is not None
+        return len(self.plan.replicas) - len(self.took_part)
+
     def _guard(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
         def wrapped() -> None:
-            if name in self.live and name not in self.dropped:
+            if name in self.live:
                 fn()
         return wrapped
 
@@ -227,5 +245,5 @@ class DataParallelSim:
                                 sum(d.energy_j for d in ds) - before[3], redo=False,
                                 fields={"replicas": self.replicas_last_step,
                                         "local_steps": self.job.parallelism.local_steps,
-                                        "dropped_replicas": len(self.dropped),
+                                        "dropped_replicas": self._missing(),
                                         "took_part": list(self.took_part)}))

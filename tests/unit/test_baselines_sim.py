@@ -174,7 +174,9 @@ def test_data_parallel_drops_a_departed_replica_and_keeps_the_rows_fixed(
     took = [o.fields["took_part"] for o in out]
     two, three = ["phones-0", "phones-1"], ["phones-0", "phones-1", "phones-2"]
     assert took == [three, two, two, two, three]
-    assert out[1].fields["dropped_replicas"] == 1
+    # each step counts the replica slots it went without (lost during it, or away at its
+    # start), and the run's total is their sum
+    assert [o.fields["dropped_replicas"] for o in out] == [0, 1, 1, 1, 0]
     assert sim.dropped_replica_steps == 3
     # the two replicas left keep their rows: the step computes two thirds of the batch
     ratio = out[2].compute_s / steps[2].compute_s
@@ -384,3 +386,32 @@ def test_a_replica_crashing_mid_piece_is_charged_no_more_than_it_was_there(
     assert energy["busy_s"] + energy["idle_s"] == pytest.approx(crash_s, abs=2 * us)
     assert summary["device_compute_s"] == pytest.approx(
         sum(d["compute_s"] for d in summary["devices"]), abs=len(summary["devices"]) * us)
+
+
+def test_a_replica_lost_after_its_gradient_reached_the_ps_took_part_in_the_step(
+        tmp_path: Path) -> None:
+    """Its gradient is in the step's average, as in the emulated PS: the step took its rows
+    (it had been counted dropped because it was lost before the step ended); it is missing
+    from the next step instead."""
+    t = topo("data-parallel", count=3, steps=2)
+    probe = BaselineWorld(t, noise=False)
+    sent_back: list[float] = []
+    real_send = probe.send
+
+    def spy(src: str, dst: str, nbytes: float, then: Any) -> Any:
+        if src == PS and not sent_back and probe.devices[dst].compute_s > 0:
+            sent_back.append(probe.now_s)  # every gradient is at the PS: the average goes back
+        return real_send(src, dst, nbytes, then)
+    probe.send = spy  # type: ignore[method-assign]
+    ends: list[float] = []
+    probe.start()
+    DataParallelSim(t, probe).run(2, lambda o: ends.append(probe.now_s))
+    crash_s = (sent_back[0] + ends[0]) / 2
+    trace = tmp_path / "late.csv"
+    trace.write_text(f"time_s,device,event,arg\n{crash_s:.9f},phones-2,crash,\n")
+    sim = DataParallelSim(t, BaselineWorld(t, load_schedule(trace, t), noise=False))
+    out = run(sim, 2)
+    three, two = ["phones-0", "phones-1", "phones-2"], ["phones-0", "phones-1"]
+    assert [o.fields["took_part"] for o in out] == [three, two]
+    assert [o.fields["dropped_replicas"] for o in out] == [0, 1]
+    assert sim.dropped_replica_steps == 1
