@@ -30,8 +30,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the agent itself never loads the topology
+    from testbed.topology import DeviceSpec
 
 log = logging.getLogger("testbed.agent.behaviour")
 
@@ -157,3 +161,14 @@ class Behaviour:
         if self.byzantine_rate <= 0:
             return {}
         return {"byzantine_tiles": float(self.corrupted)}
+
+
+def straggler_for(device: DeviceSpec, seed: int) -> Behaviour | None:
+    """The straggling its topology group gives a device (``behaviour.straggler``), drawn from
+    ``seed`` as the device's agent draws it; None when its compute is never slowed. For the
+    simulators and the baselines' processes, which apply it per piece of work."""
+    behaviour = device.group.behaviour
+    spec = behaviour.straggler if behaviour is not None else None
+    if spec is None or spec.factor <= 1:
+        return None
+    return Behaviour(straggler_factor=spec.factor, straggler_rate=spec.rate, seed=seed)

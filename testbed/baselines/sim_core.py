@@ -8,9 +8,12 @@ device to device rather than PS to device:
   thermal throttling and energy are the tile simulation's. A device runs its work one piece
   after another; a GEMM is timed by ``tile_cost(m, k, n, op, start)``; memory-bound work
   (:mod:`testbed.baselines.cost`) takes ``bytes / memory bandwidth`` at busy power. A churn
-  ``slow`` multiplies both. Work is charged (``compute_s``, ``energy_j``) when it is queued;
-  work stopped part-way (its device lost, its step abandoned) is charged only up to the stop,
-  energy pro rata within the GEMM it was in. The device model's own state (thermal, the
+  ``slow`` multiplies both, and so does the group's ``behaviour.straggler`` on a share ``rate``
+  of the pieces (a stage's forward or backward of one micro-batch, a replica's forward and
+  backward, an AdamW step), drawn as tile-tp's simulation and agents draw it per tile. Work
+  is charged (``compute_s``, ``energy_j``) when it is queued; work stopped part-way (its device
+  lost, its step abandoned) is charged only up to the stop, energy pro rata within the GEMM it
+  was in. The device model's own state (thermal, the
   counters in its ``telemetry``) has taken the whole piece.
 * **Network**: the topology's links in a :class:`~testbed.simulate.network.FlowNetwork`
   (max-min fair flows, loss folded into each device link by Mathis' cap as the emulator does).
@@ -33,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from testbed.agent.behaviour import Behaviour, straggler_for
 from testbed.baselines.cost import Gemm
 from testbed.baselines.placement import DEFAULT_MEMORY_BYTES_S
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
@@ -64,6 +68,7 @@ class Device:
     partitioned: bool = False
     cuts: int = 0  # partitions of a reachable device so far (which one a lease timer is for)
     slow: float = 1.0
+    straggler: Behaviour | None = None  # its group's behaviour.straggler, drawn per piece
     busy_until_s: float = 0.0
     compute_s: float = 0.0
     energy_j: float = 0.0
@@ -127,9 +132,10 @@ class BaselineWorld(EventLoop):
             own = (net.add_link(down_Bps, f"{d.name}:down"), net.add_link(up_Bps, f"{d.name}:up"))
             p = profiles[d.group.group]
             bw = p.model.bandwidth_bytes_s if p.model is not None else DEFAULT_MEMORY_BYTES_S
+            seed = topo.seed * 1000 + d.index  # as testbed up seeds the device's agent
             self.devices[d.name] = Device(
-                d, device_model_for(p, seed=topo.seed * 1000 + d.index, noise=self.noise),
-                p.power, bw, own, (down_Bps, up_Bps), d.group.switch)
+                d, device_model_for(p, seed=seed, noise=self.noise), p.power, bw, own,
+                (down_Bps, up_Bps), d.group.switch, straggler=straggler_for(d, seed))
 
     def _chain(self, switch: str | None) -> list[str | None]:
         out = [switch]
@@ -204,13 +210,14 @@ class BaselineWorld(EventLoop):
 
         Returns the work's device seconds."""
         start = max(self.now_s, dev.busy_until_s)
+        factor = dev.slow * (dev.straggler.compute_factor() if dev.straggler else 1.0)
         t = start
         parts: list[tuple[float, float, float]] = []
         for g in gemms:
             c = dev.model.tile_cost(g.m, g.k, g.n, g.op, t)
-            parts.append((t, t + c.seconds * dev.slow, c.joules * dev.slow))
+            parts.append((t, t + c.seconds * factor, c.joules * factor))
             t = parts[-1][1]
-        mem_s = memory_bytes / dev.memory_bytes_s * dev.slow
+        mem_s = memory_bytes / dev.memory_bytes_s * factor
         busy_w = dev.power.busy_w(1.0) if dev.power is not None else 0.0
         parts.append((t, t + mem_s, busy_w * mem_s))
         t += mem_s

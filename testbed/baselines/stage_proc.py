@@ -290,18 +290,22 @@ class HeldDevice:
     """The emulated device a stage or replica process runs on.
 
     Each piece of work (its GEMMs from the device model, its memory-bound bytes at the profile's
-    bandwidth) is held until its modelled time x D has passed since it started; the device's
-    time, its compute energy (the model's joules, memory-bound work at busy power) and how late
-    each hold ended (lag) add up as it goes.
+    bandwidth) is held until its modelled time x D has passed since it started, x the group's
+    straggler factor when the piece straggles (drawn per piece as the simulator draws it); the
+    device's time, its compute energy (the model's joules, memory-bound work at busy power) and
+    how late each hold ended (lag) add up as it goes.
     """
 
     def __init__(self, topology: Topology, name: str, dilation: float):
+        from testbed.agent.behaviour import straggler_for
         from testbed.emulator.device_model import device_model_for
         from testbed.perf_model.profiles import load_profile
 
         me = next(d for d in topology.devices if d.name == name)
         profile = load_profile(str(me.group.profile_path), check=False)
-        self.model = device_model_for(profile, seed=topology.seed * 1000 + me.index)
+        seed = topology.seed * 1000 + me.index
+        self.model = device_model_for(profile, seed=seed)
+        self.straggler = straggler_for(me, seed)
         self.bandwidth = profile.model.bandwidth_bytes_s if profile.model is not None else 10e9
         self.busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
         self.dilation = dilation
@@ -312,9 +316,10 @@ class HeldDevice:
     def hold(self, started: float, gemms: list[Gemm], mem_bytes: float) -> None:
         """Wait until this work's modelled time x D has passed since `started`."""
         costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, self.device_s) for g in gemms]
+        factor = self.straggler.compute_factor() if self.straggler is not None else 1.0
         mem_s = mem_bytes / self.bandwidth
-        seconds = sum(c.seconds for c in costs) + mem_s
-        self.energy_j += sum(c.joules for c in costs) + self.busy_w * mem_s
+        seconds = (sum(c.seconds for c in costs) + mem_s) * factor
+        self.energy_j += (sum(c.joules for c in costs) + self.busy_w * mem_s) * factor
         self.device_s += seconds
         wait = started + seconds * self.dilation - time.monotonic()
         self.lag_s.append(max(0.0, -wait))

@@ -49,7 +49,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from testbed.agent.behaviour import Behaviour
+from testbed.agent.behaviour import Behaviour, straggler_for
 from testbed.agent.link import MESSAGE_OVERHEAD_BYTES
 from testbed.capacity import device_cache_bytes
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
@@ -229,14 +229,10 @@ class Simulation(EventLoop):
             profile = profiles[d.group.group]
             seed = topo.seed * 1000 + d.index  # as testbed up seeds the device's agent
             model = device_model_for(profile, seed=seed, noise=noise)
-            straggler = d.group.behaviour.straggler if d.group.behaviour else None
             out[d.name] = SimDevice(d, model, float(profile.sustained_gflops),
                                     (ps_down, *reversed(mid_down), own_down),
                                     (own_up, *mid_up, ps_up), (own_down, own_up),
-                                    (down_Bps, up_Bps), delay,
-                                    straggler=Behaviour(straggler_factor=straggler.factor,
-                                                        straggler_rate=straggler.rate, seed=seed)
-                                    if straggler is not None and straggler.factor > 1 else None)
+                                    (down_Bps, up_Bps), delay, straggler=straggler_for(d, seed))
         return out
 
     # -- the event queue -----------------------------------------------------------------------

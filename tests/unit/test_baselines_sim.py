@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from testbed.baselines.pipeline_sim import PipelineSim, StepOutcome
 from testbed.baselines.placement import PipelinePlan
 from testbed.baselines.run import simulate_baseline
 from testbed.baselines.sim_core import LEASE_S, PS, BaselineWorld
+from testbed.baselines.stage_proc import HeldDevice
 from testbed.churn import load_schedule
 from testbed.cli import main
 from testbed.ps_backend.engine.data import builtin_corpus
@@ -24,14 +26,16 @@ from testbed.runlog import read_jsonl
 from testbed.topology import Topology, parse_topology
 
 
-def topo(strategy: str, count: int = 4, steps: int = 6, **parallelism: Any) -> Topology:
+def topo(strategy: str, count: int = 4, steps: int = 6,
+         behaviour: dict[str, Any] | None = None, **parallelism: Any) -> Topology:
     return parse_topology({
         "name": "bl", "seed": 3, "network": {"switches": ["ap0"],
                                              "ps": {"switch": "ap0",
                                                     "link": {"down": "1Gbit", "up": "1Gbit"}}},
         "devices": [{"group": "phones", "profile": "snapdragon888", "count": count,
                      "switch": "ap0", "link": {"down": "100Mbit", "up": "20Mbit",
-                                               "delay": "10ms"}}],
+                                               "delay": "10ms"},
+                     **({"behaviour": behaviour} if behaviour else {})}],
         "job": {"model": {"hidden": 32, "layers": 4, "heads": 2, "ffn": 64, "seq_len": 16},
                 "batch_size": 6, "steps": steps, "dtype": "float64",
                 "parallelism": {"strategy": strategy, **parallelism}}})
@@ -415,3 +419,38 @@ def test_a_replica_lost_after_its_gradient_reached_the_ps_took_part_in_the_step(
     assert [o.fields["took_part"] for o in out] == [three, two]
     assert [o.fields["dropped_replicas"] for o in out] == [0, 1]
     assert sim.dropped_replica_steps == 1
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data-parallel"])
+def test_a_straggling_group_computes_its_pieces_factor_times_slower(strategy: str) -> None:
+    """The group's behaviour.straggler, drawn per piece as tile-tp's simulation draws it per
+    tile (the baselines ignored it, so a compare with stragglers slowed tile-tp alone)."""
+    def compute_s(straggler: dict[str, Any] | None) -> float:
+        t = topo(strategy, steps=2, behaviour={"straggler": straggler} if straggler else None)
+        out = run(PipelineSim(t, BaselineWorld(t, noise=False)) if strategy == "pipeline"
+                  else DataParallelSim(t, BaselineWorld(t, noise=False)), 2)
+        return sum(o.compute_s for o in out)
+
+    honest = compute_s(None)
+    assert compute_s({"factor": 4, "rate": "100%"}) == pytest.approx(4 * honest, rel=1e-3)
+    assert 1.3 * honest <= compute_s({"factor": 4, "rate": "50%"}) <= 3.7 * honest
+
+
+def test_an_emulated_device_straggles_on_the_pieces_the_simulated_one_does() -> None:
+    """HeldDevice (the stage and replica processes) holds a straggling piece factor times
+    longer, drawing from the same seed as the simulator: the same pieces straggle."""
+    honest_t = topo("pipeline")
+    slow_t = topo("pipeline", behaviour={"straggler": {"factor": 3, "rate": "50%"}})
+    gemms, mem = cost.stage_work(honest_t.job.model, 4, True, "F", 6, 8)
+    honest, slow = HeldDevice(honest_t, "phones-0", 0.0), HeldDevice(slow_t, "phones-0", 0.0)
+    worlds = BaselineWorld(honest_t), BaselineWorld(slow_t)
+    emulated, simulated = [], []
+    for _ in range(12):
+        before = honest.device_s, slow.device_s
+        honest.hold(time.monotonic(), gemms, mem)
+        slow.hold(time.monotonic(), gemms, mem)
+        emulated.append((slow.device_s - before[1]) / (honest.device_s - before[0]))
+        h, s = (w.compute(w.devices["phones-0"], gemms, mem, lambda: None) for w in worlds)
+        simulated.append(s / h)
+    assert emulated == pytest.approx(simulated, rel=1e-6)
+    assert {round(f, 3) for f in emulated} == {1.0, 3.0}
