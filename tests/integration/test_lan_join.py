@@ -114,7 +114,8 @@ def test_a_lan_device_joins_over_tls_with_the_pinned_certificate(tmp_path: Path,
             good = ns.popen([*join, "--fingerprint", fingerprint, "--token-file",
                              str(token_file), "--name", "lan-0"], env)
             ps.agents.append(good)
-            wait_for(lambda: ps.status().get("state") == "training", 120, "training")
+            # three tiny steps of one device can be done between two looks
+            wait_for(lambda: ps.status().get("state") in ("training", "done"), 120, "training")
             _no_token_in_any_cmdline(TOKEN)
             code, output = ps.finish()
             assert code == 0, output
