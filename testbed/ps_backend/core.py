@@ -182,8 +182,9 @@ class PsConfig:
     # switch link (by its lower switch) -> (down_Bps, up_Bps, the next one up or ""): the
     # devices below one move together no more than it carries (the bound's; config.plan_inputs)
     switch_links: dict[str, tuple[float, float, str]] = field(default_factory=dict)
-    # the devices the topology names, as (group, count, gflops): plans are made for these so
-    # a restarted PS cuts every GEMM the same way
+    # the devices the topology names, as (group, count, gflops): plans are made for as many of
+    # these as are present (step_plan.planned_count), so a restarted PS with the same devices
+    # cuts every GEMM the same way
     planned_groups: tuple[tuple[str, int, float], ...] = ()
     no_progress_s: float = NO_PROGRESS_S  # watchdog: 0 = off (job.watchdog.no_progress_s)
     fd_limit: int = 0  # soft RLIMIT_NOFILE the server runs with (0: read it at start)

@@ -357,10 +357,11 @@ def _attached(server: PsServer) -> int:
 
 
 def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
-    """Make the plans of every offloaded linear before the first step (StepPlanner.prepare),
+    """Make the plans of every offloaded linear for the devices present (StepPlanner.prepare):
+    before the first step, and between steps when the devices present moved a group's count;
     in this thread and a planning process a further core: the loop thread keeps serving the
-    devices meanwhile (nothing else plans before training starts); a line every 10 s says
-    how many shapes are planned."""
+    devices meanwhile (nothing else plans between steps); a line every 10 s says how many
+    shapes are planned. The ``planned`` event says before which step."""
     from testbed.ps_backend.planning_processes import progress_line
 
     core = server.core
@@ -379,7 +380,8 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     wall_s = time.monotonic() - started
     cpu_s = core.planner.cpu_s - cpu0
     processes = core.planner.processes
-    runlog.event("planned", shapes=planned, wall_s=round(wall_s, 3), processes=processes,
+    runlog.event("planned", before_step=trainer.next_step, shapes=planned,
+                 wall_s=round(wall_s, 3), processes=processes,
                  cpu_s=round(cpu_s, 3), regions=core.planner.region_shapes())
     log.info("planned %d GEMM shape(s) in %.1f s (%.1f CPU s in %d process(es))", planned,
              wall_s, cpu_s, processes)
@@ -535,6 +537,12 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                      stats.tiles)
             if stop.is_set():
                 raise InterruptedError
+            planner = server.core.planner  # type: ignore[union-attr]
+            if trainer.next_step < job.steps and server.call(planner.needs_prepare):
+                # the devices present moved a group's count (docs/planning.md, "Counts"): its
+                # plans are made here, between steps and off the loop that serves the devices,
+                # not at the next step's first GEMMs
+                _plan_ahead(server, trainer, runlog)
     except InterruptedError:
         state, code = "interrupted", 1
         log.warning("interrupted; stopping devices")

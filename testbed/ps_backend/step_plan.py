@@ -156,6 +156,12 @@ class StepPlanner:
         self.clock = clock  # the PS's monotonic clock; the simulator's virtual one
         self.config = config
         self._planned = {g for g, _, _ in config.planned_groups}  # the topology's groups
+        # the devices of each group this step's plans count on (planned_count), set before its
+        # first plan and between steps; the counts prepare() has made plans for; whether the
+        # devices present are all of the topology's groups (else plans are keyed by device)
+        self._step_counts: dict[str, int] | None = None
+        self._prepared_counts: set[tuple[int, ...]] = set()
+        self._all_declared = True
         self._plans: dict[tuple[Any, ...], GemmPlan] = {}
         self._gemms: list[BoundGemm] = []
         self._seen: dict[str, DeviceSlot] = {}
@@ -237,7 +243,7 @@ class StepPlanner:
         plan deals them tiles like any group.
         """
         slots = list(slots)
-        planned = self._counts(slots, half)
+        planned = self._counts(half)
         out = [PlanDevice(g, gflops * 1e9, *self._link(g), count=planned[g])
                for g, _, gflops in self.config.planned_groups if planned[g] > 0]
         counts: dict[tuple[str, str, float], int] = {}
@@ -248,15 +254,33 @@ class StepPlanner:
         return out + [PlanDevice(name, gflops * 1e9, *self._link(group), count=n)
                       for (name, group, gflops), n in sorted(counts.items())]
 
-    def _counts(self, slots: Iterable[DeviceSlot], half: int | None = None) -> dict[str, int]:
-        """The devices of each topology group that plans count on (:func:`planned_count`):
-        ``slots`` are the devices present (of one half of a backward pair, with ``half``)."""
+    def counts_for(self, slots: Iterable[Any]) -> dict[str, int]:
+        """The devices of each topology group that plans count on with ``slots`` present
+        (:func:`planned_count`)."""
         present = dict.fromkeys(self._planned, 0)
         for s in slots:
             if not s.quarantined and s.group in self._planned:
                 present[s.group] += 1
-        return {g: planned_count(self._halved(n, half), present[g])
-                for g, n, _ in self.config.planned_groups}
+        return {g: planned_count(n, present[g]) for g, n, _ in self.config.planned_groups}
+
+    def _counts(self, half: int | None = None) -> dict[str, int]:
+        """This step's counts (:attr:`_step_counts`; the topology's until some are set), of
+        one half of the devices with ``half``."""
+        whole = self._step_counts if self._step_counts is not None else {
+            g: n for g, n, _ in self.config.planned_groups}
+        return {g: self._halved(c, half) for g, c in whole.items()}
+
+    def _adopt(self, slots: Iterable[Any]) -> None:
+        """Take the counts of ``slots`` for this step when none are in force."""
+        if self._step_counts is None:
+            self._step_counts = self.counts_for(slots)
+
+    def needs_prepare(self) -> bool:
+        """Whether the counts the next step plans for (set by :meth:`take_step`) have no
+        plans made ahead (:meth:`prepare`): the PS then prepares them between steps, off the
+        loop that serves the devices, rather than search at the step's first GEMMs."""
+        return (self.mode == "auto" and self._step_counts is not None and self._all_declared
+                and tuple(self._step_counts.values()) not in self._prepared_counts)
 
     def _class_name(self, slot: DeviceSlot) -> str:
         """The plan's name for a device's class: its group, or for a device the topology does
@@ -270,12 +294,12 @@ class StepPlanner:
         """A search's cache key: the shape and the devices each group is planned for when the
         plan depends only on the topology (:meth:`_static`), else the devices present."""
         if self._static(slots):
-            return (*shape, tuple(self._counts(slots).values()))
+            return (*shape, tuple(self._counts().values()))
         return (*shape, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
 
     def _static(self, slots: list[DeviceSlot]) -> bool:
-        """Whether the plan depends only on the topology and how many devices of each of its
-        groups are present (then a restarted PS cuts the same)."""
+        """Whether the plan depends only on the topology and the step's counts of its groups
+        (then a restarted PS with as many devices of each group cuts the same)."""
         return bool(self._planned) and all(s.group in self._planned or s.quarantined
                                            for s in slots)
 
@@ -299,14 +323,18 @@ class StepPlanner:
         it then finds them made. The PS runs this before its first step, off the loop thread:
         searched at first use, they ran on the loop that serves the devices' streams, inside
         the step (seconds a shape on campus, with every device idle and its lease running), and
-        the step's device time counted them. Only plans that depend on the topology alone are
-        kept across steps; with devices the topology does not declare, a later change of
-        devices plans again.
+        the step's device time counted them. The PS runs it again between steps when the devices
+        present move a group's count (:meth:`needs_prepare`). Plans that depend on the topology
+        and its groups' counts alone are kept across steps; with devices the topology does not
+        declare, a later change of devices plans again.
         """
         if self.mode != "auto":
             return 0
         started = time.thread_time()
         slots = list(slots)
+        self._step_counts = self.counts_for(slots)
+        self._all_declared = self._static(slots)
+        self._prepared_counts.add(tuple(self._step_counts.values()))
         # the longest searches first (a linear's multiply-adds standing for their length), so
         # that no stream is left with a long one at the end
         shapes = sorted(set(linears), key=lambda dx: (-math.prod(dx), dx))
@@ -325,6 +353,7 @@ class StepPlanner:
     def prepare_shape(self, dx: tuple[int, int, int], item: int, slots: list[Any]) -> None:
         """:meth:`prepare`'s searches for one linear (``slots``: device slots, or what a
         planning process gets of them, ``planning_processes.SlotView``)."""
+        self._adopt(slots)
         self.layer_or_apart(dx, item, slots)
         t, o, i = dx
         forward = self._plan_for(t, i, o, item, slots)
@@ -359,6 +388,7 @@ class StepPlanner:
     def _cut(self, job: GemmJob, slots: Iterable[DeviceSlot]) -> Cut:
         """:meth:`plan`'s work."""
         slots = list(slots)
+        self._adopt(slots)
         for s in slots:
             self.saw(s)
         gemm = bound_gemm(job)
@@ -644,7 +674,7 @@ class StepPlanner:
 
     def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
                   half: int | None = None) -> GemmPlan | None:
-        key = (m, k, n, item, half, tuple(self._counts(slots, half).values()))
+        key = (m, k, n, item, half, tuple(self._counts(half).values()))
         static = self._static(slots)
         plan = self._plans.get(key) if static else None
         if plan is None:
@@ -742,6 +772,10 @@ class StepPlanner:
         self._pair_dealt, self._layers, self._held, self._layer_dealt = {}, {}, {}, {}
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
+        # the next step plans for the devices present now: counts change between steps only,
+        # so a linear's forward and backward are planned for the same devices
+        self._step_counts = self.counts_for(self._seen.values())
+        self._all_declared = self._static(list(self._seen.values()))
         return record
 
 

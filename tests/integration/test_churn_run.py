@@ -90,6 +90,12 @@ def test_half_the_devices_go_and_the_result_is_unchanged(tmp_path: Path) -> None
     assert requeued <= in_flight
     assert recomputed <= in_flight, (recomputed, in_flight)
 
+    # the departures moved the phones' count: the PS planned for the phones left between
+    # steps (a `planned` event before a later step), not at a step's first GEMMs
+    planned = [e for e in events if e["event"] == "planned"]
+    assert planned[0]["before_step"] == 0 and any(e["before_step"] > 0 for e in planned), \
+        planned
+
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state"] == "done" and summary["departures"] == 2
     assert summary["agent_deaths"] == []  # the trace's crash (SIGKILL) was asked for

@@ -56,3 +56,29 @@ def test_a_phone_absent_from_the_start_costs_what_a_topology_without_it_runs(
     trace.write_text("time_s,device,event,arg\n0,phones-5,leave,\n")
     away_s, five_s = _step_s(DEFAULT, trace), _step_s(five)
     assert away_s == pytest.approx(five_s, rel=0.03), (away_s, five_s)
+
+
+def test_counts_change_between_steps_only(tmp_path: Path) -> None:
+    """A phone that crashes inside step 0 leaves step 0's plans as they were (a linear's
+    forward and backward are planned for the same devices); step 1 plans for five, and the PS
+    is told to prepare them between the steps (needs_prepare), off its loop thread."""
+    trace = tmp_path / "crash.csv"
+    trace.write_text("time_s,device,event,arg\n0.5,phones-5,crash,\n")
+    topology = load_topology(DEFAULT).with_overrides(steps=2)
+    sim = Simulation(topology, load_schedule(trace, topology), noise=False)
+    seen: list[tuple[int, dict[str, int]]] = []
+    plan = sim.planner.plan
+
+    def spy(job, slots):  # type: ignore[no-untyped-def]
+        cut = plan(job, slots)
+        seen.append((job.spec.step, sim.planner._counts()))
+        return cut
+    sim.planner.plan = spy  # type: ignore[method-assign]
+    sim.start(plan_workers=1)
+    assert not sim.planner.needs_prepare()  # start's plans are for these counts
+    sim.run_step(0)
+    assert not sim.devices["phones-5"].present
+    assert {c["phones"] for s, c in seen if s == 0} == {6}
+    assert sim.planner.needs_prepare()
+    sim.run_step(1)
+    assert {c["phones"] for s, c in seen if s == 1} == {5}
