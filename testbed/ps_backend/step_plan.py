@@ -532,7 +532,9 @@ class StepPlanner:
         than with both GEMMs spread over every device (predicted: the slower half against
         the two together, :func:`predict_together_s`, each in regions of rows where
         :meth:`_spread_regions` finds them), and the predicted time of the choice."""
-        key = (dx, item, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        # by the step's counts when plans depend on them alone: keyed by device, a run under
+        # churn searched again (and kept) a choice per set of devices, each rejoin a new id
+        key = self._plan_key((dx, item), slots)
         known = self._pair_split.get(key)
         if known is not None:
             return known
