@@ -41,6 +41,8 @@ from testbed.baselines.placement import (
 from testbed.baselines.sim_core import PS, BaselineWorld, Device, Transfer
 from testbed.topology import Topology
 
+LOSS_BYTES = 8  # a replica's loss of a step, one float64 (replica_proc's LOSS frame)
+
 
 class DataParallelSim:
     """Runs the topology's job as data-parallel replicas; :meth:`run` reports every step."""
@@ -58,6 +60,7 @@ class DataParallelSim:
         # reached the PS (or whose inner step is done), and those lost before that
         self.live: dict[str, list[Transfer]] = {}
         self.delivered: set[str] = set()
+        self.lives: dict[str, int] = {}  # replica -> times it was lost (_guard)
         self.dropped: set[str] = set()
         self.has_weights: set[str] = set()
         self.dropped_replica_steps = 0
@@ -71,6 +74,7 @@ class DataParallelSim:
         w = self.world
         w.retire(dev, "disconnect" if "broken" in reason else
                  "lease_expired" if "message" in reason else "leave", reason)
+        self.lives[dev.name] = self.lives.get(dev.name, 0) + 1  # what it had under way is void
         if dev.name in self.live:
             if dev.name not in self.delivered:  # its rows are missing from the step
                 self.dropped.add(dev.name)
@@ -174,9 +178,23 @@ class DataParallelSim:
                     w.compute(w.devices[name], [], cost.optimizer_bytes(self.params, b),
                               self._guard(name, lambda: self._up(name, b, at_ps)))
                 else:
-                    # its loss goes to the PS now, as the emulated replica's does: its part
-                    self.delivered.add(name)
-                    optimizer(name)
+                    # its loss goes to the PS now, as the emulated replica's does: its part.
+                    # It is done once the loss is there and its AdamW step ran (a replica cut
+                    # off meanwhile is not: its loss waits for the heal, or its lease ends)
+                    left = [2]
+
+                    def one(name: str = name) -> None:
+                        left[0] -= 1
+                        if left[0] == 0:
+                            done(name)
+
+                    def loss_in(name: str = name) -> None:
+                        self.delivered.add(name)
+                        one(name)
+                    self.live[name].append(w.send(name, PS, LOSS_BYTES,
+                                                  self._guard(name, loss_in)))
+                    w.compute(w.devices[name], [], cost.optimizer_bytes(self.params, b),
+                              self._guard(name, one))
             else:
                 self._up(name, b, at_ps)
 
@@ -214,8 +232,13 @@ class DataParallelSim:
         return len(self.plan.replicas) - len(self.took_part)
 
     def _guard(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """``fn``, run only while the replica is still the one it was made for: not lost
+        since (a lost replica's work, stopped, still has its end queued; back in a later step,
+        it would have delivered that step a part it never made)."""
+        life = self.lives.get(name, 0)
+
         def wrapped() -> None:
-            if name in self.live:
+            if name in self.live and self.lives.get(name, 0) == life:
                 fn()
         return wrapped
 
@@ -225,7 +248,8 @@ class DataParallelSim:
         w.compute(w.devices[name], gemms, mem, self._guard(name, lambda: then(name)))
 
     def _up(self, name: str, b: int, at_ps: Callable[[str], None]) -> None:
-        self.live[name].append(self.world.send(name, PS, self.params * b,
+        """Its loss and its gradient (or parameters, at a round's end) up to the PS."""
+        self.live[name].append(self.world.send(name, PS, self.params * b + LOSS_BYTES,
                                                self._guard(name, lambda: at_ps(name))))
 
     def run(self, steps: int, on_step: Callable[[StepOutcome], None]) -> None:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from testbed.baselines import cost, pipeline_sim
-from testbed.baselines.data_parallel_sim import DataParallelSim
+from testbed.baselines.data_parallel_sim import LOSS_BYTES, DataParallelSim
 from testbed.baselines.engine import PipelineTrainer, Stage, _reference_model
 from testbed.baselines.pipeline_sim import PipelineSim, StepOutcome
 from testbed.baselines.placement import PipelinePlan
@@ -23,7 +23,7 @@ from testbed.churn import load_schedule
 from testbed.cli import main
 from testbed.ps_backend.engine.data import builtin_corpus
 from testbed.runlog import read_jsonl
-from testbed.topology import Topology, parse_topology
+from testbed.topology import Topology, load_topology, parse_topology
 
 
 def topo(strategy: str, count: int = 4, steps: int = 6,
@@ -164,8 +164,10 @@ def test_data_parallel_drops_a_departed_replica_and_keeps_the_rows_fixed(
     DataParallelSim(t, base).run(5, lambda o: (steps.append(o), ends.append(base.now_s)))
     assert all(o.fields["replicas"] == 3 for o in steps)
     params = cost.model_params(t.job.model)
-    # every replica sends its gradient up and gets the average back: P*8 bytes each way
-    assert steps[1].bytes_up == 3 * params * 8 and steps[1].bytes_down == 3 * params * 8
+    # every replica sends its loss and gradient up and gets the average back: P*8 bytes each
+    # way, and the loss's 8 up
+    assert steps[1].bytes_up == 3 * (params * 8 + LOSS_BYTES)
+    assert steps[1].bytes_down == 3 * params * 8
     crash_s = ends[0] + steps[1].device_s * 0.3
     join_s = ends[2] + steps[3].device_s * 0.1  # back during step 3: taken in at step 4
     trace = tmp_path / "crash.csv"
@@ -205,7 +207,11 @@ def test_diloco_talks_to_the_ps_every_h_steps() -> None:
     t = topo("data-parallel", count=3, steps=6, local_steps=3)
     out = run(DataParallelSim(t, BaselineWorld(t, noise=False)), 6)
     ups = [o.bytes_up for o in out]
-    assert ups[0] == ups[1] == ups[3] == ups[4] == 0 and ups[2] == ups[5] > 0
+    # every step each replica's loss; every third its parameters too
+    losses = 3 * LOSS_BYTES
+    assert ups[0] == ups[1] == ups[3] == ups[4] == losses
+    assert ups[2] == ups[5] == losses + 3 * cost.model_params(t.job.model) * \
+        cost.DTYPE_BYTES[t.job.dtype]
 
 
 def test_simulate_writes_a_run_directory_for_each_strategy(tmp_path: Path) -> None:
@@ -454,3 +460,38 @@ def test_an_emulated_device_straggles_on_the_pieces_the_simulated_one_does() -> 
         simulated.append(s / h)
     assert emulated == pytest.approx(simulated, rel=1e-6)
     assert {round(f, 3) for f in emulated} == {1.0, 3.0}
+
+
+def _default_dp(tmp_path: Path, rows: str, steps: int, local_steps: int = 1) -> list[StepOutcome]:
+    raw = yaml.safe_load((Path(__file__).parents[2] / "topologies" / "default.yaml").read_text())
+    raw["job"]["parallelism"] = {"strategy": "data-parallel", "local_steps": local_steps}
+    raw["job"]["steps"] = steps
+    raw["time_dilation"] = 1
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    (tmp_path / "t.csv").write_text("time_s,device,event,arg\n" + rows)
+    t = load_topology(path)
+    world = BaselineWorld(t, load_schedule(tmp_path / "t.csv", t), noise=False)
+    return run(DataParallelSim(t, world), steps)
+
+
+def test_a_lost_replicas_stopped_work_does_not_end_after_it_is_back(tmp_path: Path) -> None:
+    """phones-2, ten times slower, crashes inside step 0 and is back for step 1: its stopped
+    step-0 work still had its end queued, which then sent step 1 a second gradient (nine
+    uploads from eight replicas) and could count phones-2 in a step it was lost from."""
+    out = _default_dp(tmp_path, "0.0,phones-2,slow,10\n0.15,phones-2,crash,\n"
+                                "0.3,phones-2,join,\n", steps=2)
+    params = cost.model_params(load_topology(tmp_path / "dp.yaml").job.model)
+    one = params * 4 + LOSS_BYTES  # float32: a replica's loss and gradient
+    assert "phones-2" not in out[0].fields["took_part"]
+    assert "phones-2" in out[1].fields["took_part"]
+    assert [o.bytes_up for o in out] == [7 * one, 8 * one]
+
+
+def test_a_diloco_replica_cut_off_before_its_loss_is_sent_is_dropped(tmp_path: Path) -> None:
+    """Between DiLoCo's rounds a replica's part is its loss: one cut off before sending it
+    was counted as taking part, as a crash at that moment was not."""
+    cut = _default_dp(tmp_path, "0.15,phones-2,partition,\n", steps=1, local_steps=2)
+    crash = _default_dp(tmp_path, "0.15,phones-2,crash,\n", steps=1, local_steps=2)
+    assert "phones-2" not in cut[0].fields["took_part"]
+    assert cut[0].fields["took_part"] == crash[0].fields["took_part"]
