@@ -168,6 +168,19 @@ def catches(pid: int, sig: int) -> bool:
     return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
+def stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state ``T`` in its /proc stat): a
+    SIGSTOP is sent when kill() returns, not yet acted on, and a test that signals another
+    process next must not race it."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+        states = [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for t in threads]
+    except OSError:  # a thread ended while it was read: look again
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 def host_cmdlines() -> list[str]:
     """Every process's command line on this host; one that exits while /proc is read is
     skipped (read once each: a check and then a second read fail when it ends between)."""

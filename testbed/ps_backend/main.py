@@ -356,12 +356,13 @@ def _attached(server: PsServer) -> int:
     return server.call(lambda: sum(c.outbox is not None for c in core.conns.values()))
 
 
-def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
+def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog, before_step: int = 0
+                ) -> None:
     """Make the plans of every offloaded linear for the devices present (StepPlanner.prepare):
     before the first step, and between steps when the devices present moved a group's count;
     in this thread and a planning process a further core: the loop thread keeps serving the
     devices meanwhile (nothing else plans between steps); a line every 10 s says how many
-    shapes are planned. The ``planned`` event says before which step."""
+    shapes are planned. The ``planned`` event says before which step (``before_step``)."""
     from testbed.ps_backend.planning_processes import progress_line
 
     core = server.core
@@ -380,7 +381,7 @@ def _plan_ahead(server: PsServer, trainer: Any, runlog: RunLog) -> None:
     wall_s = time.monotonic() - started
     cpu_s = core.planner.cpu_s - cpu0
     processes = core.planner.processes
-    runlog.event("planned", before_step=trainer.next_step, shapes=planned,
+    runlog.event("planned", before_step=before_step, shapes=planned,
                  wall_s=round(wall_s, 3), processes=processes,
                  cpu_s=round(cpu_s, 3), regions=core.planner.region_shapes())
     log.info("planned %d GEMM shape(s) in %.1f s (%.1f CPU s in %d process(es))", planned,
@@ -542,7 +543,7 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
                 # the devices present moved a group's count (docs/planning.md, "Counts"): its
                 # plans are made here, between steps and off the loop that serves the devices,
                 # not at the next step's first GEMMs
-                _plan_ahead(server, trainer, runlog)
+                _plan_ahead(server, trainer, runlog, trainer.next_step)
     except InterruptedError:
         state, code = "interrupted", 1
         log.warning("interrupted; stopping devices")

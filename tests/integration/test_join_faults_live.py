@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.adversarial.psproc import TOKEN, PsProcess
-from tests.conftest import REPO, TINY, catches, killed_at_exit, wait_for
+from tests.conftest import REPO, TINY, catches, killed_at_exit, stopped, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +127,9 @@ def test_ctrl_c_ends_join_while_the_ps_is_frozen(lan_ps: LanPS, tmp_path: Path) 
         time.sleep(0.5)
         lan_ps.ps.proc.send_signal(signal.SIGSTOP)
         try:
+            # the PS frozen for good before the join is stopped: CI once saw the PS answer
+            # the join's Leave after kill(SIGSTOP) had returned
+            wait_for(lambda: stopped(lan_ps.ps.proc.pid), 10, "the PS to stop")
             out, _ = _stopped(proc, signal.SIGINT)
         finally:
             lan_ps.ps.proc.send_signal(signal.SIGCONT)

@@ -110,8 +110,10 @@ def test_regions_keep_the_single_process_result_while_phones_go(mix: Path, tmp_p
     run_dir = run_dir_of(tmp_path / "runs")
     assert proc.returncode == 0, output
     events = read_jsonl(run_dir / "events.jsonl")
-    (planned,) = [e for e in events if e["event"] == "planned"]
-    assert planned["regions"], planned
+    # the plans before the first step, then those made between steps for the phones left
+    planned = [e for e in events if e["event"] == "planned"]
+    assert planned[0]["before_step"] == 0 and planned[0]["regions"], planned
+    assert all(e["before_step"] > 0 for e in planned[1:]), planned
     departed = [e for e in events if e["event"] in ("leave", "disconnect", "lease_expired")]
     assert {e["device"] for e in departed} == {"phones-0", "phones-1"}
     last_step_t = read_jsonl(run_dir / "steps.jsonl")[-1]["elapsed_s"]
