@@ -129,17 +129,21 @@ def int_arg(low: int, high: int) -> Callable[[str], int]:
     return whole_number
 
 
-def number_arg(low: float, high: float, above_low: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number in [low, high] (above ``low`` if ``above_low``)."""
+def number_arg(low: float, high: float, above_low: bool = False,
+               below_high: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] (above ``low`` if ``above_low``, below
+    ``high`` if ``below_high``)."""
     def number(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (low < value if above_low else low <= value) or not value <= high:
+        if not (low < value if above_low else low <= value) or \
+                not (value < high if below_high else value <= high):
             raise argparse.ArgumentTypeError(
                 f"expected a number {'above' if above_low else 'from'} {low:g} "
-                f"{'up ' if above_low else ''}to {high:g}, got {text!r}")
+                f"{'up ' if above_low else ''}to {high:g}{' (not included)' if below_high else ''}"
+                f", got {text!r}")
         return value
     return number
 

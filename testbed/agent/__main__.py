@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     # a topology's delay, at most 60 s, times the run's dilation, at most 10,000
     p.add_argument("--delay-s", type=number_arg(0, 600_000), default=0.0,
                    help="emulated one-way delay, wall s")
-    p.add_argument("--loss", type=number_arg(0, 1), default=0.0,
+    # as a topology's: a link that loses every packet carries nothing
+    p.add_argument("--loss", type=number_arg(0, 1, below_high=True), default=0.0,
                    help="emulated loss probability, below 1")
     p.add_argument("--partitioned", action="store_true",
                    help="start cut off, as after SIGUSR1 (nothing in or out until SIGUSR2): "
@@ -182,10 +183,6 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
         return EXIT_BAD_INPUT
     except ValueError as exc:
         print(f"error: {source} {args.token_file}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.loss >= 1:  # as a topology's: a link that loses every packet carries nothing
-        print(f"error: --loss: expected a probability below 1, got {args.loss:g}",
-              file=sys.stderr)
         return EXIT_BAD_INPUT
     if not 1 <= args.max_in_flight <= MAX_IN_FLIGHT:
         print(f"error: --max-in-flight: expected 1 to {MAX_IN_FLIGHT}, got {args.max_in_flight}",

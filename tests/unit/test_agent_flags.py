@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.agent.__main__ import main
+from testbed.agent.__main__ import build_parser, main
 from testbed.wire import MAX_IN_FLIGHT
 from tests.conftest import cli_argv, closed_port
 
@@ -105,5 +105,11 @@ def test_the_agents_numbers_are_checked_before_it_starts(flag: str, value: str, 
 
 
 def test_a_loss_of_one_is_refused_as_a_topology_refuses_it(capsys) -> None:
-    assert main(["--ps", "127.0.0.1:1", "--name", "a-0", "--token", "t", "--loss", "1"]) == 2
-    assert "--loss: expected a probability below 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["--ps", "127.0.0.1:1", "--name", "a-0", "--token", "t", "--loss", "1"])
+    assert exited.value.code == 2
+    assert "argument --loss: expected a number from 0 to 1 (not included)" in \
+        capsys.readouterr().err
+    # just below 1 is a probability the link can have
+    assert build_parser().parse_args(["--ps", "127.0.0.1:1", "--name", "a-0",
+                                      "--loss", "0.999"]).loss == 0.999
