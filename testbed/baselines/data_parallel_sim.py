@@ -56,8 +56,8 @@ class DataParallelSim:
         self.b = cost.DTYPE_BYTES[self.job.dtype]
         self.params = cost.model_params(self.job.model)
         self.plan: DataParallelPlan | None = None
-        # the step under way: its replicas not lost (-> their transfers), those whose part has
-        # reached the PS (or whose inner step is done), and those lost before that
+        # the step under way: its replicas not lost (-> their transfers), those whose part (a
+        # loss, a gradient or parameters) has reached the PS, and those lost before that
         self.live: dict[str, list[Transfer]] = {}
         self.delivered: set[str] = set()
         self.lives: dict[str, int] = {}  # replica -> times it was lost (_guard)

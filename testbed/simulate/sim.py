@@ -519,7 +519,8 @@ class Simulation(EventLoop):
             dev.cuts += 1
         if down and dev.present:
             # the PS counts the lease from the device's last message: a heal and a new cut
-            # start it again, so an earlier cut's timer must not end this one
+            # start it again, so an earlier cut's timer must not end this one (the baselines'
+            # BaselineWorld._apply keeps the same rule)
             session, cut = dev.session, dev.cuts
 
             def expire() -> None:
