@@ -165,6 +165,10 @@ class StepPlanner:
         self._plans: dict[tuple[Any, ...], GemmPlan] = {}
         self._gemms: list[BoundGemm] = []
         self._seen: dict[str, DeviceSlot] = {}
+        # the order this step's plans met its devices in (device id -> place): those present at
+        # its first plan by name, a device that joins later after them, so a joiner takes a
+        # place a departure left rather than displace a device that holds the step's blocks
+        self._order: dict[str, int] = {}
         self._min_down = self._min_up = 0.0
         self._sat_out: dict[str, str] = {}  # group -> the first reason it sat out
         self._sat_count: dict[tuple[str, str], int] = {}  # (group, pass) -> GEMMs sat out
@@ -213,17 +217,23 @@ class StepPlanner:
         """The group's link as the bound counts it: what its own path carries."""
         return self.config.group_links.get(group, (INF, INF, 0.0))
 
+    def _in_order(self, slot: DeviceSlot) -> tuple[int, str, str]:
+        """A device's place in this step (:attr:`_order`), then its name."""
+        return (self._order.get(slot.device_id, len(self._order)), slot.name, slot.device_id)
+
     @staticmethod
-    def half_of(slots: list[DeviceSlot], half: int | None) -> list[DeviceSlot]:
-        """The devices of one GEMM of a backward pair: every other device of each group, by
-        name (``half`` 0 takes the first); all of them when ``half`` is None or the half is
-        empty."""
+    def half_of(slots: list[DeviceSlot], half: int | None,
+                order: Callable[[DeviceSlot], tuple[Any, ...]] = lambda s: (s.name, s.device_id)
+                ) -> list[DeviceSlot]:
+        """The devices of one GEMM of a backward pair: every other device of each group in
+        ``order`` (the planner's: this step's, :meth:`_in_order`; ``half`` 0 takes the first);
+        all of them when ``half`` is None or the half is empty."""
         if half is None:
             return slots
         seen: dict[str, int] = {}
         out = []
         for s in sorted((s for s in slots if not s.quarantined),
-                        key=lambda s: (s.group, s.name, s.device_id)):
+                        key=lambda s: (s.group, *order(s))):
             i = seen.get(s.group, 0)
             seen[s.group] = i + 1
             if i % 2 == half:
@@ -389,7 +399,8 @@ class StepPlanner:
         """:meth:`plan`'s work."""
         slots = list(slots)
         self._adopt(slots)
-        for s in slots:
+        for s in sorted(slots, key=lambda s: (s.name, s.device_id)):
+            self._order.setdefault(s.device_id, len(self._order))
             self.saw(s)
         gemm = bound_gemm(job)
         self._gemms.append(gemm)
@@ -426,7 +437,7 @@ class StepPlanner:
             elif not self._split_pair(dx, item, slots)[0]:
                 half, spread = None, dx
         if plan is None:
-            mine = self.half_of(slots, half)
+            mine = self.half_of(slots, half, self._in_order)
             if mine is slots:
                 half = None
             plan = self._plan_for(m, k, n, item, mine, half)
@@ -539,7 +550,7 @@ class StepPlanner:
         if known is not None:
             return known
         t, o, i = dx
-        halves = [self.half_of(slots, h) for h in (0, 1)]
+        halves = [self.half_of(slots, h, self._in_order) for h in (0, 1)]
         split, predicted_s = False, INF
         spread = [self._plan_for(t, o, i, item, slots), self._plan_for(o, t, i, item, slots)]
         if spread[0] is not None and spread[1] is not None:
@@ -698,9 +709,9 @@ class StepPlanner:
         used = set(used_classes)
         devices = []
         taken: dict[str, int] = {}
-        # a class the plan takes only some devices of: the first that many by name (the same
-        # devices for every GEMM of the shape, so they hold its blocks)
-        for s in sorted(slots, key=lambda s: (s.name, s.device_id)):
+        # a class the plan takes only some devices of: the first that many in this step's
+        # order (the same devices for every GEMM of the shape, so they hold its blocks)
+        for s in sorted(slots, key=self._in_order):
             name = self._class_name(s)
             if s.quarantined or name not in used:
                 continue
@@ -774,6 +785,7 @@ class StepPlanner:
         self._pair_dealt, self._layers, self._held, self._layer_dealt = {}, {}, {}, {}
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
+        self._order = {}
         # the next step plans for the devices present now: counts change between steps only,
         # so a linear's forward and backward are planned for the same devices
         self._step_counts = self.counts_for(self._seen.values())

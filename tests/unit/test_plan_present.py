@@ -82,3 +82,34 @@ def test_counts_change_between_steps_only(tmp_path: Path) -> None:
     assert sim.planner.needs_prepare()
     sim.run_step(1)
     assert {c["phones"] for s, c in seen if s == 1} == {5}
+
+
+def test_a_device_that_joins_inside_a_step_does_not_displace_one_its_plans_counted_on(
+        tmp_path: Path) -> None:
+    """phones-0 is away for step 0, so step 1 plans for five phones, and joins again inside
+    step 1. It sorts first by name, but the five that step 1's plans met first keep its tiles:
+    taken from them, it would have had blocks they were sent and hold."""
+    trace = tmp_path / "rejoin.csv"
+    trace.write_text("time_s,device,event,arg\n0,phones-0,leave,\n5.5,phones-0,join,\n")
+    topology = load_topology(DEFAULT).with_overrides(steps=3)
+    sim = Simulation(topology, load_schedule(trace, topology), noise=False)
+    owners: dict[int, set[str]] = {}
+    present: dict[int, set[str]] = {}
+    plan = sim.planner.plan
+
+    def spy(job, slots):  # type: ignore[no-untyped-def]
+        slots = list(slots)
+        cut = plan(job, slots)
+        names = {s.device_id: s.name for s in slots}
+        owners.setdefault(job.spec.step, set()).update(
+            names[d] for d in (cut.owners or {}).values())
+        present.setdefault(job.spec.step, set()).update(names.values())
+        return cut
+    sim.planner.plan = spy  # type: ignore[method-assign]
+    sim.start(plan_workers=1)
+    for step in range(3):
+        sim.run_step(step)
+    assert "phones-0" in present[1]  # it joined inside step 1
+    assert "phones-0" not in owners[1]
+    assert {f"phones-{i}" for i in range(1, 6)} <= owners[1]
+    assert "phones-0" in owners[2]  # and step 2 plans for all six
