@@ -7,7 +7,6 @@ same configuration, does not import torch with the PS process's entry point.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -53,13 +52,28 @@ def cut_Bps(topology: Topology) -> tuple[float, float]:
     return down, up
 
 
+def shared_paths(topology: Topology) -> dict[str, tuple[str, ...]]:
+    """Per group, the switch links above it (by lower switch) that only some of the topology's
+    devices sit below: the links its fair share is taken over (:func:`fair_shares_Bps`)."""
+    below: dict[str, int] = {}  # devices below each switch link
+    paths = {g.group: tuple(sl.lower for sl in switch_path(topology, g.switch))
+             for g in topology.groups}
+    for g in topology.groups:
+        for switch in paths[g.group]:
+            below[switch] = below.get(switch, 0) + g.count
+    every = sum(g.count for g in topology.groups)
+    return {g: tuple(s for s in path if below[s] < every) for g, path in paths.items()}
+
+
 def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]],
                     ps_Bps: tuple[float, float] | None = None
                     ) -> dict[str, tuple[float, float]]:
     """Per group, the (down, up) bytes/s one of its devices gets while every device of the
     topology moves data at once: the max-min fair share of its own link (``own_Bps``, per group)
     and of the switch links above it that only some of the devices sit below (large: 59 phones
-    below one 1 Gbit uplink get ~17 Mbit/s each of their 100).
+    below one 1 Gbit uplink get ~17 Mbit/s each of their 100;
+    :func:`~testbed.ps_backend.fair_share.group_fair_shares_Bps`, which the planner calls again
+    for the devices a step's plans count on).
 
     A switch link that every device sits below is left out, as is the PS's own link: all the
     traffic crosses it, so it caps the aggregate, which the planner weighs as the PS link
@@ -69,34 +83,12 @@ def fair_shares_Bps(topology: Topology, own_Bps: dict[str, tuple[float, float]],
     that link too: what a device can count on while all of them move data, which the PS judges
     an emulated device's results against (``busy_up_Bps``, ``dilation.DeviceTimeline``).
     """
-    from testbed.simulate.network import max_min_rates
+    from testbed.ps_backend.fair_share import group_fair_shares_Bps
 
-    uplinks = {sl.lower: sl for sl in topology.network.links}
-    below: dict[str, int] = {}  # devices below each switch link
-    paths_of: list[tuple[str, ...]] = []
-    for d in topology.devices:
-        path = tuple(sl.lower for sl in switch_path(topology, d.group.switch))
-        for switch in path:
-            below[switch] = below.get(switch, 0) + 1
-        paths_of.append(path)
-    partial = [s for s, n in below.items() if n < len(topology.devices)]
-    link_of = {s: i for i, s in enumerate(partial)}  # the shared links come first
-    shares = {g: [math.inf, math.inf] for g in own_Bps}
-    for direction in (0, 1):
-        capacity = [(uplinks[s].link.down_bps, uplinks[s].link.up_bps)[direction] / 8
-                    for s in partial]
-        ps = [len(capacity)] if ps_Bps is not None else []  # after the shared links
-        if ps_Bps is not None:
-            capacity.append(ps_Bps[direction])
-        paths = []
-        for d, switches in zip(topology.devices, paths_of):
-            capacity.append(own_Bps[d.group.group][direction])
-            paths.append([len(capacity) - 1, *(link_of[s] for s in switches if s in link_of),
-                          *ps])
-        for d, rate in zip(topology.devices, max_min_rates(paths, capacity)):
-            group = shares[d.group.group]
-            group[direction] = min(group[direction], float(rate))
-    return {g: (down, up) for g, (down, up) in shares.items()}
+    capacity = {sl.lower: (sl.link.down_bps / 8, sl.link.up_bps / 8)
+                for sl in topology.network.links}
+    return group_fair_shares_Bps({g.group: g.count for g in topology.groups}, own_Bps,
+                                 shared_paths(topology), capacity, ps_Bps)
 
 
 def plan_inputs(topology: Topology) -> dict[str, Any]:
@@ -148,6 +140,7 @@ def plan_inputs(topology: Topology) -> dict[str, Any]:
     ps_link = (min(ps.down_bps / 8, cut_down), min(ps.up_bps / 8, cut_up))
     busy = {g: up for g, (_, up) in fair_shares_Bps(topology, own, ps_link).items()}
     return {"group_links": links, "plan_links": plan_links, "busy_up_Bps": busy,
+            "fair_share_paths": shared_paths(topology),
             "ps_link_Bps": ps_link,
             "group_paths": paths, "shared_down_Bps": shared, "switch_links": uplinks,
             "planned_groups": tuple(groups)}

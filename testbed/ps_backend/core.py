@@ -170,6 +170,9 @@ class PsConfig:
     # shares with other devices (the planner's; config.plan_inputs). No plan_links: group_links.
     group_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     plan_links: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    # per group, the switch links above it that only some devices sit below (config.shared_paths):
+    # the planner takes its share of them again for the devices a step's plans count on
+    fair_share_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
     ps_link_Bps: tuple[float, float] = (float("inf"), float("inf"))  # PS (down, up)
     # per group, the uplink one device gets while every device sends (config.fair_shares_Bps
     # with the PS link): what an emulated device's results are judged against (DeviceTimeline)

@@ -27,6 +27,7 @@ from testbed.ps_backend.bound import (
     stage_key,
     step_bound,
 )
+from testbed.ps_backend.fair_share import group_fair_shares_Bps
 from testbed.ps_backend.planner import (
     REGION_GAIN,
     GemmPlan,
@@ -165,6 +166,7 @@ class StepPlanner:
         self._plans: dict[tuple[Any, ...], GemmPlan] = {}
         self._gemms: list[BoundGemm] = []
         self._seen: dict[str, DeviceSlot] = {}
+        self._fair_links: dict[tuple[int, ...], dict[str, tuple[float, float, float]]] = {}
         # the order this step's plans met its devices in (device id -> place): those present at
         # its first plan by name, a device that joins later after them, so a joiner takes a
         # place a departure left rather than displace a device that holds the step's blocks
@@ -210,8 +212,29 @@ class StepPlanner:
                             self.config.group_paths.get(slot.group, ()) if name in self._shared)
 
     def _link(self, group: str) -> tuple[float, float, float]:
-        """The group's link as plans, stealing and backups weigh it: its fair share."""
-        return self.config.plan_links.get(group) or self._own_link(group)
+        """The group's link as plans, stealing and backups weigh it: its fair share while the
+        devices this step's plans count on move data (:meth:`_plan_links`)."""
+        return self._plan_links().get(group) or self._own_link(group)
+
+    def _plan_links(self) -> dict[str, tuple[float, float, float]]:
+        """Per group, its fair share of the switch links it shares with some of the devices
+        (``config.plan_links``: while all the topology's move data), taken again for this step's
+        counts: with a tenth of large's phones-a gone, each of the rest plans with a tenth more
+        of its access point. A group with none counted keeps its share of the topology's."""
+        counts = self._counts()
+        key = tuple(counts.values())
+        links = self._fair_links.get(key)
+        if links is None:
+            links = dict(self.config.plan_links)
+            paths = self.config.fair_share_paths
+            if any(paths.get(g) for g, n in counts.items() if n):
+                own = {g: (down, up) for g, (down, up, _) in self.config.group_links.items()}
+                capacity = {s: (down, up) for s, (down, up, _) in
+                            self.config.switch_links.items()}
+                shares = group_fair_shares_Bps(counts, own, paths, capacity)
+                links.update({g: (*shares[g], self.config.group_links[g][2]) for g in shares})
+            self._fair_links[key] = links
+        return links
 
     def _own_link(self, group: str) -> tuple[float, float, float]:
         """The group's link as the bound counts it: what its own path carries."""

@@ -56,7 +56,7 @@ def test_a_switch_link_every_device_sits_below_is_left_to_the_ps_link_cap() -> N
 def test_plans_weigh_the_share_and_the_bound_the_own_link() -> None:
     config = SimpleNamespace(planner="auto", planned_groups=[("p", 2, 10.0)],
                              group_links={"p": (4e6, 2e6, 0.01)},
-                             plan_links={"p": (1e6, 0.5e6, 0.01)},
+                             plan_links={"p": (1e6, 0.5e6, 0.01)}, fair_share_paths={},
                              ps_link_Bps=(float("inf"), float("inf")),
                              group_paths={"p": ("ap", "ps")},
                              shared_down_Bps={"ap": 8e6, "ps": float("inf")},
@@ -83,3 +83,40 @@ def test_a_busy_uplink_is_the_devices_own_or_its_fair_share_of_the_ps_link() -> 
     inputs = plan_inputs(load_topology(REPO / "bench" / "topologies" / "office.yaml"))
     assert inputs["busy_up_Bps"] == {"phones": pytest.approx(125e6 / 33),
                                      "laptops": pytest.approx(125e6 / 33)}
+
+
+def test_fair_shares_of_a_shared_link_follow_the_devices_counted() -> None:
+    from testbed.ps_backend.fair_share import group_fair_shares_Bps
+
+    own = {"a": (10.0, 4.0), "b": (1.0, 1.0)}
+    paths = {"a": ("ap",), "b": ("ap",)}
+    capacity = {"ap": (12.0, 6.0)}
+    # down: b's 2 devices keep their own 1 each, a's 4 split the other 10; up: 6 among 6
+    shares = group_fair_shares_Bps({"a": 4, "b": 2}, own, paths, capacity)
+    assert shares == {"a": pytest.approx((2.5, 1.0)), "b": pytest.approx((1.0, 1.0))}
+    # with two of a's gone, each of the rest gets twice as much, capped by its own link up
+    shares = group_fair_shares_Bps({"a": 2, "b": 2}, own, paths, capacity)
+    assert shares == {"a": pytest.approx((5.0, 2.0)), "b": pytest.approx((1.0, 1.0))}
+    # a group none of which is counted gets no share; a link every device shares, the PS's
+    shares = group_fair_shares_Bps({"a": 2, "b": 0}, own, paths, capacity, ps_Bps=(4.0, 9.0))
+    assert shares == {"a": pytest.approx((2.0, 3.0))}
+
+
+def test_the_planner_takes_the_share_again_for_the_devices_its_step_counts_on() -> None:
+    """large: with phones-a planned for 53 of its 59 phones, each of them plans with a 53rd of
+    its access point's uplink, where the topology's every device gives it a 59th; the groups
+    below the other access points, and the laptops, keep theirs."""
+    from testbed.ps_backend.config import ps_config
+
+    config = ps_config(load_topology(TOPOLOGIES / "large.yaml"))
+    planner = StepPlanner(config)
+    assert planner._link("phones-a") == config.plan_links["phones-a"]
+    planner._step_counts = {**planner._counts(), "phones-a": 53}
+    down, up, rtt = planner._link("phones-a")
+    assert close(down, 1e9 / 8 / 53) and close(up, 1e9 / 8 / 53)
+    assert rtt == config.plan_links["phones-a"][2]
+    for group in ("phones-b", "phones-c", "phones-d", "laptops"):
+        assert planner._link(group) == pytest.approx(config.plan_links[group])
+    slot = DeviceSlot("d0", "phones-a-0", 10.0, 4, 1 << 20, group="phones-a")
+    planner.saw(slot)
+    assert close(slot.down_Bps, 1e9 / 8 / 53)  # stealing and backups weigh it too

@@ -79,6 +79,7 @@ def test_a_layer_floor_is_under_its_prediction_and_pruning_changes_nothing(monke
 def _config(cache: int) -> tuple[StepPlanner, list[DeviceSlot]]:
     config = SimpleNamespace(planner="auto", planned_groups=[("p", 3, 10.0)],
                              group_links={"p": (1e6, 1e6, 0.0)}, plan_links={},
+                             fair_share_paths={},
                              ps_link_Bps=(float("inf"), float("inf")), group_paths={},
                              shared_down_Bps={},
                              max_message_bytes=64 << 20, tile_m=256, tile_n=256)

@@ -125,6 +125,7 @@ def _planner(groups: list[tuple[str, int, float]], link: tuple[float, float, flo
 
     config = SimpleNamespace(planner="auto", planned_groups=groups,
                              group_links={g: link for g, _, _ in groups}, plan_links={},
+                             fair_share_paths={},
                              ps_link_Bps=ps_link_Bps, group_paths={},
                              shared_down_Bps={},
                              max_message_bytes=64 << 20, tile_m=256, tile_n=256)

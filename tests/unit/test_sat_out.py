@@ -37,7 +37,7 @@ def _job(uid: str, op: str, shape: tuple[int, int, int]) -> GemmJob:
 def test_the_step_record_counts_a_group_out_of_every_gemm_of_both_passes() -> None:
     groups = [("laptops", 2, 100.0), ("modem", 1, 100.0)]
     config = SimpleNamespace(
-        planner="auto", planned_groups=groups, plan_links={}, group_paths={},
+        planner="auto", planned_groups=groups, plan_links={}, fair_share_paths={}, group_paths={},
         group_links={"laptops": (100e6, 100e6, 0.0), "modem": (10e3, 10e3, 0.0)},
         ps_link_Bps=(float("inf"), float("inf")), shared_down_Bps={}, switch_links={},
         max_message_bytes=64 << 20, tile_m=256, tile_n=256)
