@@ -129,7 +129,12 @@ class SimDevice:
     session: int = 0  # bumps on every departure: events of an older session are dropped
     cuts: int = 0  # bumps on every partition: a lease timer is its own cut's only
     slot: DeviceSlot | None = None
-    busy_until_s: float = 0.0
+    # tiles whose operands are on it, first come first computed: (task, attempt, session,
+    # arrived_s); each is costed as it starts, with the slow factor and thermal state then,
+    # as its agent costs a tile; a tile of an older session runs on until its end (the
+    # process computed it until it died), and those waiting behind it are dropped
+    waiting: deque[tuple[Task, int, int, float]] = field(default_factory=deque)
+    computing: bool = False
     flows: set[int] = field(default_factory=set)
     # its stream, per direction (0 down, 1 up): a message in flight, then those queued behind
     sending: list[bool] = field(default_factory=lambda: [False, False])
@@ -270,7 +275,6 @@ class Simulation(EventLoop):
             dev.present = True
             dev.session += 1
             dev.sessions += 1
-            dev.busy_until_s = max(dev.busy_until_s, self.now_s)
             slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
                               predicted_gflops=dev.gflops or 1.0,
                               max_in_flight=EMULATED_MAX_IN_FLIGHT,
@@ -421,28 +425,39 @@ class Simulation(EventLoop):
 
     def _arrived(self, dev: SimDevice, task: Task, attempt: int, session: int) -> None:
         """A tile's operands are on the device: it computes after the tiles before it."""
-        arrived_s = self.now_s
-        start = max(self.now_s, dev.busy_until_s)
+        dev.waiting.append((task, attempt, session, self.now_s))
+        if not dev.computing:
+            self._compute_next(dev)
+
+    def _compute_next(self, dev: SimDevice) -> None:
+        """The device starts its next waiting tile of its present session, if any."""
+        while dev.waiting:
+            task, attempt, session, arrived_s = dev.waiting.popleft()
+            if session == dev.session:
+                break
+        else:
+            dev.computing = False
+            return
+        start = self.now_s
         m, n = task.box.shape
         k0, k1 = task.k_range
         cost = dev.model.tile_cost(m, k1 - k0, n, task.job.spec.op, start)
         factor = dev.slow * (dev.straggler.compute_factor() if dev.straggler else 1.0)
         seconds = cost.seconds * factor
-        dev.busy_until_s = start + seconds
+        dev.computing = True
         joules = cost.joules * factor
 
         def computed() -> None:
-            if dev.session != session:
-                return
-
-            def back() -> None:
-                if dev.session == session:
-                    self._result(dev, task, attempt, seconds, joules,
-                                 (arrived_s, start, start + seconds))
-            nbytes = m * n * self.dtype.itemsize
-            dev.moved[pass_of(task.job.spec.op)][1] += nbytes
-            self._transfer(dev, 1, nbytes + MESSAGE_OVERHEAD_BYTES, back)
-        self.at(dev.busy_until_s, computed)
+            if dev.session == session:
+                def back() -> None:
+                    if dev.session == session:
+                        self._result(dev, task, attempt, seconds, joules,
+                                     (arrived_s, start, start + seconds))
+                nbytes = m * n * self.dtype.itemsize
+                dev.moved[pass_of(task.job.spec.op)][1] += nbytes
+                self._transfer(dev, 1, nbytes + MESSAGE_OVERHEAD_BYTES, back)
+            self._compute_next(dev)
+        self.at(start + seconds, computed)
 
     def _result(self, dev: SimDevice, task: Task, attempt: int, compute_s: float,
                 energy_j: float, times: tuple[float, float, float]) -> None:

@@ -354,3 +354,37 @@ def test_simulate_runs_without_torch(tmp_path: Path) -> None:
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\n"
             "assert not heavy, heavy[:5]\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_a_tile_is_costed_as_it_starts_with_the_slow_factor_then(tmp_path: Path) -> None:
+    """A churn ``slow`` reaches a tile already on the device and waiting behind another, as
+    the agent reads its slow factor when it starts a tile: the same tile, started at the same
+    moment in both runs, takes four times as long with ``slow 4`` applied while it waited
+    (default.yaml: tiny.yaml's laptop never has a tile waiting)."""
+    topology = load_topology(TINY.parents[2] / "topologies" / "default.yaml").with_overrides(
+        steps=1)
+
+    def laptop_tiles(trace: str | None) -> dict[tuple[str, int, int], dict]:
+        schedule = None
+        if trace is not None:
+            path = tmp_path / "slow.csv"
+            path.write_text("time_s,device,event,arg\n" + trace)
+            schedule = load_schedule(path, topology)
+        tiles: dict[tuple[str, int, int], dict] = {}
+        sim = Simulation(topology, schedule, noise=False,
+                         tile=lambda **t: tiles.setdefault((t["gemm"], t["task"], t["attempt"]),
+                                                           t))
+        sim.start()
+        sim.run_step(0)
+        return {k: t for k, t in tiles.items() if t["device"] == "laptops-0"}
+
+    plain = laptop_tiles(None)
+    waited = sorted((t for t in plain.values() if t["started_s"] - t["arrived_s"] > 1e-4),
+                    key=lambda t: t["started_s"])
+    assert waited, "no tile of laptops-0 waited behind another"
+    tile = waited[len(waited) // 2]
+    at_s = tile["started_s"] - 1e-6  # while the tile before it runs (no other is slowed)
+    slowed = laptop_tiles(f"{at_s!r},laptops-0,slow,4\n")
+    key = (tile["gemm"], tile["task"], tile["attempt"])
+    assert slowed[key]["started_s"] == pytest.approx(tile["started_s"], rel=1e-9)
+    assert slowed[key]["compute_s"] == pytest.approx(4 * tile["compute_s"], rel=1e-6)
