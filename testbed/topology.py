@@ -752,6 +752,19 @@ class JobFile(Schema):
                              f"as many sequences, batch_size is {self.batch_size}")
         return self
 
+    @model_validator(mode="after")
+    def _data_holds_a_window(self) -> JobFile:
+        # the PS's BatchSampler needs one window of seq_len + 1 bytes: refused here, a short
+        # file would stop a run after its network and PS had started
+        files = self.data.files or []
+        need = self.model.seq_len + 1
+        held = sum(f.stat().st_size for f in files)
+        if files and held < need:
+            raise ValueError(f"data.files: {len(files)} file(s) hold {held} bytes together; "
+                             f"a window of model.seq_len + 1 = {need} bytes is needed (longer "
+                             f"files or a shorter seq_len)")
+        return self
+
     def spec(self) -> JobSpec:
         return JobSpec(self.model.spec(), self.data.spec(), self.batch_size, self.steps,
                        self.dtype, self.optimizer.spec(), self.parallelism.spec(self.batch_size),

@@ -266,3 +266,18 @@ def test_a_group_may_set_its_devices_cache() -> None:
     raw["devices"][0]["cache"] = "2MiB"
     assert parse_topology(raw).devices[0].group.cache_bytes == 2 * 1024**2
     assert parse_topology(minimal()).devices[0].group.cache_bytes is None  # the default
+
+
+def test_data_files_shorter_than_one_window_are_refused_before_a_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The PS samples windows of seq_len + 1 bytes of the files together: fewer would stop a
+    run after its network and PS started, so validate (and every run command) refuses them."""
+    raw = minimal()  # seq_len 8: a window is 9 bytes
+    (tmp_path / "a.txt").write_bytes(b"abcd")
+    (tmp_path / "b.txt").write_bytes(b"efgh")
+    raw["job"]["data"] = {"files": ["a.txt", "b.txt"]}
+    assert main(["validate", str(_write(tmp_path, raw))]) == 2
+    assert "data.files: 2 file(s) hold 8 bytes together; a window of model.seq_len + 1 = 9 " \
+        "bytes is needed" in capsys.readouterr().err
+    (tmp_path / "b.txt").write_bytes(b"efghi")
+    assert main(["validate", str(_write(tmp_path, raw))]) == 0
