@@ -814,6 +814,15 @@ class TopologyFile(Schema):
         if total > MAX_DEVICES:
             raise ValueError(f"{total:,} devices are more than the {MAX_DEVICES:,} one topology "
                              f"may hold")
+        # a churn trace names a group or one device (`<group>-<i>`): a group named as another
+        # group's device would leave that device no name of its own
+        devices = {f"{g.group}-{i}": g.group for g in groups for i in range(g.count)}
+        for g in groups:
+            if g.group in devices:
+                raise ValueError(f"group {g.group!r} is named as a device of group "
+                                 f"{devices[g.group]!r} (its devices are "
+                                 f"{devices[g.group]}-0 ...): a churn trace could not tell "
+                                 f"them apart; rename the group")
         return groups
 
     @field_validator("time_dilation", mode="before")

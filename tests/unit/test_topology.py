@@ -281,3 +281,18 @@ def test_data_files_shorter_than_one_window_are_refused_before_a_run(
         "bytes is needed" in capsys.readouterr().err
     (tmp_path / "b.txt").write_bytes(b"efghi")
     assert main(["validate", str(_write(tmp_path, raw))]) == 0
+
+
+def test_a_group_named_as_another_groups_device_is_refused() -> None:
+    """A trace row names a group or a device: with groups `phones` (3) and `phones-1`, the
+    phone `phones-1` could never be named, and its row would act on the group."""
+    raw = minimal()
+    raw["devices"][0]["count"] = 3
+    raw["devices"].append({**raw["devices"][0], "group": "phones-1", "count": 2})
+    with pytest.raises(TopologyError) as info:
+        parse_topology(raw)
+    assert info.value.problems == [
+        "devices: group 'phones-1' is named as a device of group 'phones' (its devices are "
+        "phones-0 ...): a churn trace could not tell them apart; rename the group"]
+    raw["devices"][1]["group"] = "phones-3"  # no such phone: phones has 0, 1 and 2
+    assert parse_topology(raw).devices[-1].name == "phones-3-1"
