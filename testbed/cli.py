@@ -71,6 +71,11 @@ def _validate(args: argparse.Namespace) -> int:
           f"backend {topology.network.backend}, "
           f"strategy {topology.job.parallelism.strategy}"
           + (f", churn {churn.name}" if churn else "") + ")")
+    if topology.network.backend != "auto":  # auto: the machine testbed up runs on decides
+        from testbed.up import backend_problems
+
+        for problem in backend_problems(topology, topology.network.backend):
+            print(f"note: {args.topology}: testbed up would refuse it: {problem}")
     return EXIT_OK
 
 
@@ -85,7 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Check a topology file and the churn trace it names, as "
                                    "`testbed up` and `testbed simulate` do before they start. "
                                    "Prints every problem with its YAML path (a trace's: its "
-                                   "line) and exits 2 if there is any.")
+                                   "line) and exits 2 if there is any. A valid file that "
+                                   "`testbed up` would refuse on its declared network backend "
+                                   "(a baseline on loopback, network.ps.listen on Mininet) "
+                                   "gets a note saying why.")
     p.add_argument("topology", help="the topology YAML file")
     p.set_defaults(func=_validate)
     for name in COMMAND_MODULES:

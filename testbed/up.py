@@ -725,6 +725,24 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
     return topology, churn, schedule
 
 
+def backend_problems(topology: Topology, backend: str) -> list[str]:
+    """What ``testbed up`` refuses of a file on a network backend ('loopback' or 'mininet'):
+    parts that work on the other one only. ``testbed validate`` names them as notes (``testbed
+    simulate`` runs such a file)."""
+    problems = []
+    strategy = topology.job.parallelism.strategy
+    if topology.network.ps.listen and strategy == "tile-tp" and backend != "loopback":
+        problems.append(f"network.ps.listen (devices on other machines) works with the loopback "
+                        f"backend only; this run would use {backend} (set network.backend: "
+                        "loopback)")
+    if strategy != "tile-tp" and backend != "mininet":
+        problems.append(f"job.parallelism.strategy: {strategy} runs on the Mininet backend "
+                        f"only (its stages and replicas talk device to device over the "
+                        f"emulated links); this run would use {backend} (set network.backend: "
+                        "mininet, or use `testbed simulate`)")
+    return problems
+
+
 def run_up(args: argparse.Namespace) -> int:
     """The `testbed up` command: the run directory is locked (:mod:`testbed.run_lock`) from
     before ``--resume`` reads it, or from when it is made, until this returns."""
@@ -775,15 +793,18 @@ def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
     from testbed.emulator.dilation import choose_dilation
     from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend
 
+    # a declared backend's refusals first: the same on every machine, Mininet or not
+    declared = topology.network.backend
+    for problem in backend_problems(topology, declared) if declared != "auto" else ():
+        print(f"error: {args.topology}: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         backend = resolve_backend(topology)
     except NetworkUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if topology.network.ps.listen and backend != "loopback":
-        print(f"error: {args.topology}: network.ps.listen (devices on other machines) works "
-              f"with the loopback backend only; this run would use {backend} (set "
-              "network.backend: loopback)", file=sys.stderr)
+    for problem in backend_problems(topology, backend):
+        print(f"error: {args.topology}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     lan_problem = topology.network.ps.listen and listen_problem(topology.network.ps.listen)
     if lan_problem:

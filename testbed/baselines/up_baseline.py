@@ -31,7 +31,7 @@ def run_baseline_up(args: argparse.Namespace, topology: Topology, schedule: Any)
     """Run the topology's pipeline or data-parallel job on Mininet; exit code."""
     from testbed.baselines.placement import fit_problems
     from testbed.emulator.network.select import NetworkUnavailable, resolve_backend
-    from testbed.up import make_run_dir
+    from testbed.up import backend_problems, make_run_dir
 
     strategy = topology.job.parallelism.strategy
     where = f"{args.topology}: job.parallelism.strategy: {strategy}"
@@ -44,10 +44,8 @@ def run_baseline_up(args: argparse.Namespace, topology: Topology, schedule: Any)
     except NetworkUnavailable as exc:
         print(f"error: {where} runs on Mininet: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if backend != "mininet":
-        print(f"error: {where} runs on the Mininet backend only (its stages and replicas talk "
-              f"device to device over the emulated links); this run would use {backend} "
-              "(set network.backend: mininet, or use `testbed simulate`)", file=sys.stderr)
+    for problem in backend_problems(topology, backend):
+        print(f"error: {args.topology}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     problems = fit_problems(topology)
     if problems:

@@ -1,0 +1,51 @@
+"""What testbed up refuses of a file on its declared backend: validate names it as a note (the
+file is valid, and testbed simulate runs it), up refuses it with exit 2 before it starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.cli import main
+
+DEFAULT = Path(__file__).resolve().parents[2] / "topologies" / "default.yaml"
+
+
+def _copy(tmp_path: Path, **edits: object) -> Path:
+    raw = yaml.safe_load(DEFAULT.read_text())
+    raw["network"]["backend"] = edits["backend"]
+    if "strategy" in edits:
+        raw["job"]["parallelism"]["strategy"] = edits["strategy"]
+    if "listen" in edits:
+        raw["network"]["ps"]["listen"] = edits["listen"]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("edits,words", [
+    ({"backend": "loopback", "strategy": "pipeline"},
+     "job.parallelism.strategy: pipeline runs on the Mininet backend only"),
+    ({"backend": "loopback", "strategy": "data-parallel"},
+     "job.parallelism.strategy: data-parallel runs on the Mininet backend only"),
+    ({"backend": "mininet", "listen": "127.0.0.1:50051"},
+     "network.ps.listen (devices on other machines) works with the loopback backend only"),
+])
+def test_validate_notes_what_up_refuses_and_up_refuses_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edits: dict, words: str) -> None:
+    path = _copy(tmp_path, **edits)
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {path}: testbed up would refuse it: {words}" in out, out
+    runs = tmp_path / "runs"
+    assert main(["up", str(path), "--no-live", "--out", str(runs)]) == 2
+    assert f"error: {path}: {words}" in capsys.readouterr().err
+    assert not runs.exists() or not any(runs.iterdir())  # nothing started
+
+
+def test_a_file_up_runs_gets_no_note(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(_copy(tmp_path, backend="loopback"))]) == 0
+    assert "note:" not in capsys.readouterr().out
