@@ -489,6 +489,8 @@ def fidelity_line(summary: dict[str, Any]) -> str:
     account for, against the target (the verdict's figure, :func:`fidelity_ok`), then the
     device-side tile-time error and the result lag (which the verdict does not judge)."""
     p95 = summary.get("tile_error_p95")
+    if summary.get("simulated"):
+        return "- emulation fidelity: no emulated tiles (a simulation runs in virtual time)"
     if not isinstance(p95, (int, float)) and summary.get("totals_from") == "steps.jsonl":
         # a run still running, or one that died, has no run-wide figures: not "no tiles"
         return "- emulation fidelity: unknown (no summary of the run; steps.jsonl has each " \
@@ -594,6 +596,7 @@ def _time_lines(summary: dict[str, Any]) -> list[str]:
     says so (a run's report said "wall time 0.0 s, time dilation 1.00" for it)."""
     wall, device = summary.get("wall_s"), summary.get("device_time_s")
     if summary.get("simulated"):
+        wall = wall if is_number(wall) else device  # a simulated step's wall is its device time
         took = summary.get("sim_wall_s")
         return [(f"- simulated device time {wall:.1f} s" if is_number(wall) else
                  "- simulated device time: not recorded")

@@ -46,7 +46,7 @@ def steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     :func:`testbed.report.step_problems` (``step`` an integer, ``loss`` a number or null):
     ``steps_done`` (distinct steps), ``losses`` in step order, ``final_loss``, the
     ``STEP_TOTALS`` summed, their ``device_time_s`` summed (when there are steps), the last
-    step's ``time_dilation``, and ``totals_from``:
+    step's ``time_dilation``, ``simulated`` when every step was, and ``totals_from``:
     ``"steps.jsonl"`` to say where they came from. A step recorded twice counts once (its
     last record)."""
     by_step = {record["step"]: record for record in steps}
@@ -63,6 +63,8 @@ def steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
                  if is_number(record.get("time_dilation"))]
     if dilations:
         out["time_dilation"] = dilations[-1]
+    if ordered and all(record.get("simulated") is True for record in ordered):
+        out["simulated"] = True  # virtual time: no wall time, no emulation to judge
     out["totals_from"] = "steps.jsonl"
     return out
 

@@ -172,3 +172,20 @@ def test_a_torn_line_is_left_out_as_a_resumed_run_leaves_it(tmp_path: Path) -> N
     steps.write_text("\n".join(lines) + "\n")
     assert main(["report", str(tmp_path)]) == 0
     assert "steps: 3 of ?" in (tmp_path / "report.md").read_text()
+
+
+def test_report_of_a_simulated_run_without_its_summary_says_it_was_simulated(
+        tmp_path: Path) -> None:
+    """A simulated run killed before its summary: its steps say they were simulated, so the
+    page gives their virtual device time, not "wall time: not recorded ... D 1.00", and no
+    emulation fidelity to look for in steps.jsonl."""
+    log = RunLog(tmp_path)
+    for step in range(2):
+        log.step(step=step, loss=None, wall_s=2.5, device_time_s=2.5, time_dilation=1.0,
+                 bound_s=0.8, bytes_down=3e8, bytes_up=1e8, tiles=100, simulated=True)
+    log.close()
+    assert main(["report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "- simulated device time 5.0 s" in text, text
+    assert "- emulation fidelity: no emulated tiles (a simulation runs in virtual time)" in text
+    assert "wall time: not recorded" not in text and "unknown" not in text
