@@ -8,16 +8,28 @@ between stage hosts, next to the payload bytes the stages say they sent. The los
 
 :func:`emulate_data_parallel` does the same for data parallelism (replicas and the PS's
 process), synchronous or DiLoCo, with churn.
+
+Both report the run as it goes through ``progress``, a callback taking one record at a time:
+:class:`Placed` (the stages or replicas as their processes start, and each pipeline restart's
+new placement), :class:`Connected` (those processes up and connected: training starts or
+resumes), :class:`StepDone` (a step finished, read from the last stage's or the PS's
+``progress*.jsonl`` as it is written) and :class:`ChurnApplied` (a stage or replica process
+killed, a replica's standby let in). :func:`progress_line` says one as a line of text. A
+step's ``wall_s`` is this host's seconds (the pipeline's slowest stage's, data-parallel's
+PS's); its ``step_s`` is device seconds, ``wall_s / D``: the figure the comparison row's
+per-step time (``_emulated_row``) takes the median of.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from testbed.baselines.placement import device_infos, plan_pipeline
 from testbed.baselines.sim_core import BaselineWorld
@@ -28,13 +40,134 @@ if TYPE_CHECKING:  # Mininet is imported where a run starts: not every host has 
     from testbed.emulator.network.mininet import MininetNetwork
 
 
+@dataclass(frozen=True)
+class Placed:
+    """Where the stages (or replicas) run: at the start, and a pipeline's again per restart."""
+
+    noun: str  # "stage" or "replica"
+    devices: tuple[str, ...]
+    parts: tuple[str, ...]  # what each device holds: "layers 0-1", "rows 0-2"
+    attempt: int = 0  # 0: the first placement; n: the pipeline's n-th restart
+    start_step: int = 0  # the step training starts at (a restart: its checkpoint's)
+    redone: int = 0  # a restart: steps it does again (since the checkpoint, and the aborted one)
+
+
+@dataclass(frozen=True)
+class Connected:
+    """Every process of a placement is up and connected: training starts (or resumes)."""
+
+    noun: str  # "stage" or "replica"
+    count: int
+    startup_s: float  # this host's seconds since the processes were started
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class StepDone:
+    """A step the run finished (the last stage's or the PS's progress line)."""
+
+    step: int
+    loss: float | None
+    wall_s: float  # this host's seconds the step took (the slowest stage's, or the PS's)
+    dilation: float
+    redo: bool = False  # pipeline: a step done again after a restart
+    replicas: int = 0  # data-parallel: the replicas placed
+    out: tuple[str, ...] = ()  # data-parallel: the devices of the replicas the step went without
+
+    @property
+    def step_s(self) -> float:
+        """The step in device seconds (wall / D), as the comparison row counts steps."""
+        return self.wall_s / self.dilation
+
+
+@dataclass(frozen=True)
+class ChurnApplied:
+    """A churn event the runner applied to a stage's or replica's process."""
+
+    trace_s: float  # the event's time in the trace (x D after training started)
+    device: str
+    event: str  # the trace's event: leave, crash, partition, join, heal
+    effect: str  # what the runner did about it
+
+
+Progress = Union[Placed, Connected, StepDone, ChurnApplied]
+
+
+def progress_line(p: Progress) -> str:
+    """One progress record as the line `testbed up` and `testbed compare` print."""
+    if isinstance(p, StepDone):
+        line = f"step {p.step}"
+        if p.redo:
+            line += " (again, after a restart)"
+        line += f": {p.step_s:.3f} s device time ({p.wall_s:.2f} s wall)"
+        if p.loss is not None:
+            line += f", loss {p.loss:.6f}"
+        if p.out:
+            line += (f", {p.replicas - len(p.out)} of {p.replicas} replicas (out: "
+                     + ", ".join(p.out) + ")")
+        return line
+    if isinstance(p, Placed):
+        where = ", ".join(f"{d} ({part})" for d, part in zip(p.devices, p.parts))
+        n = len(p.devices)
+        placed = f"{n} {p.noun}{'' if n == 1 else 's'}: {where}"
+        if p.attempt == 0:
+            return f"placed {placed}; starting {'its process' if n == 1 else 'their processes'}"
+        since = (f"from the checkpoint after step {p.start_step - 1}" if p.start_step
+                 else "from the start (no checkpoint yet)")
+        return (f"restart {p.attempt}: placed again, {placed}; resumes at step {p.start_step} "
+                f"{since}, {p.redone} step{'' if p.redone == 1 else 's'} redone")
+    if isinstance(p, Connected):
+        whom = (f"{p.count} {p.noun}{'' if p.count == 1 else 's'} connected"
+                + (" to the PS" if p.noun == "replica" else ""))
+        return (f"{whom} {p.startup_s:.1f} s after "
+                + ("its process" if p.count == 1 else "their processes")
+                + " started: training " + ("starts" if p.attempt == 0 else "resumes"))
+    return f"churn: {p.device} {p.event} (trace {p.trace_s:g} s): {p.effect}"
+
+
+def layer_span(a: int, e: int) -> str:
+    """A stage's decoder layers [a, e) in words."""
+    if e - a == 0:
+        return "no decoder layer"
+    return f"layer {a}" if e - a == 1 else f"layers {a}-{e - 1}"
+
+
+def row_span(rows: Sequence[int]) -> str:
+    """A replica's rows [lo, hi) of each batch in words."""
+    lo, hi = rows
+    return f"row {lo}" if hi - lo == 1 else f"rows {lo}-{hi - 1}"
+
+
+class JsonlTail:
+    """The records appended to a JSON-lines file since the last read; a line still being
+    written (no newline yet) waits for the next read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        """The complete new lines, parsed (none while the file does not exist)."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+
 def _wait_all(procs: Sequence[tuple[Any, subprocess.Popen]], timeout_s: float,
-              log_of: Any) -> list[str]:
-    """Wait for every process; on the first failure (or the deadline) kill the others, whose
-    peers are gone (they would wait on a socket until the deadline). Returns the failures."""
+              log_of: Any, poll: Callable[[], None] = lambda: None) -> list[str]:
+    """Wait for every process, calling ``poll`` meanwhile (the run's progress); on the first
+    failure (or the deadline) kill the others, whose peers are gone (they would wait on a
+    socket until the deadline). Returns the failures."""
     deadline = time.monotonic() + timeout_s
     failed: list[str] = []
     while True:
+        poll()
         running = [(tag, p) for tag, p in procs if p.poll() is None]
         failed = [f"{tag} exited {p.returncode} (see {log_of(tag)})" for tag, p in procs
                   if p.returncode not in (None, 0)]
@@ -54,7 +187,8 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                      devices: Sequence[str] | None = None,
                      bounds: Sequence[tuple[int, int]] | None = None,
                      micro_batches: int | None = None, dilation: float = 1.0,
-                     timeout_s: float = 600.0, schedule: Any = None) -> dict[str, Any]:
+                     timeout_s: float = 600.0, schedule: Any = None,
+                     progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Run the topology's job as a GPipe pipeline on Mininet; return what was measured.
 
     With a churn ``schedule`` (trace time 0 = training start: every stage of the first
@@ -63,7 +197,11 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     the other stages, places the model again on the devices left, and restarts every stage from
     the last checkpoint all stages wrote (``job.parallelism.checkpoint_every``). Steps finished
     since that checkpoint and the aborted one are counted as redone. Joins and heals bring a
-    device back for the next placement; ``slow`` is not emulated."""
+    device back for the next placement; ``slow`` is not emulated.
+
+    ``progress`` gets, as they happen: the placement once every stage has connected (training
+    starts), each step the last stage finishes, each stage killed by churn, and each restart's
+    placement as its stages start."""
     from testbed.churn.trace import ChurnEvent
     from testbed.emulator.network.mininet import MininetNetwork
 
@@ -81,8 +219,9 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     run_dir.mkdir(parents=True, exist_ok=True)
     procs: list[tuple[str, subprocess.Popen]] = []
     executed: list[dict[str, Any]] = []
-    restarts, redone, start_step, attempt = 0, 0, 0, 0
+    restarts, redone, start_step, attempt, last_redone = 0, 0, 0, 0, 0
     resume_files: list[str] = []
+    report = progress or (lambda _p: None)
     net.start()
     try:
         before = {d: net.interface_counters(d) for d in names}
@@ -96,7 +235,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                 use, cuts = list(plan.devices), list(plan.bounds)
             delay_s = [[world.path(src, dst)[1] * dilation if app_delay and src != dst else 0.0
                         for src in use] for dst in use]
-            progress = run_dir / f"progress{attempt}.jsonl"
+            progress_path = run_dir / f"progress{attempt}.jsonl"
             ready_dir = run_dir / f"ready{attempt}"
             ready_dir.mkdir(exist_ok=True)
             ckpt_dir = run_dir / "checkpoints" / f"attempt{attempt}"
@@ -106,7 +245,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                         "ips": [net.host_ip(d) for d in use], "delay_s": delay_s,
                         "start_step": start_step, "resume_files": resume_files,
                         "checkpoint_every": every, "ckpt_dir": str(ckpt_dir),
-                        "progress": str(progress), "ready_dir": str(ready_dir),
+                        "progress": str(progress_path), "ready_dir": str(ready_dir),
                         "report_pattern": str(run_dir / f"stage{{}}-attempt{attempt}.json")}
             plan_path = run_dir / f"pipeline_plan{attempt}.json"
             write_json_atomic(plan_path, plan_doc)  # its stages, and a watcher, read it whole
@@ -119,20 +258,29 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                                                "--out",
                                                str(run_dir / f"stage{s}-attempt{attempt}.json")],
                                            stdout=log, stderr=subprocess.STDOUT)))
+            launched = time.monotonic()
+            report(Placed("stage", tuple(use), tuple(layer_span(*b) for b in cuts), attempt,
+                          start_step, last_redone))
+            ready = functools.partial(_all_ready, ready_dir, len(use))
+            connected = _ConnectedOnce(ready, "stage", len(use), launched, attempt, report)
             deadline = time.monotonic() + timeout_s
             if attempt == 0:  # the churn clock starts when training does
-                while len(list(ready_dir.iterdir())) < len(use) and time.monotonic() < deadline \
+                while not ready() and time.monotonic() < deadline \
                         and all(p.poll() is None for _, p in procs):
                     time.sleep(0.02)
                 t0 = time.monotonic()
-            killed = _supervise(procs, actions, t0, dilation, gone, ChurnEvent, deadline)
-            this_attempt: list[int] = []
-            if progress.exists():
-                for line in progress.read_text().splitlines():
-                    rec = json.loads(line)
-                    rec["redo"] = any(e["step"] == rec["step"] for e in executed)
-                    executed.append(rec)
-                    this_attempt.append(rec["step"])
+            steps_done = PipelineSteps(
+                JsonlTail(progress_path),
+                [run_dir / f"stage{s}-attempt{attempt}.json" for s in range(len(use) - 1)],
+                start_step, executed, report, dilation)
+            killed = _supervise(procs, actions, t0, dilation, gone, ChurnEvent, deadline,
+                                functools.partial(_each, (connected, steps_done)))
+            steps_done(final=True)  # the lines written before the stages ended
+            this_attempt = steps_done.steps
+            if killed is not None:
+                report(ChurnApplied(killed.time_s, killed.device, killed.event.value,
+                                    f"stage {use.index(killed.device)}'s process killed, the "
+                                    "other stages ended"))
             if killed is None:
                 failed = [f"stage{s} exited {p.returncode} (see {run_dir / f'stage{s}.log'})"
                           for s, (_, p) in enumerate(procs) if p.returncode != 0]
@@ -148,7 +296,8 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
             if saved:
                 start_step, resume = saved[-1][0], saved[-1][1]
                 resume_files = [str(f) for f in sorted(resume.glob("stage*.pt"))]
-            redone += max(0, finished - start_step + 1) + 1
+            last_redone = max(0, finished - start_step + 1) + 1
+            redone += last_redone
             restarts += 1
             attempt += 1
         wall_s = time.monotonic() - t0
@@ -176,6 +325,82 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
         _stop(procs, net)
 
 
+def _all_ready(ready_dir: Path, n: int) -> bool:
+    """Whether n stages have said, by a file each in ready_dir, that they are connected."""
+    return len(list(ready_dir.iterdir())) >= n
+
+
+def _each(fns: Sequence[Callable[[], None]]) -> None:
+    """Call each of fns (one poll of several watchers)."""
+    for fn in fns:
+        fn()
+
+
+class _ConnectedOnce:
+    """Reports :class:`Connected` the first time ``ready()`` is true (called as the run polls)."""
+
+    def __init__(self, ready: Callable[[], bool], noun: str, count: int, launched: float,
+                 attempt: int, report: Callable[[Progress], None]):
+        self.ready, self.noun, self.count = ready, noun, count
+        self.launched, self.attempt, self.report = launched, attempt, report
+        self.said = False
+
+    def __call__(self) -> None:
+        if not self.said and self.ready():
+            self.said = True
+            self.report(Connected(self.noun, self.count, time.monotonic() - self.launched,
+                                  self.attempt))
+
+
+class PipelineSteps:
+    """An attempt's finished steps as the runner learns them.
+
+    The last stage's progress lines go into the run's executed steps (a step done in an
+    earlier attempt is a redo) and the attempt's; each is reported once the other stages'
+    reports (rewritten whole after each of their steps) have that step's time too, with the
+    slowest stage's, as the comparison row times a step. ``final``: the attempt has ended, the
+    steps still waiting are reported with the times there are."""
+
+    def __init__(self, tail: JsonlTail, stage_reports: Sequence[Path], start_step: int,
+                 executed: list[dict[str, Any]], report: Callable[[Progress], None],
+                 dilation: float):
+        self.tail = tail
+        self.stage_reports = list(stage_reports)  # every stage's but the last's
+        self.start_step = start_step
+        self.executed = executed
+        self.report = report
+        self.dilation = dilation
+        self.steps: list[int] = []  # this attempt's, in order
+        self._waiting: list[dict[str, Any]] = []
+        self._times: list[list[float]] = [[] for _ in self.stage_reports]
+
+    def __call__(self, final: bool = False) -> None:
+        for rec in self.tail.read():
+            rec["redo"] = any(e["step"] == rec["step"] for e in self.executed)
+            self.executed.append(rec)
+            self.steps.append(rec["step"])
+            self._waiting.append(rec)
+        while self._waiting:
+            rec = self._waiting[0]
+            i = rec["step"] - self.start_step  # its index in each stage's step_s
+            times = [self._step_s(s, i) for s in range(len(self.stage_reports))]
+            if None in times and not final:
+                return
+            self._waiting.pop(0)
+            wall_s = max([rec["step_s"], *(t for t in times if t is not None)])
+            self.report(StepDone(rec["step"], rec["loss"], wall_s, self.dilation,
+                                 redo=rec["redo"]))
+
+    def _step_s(self, s: int, i: int) -> float | None:
+        """Stage s's wall seconds for its i-th step of the attempt, once its report has them."""
+        if i >= len(self._times[s]):
+            try:
+                self._times[s] = json.loads(self.stage_reports[s].read_text())["step_s"]
+            except (OSError, ValueError, KeyError):
+                return None  # not written yet
+        return self._times[s][i] if i < len(self._times[s]) else None
+
+
 def _stop(procs: Sequence[tuple[Any, subprocess.Popen]], net: MininetNetwork) -> None:
     """A baseline's end, however it ends: its processes still running killed, its network
     taken down."""
@@ -186,11 +411,14 @@ def _stop(procs: Sequence[tuple[Any, subprocess.Popen]], net: MininetNetwork) ->
 
 
 def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0: float,
-               dilation: float, gone: set[str], events: Any, deadline: float) -> str | None:
-    """Wait for the stages while replaying churn; the device whose stage was lost, or None
-    when every stage ended by itself. A lost stage ends the others."""
+               dilation: float, gone: set[str], events: Any, deadline: float,
+               poll: Callable[[], None] = lambda: None) -> Any:
+    """Wait for the stages while replaying churn, calling ``poll`` meanwhile (the run's
+    progress); the churn action whose device's stage was lost, or None when every stage ended
+    by itself. A lost stage ends the others."""
     stage_of = {d: p for d, p in procs}
     while True:
+        poll()
         now = time.monotonic()
         while actions and t0 + actions[0].time_s * dilation <= now:
             a = actions.pop(0)
@@ -203,7 +431,7 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
                         if q.poll() is None:
                             q.kill()
                         q.wait()
-                    return a.device
+                    return a
             elif a.event in (events.JOIN, events.HEAL):
                 gone.discard(a.device)
         if all(p.poll() is not None for _, p in procs):
@@ -219,7 +447,9 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
 
 def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int | None = None,
                           replicas: Sequence[str] | None = None, dilation: float = 1.0,
-                          timeout_s: float = 600.0, schedule: Any = None) -> dict[str, Any]:
+                          timeout_s: float = 600.0, schedule: Any = None,
+                          progress: Callable[[Progress], None] | None = None
+                          ) -> dict[str, Any]:
     """Run the topology's job as data parallelism on Mininet: one replica process per replica
     device, the PS process on the PS's node; every step averaged (``local_steps: 1``) or DiLoCo
     rounds (``local_steps: H > 1``).
@@ -233,7 +463,11 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     AdamW moments; DiLoCo: θ_global, a fresh inner AdamW). The replicas are placed once over
     the devices present at the start, their rows fixed (:mod:`testbed.baselines.membership`:
     the rule the engine and the simulator follow); devices that were not replicas stay out.
-    ``took_part`` says, per step, which replicas the step averaged over."""
+    ``took_part`` says, per step, which replicas the step averaged over.
+
+    ``progress`` gets, as they happen: the replicas once every one present has connected to
+    the PS, each step the PS finishes, and each replica's process killed or standby let in by
+    churn."""
     from testbed.baselines.cost import split_rows
     from testbed.baselines.placement import plan_data_parallel
     from testbed.churn.trace import ChurnEvent
@@ -260,13 +494,15 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     net.start()
     try:
         total_steps = steps or job.steps
+        rows = [list(r) for r in split_rows(job.batch_size, len(names))]
         plan_doc = {"topology": str(Path(topology_path).resolve()), "devices": names,
-                    "rows": [list(r) for r in split_rows(job.batch_size, len(names))],
+                    "rows": rows,
                     "steps": total_steps, "dilation": dilation, "dtype": job.dtype,
                     "ps_ip": net.host_ip(None), "delay_s": delay_s, "local_steps": H,
                     "initial": initial, "keep_state": schedule is not None,
                     "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s,
-                    "start": str(run_dir / "ps.start") if schedule is not None else ""}
+                    "start": str(run_dir / "ps.start") if schedule is not None else "",
+                    "progress": str(run_dir / "progress.jsonl")}
         plan_path = run_dir / "data_parallel_plan.json"
         write_json_atomic(plan_path, plan_doc)  # its replicas, and a watcher, read it whole
         nodes: list[str | None] = [None, *names]
@@ -292,15 +528,30 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                              stdout=log, stderr=subprocess.STDOUT)
             procs.append((tag, proc))
             return proc
+        report = progress or (lambda _p: None)
+        report(Placed("replica", tuple(names), tuple(
+            row_span(span) + ("" if r in initial else ", away at the start")
+            for r, span in enumerate(rows))))
+        launched = time.monotonic()
         ps = start(None)
         alive = {r: start(r) for r in initial}
+        # training starts when the PS has every replica present (under churn: and the
+        # runner's standbys are warm, when it writes ps.start)
+        connected = _ConnectedOnce((run_dir / ("ps.start" if schedule is not None
+                                               else "ps.ready")).exists,
+                                   "replica", len(initial), launched, 0, report)
+        steps_done = functools.partial(_replica_steps, JsonlTail(run_dir / "progress.jsonl"),
+                                       names, report, dilation)
+        poll = functools.partial(_each, (connected, steps_done))
         if schedule is None:
-            failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log")
+            failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log", poll)
         else:
             churn, failed = _supervise_replicas(ps, alive, names, start, go_of, actions,
-                                                dilation, ChurnEvent, run_dir, timeout_s)
+                                                dilation, ChurnEvent, run_dir, timeout_s,
+                                                poll, report, H)
         wall_s = time.monotonic() - t0
         after = {n: net.interface_counters(n) for n in nodes}
+        poll()  # the lines written before the PS ended
         if failed:
             raise RuntimeError("; ".join(failed))
         reports = {tag: json.loads((run_dir / f"{tag}.json").read_text()) for tag, _ in procs
@@ -323,16 +574,28 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         _stop(procs, net)
 
 
+def _replica_steps(tail: JsonlTail, names: Sequence[str], report: Callable[[Progress], None],
+                   dilation: float) -> None:
+    """The PS's new progress lines, each reported (its step time is the comparison row's)."""
+    for rec in tail.read():
+        out = tuple(d for r, d in enumerate(names) if r not in rec["took_part"])
+        report(StepDone(rec["step"], rec["loss"], rec["step_s"], dilation,
+                        replicas=len(names), out=out))
+
+
 def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen],
                         names: list[str], start: Any, go: dict[int, Path],
                         actions: list[Any], dilation: float,
                         events: Any, run_dir: Path,
-                        timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
+                        timeout_s: float, poll: Callable[[], None] = lambda: None,
+                        report: Callable[[Progress], None] = lambda _p: None,
+                        local_steps: int = 1) -> tuple[list[dict[str, Any]], list[str]]:
     """Replay churn on the replicas until the PS ends: kill a departed replica's process, and
     let a returning one's standby connect (``--join --go``). Each replica the trace brings
     back has a standby, warm before the PS's first step (and a new one after each return the
     trace repeats), so a join connects at its time, not after this host's Python and torch
-    start-up. Returns the churn applied and the failures."""
+    start-up. Calls ``poll`` meanwhile (the run's progress) and ``report`` with each churn
+    event applied. Returns the churn applied and the failures."""
     ready = run_dir / "ps.ready"
     deadline = time.monotonic() + timeout_s
     # a warm standby for each replica the trace brings back, before the clock starts (a
@@ -344,6 +607,7 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
     warm = [go[r].with_suffix(".warm") for r in standby]
     while (not ready.exists() or not all(w.exists() for w in warm)) and ps.poll() is None \
             and time.monotonic() < deadline and all(p.poll() is None for p in standby.values()):
+        poll()
         time.sleep(0.02)
     (run_dir / "ps.start").write_text("start")  # the PS's first step and the churn clock
     t0 = time.monotonic()
@@ -351,7 +615,10 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
     applied: list[dict[str, Any]] = []
     killed: set[int] = set()
     failed: list[str] = []
+    next_round = ("its next step's start" if local_steps == 1
+                  else f"its next round's start (every {local_steps} steps)")
     while ps.poll() is None and time.monotonic() < deadline:
+        poll()
         now = time.monotonic()
         while actions and t0 + actions[0].time_s * dilation <= now:
             a = actions.pop(0)
@@ -367,6 +634,9 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                     del alive[r]
                     applied.append({"time_s": now - t0, "device": a.device,
                                     "event": a.event.value, "replica": r})
+                    report(ChurnApplied(a.time_s, a.device, a.event.value,
+                                        f"replica {r}'s process killed; the PS goes on "
+                                        "without it"))
             elif a.event in (events.JOIN, events.HEAL) and r in standby and r not in alive:
                 go[r].write_text("go")
                 alive[r] = standby.pop(r)
@@ -375,6 +645,9 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                     standby[r] = start(r, join=True)  # for its next return (warm by then?)
                 applied.append({"time_s": now - t0, "device": a.device,
                                 "event": a.event.value, "replica": r})
+                report(ChurnApplied(a.time_s, a.device, a.event.value,
+                                    f"replica {r}'s standby connects; the PS takes it in at "
+                                    f"{next_round}"))
         for r, proc in [*alive.items(), *standby.items()]:
             if proc.poll() not in (None, 0) and id(proc) not in killed:
                 failed.append(f"replica {r} ({names[r]}) exited {proc.returncode} "

@@ -243,6 +243,10 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
         step_s.append(now - t_prev)
         t_prev = now
+        if plan.get("progress"):  # the runner reads it as it goes (its step lines)
+            with Path(plan["progress"]).open("a") as fh:
+                fh.write(json.dumps({"step": step, "loss": losses[-1], "took_part": here,
+                                     "step_s": step_s[-1]}) + "\n")
     listener.close()
     with lock:  # replicas back too late to be taken in: the run is over
         late = [conn for _, conn in pending]

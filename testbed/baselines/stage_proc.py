@@ -270,12 +270,13 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         if every and (step + 1) % every == 0:
             save_checkpoint(stage, opt, Path(plan["ckpt_dir"]) / f"step{step + 1}" /
                             f"stage{s}.pt")
+        step_s.append(time.monotonic() - t_step)
         if last:
             losses.append(float(sum(float(x.detach()) for x in step_losses)))
-            if progress is not None:  # the runner reads it when a restart interrupts the run
+            if progress is not None:  # the runner reads it as it goes (its step lines, restarts)
                 with progress.open("a") as fh:
-                    fh.write(json.dumps({"step": step, "loss": losses[-1]}) + "\n")
-        step_s.append(time.monotonic() - t_step)
+                    fh.write(json.dumps({"step": step, "loss": losses[-1],
+                                         "step_s": step_s[-1]}) + "\n")
         if plan.get("report_pattern"):  # so far, in case the runner ends this process
             _write_report(Path(plan["report_pattern"].format(s)),
                           _report(s, plan, losses, sent, step_s, device))
