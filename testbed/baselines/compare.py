@@ -439,12 +439,15 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                      gpu_grid_g_per_kwh: float = DEFAULT_GRID_G_PER_KWH, pue: float = 1.0,
                      ps_memory_bytes: int = 64 * 2**30,
                      schedule_for: Any = None,
-                     progress: Callable[[str, Path, dict[str, Any] | None], None] | None = None
+                     progress: Callable[[str, Path, dict[str, Any] | None], None] | None = None,
+                     during: Callable[[str, Any], None] | None = None
                      ) -> list[dict[str, Any]]:
     """Each strategy on Mininet: tile-tp through `testbed up`, the baselines as stage and
     replica processes (testbed/baselines/emulate.py); then the comparison files. With churn
     (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): every strategy replays
-    it. ``progress`` as :func:`compare`'s."""
+    it. ``progress`` as :func:`compare`'s; ``during(strategy, record)`` with each of a
+    baseline's progress records as it runs (:class:`testbed.baselines.emulate.StepDone` and
+    the others, said by ``progress_line``)."""
     import yaml
 
     from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
@@ -490,7 +493,9 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 else:
                     emulate = (emulate_pipeline if strategy == "pipeline"
                                else emulate_data_parallel)
-                    res = emulate(path, runs, dilation=dilation, schedule=schedule)
+                    res = emulate(path, runs, dilation=dilation, schedule=schedule,
+                                  progress=(functools.partial(during, strategy)
+                                            if during is not None else None))
                     row = _emulated_row(strategy, topo, res, dilation, grid_g_per_kwh)
                     if schedule is not None:  # the trace's events that came while it ran
                         row["churn_events"] = res["churn_events"]
@@ -751,6 +756,11 @@ def run_compare(args: argparse.Namespace) -> int:
     print(f"comparison directory: {out_dir} ({'simulated' if args.simulate else 'Mininet'})")
     under_way: list[tuple[str, Path]] = []
 
+    def during(strategy: str, record: Any) -> None:  # a baseline's step or churn on Mininet
+        from testbed.baselines.emulate import progress_line
+
+        print(f"  {strategy}: {progress_line(record)}", flush=True)
+
     def progress(strategy: str, run_dir: Path, row: dict[str, Any] | None) -> None:
         if row is None:
             under_way[:] = [(strategy, run_dir)]
@@ -774,7 +784,7 @@ def run_compare(args: argparse.Namespace) -> int:
                                         gpu, args.grid_g_per_kwh, args.gpu_grid_g_per_kwh,
                                         args.pue, ps_memory,
                                         lambda t: schedules.get(t.job.parallelism.strategy),
-                                        progress=progress)
+                                        progress=progress, during=during)
     except KeyboardInterrupt:
         where = (f" during {under_way[0][0]} (its run so far: {under_way[0][1]})"
                  if under_way else "")

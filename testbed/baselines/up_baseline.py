@@ -7,6 +7,10 @@ comparison row of ``testbed compare`` (step time, bytes per device from the host
 counters, energy, carbon, lost work) with the run's losses. Churn (``--churn`` or the
 topology's) is replayed as in ``testbed compare`` (docs/baselines.md). Not here: ``--resume``,
 the live dashboard and ``report.md`` (tile-tp's run artefacts).
+
+While it runs it prints a line per step finished (device and wall seconds, the loss) and per
+placement, stage or replica lost, restart and replica back (:func:`testbed.baselines.emulate.
+progress_line`).
 """
 
 from __future__ import annotations
@@ -64,18 +68,26 @@ def run_baseline_up(args: argparse.Namespace, topology: Topology, schedule: Any)
 def _run(args: argparse.Namespace, topology: Topology, schedule: Any, run_dir: Path) -> int:
     """:func:`run_baseline_up`'s run, into its locked run directory."""
     from testbed.baselines.compare import DEFAULT_GRID_G_PER_KWH, _emulated_row
-    from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
+    from testbed.baselines.emulate import (
+        Progress,
+        emulate_data_parallel,
+        emulate_pipeline,
+        progress_line,
+    )
 
     strategy = topology.job.parallelism.strategy
     dilation = topology.time_dilation or 1.0
-    print(f"run directory: {run_dir} ({strategy} on Mininet, D = {dilation:g})")
+    print(f"run directory: {run_dir} ({strategy} on Mininet, D = {dilation:g})", flush=True)
     summary: dict[str, Any] = {"strategy": strategy, "topology": str(args.topology),
                                "steps": topology.job.steps, "dilation": dilation,
                                "churn": str(getattr(args, "churn", None) or topology.churn or "")}
+
+    def progress(p: Progress) -> None:
+        print(progress_line(p), flush=True)
     try:
         emulate = emulate_pipeline if strategy == "pipeline" else emulate_data_parallel
         res = emulate(args.topology, run_dir / strategy, steps=topology.job.steps,
-                      dilation=dilation, schedule=schedule)
+                      dilation=dilation, schedule=schedule, progress=progress)
     except (RuntimeError, OSError, ValueError) as exc:
         summary.update(state="failed", exit_code=EXIT_FAILURE, error=str(exc))
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
