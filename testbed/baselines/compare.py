@@ -811,7 +811,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "reference row. --simulate: virtual time (testbed simulate's models, "
                     "churn included). Without it: on Mininet (root), tile-tp through testbed "
                     "up, the pipeline and data-parallel as real stage and replica processes "
-                    "(churn replayed by all, DiLoCo rounds included). Exit 2 on bad input.")
+                    "(churn replayed by all, DiLoCo rounds included), which print their "
+                    "steps, churn and restarts as they happen, prefixed by the strategy. Exit "
+                    "2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", type=path_arg,
                    help="churn trace to replay (default: the topology's churn:)")
