@@ -249,6 +249,9 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                         "report_pattern": str(run_dir / f"stage{{}}-attempt{attempt}.json")}
             plan_path = run_dir / f"pipeline_plan{attempt}.json"
             write_json_atomic(plan_path, plan_doc)  # its stages, and a watcher, read it whole
+            launched = time.monotonic()
+            report(Placed("stage", tuple(use), tuple(layer_span(*b) for b in cuts), attempt,
+                          start_step, last_redone))
             procs = []
             for s, d in enumerate(use):
                 log = (run_dir / f"stage{s}.log").open("w")
@@ -258,9 +261,6 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                                                "--out",
                                                str(run_dir / f"stage{s}-attempt{attempt}.json")],
                                            stdout=log, stderr=subprocess.STDOUT)))
-            launched = time.monotonic()
-            report(Placed("stage", tuple(use), tuple(layer_span(*b) for b in cuts), attempt,
-                          start_step, last_redone))
             ready = functools.partial(_all_ready, ready_dir, len(use))
             connected = _ConnectedOnce(ready, "stage", len(use), launched, attempt, report)
             deadline = time.monotonic() + timeout_s
