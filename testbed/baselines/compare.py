@@ -384,15 +384,17 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
     from testbed.emulator.energy import run_energy
     from testbed.perf_model.profiles import load_profile
 
-    if strategy == "pipeline":
+    if strategy == "pipeline":  # every attempt's step runs (restarts redo some steps)
         reports = res["stages"]
-        steps_n = len(reports[0]["step_s"])
-        step_s = [max(r["step_s"][i] for r in reports) / dilation for i in range(steps_n)]
+        runs = [e for e in res["executed"] if isinstance(e.get("wall_s"), (int, float))]
+        step_s = [e["wall_s"] / dilation for e in runs]
+        steps_n = len({e["step"] for e in runs})
     else:  # the PS's step times: replicas come and go under churn
         reports = [r for k, r in res["reports"].items() if k != "ps"]
         step_s = [x / dilation for x in res["reports"]["ps"]["step_s"]]
+        runs = step_s
         steps_n = len(step_s)
-    end_s = res["wall_s"] / dilation if res.get("restarts") or res.get("churn") \
+    end_s = res["wall_s"] / dilation if res.get("restarts") or res.get("churn_events") \
         else sum(step_s)
     specs = {d.name: d for d in topology.devices}
     work: dict[str, tuple[float, float]] = {}  # device -> (busy s, J), every attempt's stages
@@ -420,15 +422,16 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
                       if i < len(rows))
     return {"strategy": strategy, "state": "done", "devices_used": n, "steps_done": steps_n,
             "step_s": statistics.median(step_s), "wall_s": end_s,
-            "down_bytes_per_device_step": sum(d["bytes_down"] for d in devices) / n / steps_n,
-            "up_bytes_per_device_step": sum(d["bytes_up"] for d in devices) / n / steps_n,
+            # bytes per step run, energy per step done (as the simulated rows, _row)
+            "down_bytes_per_device_step": sum(d["bytes_down"] for d in devices) / n / len(runs),
+            "up_bytes_per_device_step": sum(d["bytes_up"] for d in devices) / n / len(runs),
             "energy_j_per_step": total_j / steps_n, "carbon_g_per_step":
             carbon_g(total_j, grid) / steps_n, "energy_j": total_j,
             "carbon_g": carbon_g(total_j, grid), "steps_redone": res.get("steps_redone", 0),
             "restarts": res.get("restarts", 0),
             "sequences_trained": trained, "sequences_asked": asked,
-            "lost_work": (_lost_work(strategy, res, trained, asked) if res.get("churn")
-                          else "no churn replayed"),
+            "lost_work": (_lost_work(strategy, res, trained, asked)
+                          if res.get("churn_events") else "no churn replayed"),
             "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
                     f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
 

@@ -388,6 +388,7 @@ class PipelineSteps:
                 return
             self._waiting.pop(0)
             wall_s = max([rec["step_s"], *(t for t in times if t is not None)])
+            rec["wall_s"] = wall_s  # the step run's time, as the comparison row counts it
             self.report(StepDone(rec["step"], rec["loss"], wall_s, self.dilation,
                                  redo=rec["redo"]))
 

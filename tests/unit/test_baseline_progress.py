@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from testbed.baselines.emulate import (
     ChurnApplied,
     Connected,
@@ -117,3 +119,29 @@ def test_data_parallel_steps_are_the_ps_lines_with_who_was_out(tmp_path: Path) -
     said: list[Progress] = []
     _replica_steps(JsonlTail(path), ["phones-0", "phones-1", "phones-2"], said.append, 1.0)
     assert said == [StepDone(0, 3.0, 0.5, 1.0, replicas=3, out=("phones-1",))]
+
+
+def test_a_restarted_pipeline_counts_every_attempts_steps() -> None:
+    """compare._emulated_row of a pipeline that restarted once after a crash: its steps done
+    are the distinct steps of every attempt (not the last attempt's), its median the step runs'
+    (from each run's slowest stage), its bytes per step run, and its lost work the restarts
+    (it said "no churn replayed": only data-parallel's result has a churn list)."""
+    from testbed.baselines.compare import _emulated_row
+    from testbed.topology import load_topology
+
+    topology = load_topology(Path(__file__).resolve().parents[2] / "topologies" / "default.yaml")
+    stage = {"device": "phones-0", "step_s": [2.0], "device_s": 1.0, "energy_j": 2.0}
+    res = {"stages": [stage], "attempt_reports": [stage, {**stage, "step_s": [2.0, 4.0]}],
+           "executed": [{"step": 0, "loss": 3.0, "wall_s": 2.0},
+                        {"step": 1, "loss": 2.5, "wall_s": 4.0},  # the crash ends step 2
+                        {"step": 1, "loss": 2.5, "wall_s": 2.0, "redo": True},
+                        {"step": 2, "loss": 2.0, "wall_s": 2.0}],
+           "wall_s": 20.0, "restarts": 1, "steps_redone": 2, "churn_events": 1,
+           "links": {"phones-0": {"rx_bytes": 800, "tx_bytes": 400}},
+           "losses": [3.0, 2.5, 2.0]}
+    row = _emulated_row("pipeline", topology, res, 2.0, 475.0)
+    assert row["steps_done"] == 3
+    assert row["step_s"] == 1.0  # the median of 1, 2, 1, 1 device seconds
+    assert row["down_bytes_per_device_step"] == 200 and row["up_bytes_per_device_step"] == 100
+    assert row["energy_j_per_step"] == pytest.approx(row["energy_j"] / 3)
+    assert row["lost_work"] == "2 steps redone after 1 restart(s)"
