@@ -29,6 +29,7 @@ import logging
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -201,14 +202,23 @@ def _does_not_fit(topo: Topology, strategy: str, largest: str) -> dict[str, Any]
 UP_STOP_GRACE_S = 60.0  # what `testbed up` takes to stop its agents and take its network down
 
 
-def _run_up(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """`testbed up` as subprocess.run would run it, except when this command is interrupted:
+def _run_up(argv: list[str], line: Callable[[str], None] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """`testbed up` as subprocess.run would run it, each line of its output also given to
+    ``line`` as it comes (its steps while it runs), except when this command is interrupted:
     then it gets SIGTERM and the time to stop cleanly (subprocess.run would SIGKILL it, which
     leaves its Mininet bridges for `testbed clean`), and the interrupt goes on."""
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
+    out: list[str] = []
+    # its log to a file, not a pipe: a pipe nobody reads while stdout is read could fill
+    with tempfile.TemporaryFile("w+") as err, \
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+        assert proc.stdout is not None
         try:
-            out, err = proc.communicate()
+            for text in proc.stdout:
+                out.append(text)
+                if line is not None:
+                    line(text.rstrip("\n"))
+            proc.wait()
         except KeyboardInterrupt:
             proc.terminate()
             try:
@@ -216,7 +226,8 @@ def _run_up(argv: list[str]) -> subprocess.CompletedProcess[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, "".join(out), err.read())
 
 
 def _that_fit(topology: Topology, strategies: list[str], ps_memory_bytes: int,
@@ -450,7 +461,7 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
     (``topology.churn``, ``schedule_for(topology) -> ChurnSchedule``): every strategy replays
     it. ``progress`` as :func:`compare`'s; ``during(strategy, record)`` with each of a
     baseline's progress records as it runs (:class:`testbed.baselines.emulate.StepDone` and
-    the others, said by ``progress_line``)."""
+    the others, said by ``progress_line``), and with each line tile-tp's `testbed up` prints."""
     import yaml
 
     from testbed.baselines.emulate import emulate_data_parallel, emulate_pipeline
@@ -488,7 +499,9 @@ def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
                 if strategy == "tile-tp":
                     churn = ["--churn", str(topology.churn)] if topology.churn else []
                     done = _run_up([sys.executable, "-m", "testbed.cli", "up", str(path),
-                                    "--no-live", "--out", str(runs), *churn])
+                                    "--no-live", "--out", str(runs), *churn],
+                                   line=(functools.partial(during, strategy)
+                                         if during is not None else None))
                     if done.returncode != 0:
                         raise RuntimeError(f"testbed up exited {done.returncode}: "
                                            f"{done.stderr.strip()[-300:]}")
@@ -759,10 +772,11 @@ def run_compare(args: argparse.Namespace) -> int:
     print(f"comparison directory: {out_dir} ({'simulated' if args.simulate else 'Mininet'})")
     under_way: list[tuple[str, Path]] = []
 
-    def during(strategy: str, record: Any) -> None:  # a baseline's step or churn on Mininet
+    def during(strategy: str, record: Any) -> None:  # a step or churn on Mininet
         from testbed.baselines.emulate import progress_line
 
-        print(f"  {strategy}: {progress_line(record)}", flush=True)
+        text = record if isinstance(record, str) else progress_line(record)  # tile-tp's: lines
+        print(f"  {strategy}: {text}", flush=True)
 
     def progress(strategy: str, run_dir: Path, row: dict[str, Any] | None) -> None:
         if row is None:
@@ -814,9 +828,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "reference row. --simulate: virtual time (testbed simulate's models, "
                     "churn included). Without it: on Mininet (root), tile-tp through testbed "
                     "up, the pipeline and data-parallel as real stage and replica processes "
-                    "(churn replayed by all, DiLoCo rounds included), which print their "
-                    "steps, churn and restarts as they happen, prefixed by the strategy. Exit "
-                    "2 on bad input.")
+                    "(churn replayed by all, DiLoCo rounds included); each strategy's steps, "
+                    "churn and restarts are printed as they happen, prefixed by the strategy. "
+                    "Exit 2 on bad input.")
     p.add_argument("topology", help="the topology YAML file")
     p.add_argument("--churn", type=path_arg,
                    help="churn trace to replay (default: the topology's churn:)")

@@ -145,3 +145,24 @@ def test_a_restarted_pipeline_counts_every_attempts_steps() -> None:
     assert row["down_bytes_per_device_step"] == 200 and row["up_bytes_per_device_step"] == 100
     assert row["energy_j_per_step"] == pytest.approx(row["energy_j"] / 3)
     assert row["lost_work"] == "2 steps redone after 1 restart(s)"
+
+
+def test_compare_reads_tile_tps_lines_as_testbed_up_prints_them() -> None:
+    """compare._run_up hands each line of `testbed up`'s output on as it comes (compare prints
+    it as `  tile-tp: ...`), not when the run ends, and keeps its log apart for the error."""
+    import sys
+    import time
+
+    from testbed.baselines.compare import _run_up
+
+    seen: list[tuple[float, str]] = []
+    code = ("import sys, time\nprint('step 0: loss 5.4', flush=True)\ntime.sleep(1.5)\n"
+            "print('done: 1 step')\nsys.stderr.write('a log line\\n')\nsys.exit(3)\n")
+    started = time.monotonic()
+    done = _run_up([sys.executable, "-c", code],
+                   line=lambda text: seen.append((time.monotonic() - started, text)))
+    ended = time.monotonic() - started
+    assert [text for _, text in seen] == ["step 0: loss 5.4", "done: 1 step"]
+    assert ended - seen[0][0] > 1.0  # the first line came while the run went on
+    assert done.returncode == 3 and done.stdout == "step 0: loss 5.4\ndone: 1 step\n"
+    assert done.stderr == "a log line\n"
