@@ -178,7 +178,7 @@ def _fake_up(step_s: list[float], state: str = "done") -> Any:
     """A stand-in for `testbed up` that writes the run a Mininet run of these steps would."""
     import subprocess
 
-    def fake_up(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    def fake_up(argv: list[str], line: Any = None) -> subprocess.CompletedProcess[str]:
         run_dir = Path(argv[argv.index("--out") + 1]) / "20260101-000000-cmp"
         run_dir.mkdir(parents=True)
         steps = [{"step": i, "device_time_s": s, "bound_s": 1.0} for i, s in enumerate(step_s)]
@@ -284,7 +284,7 @@ def test_emulated_tile_tp_energy_counts_from_its_training_start(tmp_path: Path,
               {"event": "training_start", "elapsed_s": 11.0},
               {"event": "ps_stop", "elapsed_s": 15.0}]
 
-    def fake_up(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    def fake_up(argv: list[str], line: Any = None) -> subprocess.CompletedProcess[str]:
         run_dir = Path(argv[argv.index("--out") + 1]) / "20260101-000000-cmp"
         run_dir.mkdir(parents=True)
         steps = [{"step": i, "device_time_s": 1.0, "bound_s": 0.5} for i in range(2)]
