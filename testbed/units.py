@@ -13,7 +13,7 @@ rate           ``bit kbit Kbit Mbit Gbit`` (per second), bits per second (float)
                GB/s KiB/s MiB/s GiB/s`` (bytes per s)
 duration       ``us ms s min h``                        seconds (float)
 fraction       ``0.5%``                                 fraction in [0, 1] (float)
-size           ``B KB MB GB KiB MiB GiB``               bytes (int)
+size           ``B KB MB GB TB PB KiB MiB GiB TiB PiB``  bytes (int)
 =============  =======================================  ==========================================
 
 Decimal prefixes are powers of 1000 (``1Mbit`` = 1,000,000 bit/s; ``1MB`` = 1,000,000 bytes), binary
@@ -46,8 +46,8 @@ _RATE_BPS = {
 }
 _DURATION_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 _SIZE_BYTES = {
-    "B": 1, "KB": 1000, "kB": 1000, "MB": 1000**2, "GB": 1000**3,
-    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3,
+    "B": 1, "KB": 1000, "kB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4, "PB": 1000**5,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4, "PiB": 1024**5,
 }
 
 
