@@ -1,7 +1,8 @@
 """Files a user names: paths inside a user's files (a topology's profile and data files),
 reading a user's text file (a topology, a churn trace) with a limit, parsing a user's YAML or
 JSON text (:func:`load_user_yaml`, :func:`load_user_json`), and writing the file a command's
-``--out`` or ``-o`` names (a measurement CSV, a trace, a profile, a plot).
+``--out`` or ``-o`` names (a measurement CSV, a trace, a profile, a plot), never over a file the
+command reads (:func:`checked_output`).
 
 Such a name may be anything: ``~someone`` with no such user, a name longer than the file system
 allows, a NUL byte. Each of those names no file, and must come back as one more problem in the
@@ -17,7 +18,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -115,10 +116,30 @@ def input_problem(path: Path) -> str | None:
     return None
 
 
-def output_problem(path: Path) -> str | None:
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two names name one file: the same file when both exist (a symlink to it, a hard
+    link, ``./x`` for ``x``: os.path.samefile), else the same path once made absolute and its
+    symlinks and ``..`` resolved. False where either is a name no file can have."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # one of them is missing, or no file can have its name
+        pass
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
+        return False
+
+
+def output_problem(path: Path, inputs: Iterable[tuple[str, str | Path | None]] = ()
+                   ) -> str | None:
     """Why a command could not write its output file at ``path`` (None when it can), asked
     before the command does its work: a phone's measurement takes minutes, and a name found
     wrong only at the end would lose them. Missing parent directories are fine (they are made).
+
+    ``inputs`` are the files the command reads, each with the argument that named it
+    (``[("measurements", "m.csv")]``; None or empty: not given): an output that is one of them
+    (:func:`same_file`) would replace what the command reads, so ``perf fit m.csv --out m.csv``
+    lost its measurements and ``trace show s.csv --plot s.csv`` made the trace a PNG.
     """
     try:
         mode = os.stat(path).st_mode
@@ -131,6 +152,10 @@ def output_problem(path: Path) -> str | None:
     if mode is not None and not stat.S_ISREG(mode):
         # a device or a FIFO: the new file would be renamed over it (written whole, below)
         return "exists and is not a regular file; expected a file name"
+    for argument, given in inputs:
+        if given and same_file(path, Path(given)):
+            return (f"is the command's input {argument} {given}; expected another file name "
+                    f"(writing it would destroy that input)")
     # The one sure test is to make there what written_whole will make (os.access says yes to
     # root on /proc and /sys): a file beside path, or where its directory is still missing
     # (written_whole makes it), a directory in the nearest one that exists.
@@ -168,11 +193,13 @@ def _temporary_beside(path: Path) -> Path:
     return tmp
 
 
-def checked_output(name: str, option: str) -> Path:
+def checked_output(name: str, option: str,
+                   inputs: Iterable[tuple[str, str | Path | None]] = ()) -> Path:
     """The output file a command's ``option`` names, or InputError (exit 2) saying why no file
-    can be written there (:func:`output_problem`)."""
+    can be written there, ``inputs`` (the files the command reads) included
+    (:func:`output_problem`)."""
     path = Path(name)
-    problem = output_problem(path)
+    problem = output_problem(path, inputs)
     if problem:
         raise InputError(f"{option} {name}", [problem])
     return path

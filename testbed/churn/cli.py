@@ -184,11 +184,13 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         from testbed.churn.fedscale import FedScaleError
 
         try:
-            # the files it will write, before anything is read or made
+            # the files it will write, before anything is read or made, and never one it reads
+            inputs = [(argument, getattr(args, dest, None)) for argument, dest in
+                      (("trace", "trace"), ("source", "source"), ("--topology", "topology"))]
             for option, name in (("-o", getattr(args, "output", None)),
                                  ("--plot", getattr(args, "plot", None))):
                 if name:
-                    checked_output(name, option)
+                    checked_output(name, option, inputs)
             return command(args)
         except (TraceError, FedScaleError, _BadInput, InputError) as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ from testbed.perf_model.measurements import (
 )
 from testbed.perf_model.profiles import (
     ProfileError,
+    find_profile,
     list_profiles,
     load_profile,
     profile_name_problem,
@@ -55,7 +56,7 @@ def _measure(args: argparse.Namespace) -> int:
                               min_sample_s=args.min_sample_s)
     info = runner.describe()
     try:
-        checked_output(args.out, "--out")
+        checked_output(args.out, "--out", [("--shapes", args.shapes)])
         # before minutes of timing: a name the rows cannot hold is refused now, not after
         # writing a file that perf fit refuses (an empty name) or reads as no rows ('#...')
         _device_name_check(args.device, str(info["backend"]))
@@ -136,7 +137,7 @@ _MODEL_SOURCES: dict[str, Any] = {}
 
 def _import(args: argparse.Namespace) -> int:
     try:  # the source read and checked whole before --out is written
-        checked_output(args.out, "--out")
+        checked_output(args.out, "--out", _import_inputs(args.source, args.src))
         if args.backend is not None and args.source != "mlx":
             # it was ignored: `perf import mmperf ... --backend mmperf-ruy` wrote every backend
             raise InputError("--backend", [
@@ -151,6 +152,14 @@ def _import(args: argparse.Namespace) -> int:
     write(args.out, rows)
     print(f"{args.out}: {len(rows)} rows from {args.source}")
     return EXIT_OK
+
+
+def _import_inputs(source: str, src: str) -> list[tuple[str, str | Path]]:
+    """The files ``testbed perf import`` reads: the source, or a vfpbench directory's logs."""
+    inputs: list[tuple[str, str | Path]] = [("src", src)]
+    if source == "vfpbench" and Path(src).is_dir():
+        inputs += [("src", log) for log in sorted(Path(src).glob("*.txt"))]
+    return inputs
 
 
 def _imported(source: str, src: str, backend: str) -> tuple[list[Any], Callable[..., None]]:
@@ -247,7 +256,7 @@ def _fit(args: argparse.Namespace) -> int:
     )
     from testbed.perf_model.profile_schema import model_problems
     try:
-        checked_output(args.out, "--out")
+        checked_output(args.out, "--out", [("measurements", args.measurements)])
         X, y = _load(args.measurements, args.device, args.backend)
         estimator = {"cost": BlasCostRegressor, "ridge": GemmTimeRegressor,
                      "rate": OverheadRateRegressor}[args.model]()
@@ -330,7 +339,8 @@ def format_model_level(names: tuple[str, ...] = ("snapdragon888", "pixel7a")) ->
 def _calibrate(args: argparse.Namespace) -> int:
     from testbed.perf_model.calibrate import calibrate_profile
     try:
-        checked_output(args.out, "--out")
+        checked_output(args.out, "--out", [("base_profile", find_profile(args.base_profile)),
+                                           ("measurements", args.measurements)])
         name = args.name or Path(args.out).stem
         problem = profile_name_problem(name)
         if problem:
