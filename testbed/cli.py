@@ -29,6 +29,7 @@ from testbed.errors import (
     out_of_room,
 )
 from testbed.interrupts import interrupt
+from testbed.user_paths import path_arg
 
 # Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
 # `testbed validate` does not pay for torch.
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "`testbed up` would refuse on its declared network backend "
                                    "(a baseline on loopback, network.ps.listen on Mininet) "
                                    "gets a note saying why.")
-    p.add_argument("topology", help="the topology YAML file")
+    p.add_argument("topology", type=path_arg, help="the topology YAML file")
     p.set_defaults(func=_validate)
     for name in COMMAND_MODULES:
         try:

@@ -1276,9 +1276,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "processes on Mininet (docs/baselines.md). "
                     "Ctrl-C stops everything cleanly. Exit: 0 done, 1 failed, 2 bad input, "
                     "130 interrupted.")
-    p.add_argument("topology", nargs="?", default=None,
+    p.add_argument("topology", nargs="?", default=None, type=path_arg,
                    help="topology YAML file (not with --resume)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", type=path_arg,
                    help="continue a run that stopped (killed, interrupted, its PS died) from its "
                         "newest checkpoint and ledger; refused while a testbed up runs it")
     p.add_argument("--steps", type=int, default=None, help="override job.steps")
@@ -1307,6 +1307,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "With a prefix (tb + 3 characters): remove that network's leftovers. With "
                     "nothing: the leftovers of every recorded network whose owner is gone. "
                     "Never anything else.")
-    c.add_argument("target", nargs="?", help="a run directory or a network prefix")
+    c.add_argument("target", nargs="?", type=path_arg,
+                   help="a run directory or a network prefix")
     c.add_argument("--list", action="store_true", help="only list recorded networks")
     c.set_defaults(func=run_clean)

@@ -34,7 +34,7 @@ from testbed.agent.tls import parse_address
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from testbed.perf_model.measure import SWEEPS
 from testbed.units import SEED, int_arg, positive_duration_arg
-from testbed.user_paths import checked_output
+from testbed.user_paths import checked_output, path_arg
 
 if TYPE_CHECKING:
     from testbed.adb_bridge.client import AdbServer
@@ -212,9 +212,6 @@ def _measure(args: argparse.Namespace) -> int:
         print("error: SERIAL: name the phone (or set ANDROID_SERIAL); `testbed adb devices` "
               "lists them", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.out is not None and not args.out.strip():  # "" fell back to the default name
-        print(f"error: --out: expected a file name, got {args.out!r}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     # one file per phone by default: measuring the next phone keeps this one's figures
     args.out = args.out or f"adb_measurements-{args.serial.replace(os.sep, '_')}.csv"
     checked_output(args.out, "--out")  # before the phone is asked: a sweep takes minutes
@@ -365,7 +362,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "on the phone hits one pass only")
     p.add_argument("--seed", type=SEED, default=0, metavar="N",
                    help="seed of the sweep's random shapes (default 0)")
-    p.add_argument("--out", metavar="FILE",
+    p.add_argument("--out", metavar="FILE", type=path_arg,
                    help="output CSV (default: adb_measurements-SERIAL.csv; an existing "
                         "file is replaced once the sweep is done; missing directories are made)")
     p.add_argument("--phone-port", type=phone_port_arg, default=7700, metavar="PORT",

@@ -31,6 +31,7 @@ from testbed.agent.tls import PinError, normalize, ps_address_arg
 from testbed.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from testbed.names import MAX_NAME_CHARS, NAME_RULE, is_name
 from testbed.units import int_arg
+from testbed.user_paths import path_arg
 from testbed.wire import MAX_IN_FLIGHT
 
 # a joined device says what it has computed this often: from its join to the run's end it said
@@ -81,13 +82,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fingerprint", type=fingerprint_arg, default=None,
                    help="the PS certificate's fingerprint, sha256:... (default: "
                         "$TESTBED_TLS_FINGERPRINT)")
-    p.add_argument("--token-file", default=None,
+    p.add_argument("--token-file", default=None, type=path_arg,
                    help="file holding the run's join token (default: $TESTBED_TOKEN_FILE, "
                         "else $TESTBED_TOKEN)")
     p.add_argument("--name", type=device_name_arg, default=default_name(socket.gethostname()),
                    help="device name in the run's records: lower-case letters, digits and "
                         "'-', at most 24 (default: this host's name, made one)")
-    p.add_argument("--profile", default="",
+    p.add_argument("--profile", default=None, type=path_arg,
                    help="device profile (name or path) whose sustained GFLOPS the PS starts "
                         "from; the PS then learns the real speed from the tiles")
     p.add_argument("--max-in-flight", type=int_arg(1, MAX_IN_FLIGHT), default=2,

@@ -210,7 +210,8 @@ def add_parser(subparsers: Any) -> None:
                          description="Alternate sessions and absences per device, drawn from "
                                      "exponential or Weibull distributions, optionally with a "
                                      "daily availability cycle.")
-    gen.add_argument("--topology", required=True, help="topology YAML naming the devices")
+    gen.add_argument("--topology", required=True, type=path_arg,
+                     help="topology YAML naming the devices")
     gen.add_argument("--groups", help="comma-separated groups to churn (default: all)")
     gen.add_argument("--duration", type=units.duration_arg, required=True,
                      help="trace length, 1ms to a year, e.g. 10min")
@@ -235,14 +236,16 @@ def add_parser(subparsers: Any) -> None:
     gen.add_argument("--crash-fraction", type=float, default=0.0,
                      help="share of departures that are crashes (default 0)")
     gen.add_argument("--seed", type=units.SEED, help="default: the topology's seed")
-    gen.add_argument("-o", "--output", help="trace file to write (default: stdout)")
+    gen.add_argument("-o", "--output", type=path_arg,
+                     help="trace file to write (default: stdout)")
     gen.set_defaults(func=_guarded(_cmd_gen))
 
     show = sub.add_parser("show", help="validate a trace and summarize it; --plot draws it",
                           description="Print a trace's events by kind and, with --topology, "
                                       "the devices it touches and availability over time.")
-    show.add_argument("trace", help="the trace CSV file")
-    show.add_argument("--topology", help="topology YAML: check names, expand groups")
+    show.add_argument("trace", type=path_arg, help="the trace CSV file")
+    show.add_argument("--topology", type=path_arg,
+                      help="topology YAML: check names, expand groups")
     show.add_argument("--seed", type=units.SEED,
                       help="seed for selectors (default: the topology's)")
     show.add_argument("--bins", type=units.int_arg(1, 1000), default=10,
@@ -257,8 +260,9 @@ def add_parser(subparsers: Any) -> None:
                                      "restricted unpickler); sessions: a CSV "
                                      "'device,start_s,end_s'.")
     imp.add_argument("kind", choices=("fedscale", "sessions"))
-    imp.add_argument("source", help="the file to import")
-    imp.add_argument("--topology", required=True, help="topology YAML naming the devices")
+    imp.add_argument("source", type=path_arg, help="the file to import")
+    imp.add_argument("--topology", required=True, type=path_arg,
+                     help="topology YAML naming the devices")
     imp.add_argument("--start", type=units.duration_arg, default=None,
                      help="fedscale: trace time that becomes time 0 (default 0s)")
     imp.add_argument("--duration", type=units.duration_arg, default=None,
@@ -266,5 +270,6 @@ def add_parser(subparsers: Any) -> None:
     imp.add_argument("--time-scale", type=float, default=None,
                      help="fedscale: divide trace times by this (default 1; 60: an hour "
                           "replays in a minute)")
-    imp.add_argument("-o", "--output", help="trace file to write (default: stdout)")
+    imp.add_argument("-o", "--output", type=path_arg,
+                     help="trace file to write (default: stdout)")
     imp.set_defaults(func=_guarded(_cmd_import))

@@ -39,7 +39,7 @@ from testbed.perf_model.profiles import (
 )
 from testbed.schema import Schema, problem_pairs
 from testbed.units import SEED, format_bytes, int_arg, number_arg
-from testbed.user_paths import checked_output, written_whole
+from testbed.user_paths import checked_output, path_arg, written_whole
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -588,9 +588,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     size.add_argument("--quick", action="store_true", help="150 shapes, about a minute with the "
                       "default passes (default)")
     size.add_argument("--full", action="store_true", help="600 shapes")
-    size.add_argument("--shapes", metavar="FILE.csv", default="",
+    size.add_argument("--shapes", metavar="FILE.csv", type=path_arg,
                       help="time these shapes instead (columns m, k, n; e.g. 5 to calibrate)")
-    p.add_argument("--out", default="perf_measurements.csv",
+    p.add_argument("--out", default="perf_measurements.csv", type=path_arg,
                    help="output CSV, written at the end (default: perf_measurements.csv)")
     p.add_argument("--device", default="host", help="device name written into the rows")
     p.add_argument("--threads", type=int_arg(1, 1024), default=1,
@@ -615,9 +615,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                        "tf-sd835", "ncnn", "paddle-lite", "xnnpack"),
                    help="mnn/mmperf/tf-sd835 give per-shape GEMM rows; ncnn, paddle-lite and "
                         "xnnpack whole-model times")
-    p.add_argument("src", help="source file (vfpbench: a log or the log directory)")
-    p.add_argument("--out", required=True, help="CSV to write (replaced once the source is "
-                   "read whole; missing directories are made)")
+    p.add_argument("src", type=path_arg,
+                   help="source file (vfpbench: a log or the log directory)")
+    p.add_argument("--out", required=True, type=path_arg,
+                   help="CSV to write (replaced once the source is read whole; missing "
+                        "directories are made)")
     p.add_argument("--backend", help="mlx only: the backend to keep, or 'all' (default: cpu)")
     p.set_defaults(func=_import)
 
@@ -627,13 +629,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("eval", _eval, "held-out scores of every model family (the cost model as "
                             "'fitted', rate, constant, ridge, roofline) on one set of rows")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("measurements", help="measurement CSV")
+        p.add_argument("measurements", type=path_arg, help="measurement CSV")
         p.add_argument("--device", help="only rows of this device (a file of several "
                                         "devices needs it)")
         p.add_argument("--backend", help="only rows of this backend/library (a file of several "
                                          "needs it)")
         if name == "fit":
-            p.add_argument("--out", required=True, help="YAML file for the model section")
+            p.add_argument("--out", required=True, type=path_arg,
+                           help="YAML file for the model section")
             p.add_argument("--model", choices=("cost", "ridge", "rate"), default="cost",
                            help="cost: blocked-BLAS cost model (default, the host); rate: "
                                 "overhead + monotone capped rate (phones, laptops); ridge: "
@@ -652,9 +655,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                          "shapes of it: the "
                                          "base profile's shape curve, the device's own level "
                                          "and overhead")
-    p.add_argument("base_profile", help="profile name or path whose shape curve to keep")
-    p.add_argument("measurements", help="measurement CSV (testbed perf measure / adb measure)")
-    p.add_argument("--out", required=True, help="profile YAML to write")
+    p.add_argument("base_profile", type=path_arg,
+                   help="profile name or path whose shape curve to keep")
+    p.add_argument("measurements", type=path_arg,
+                   help="measurement CSV (testbed perf measure / adb measure)")
+    p.add_argument("--out", required=True, type=path_arg, help="profile YAML to write")
     p.add_argument("--device", help="only rows of this device (default: the file's only one)")
     p.add_argument("--backend", help="only rows of this backend/library (a file may hold "
                                      "several of one device, e.g. mmperf's)")
@@ -665,15 +670,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                        "GEMM (no noise, cold); CSV m,k,n,seconds",
                        # one shape or a file: argparse's own usage would say [M K N ...]
                        usage="%(prog)s [-h] profile (M K N | --shapes FILE.csv)")
-    p.add_argument("profile", help="profile name or path")
+    p.add_argument("profile", type=path_arg, help="profile name or path")
     p.add_argument("mkn", nargs="*", metavar="M K N",
                    help="one GEMM, C[M x N] = A[M x K] B[K x N] (several: --shapes)")
-    p.add_argument("--shapes", metavar="FILE.csv",
+    p.add_argument("--shapes", metavar="FILE.csv", type=path_arg,
                    help="CSV with columns m, k, n (one GEMM per row)")
     p.set_defaults(func=_predict)
 
     p = sub.add_parser("show", help="a profile's provenance and evaluation figures")
-    p.add_argument("profile", nargs="?", help="profile name or path (none: the list)")
+    p.add_argument("profile", nargs="?", type=path_arg,
+                   help="profile name or path (none: the list)")
     p.add_argument("--list", action="store_true",
                    help="list shipped profiles: name, kind, GFLOP/s at a 128x1024x128 tile, "
                         "description")

@@ -119,7 +119,7 @@ def test_measure_refuses_an_empty_out(closed_port: int, tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     assert main(["adb", "measure", "M1", "--out", "", "--adb",
                  f"127.0.0.1:{closed_port}"]) == 2
-    assert capsys.readouterr().err == "error: --out: expected a file name, got ''\n"
+    assert "argument --out: expected a path, got an empty string" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

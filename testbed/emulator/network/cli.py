@@ -16,6 +16,7 @@ from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from testbed.names import is_name
 from testbed.topology import DeviceSpec, TopologyError, load_topology
 from testbed.units import int_arg, number_arg
+from testbed.user_paths import path_arg
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ def add_parser(subparsers: Any) -> None:
                     "input (nothing started).")
     # optional for argparse only: `--devices a b TOPOLOGY` gives --devices every name, and
     # run_check takes the topology back from there (argparse said "required: topology")
-    p.add_argument("topology", nargs="?", metavar="TOPOLOGY", help="the topology YAML file")
+    p.add_argument("topology", nargs="?", metavar="TOPOLOGY", type=path_arg,
+                   help="the topology YAML file")
     p.add_argument("--tolerance", type=number_arg(0, 1, above_low=True), default=0.10,
                    metavar="FRACTION",
                    help="relative tolerance, a fraction above 0 up to 1 (default 0.10, i.e. "
