@@ -69,6 +69,10 @@ def _devices(topology: Any, only_groups: str | None) -> list[str]:
 def _emit(events: Sequence[TraceEvent], comments: list[str], topology: Any, seed: int,
           output: str | None) -> int:
     """Check the trace text against the topology, then write it to a file or stdout."""
+    if not events:  # every run refuses a trace without events (churn.trace.NO_EVENTS)
+        raise _BadInput(f"the trace made for {output or 'stdout'} has no events (not written): "
+                        f"every device would stay as it starts, and a run without churn needs "
+                        f"no trace")
     text = format_trace(events, comments)
     # a problem here is the command's own, in a trace nobody wrote yet: say so, not "<file>: line"
     made = f"the trace made for {output or 'stdout'} (not written)"

@@ -40,6 +40,8 @@ Naming and units, written down once:
   starts absent; every other device starts present. A ``join``/``leave``/``crash`` at time 0
   sets the starting state instead of being replayed, so ``0,phones-3,leave`` keeps phones-3
   away from the start.
+* **At least one event.** A header with no row after it is refused: a trace without events is
+  a run without churn, and replayed as one it looked like a quiet run.
 
 Every problem is reported with its line number, all of them at once (:class:`TraceError`). A
 line longer than :data:`MAX_LINE_CHARS` is refused without being split into cells: no row of a
@@ -73,6 +75,8 @@ MAX_TRACE_BYTES = 256 * 1024**2
 PRECISION_DIGITS = 3  # a trace row keeps times to the millisecond
 MAX_TIME_S = 365 * 86_400.0  # a year: the latest time a trace (or session list) may name
 MAX_SLOW_FACTOR = MAX_STRAGGLER_FACTOR  # one cap for 'slow' and a topology's straggler factor
+NO_EVENTS = (f"no event rows after the header; expected one row per event ({HEADER}) (a run "
+             "without churn needs no trace: leave out --churn, or the topology's churn:)")
 
 
 class ChurnEvent(str, Enum):
@@ -266,8 +270,10 @@ def parse_trace(text: str, source: str = "<trace>",
     unit_s: float | None = None
     unit_name = "s"
     last_time_s, last_line = 0.0, 0
+    header_line, rows = 0, 0
     for number, cells in data_rows(text, problems):
         if unit_s is None:
+            header_line = number
             unit_s, problem = _header_problem(cells)
             unit_name = cells[0].strip().removeprefix("time_") if not problem else "s"
             if problem:
@@ -277,6 +283,7 @@ def parse_trace(text: str, source: str = "<trace>",
                 unit_s = 1.0  # no header at all: this is a data row, check it too
             else:
                 continue
+        rows += 1
         cells = [c.strip() for c in cells]
         if len(cells) == 3:
             cells.append("")
@@ -297,6 +304,10 @@ def parse_trace(text: str, source: str = "<trace>",
             events.append(TraceEvent(time_s, cells[1], event, factor, number))
     if unit_s is None:
         problems.append(f"line 1: the trace is empty; expected the header {HEADER!r}")
+    elif not rows and not problems:
+        # it ran as no churn at all, without a word: a wrong or cut file, as a session list
+        # with no row is (testbed.churn.sessions)
+        problems.append(f"line {header_line}: {NO_EVENTS}")
     if groups is not None:
         problems.extend(name_problems(events, groups))
         problems.sort(key=lambda p: int(p.split(":", 1)[0].removeprefix("line ")))

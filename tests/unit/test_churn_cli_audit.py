@@ -41,13 +41,17 @@ def test_import_of_a_session_list_without_rows_is_refused(tmp_path: Path, capsys
     assert not out.exists()
 
 
-def test_a_session_list_of_present_devices_still_imports(tmp_path: Path) -> None:
-    src = tmp_path / "s.csv"  # present all along: no event, but a list that says so
+def test_a_session_list_of_present_devices_makes_no_trace(tmp_path: Path, capsys) -> None:
+    """Present all along: a valid list, but a trace of no event, which every run refuses
+    (churn.trace.NO_EVENTS). It was written, a header alone, exit 0."""
+    src = tmp_path / "s.csv"
     src.write_text("device,start_s,end_s\nphones-0,0,\n")
     out = tmp_path / "t.csv"
     assert main(["trace", "import", "sessions", str(src), "--topology", TOPOLOGY,
-                 "-o", str(out)]) == 0
-    assert out.read_text().splitlines()[-1] == "time_s,device,event,arg"
+                 "-o", str(out)]) == 2
+    assert f"error: the trace made for {out} has no events (not written)" in \
+        capsys.readouterr().err
+    assert not out.exists()
 
 
 def _pickle(tmp_path: Path) -> str:
