@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from testbed import units
 from testbed.churn.generate import MAX_SHAPE, MIN_SHAPE
-from testbed.churn.schedule import build_schedule, groups_of
+from testbed.churn.schedule import NEVER_REACHABLE, build_schedule, groups_of
 from testbed.churn.trace import TraceError, TraceEvent, format_trace, load_trace, parse_trace
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
 from testbed.topology import TopologyError, load_topology
@@ -77,6 +77,8 @@ def _emit(events: Sequence[TraceEvent], comments: list[str], topology: Any, seed
     # a problem here is the command's own, in a trace nobody wrote yet: say so, not "<file>: line"
     made = f"the trace made for {output or 'stdout'} (not written)"
     schedule = build_schedule(parse_trace(text, made), groups_of(topology), seed)
+    if not schedule.ever_reachable():  # as every run would refuse it
+        raise _BadInput(f"{made}: {NEVER_REACHABLE}")
     if output:
         with written_whole(Path(output)) as handle:
             handle.write(text)
@@ -166,6 +168,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     groups = groups_of(topology)
     trace = load_trace(args.trace, groups)
     schedule = build_schedule(trace, groups, seed)
+    if not schedule.ever_reachable():  # refused by every run (validate, simulate, up)
+        raise _BadInput(f"{args.trace}: {NEVER_REACHABLE}")
     for line in trace_summary(trace):
         print(line)
     print(f"topology {topology.name}")
@@ -254,7 +258,8 @@ def add_parser(subparsers: Any) -> None:
                       help="seed for selectors (default: the topology's)")
     show.add_argument("--bins", type=units.int_arg(1, 1000), default=10,
                       help="intervals of the availability table: it prints BINS + 1 evenly "
-                           "spaced times, 0 to the last event (default 10)")
+                           "spaced times, 0 to the last event (one, 0, when every event is at "
+                           "0; default 10)")
     show.add_argument("--plot", metavar="FILE", type=path_arg,
                       help="draw the timeline into this PNG")
     show.set_defaults(func=_guarded(_cmd_show))

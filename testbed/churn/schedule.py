@@ -40,6 +40,9 @@ PRESENCE_EVENTS = (ChurnEvent.JOIN, ChurnEvent.LEAVE, ChurnEvent.CRASH)
 # import` may write rows: a row naming a group acts on each of its devices, and 300 such rows
 # (8 KB) over a group of 10,000 took 1.8 GB and 25 s before the run, 3,000 rows past 3.6 GB
 MAX_ACTIONS = 1_000_000
+# why a run refuses a schedule that is not ChurnSchedule.ever_reachable (testbed.up's words)
+NEVER_REACHABLE = ("no device is ever present and reachable (each is gone or cut off from time 0 "
+                   "on, and none joins or heals), so no step could make progress")
 
 
 @dataclass(frozen=True)

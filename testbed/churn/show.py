@@ -2,13 +2,15 @@
 
 The text summary needs no topology (rows by event, names used, time span); with a schedule (a
 topology was given) it adds the starting state, device actions by event and device, and the
-availability over time: at ``bins + 1`` evenly spaced times, the devices present and the devices
-present and reachable (not partitioned). The plot is a timeline, one row per device (present:
-bar, partitioned: hatched red, crash: x, slow: its factor), over the availability curve.
+availability over time: at ``bins + 1`` evenly spaced times from 0 to the last action (one, 0,
+when every action is at 0), the devices present and the devices present and reachable (not
+partitioned). The plot is a timeline, one row per device (present: bar, partitioned: hatched
+red, crash: x, slow: its factor), over the availability curve.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -18,8 +20,19 @@ from testbed.user_paths import written_whole
 
 
 def _time_grid(end_s: float, bins: int) -> list[float]:
-    end_s = max(end_s, 1.0)
+    """``bins + 1`` evenly spaced times from 0 to the last action, the span the trace's header
+    line states (a floor of 1 s ran the rows to t=1.0 s under a header of "0 .. 0 s"); one, 0,
+    when every action is at 0."""
+    if end_s <= 0:
+        return [0.0]
     return [end_s * i / bins for i in range(bins + 1)]
+
+
+def _time_digits(times_s: list[float]) -> int:
+    """Decimals that tell the grid's times apart: one, up to three (a trace row's millisecond)
+    for a grid finer than a tenth of a second."""
+    step_s = times_s[1] - times_s[0] if len(times_s) > 1 else 1.0
+    return 1 if step_s >= 0.1 else min(3, math.ceil(-math.log10(step_s)))
 
 
 NAMES_LISTED = 12  # more names than this are counted per name stem (group-N)
@@ -87,8 +100,9 @@ def schedule_summary(schedule: ChurnSchedule, bins: int = 10) -> list[str]:
     scale = f"; a bar character is {n / BAR_WIDTH:.3g} devices" if n > BAR_WIDTH else ""
     lines.append(f"availability over time (present / reachable of {n}{scale}):")
     times = _time_grid(schedule.duration_s, bins)
+    digits = _time_digits(times)
     for t, (present, reachable) in zip(times, schedule.availability(times)):
-        lines.append(f"  t={t:>9.1f} s  {present:>3} {reachable:>3}  "
+        lines.append(f"  t={t:>9.{digits}f} s  {present:>3} {reachable:>3}  "
                      f"{_bar(n, present, reachable)}")
     return lines
 
