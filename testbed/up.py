@@ -1290,9 +1290,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "one line per step")
     p.add_argument("--churn", type=path_arg, default=None,
                    help="churn trace CSV (overrides the topology's)")
-    p.add_argument("--join-timeout", type=number_arg(0, 86_400), default=60.0,
+    p.add_argument("--join-timeout", type=number_arg(0, 86_400), default=60.0, metavar="S",
                    help="seconds without a new device attaching (from the PS's start, then "
-                   "from the last arrival) before training starts with those present")
+                   "from the last arrival) before training starts with those present, 0 to "
+                   "86400 (default 60)")
     p.add_argument("--trace-tiles", action="store_true",
                    help="write RUN_DIR/tiles.jsonl: every accepted tile's times (handed out, "
                         "arrived, started, done, accepted), its modelled compute_s and result "

@@ -90,7 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "'-', at most 24 (default: this host's name, made one)")
     p.add_argument("--profile", default=None, type=path_arg,
                    help="device profile (name or path) whose sustained GFLOPS the PS starts "
-                        "from; the PS then learns the real speed from the tiles")
+                        "from; the PS then learns the real speed from the tiles (default: "
+                        "none, a start from 1 GFLOPS)")
     p.add_argument("--max-in-flight", type=int_arg(1, MAX_IN_FLIGHT), default=2,
                    help=f"tiles outstanding at most (1 to {MAX_IN_FLIGHT}; default 2)")
     p.set_defaults(func=_join)

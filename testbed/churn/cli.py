@@ -227,7 +227,8 @@ def add_parser(subparsers: Any) -> None:
                      help="mean time a device stays, 1ms to a year, e.g. 2min")
     gen.add_argument("--absence-mean", type=units.duration_arg, required=True,
                      help="mean time a device stays away, 1ms to a year, e.g. 30s")
-    gen.add_argument("--dist", choices=("exponential", "weibull"), default="exponential")
+    gen.add_argument("--dist", choices=("exponential", "weibull"), default="exponential",
+                     help="distribution of session and absence lengths (default exponential)")
     gen.add_argument("--shape", type=float, default=None,
                      help=f"Weibull shape k, with --dist weibull only (refused otherwise), "
                           f"{MIN_SHAPE:g} to {MAX_SHAPE:g} (default 1; < 1: heavy-tailed). "
@@ -268,7 +269,8 @@ def add_parser(subparsers: Any) -> None:
                          description="fedscale: a client_behave_trace pickle (loaded with a "
                                      "restricted unpickler); sessions: a CSV "
                                      "'device,start_s,end_s'.")
-    imp.add_argument("kind", choices=("fedscale", "sessions"))
+    imp.add_argument("kind", choices=("fedscale", "sessions"),
+                     help="the source's format (see the description above)")
     imp.add_argument("source", type=path_arg, help="the file to import")
     imp.add_argument("--topology", required=True, type=path_arg,
                      help="topology YAML naming the devices")

@@ -592,20 +592,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="time these shapes instead (columns m, k, n; e.g. 5 to calibrate)")
     p.add_argument("--out", default="perf_measurements.csv", type=path_arg,
                    help="output CSV, written at the end (default: perf_measurements.csv)")
-    p.add_argument("--device", default="host", help="device name written into the rows")
+    p.add_argument("--device", default="host",
+                   help="device name written into the rows (default host)")
     p.add_argument("--threads", type=int_arg(1, 1024), default=1,
-                   help="BLAS threads (agents use 1)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+                   help="BLAS threads, 1 to 1024 (default 1, as agents use)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="element type of the matrices (default float32)")
     p.add_argument("--warmup", type=int_arg(0, 1000), default=1,
-                   help="warm-up calls per shape and pass")
+                   help="warm-up calls per shape and pass, 0 to 1000 (default 1)")
     p.add_argument("--repeats", type=int_arg(1, 10_000), default=3,
-                   help="samples per shape and pass")
+                   help="samples per shape and pass, 1 to 10,000 (default 3)")
     p.add_argument("--passes", type=int_arg(1, 100_000), default=40,
-                   help="sweeps over all shapes, round-robin (quick: ~1.3 s each here)")
-    p.add_argument("--min-sample-s", type=number_arg(0, 60), default=2e-4,
-                   help="a sample loops the call until it lasts this long")
+                   help="sweeps over all shapes, round-robin, 1 to 100,000 (default 40; quick: "
+                        "~1.3 s each here)")
+    p.add_argument("--min-sample-s", type=number_arg(0, 60), default=2e-4, metavar="S",
+                   help="a sample loops the call until it lasts this long, seconds, 0 to 60 "
+                        "(default 0.0002)")
     p.add_argument("--statistic", choices=("min", "median"), default="min",
-                   help="figure per shape over its samples (min: noise only adds time)")
+                   help="figure per shape over its samples (default min: noise only adds "
+                        "time)")
     p.add_argument("--seed", type=SEED, default=0,
                    help="seed of the --quick/--full shape draw (default 0)")
     p.set_defaults(func=_measure)
