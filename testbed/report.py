@@ -41,6 +41,7 @@ from testbed.user_paths import (
     is_file,
     load_user_json,
     output_problem,
+    path_arg,
     read_user_text,
     written_whole,
 )
@@ -698,5 +699,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="plots and a summary page for a run directory",
                        description="Write report.png and report.md into a run directory from "
                                    "its steps, events and summary.")
-    p.add_argument("run_dir", help="the run directory")
+    p.add_argument("run_dir", type=path_arg, help="the run directory")
     p.set_defaults(func=_run)

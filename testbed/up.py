@@ -64,7 +64,7 @@ from typing import Any, Callable
 import yaml
 
 from testbed.capacity import device_cache_bytes
-from testbed.churn.schedule import ChurnSchedule
+from testbed.churn.schedule import NEVER_REACHABLE, ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
 from testbed.emulator.network.base import Network
 from testbed.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, InputError
@@ -715,9 +715,7 @@ def load_run_inputs(topology_path: str | Path, *, steps: int | None = None,
             print(f"error: {given}{churn}: {exc.strerror}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if not schedule.ever_reachable():  # a partition at 0 with no heal ran to a stall
-            print(f"error: {given}{churn}: no device is ever present and reachable (each is "
-                  "gone or cut off from time 0 on, and none joins or heals), so no step could "
-                  "make progress", file=sys.stderr)
+            print(f"error: {given}{churn}: {NEVER_REACHABLE}", file=sys.stderr)
             return EXIT_BAD_INPUT
     from testbed.emulator.network.base import loss_without_delay
     for note in loss_without_delay(topology):  # valid, but likely not what was meant

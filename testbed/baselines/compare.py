@@ -831,7 +831,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(churn replayed by all, DiLoCo rounds included); each strategy's steps, "
                     "churn and restarts are printed as they happen, prefixed by the strategy. "
                     "Exit 2 on bad input.")
-    p.add_argument("topology", help="the topology YAML file")
+    p.add_argument("topology", type=path_arg, help="the topology YAML file")
     p.add_argument("--churn", type=path_arg,
                    help="churn trace to replay (default: the topology's churn:)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
@@ -842,8 +842,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="training steps (default: the topology's)")
     p.add_argument("--out", type=path_arg, default="runs",
                    help="parent of the comparison directory (default: runs)")
-    p.add_argument("--gpu", default="a5000",
-                   help="GPU reference: a shipped name (a5000) or a YAML file of the same keys")
+    p.add_argument("--gpu", type=path_arg, default="a5000",
+                   help="GPU reference: a shipped name or a YAML file of the same keys "
+                        "(default: a5000)")
     p.add_argument("--grid-g-per-kwh", type=number_arg(0, 1e5), default=DEFAULT_GRID_G_PER_KWH,
                    help="the edge devices' grid carbon intensity, gCO2e/kWh (default "
                         f"{DEFAULT_GRID_G_PER_KWH:g}: world average, IEA 2019)")

@@ -73,9 +73,6 @@ NOT_PATHS = {
     ("adb devices", "--adb"), ("adb doctor", "--adb"), ("adb doctor", "serial"),
     ("adb measure", "--adb"), ("adb measure", "serial"), ("net check", "--devices"),
 }
-# Paths in the parsers of testbed/report.py and testbed/baselines/compare.py, which another
-# change owns: `report ""` and `compare ""` still say `.`; they want type=path_arg too.
-NOT_YET = {("compare", "topology"), ("compare", "--gpu"), ("report", "run_dir")}
 
 
 def _text_arguments() -> list[tuple[str, str, argparse.Action]]:
@@ -98,7 +95,7 @@ def _text_arguments() -> list[tuple[str, str, argparse.Action]]:
 
 def test_every_path_argument_is_a_path_arg() -> None:
     untyped = [(command, argument) for command, argument, action in _text_arguments()
-               if action.type is not path_arg and (command, argument) not in NOT_PATHS | NOT_YET]
+               if action.type is not path_arg and (command, argument) not in NOT_PATHS]
     assert untyped == []
     typed = {(command, argument) for command, argument, action in _text_arguments()
              if action.type is path_arg}
