@@ -167,10 +167,16 @@ class StepPlanner:
         self._gemms: list[BoundGemm] = []
         self._seen: dict[str, DeviceSlot] = {}
         self._fair_links: dict[tuple[int, ...], dict[str, tuple[float, float, float]]] = {}
+        # the links of the counts in force (_step_counts, as an object): _plan_links's last
+        self._links_of: tuple[dict[str, int] | None, dict[str, tuple[float, float, float]]] \
+            | None = None
         # the order this step's plans met its devices in (device id -> place): those present at
         # its first plan by name, a device that joins later after them, so a joiner takes a
         # place a departure left rather than displace a device that holds the step's blocks
         self._order: dict[str, int] = {}
+        # ... and each device's place among its group's then (its backward pair half)
+        self._places: dict[str, int] = {}
+        self._group_met: dict[str, int] = {}  # group -> the last place given
         self._min_down = self._min_up = 0.0
         self._sat_out: dict[str, str] = {}  # group -> the first reason it sat out
         self._sat_count: dict[tuple[str, str], int] = {}  # (group, pass) -> GEMMs sat out
@@ -221,6 +227,8 @@ class StepPlanner:
         (``config.plan_links``: while all the topology's move data), taken again for this step's
         counts: with a tenth of large's phones-a gone, each of the rest plans with a tenth more
         of its access point. A group with none counted keeps its share of the topology's."""
+        if self._links_of is not None and self._links_of[0] is self._step_counts:
+            return self._links_of[1]  # asked per device per GEMM: once per set of counts
         counts = self._counts()
         key = tuple(counts.values())
         links = self._fair_links.get(key)
@@ -234,32 +242,53 @@ class StepPlanner:
                 shares = group_fair_shares_Bps(counts, own, paths, capacity)
                 links.update({g: (*shares[g], self.config.group_links[g][2]) for g in shares})
             self._fair_links[key] = links
+        self._links_of = (self._step_counts, links)
         return links
 
     def _own_link(self, group: str) -> tuple[float, float, float]:
         """The group's link as the bound counts it: what its own path carries."""
         return self.config.group_links.get(group, (INF, INF, 0.0))
 
+    def _meet(self, slots: list[DeviceSlot]) -> None:
+        """Devices a GEMM of this step sees: each new one takes the next place of the step
+        (:attr:`_order`) and of its group (:attr:`_places`), by name among those met together;
+        the bound counts each (:meth:`saw`)."""
+        for s in sorted(slots, key=lambda s: (s.name, s.device_id)):
+            if s.device_id not in self._order:
+                self._order[s.device_id] = len(self._order)
+                self._places[s.device_id] = self._group_met[s.group] = \
+                    self._group_met.get(s.group, -1) + 1
+            self.saw(s)
+
     def _in_order(self, slot: DeviceSlot) -> tuple[int, str, str]:
         """A device's place in this step (:attr:`_order`), then its name."""
         return (self._order.get(slot.device_id, len(self._order)), slot.name, slot.device_id)
 
+    def _in_group(self, slot: DeviceSlot) -> int | None:
+        """A device's place among its group's in this step (:attr:`_places`; None before the
+        step's first GEMM met it, as when plans are prepared between steps): its pair half."""
+        return self._places.get(slot.device_id)
+
     @staticmethod
     def half_of(slots: list[DeviceSlot], half: int | None,
-                order: Callable[[DeviceSlot], tuple[Any, ...]] = lambda s: (s.name, s.device_id)
+                place: Callable[[DeviceSlot], int | None] = lambda _s: None
                 ) -> list[DeviceSlot]:
-        """The devices of one GEMM of a backward pair: every other device of each group in
-        ``order`` (the planner's: this step's, :meth:`_in_order`; ``half`` 0 takes the first);
-        all of them when ``half`` is None or the half is empty."""
+        """The devices of one GEMM of a backward pair: every other device of each group, a
+        device's half its place in its group mod 2 (``half`` 0 takes the even places); all of
+        them when ``half`` is None or the half is empty. The places are ``place``'s (the
+        planner's: where its step met the device, :meth:`_in_group`, so a device keeps its half
+        while others come and go), where it gives none by name among ``slots``."""
         if half is None:
             return slots
+        present = sorted((s for s in slots if not s.quarantined),
+                         key=lambda s: (s.group, s.name, s.device_id))
         seen: dict[str, int] = {}
         out = []
-        for s in sorted((s for s in slots if not s.quarantined),
-                        key=lambda s: (s.group, *order(s))):
-            i = seen.get(s.group, 0)
-            seen[s.group] = i + 1
-            if i % 2 == half:
+        for s in present:
+            by_name = seen.get(s.group, 0)
+            seen[s.group] = by_name + 1
+            met = place(s)
+            if (by_name if met is None else met) % 2 == half:
                 out.append(s)
         return out or slots
 
@@ -328,7 +357,8 @@ class StepPlanner:
         plan depends only on the topology (:meth:`_static`), else the devices present."""
         if self._static(slots):
             return (*shape, tuple(self._counts().values()))
-        return (*shape, tuple(sorted(s.device_id for s in slots if not s.quarantined)))
+        return (*shape, tuple(self._counts().values()),  # the links follow the counts
+                tuple(sorted(s.device_id for s in slots if not s.quarantined)))
 
     def _static(self, slots: list[DeviceSlot]) -> bool:
         """Whether the plan depends only on the topology and the step's counts of its groups
@@ -422,9 +452,7 @@ class StepPlanner:
         """:meth:`plan`'s work."""
         slots = list(slots)
         self._adopt(slots)
-        for s in sorted(slots, key=lambda s: (s.name, s.device_id)):
-            self._order.setdefault(s.device_id, len(self._order))
-            self.saw(s)
+        self._meet(slots)
         gemm = bound_gemm(job)
         self._gemms.append(gemm)
         m, k, n, item = gemm.m, gemm.k, gemm.n, gemm.itemsize
@@ -460,7 +488,7 @@ class StepPlanner:
             elif not self._split_pair(dx, item, slots)[0]:
                 half, spread = None, dx
         if plan is None:
-            mine = self.half_of(slots, half, self._in_order)
+            mine = self.half_of(slots, half, self._in_group)
             if mine is slots:
                 half = None
             plan = self._plan_for(m, k, n, item, mine, half)
@@ -573,7 +601,7 @@ class StepPlanner:
         if known is not None:
             return known
         t, o, i = dx
-        halves = [self.half_of(slots, h, self._in_order) for h in (0, 1)]
+        halves = [self.half_of(slots, h, self._in_group) for h in (0, 1)]
         split, predicted_s = False, INF
         spread = [self._plan_for(t, o, i, item, slots), self._plan_for(o, t, i, item, slots)]
         if spread[0] is not None and spread[1] is not None:
@@ -710,7 +738,9 @@ class StepPlanner:
 
     def _plan_for(self, m: int, k: int, n: int, item: int, slots: list[DeviceSlot],
                   half: int | None = None) -> GemmPlan | None:
-        key = (m, k, n, item, half, tuple(self._counts(half).values()))
+        # the whole counts, not the half's: the links a plan weighs follow them (6 and 5
+        # phones both halve to 3, at different shares of a switch link; _plan_links)
+        key = (m, k, n, item, half, tuple(self._counts().values()))
         static = self._static(slots)
         plan = self._plans.get(key) if static else None
         if plan is None:
@@ -808,7 +838,7 @@ class StepPlanner:
         self._pair_dealt, self._layers, self._held, self._layer_dealt = {}, {}, {}, {}
         self._min_down = self._min_up = 0.0
         self._seen = {s.device_id: s for s in present}
-        self._order = {}
+        self._order, self._places, self._group_met = {}, {}, {}
         # the next step plans for the devices present now: counts change between steps only,
         # so a linear's forward and backward are planned for the same devices
         self._step_counts = self.counts_for(self._seen.values())

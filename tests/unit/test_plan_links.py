@@ -120,3 +120,52 @@ def test_the_planner_takes_the_share_again_for_the_devices_its_step_counts_on() 
     slot = DeviceSlot("d0", "phones-a-0", 10.0, 4, 1 << 20, group="phones-a")
     planner.saw(slot)
     assert close(slot.down_Bps, 1e9 / 8 / 53)  # stealing and backups weigh it too
+
+
+def _shared_ap_planner() -> tuple[StepPlanner, list[DeviceSlot]]:
+    """6 phones (100/20 Mbit) below a 300/60 Mbit access point, 2 laptops on the core."""
+    config = SimpleNamespace(
+        planner="auto", planned_groups=[("phones", 6, 12.0), ("laptops", 2, 150.0)],
+        group_links={"phones": (100e6 / 8, 20e6 / 8, 0.02),
+                     "laptops": (300e6 / 8, 100e6 / 8, 0.01)},
+        plan_links={}, fair_share_paths={"phones": ("ap0",), "laptops": ()},
+        ps_link_Bps=(1e9 / 8, 1e9 / 8), group_paths={}, shared_down_Bps={},
+        switch_links={"ap0": (300e6 / 8, 60e6 / 8, "")},
+        max_message_bytes=64 << 20, tile_m=256, tile_n=256)
+    slots = [DeviceSlot(f"d{i}", f"phones-{i}", 12.0, 4, 1 << 20, group="phones")
+             for i in range(6)]
+    slots += [DeviceSlot(f"l{i}", f"laptops-{i}", 150.0, 4, 1 << 20, group="laptops")
+              for i in range(2)]
+    return StepPlanner(config), slots  # type: ignore[arg-type]
+
+
+def test_a_half_plan_is_the_same_whatever_counts_came_before() -> None:
+    """6 and 5 phones both halve to 3, at different shares of the access point: a pair's half
+    plan made for 6 must not serve 5 (a restarted PS with 5 would cut otherwise)."""
+    dx = (4096, 1024, 256)
+    before, slots = _shared_ap_planner()
+    before._step_counts = {"phones": 6, "laptops": 2}
+    before._split_pair(dx, 4, slots)
+    before._step_counts = {"phones": 5, "laptops": 2}
+    fresh, _ = _shared_ap_planner()
+    fresh._step_counts = {"phones": 5, "laptops": 2}
+    plans = [p._plan_for(4096, 1024, 256, 4, slots, 0) for p in (before, fresh)]
+    assert plans[0] == plans[1]
+
+
+def test_a_device_keeps_its_pair_half_while_others_come_and_go() -> None:
+    planner, slots = _shared_ap_planner()
+    phones = slots[:6]
+    planner._meet(slots)
+
+    def half(h: int, present: list[DeviceSlot]) -> list[str]:
+        return [s.name for s in planner.half_of(present, h, planner._in_group)
+                if s.group == "phones"]
+    assert half(0, phones) == ["phones-0", "phones-2", "phones-4"]
+    gone = [s for s in phones if s.name != "phones-1"]  # by name, 3 and 5 would change halves
+    assert half(0, gone) == ["phones-0", "phones-2", "phones-4"]
+    assert half(1, gone) == ["phones-3", "phones-5"]
+    late = DeviceSlot("d9", "phones-00", 12.0, 4, 1 << 20, group="phones")  # joins: place 6
+    planner._meet([*gone, late])
+    assert half(0, [*gone, late]) == ["phones-0", "phones-00", "phones-2", "phones-4"]
+    assert StepPlanner.half_of(gone, 1) == [gone[1], gone[3]]  # no places: by name
