@@ -398,7 +398,8 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
     if strategy == "pipeline":  # every attempt's step runs (restarts redo some steps)
         reports = res["stages"]
         runs = [e for e in res["executed"] if isinstance(e.get("wall_s"), (int, float))]
-        step_s = [e["wall_s"] / dilation for e in runs]
+        timed = [e for e in runs if not e.get("partial")] or runs  # every stage's time in
+        step_s = [e["wall_s"] / dilation for e in timed]
         steps_n = len({e["step"] for e in runs})
     else:  # the PS's step times: replicas come and go under churn
         reports = [r for k, r in res["reports"].items() if k != "ps"]

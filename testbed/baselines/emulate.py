@@ -389,6 +389,9 @@ class PipelineSteps:
             self._waiting.pop(0)
             wall_s = max([rec["step_s"], *(t for t in times if t is not None)])
             rec["wall_s"] = wall_s  # the step run's time, as the comparison row counts it
+            # a stage killed before it timed the step (the first stage ends a step's backward
+            # last): the run's time lacks the slowest stage's, and the row's median leaves it out
+            rec["partial"] = None in times
             self.report(StepDone(rec["step"], rec["loss"], wall_s, self.dilation,
                                  redo=rec["redo"]))
 

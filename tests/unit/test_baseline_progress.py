@@ -103,12 +103,13 @@ def test_a_pipeline_step_waits_for_every_stage_and_takes_the_slowest(tmp_path: P
     assert said == []  # stage 1 has not written its step 4 yet
     _report(reports[1], [2.0])
     steps()
-    assert said == [StepDone(4, 2.0, 3.0, 2.0, redo=True)]
+    assert said == [StepDone(4, 2.0, 3.0, 2.0, redo=True)] and not executed[1]["partial"]
     assert isinstance(said[0], StepDone) and said[0].step_s == 1.5  # device seconds
     _progress(progress, 5, 1.5, 4.0)
     _report(reports[0], [3.0, 1.0])
     steps(final=True)  # the attempt ended: what there is
     assert said[1] == StepDone(5, 1.5, 4.0, 2.0, redo=False)
+    assert executed[2]["partial"]  # stage 1 never timed it: left out of the row's median
     assert steps.steps == [4, 5] and [e["step"] for e in executed] == [4, 4, 5]
 
 
@@ -133,7 +134,9 @@ def test_a_restarted_pipeline_counts_every_attempts_steps() -> None:
     stage = {"device": "phones-0", "step_s": [2.0], "device_s": 1.0, "energy_j": 2.0}
     res = {"stages": [stage], "attempt_reports": [stage, {**stage, "step_s": [2.0, 4.0]}],
            "executed": [{"step": 0, "loss": 3.0, "wall_s": 2.0},
-                        {"step": 1, "loss": 2.5, "wall_s": 4.0},  # the crash ends step 2
+                        {"step": 1, "loss": 2.5, "wall_s": 4.0},
+                        # the crash: a stage killed before it timed step 2, which is redone
+                        {"step": 2, "loss": 2.0, "wall_s": 0.2, "partial": True},
                         {"step": 1, "loss": 2.5, "wall_s": 2.0, "redo": True},
                         {"step": 2, "loss": 2.0, "wall_s": 2.0}],
            "wall_s": 20.0, "restarts": 1, "steps_redone": 2, "churn_events": 1,
@@ -141,8 +144,8 @@ def test_a_restarted_pipeline_counts_every_attempts_steps() -> None:
            "losses": [3.0, 2.5, 2.0]}
     row = _emulated_row("pipeline", topology, res, 2.0, 475.0)
     assert row["steps_done"] == 3
-    assert row["step_s"] == 1.0  # the median of 1, 2, 1, 1 device seconds
-    assert row["down_bytes_per_device_step"] == 200 and row["up_bytes_per_device_step"] == 100
+    assert row["step_s"] == 1.0  # the median of 1, 2, 1, 1 device seconds (not the partial)
+    assert row["down_bytes_per_device_step"] == 160 and row["up_bytes_per_device_step"] == 80
     assert row["energy_j_per_step"] == pytest.approx(row["energy_j"] / 3)
     assert row["lost_work"] == "2 steps redone after 1 restart(s)"
 
