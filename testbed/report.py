@@ -570,7 +570,8 @@ def _state_line(summary: dict[str, Any]) -> str:
     if state == "running":
         pid = summary.get("running_pid")
         who = f" (pid {pid})" if pid else ""
-        return (f"- state: running: a `testbed up`{who} holds this run directory; this page "
+        command = "testbed simulate" if summary.get("simulated") else "testbed up"
+        return (f"- state: running: a `{command}`{who} holds this run directory; this page "
                 f"counts the steps it has finished so far")
     by = summary.get("interrupted_by")
     signals = ", ".join(str(x) for x in by) if isinstance(by, list) and by else None

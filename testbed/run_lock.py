@@ -1,13 +1,14 @@
 """One `testbed up` per run directory: an exclusive ``flock`` on ``RUN_DIR/up.lock``.
 
 `testbed up` takes it when it makes a run directory, and ``--resume`` before it reads anything
-it will change; it is held until the command exits. The kernel drops a ``flock`` when its holder
-dies, ``kill -9`` included, so a held lock means a live `testbed up`, with no pid to go stale or
-be reused (two ``--resume`` of one run, two seconds apart, both ran when the guard was "its PS
-pid is alive", written only once the PS had started). The file stays empty: a refused
-``--resume`` changes no file of the run, so the pid a message names is pids.json's
-``testbed_up`` (which the holder rewrites as it starts each process). The descriptor is not
-inherited (PEP 446), so the PS and the agents do not hold it.
+it will change; it is held until the command exits. `testbed simulate` holds its run's too, so
+`testbed report` of it meanwhile says running rather than failed. The kernel drops a ``flock``
+when its holder dies, ``kill -9`` included, so a held lock means a live `testbed up` (or
+simulate), with no pid to go stale or be reused (two ``--resume`` of one run, two seconds apart,
+both ran when the guard was "its PS pid is alive", written only once the PS had started). The
+file stays empty: a refused ``--resume`` changes no file of the run, so the pid a message names
+is pids.json's ``testbed_up`` (which the holder rewrites as it starts each process). The
+descriptor is not inherited (PEP 446), so the PS and the agents do not hold it.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ LOCK_NAME = "up.lock"
 
 
 class RunLocked(Exception):
-    """Another `testbed up` holds the run directory."""
+    """Another `testbed up` (or `testbed simulate`) holds the run directory."""
 
     def __init__(self, run_dir: Path, pid: int | None):
         self.run_dir, self.pid = run_dir, pid
-        who = f"pid {pid}" if pid else "another process"
-        super().__init__(f"{run_dir}: a `testbed up` ({who}) is running this run; stop it "
-                         "first (Ctrl-C where it runs, or kill it)")
+        # pids.json names a testbed up; a testbed simulate writes none
+        who = f"a `testbed up` (pid {pid})" if pid else \
+            "a `testbed up` or `testbed simulate` (another process)"
+        super().__init__(f"{run_dir}: {who} is running this run; stop it first (Ctrl-C where "
+                         "it runs, or kill it)")
 
 
 class RunLock:

@@ -205,6 +205,7 @@ def tile_tp_only(args: argparse.Namespace, strategy: str) -> str | None:
 def run_simulate(args: argparse.Namespace) -> int:
     """The `testbed simulate` command."""
     from testbed.ps_backend.planning_processes import progress_line
+    from testbed.run_lock import RunLock
     from testbed.runlog import read_jsonl
     from testbed.up import load_run_inputs, make_run_dir, portable_input
 
@@ -219,6 +220,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     run_dir = make_run_dir(Path(args.out), topology.name)
+    # held while it runs, as testbed up holds its run's: a report of the run meanwhile says
+    # running, not failed (the kernel drops it when this process ends, killed or not)
+    lock = RunLock(run_dir)
     (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
     (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology.to_yaml(), sort_keys=False))
     print(f"run directory: {run_dir} (simulated)")
@@ -263,6 +267,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"interrupted: {done} step{'' if done == 1 else 's'} kept in {run_dir} "
               f"(summary.json, report)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        lock.release()  # summary.json is written by now
     if summary["state"] != "done":
         print(f"error: {summary['error']}", file=sys.stderr)
         return EXIT_FAILURE

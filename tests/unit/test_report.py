@@ -189,3 +189,29 @@ def test_report_of_a_simulated_run_without_its_summary_says_it_was_simulated(
     assert "- simulated device time 5.0 s" in text, text
     assert "- emulation fidelity: no emulated tiles (a simulation runs in virtual time)" in text
     assert "wall time: not recorded" not in text and "unknown" not in text
+
+
+def test_a_simulation_holds_its_run_directory_so_its_report_says_running(
+        tmp_path: Path, monkeypatch) -> None:
+    """While `testbed simulate` runs, its run directory is locked as `testbed up` locks its
+    run's: a report of it meanwhile (no summary.json yet) says running, not failed."""
+    import testbed.simulate.run as simulate_run
+    from testbed.run_lock import holder
+
+    tiny = Path(__file__).resolve().parents[1] / "data" / "tiny.yaml"
+    out = tmp_path / "runs"
+    seen: list[str] = []
+    line = simulate_run.step_line
+
+    def step_line(*args):  # type: ignore[no-untyped-def]
+        (run_dir,) = out.iterdir()
+        assert holder(run_dir) is not None
+        assert main(["report", str(run_dir)]) == 0
+        seen.append((run_dir / "report.md").read_text())
+        return line(*args)
+    monkeypatch.setattr(simulate_run, "step_line", step_line)
+    assert main(["simulate", str(tiny), "--steps", "1", "--out", str(out)]) == 0
+    assert len(seen) == 1 and "- state: running: a `testbed simulate` holds this run directory" \
+        in seen[0], seen
+    (run_dir,) = out.iterdir()
+    assert holder(run_dir) is None  # let go once it ended

@@ -23,7 +23,8 @@ def test_a_held_run_directory_cannot_be_locked_again(tmp_path: Path) -> None:
     assert holder(tmp_path) is None
     lock = RunLock(tmp_path)
     assert holder(tmp_path) == 0  # held; who, pids.json says once the run has written it
-    with pytest.raises(RunLocked, match=r"a `testbed up` \(another process\) is running"):
+    with pytest.raises(RunLocked, match=r"a `testbed up` or `testbed simulate` \(another process\) "
+                                        r"is running"):
         RunLock(tmp_path)
     (tmp_path / "pids.json").write_text(f'{{"testbed_up": {os.getpid()}}}')
     assert holder(tmp_path) == os.getpid()
