@@ -65,7 +65,8 @@ def trace_summary(trace: Trace) -> list[str]:
     """Lines describing a trace on its own (no topology needed)."""
     counts = Counter(e.event.value for e in trace.events)
     return [
-        f"trace {trace.source}: {len(trace.events)} events, 0 .. {trace.duration_s:g} s",
+        f"trace {trace.source}: {len(trace.events)} event{'' if len(trace.events) == 1 else 's'}, "
+        f"0 .. {trace.duration_s:g} s",
         "rows by event: " + ", ".join(f"{name} {counts.get(name, 0)}" for name in EVENT_NAMES),
         "names used: " + names_used(trace.targets()),
     ]
