@@ -131,7 +131,7 @@ def test_the_availability_rows_span_what_the_header_says(
     bins = str(max(len(times) - 1, 1))
     assert main(["trace", "show", str(trace), "--topology", TOPOLOGY, "--bins", bins]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].endswith(f"events, {span}"), out
+    assert out.splitlines()[0].endswith(f", {span}"), out
     assert _times(out) == times, out
 
 
