@@ -420,6 +420,19 @@ class Run:
         """Start (or restart) a device's agent process (``cut_off``: blackholed from its
         start, :meth:`testbed.churn.replay.RunControl.start_agent`)."""
         device = self.devices[name]
+        old = self.agents.get(name)
+        if old is not None and old.poll() is None and old.pid in self._exits_told:
+            # the trace's leave or crash of it still on its way out (a join 5 ms after a leave
+            # was dropped): the device leaves first, then joins again
+            try:
+                old.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                try:
+                    old.wait(REAP_S)
+                except subprocess.TimeoutExpired:
+                    log.warning("agent %s (pid %d) did not exit within %g s of SIGKILL; not "
+                                "started again", name, old.pid, REAP_S)
         with self._lock:
             old = self.agents.get(name)
             if (old is not None and old.poll() is None) or self._stopped:

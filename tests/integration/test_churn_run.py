@@ -171,3 +171,25 @@ def test_rejoined_devices_stay_and_a_healed_device_works_on(tmp_path: Path) -> N
     assert broken and crash["elapsed_s"] <= broken[0]["elapsed_s"], (crash, broken[0])
     assert abs(crash["t"] - crash["elapsed_s"] - (broken[0]["t"] - broken[0]["elapsed_s"])) \
         <= 1e-3
+
+
+def test_a_join_right_after_a_leave_or_crash_brings_the_device_back(tmp_path: Path) -> None:
+    """A join 5 ms after a leave, and one at the same time as a crash: each device leaves, then
+    joins again (its agent had been signalled but not reaped, and the join was dropped while
+    its record said applied), and works on to the end."""
+    topology = churn_topology(tmp_path, steps=4)
+    (tmp_path / "half-go.csv").write_text(
+        "time_s,device,event,arg\n1.0,phones-0,leave,\n1.0,phones-1,crash,\n"
+        "1.0,phones-1,join,\n1.005,phones-0,join,\n")
+    proc = start_up(topology, tmp_path / "runs")
+    output, _ = proc.communicate(timeout=400)
+    run_dir = run_dir_of(tmp_path / "runs")
+    assert proc.returncode == 0, output
+    events = read_jsonl(run_dir / "events.jsonl")
+    for name in ("phones-0", "phones-1"):
+        joins = [e for e in events if e["event"] == "join" and e["device"] == name]
+        assert len(joins) == 2, (name, joins)  # at the start, and again after the trace's
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for name in ("phones-0", "phones-1"):  # a record per session: the first left, one stays
+        states = [d["state"] for d in summary["devices"] if d["device"] == name]
+        assert "left" in states and any(s != "left" for s in states), (name, states)
