@@ -32,9 +32,10 @@ Naming and units, written down once:
 * **event** is ``join`` (the device's agent starts), ``leave`` (graceful: SIGTERM), ``crash``
   (SIGKILL), ``partition`` (its link goes down or is blackholed), ``heal`` (the link comes back)
   or ``slow``. Only ``slow`` takes an ``arg``: the factor by which the device's compute time is
-  multiplied from then on (``2.0`` = twice as slow, ``1.0`` = back to normal), a number > 0 and
-  at most :data:`MAX_SLOW_FACTOR`, the cap of a topology's ``behaviour.straggler.factor`` (a
-  device slowed more is gone, not slow, and a replay of it never ends); it is written in
+  multiplied from then on (``2.0`` = twice as slow, ``1.0`` = back to normal), a number from
+  :data:`MIN_SLOW_FACTOR` to :data:`MAX_SLOW_FACTOR`, the cap of a topology's
+  ``behaviour.straggler.factor`` (a device slowed more is gone, not slow, and a replay of it
+  never ends) and its inverse (one sped up more is another device); it is written in
   the ``arg`` column, never as ``slow(2.0)``. The ``arg`` cell may be left out for other events.
 * **Who starts offline.** A device whose first event (naming it or its whole group) is ``join``
   starts absent; every other device starts present. A ``join``/``leave``/``crash`` at time 0
@@ -75,6 +76,9 @@ MAX_TRACE_BYTES = 256 * 1024**2
 PRECISION_DIGITS = 3  # a trace row keeps times to the millisecond
 MAX_TIME_S = 365 * 86_400.0  # a year: the latest time a trace (or session list) may name
 MAX_SLOW_FACTOR = MAX_STRAGGLER_FACTOR  # one cap for 'slow' and a topology's straggler factor
+# ... and its inverse the least: a device 1000x faster than its profile is another device (a
+# factor of 1e-6 made its tiles' times errors of 5e6, past what a run's records may hold)
+MIN_SLOW_FACTOR = 1 / MAX_SLOW_FACTOR
 NO_EVENTS = (f"no event rows after the header; expected one row per event ({HEADER}) (a run "
              "without churn needs no trace: leave out --churn, or the topology's churn:)")
 
@@ -226,10 +230,10 @@ def _parse_event(cell: str, arg: str) -> tuple[ChurnEvent | None, float | None, 
             factor = _number(arg)
         except ValueError:
             return None, None, f"'slow' needs a factor in the arg column (e.g. 2.0), got {arg!r}"
-        if not (0 < factor <= MAX_SLOW_FACTOR):  # also refuses nan and inf
-            return None, None, f"the slow factor must be a finite number > 0 and at most " \
-                               f"{MAX_SLOW_FACTOR:g} (the cap of a topology's straggler " \
-                               f"factor), got {arg!r}"
+        if not (MIN_SLOW_FACTOR <= factor <= MAX_SLOW_FACTOR):  # also refuses nan and inf
+            return None, None, f"the slow factor must be a finite number from " \
+                               f"{MIN_SLOW_FACTOR:g} to {MAX_SLOW_FACTOR:g} (the cap of a " \
+                               f"topology's straggler factor, and its inverse), got {arg!r}"
         return event, factor, None
     if arg:
         return None, None, f"{name!r} takes no argument, got {arg!r}"

@@ -95,8 +95,11 @@ def test_every_problem_of_a_malformed_file_is_reported_at_once() -> None:
 
 @pytest.mark.parametrize("row, expected", [
     ("1,phones-0,slow,", "'slow' needs a factor"),
-    ("1,phones-0,slow,0", "the slow factor must be a finite number > 0"),
-    ("1,phones-0,slow,-2", "the slow factor must be a finite number > 0"),
+    ("1,phones-0,slow,0", "the slow factor must be a finite number from 0.001 to 1000"),
+    ("1,phones-0,slow,-2", "the slow factor must be a finite number from 0.001 to 1000"),
+    # a device sped up a millionfold: its tiles' time errors broke a finished run's records
+    ("1,phones-0,slow,0.000001", "the slow factor must be a finite number from 0.001 to 1000"),
+    ("1,phones-0,slow,5e-324", "the slow factor must be a finite number from 0.001 to 1000"),
     ("1,phones-0,leave,2", "'leave' takes no argument"),
     ("-1,phones-0,leave,", "time must be a finite number >= 0"),
     ("inf,phones-0,leave,", "time must be a finite number >= 0"),
