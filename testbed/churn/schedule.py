@@ -27,6 +27,7 @@ Rules, written down once:
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -217,9 +218,10 @@ def _initially_present(trace: Trace, devices: Sequence[str],
 
 
 def _wanted(selector: tuple[str, int | None, float | None], members: int) -> int:
-    """How many devices a selector picks from a group of ``members``."""
+    """How many devices a selector picks from a group of ``members``: a share of it rounded
+    half up (``phones:50%`` of 5 takes 3; Python's round() took 2, half to even), at least one."""
     _, count, fraction = selector
-    return count if count is not None else max(1, round((fraction or 0.0) * members))
+    return count if count is not None else max(1, math.floor((fraction or 0.0) * members + 0.5))
 
 
 def _pick(e: TraceEvent, groups: Mapping[str, Sequence[str]],

@@ -194,3 +194,12 @@ def test_the_timeline_walk_agrees_with_the_intervals(seed: int) -> None:
         assert {d: s[:2] for d, s in schedule.states_at(t).items()} == {
             d: (inside(t, d, "present"), inside(t, d, "partitioned")) for d in devices}
     assert schedule.ever_reachable() == any(reachable for _, reachable in expected)
+
+
+@pytest.mark.parametrize("members, wanted", [(1, 1), (3, 2), (4, 2), (5, 3), (7, 4), (9, 5)])
+def test_a_share_of_a_group_is_rounded_half_up(members: int, wanted: int) -> None:
+    """`phones:50%` takes half the group rounded as docs/churn.md says: half up (round() took
+    2 of 5 and 4 of 9, half to even), and at least one."""
+    groups = {"phones": [f"phones-{i}" for i in range(members)]}
+    schedule = _schedule("10,phones:50%,leave,\n", groups=groups)
+    assert len(schedule.actions) == wanted
