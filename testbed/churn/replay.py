@@ -48,7 +48,10 @@ from testbed.errors import out_of_room
 
 log = logging.getLogger(__name__)
 
-WAITING_STATES = (None, "starting", "waiting for devices")
+# the PS's states before its training starts: trace time 0 is training's start, as testbed
+# simulate counts it (its probe of D and its planning, seconds to minutes, come before; an
+# action of the trace's first second landed in them, on no tile)
+WAITING_STATES = (None, "starting", "waiting for devices", "probing time dilation", "planning")
 
 
 class RunControl(Protocol):

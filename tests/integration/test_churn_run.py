@@ -193,3 +193,27 @@ def test_a_join_right_after_a_leave_or_crash_brings_the_device_back(tmp_path: Pa
     for name in ("phones-0", "phones-1"):  # a record per session: the first left, one stays
         states = [d["state"] for d in summary["devices"] if d["device"] == name]
         assert "left" in states and any(s != "left" for s in states), (name, states)
+
+
+@pytest.mark.slow
+def test_the_churn_clock_starts_with_training_not_before(tmp_path: Path) -> None:
+    """Trace time 0 is training's start, as testbed simulate counts it: default.yaml on
+    loopback probes its D and plans for seconds first, and a laptops crash at 0.3 s landed
+    there, on no tile (its disconnects with nothing in flight)."""
+    raw = yaml.safe_load((TINY.parents[2] / "topologies" / "default.yaml").read_text())
+    raw["network"]["backend"] = "loopback"
+    raw["job"]["steps"] = 1
+    trace = tmp_path / "early.csv"
+    trace.write_text("time_s,device,event,arg\n0.3,laptops,crash,\n0.6,laptops,join,\n")
+    raw["churn"] = str(trace)
+    topology = tmp_path / "default-lo.yaml"
+    topology.write_text(yaml.safe_dump(raw))
+    proc = start_up(topology, tmp_path / "runs")
+    output, _ = proc.communicate(timeout=400)
+    run_dir = run_dir_of(tmp_path / "runs")
+    assert proc.returncode == 0, output
+    events = read_jsonl(run_dir / "events.jsonl")
+    at = {e["event"]: e["elapsed_s"] for e in reversed(events)}  # each kind's first
+    assert at["churn_clock_start"] >= at["training_start"], (at, output)
+    crashes = [e for e in events if e["event"] == "churn" and e["action"] == "crash"]
+    assert crashes and all(e["elapsed_s"] >= at["training_start"] for e in crashes)
