@@ -205,6 +205,7 @@ class Run:
         self._agents_crashed: str | None = None  # ... and the verdict, kept past stop()
         # pids whose exit needs no word: the churn trace signalled them, or it was said once
         self._exits_told: set[int] = set()
+        self._trace_exits: set[int] = set()  # agents the trace's leave or crash signalled
         self.agent_deaths: list[dict[str, Any]] = []  # agents that died unasked (summary)
         (run_dir / "agents").mkdir(parents=True, exist_ok=True)
 
@@ -283,8 +284,9 @@ class Run:
         return out
 
     def _every_agent_crashed(self) -> str | None:
-        """Why no step can finish, once every agent this run started has died for
-        ``AGENTS_GONE_S`` (killed, or crashed: an exit the PS did not ask for, not 0) and
+        """Why no step can finish, once every agent this run started has been gone for
+        ``AGENTS_GONE_S`` (killed, crashed: an exit the PS did not ask for, not 0; or left as
+        the churn trace said), or none was started (a resume with every device away), and
         nothing can bring a device back: no churn trace still replaying, no phones over adb,
         no devices joining over the LAN. The PS would wait for its watchdog (minutes) and then
         blame the devices; the exit codes say more."""
@@ -294,7 +296,10 @@ class Run:
             return None
         with self._lock:
             codes = {name: proc.poll() for name, proc in self.agents.items()}
-        if not codes or any(code is None or code == 0 for code in codes.values()):
+            told = {name for name, proc in self.agents.items() if proc.pid in self._trace_exits}
+        # gone: died, or left as the trace said (exit 0 after its SIGTERM); an agent that exits
+        # 0 unasked is one the PS let go at the run's end
+        if any(code is None or (code == 0 and name not in told) for name, code in codes.items()):
             self._agents_crashed_since = None
             return None
         now = time.monotonic()
@@ -302,7 +307,11 @@ class Run:
             self._agents_crashed_since = now
         if now - self._agents_crashed_since < AGENTS_GONE_S:
             return None
-        first = min(codes)
+        if not codes or all(name in told for name in codes):  # the trace's own doing
+            return (f"no device is left: the churn trace took every one away "
+                    f"({len(codes)} of {len(self.devices)} started) and brings none back, "
+                    f"so no step can finish")
+        first = min(name for name in codes if name not in told)
         signals = sorted({f"{_exit_text(c)}" for c in codes.values() if c is not None})
         return (f"every device's agent has died ({len(codes)} of them: {', '.join(signals)}), "
                 f"so no step can finish; the end of {first}'s log "
@@ -421,7 +430,7 @@ class Run:
         start, :meth:`testbed.churn.replay.RunControl.start_agent`)."""
         device = self.devices[name]
         old = self.agents.get(name)
-        if old is not None and old.poll() is None and old.pid in self._exits_told:
+        if old is not None and old.poll() is None and old.pid in self._trace_exits:
             # the trace's leave or crash of it still on its way out (a join 5 ms after a leave
             # was dropped): the device leaves first, then joins again
             try:
@@ -477,6 +486,7 @@ class Run:
             return False
         if sig in (signal.SIGTERM, signal.SIGKILL):
             self._exits_told.add(proc.pid)  # its exit is the trace's doing (leave, crash)
+            self._trace_exits.add(proc.pid)
         proc.send_signal(sig)
         return True
 

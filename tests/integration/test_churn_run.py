@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from testbed.runlog import read_jsonl
-from tests.conftest import TINY, reference_losses, run_dir_of, start_up
+from tests.conftest import TINY, killed_at_exit, reference_losses, run_dir_of, start_up
 
 pytestmark = pytest.mark.integration
 
@@ -217,3 +217,24 @@ def test_the_churn_clock_starts_with_training_not_before(tmp_path: Path) -> None
     assert at["churn_clock_start"] >= at["training_start"], (at, output)
     crashes = [e for e in events if e["event"] == "churn" and e["action"] == "crash"]
     assert crashes and all(e["elapsed_s"] >= at["training_start"] for e in crashes)
+
+
+def test_a_trace_that_takes_every_device_away_for_good_fails_the_run_at_once(
+        tmp_path: Path) -> None:
+    """Every device leaves at 1 s and none comes back, the watchdog off: the run fails within
+    seconds, as testbed simulate does ("the churn trace brings none back"), where it waited
+    for ever (a left agent exits 0, which the every-agent-gone rule passed over)."""
+    topology = churn_topology(tmp_path, steps=50)
+    raw = yaml.safe_load(topology.read_text())
+    raw["job"]["watchdog"] = {"no_progress_s": 0}
+    topology.write_text(yaml.safe_dump(raw))
+    (tmp_path / "half-go.csv").write_text(
+        "time_s,device,event,arg\n1.0,phones,leave,\n1.0,laptops,leave,\n")
+    proc = start_up(topology, tmp_path / "runs")
+    with killed_at_exit(proc):  # it waited for ever before
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    summary = json.loads((run_dir_of(tmp_path / "runs") / "summary.json").read_text())
+    assert summary["state"] == "failed" and 1 <= summary["steps_done"] < 50, summary
+    assert "no device is left: the churn trace took every one away (4 of 4 started) and " \
+        "brings none back" in summary["error"], summary["error"]
