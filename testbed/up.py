@@ -307,7 +307,10 @@ class Run:
             self._agents_crashed_since = now
         if now - self._agents_crashed_since < AGENTS_GONE_S:
             return None
-        if not codes or all(name in told for name in codes):  # the trace's own doing
+        if not codes:  # a resume: the trace had taken every device away before the stop
+            return ("no device is left: the churn trace had taken every one away by the time "
+                    "the run stopped, and brings none back, so no step can finish")
+        if all(name in told for name in codes):  # the trace's own doing
             return (f"no device is left: the churn trace took every one away "
                     f"({len(codes)} of {len(self.devices)} started) and brings none back, "
                     f"so no step can finish")
