@@ -225,12 +225,13 @@ class Run:
         present = list(self.devices)
         replay_from = None
         if self.schedule is not None:
-            from testbed.churn.replay import resume_point
+            from testbed.churn.replay import last_record_t, resume_point
 
             if self.resume:
-                replay_from = resume_point(self.schedule,
-                                           read_jsonl(self.run_dir / "events.jsonl"),
-                                           self.dilation)
+                replay_from = resume_point(
+                    self.schedule, read_jsonl(self.run_dir / "events.jsonl"), self.dilation,
+                    max(last_record_t(self.run_dir / name)
+                        for name in ("steps.jsonl", "devices.jsonl")))
                 present = [d for d in self.devices if d in replay_from.present]
             else:
                 present = [d for d in self.devices if d in self.schedule.initially_present]

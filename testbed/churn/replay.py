@@ -119,15 +119,41 @@ def resume_record_problem(record: dict[str, Any]) -> str | None:
         number("new", 1, required=True) if kind == "links_dilation" else None)
 
 
+TAIL_BYTES = 1 << 16  # what last_record_t reads of a run file's end
+
+
+def last_record_t(path: Path) -> float:
+    """The latest ``t`` among the last whole records of a JSON-lines run file (0.0 when it has
+    none, or cannot be read): read from its end, as a 10,000-device run's devices.jsonl is GBs."""
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - TAIL_BYTES))
+            lines = fh.read().splitlines()
+    except OSError:
+        return 0.0
+    latest = 0.0
+    for line in lines[1:] if size > TAIL_BYTES else lines:  # the first may be cut
+        try:
+            t = json.loads(line).get("t")
+        except (ValueError, AttributeError):
+            continue  # a torn last line, or no object
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            latest = max(latest, float(t))
+    return latest
+
+
 def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
-                 dilation: float) -> ReplayState:
+                 dilation: float, later_t: float = 0.0) -> ReplayState:
     """Where a stopped run's replay stood, from its ``events.jsonl`` records.
 
     Applied = the number of ``churn`` events (each action is recorded once, whichever session
     applied it). Trace time reached = the last ``churn_clock_start``'s offset plus the device
-    time from it to the last record of that session: wall time over ``dilation``, the D the
-    run started with, or over the D of the last ``links_dilation`` record before it (an
-    adaptive run's). ValueError for a record :func:`resume_record_problem` refuses.
+    time from it to the last record of that session (or ``later_t``, the time of the run's last
+    record of another file, steps.jsonl's or devices.jsonl's, when later: a stretch with no
+    event, the devices' samples go on): wall time over ``dilation``, the D the run started
+    with, or over the D of the last ``links_dilation`` record before it (an adaptive run's).
+    ValueError for a record :func:`resume_record_problem` refuses.
     """
     for e in events:
         problem = resume_record_problem(e)
@@ -146,6 +172,7 @@ def resume_point(schedule: ChurnSchedule, events: Sequence[dict[str, Any]],
             if clock is not None:
                 clock.set_dilation(dilation, t)
         last_t = max(last_t, t)
+    last_t = max(last_t, later_t)
     trace_s = offset_s + clock.device_s(last_t) if clock is not None else 0.0
     return state_after(schedule, applied, trace_s)
 

@@ -526,3 +526,25 @@ def test_the_watch_ends_a_run_whose_side_failed(tmp_path: Path) -> None:
     started = time.monotonic()
     code = _watch(run, threading.Event(), Console(record=True), live=False)  # type: ignore[arg-type]
     assert code == EXIT_FAILURE and time.monotonic() - started < 5
+
+
+def test_resume_counts_the_trace_time_the_devices_samples_lived_past_the_last_event(
+        tmp_path: Path) -> None:
+    """A run killed in a stretch with no event (every device cut off, waiting for its heal):
+    its last event is far behind where it stood, and the devices' samples go on. The replay
+    goes on from the latest record of any run file, not the last event, which lost the
+    stretch and made the partition longer than the trace says."""
+    from testbed.churn.replay import TAIL_BYTES, last_record_t
+
+    schedule = _schedule()
+    events = [{"event": "churn_clock_start", "t": 100.0, "offset_s": 0.0},
+              {"event": "churn", "t": 100.2}]
+    samples = tmp_path / "devices.jsonl"
+    filler = json.dumps({"device": "phones-0", "t": 100.5, "pad": "x" * 200})
+    lines = [filler] * (2 * TAIL_BYTES // len(filler))  # more than the tail read
+    samples.write_text("\n".join([*lines, json.dumps({"device": "phones-1", "t": 103.5}),
+                                  '{"device": "phones-2", "t": 10']))  # a torn last line
+    assert last_record_t(samples) == 103.5
+    assert last_record_t(tmp_path / "absent.jsonl") == 0.0
+    state = resume_point(schedule, events, dilation=2.0, later_t=last_record_t(samples))
+    assert abs(state.trace_s - 1.75) <= 1e-9  # (103.5 - 100) / 2, not (100.2 - 100) / 2
