@@ -1,7 +1,9 @@
 """The ``testbed`` command. Thin: each sub-command lives in the module that owns its work.
 
 Exit codes: 0 success, 1 failure while running, 2 bad input (nothing was started), 130
-interrupted (Ctrl-C or SIGTERM).
+interrupted (Ctrl-C, SIGTERM or SIGHUP). The first of those signals decides: the ones after it
+are ignored, so they cannot cut the teardown short or turn the exit code into a death by
+signal (:mod:`testbed.interrupts`).
 A part registers its sub-commands with ``add_parser(subparsers)``; the function it sets as
 ``func`` takes the parsed arguments and returns the exit code.
 """
@@ -20,6 +22,7 @@ import sys
 import threading
 from typing import Any
 
+from testbed import interrupts
 from testbed.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
@@ -28,8 +31,9 @@ from testbed.errors import (
     InputError,
     out_of_room,
 )
-from testbed.interrupts import interrupt
 from testbed.user_paths import path_arg
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops a command: exit 130
 
 # Modules that add sub-commands; each has add_parser(subparsers). Imported lazily so that
 # `testbed validate` does not pay for torch.
@@ -140,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     # loaded host), and a SIGTERM then ended the process on the spot (exit -15)
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, interrupt)
-                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        interrupts.arm()
+        previous = {s: signal.signal(s, interrupts.interrupt) for s in STOP_SIGNALS}
     streams = sys.stdout, sys.stderr
     try:
         try:
@@ -153,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         code = int(args.func(args))
+        interrupts.disarm()  # the code is decided: a signal from now on stops nothing
         out.flush()  # here, not at exit: a full disk must still change the exit code
         if out.failed is not None and code == EXIT_OK:
             print(f"error: standard output: {out.failed.strerror}; what the command printed "
@@ -175,8 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     finally:
         sys.stdout, sys.stderr = streams
+        interrupts.disarm()
+        # The program itself (no argv: the console script, `python -m testbed.cli`) exits
+        # next, and a signal then must not end it by the default action: a SIGTERM right
+        # after a Ctrl-C made exit 130 a death by SIGTERM (143). A caller in Python gets its
+        # own handlers back
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if argv is None else handler)
 
 
 class ReaderSafe:

@@ -20,7 +20,7 @@ SIGTERM would reach it as a departure):
 4. the churn replay (:mod:`testbed.churn.replay`), if the topology or ``--churn`` names a trace.
 
 SIGINT or SIGTERM at any point, start-up included, stops starting things at once and tears down
-what exists (exit 130).
+what exists (exit 130); the signals after the first are ignored (:mod:`testbed.interrupts`).
 
 ``testbed up --resume RUN_DIR`` brings a run whose PS died back up in the same directory: the PS
 restores the newest checkpoint and reuses the ledger's tiles (docs/fault-tolerance.md); the
@@ -63,6 +63,7 @@ from typing import Any, Callable
 
 import yaml
 
+from testbed import interrupts
 from testbed.capacity import device_cache_bytes
 from testbed.churn.schedule import NEVER_REACHABLE, ChurnSchedule
 from testbed.emulator.agent_forkserver import AgentForkServer, ForkedAgent, server_argv
@@ -878,6 +879,7 @@ def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
 
     def on_signal(signum: int, _frame: Any) -> None:
         interrupted.append(signal.Signals(signum).name)
+        interrupts.disarm()  # the command line's handler, back after this, ignores the rest
         stop.set()
     # SIGHUP (the terminal closed) stops the run as SIGTERM does; the handlers stay until the
     # summary and the report are written, so a second Ctrl-C cannot cut them off half-way

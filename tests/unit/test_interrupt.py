@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -138,3 +140,28 @@ def test_output_that_a_full_disk_cuts_short_fails_the_command(unbuffered: str) -
     closed = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, timeout=120, preexec_fn=lambda: os.close(1))
     assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr
+
+
+def test_a_signal_after_the_command_returned_leaves_its_exit_code() -> None:
+    """The program (no argv) keeps the signals off until it exits: a SIGTERM right after the
+    command returned ended the process by the default action (exit -15, a shell's 143) where
+    the command had said 0 or 130."""
+    script = ("import os, signal, sys\n"
+              "from testbed.cli import main\n"
+              f"sys.argv = ['testbed', 'validate', {str(TINY)!r}]\n"
+              "code = main()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "os.kill(os.getpid(), signal.SIGINT)\n"
+              "print('after the signals')\n"
+              "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "after the signals" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_a_caller_in_python_gets_its_own_handlers_back(
+        cli_here: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    assert cli_here("validate", str(TINY)).returncode == 0
+    assert {s: signal.getsignal(s) for s in before} == before

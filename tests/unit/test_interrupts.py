@@ -1,4 +1,5 @@
-"""testbed.interrupts: an interrupt inside a held block comes as the block ends, not in it."""
+"""testbed.interrupts: an interrupt inside a held block comes as the block ends, not in it; the
+first signal interrupts, the ones after it do nothing."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import signal
 
 import pytest
 
-from testbed.interrupts import held, interrupt
+from testbed.interrupts import arm, disarm, held, interrupt
 
 
 @pytest.fixture
 def handler():
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    arm()  # as the command line does when a command starts
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     yield
-    signal.signal(signal.SIGTERM, previous)
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+    arm()
 
 
 def test_an_interrupt_in_a_held_block_is_raised_as_it_ends(handler: None) -> None:
@@ -31,6 +35,13 @@ def test_an_interrupt_in_a_held_block_is_raised_as_it_ends(handler: None) -> Non
     with held():
         done.append("again")
     assert done[-1] == "again"
+    arm()  # the next command
+    with pytest.raises(KeyboardInterrupt):
+        with held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)  # a second signal: not raised twice
+            done.append("held")
+    assert done[-1] == "held"
 
 
 def test_outside_a_held_block_the_interrupt_comes_at_once(handler: None) -> None:
@@ -39,3 +50,23 @@ def test_outside_a_held_block_the_interrupt_comes_at_once(handler: None) -> None
         os.kill(os.getpid(), signal.SIGTERM)
         done.append("never")
     assert done == []
+
+
+def test_the_signals_after_the_first_stop_nothing(handler: None) -> None:
+    """A second Ctrl-C, or a SIGTERM after it, inside the teardown the first started: the
+    teardown runs on (a KeyboardInterrupt inside ``except KeyboardInterrupt`` ended `testbed
+    up` with a traceback, killed by SIGINT)."""
+    done = []
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("never")
+    except KeyboardInterrupt:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        done.append("teardown")
+    assert done == ["teardown"]
+    arm()  # a new command: the next signal stops it
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+    disarm()  # the command has ended (or testbed up's own handler took the signal)
+    os.kill(os.getpid(), signal.SIGTERM)
