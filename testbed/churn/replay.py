@@ -43,6 +43,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
+from testbed.emulator.agent_forkserver import ForkServerGone
 from testbed.emulator.dilation import DeviceClock
 from testbed.errors import out_of_room
 
@@ -59,7 +60,9 @@ class RunControl(Protocol):
 
     def start_agent(self, name: str, cut_off: bool = False) -> None:
         """Start (or restart) the device's agent; ``cut_off``: blackholed from its start, as
-        after SIGUSR1 (its link is down where the network cannot take it down)."""
+        after SIGUSR1 (its link is down where the network cannot take it down).
+        :class:`~testbed.emulator.agent_forkserver.ForkServerGone` when the process agents are
+        forked from has ended: no agent can start any more."""
 
     def signal_agent(self, name: str, sig: int) -> bool:
         """Signal the device's agent; False when it is not running."""
@@ -265,12 +268,19 @@ class Replay:
         try:
             self._replay()
         except Exception as exc:  # a bug here must not take the run down silently
-            if out_of_room(exc):  # a full disk: the machine's, said in one line
-                log.error("churn replay stopped: %s", exc)
+            error = str(exc)
+            actions = self.schedule.actions
+            if isinstance(exc, ForkServerGone) and self.applied < len(actions):
+                action = actions[self.applied]  # a join: the one action that starts an agent
+                error = (f"{action.device}'s {action.event.value} at t={action.time_s:g} s "
+                         f"cannot start its agent: {exc}; no agent can start any more")
+            self.failure = (f"the churn trace stopped replaying after {self.applied} of its "
+                            f"{len(actions)} actions: {error}")
+            # not bugs, said in one line: the fork server killed from outside, a full disk
+            if isinstance(exc, ForkServerGone) or out_of_room(exc):
+                log.error("%s; the run fails", self.failure)
             else:
                 log.exception("churn replay failed")
-            self.failure = (f"the churn trace stopped replaying after {self.applied} of its "
-                            f"{len(self.schedule.actions)} actions: {exc}")
             try:
                 self.event("churn_failed", applied=self.applied, error=str(exc))
             except OSError:

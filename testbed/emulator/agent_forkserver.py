@@ -177,6 +177,11 @@ def serve(read_fd: int = 0, write_fd: int = 1) -> int:
 
 # -- the client (in `testbed up`) ------------------------------------------------------------
 
+class ForkServerGone(RuntimeError):
+    """The server has ended (killed, crashed) while the run still wanted an agent: none can be
+    started any more. The message says how it ended and where its log is."""
+
+
 class ForkedAgent:
     """What ``testbed up`` holds for an agent the server forked: the subset of
     :class:`subprocess.Popen` it uses (pid, returncode, poll, wait, signals)."""
@@ -243,7 +248,7 @@ class AgentForkServer:
     def start(self, args: list[str], log_path: Path, ns_pid: int | None) -> ForkedAgent:
         """Fork an agent with ``args`` (those of ``python -m testbed.agent``), its output
         appended to ``log_path``, in ``ns_pid``'s namespaces (None: the server's own).
-        RuntimeError when the server is gone."""
+        :class:`ForkServerGone` when the server is gone, or goes before it answers."""
         future: Future = Future()
         with self._lock:
             self._next_id += 1
@@ -256,7 +261,7 @@ class AgentForkServer:
                 self._stdin.flush()
             except (BrokenPipeError, ValueError):
                 self._starting.pop(request_id, None)
-                raise RuntimeError(self._gone()) from None
+                raise ForkServerGone(self._gone()) from None
         return future.result()
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -304,7 +309,7 @@ class AgentForkServer:
             self._agents.clear()
             starting, self._starting = self._starting, {}
         for future, _ in starting.values():
-            future.set_exception(RuntimeError(self._gone()))
+            future.set_exception(ForkServerGone(self._gone()))
 
 
 def server_argv() -> list[str]:

@@ -5,7 +5,9 @@ rather than in it must not cost the run its summary, its report or a clear reaso
 * the terminal closes (SIGHUP to the whole process group): it stops as on SIGTERM, resumable;
 * every agent is killed: the run fails within seconds, saying so, not after the PS's
   120 s watchdog blaming the devices;
-* a child that cannot be reaped (its fork server stopped) does not stop the teardown.
+* a child that cannot be reaped (its fork server stopped) does not stop the teardown;
+* the agents' fork server killed with a join of the churn trace ahead: the join fails the run
+  in one line, not a traceback from the replay's thread.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ import psutil
 import pytest
 
 from testbed.up import REAP_S, STOP_GRACE_S
-from tests.conftest import REPO, cli_argv, killed_at_exit, run_dir_of, tiny_topology, wait_for
+from tests.conftest import (
+    REPO,
+    cli_argv,
+    killed_at_exit,
+    read_status,
+    run_dir_of,
+    tiny_topology,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 SLOW_LINKS = {"down": "1Gbit", "up": "1Gbit", "delay": "20ms"}  # about 1 s a step
@@ -136,3 +146,30 @@ def test_a_ps_stopped_by_a_signal_of_its_own_is_an_interrupted_run(tmp_path: Pat
         output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
     assert summary(run_dir)["state"] == "interrupted" and summary(run_dir)["exit_code"] == 130
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def test_a_join_after_the_fork_server_was_killed_fails_the_run_in_one_line(
+        tmp_path: Path) -> None:
+    trace = tmp_path / "join.csv"
+    trace.write_text("time_s,device,event,arg\n10,phones-2,join,\n")  # absent until then
+    topology = slow_tiny(tmp_path, steps=1000)
+    topology.write_text(topology.read_text() + f"churn: {trace}\n")
+    proc = start(topology, tmp_path / "runs")
+    with killed_at_exit(proc):
+        run_dir = run_dir_of(tmp_path / "runs")
+        # trace time 0 is training's start: the join is 10 s ahead
+        wait_for(lambda: read_status(run_dir).get("state") == "training", 120, "training")
+        server = json.loads((run_dir / "pids.json").read_text())["agent_forkserver"]
+        assert _parent(server) == proc.pid  # this run's, and no one else's
+        os.kill(server, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    assert "Traceback" not in output, output
+    assert (f"phones-2's join at t=10 s cannot start its agent: the agent fork server (pid "
+            f"{server}) was killed by SIGKILL; see {run_dir / 'agents' / 'forkserver.log'}; no "
+            "agent can start any more; the run fails") in output, output
+    assert summary(run_dir)["state"] == "failed"

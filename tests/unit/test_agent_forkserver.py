@@ -13,7 +13,12 @@ from typing import Iterator
 
 import pytest
 
-from testbed.emulator.agent_forkserver import MODULE, AgentForkServer, server_argv
+from testbed.emulator.agent_forkserver import (
+    MODULE,
+    AgentForkServer,
+    ForkServerGone,
+    server_argv,
+)
 from tests.conftest import closed_port, wait_for
 
 WAIT_S = 60.0  # a fork server imports numpy and grpc first: seconds on a loaded 2-core host
@@ -85,8 +90,20 @@ def test_agents_die_with_the_server_and_later_starts_fail(forkserver, tmp_path):
     while time.monotonic() < deadline and _alive(agent.pid):
         time.sleep(0.05)
     assert not _alive(agent.pid), "the agent outlived its fork server"
-    with pytest.raises(RuntimeError, match="fork server"):
+    with pytest.raises(ForkServerGone, match="fork server"):
         retrying_agent(forkserver, tmp_path / "b.log")
+
+
+def test_a_killed_server_says_how_it_ended_at_the_next_start(forkserver, tmp_path):
+    """What the churn replay's join gets when the server was SIGKILLed (one line, no
+    traceback: tests/unit/test_up_run.py)."""
+    agent = retrying_agent(forkserver, tmp_path / "a.log")
+    forkserver.proc.kill()
+    assert agent.wait(WAIT_S) == -signal.SIGKILL  # the server's end reached the client
+    with pytest.raises(ForkServerGone) as gone:
+        retrying_agent(forkserver, tmp_path / "b.log")
+    assert str(gone.value) == (f"the agent fork server (pid {forkserver.pid}) was killed by "
+                               f"SIGKILL; see {tmp_path / 'forkserver.log'}")
 
 
 def _alive(pid: int) -> bool:

@@ -4,6 +4,7 @@ check, cleaning from a partial run directory."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from testbed import capacity
 from testbed.churn.replay import Replay, ReplayState, resume_point, state_after
 from testbed.churn.schedule import build_schedule
 from testbed.churn.trace import parse_trace
+from testbed.emulator.agent_forkserver import ForkServerGone
 from testbed.pdeathsig import die_with_parent
 from testbed.runlog import RunLog, read_jsonl
 from testbed.up import Spawner
@@ -189,22 +191,56 @@ class BrokenLink(FakeRun):
         raise RuntimeError("the link would not go down")
 
 
-def test_a_replay_that_stops_says_where_and_why(tmp_path: Path) -> None:
-    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
-    runlog = RunLog(tmp_path)
-    run = BrokenLink()
-    replay = Replay(_schedule(), run, tmp_path, dilation=0.2, event=runlog.event)
+def _replay_until_it_fails(replay: Replay) -> None:
     replay.start()
     deadline = time.monotonic() + 10
     while replay.failure is None and time.monotonic() < deadline:
         time.sleep(0.02)
     replay.stop()
+
+
+def test_a_replay_that_stops_says_where_and_why(tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    runlog = RunLog(tmp_path)
+    run = BrokenLink()
+    replay = Replay(_schedule(), run, tmp_path, dilation=0.2, event=runlog.event)
+    with caplog.at_level(logging.ERROR, logger="testbed.churn.replay"):
+        _replay_until_it_fails(replay)
     runlog.close()
     assert replay.failure == ("the churn trace stopped replaying after 1 of its 5 actions: the "
                               "link would not go down")
+    logged = [r for r in caplog.records if r.name == "testbed.churn.replay"]
+    assert len(logged) == 1 and logged[0].exc_info is not None  # a bug keeps its traceback
     assert run.calls == [("signal", "phones-0", "SIGTERM")]  # nothing after the failure
     failed = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "churn_failed"]
     assert [(e["applied"], e["error"]) for e in failed] == [(1, "the link would not go down")]
+
+
+class ForkServerKilled(FakeRun):
+    """A run whose agents' fork server was SIGKILLed: a join cannot start its agent."""
+
+    def start_agent(self, name: str, cut_off: bool = False) -> None:
+        super().start_agent(name, cut_off)
+        raise ForkServerGone("the agent fork server (pid 4242) was killed by SIGKILL; see "
+                             "RUN/agents/forkserver.log")
+
+
+def test_a_join_after_the_fork_server_died_stops_the_replay_in_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """It logged a traceback from the replay's thread; the run failed as it should."""
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    replay = Replay(_schedule(), ForkServerKilled(), tmp_path, dilation=0.2,
+                    event=lambda *a, **k: None)
+    with caplog.at_level(logging.ERROR, logger="testbed.churn.replay"):
+        _replay_until_it_fails(replay)
+    assert replay.failure == (
+        "the churn trace stopped replaying after 2 of its 5 actions: phones-0's join at t=0.3 s "
+        "cannot start its agent: the agent fork server (pid 4242) was killed by SIGKILL; see "
+        "RUN/agents/forkserver.log; no agent can start any more")
+    logged = [r for r in caplog.records if r.name == "testbed.churn.replay"]
+    assert [(r.getMessage(), r.exc_info) for r in logged] == [
+        (f"{replay.failure}; the run fails", None)]
 
 
 class PromptPS(FakeRun):
