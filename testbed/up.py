@@ -819,7 +819,8 @@ def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
     from testbed.emulator.dilation import choose_dilation
     from testbed.emulator.network.select import NetworkUnavailable, make_network, resolve_backend
 
-    # a declared backend's refusals first: the same on every machine, Mininet or not
+    # a declared backend's refusals first: the same on every machine, Mininet or not; those
+    # of `auto` once this machine has chosen (resolve_backend returns a declared one as it is)
     declared = topology.network.backend
     for problem in backend_problems(topology, declared) if declared != "auto" else ():
         print(f"error: {args.topology}: {problem}", file=sys.stderr)
@@ -829,7 +830,7 @@ def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
     except NetworkUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for problem in backend_problems(topology, backend):
+    for problem in backend_problems(topology, backend) if declared == "auto" else ():
         print(f"error: {args.topology}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     lan_problem = topology.network.ps.listen and listen_problem(topology.network.ps.listen)

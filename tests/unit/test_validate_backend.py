@@ -49,3 +49,25 @@ def test_a_file_up_runs_gets_no_note(tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(_copy(tmp_path, backend="loopback"))]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_up_refuses_what_auto_chose_on_a_machine_with_mininet(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`backend: auto` is checked once this machine has chosen (a declared backend only
+    before): here it would choose Mininet, where network.ps.listen does not work."""
+    import testbed.emulator.network.select as select
+
+    chosen: list[str] = []
+
+    def mininet_here(topology: object, capabilities: object = None) -> str:
+        chosen.append("mininet")
+        return "mininet"
+    monkeypatch.setattr(select, "resolve_backend", mininet_here)
+    path = _copy(tmp_path, backend="auto", listen="127.0.0.1:50051")
+    runs = tmp_path / "runs"
+    assert main(["up", str(path), "--no-live", "--out", str(runs)]) == 2
+    assert chosen == ["mininet"]
+    assert (f"error: {path}: network.ps.listen (devices on other machines) works with the "
+            "loopback backend only; this run would use mininet") in capsys.readouterr().err
+    assert not runs.exists() or not any(runs.iterdir())  # nothing started
