@@ -13,8 +13,8 @@ device to device rather than PS to device:
   backward, an AdamW step), drawn as tile-tp's simulation and agents draw it per tile. Work
   is charged (``compute_s``, ``energy_j``) when it is queued; work stopped part-way (its device
   lost, its step abandoned) is charged only up to the stop, energy pro rata within the GEMM it
-  was in. The device model's own state (thermal, the
-  counters in its ``telemetry``) has taken the whole piece.
+  was in (:mod:`testbed.baselines.charge`, the emulated processes' rule too), and so are the
+  counters of the device model's ``telemetry``; its thermal state keeps the whole piece's heat.
 * **Network**: the topology's links in a :class:`~testbed.simulate.network.FlowNetwork`
   (max-min fair flows, loss folded into each device link by Mathis' cap as the emulator does).
   A transfer from device A to device B goes up A's link and the switch links to the lowest
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from testbed.agent.behaviour import Behaviour, straggler_for
+from testbed.baselines.charge import unrun_share
 from testbed.baselines.cost import Gemm
 from testbed.baselines.placement import DEFAULT_MEMORY_BYTES_S
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
@@ -72,9 +73,9 @@ class Device:
     busy_until_s: float = 0.0
     compute_s: float = 0.0
     energy_j: float = 0.0
-    # the work charged and not yet run: (start_s, end_s, joules) of each GEMM or memory-bound
-    # part, so that work stopped part-way is charged only up to the stop
-    queued: list[tuple[float, float, float]] = field(default_factory=list)
+    # the work charged and not yet run, part by part, so that work stopped part-way is
+    # charged only up to the stop
+    queued: list[Part] = field(default_factory=list)
     bytes_down: int = 0  # received
     bytes_up: int = 0  # sent
     joined: bool = False  # has a join event in the log (a participant)
@@ -82,6 +83,18 @@ class Device:
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+@dataclass(eq=False)
+class Part:
+    """A GEMM or the memory-bound work of a piece queued on a device (device seconds)."""
+
+    start_s: float
+    end_s: float
+    joules: float
+    model_s: float = 0.0  # what the device model charged for it (its telemetry): seconds
+    model_j: float = 0.0  # and joules; 0 for memory-bound work, which the model never sees
+    then: Callable[[], None] | None = None  # the piece's callback, on its last part
 
 
 @dataclass
@@ -212,31 +225,38 @@ class BaselineWorld(EventLoop):
         start = max(self.now_s, dev.busy_until_s)
         factor = dev.slow * (dev.straggler.compute_factor() if dev.straggler else 1.0)
         t = start
-        parts: list[tuple[float, float, float]] = []
+        parts: list[Part] = []
         for g in gemms:
             c = dev.model.tile_cost(g.m, g.k, g.n, g.op, t)
-            parts.append((t, t + c.seconds * factor, c.joules * factor))
-            t = parts[-1][1]
+            parts.append(Part(t, t + c.seconds * factor, c.joules * factor, c.seconds, c.joules))
+            t = parts[-1].end_s
         mem_s = memory_bytes / dev.memory_bytes_s * factor
         busy_w = dev.power.busy_w(1.0) if dev.power is not None else 0.0
-        parts.append((t, t + mem_s, busy_w * mem_s))
+        parts.append(Part(t, t + mem_s, busy_w * mem_s, then=then))
         t += mem_s
-        dev.queued = [q for q in dev.queued if q[1] > self.now_s] + \
-            [p for p in parts if p[1] > p[0]]
+        dev.queued = [q for q in dev.queued if q.end_s > self.now_s] + \
+            [p for p in parts if p.end_s > p.start_s or p.then is not None]
         dev.busy_until_s = t
         dev.compute_s += t - start
-        dev.energy_j += sum(joules for _, _, joules in parts)
+        dev.energy_j += sum(p.joules for p in parts)
         self.at(t, then)
         return t - start
 
     def stop_work(self, dev: Device) -> None:
         """The device drops what it was computing (its step was abandoned): the part of its work
-        not run by now is no longer charged (time, and energy pro rata within a part)."""
-        for start, end, joules in dev.queued:
-            if end > self.now_s:
-                unrun = end - max(start, self.now_s)
-                dev.compute_s -= unrun
-                dev.energy_j -= joules * unrun / (end - start)
+        not run by now is no longer charged (time, and energy pro rata within a part:
+        :mod:`testbed.baselines.charge`), nor is it in the device model's telemetry."""
+        model_s = model_j = 0.0
+        unstarted = 0
+        for p in dev.queued:
+            share = unrun_share(p.start_s, p.end_s, self.now_s)
+            if share > 0:
+                dev.compute_s -= (p.end_s - p.start_s) * share
+                dev.energy_j -= p.joules * share
+                model_s += p.model_s * share
+                model_j += p.model_j * share
+                unstarted += share == 1.0 and p.model_s > 0
+        dev.model.unrun(model_s, model_j, unstarted)
         dev.queued.clear()
         dev.busy_until_s = min(dev.busy_until_s, self.now_s)
 

@@ -46,6 +46,10 @@ class DeviceModel(Protocol):
         """Device state for the live view and devices.jsonl (temperature, energy so far...)."""
         ...
 
+    def unrun(self, seconds: float, joules: float, tiles: int) -> None:
+        """Take off work :meth:`tile_cost` charged that did not run (stopped part-way)."""
+        ...
+
 
 @dataclass
 class RateDeviceModel:
@@ -59,6 +63,9 @@ class RateDeviceModel:
 
     def telemetry(self, now_s: float) -> dict[str, float]:
         return {}
+
+    def unrun(self, seconds: float, joules: float, tiles: int) -> None:
+        """Nothing to take off: this model keeps no account."""
 
 
 class EmulatedDevice:
@@ -111,6 +118,26 @@ class EmulatedDevice:
         # a tile asked for while the previous one is still "running" starts after it
         self._clock_s = max(self._clock_s, now_s) + seconds
         return TileCost(seconds, joules)
+
+    def unrun(self, seconds: float, joules: float, tiles: int) -> None:
+        """Take off work :meth:`tile_cost` charged that did not run: a baseline's piece stopped
+        part-way (its device lost, its step given up). ``seconds`` and ``joules`` of compute
+        are taken off, ``tiles`` never started; the device idled those seconds instead (its
+        clock has passed them). The thermal state keeps their heat: it cannot be unwound, and
+        it is at most one piece's."""
+        idle_w = self.power.idle_w if self.power is not None else 0.0
+        self.energy.busy_s -= seconds
+        self.energy.compute_j -= joules
+        self.energy.tiles -= tiles
+        self.energy.idle_s += seconds
+        self.energy.idle_j += idle_w * seconds
+
+    def skip_draws(self, tiles: int) -> None:
+        """Use up the noise draws of ``tiles`` tiles: a process started again on the device
+        goes on with its draws rather than repeating those its earlier processes used."""
+        if self.noise:
+            for _ in range(tiles):
+                self.model.sample_factor(self._rng)
 
     def telemetry(self, now_s: float) -> dict[str, float]:
         """Temperature, throttle factor and energy so far, at device time now_s."""

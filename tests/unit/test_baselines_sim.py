@@ -354,6 +354,29 @@ def test_work_stopped_part_way_is_charged_only_up_to_the_stop() -> None:
     assert dev.busy_until_s == pytest.approx(first * 0.4, rel=1e-12)
 
 
+def test_a_stopped_piece_is_in_the_device_models_telemetry_as_far_as_it_ran() -> None:
+    """The device model's own account (the device record's telemetry) kept the whole piece
+    when compute_s and energy_j had been cut back to the stop: it now keeps what ran, the
+    rest counted idle, and the tiles never started are taken off."""
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    dev = world.devices["phones-0"]
+    gemms, mem = cost.stage_work(t.job.model, 4, True, "F", 6, 8)
+    world.compute(dev, gemms, mem, lambda: None)
+    gemm_s = dev.model.telemetry(0.0)["busy_s"]  # the first piece's GEMMs (factor 1)
+    world.compute(dev, gemms, mem, lambda: None)  # queued behind the first
+    whole = dev.model.telemetry(0.0)
+    world.pass_time(gemm_s * 0.5)
+    world.stop_work(dev)
+    tel = dev.model.telemetry(world.now_s)
+    assert tel["busy_s"] == pytest.approx(gemm_s * 0.5, rel=1e-9)
+    assert tel["busy_s"] == pytest.approx(dev.compute_s, rel=1e-9)
+    assert tel["compute_energy_j"] == pytest.approx(dev.energy_j, rel=1e-9)
+    assert tel["busy_s"] + tel["idle_s"] == pytest.approx(whole["busy_s"] + whole["idle_s"],
+                                                          rel=1e-9)
+    assert 0 < tel["tiles"] < len(gemms)  # those never started are taken off
+
+
 def test_a_cancelled_transfer_counts_the_bytes_it_had_sent() -> None:
     t = topo("pipeline", count=2)
     world = BaselineWorld(t, noise=False)
@@ -392,6 +415,8 @@ def test_a_replica_crashing_mid_piece_is_charged_no_more_than_it_was_there(
     us = 1e-6  # the records' rounding
     record = next(d for d in summary["devices"] if d["device"] == "phones-2")
     assert record["compute_s"] == pytest.approx(crash_s - started[0], abs=us)
+    # the device model's account too (it had the whole piece: 0.107 s on the default topology)
+    assert record["telemetry"]["busy_s"] <= record["compute_s"] + us
     energy = summary["energy"]["devices"]["phones-2"]
     assert energy["busy_s"] + energy["idle_s"] == pytest.approx(crash_s, abs=2 * us)
     assert summary["device_compute_s"] == pytest.approx(

@@ -1,0 +1,98 @@
+"""What a device is charged for a baseline's work that was stopped part-way: the part that ran.
+
+One rule for the simulated baselines (:meth:`~testbed.baselines.sim_core.BaselineWorld.stop_work`)
+and the emulated ones (the stage and replica processes' ledgers, read by
+:mod:`testbed.baselines.emulate`). A piece of work (a stage's forward or backward of one
+micro-batch, a replica's forward and backward, an AdamW step) is a run of *parts*, each a
+GEMM or the piece's memory-bound work, timed back to back in device seconds: ``(start_s,
+end_s, joules)``. Stopped at ``stop_s`` (its device lost, its process killed, its step given
+up), a part that had ended is charged whole, one not started is not charged, and the part
+under way is charged pro rata: ``(stop_s - start_s) / (end_s - start_s)`` of its seconds and
+joules.
+
+**The ledger** of an emulated process (``<its report>.work.jsonl``): one JSON line per piece,
+appended before the piece's real compute starts (so a process killed at any moment has the
+pieces it began)::
+
+    {"t0": 1234.5, "dilation": 2.0, "gemms": 12, "parts": [[0.0, 0.01, 0.05], ...]}
+
+``t0`` is the host's ``time.monotonic()`` when the piece started (one clock for every
+namespace), ``parts`` its parts in device seconds from the piece's start, ``gemms`` how many
+of them the device model timed (each drew one noise factor; each line drew one straggler
+factor): what a process started again on the device skips, so that it goes on with the
+device's draws instead of repeating them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+Part = tuple[float, float, float]  # (start_s, end_s, joules): a GEMM or memory-bound part
+
+
+def unrun_share(start_s: float, end_s: float, stop_s: float) -> float:
+    """The share of a part [start_s, end_s) not run by stop_s: 0 when it had ended, 1 when it
+    had not started, pro rata while under way."""
+    if stop_s >= end_s:
+        return 0.0
+    if stop_s <= start_s or end_s <= start_s:
+        return 1.0
+    return (end_s - stop_s) / (end_s - start_s)
+
+
+def ran(parts: Iterable[Part], stop_s: float) -> tuple[float, float]:
+    """Device seconds and joules of the parts that ran by stop_s (:func:`unrun_share`)."""
+    seconds = joules = 0.0
+    for start, end, j in parts:
+        done = 1.0 - unrun_share(start, end, stop_s)
+        seconds += (end - start) * done
+        joules += j * done
+    return seconds, joules
+
+
+@dataclass(frozen=True)
+class Charge:
+    """An emulated process's work, as its ledger says, up to its stop."""
+
+    device_s: float  # device seconds of the parts that ran
+    energy_j: float  # their compute joules
+    pieces: int  # pieces begun: straggler draws used
+    gemms: int  # GEMMs the device model timed: noise draws used
+
+
+def ledger_path(report: Path) -> Path:
+    """Where a stage's or replica's process appends its ledger: beside its report."""
+    return report.with_suffix(".work.jsonl")
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """A ledger's complete lines (none when the process began no piece; a torn last line,
+    written as the process was killed, is left out)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()
+            if line.strip()]
+
+
+def charge(pieces: Sequence[dict[str, Any]], stopped_at: float | None) -> Charge:
+    """The work of a ledger's pieces, up to ``stopped_at`` (``time.monotonic()`` when the
+    process was killed; None: it ended by itself, every piece it began ran)."""
+    seconds = joules = 0.0
+    gemms = 0
+    for p in pieces:
+        t0, dilation = float(p["t0"]), float(p["dilation"])
+        if stopped_at is None or dilation <= 0:
+            stop = math.inf if stopped_at is None or stopped_at >= t0 else -math.inf
+        else:
+            stop = (stopped_at - t0) / dilation
+        s, j = ran(((a, e, x) for a, e, x in p["parts"]), stop)
+        seconds += s
+        joules += j
+        gemms += int(p["gemms"])
+    return Charge(seconds, joules, len(pieces), gemms)
