@@ -409,8 +409,10 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
     end_s = res["wall_s"] / dilation if res.get("restarts") or res.get("churn_events") \
         else sum(step_s)
     specs = {d.name: d for d in topology.devices}
-    work: dict[str, tuple[float, float]] = {}  # device -> (busy s, J), every attempt's stages
-    for r in res.get("attempt_reports") or reports:
+    # device -> (busy s, J) over every process on it (a pipeline's attempts, a replica's
+    # returns): what ran, up to a kill (its ledger, charge.py; a report counts whole steps)
+    work: dict[str, tuple[float, float]] = {}
+    for r in res.get("work") or res.get("attempt_reports") or reports:
         busy, joules = work.get(r["device"], (0.0, 0.0))
         work[r["device"]] = (busy + r["device_s"], joules + r["energy_j"])
     devices, power, links = [], {}, {}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
+from testbed.baselines.charge import charge, ledger_path, read_ledger
 from testbed.baselines.placement import device_infos, plan_pipeline
 from testbed.baselines.sim_core import BaselineWorld
 from testbed.runlog import write_json_atomic
@@ -221,6 +222,8 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     executed: list[dict[str, Any]] = []
     restarts, redone, start_step, attempt, last_redone = 0, 0, 0, 0, 0
     resume_files: list[str] = []
+    ledgers: dict[str, list[Path]] = {}  # device -> its stage processes' ledgers so far
+    work: list[dict[str, Any]] = []  # each stage process's work, up to its end or kill
     report = progress or (lambda _p: None)
     net.start()
     try:
@@ -245,6 +248,8 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                         "ips": [net.host_ip(d) for d in use], "delay_s": delay_s,
                         "start_step": start_step, "resume_files": resume_files,
                         "checkpoint_every": every, "ckpt_dir": str(ckpt_dir),
+                        # the draws each stage's device used in earlier attempts: go on
+                        "draws_used": [_draws(ledgers.get(d, [])) for d in use],
                         "progress": str(progress_path), "ready_dir": str(ready_dir),
                         "report_pattern": str(run_dir / f"stage{{}}-attempt{attempt}.json")}
             plan_path = run_dir / f"pipeline_plan{attempt}.json"
@@ -273,8 +278,15 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                 JsonlTail(progress_path),
                 [run_dir / f"stage{s}-attempt{attempt}.json" for s in range(len(use) - 1)],
                 start_step, executed, report, dilation)
-            killed = _supervise(procs, actions, t0, dilation, gone, ChurnEvent, deadline,
-                                functools.partial(_each, (connected, steps_done)))
+            stopped = _supervise(procs, actions, t0, dilation, gone, ChurnEvent, deadline,
+                                 functools.partial(_each, (connected, steps_done)))
+            killed = stopped[0] if stopped is not None else None
+            for s, d in enumerate(use):  # what ran, up to the kill (charge.py)
+                ledger = ledger_path(run_dir / f"stage{s}-attempt{attempt}.json")
+                ledgers.setdefault(d, []).append(ledger)
+                done = charge(read_ledger(ledger), stopped[1] if stopped is not None else None)
+                work.append({"device": d, "attempt": attempt, "stage": s,
+                             "device_s": done.device_s, "energy_j": done.energy_j})
             steps_done(final=True)  # the lines written before the stages ended
             this_attempt = steps_done.steps
             if killed is not None:
@@ -313,6 +325,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                "wall_s": wall_s, "stages": stages, "attempt_reports": every_attempt,
                "losses": [final[k] for k in sorted(final)], "executed": executed,
                "restarts": restarts, "steps_redone": redone, "network": net.describe(),
+               "work": work,
                # the trace's events whose time came while the run lasted (a tile-tp run's
                # summary counts its replayed ones): those left in `actions` never came
                "churn_events": len(schedule.actions) - len(actions) if schedule else 0,
@@ -323,6 +336,13 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
         return out
     finally:
         _stop(procs, net)
+
+
+def _draws(ledgers: Sequence[Path]) -> list[int]:
+    """The straggler and noise draws a device's processes used, from their ledgers:
+    [pieces, GEMMs]."""
+    used = [charge(read_ledger(p), None) for p in ledgers]
+    return [sum(c.pieces for c in used), sum(c.gemms for c in used)]
 
 
 def _all_ready(ready_dir: Path, n: int) -> bool:
@@ -416,10 +436,11 @@ def _stop(procs: Sequence[tuple[Any, subprocess.Popen]], net: MininetNetwork) ->
 
 def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0: float,
                dilation: float, gone: set[str], events: Any, deadline: float,
-               poll: Callable[[], None] = lambda: None) -> Any:
+               poll: Callable[[], None] = lambda: None) -> tuple[Any, float] | None:
     """Wait for the stages while replaying churn, calling ``poll`` meanwhile (the run's
-    progress); the churn action whose device's stage was lost, or None when every stage ended
-    by itself. A lost stage ends the others."""
+    progress); the churn action whose device's stage was lost and when the stages were killed
+    (``time.monotonic()``), or None when every stage ended by itself. A lost stage ends the
+    others."""
     stage_of = {d: p for d, p in procs}
     while True:
         poll()
@@ -430,12 +451,13 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
                 gone.add(a.device)
                 p = stage_of.get(a.device)
                 if p is not None and p.poll() is None:
+                    killed_at = time.monotonic()
                     p.kill()  # a lost stage: its device is gone (crash) or unreachable
                     for _, q in procs:
                         if q.poll() is None:
                             q.kill()
                         q.wait()
-                    return a
+                    return a, killed_at
             elif a.event in (events.JOIN, events.HEAL):
                 gone.discard(a.device)
         if all(p.poll() is not None for _, p in procs):
@@ -515,7 +537,8 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         base = [sys.executable, "-m", "testbed.baselines.replica_proc", "--plan", str(plan_path)]
         started = {r: 0 for r in range(len(names))}  # processes started per replica
         go_of: dict[int, Path] = {}  # replica -> the file its newest standby waits for
-
+        replica_of: dict[str, int] = {}  # a replica process's tag -> its replica
+        stopped_at: dict[int, float] = {}  # id of a process killed by churn -> when
         def start(r: int | None, join: bool = False) -> subprocess.Popen:
             if r is None:
                 tag, role = "ps", ["--role", "ps"]
@@ -526,6 +549,7 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                     go_of[r] = run_dir / f"{tag}.go"
                     role += ["--join", "--go", str(go_of[r])]
                 started[r] += 1
+                replica_of[tag] = r
             log = (run_dir / f"{tag}.log").open("w")
             proc = net.popen(None if r is None else names[r],
                              [*base, *role, "--out", str(run_dir / f"{tag}.json")],
@@ -550,9 +574,12 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         if schedule is None:
             failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log", poll)
         else:
+            def draws_of(r: int) -> list[int]:  # those replica r's processes used so far
+                return _draws([ledger_path(run_dir / f"{tag}.json")
+                               for tag, q in replica_of.items() if q == r])
             churn, failed = _supervise_replicas(ps, alive, names, start, go_of, actions,
                                                 dilation, ChurnEvent, run_dir, timeout_s,
-                                                poll, report, H)
+                                                poll, report, H, stopped_at, draws_of)
         wall_s = time.monotonic() - t0
         after = {n: net.interface_counters(n) for n in nodes}
         poll()  # the lines written before the PS ended
@@ -563,10 +590,18 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         reports = {tag: r for tag, r in reports.items()  # standbys never taken in: no work
                    if tag == "ps" or r["first_step"] < plan_doc["steps"]}
         took_part = reports["ps"]["took_part"]
+        work = []  # each replica process's work, up to its end or kill (charge.py)
+        for tag, proc in procs:
+            if tag in replica_of:
+                done = charge(read_ledger(ledger_path(run_dir / f"{tag}.json")),
+                              stopped_at.get(id(proc)))
+                work.append({"device": names[replica_of[tag]], "process": tag,
+                             "device_s": done.device_s, "energy_j": done.energy_j})
         out = {"replicas": names, "rows": plan_doc["rows"], "local_steps": H, "wall_s": wall_s,
                "losses": reports["ps"]["losses"], "took_part": took_part,
                "dropped_replica_steps": sum(len(names) - len(t) for t in took_part),
                "churn": churn if schedule is not None else [], "reports": reports,
+               "work": work,
                "churn_events": len(schedule.actions) - len(actions) if schedule else 0,
                "network": net.describe(),
                "links": {("ps" if n is None else n): {
@@ -593,13 +628,17 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                         events: Any, run_dir: Path,
                         timeout_s: float, poll: Callable[[], None] = lambda: None,
                         report: Callable[[Progress], None] = lambda _p: None,
-                        local_steps: int = 1) -> tuple[list[dict[str, Any]], list[str]]:
+                        local_steps: int = 1, stopped_at: dict[int, float] | None = None,
+                        draws_of: Callable[[int], list[int]] = lambda _r: [0, 0]
+                        ) -> tuple[list[dict[str, Any]], list[str]]:
     """Replay churn on the replicas until the PS ends: kill a departed replica's process, and
     let a returning one's standby connect (``--join --go``). Each replica the trace brings
     back has a standby, warm before the PS's first step (and a new one after each return the
     trace repeats), so a join connects at its time, not after this host's Python and torch
     start-up. Calls ``poll`` meanwhile (the run's progress) and ``report`` with each churn
-    event applied. Returns the churn applied and the failures."""
+    event applied; notes in ``stopped_at`` when each process it kills was killed (by
+    ``id``); tells a standby to go with the draws its replica's processes used
+    (``draws_of``). Returns the churn applied and the failures."""
     ready = run_dir / "ps.ready"
     deadline = time.monotonic() + timeout_s
     # a warm standby for each replica the trace brings back, before the clock starts (a
@@ -632,6 +671,8 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
             proc = alive.get(r)
             if a.event in (events.LEAVE, events.CRASH, events.PARTITION):
                 if proc is not None and proc.poll() is None:
+                    if stopped_at is not None:
+                        stopped_at[id(proc)] = time.monotonic()
                     proc.kill()  # its device is gone or unreachable
                     proc.wait()
                     killed.add(id(proc))
@@ -642,7 +683,7 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                                         f"replica {r}'s process killed; the PS goes on "
                                         "without it"))
             elif a.event in (events.JOIN, events.HEAL) and r in standby and r not in alive:
-                go[r].write_text("go")
+                write_json_atomic(go[r], draws_of(r))  # it goes on with the device's draws
                 alive[r] = standby.pop(r)
                 if any(b.device == a.device and b.event in (events.JOIN, events.HEAL)
                        for b in actions):

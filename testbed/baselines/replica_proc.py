@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.baselines.charge import ledger_path
 from testbed.baselines.membership import ReplicaMembership, row_weights
 from testbed.baselines.stage_proc import HELLO, PORT, HeldDevice, _connect, recv_frame, send_frame
 
@@ -283,12 +284,15 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     b = cost.DTYPE_BYTES[job.dtype]
     lo, hi = plan["rows"][r]
     share = (hi - lo) / job.batch_size
-    device = HeldDevice(topo, plan["devices"][r], float(plan.get("dilation", 1.0)))
+    device = HeldDevice(topo, plan["devices"][r], float(plan.get("dilation", 1.0)),
+                        ledger_path(out) if out is not None else None)
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed)
     if go is not None:  # a standby: warm (model built), waiting for its device to be back
         go.with_suffix(".warm").write_text("warm")
         while not go.exists():
             time.sleep(0.01)
+        # the go file says the draws the device's earlier processes used: go on from them
+        device.skip_draws(*json.loads(go.read_text()))
     ps = _connect(plan["ps_ip"], PORT)
     # killed (its device crashed or left), the kernel must not go on sending what the process
     # had queued: a reset, so the PS sees the replica gone instead of its buffered gradient
@@ -334,11 +338,11 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         t_step = time.monotonic()
         inputs, targets = sampler.batch(step)
         opt.zero_grad(set_to_none=True)
-        t0 = time.monotonic()
-        logits = model(inputs[lo:hi])
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[lo:hi].reshape(-1))
-        (ce * share if H == 1 else ce).backward()
-        device.hold(t0, gemms, mem)
+        with device.piece(gemms, mem):
+            logits = model(inputs[lo:hi])
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                 targets[lo:hi].reshape(-1))
+            (ce * share if H == 1 else ce).backward()
         send_frame(ps, LOSS, step, 0, struct.pack("!d", float(ce.detach())))
         sent += 8
         if H == 1:
@@ -351,9 +355,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
             received += len(back)
             for p, g in zip(params, _unflat(back, params, npdtype)):
                 p.grad = g.clone()
-        t0 = time.monotonic()
-        opt.step()
-        device.hold(t0, [], cost.optimizer_bytes(n_params, b))
+        with device.piece([], cost.optimizer_bytes(n_params, b)):
+            opt.step()
         if H > 1 and (step + 1) % H == 0:  # DiLoCo: the round's parameters up, θ_global back
             payload = _flat(params)
             send_frame(ps, PARAMS, step, 0, payload)

@@ -22,6 +22,7 @@ sender's clock plus the path's one-way delay (all namespaces share the host's cl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import struct
@@ -29,8 +30,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
+from testbed.baselines.charge import ledger_path
 from testbed.user_paths import written_whole
 
 if TYPE_CHECKING:  # imported lazily at run time (torch-heavy modules)
@@ -133,13 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="where to write this stage's report (JSON)")
     args = p.parse_args(argv)
     plan: dict[str, Any] = json.loads(Path(args.plan).read_text())
-    report = run_stage(plan, args.stage)
+    report = run_stage(plan, args.stage, ledger_path(Path(args.out)))
     Path(args.out).write_text(json.dumps(report))
     return 0
 
 
-def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
-    """Train plan['steps'] steps as stage s of the plan."""
+def run_stage(plan: dict[str, Any], s: int, ledger: Path | None = None) -> dict[str, Any]:
+    """Train plan['steps'] steps as stage s of the plan (each piece of work written to
+    ``ledger`` as it starts; ``plan['draws_used'][s]``: the pieces and GEMMs whose draws the
+    stage's device used in earlier attempts)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -166,7 +170,8 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
     npdtype = np.float64 if job.dtype == "float64" else np.float32
     b = cost.DTYPE_BYTES[job.dtype]
     spec = job.model
-    device = HeldDevice(topo, plan["devices"][s], float(plan.get("dilation", 1.0)))
+    device = HeldDevice(topo, plan["devices"][s], float(plan.get("dilation", 1.0)), ledger)
+    device.skip_draws(*plan.get("draws_used", [[0, 0]] * (s + 1))[s])
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed) \
         if first or last else None
     delays = plan["delay_s"][s]  # one-way delay from each other stage to this one
@@ -226,9 +231,8 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
                 x: torch.Tensor = inputs[lo:hi]
             else:
                 x = recv(s - 1, ACT, step, j, shape).to(dtype).requires_grad_(True)
-            t0 = time.monotonic()
-            out = stage(x)
-            device.hold(t0, *work("F", j))
+            with device.piece(*work("F", j)):
+                out = stage(x)
             saved.append((x, out))
             if not last:
                 send(s + 1, ACT, step, j, out)
@@ -241,13 +245,12 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
         for j in reversed(range(m)):
             x, out = saved[j]
             if last:
-                t0 = time.monotonic()
-                step_losses[j].backward()
+                with device.piece(*work("B", j)):
+                    step_losses[j].backward()
             else:
                 g = recv(s + 1, GRAD, step, j, tuple(out.shape)).to(dtype)
-                t0 = time.monotonic()  # the hold starts when the gradient is here
-                out.backward(g)
-            device.hold(t0, *work("B", j))
+                with device.piece(*work("B", j)):  # it starts when the gradient is here
+                    out.backward(g)
             if not first:
                 assert x.grad is not None
                 send(s - 1, GRAD, step, j, x.grad)
@@ -263,10 +266,9 @@ def run_stage(plan: dict[str, Any], s: int) -> dict[str, Any]:
             theirs = recv(other, TIED, step, 0, tuple(mine.shape)).to(dtype)
             sender.join()
             w.grad = mine + theirs if first else theirs + mine
-        t0 = time.monotonic()
-        opt.step()
         params = sum(p.numel() for p in stage.parameters())
-        device.hold(t0, [], cost.optimizer_bytes(params, b))
+        with device.piece([], cost.optimizer_bytes(params, b)):
+            opt.step()
         if every and (step + 1) % every == 0:
             save_checkpoint(stage, opt, Path(plan["ckpt_dir"]) / f"step{step + 1}" /
                             f"stage{s}.pt")
@@ -294,10 +296,14 @@ class HeldDevice:
     bandwidth) is held until its modelled time x D has passed since it started, x the group's
     straggler factor when the piece straggles (drawn per piece as the simulator draws it); the
     device's time, its compute energy (the model's joules, memory-bound work at busy power) and
-    how late each hold ended (lag) add up as it goes.
+    how late each hold ended (lag) add up as it goes. With a ``ledger``, each piece is written
+    there as it starts (:mod:`testbed.baselines.charge`), so that a process killed mid-piece
+    is charged what ran; ``skip_draws`` goes on with the draws of the device's earlier
+    processes.
     """
 
-    def __init__(self, topology: Topology, name: str, dilation: float):
+    def __init__(self, topology: Topology, name: str, dilation: float,
+                 ledger: Path | None = None):
         from testbed.agent.behaviour import straggler_for
         from testbed.emulator.device_model import device_model_for
         from testbed.perf_model.profiles import load_profile
@@ -313,19 +319,51 @@ class HeldDevice:
         self.device_s = 0.0
         self.energy_j = 0.0
         self.lag_s: list[float] = []
+        self._ledger = ledger.open("a", buffering=1) if ledger is not None else None
 
-    def hold(self, started: float, gemms: list[Gemm], mem_bytes: float) -> None:
-        """Wait until this work's modelled time x D has passed since `started`."""
+    def skip_draws(self, pieces: int, gemms: int) -> None:
+        """Use up the straggler draws of ``pieces`` pieces and the noise draws of ``gemms``
+        GEMMs: those the device's earlier processes used (their ledgers say how many), so
+        that a process started again does not repeat their delays."""
+        if self.straggler is not None:
+            for _ in range(pieces):
+                self.straggler.compute_factor()
+        if gemms and hasattr(self.model, "skip_draws"):
+            self.model.skip_draws(gemms)
+
+    def begin(self, gemms: list[Gemm], mem_bytes: float) -> float:
+        """A piece starts now: time it, count it, write it to the ledger; returns when its
+        hold ends (``time.monotonic()``)."""
+        started = time.monotonic()
         costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, self.device_s) for g in gemms]
         factor = self.straggler.compute_factor() if self.straggler is not None else 1.0
-        mem_s = mem_bytes / self.bandwidth
-        seconds = (sum(c.seconds for c in costs) + mem_s) * factor
-        self.energy_j += (sum(c.joules for c in costs) + self.busy_w * mem_s) * factor
+        parts, t = [], 0.0
+        for c in costs:
+            parts.append([t, t + c.seconds * factor, c.joules * factor])
+            t = parts[-1][1]
+        mem_s = mem_bytes / self.bandwidth * factor
+        parts.append([t, t + mem_s, self.busy_w * mem_s])
+        seconds = t + mem_s
+        if self._ledger is not None:
+            self._ledger.write(json.dumps({"t0": started, "dilation": self.dilation,
+                                           "gemms": len(gemms), "parts": parts}) + "\n")
+        self.energy_j += sum(p[2] for p in parts)
         self.device_s += seconds
-        wait = started + seconds * self.dilation - time.monotonic()
+        return started + seconds * self.dilation
+
+    def end(self, until: float) -> None:
+        """Hold until the piece's modelled time x D has passed (its real compute is done)."""
+        wait = until - time.monotonic()
         self.lag_s.append(max(0.0, -wait))
         if wait > 0:
             time.sleep(wait)
+
+    @contextlib.contextmanager
+    def piece(self, gemms: list[Gemm], mem_bytes: float) -> Iterator[None]:
+        """One piece: its real compute runs in the ``with`` block, then the hold."""
+        until = self.begin(gemms, mem_bytes)
+        yield
+        self.end(until)
 
     def lag_p95_s(self) -> float:
         lag = sorted(self.lag_s)

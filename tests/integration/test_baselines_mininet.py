@@ -5,6 +5,7 @@ Needs root and the Mininet backend (skips naming what is missing).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,22 @@ def test_a_lost_stage_restarts_from_its_checkpoint_with_the_same_losses(tmp_path
     for e in redo:  # a redone step computes the same loss again
         first = next(x for x in res["executed"] if x["step"] == e["step"])
         assert abs(first["loss"] - e["loss"]) <= 1e-12 * max(1.0, abs(e["loss"]))
+    # the killed attempt's stages are charged what ran up to the kill (their ledgers), at
+    # least the whole steps their last reports had; the restart goes on with phones-1's draws
+    from testbed.baselines.charge import charge, ledger_path, read_ledger
+
+    run = tmp_path / "run"
+    killed = [w for w in res["work"] if w["attempt"] == 0]
+    assert sorted(w["device"] for w in killed) == ["phones-1", "phones-2"]
+    for w in killed:
+        last_report = json.loads((run / f"stage{w['stage']}-attempt0.json").read_text())
+        assert w["device_s"] >= last_report["device_s"] * (1 - 1e-9)
+    plan0 = json.loads((run / "pipeline_plan0.json").read_text())
+    plan1 = json.loads((run / "pipeline_plan1.json").read_text())
+    for d, draws in zip(plan1["devices"], plan1["draws_used"]):  # [0, 0] on a fresh device
+        before = [charge(read_ledger(ledger_path(run / f"stage{s}-attempt0.json")), None)
+                  for s, e in enumerate(plan0["devices"]) if e == d]
+        assert draws == [sum(c.pieces for c in before), sum(c.gemms for c in before)]
 
 
 @needs_mininet

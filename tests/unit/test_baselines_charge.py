@@ -1,0 +1,126 @@
+"""Work stopped part-way is charged as far as it ran, in the emulated baselines' processes as
+in their simulation (charge.py), and a process started again goes on with its device's draws."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.baselines import cost
+from testbed.baselines.charge import charge, ledger_path, ran, read_ledger, unrun_share
+from testbed.baselines.stage_proc import HeldDevice
+from testbed.topology import Topology, parse_topology
+
+RAW: dict[str, Any] = {
+    "name": "charge", "seed": 5, "network": {"switches": ["ap0"],
+                                             "ps": {"switch": "ap0",
+                                                    "link": {"down": "1Gbit", "up": "1Gbit"}}},
+    "devices": [{"group": "phones", "profile": "snapdragon888", "count": 2, "switch": "ap0",
+                 "link": {"down": "100Mbit", "up": "20Mbit"},
+                 "behaviour": {"straggler": {"factor": 3, "rate": "50%"}}}],
+    "job": {"model": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "seq_len": 16},
+            "batch_size": 4, "steps": 200, "dtype": "float64",
+            "parallelism": {"strategy": "pipeline", "micro_batches": 4}}}
+
+
+def topology() -> Topology:
+    return parse_topology(RAW)
+
+
+def test_a_part_is_charged_whole_when_it_ended_and_pro_rata_while_under_way() -> None:
+    parts = [(0.0, 1.0, 10.0), (1.0, 3.0, 4.0), (3.0, 4.0, 1.0)]
+    assert unrun_share(1.0, 3.0, 2.5) == pytest.approx(0.25, rel=1e-12)
+    assert ran(parts, 2.5) == pytest.approx((2.5, 10.0 + 3.0), rel=1e-12)
+    assert ran(parts, 0.0) == (0.0, 0.0)
+    assert ran(parts, 9.0) == pytest.approx((4.0, 15.0), rel=1e-12)
+
+
+def test_a_ledgers_pieces_are_charged_up_to_the_kill(tmp_path: Path) -> None:
+    """Each piece at its own start time and dilation; a piece begun after the kill is not
+    charged (it cannot be, but a ledger read late must not invent it)."""
+    ledger = tmp_path / "stage0-attempt0.work.jsonl"
+    lines = [{"t0": 100.0, "dilation": 2.0, "gemms": 1,
+              "parts": [[0.0, 1.0, 5.0], [1.0, 1.5, 1.0]]},
+             {"t0": 103.0, "dilation": 2.0, "gemms": 0, "parts": [[0.0, 2.0, 2.0]]}]
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"t0": 10')  # torn
+    pieces = read_ledger(ledger)
+    assert len(pieces) == 2
+    killed = charge(pieces, 104.0)  # the second piece half a device second in: a quarter
+    assert (killed.device_s, killed.energy_j) == pytest.approx((1.5 + 0.5, 6.0 + 0.5), rel=1e-12)
+    assert (killed.pieces, killed.gemms) == (2, 1)
+    whole = charge(pieces, None)
+    assert (whole.device_s, whole.energy_j) == pytest.approx((3.5, 8.0), rel=1e-12)
+    assert charge(pieces, 99.0).device_s == 0.0
+
+
+def test_a_device_started_again_goes_on_with_its_draws(tmp_path: Path) -> None:
+    """A restarted stage (or a returning replica) drew its straggler and noise factors from the
+    seed afresh, so it repeated its first process's delays; skipping the draws its ledger
+    counts, it draws what one process running on would have."""
+    t = topology()
+    gemms, mem = cost.stage_work(t.job.model, 2, True, "F", 1, 8)
+    first_ledger = tmp_path / "first.work.jsonl"
+    first = HeldDevice(t, "phones-0", 0.0, first_ledger)
+    on = HeldDevice(t, "phones-0", 0.0)
+    for _ in range(10):
+        first.end(first.begin(gemms, mem))
+        on.end(on.begin(gemms, mem))
+    used = charge(read_ledger(first_ledger), None)
+    assert (used.pieces, used.gemms) == (10, 10 * len(gemms))
+    again = HeldDevice(t, "phones-0", 0.0)
+    again.skip_draws(used.pieces, used.gemms)
+    fresh = HeldDevice(t, "phones-0", 0.0)
+    assert again.model._rng.getstate() == on.model._rng.getstate()  # type: ignore[attr-defined]
+    assert fresh.model._rng.getstate() != on.model._rng.getstate()  # type: ignore[attr-defined]
+    assert again.straggler is not None and on.straggler is not None
+    assert fresh.straggler is not None
+    ahead = [on.straggler.compute_factor() for _ in range(40)]
+    assert [again.straggler.compute_factor() for _ in range(40)] == ahead
+    assert [fresh.straggler.compute_factor() for _ in range(40)] != ahead
+
+
+def test_a_stage_process_killed_mid_step_is_charged_what_ran(tmp_path: Path) -> None:
+    """A one-stage pipeline's process (on this host's loopback), killed mid-run: its ledger
+    charges the pieces that ran and the one under way as far as it got, which the report it
+    writes at each step's end (what the row read) lacks: the aborted step's pieces."""
+    topo_path = tmp_path / "t.yaml"
+    topo_path.write_text(json.dumps(RAW))
+    D = 400.0  # a step of device milliseconds held as a host second or so
+    report = tmp_path / "stage0-attempt0.json"
+    plan = {"topology": str(topo_path), "devices": ["phones-0"], "bounds": [[0, 2]],
+            "micro_batches": 4, "steps": 200, "dilation": D, "ips": ["127.0.0.1"],
+            "delay_s": [[0.0]], "start_step": 0, "resume_files": [], "checkpoint_every": 0,
+            "ckpt_dir": str(tmp_path / "ckpt"), "progress": "", "ready_dir": "",
+            "report_pattern": str(tmp_path / "stage{}-attempt0.json")}
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.baselines.stage_proc", "--plan",
+                             str(plan_path), "--stage", "0", "--out", str(report)],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        deadline = time.monotonic() + 120
+        while not report.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # a step done: pieces run
+        time.sleep(1.3)
+        killed_at = time.monotonic()
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    pieces = read_ledger(ledger_path(report))
+    assert pieces, "the stage began no piece"
+    charged = charge(pieces, killed_at)
+    held = (killed_at - pieces[0]["t0"]) / D  # device seconds since its first piece began
+    assert 0.8 * held <= charged.device_s <= held * (1 + 1e-9)
+    reported = json.loads(report.read_text())
+    assert reported["device_s"] < charged.device_s  # the step under way was left out
+    assert charged.device_s < charge(pieces, None).device_s  # the last piece had not ended
