@@ -8,8 +8,9 @@ device to device rather than PS to device:
   thermal throttling and energy are the tile simulation's. A device runs its work one piece
   after another; a GEMM is timed by ``tile_cost(m, k, n, op, start)``; memory-bound work
   (:mod:`testbed.baselines.cost`) takes ``bytes / memory bandwidth`` at busy power. A churn
-  ``slow`` multiplies both, and so does the group's ``behaviour.straggler`` on a share ``rate``
-  of the pieces (a stage's forward or backward of one micro-batch, a replica's forward and
+  ``slow`` multiplies both from its time, the rest of the work under way included
+  (:meth:`BaselineWorld.set_slow`), and so does the group's ``behaviour.straggler`` on a share
+  ``rate`` of the pieces (a stage's forward or backward of one micro-batch, a replica's forward and
   backward, an AdamW step), drawn as tile-tp's simulation and agents draw it per tile. Work
   is charged (``compute_s``, ``energy_j``) when it is queued; work stopped part-way (its device
   lost, its step abandoned) is charged only up to the stop, energy pro rata within the GEMM it
@@ -27,7 +28,7 @@ device to device rather than PS to device:
   ``crash`` take the device away at once (a broken stream is seen at once, as in the tile
   simulation), ``partition`` cuts its links and the device is declared lost after the lease
   (5 s, the PS's, counted from that cut: a heal and a new cut start it again), ``heal``
-  brings it back, ``join`` adds it, ``slow`` scales its compute.
+  brings it back, ``join`` adds it, ``slow`` scales its compute from then on.
   The strategy reacts through :meth:`BaselineWorld.on_lost` / :meth:`on_back`.
 """
 
@@ -74,7 +75,7 @@ class Device:
     compute_s: float = 0.0
     energy_j: float = 0.0
     # the work charged and not yet run, part by part, so that work stopped part-way is
-    # charged only up to the stop
+    # charged only up to the stop and a churn `slow` re-times what is left
     queued: list[Part] = field(default_factory=list)
     bytes_down: int = 0  # received
     bytes_up: int = 0  # sent
@@ -221,7 +222,7 @@ class BaselineWorld(EventLoop):
                 then: Callable[[], None]) -> float:
         """Queue work on a device after what it is doing; ``then`` runs when it ends.
 
-        Returns the work's device seconds."""
+        Returns the work's device seconds (as queued: a later churn ``slow`` re-times it)."""
         start = max(self.now_s, dev.busy_until_s)
         factor = dev.slow * (dev.straggler.compute_factor() if dev.straggler else 1.0)
         t = start
@@ -239,8 +240,15 @@ class BaselineWorld(EventLoop):
         dev.busy_until_s = t
         dev.compute_s += t - start
         dev.energy_j += sum(p.joules for p in parts)
-        self.at(t, then)
+        self._finish(parts[-1])
         return t - start
+
+    def _finish(self, last: Part) -> None:
+        """Run the piece's callback at its last part's end, unless that end has moved since
+        (a ``slow`` re-timed it and queued it again)."""
+        end, then = last.end_s, last.then
+        assert then is not None
+        self.at(end, lambda: then() if last.end_s == end else None)
 
     def stop_work(self, dev: Device) -> None:
         """The device drops what it was computing (its step was abandoned): the part of its work
@@ -259,6 +267,41 @@ class BaselineWorld(EventLoop):
         dev.model.unrun(model_s, model_j, unstarted)
         dev.queued.clear()
         dev.busy_until_s = min(dev.busy_until_s, self.now_s)
+
+    def set_slow(self, dev: Device, factor: float) -> None:
+        """A churn ``slow``: the device computes ``factor`` times slower than its profile from
+        now on, mid-piece and mid-GEMM: what is left of its queued work takes ``factor / its
+        old factor`` times its time and energy, and the pieces end that much later (or
+        sooner). The straggler factor a piece drew stays with it."""
+        ratio = factor / dev.slow
+        dev.slow = factor
+        queued: list[Part] = []
+        shift = 0.0  # how far the parts from here on move
+        for p in dev.queued:
+            if p.end_s <= self.now_s:
+                continue
+            if p.start_s < self.now_s:  # under way: split it at now, the rest re-timed
+                share = (p.end_s - self.now_s) / (p.end_s - p.start_s)
+                rest = Part(self.now_s, p.end_s, p.joules * share, p.model_s * share,
+                            p.model_j * share, p.then)
+                p.end_s, p.joules = self.now_s, p.joules - rest.joules
+                p.model_s, p.model_j, p.then = p.model_s - rest.model_s, \
+                    p.model_j - rest.model_j, None
+                queued.append(p)
+                p = rest
+            seconds = p.end_s - p.start_s
+            dev.compute_s += seconds * (ratio - 1)
+            dev.energy_j += p.joules * (ratio - 1)
+            p.joules *= ratio
+            p.start_s += shift
+            shift += seconds * (ratio - 1)
+            p.end_s = p.start_s + seconds * ratio
+            queued.append(p)
+            if p.then is not None:
+                self._finish(p)
+        dev.queued = queued
+        if queued:
+            dev.busy_until_s = max(self.now_s, queued[-1].end_s)
 
     # -- membership ----------------------------------------------------------------------------
     def participate(self, dev: Device) -> None:
@@ -327,7 +370,7 @@ class BaselineWorld(EventLoop):
             elif not down and dev.present:
                 self.on_back(dev)
         else:
-            dev.slow = float(action.factor or 1.0)
+            self.set_slow(dev, float(action.factor or 1.0))
             effect = f"compute x{action.factor}"
         record = action.to_dict()
         self.emit("churn", **{k: v for k, v in record.items() if k != "event"},

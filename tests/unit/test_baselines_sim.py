@@ -376,6 +376,52 @@ def test_a_stopped_piece_is_in_the_device_models_telemetry_as_far_as_it_ran() ->
     assert 0 < tel["tiles"] < len(gemms)  # those never started are taken off
 
 
+def test_a_slow_applies_from_its_time_to_the_piece_under_way(tmp_path: Path) -> None:
+    """A churn slow halfway through a replica's forward and backward (one piece) makes the
+    rest of it factor times longer; it waited for the replica's next piece (its AdamW)."""
+    t = topo("data-parallel", count=2, steps=1)
+    probe = BaselineWorld(t, noise=False)
+    started: list[float] = []
+    real_compute = probe.compute
+
+    def spy(dev: Any, gemms: Any, mem: float, then: Any) -> float:
+        seconds = real_compute(dev, gemms, mem, then)
+        if dev.name == "phones-0" and gemms:
+            started.extend((probe.now_s, seconds))
+        return seconds
+    probe.compute = spy  # type: ignore[method-assign]
+    run(DataParallelSim(t, probe), 1)
+    piece_s = started[1]
+    adamw_s = probe.devices["phones-0"].compute_s - piece_s
+    trace = tmp_path / "slow.csv"
+    trace.write_text("time_s,device,event,arg\n"
+                     f"{started[0] + 0.5 * piece_s:.12f},phones-0,slow,3\n")
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False)
+    out = run(DataParallelSim(t, world), 1)
+    assert world.devices["phones-0"].compute_s == pytest.approx(
+        0.5 * piece_s + 1.5 * piece_s + 3 * adamw_s, rel=1e-6)
+    assert out[0].device_s > probe.now_s + 0.9 * piece_s  # the step waited for it
+
+
+def test_a_slow_shrinks_the_rest_of_a_piece_and_its_energy() -> None:
+    """Back to full speed mid-piece (slow 1 after slow 4): the rest runs 4 times faster, and
+    the piece's end event comes sooner (its first end is dropped)."""
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    dev = world.devices["phones-0"]
+    world.set_slow(dev, 4.0)
+    gemms, mem = cost.stage_work(t.job.model, 4, True, "F", 6, 8)
+    ends: list[float] = []
+    queued_s = world.compute(dev, gemms, mem, lambda: ends.append(world.now_s))
+    queued_j = dev.energy_j
+    world.pass_time(queued_s * 0.5)
+    world.set_slow(dev, 1.0)
+    world.pass_time(queued_s * 2)
+    assert ends == [pytest.approx(queued_s * (0.5 + 0.5 / 4), rel=1e-9)]
+    assert dev.compute_s == pytest.approx(ends[0], rel=1e-9)
+    assert dev.energy_j == pytest.approx(queued_j * (0.5 + 0.5 / 4), rel=1e-6)
+
+
 def test_a_cancelled_transfer_counts_the_bytes_it_had_sent() -> None:
     t = topo("pipeline", count=2)
     world = BaselineWorld(t, noise=False)
