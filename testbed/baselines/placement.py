@@ -1,10 +1,11 @@
 """Where a baseline's pieces go: pipeline stages and data-parallel replicas, within memory.
 
 **Pipeline placement** (a simpler relative of DT-FM's search, Yuan et al. 2022, arXiv
-2206.01288): devices are ordered fastest first (profile GFLOPS, then memory); for every stage
-count ``S`` from 1 to ``min(devices, layers)`` the first ``S`` devices take contiguous runs of
-decoder layers (stage 0 adds the embeddings, the last stage the final norm and LM head, which
-holds a copy of the tied embedding; a single stage holds the tied weight once). The cut
+2206.01288): devices are ordered fastest first (profile GFLOPS over the expected straggler
+slowdown, then memory); for every stage count ``S`` from 1 to ``min(devices, layers)`` the
+first ``S`` devices take contiguous runs of decoder layers (stage 0 adds the embeddings, the
+last stage the final norm and LM head, which holds a copy of the tied embedding; a single
+stage holds the tied weight once). The cut
 minimises the slowest stage's time per micro-batch under each device's memory (bisection on
 that time; a greedy fill checks each candidate, which is exact for contiguous cuts in a fixed
 device order). Among the stage counts the plan with the smallest GPipe estimate
@@ -17,8 +18,11 @@ gradients, Adam's moments, the activations of its share of the batch) is a repli
 first, at most one per sequence of the batch. None fits: :class:`FitError`.
 
 Planning uses the profiles' sustained GFLOPS and, when the profile has a model, its memory
-bandwidth (else :data:`DEFAULT_MEMORY_BYTES_S`); the simulator then times what the plan says
-with the full device models.
+bandwidth (else :data:`DEFAULT_MEMORY_BYTES_S`), both over the expected slowdown of the
+device's straggling (:func:`straggler_mean`: a group's ``behaviour.straggler`` is part of the
+topology, as DT-FM's scheduler profiles the devices it places on, and tile-tp's PS measures
+the rate each device delivers); the simulator then times what the plan says with the full
+device models.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from testbed.baselines.memory import device_memory, gib
 from testbed.emulator.network.base import loss_cap_bps
 from testbed.errors import InputError
 from testbed.perf_model.profiles import DeviceProfile, load_profile
-from testbed.topology import JobSpec, Topology
+from testbed.topology import DeviceSpec, JobSpec, Topology
 
 DEFAULT_MEMORY_BYTES_S = 10e9  # a profile without a model: LPDDR4-class phone memory (assumed)
 
@@ -53,6 +57,7 @@ class DeviceInfo:
     ram_bytes: int
     up_bps: float  # the device's link, capped by its path's loss (loss_cap_bps)
     down_bps: float
+    slowdown: float = 1.0  # expected compute factor of its group's straggling (straggler_mean)
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,19 @@ def device_infos(topology: Topology, names: set[str] | None = None) -> list[Devi
         cap = loss_cap_bps(topology, d)  # what TCP gets through a lossy path, as tile-tp's plans
         out.append(DeviceInfo(d.name, g.group, g.profile, p.sustained_gflops, bw,
                               mem.usable_bytes, mem.ram_bytes, min(d.link.up_bps, cap),
-                              min(d.link.down_bps, cap)))
+                              min(d.link.down_bps, cap), straggler_mean(d)))
     return out
+
+
+def straggler_mean(device: DeviceSpec) -> float:
+    """The expected factor on a piece's time of its group's ``behaviour.straggler``:
+    ``E = 1 + rate · (factor - 1)`` (a share ``rate`` of the pieces takes ``factor`` times as
+    long, the device model's draw per piece); 1 without straggling."""
+    b = device.group.behaviour
+    spec = b.straggler if b is not None else None
+    if spec is None or spec.factor <= 1:
+        return 1.0
+    return 1.0 + spec.rate * (spec.factor - 1.0)
 
 
 def describe_devices(devices: list[DeviceInfo]) -> str:
@@ -102,7 +118,7 @@ def describe_devices(devices: list[DeviceInfo]) -> str:
 
 
 def _order(devices: list[DeviceInfo]) -> list[DeviceInfo]:
-    return sorted(devices, key=lambda d: (-d.gflops, -d.usable_bytes))
+    return sorted(devices, key=lambda d: (-d.gflops / d.slowdown, -d.usable_bytes))
 
 
 @dataclass(frozen=True)
@@ -139,11 +155,11 @@ def _needs(job: JobSpec, micro_batches: int) -> _Needs:
 
 
 def _layer_time(n: _Needs, d: DeviceInfo) -> float:
-    return n.layer_s / (d.gflops * 1e9) + n.layer_el_bytes / d.memory_bytes_s
+    return (n.layer_s / (d.gflops * 1e9) + n.layer_el_bytes / d.memory_bytes_s) * d.slowdown
 
 
 def _head_time(n: _Needs, d: DeviceInfo) -> float:
-    return n.head_flops / (d.gflops * 1e9) + n.head_el_bytes / d.memory_bytes_s
+    return (n.head_flops / (d.gflops * 1e9) + n.head_el_bytes / d.memory_bytes_s) * d.slowdown
 
 
 def _fixed_mem(n: _Needs, first: bool, last: bool) -> float:

@@ -14,7 +14,7 @@ from testbed.baselines import cost, pipeline_sim
 from testbed.baselines.data_parallel_sim import LOSS_BYTES, DataParallelSim
 from testbed.baselines.engine import PipelineTrainer, Stage, _reference_model
 from testbed.baselines.pipeline_sim import PipelineSim, StepOutcome
-from testbed.baselines.placement import PipelinePlan
+from testbed.baselines.placement import PipelinePlan, device_infos, plan_pipeline
 from testbed.baselines.run import simulate_baseline
 from testbed.baselines.sim_core import LEASE_S, PS, BaselineWorld
 from testbed.baselines.stage_proc import HeldDevice
@@ -565,3 +565,34 @@ def test_a_diloco_replica_cut_off_before_its_loss_is_sent_is_dropped(tmp_path: P
     crash = _default_dp(tmp_path, "0.15,phones-2,crash,\n", steps=1, local_steps=2)
     assert "phones-2" not in cut[0].fields["took_part"]
     assert cut[0].fields["took_part"] == crash[0].fields["took_part"]
+
+
+def test_pipeline_placement_weighs_a_groups_expected_straggling(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An m2pro whose every piece takes 4 times as long (expected 60 GFLOP/s) against a steady
+    m2 (124): placement went by the profiles alone and put the stage on the m2pro, whose steps
+    the simulator (and the emulation) then ran 4 times slower than its estimate."""
+    def two(**straggler: Any) -> Topology:
+        link = {"down": "300Mbit", "up": "100Mbit", "delay": "5ms"}
+        job = yaml.safe_load((Path(__file__).parents[2] / "topologies" / "default.yaml")
+                             .read_text())["job"]  # hidden 96, sequence 256, batch 32
+        raw: dict[str, Any] = {
+            "name": "two", "seed": 3,
+            "network": {"switches": ["ap0"], "ps": {"switch": "ap0", "link": {
+                "down": "1Gbit", "up": "1Gbit"}}},
+            "devices": [{"group": "fast", "profile": "m2pro", "count": 1, "switch": "ap0",
+                         "link": link, "behaviour": {"straggler": straggler}},
+                        {"group": "steady", "profile": "m2", "count": 1, "switch": "ap0",
+                         "link": link}],
+            "job": {**job, "steps": 2, "parallelism": {"strategy": "pipeline"}}}
+        return parse_topology(raw)
+
+    t = two(factor=4, rate="100%")
+    infos = device_infos(t)
+    assert {i.name: i.slowdown for i in infos} == {"fast-0": 4.0, "steady-0": 1.0}
+    assert plan_pipeline(t.job, infos).devices == ("steady-0",)
+    assert plan_pipeline(t.job, device_infos(two(factor=4, rate="10%"))).devices == ("fast-0",)
+    placed = sum(o.device_s for o in run(PipelineSim(t, BaselineWorld(t, noise=False)), 2))
+    fixed_plan(monkeypatch, ("fast-0",), ((0, t.job.model.layers),), 4)
+    on_fast = sum(o.device_s for o in run(PipelineSim(t, BaselineWorld(t, noise=False)), 2))
+    assert placed < 0.5 * on_fast  # 0.156 against 0.362 s a step here
