@@ -47,6 +47,7 @@ from testbed.emulator.device_model import DeviceModel, device_model_for
 from testbed.emulator.network.base import loss_cap_bps
 from testbed.perf_model.profiles import PowerParams, load_profile
 from testbed.simulate.events import EventLoop
+from testbed.simulate.lease import set_partitioned
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
 
@@ -68,7 +69,7 @@ class Device:
     switch: str | None
     present: bool = False
     partitioned: bool = False
-    cuts: int = 0  # partitions of a reachable device so far (which one a lease timer is for)
+    cuts: int = 0  # its cuts so far (which one a lease timer is for: testbed.simulate.lease)
     slow: float = 1.0
     straggler: Behaviour | None = None  # its group's behaviour.straggler, drawn per piece
     busy_until_s: float = 0.0
@@ -353,21 +354,15 @@ class BaselineWorld(EventLoop):
                 self.on_lost(dev, "left" if event is ChurnEvent.LEAVE else "stream broken")
         elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
             down = event is ChurnEvent.PARTITION
-            cut = down and not dev.partitioned  # a second partition sends no message either
-            dev.partitioned = down
+
+            def lost(dev: Device = dev) -> None:  # the lease ended (testbed.simulate.lease)
+                if dev.present:
+                    self.on_lost(dev, f"no message for more than {LEASE_S:g} s")
+            set_partitioned(self, dev, down, LEASE_S, lost if dev.present else None)
             for link, rate in zip(dev.own, dev.link_Bps):
                 self.net.set_capacity(link, 0.0 if down else rate)
             effect = "link down" if down else "link up"
-            if cut and dev.present:
-                dev.cuts += 1
-
-                def expire(dev: Device = dev, cut: int = dev.cuts) -> None:
-                    # the PS counts the lease from the last message: a heal since this cut
-                    # (and a later cut) restarted it, so only this cut's own timer may fire
-                    if dev.cuts == cut and dev.partitioned and dev.present:
-                        self.on_lost(dev, f"no message for more than {LEASE_S:g} s")
-                self.at(self.now_s + LEASE_S, expire)
-            elif not down and dev.present:
+            if not down and dev.present:
                 self.on_back(dev)
         else:
             self.set_slow(dev, float(action.factor or 1.0))

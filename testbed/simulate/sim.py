@@ -75,6 +75,7 @@ from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import TileBox, gemm_flops
 from testbed.simulate.chain import ChainGemm, linears, step_chain
 from testbed.simulate.events import EventLoop
+from testbed.simulate.lease import set_partitioned
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
 from testbed.up import EMULATED_MAX_IN_FLIGHT
@@ -521,7 +522,13 @@ class Simulation(EventLoop):
                   action=record["event"], effect=effect)
 
     def _partition(self, dev: SimDevice, down: bool) -> None:
-        dev.partitioned = down
+        session = dev.session
+
+        def lost() -> None:  # the lease ended (testbed.simulate.lease): unless it left since
+            if dev.session == session:
+                self.drop(dev, "lease_expired",
+                          f"no message for more than {self.config.lease_s:g} s")
+        set_partitioned(self, dev, down, self.config.lease_s, lost if dev.present else None)
         if down:
             self._partitioned.add(dev.spec.name)
         else:
@@ -530,20 +537,7 @@ class Simulation(EventLoop):
             self.ready.block(dev.slot, down)
         for link, rate in zip(dev.own_links, dev.link_Bps):
             self.net.set_capacity(link, 0.0 if down else rate)
-        if down:
-            dev.cuts += 1
-        if down and dev.present:
-            # the PS counts the lease from the device's last message: a heal and a new cut
-            # start it again, so an earlier cut's timer must not end this one (the baselines'
-            # BaselineWorld._apply keeps the same rule)
-            session, cut = dev.session, dev.cuts
-
-            def expire() -> None:
-                if dev.session == session and dev.cuts == cut and dev.partitioned:
-                    self.drop(dev, "lease_expired",
-                              f"no message for more than {self.config.lease_s:g} s")
-            self.at(self.now_s + self.config.lease_s, expire)
-        elif not down and not dev.present and dev.spec.name in self._wanted:
+        if not down and not dev.present and dev.spec.name in self._wanted:
             self.join(dev)  # the agent reconnects once its link is back
         if not down:
             self.pump()
