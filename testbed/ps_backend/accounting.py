@@ -56,3 +56,26 @@ class StepStats:
                 continue
             theirs = getattr(step, f.name)
             setattr(self, f.name, max(mine, theirs) if f.name == "lag_s_max" else mine + theirs)
+
+
+def run_figures(totals: StepStats) -> dict[str, int | float]:
+    """The summary's figures of the run that ``steps.jsonl`` also has per step, under the
+    summary's keys (the same in ``testbed up``'s and ``testbed simulate``'s): sums, and the
+    largest ``max_lag_s``. ``totals``: the finished steps' figures for a run that is done, so
+    that each equals the sum over its steps; those and the step under way for one that was
+    interrupted or failed (it spent them)."""
+    return {"tiles": totals.tiles, "recomputed_tiles": totals.recomputed,
+            "requeued_tiles": totals.requeued, "rejected": totals.rejected,
+            "late": totals.late, "bytes_down": totals.bytes_down, "bytes_up": totals.bytes_up,
+            "max_lag_s": round(totals.lag_s_max, 6),
+            "device_compute_s": round(totals.device_compute_s, 6),
+            "energy_j": round(totals.energy_j, 6), "failed_checks": totals.failed_checks,
+            "backups": totals.backups, "backup_wins": totals.backup_wins,
+            "wasted_tiles": totals.wasted}
+
+
+def after_last_step(stats: StepStats) -> dict[str, int | float]:
+    """What the PS counted after a done run's last step and before its summary (results of
+    losing copies coming back late, a departure's ...): the non-zero figures of
+    :func:`run_figures`, which leaves them out of a done run's totals."""
+    return {key: value for key, value in run_figures(stats).items() if value}

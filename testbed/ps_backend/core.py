@@ -31,7 +31,7 @@ import numpy as np
 
 from testbed.agent.link import MESSAGE_OVERHEAD_BYTES
 from testbed.emulator.dilation import DeviceTimeline, tile_error
-from testbed.ps_backend.accounting import StepStats
+from testbed.ps_backend.accounting import StepStats, after_last_step, run_figures
 from testbed.ps_backend.admission import REFUSAL_EVENT_PERIOD_S, JoinLimiter, RefusalLog
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import (
@@ -876,10 +876,24 @@ class PsCore:
         return stats
 
     @property
+    def finished(self) -> StepStats:
+        """The finished steps' figures: their sums, as steps.jsonl has them step by step."""
+        return dataclasses.replace(self._finished, tile_errors=[], tile_lags_s=[],
+                                   tile_late_s={}, start_late_s={}, uplink_late_s={})
+
+    def summary_figures(self, done: bool) -> dict[str, Any]:
+        """The summary's figures that steps.jsonl has per step (``run_figures``). A done run's
+        are its finished steps' sums, and what the PS counted since its last step (a losing
+        copy's result coming back late) is apart, in ``after_last_step``: summary and steps
+        agree. An unfinished run's count the step under way too: it spent them."""
+        if not done:
+            return run_figures(self.totals)
+        return {**run_figures(self.finished), "after_last_step": after_last_step(self.stats)}
+
+    @property
     def totals(self) -> StepStats:
         """The run's figures so far: the finished steps and the one under way."""
-        out = dataclasses.replace(self._finished, tile_errors=[], tile_lags_s=[],
-                                  tile_late_s={}, start_late_s={}, uplink_late_s={})
+        out = self.finished
         out.add(self.stats)
         return out
 

@@ -564,22 +564,21 @@ def run_ps(topology: Topology, run_dir: Path, listen: str, token: str, expected_
             server.call(lambda: status.tick(force=True))
         except OSError as exc:  # the summary below matters more than the live view
             log.error("could not write status.json: %s", exc)
-        totals = core.totals
-        metrics = server.call(lambda: fault_metrics(core, status.cpu))
+        # the metrics and the step figures at one moment of the loop thread
+        metrics, figures = server.call(lambda: (fault_metrics(core, status.cpu),
+                                                core.summary_figures(state == "done")))
         summary = {
             "run": run_dir.name, "state": state, "error": failure, "steps_done": len(losses),
             "steps": job.steps, "final_loss": losses[-1] if losses else None,
             "losses": losses, "wall_s": round(time.monotonic() - started, 3),
-            "time_dilation": dilation, "tiles": totals.tiles,
-            "recomputed_tiles": totals.recomputed, "requeued_tiles": totals.requeued,
-            "rejected": totals.rejected, "late": totals.late, "bytes_down": totals.bytes_down,
-            "bytes_up": totals.bytes_up, "max_lag_s": round(totals.lag_s_max, 6),
-            "device_compute_s": round(totals.device_compute_s, 6),
-            "energy_j": round(totals.energy_j, 6), **metrics, **bound.fields(),
+            "time_dilation": dilation, **figures, **metrics, **bound.fields(),
             **fidelity.fields(),
             "planner": job.parallelism.planner,
             "planner_cpu_s": round(core.planner.cpu_s, 3),
             "devices": server.call(core.device_records) + core.departed_records()}
+        # the step figures win over the metrics' run-wide counters of the same name (those
+        # count the dilation probe's tiles and the results after the last step too)
+        summary.update(figures)
         try:
             write_json_atomic(run_dir / "ps_summary.json", summary)
         except OSError as exc:

@@ -53,6 +53,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     ``on_planned(shapes, processes, wall s, CPU s)`` once they are (as the PS makes them: a
     large topology's take most of its first step's wall time, a job of millions of tokens a
     step minutes)."""
+    from testbed.ps_backend.accounting import after_last_step, run_figures
     from testbed.ps_backend.bound import BoundTotals, efficiency
     from testbed.ps_backend.step_plan import planning_workers
     from testbed.runlog import RunLog
@@ -118,17 +119,16 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
         state, interrupted = "interrupted", True
     devices = sim.device_records()
     events = log.finish(devices, state)
-    t = sim.run_totals()
-    k = sim.scheduler.counters
+    # as the PS's summary: a done run's figures are its steps' sums, what came after apart
+    # (nothing: the simulation stops with its last step), an unfinished run's count the step
+    # under way too
+    done = state == "done"
     summary: dict[str, Any] = {
         "run": run_dir.name, "simulated": True, "state": state, "error": error,
         "steps_done": steps_done, "steps": job.steps, "final_loss": None, "losses": [],
         "wall_s": round(sim.now_s, 6), "sim_wall_s": round(time.monotonic() - started, 3),
-        "time_dilation": 1.0, "tiles": t.tiles, "recomputed_tiles": t.recomputed,
-        "requeued_tiles": t.requeued, "rejected": t.rejected, "late": t.late,
-        "bytes_down": t.bytes_down, "bytes_up": t.bytes_up, "max_lag_s": 0.0,
-        "device_compute_s": round(t.device_compute_s, 6), "energy_j": round(t.energy_j, 6),
-        "backups": k.backups, "backup_wins": k.backup_wins, "wasted_tiles": k.wasted,
+        "time_dilation": 1.0, **run_figures(sim.totals if done else sim.run_totals()),
+        **({"after_last_step": after_last_step(sim.stats)} if done else {}),
         **bound.fields(), "planner": job.parallelism.planner,
         "flow_rate_recomputes": sim.net.recomputes, "ps_gemm_s": ps_gemm_s,
         "planner_cpu_s": round(sim.planner.cpu_s, 3),

@@ -300,3 +300,24 @@ def test_a_tile_of_parts_joins_cached_blocks_and_its_parts_serve_a_finer_cut() -
     np.testing.assert_allclose(jobs[1].c, x @ w.T, rtol=1e-12, atol=1e-12)
     assert sent == [2 * 4 * 6 * 8, 0, 0, 0]  # x and w once, as parts; then all held
     assert core.stats.bytes_down == 2 * 4 * 6 * 8
+
+
+def test_a_done_runs_figures_are_its_steps_and_results_after_the_last_step_are_apart() -> None:
+    """A stress run's summary said late 64 where its steps said 62: results that came back
+    after the last step were in the summary's totals and in no step."""
+    core = _core()
+    conn, job, tile = _one_tile_out(core)
+    result = ResultIn(tile.task_id, tile.attempt, job.a @ job.b, 128, 0.01, 0.0, 0.0, 0.0,
+                      0.0, 0.0)
+    core.on_results(conn, [result])
+    step = core.take_step_stats()  # the last step: what steps.jsonl records
+    assert step.tiles == 1 and step.late == 0
+    core.on_results(conn, [result])  # the same result again, after the step: late
+    done = core.summary_figures(done=True)
+    assert (done["tiles"], done["late"], done["bytes_up"]) == (step.tiles, step.late,
+                                                               step.bytes_up)
+    assert done["after_last_step"] == {"late": 1, "bytes_up": 128}
+    # a run that did not end its steps counts what it spent, the step under way included
+    unfinished = core.summary_figures(done=False)
+    assert (unfinished["late"], unfinished["bytes_up"]) == (1, 2 * 128)
+    assert "after_last_step" not in unfinished
