@@ -108,10 +108,16 @@ def ps_summary_or_steps(run_dir: Path,
 
 
 def event_counts(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Departures, churn actions, quarantines and resumes counted from events.jsonl records."""
+    """Departures, churn actions, quarantines and resumes counted from events.jsonl records.
+
+    ``departed_devices`` (sessions that ended) is ``departures`` again: the PS's own count in
+    ``ps_summary.json`` stops when it writes that file, so a device whose stream broke just
+    after (a crash 1 ms before the end) was in ``departures`` and not in it, and it counts one
+    PS process of a resumed run; events.jsonl holds every session's end, from both."""
     departures = [e for e in events if e.get("event") in (*DEPARTURES, "quarantine")]
+    departed = sum(e.get("event") in DEPARTURES for e in events)
     return {
-        "departures": sum(e.get("event") in DEPARTURES for e in events),
+        "departures": departed, "departed_devices": departed,
         "churn_events": sum(e.get("event") == "churn" for e in events),
         "tiles_in_flight_at_departures": sum(int(e.get("in_flight", 0) or 0)
                                              for e in departures),

@@ -9,6 +9,7 @@ emulation.)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ import pytest
 from testbed.churn.schedule import load_schedule
 from testbed.ps_backend.accounting import run_figures
 from testbed.ps_backend.core import PsConfig, PsCore
-from testbed.runlog import read_jsonl
+from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.simulate.run import simulate
+from testbed.summary import write_summary
 from testbed.topology import load_topology
 from tests.conftest import TINY
 
@@ -52,6 +54,27 @@ def test_a_simulated_runs_summary_is_the_sum_of_its_steps_and_its_departures(
             assert summary[key] == pytest.approx(total, rel=1e-9,
                                                  abs=0.5e-6 * (len(steps) + 1)), key
     assert summary["after_last_step"] == {}
+    assert summary["departures"] == summary["departed_devices"] == 2
+
+
+def test_departed_devices_counts_a_departure_recorded_after_the_ps_summary(
+        tmp_path: Path) -> None:
+    """The PS writes ps_summary.json, then a crash a moment before the end reaches it as a
+    broken stream: events.jsonl had the disconnect (departures 1), the PS's file did not
+    (departed_devices 0)."""
+    log = RunLog(tmp_path)
+    log.event("ps_start", expected_devices=4)
+    log.step(step=0, loss=5.0, wall_s=1.0, device_time_s=1.0, tiles=10)
+    write_json_atomic(tmp_path / "ps_summary.json", {
+        "state": "done", "steps_done": 1, "steps": 1, "losses": [5.0], "final_loss": 5.0,
+        "tiles": 10, "departed_devices": 0, "devices": []})
+    log.event("churn", device="phones-1", action="crash", effect="SIGKILL")
+    log.event("disconnect", device="phones-1", reason="stream broken", in_flight=0)
+    log.event("ps_stop", state="done")
+    log.close()
+    summary = write_summary(tmp_path, load_topology(TINY), {"backend": "loopback"}, 1.0, 0, {})
+    assert summary["departures"] == summary["departed_devices"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["departed_devices"] == 1
 
 
 def _config() -> PsConfig:
