@@ -8,7 +8,8 @@
     stages.jsonl     one line per stage of each step's GEMM chain (forward layer by layer, the
                      backward pairs): device seconds some GEMM of it was out, and its bound
     devices.jsonl    per-device samples: tiles done, bytes, telemetry (one line per device per
-                     sample period, and a final one)
+                     sample period, a session's final one as it ends, state left or
+                     quarantined, and one per device still attached at the end)
     status.json      the latest snapshot for the live view (replaced atomically)
     summary.json     written at the end: totals, network mechanism, dilation, energy
     ps.json          the PS's address and pid, written once it listens

@@ -395,8 +395,11 @@ class PsCore:
         self.stats.requeued += len(requeued)
         if conn.outbox is not None:
             conn.outbox.put_nowait(None)
-        self.departed.append(self._device_record(
-            conn, state="quarantined" if conn.slot.quarantined else "left"))
+        final = self._device_record(conn,
+                                    state="quarantined" if conn.slot.quarantined else "left")
+        self.departed.append(final)
+        if self.runlog is not None:  # the session's last devices.jsonl record (no sample follows)
+            self.runlog.device(**final)
         self.departed_total += 1
         self.last_departure = (time.monotonic(), conn.slot.name, kind, reason)
         self._event(kind, device=conn.slot.name, device_id=device_id, reason=reason,

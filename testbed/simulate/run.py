@@ -74,7 +74,7 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     sim = Simulation(topology, schedule, event=log.event, noise=noise, ps_gemm_s=ps_gemm_s,
                      tile=log.tile if trace_tiles else None,
                      during=within if during is not None else None,
-                     during_every_s=during_every_s)
+                     during_every_s=during_every_s, device=log.device)
     job = topology.job
     bound = BoundTotals()
     started = time.monotonic()
@@ -118,7 +118,8 @@ def simulate(topology: Any, run_dir: Path, schedule: Any = None, noise: bool = T
     except KeyboardInterrupt:  # Ctrl-C (or SIGTERM, testbed.cli): the steps done are kept
         state, interrupted = "interrupted", True
     devices = sim.device_records()
-    events = log.finish(devices, state)
+    # the present devices' final records: each departed session's went out as it departed
+    events = log.finish(sim.present_records(), state)
     # as the PS's summary: a done run's figures are its steps' sums, what came after apart
     # (nothing: the simulation stops with its last step), an unfinished run's count the step
     # under way too

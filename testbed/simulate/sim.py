@@ -163,7 +163,8 @@ class Simulation(EventLoop):
                  event: Callable[..., None] | None = None, noise: bool = True,
                  ps_gemm_s: float = 0.0, tile: Callable[..., None] | None = None,
                  during: Callable[[float, StepStats], None] | None = None,
-                 during_every_s: float = 10.0):
+                 during_every_s: float = 10.0,
+                 device: Callable[..., None] | None = None):
         self.topology = topology
         job = topology.job
         self.job = job
@@ -174,6 +175,8 @@ class Simulation(EventLoop):
         self.ps_gemm_s = ps_gemm_s  # the PS's own time per offloaded GEMM (see run_step)
         self.emit = event or _no_event
         self.trace_tile = tile  # each accepted tile's times, as the PS's trace_tiles records
+        # a departed session's final record as it departs, as PsCore.drop writes devices.jsonl's
+        self.record_device = device
         # a long step's progress: every during_every_s of wall time, the step's device seconds
         # and its totals so far (a 1,000-device step takes minutes to simulate)
         self.during, self.during_every_s = during, during_every_s
@@ -313,7 +316,10 @@ class Simulation(EventLoop):
         requeued = self.scheduler.remove_device(slot.device_id)
         self._ready_stale = True
         self.stats.requeued += len(requeued)
-        self.departed.append(self.device_record(dev, "left"))
+        final = self.device_record(dev, "left")
+        self.departed.append(final)
+        if self.record_device is not None:
+            self.record_device(**final)
         dev.slot = None
         self.by_id.pop(slot.device_id, None)
         self.emit(kind, device=slot.name, device_id=slot.device_id, reason=reason,
@@ -643,7 +649,10 @@ class Simulation(EventLoop):
                 "energy_j": round(s.energy_j, 6),
                 "observed_gflops": round(s.rate_flops / 1e9, 3)}
 
+    def present_records(self) -> list[dict[str, Any]]:
+        """Every present device's record."""
+        return [self.device_record(d) for d in self.devices.values() if d.slot is not None]
+
     def device_records(self) -> list[dict[str, Any]]:
         """Every present device's record, then the departed ones'."""
-        return [self.device_record(d) for d in self.devices.values() if d.slot is not None] + \
-            self.departed
+        return self.present_records() + self.departed

@@ -16,7 +16,7 @@ import pytest
 
 from testbed.churn.schedule import load_schedule
 from testbed.ps_backend.accounting import run_figures
-from testbed.ps_backend.core import PsConfig, PsCore
+from testbed.ps_backend.core import Descriptor, PsConfig, PsCore
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.simulate.run import simulate
 from testbed.summary import write_summary
@@ -82,3 +82,38 @@ def _config() -> PsConfig:
 
     return PsConfig(token="secret", run_name="acct", dtype=np.dtype("float64"), tile_m=4,
                     tile_n=4, min_offload_flops=0.0, planner="fifo")
+
+
+def test_a_departed_session_ends_with_a_final_devices_record(tmp_path: Path) -> None:
+    """A reader that takes each device's last devices.jsonl record saw a device that left as
+    it was at its last sample, idle, and never as gone."""
+    log = RunLog(tmp_path)
+    core = PsCore(_config(), runlog=log)
+    conn = core.join(Descriptor(name="phones-0", group="phones", kind="emulated",
+                                profile="snapdragon888", predicted_gflops=1.0, max_in_flight=8,
+                                cache_bytes=1 << 20, platform="test"))
+    core.attach(conn.device_id, conn.session_key)
+    log.device(**core.device_records()[0])  # a periodic sample: idle
+    assert core.leave(conn.device_id, conn.session_key, "SIGTERM") == 0
+    log.close()
+    records = read_jsonl(tmp_path / "devices.jsonl")
+    assert [r["state"] for r in records] == ["idle", "left"]
+    assert records[-1]["device_id"] == conn.device_id
+    assert records[-1] == {**core.departed_records()[-1], "t": records[-1]["t"],
+                           "elapsed_s": records[-1]["elapsed_s"]}
+
+
+def test_simulate_writes_a_departed_sessions_record_when_it_departs(tmp_path: Path) -> None:
+    """As the PS does: at the departure, so a device that left and joined again ends with its
+    present session's record (the simulator wrote the departed ones after the present ones,
+    at the end, so the last record of phones-1 was its first session's)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,device,event,arg\n0.01,phones-1,leave,\n0.03,phones-1,join,\n")
+    topology = load_topology(TINY).with_overrides(steps=3)
+    (tmp_path / "run").mkdir()
+    simulate(topology, tmp_path / "run", load_schedule(trace, topology), report=False)
+    records = read_jsonl(tmp_path / "run" / "devices.jsonl")
+    phones_1 = [r for r in records if r["device"] == "phones-1"]
+    assert [r["state"] for r in phones_1] == ["left", "idle"]
+    assert phones_1[0]["elapsed_s"] == pytest.approx(0.01, abs=1e-9)
+    assert len(records) == 5  # four present at the end, one session that ended

@@ -207,6 +207,9 @@ class _Events:
     def event(self, kind: str, /, **fields: Any) -> None:
         self.events.append((kind, fields))
 
+    def device(self, **fields: Any) -> None:  # a departed session's final record: not looked at
+        pass
+
     def note_write_error(self, exc: OSError) -> None:  # pragma: no cover - not reached
         raise exc
 
