@@ -19,7 +19,9 @@ device's network went away) does not hold it.
 SIGUSR1 partitions it (nothing in or out, as a pulled cable on loopback), SIGUSR2 heals it.
 While partitioned, what would cross the cable waits (as TCP holds unacknowledged data) and goes
 once healed; nothing is dropped: a dropped tile would stay "in flight" at the PS forever when
-the partition is shorter than the lease.
+the partition is shorter than the lease. A SIGTERM while partitioned cannot reach the PS either:
+the agent drops its work and stays silent until the PS's lease for it runs out (the PS ends the
+stream) or the cut heals (it closes its channel then), as a device gone behind a down link.
 An optional :class:`~testbed.agent.behaviour.Behaviour` makes it a straggler or byzantine.
 """
 
@@ -374,6 +376,9 @@ class _Session:
         self.cache: BlockCache[np.ndarray] = BlockCache(self.options.cache_bytes)
         self.reply: pb.JoinReply | None = None
         self.closed = threading.Event()
+        # left while cut off: nothing more crosses the cut, the connection stays as the cut
+        # holds it until the PS ends the session or the cut heals (leave)
+        self.gone = threading.Event()
         self.dilation = 1.0
 
     def _descriptor(self) -> pb.DeviceDescriptor:
@@ -426,8 +431,23 @@ class _Session:
 
     def leave(self, reason: str) -> None:
         """Tell the PS we are going (best effort), then close the channel: that ends the Work
-        stream, and a Join in progress, at once, whether or not the PS still answers."""
-        if self.reply is not None and not self.agent.partitioned.is_set():
+        stream, and a Join in progress, at once, whether or not the PS still answers.
+
+        Cut off (SIGUSR1, loopback's pulled cable) nothing can tell the PS, not even the
+        channel's close: the session drops its work and goes silent, and the connection stays
+        until the PS ends it (its lease runs out: ``lease_expired``) or the cut heals (the close
+        then reaches the PS: ``disconnect``), as over a link that is down (docs/churn.md)."""
+        if self.gone.is_set():
+            return
+        if self.reply is not None and self.agent.partitioned.is_set():
+            self.agent.left_note = ("left the run while cut off from the PS; the PS re-queues "
+                                    "this device's tiles when its lease runs out, or when the "
+                                    "cut heals before that and the connection's close reaches "
+                                    "it")
+            self.gone.set()
+            threading.Thread(target=self._close_once_healed, name="gone", daemon=True).start()
+            return
+        if self.reply is not None:
             try:
                 left = self.stub.Leave(pb.LeaveRequest(device_id=self.reply.device_id,
                                                        session_key=self.reply.session_key,
@@ -440,10 +460,15 @@ class _Session:
                                         f"when its lease runs out")
             except ValueError:  # a signal arrived after the channel closed: gone anyway
                 self.agent.left_note = "left the run; its connection to the PS had closed"
-        elif self.reply is not None:
-            self.agent.left_note = ("left the run while cut off from the PS; it re-queues this "
-                                    "device's tiles when its lease runs out")
         self.outbox.put(None)
+        if not self.closed.is_set():
+            self.channel.close()
+
+    def _close_once_healed(self) -> None:
+        """A session that left while cut off: close the channel once the cut heals (unless
+        the PS ended the session first)."""
+        while self.agent.partitioned.is_set() and not self.closed.is_set():
+            time.sleep(0.05)
         if not self.closed.is_set():
             self.channel.close()
 
@@ -451,6 +476,8 @@ class _Session:
     def _receive(self, responses: Iterator[pb.ServerMessage]) -> str:
         for message in responses:
             self._wait_while_partitioned()  # the cable is out: it arrives once healed
+            if self.gone.is_set():  # left while cut off: what the PS sends is dropped
+                continue
             if message.HasField("invalidate"):
                 self.cache.invalidate(message.invalidate.before_version)
             if message.time_dilation > 0:  # the PS changed D between steps
@@ -477,7 +504,7 @@ class _Session:
 
     def _wait_while_partitioned(self) -> None:
         while self.agent.partitioned.is_set() and not self.closed.is_set() \
-                and not self.agent.stopping.is_set():
+                and not self.gone.is_set():
             time.sleep(0.05)
 
     # -- compute ----------------------------------------------------------------------------------
@@ -488,7 +515,7 @@ class _Session:
                 self._post(batch)
                 batch = []
             delivery = self.compute_q.get()
-            if delivery is None or self.closed.is_set():
+            if delivery is None or self.closed.is_set() or self.gone.is_set():
                 return
             for item in delivery:
                 hold_until(item.arrived_s)  # the downlink's arrival, woken on time under load
@@ -583,6 +610,9 @@ class _Session:
         heartbeat_s = max(0.05, self.reply.heartbeat_s)
         last_sent = last_telemetry = time.monotonic()
         while not self.closed.is_set():
+            if self.gone.is_set():  # left while cut off: nothing crosses the cut any more,
+                self.closed.wait(0.05)  # and an end of this stream would reach the PS
+                continue
             due, message = self.outbox.get(timeout_s=heartbeat_s / 2)
             if due and message is None:
                 return
@@ -592,6 +622,8 @@ class _Session:
                 self._wait_while_partitioned()  # a result leaves once healed
                 if self.closed.is_set():
                     return
+                if self.gone.is_set():
+                    continue
             now = time.monotonic()
             if message is not None:
                 last_sent = now

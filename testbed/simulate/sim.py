@@ -21,7 +21,8 @@ one gRPC stream), sharing the links max-min with other devices' messages, and a 
 the path's one-way delay after its last byte left. Churn
 actions apply at their trace times from the start of training (time 0), as ``testbed up``'s
 replay applies them: join adds a device, leave and crash drop it (its tiles are re-queued), a
-partition stalls its links and its lease expires after ``lease_s``; heal lets it join again.
+partition stalls its links and its lease expires after ``lease_s``; heal lets it join again. A
+leave of a cut-off device drops it at that lease, or at a heal that comes first (docs/churn.md).
 As the PS's host ticks its core (``PsCore.tick``, every ``min(0.25, lease_s / 4)`` s), the
 simulation pumps at that period while anything is under way, so copies that become overdue
 with no result coming (a partitioned device's) get their backups as time passes.
@@ -125,6 +126,9 @@ class SimDevice:
     delay_s: float
     present: bool = False
     partitioned: bool = False
+    # its agent left while cut off: nothing told the PS, which keeps the session until the
+    # lease runs out or the heal brings the connection's close (docs/churn.md)
+    gone: bool = False
     slow: float = 1.0
     straggler: Behaviour | None = None  # the topology's straggler behaviour, as its agent's
     session: int = 0  # bumps on every departure: events of an older session are dropped
@@ -277,6 +281,7 @@ class Simulation(EventLoop):
         slots = []
         for dev in devs:
             dev.present = True
+            dev.gone = False
             dev.session += 1
             dev.sessions += 1
             slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
@@ -508,16 +513,25 @@ class Simulation(EventLoop):
         event = action.event
         effect = "absent"
         if event is ChurnEvent.JOIN:
+            if dev.gone and dev.present:  # testbed up kills the old agent before the new one
+                self.drop(dev, "disconnect", "stream broken")
             if not dev.present:
                 effect = "applied"  # its agent starts; it reaches the PS once its link is up
                 if not dev.partitioned:
                     self.join(dev)
+        elif event is ChurnEvent.LEAVE and dev.present and dev.partitioned:
+            # cut off, the agent cannot say Leave: the PS's lease for it runs out (the
+            # partition's timer), or the heal brings the connection's close first (below)
+            effect, dev.gone = "SIGTERM", True
         elif event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
             if dev.present:
                 effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
                 self.drop(dev, "leave" if event is ChurnEvent.LEAVE else "disconnect",
                           "left" if event is ChurnEvent.LEAVE else "stream broken")
         elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
+            if event is ChurnEvent.HEAL and dev.gone and dev.present:
+                # the close its agent made while cut off reaches the PS now
+                self.drop(dev, "disconnect", "stream closed by the device")
             self._partition(dev, event is ChurnEvent.PARTITION)
             effect = "link down" if event is ChurnEvent.PARTITION else "link up"
         else:

@@ -10,7 +10,9 @@ emulation.)
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,10 +21,12 @@ from testbed.ps_backend.accounting import run_figures
 from testbed.ps_backend.core import Descriptor, PsConfig, PsCore
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.simulate.run import simulate
+from testbed.simulate.sim import Simulation
 from testbed.summary import write_summary
 from testbed.topology import load_topology
 from tests.conftest import TINY
 
+LEASE_S = 5.0  # the PS's lease (PsConfig.lease_s), which the simulation keeps too
 # the tiny job's per-step figures under the summary's keys, as steps.jsonl names them
 STEP_KEYS = {"tiles": "tiles", "recomputed_tiles": "recomputed_tiles",
              "requeued_tiles": "requeued_tiles", "rejected": "rejected", "late": "late",
@@ -117,3 +121,110 @@ def test_simulate_writes_a_departed_sessions_record_when_it_departs(tmp_path: Pa
     assert [r["state"] for r in phones_1] == ["left", "idle"]
     assert phones_1[0]["elapsed_s"] == pytest.approx(0.01, abs=1e-9)
     assert len(records) == 5  # four present at the end, one session that ended
+
+
+def _cut_off_leave(tmp_path: Path, heal_s: float | None) -> list[tuple[str, float]]:
+    """phones-0 cut off at 0.01 s and left at 0.02 s (healed at ``heal_s``); the PS's
+    records of its departure as (event, virtual time)."""
+    rows = "time_s,device,event,arg\n0.01,phones-0,partition,\n0.02,phones-0,leave,\n"
+    if heal_s is not None:
+        rows += f"{heal_s},phones-0,heal,\n"
+    trace = tmp_path / "t.csv"
+    trace.write_text(rows)
+    topology = load_topology(TINY)
+    events: list[tuple[str, float]] = []
+
+    def event(name: str, /, **_: object) -> None:
+        events.append((name, sim.now_s))
+    sim = Simulation(topology, load_schedule(trace, topology), noise=False, event=event)
+    sim.start()
+    sim.pass_time(LEASE_S + 1.0)
+    return [(kind, t) for kind, t in events if kind in ("leave", "disconnect", "lease_expired")]
+
+
+def test_a_leave_while_cut_off_reaches_the_ps_as_its_lease_running_out(tmp_path: Path) -> None:
+    """The device cannot say Leave across the cut: `testbed up` (the agent stays silent) and
+    the simulation both let the lease run out; the simulation counted a leave at once."""
+    [(kind, t)] = _cut_off_leave(tmp_path, None)
+    assert kind == "lease_expired"
+    assert t == pytest.approx(0.01 + LEASE_S, abs=1e-9)
+
+
+def test_a_leave_while_cut_off_then_a_heal_reaches_the_ps_as_a_disconnect(
+        tmp_path: Path) -> None:
+    [(kind, t)] = _cut_off_leave(tmp_path, 1.0)
+    assert kind == "disconnect"
+    assert t == pytest.approx(1.0, abs=1e-9)
+
+
+def _agent_cut_off_then_stopped(tmp_path: Path, heal_after_s: float | None
+                                ) -> tuple[list[dict[str, Any]], float]:
+    """A real PS (in process, lease 1.5 s) and a real agent on loopback: the agent is cut off
+    (SIGUSR1, as `testbed up` partitions it), 0.3 s later asked to leave (SIGTERM, as the
+    trace's leave), and with ``heal_after_s`` healed (SIGUSR2) that long after: the PS's
+    departure events, and the Unix time of the heal (inf: none)."""
+    import os
+    import secrets
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+
+    from testbed.ps_backend.host import PsServer
+    from tests.conftest import killed_at_exit
+
+    token = secrets.token_hex(8)
+    config = PsConfig(token=token, run_name="cut-off-leave", dtype=np.dtype("float64"),
+                      tile_m=4, tile_n=4, min_offload_flops=0.0, planner="fifo", lease_s=1.5,
+                      heartbeat_s=0.1)
+    log = RunLog(tmp_path)
+    server = PsServer(config, runlog=log).start()
+    core = server.core
+    assert core is not None
+    repo = Path(__file__).resolve().parents[2]
+    agent_log = tmp_path / "agent.log"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "testbed.agent", "--ps", f"127.0.0.1:{server.port}",
+         "--name", "phones-0", "--kind", "real"],
+        env=dict(os.environ, TESTBED_TOKEN=token, PYTHONPATH=str(repo)), cwd=repo,
+        stdout=agent_log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        with killed_at_exit(agent):
+            deadline = time.monotonic() + 60
+            while not server.call(lambda: any(c.outbox is not None
+                                              for c in core.conns.values())):
+                assert agent.poll() is None, agent_log.read_text()
+                assert time.monotonic() < deadline, "the agent did not attach within 60 s"
+                time.sleep(0.05)
+            agent.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)
+            agent.send_signal(signal.SIGTERM)
+            healed_t = math.inf
+            if heal_after_s is not None:
+                time.sleep(heal_after_s)
+                healed_t = time.time()
+                agent.send_signal(signal.SIGUSR2)
+            assert agent.wait(10) == 0, agent_log.read_text()
+            time.sleep(0.3)  # the PS's loop records what the agent's exit brought
+    finally:
+        server.stop("test done")
+        log.close()
+    departures = [e for e in read_jsonl(tmp_path / "events.jsonl")
+                  if e["event"] in ("leave", "disconnect", "lease_expired")]
+    return departures, healed_t
+
+
+def test_an_agent_asked_to_leave_while_cut_off_lets_its_lease_run_out(tmp_path: Path) -> None:
+    """On loopback the agent closed its channel, which the cut does not hold: the PS counted
+    a disconnect at the leave, where a device behind a link that is down tells it nothing."""
+    departures, _ = _agent_cut_off_then_stopped(tmp_path, None)
+    assert [e["event"] for e in departures] == ["lease_expired"], departures
+
+
+def test_an_agent_that_left_while_cut_off_is_gone_for_the_ps_at_the_heal(tmp_path: Path) -> None:
+    """Healed within its lease, the close the agent made on leaving reaches the PS then."""
+    departures, healed_t = _agent_cut_off_then_stopped(tmp_path, 0.3)  # within the lease
+    assert [e["event"] for e in departures] == ["disconnect"], departures
+    assert departures[0]["t"] >= healed_t, (departures, healed_t)
