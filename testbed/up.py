@@ -850,7 +850,7 @@ def _run_up(args: argparse.Namespace, locks: list[RunLock]) -> int:
     dilation, dilation_info = (saved["dilation"], saved["dilation_info"]) if saved else \
         choose_dilation(topology)
     try:
-        network = make_network(topology, dilation=dilation)
+        network = make_network(topology, dilation=dilation, backend=backend)
     except NetworkUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -71,3 +71,19 @@ def test_up_refuses_what_auto_chose_on_a_machine_with_mininet(
     assert (f"error: {path}: network.ps.listen (devices on other machines) works with the "
             "loopback backend only; this run would use mininet") in capsys.readouterr().err
     assert not runs.exists() or not any(runs.iterdir())  # nothing started
+
+
+def test_the_backend_is_chosen_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_network takes the backend testbed up chose: choosing again said a second time why
+    `auto` fell back to loopback (the probe itself is cached, its warning was not)."""
+    import testbed.emulator.network.select as select
+    from testbed.emulator.network.loopback import LoopbackNetwork
+    from testbed.topology import load_topology
+
+    def chosen_again(topology: object, capabilities: object = None) -> str:
+        raise AssertionError("resolve_backend called again")
+    monkeypatch.setattr(select, "resolve_backend", chosen_again)
+    topology = load_topology(_copy(tmp_path, backend="auto"))
+    assert isinstance(select.make_network(topology, backend="loopback"), LoopbackNetwork)
+    with pytest.raises(AssertionError, match="called again"):
+        select.make_network(topology)  # the check can fail: without a choice it chooses

@@ -42,9 +42,11 @@ def resolve_backend(topology: Topology, capabilities: Capabilities | None = None
 
 
 def make_network(topology: Topology, dilation: float = 1.0,
-                 capabilities: Capabilities | None = None) -> Network:
-    """The backend object for a topology (not started)."""
-    kind = resolve_backend(topology, capabilities)
+                 capabilities: Capabilities | None = None, backend: str | None = None) -> Network:
+    """The backend object for a topology (not started). ``backend``: what
+    :func:`resolve_backend` already chose for it (else chosen here: a second call would say
+    again why ``auto`` fell back to loopback)."""
+    kind = backend or resolve_backend(topology, capabilities)
     if kind == "loopback":
         return LoopbackNetwork(topology)
     from testbed.emulator.network.mininet import MininetNetwork
