@@ -21,6 +21,18 @@ namespace), ``parts`` its parts in device seconds from the piece's start, ``gemm
 of them the device model timed (each drew one noise factor; each line drew one straggler
 factor): what a process started again on the device skips, so that it goes on with the
 device's draws instead of repeating them.
+
+**A churn ``slow`` mid-piece** (:mod:`testbed.baselines.slow`) re-times the piece under way
+as the simulated baselines do (:meth:`~testbed.baselines.sim_core.BaselineWorld.set_slow`):
+what is left of it after the slow's time takes ``new factor / old factor`` times its seconds
+and joules (:func:`retime`; the part under way is split there). The process appends the
+piece's parts as re-timed, a line that replaces those of the piece with the same ``t0`` and
+draws nothing::
+
+    {"t0": 1234.5, "dilation": 2.0, "retimed": true, "parts": [[0.0, 0.01, 0.05], ...]}
+
+Wall time stays ``t0 + device seconds x dilation`` along the re-timed parts, so a kill is
+charged by the same rule.
 """
 
 from __future__ import annotations
@@ -42,6 +54,28 @@ def unrun_share(start_s: float, end_s: float, stop_s: float) -> float:
     if stop_s <= start_s or end_s <= start_s:
         return 1.0
     return (end_s - stop_s) / (end_s - start_s)
+
+
+def retime(parts: Sequence[Part], at_s: float, ratio: float) -> list[Part]:
+    """A piece's parts after its device's compute factor changed ``ratio`` times (new / old)
+    at ``at_s`` (device seconds from the piece's start): the parts ended by then stay, the one
+    under way is split at ``at_s``, and everything after takes ``ratio`` times its seconds
+    and joules, moved back (or forward) by what the earlier ones gained."""
+    out: list[Part] = []
+    shift = 0.0  # how far the parts from here on move
+    for start, end, joules in parts:
+        if end <= at_s:
+            out.append((start, end, joules))
+            continue
+        if start < at_s:  # under way: the part run keeps its time, the rest is re-timed
+            rest = (end - at_s) / (end - start)
+            out.append((start, at_s, joules * (1 - rest)))
+            start, joules = at_s, joules * rest
+        seconds = end - start
+        start += shift
+        shift += seconds * (ratio - 1)
+        out.append((start, start + seconds * ratio, joules * ratio))
+    return out
 
 
 def ran(parts: Iterable[Part], stop_s: float) -> tuple[float, float]:
@@ -85,6 +119,7 @@ def charge(pieces: Sequence[dict[str, Any]], stopped_at: float | None) -> Charge
     process was killed; None: it ended by itself, every piece it began ran)."""
     seconds = joules = 0.0
     gemms = 0
+    pieces = _retimed(pieces)
     for p in pieces:
         t0, dilation = float(p["t0"]), float(p["dilation"])
         if stopped_at is None or dilation <= 0:
@@ -96,3 +131,18 @@ def charge(pieces: Sequence[dict[str, Any]], stopped_at: float | None) -> Charge
         joules += j
         gemms += int(p["gemms"])
     return Charge(seconds, joules, len(pieces), gemms)
+
+
+def _retimed(pieces: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A ledger's pieces, each with its parts as last re-timed (a ``retimed`` line replaces
+    the parts of the latest piece with its ``t0``; it is no piece of its own)."""
+    out: list[dict[str, Any]] = []
+    for p in pieces:
+        if not p.get("retimed"):
+            out.append(p)
+            continue
+        for i in range(len(out) - 1, -1, -1):
+            if out[i]["t0"] == p["t0"]:
+                out[i] = {**out[i], "parts": p["parts"]}
+                break
+    return out

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 from testbed.baselines.charge import charge, ledger_path, read_ledger
 from testbed.baselines.placement import device_infos, plan_pipeline
 from testbed.baselines.sim_core import BaselineWorld
+from testbed.baselines.slow import CONTROL_DIR, write_slow
 from testbed.runlog import write_json_atomic
 from testbed.topology import load_topology
 
@@ -87,7 +88,7 @@ class ChurnApplied:
 
     trace_s: float  # the event's time in the trace (x D after training started)
     device: str
-    event: str  # the trace's event: leave, crash, partition, join, heal
+    event: str  # the trace's event: leave, crash, partition, join, heal, slow
     effect: str  # what the runner did about it
 
 
@@ -198,7 +199,9 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     the other stages, places the model again on the devices left, and restarts every stage from
     the last checkpoint all stages wrote (``job.parallelism.checkpoint_every``). Steps finished
     since that checkpoint and the aborted one are counted as redone. Joins and heals bring a
-    device back for the next placement; ``slow`` is not emulated.
+    device back for the next placement. A ``slow`` is written to the device's control file
+    (:mod:`testbed.baselines.slow`) with its time: a stage there follows it from that time,
+    mid-piece, and a stage placed there later starts with it.
 
     ``progress`` gets, as they happen: the placement once every stage has connected (training
     starts), each step the last stage finishes, each stage killed by churn, and each restart's
@@ -216,6 +219,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     actions = sorted(schedule.actions, key=lambda a: a.time_s) if schedule else []
     net = MininetNetwork(topo, dilation=dilation)
     world = BaselineWorld(topo, noise=False)  # for the paths' one-way delays only
+    control_dir = run_dir / CONTROL_DIR if schedule is not None else None
     app_delay = not net.caps.netem  # without netem the stages apply the delay themselves
     run_dir.mkdir(parents=True, exist_ok=True)
     procs: list[tuple[str, subprocess.Popen]] = []
@@ -251,6 +255,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                         # the draws each stage's device used in earlier attempts: go on
                         "draws_used": [_draws(ledgers.get(d, [])) for d in use],
                         "progress": str(progress_path), "ready_dir": str(ready_dir),
+                        "control_dir": str(control_dir or ""),  # churn `slow` (slow.py)
                         "report_pattern": str(run_dir / f"stage{{}}-attempt{attempt}.json")}
             plan_path = run_dir / f"pipeline_plan{attempt}.json"
             write_json_atomic(plan_path, plan_doc)  # its stages, and a watcher, read it whole
@@ -279,7 +284,9 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                 [run_dir / f"stage{s}-attempt{attempt}.json" for s in range(len(use) - 1)],
                 start_step, executed, report, dilation)
             stopped = _supervise(procs, actions, t0, dilation, gone, ChurnEvent, deadline,
-                                 functools.partial(_each, (connected, steps_done)))
+                                 functools.partial(_each, (connected, steps_done)),
+                                 functools.partial(_slow_stage, control_dir, t0, dilation,
+                                                   use, report))
             killed = stopped[0] if stopped is not None else None
             for s, d in enumerate(use):  # what ran, up to the kill (charge.py)
                 ledger = ledger_path(run_dir / f"stage{s}-attempt{attempt}.json")
@@ -434,13 +441,28 @@ def _stop(procs: Sequence[tuple[Any, subprocess.Popen]], net: MininetNetwork) ->
     net.stop()
 
 
+def _slow_stage(control_dir: Path | None, t0: float, dilation: float, use: Sequence[str],
+                report: Callable[[Progress], None], action: Any) -> None:
+    """A churn ``slow`` during a pipeline run: to the device's control file, with its time (the
+    stage there re-times the piece under way; a later placement's stage starts with it)."""
+    if control_dir is None:
+        return
+    factor = float(action.factor or 1.0)
+    write_slow(control_dir, action.device, factor, t0 + action.time_s * dilation)
+    where = (f"stage {use.index(action.device)} computes x{factor:g} from now"
+             if action.device in use else
+             f"compute x{factor:g} (no stage there now; a stage placed there starts with it)")
+    report(ChurnApplied(action.time_s, action.device, action.event.value, where))
+
+
 def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0: float,
                dilation: float, gone: set[str], events: Any, deadline: float,
-               poll: Callable[[], None] = lambda: None) -> tuple[Any, float] | None:
+               poll: Callable[[], None] = lambda: None,
+               slow: Callable[[Any], None] = lambda _a: None) -> tuple[Any, float] | None:
     """Wait for the stages while replaying churn, calling ``poll`` meanwhile (the run's
-    progress); the churn action whose device's stage was lost and when the stages were killed
-    (``time.monotonic()``), or None when every stage ended by itself. A lost stage ends the
-    others."""
+    progress) and ``slow`` with each ``slow`` action as its time comes; the churn action whose
+    device's stage was lost and when the stages were killed (``time.monotonic()``), or None
+    when every stage ended by itself. A lost stage ends the others."""
     stage_of = {d: p for d, p in procs}
     while True:
         poll()
@@ -460,6 +482,8 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
                     return a, killed_at
             elif a.event in (events.JOIN, events.HEAL):
                 gone.discard(a.device)
+            elif a.event is events.SLOW:
+                slow(a)
         if all(p.poll() is not None for _, p in procs):
             return None
         if any(p.poll() not in (None, 0) for _, p in procs) or now > deadline:
@@ -486,7 +510,10 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     step it was gathering and from the rest of its round; a join or heal of a replica's device
     lets its warm standby process connect, which the PS
     takes in at the next round's start with the state the others hold (H = 1: parameters and
-    AdamW moments; DiLoCo: θ_global, a fresh inner AdamW). The replicas are placed once over
+    AdamW moments; DiLoCo: θ_global, a fresh inner AdamW). A ``slow`` of a replica's device is
+    written to its control file with its time (:mod:`testbed.baselines.slow`): the replica
+    follows it from that time, mid-piece, and a standby let in later starts with it. The
+    replicas are placed once over
     the devices present at the start, their rows fixed (:mod:`testbed.baselines.membership`:
     the rule the engine and the simulator follow); devices that were not replicas stay out.
     ``took_part`` says, per step, which replicas the step averaged over.
@@ -528,6 +555,8 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                     "initial": initial, "keep_state": schedule is not None,
                     "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s,
                     "start": str(run_dir / "ps.start") if schedule is not None else "",
+                    # churn `slow`: each replica's device's control file (slow.py)
+                    "control_dir": str(run_dir / CONTROL_DIR) if schedule is not None else "",
                     "progress": str(run_dir / "progress.jsonl")}
         plan_path = run_dir / "data_parallel_plan.json"
         write_json_atomic(plan_path, plan_doc)  # its replicas, and a watcher, read it whole
@@ -635,7 +664,8 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
     let a returning one's standby connect (``--join --go``). Each replica the trace brings
     back has a standby, warm before the PS's first step (and a new one after each return the
     trace repeats), so a join connects at its time, not after this host's Python and torch
-    start-up. Calls ``poll`` meanwhile (the run's progress) and ``report`` with each churn
+    start-up. A ``slow`` goes to the device's control file (``run_dir/devices``) with its
+    time. Calls ``poll`` meanwhile (the run's progress) and ``report`` with each churn
     event applied; notes in ``stopped_at`` when each process it kills was killed (by
     ``id``); tells a standby to go with the draws its replica's processes used
     (``draws_of``). Returns the churn applied and the failures."""
@@ -669,7 +699,16 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
             if r is None:
                 continue  # not a replica: nothing runs there
             proc = alive.get(r)
-            if a.event in (events.LEAVE, events.CRASH, events.PARTITION):
+            if a.event is events.SLOW:
+                factor = float(a.factor or 1.0)
+                write_slow(run_dir / CONTROL_DIR, a.device, factor, t0 + a.time_s * dilation)
+                applied.append({"time_s": now - t0, "device": a.device,
+                                "event": a.event.value, "replica": r, "factor": factor})
+                report(ChurnApplied(a.time_s, a.device, a.event.value,
+                                    f"replica {r} computes x{factor:g} from now"
+                                    + ("" if proc is not None and proc.poll() is None else
+                                       " (away now: its process starts with it)")))
+            elif a.event in (events.LEAVE, events.CRASH, events.PARTITION):
                 if proc is not None and proc.poll() is None:
                     if stopped_at is not None:
                         stopped_at[id(proc)] = time.monotonic()

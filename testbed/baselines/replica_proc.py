@@ -23,6 +23,8 @@ Churn (``local_steps: 1``): the runner kills a departed replica's process; the P
 replica whose connection breaks from the step it was gathering. A replica process started again
 (``--join``) connects, and at the start of the PS's next step receives the parameters and AdamW
 moments (the PS keeps a copy, updated as every replica is) and the step to continue from.
+A ``slow`` of a replica's device re-times its holds from the event's time, the piece under
+way included (``HeldDevice``; :mod:`testbed.baselines.slow`).
 Frames as :mod:`testbed.baselines.stage_proc` (kinds: 4 gradient, 5 loss, 6 parameters,
 7 state, 9 hello).
 """
@@ -41,7 +43,15 @@ from typing import Any
 
 from testbed.baselines.charge import ledger_path
 from testbed.baselines.membership import ReplicaMembership, row_weights
-from testbed.baselines.stage_proc import HELLO, PORT, HeldDevice, _connect, recv_frame, send_frame
+from testbed.baselines.stage_proc import (
+    HELLO,
+    PORT,
+    HeldDevice,
+    _connect,
+    _control,
+    recv_frame,
+    send_frame,
+)
 
 GRADS, LOSS, PARAMS, STATE = 4, 5, 6, 7
 
@@ -285,7 +295,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     lo, hi = plan["rows"][r]
     share = (hi - lo) / job.batch_size
     device = HeldDevice(topo, plan["devices"][r], float(plan.get("dilation", 1.0)),
-                        ledger_path(out) if out is not None else None)
+                        ledger_path(out) if out is not None else None,
+                        _control(plan, plan["devices"][r]))
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed)
     if go is not None:  # a standby: warm (model built), waiting for its device to be back
         go.with_suffix(".warm").write_text("warm")

@@ -10,7 +10,9 @@ and happens here, on the host's CPU inside the device's namespace; each piece of
 until the device model's time for it (x dilation) has passed since it started, as an emulated
 tile-tp agent holds a tile. Stage 0 and the last stage read the batch's tokens and targets from
 the corpus themselves (data on the devices, as DT-FM assumes), so only activations, gradients
-and the tied gradient cross links, with their real sizes.
+and the tied gradient cross links, with their real sizes. Under churn a ``slow`` of the stage's
+device lengthens (or shortens) its holds from the event's time, the piece under way included
+(:class:`HeldDevice`, the control file of :mod:`testbed.baselines.slow`).
 
 Wire format, one frame per tensor: a header ``!BIIQd`` (kind, step, micro-batch, payload bytes,
 sender's clock in seconds) then the raw little-endian tensor bytes. Kinds: 1 activation,
@@ -32,7 +34,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from testbed.baselines.charge import ledger_path
+from testbed.baselines.charge import Part, ledger_path, retime
+from testbed.baselines.slow import POLL_S, SlowControl, control_path
 from testbed.user_paths import written_whole
 
 if TYPE_CHECKING:  # imported lazily at run time (torch-heavy modules)
@@ -170,7 +173,8 @@ def run_stage(plan: dict[str, Any], s: int, ledger: Path | None = None) -> dict[
     npdtype = np.float64 if job.dtype == "float64" else np.float32
     b = cost.DTYPE_BYTES[job.dtype]
     spec = job.model
-    device = HeldDevice(topo, plan["devices"][s], float(plan.get("dilation", 1.0)), ledger)
+    device = HeldDevice(topo, plan["devices"][s], float(plan.get("dilation", 1.0)), ledger,
+                        _control(plan, plan["devices"][s]))
     device.skip_draws(*plan.get("draws_used", [[0, 0]] * (s + 1))[s])
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed) \
         if first or last else None
@@ -294,16 +298,21 @@ class HeldDevice:
 
     Each piece of work (its GEMMs from the device model, its memory-bound bytes at the profile's
     bandwidth) is held until its modelled time x D has passed since it started, x the group's
-    straggler factor when the piece straggles (drawn per piece as the simulator draws it); the
-    device's time, its compute energy (the model's joules, memory-bound work at busy power) and
-    how late each hold ended (lag) add up as it goes. With a ``ledger``, each piece is written
-    there as it starts (:mod:`testbed.baselines.charge`), so that a process killed mid-piece
-    is charged what ran; ``skip_draws`` goes on with the draws of the device's earlier
-    processes.
+    straggler factor when the piece straggles (drawn per piece as the simulator draws it) and
+    x the churn ``slow`` factor in force (its ``control`` file, :mod:`testbed.baselines.slow`);
+    the device's time, its compute energy (the model's joules, memory-bound work at busy
+    power) and how late each hold ended (lag) add up as it goes. A ``slow`` that takes effect
+    while a piece is under way re-times what is left of it from the slow's time
+    (:func:`~testbed.baselines.charge.retime`): a slow-down is followed from its time exactly
+    (read at the latest when the hold would end), a speed-up within :data:`~testbed.baselines.
+    slow.POLL_S` of wall time (the hold reads the file that often). With a ``ledger``, each
+    piece is written there as it starts, and again as re-timed (:mod:`testbed.baselines.
+    charge`), so that a process killed mid-piece is charged what ran; ``skip_draws`` goes on
+    with the draws of the device's earlier processes.
     """
 
     def __init__(self, topology: Topology, name: str, dilation: float,
-                 ledger: Path | None = None):
+                 ledger: Path | None = None, control: Path | None = None):
         from testbed.agent.behaviour import straggler_for
         from testbed.emulator.device_model import device_model_for
         from testbed.perf_model.profiles import load_profile
@@ -320,6 +329,11 @@ class HeldDevice:
         self.energy_j = 0.0
         self.lag_s: list[float] = []
         self._ledger = ledger.open("a", buffering=1) if ledger is not None else None
+        self.control = SlowControl(control)  # the factor in force when the process starts
+        self.slow = self.control.current.factor  # the factor the piece under way is timed at
+        self._t0 = 0.0  # the piece under way: its start (time.monotonic())
+        self._parts: list[Part] = []  # its parts, device seconds from its start
+        self._until: float | None = None  # when its hold ends; None: no piece under way
 
     def skip_draws(self, pieces: int, gemms: int) -> None:
         """Use up the straggler draws of ``pieces`` pieces and the noise draws of ``gemms``
@@ -333,30 +347,63 @@ class HeldDevice:
 
     def begin(self, gemms: list[Gemm], mem_bytes: float) -> float:
         """A piece starts now: time it, count it, write it to the ledger; returns when its
-        hold ends (``time.monotonic()``)."""
+        hold ends (``time.monotonic()``; a ``slow`` while it runs moves that)."""
         started = time.monotonic()
+        self.slow = self.control.poll().factor
         costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, self.device_s) for g in gemms]
-        factor = self.straggler.compute_factor() if self.straggler is not None else 1.0
-        parts, t = [], 0.0
+        factor = self.slow * (self.straggler.compute_factor() if self.straggler is not None
+                              else 1.0)
+        parts: list[Part] = []
+        t = 0.0
         for c in costs:
-            parts.append([t, t + c.seconds * factor, c.joules * factor])
+            parts.append((t, t + c.seconds * factor, c.joules * factor))
             t = parts[-1][1]
         mem_s = mem_bytes / self.bandwidth * factor
-        parts.append([t, t + mem_s, self.busy_w * mem_s])
+        parts.append((t, t + mem_s, self.busy_w * mem_s))
         seconds = t + mem_s
         if self._ledger is not None:
             self._ledger.write(json.dumps({"t0": started, "dilation": self.dilation,
                                            "gemms": len(gemms), "parts": parts}) + "\n")
         self.energy_j += sum(p[2] for p in parts)
         self.device_s += seconds
-        return started + seconds * self.dilation
+        self._t0, self._parts = started, parts
+        self._until = started + seconds * self.dilation
+        return self._until
+
+    def follow_slow(self) -> None:
+        """Read the control file; a new factor re-times what is left of the piece under way
+        from the factor's time (or from the piece's start, had it taken effect before)."""
+        old, new = self.slow, self.control.poll()
+        if new.factor == old:
+            return
+        self.slow = new.factor
+        if self._until is None or not self._parts:
+            return  # between pieces: the next one is timed at it
+        at = max(0.0, min(new.at_s, time.monotonic()) - self._t0)
+        at = at / self.dilation if self.dilation > 0 else 0.0
+        parts = retime(self._parts, at, new.factor / old)
+        self.device_s += parts[-1][1] - self._parts[-1][1]
+        self.energy_j += sum(p[2] for p in parts) - sum(p[2] for p in self._parts)
+        self._parts = parts
+        self._until = self._t0 + parts[-1][1] * self.dilation
+        if self._ledger is not None:
+            self._ledger.write(json.dumps({"t0": self._t0, "dilation": self.dilation,
+                                           "retimed": True, "parts": parts}) + "\n")
 
     def end(self, until: float) -> None:
-        """Hold until the piece's modelled time x D has passed (its real compute is done)."""
-        wait = until - time.monotonic()
-        self.lag_s.append(max(0.0, -wait))
-        if wait > 0:
-            time.sleep(wait)
+        """Hold until the piece's modelled time x D has passed (its real compute is done),
+        reading the control file every :data:`~testbed.baselines.slow.POLL_S` meanwhile.
+        ``until``: what :meth:`begin` returned (the end as re-timed since is kept here)."""
+        if self._until is None:  # no piece begun: hold to the time given
+            self._until = until
+        self.follow_slow()
+        wait = self._until - time.monotonic()
+        self.lag_s.append(max(0.0, -wait))  # the real compute ran past the hold's end
+        while wait > 0:
+            time.sleep(min(wait, POLL_S))
+            self.follow_slow()
+            wait = self._until - time.monotonic()
+        self._until, self._parts = None, []
 
     @contextlib.contextmanager
     def piece(self, gemms: list[Gemm], mem_bytes: float) -> Iterator[None]:
@@ -368,6 +415,11 @@ class HeldDevice:
     def lag_p95_s(self) -> float:
         lag = sorted(self.lag_s)
         return lag[int(0.95 * (len(lag) - 1))] if lag else 0.0
+
+
+def _control(plan: dict[str, Any], device: str) -> Path | None:
+    """The device's churn ``slow`` control file, when the runner replays churn."""
+    return control_path(Path(plan["control_dir"]), device) if plan.get("control_dir") else None
 
 
 def _report(s: int, plan: dict[str, Any], losses: list[float], sent: dict[str, int],
