@@ -227,3 +227,53 @@ def test_testbed_up_runs_a_pipeline_topology_on_mininet(tmp_path: Path) -> None:
     want = [r.loss for r in Trainer(topo.job, seed=3,
                                     corpus=load_corpus(topo.job.data)).run(steps)]
     close(summary["losses"], want)
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_slow_replica_holds_its_pieces_factor_times_longer_from_its_time(
+        tmp_path: Path) -> None:
+    """phones-1 slowed x4 at trace 0.3 s: replica 1's forward-and-backward pieces begun after
+    the slow's time (its control file's) take 4 times the device seconds of those before (its
+    ledger, as re-timed), the other replicas' do not change, and the losses are the engine's
+    (a slow changes time, not arithmetic)."""
+    import statistics
+
+    from testbed.baselines.charge import ledger_path, read_ledger
+    from testbed.churn import load_schedule
+
+    steps = 8
+    path = write_topology(tmp_path, steps)
+    trace = tmp_path / "slow.csv"
+    trace.write_text("time_s,device,event,arg\n0.3,phones-1,slow,4\n")
+    topo = load_topology(path)
+    res = emulate_data_parallel(path, tmp_path / "run", replicas=REPLICAS,
+                                schedule=load_schedule(trace, topo), timeout_s=240)
+    run = tmp_path / "run"
+    assert [(c["event"], c["replica"], c["factor"]) for c in res["churn"]] == [("slow", 1, 4.0)]
+    at_s = json.loads((run / "devices" / "phones-1.slow").read_text())["at_s"]
+
+    def pieces(r: int) -> tuple[list[float], list[float]]:
+        """Device seconds of replica r's forward-and-backward pieces that ended before at_s,
+        and of those begun after it."""
+        whole: dict[float, dict[str, float]] = {}
+        for p in read_ledger(ledger_path(run / f"replica{r}.json")):
+            if p.get("retimed"):
+                whole[p["t0"]]["s"] = p["parts"][-1][1]
+            elif p["gemms"]:
+                whole[p["t0"]] = {"s": p["parts"][-1][1], "D": p["dilation"]}
+        before = [w["s"] for t, w in whole.items() if t + w["s"] * w["D"] < at_s]
+        after = [w["s"] for t, w in whole.items() if t > at_s]
+        return before, after
+
+    before, after = pieces(1)
+    assert before and len(after) >= 2, (before, after)
+    ratio = statistics.median(after) / statistics.median(before)
+    assert abs(ratio - 4.0) <= 0.1 * 4.0, ratio  # the device model's noise: a few per cent
+    for r in (0, 2):
+        b, a = pieces(r)
+        assert abs(statistics.median(a) / statistics.median(b) - 1.0) <= 0.1
+    torch.set_num_threads(1)
+    want = [r.loss for r in DataParallelTrainer(topo.job, seed=3, replicas=3,
+                                                corpus=load_corpus(topo.job.data)).run(steps)]
+    close(res["losses"], want)

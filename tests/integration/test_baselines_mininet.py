@@ -6,6 +6,7 @@ Needs root and the Mininet backend (skips naming what is missing).
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,64 @@ def test_sighup_stops_a_pipeline_run_with_its_summary_and_leaves_nothing(
     assert not [p for p in stages if psutil.pid_exists(p)
                 and cmdline_has(p, "testbed.baselines.stage_proc")], "a stage is left"
     assert not ours & root_links(), "an interface of the run is left"
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_slow_stretches_a_stages_holds_from_its_time_and_its_restart_starts_with_it(
+        tmp_path: Path) -> None:
+    """Every phone slowed x4 at trace 0.5 s, then the one stage's phone crashes at 1.5 s: the
+    stage's pieces begun after the slow's time take 4 times the device seconds of those before
+    (its ledger), its steps hold about 4 times as long, and the stage restarted on another
+    phone starts slowed (its control file, written before its process existed)."""
+    from testbed.baselines.charge import ledger_path, read_ledger
+    from testbed.baselines.emulate import ChurnApplied, Progress
+    from testbed.churn import load_schedule
+
+    raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "slow.yaml").read_text())
+    raw["job"]["parallelism"]["checkpoint_every"] = 2  # the restart redoes a step or two
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    topo = load_topology(path)
+    trace = tmp_path / "slow-crash.csv"
+    trace.write_text("time_s,device,event,arg\n0.5,phones,slow,4\n1.5,phones-0,crash,\n")
+    seen: list[Progress] = []
+    D = 2.0
+    res = emulate_pipeline(path, tmp_path / "run", steps=24, devices=["phones-0"],
+                           bounds=[(0, 4)], dilation=D, schedule=load_schedule(trace, topo),
+                           timeout_s=120, progress=seen.append)
+    run = tmp_path / "run"
+    assert res["restarts"] == 1 and res["devices"] != ["phones-0"]
+    slows = [p for p in seen if isinstance(p, ChurnApplied) and p.event == "slow"]
+    assert [p.device for p in slows] == ["phones-0", "phones-1", "phones-2"]
+    assert "stage 0 computes x4" in slows[0].effect
+    at_s = json.loads((run / "devices" / "phones-0.slow").read_text())["at_s"]
+
+    def steps(attempt: int) -> list[tuple[float, float, float]]:
+        """(start, end on the host's clock, device seconds) of each step: 9 pieces a step
+        (4 forwards, 4 backwards, AdamW), as re-timed."""
+        pieces = read_ledger(ledger_path(run / f"stage0-attempt{attempt}.json"))
+        whole: dict[float, list[list[float]]] = {}
+        for p in pieces:
+            whole[p["t0"]] = p["parts"]  # a re-timed line replaces its piece's parts
+        t0s = sorted(whole)
+        out = []
+        for i in range(0, len(t0s) - 8, 9):
+            group = t0s[i:i + 9]
+            device_s = sum(whole[t][-1][1] for t in group)
+            out.append((group[0], group[-1] + whole[group[-1]][-1][1] * D, device_s))
+        return out
+
+    first = steps(0)
+    before = [s for a, e, s in first if e < at_s]
+    after = [s for a, e, s in first if a > at_s]
+    assert len(before) >= 3 and len(after) >= 2, (len(before), len(after))
+    ratio = statistics.median(after) / statistics.median(before)
+    assert abs(ratio - 4.0) <= 0.1 * 4.0, ratio  # the device model's noise: a few per cent
+    restarted = [s for _, _, s in steps(1)]
+    assert len(restarted) >= 2
+    assert abs(statistics.median(restarted) / statistics.median(before) - 4.0) <= 0.4
+    # the holds really were longer: each stage's wall seconds per step (its report)
+    wall0 = json.loads((run / "stage0-attempt0.json").read_text())["step_s"]
+    wall1 = json.loads((run / "stage0-attempt1.json").read_text())["step_s"]
+    assert statistics.median(wall1) >= 3.0 * statistics.median(wall0[:len(before)])
