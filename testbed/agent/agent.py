@@ -568,12 +568,12 @@ class _Session:
         lag_s, energy_j, compute_s = 0.0, 0.0, real_s
         if self.agent.model is not None:
             cost = self.agent.model.tile_cost(int(tile.m), int(tile.k), int(tile.n), tile.op,
-                                              self.agent.device_time_s(start, self.dilation))
-            device_s = cost.seconds * factor
-            hold_s = device_s * self.dilation
+                                              self.agent.device_time_s(start, self.dilation),
+                                              slowdown=factor)
+            hold_s = cost.seconds * self.dilation
             lag_s = max(0.0, real_s - hold_s)
             done = hold_until(start + hold_s)  # an absolute deadline from the tile's start
-            compute_s, energy_j = device_s, cost.joules * factor
+            compute_s, energy_j = cost.seconds, cost.joules
         else:
             if factor > 1:  # a real device made slow: wait out the extra time
                 time.sleep(real_s * (factor - 1))

@@ -9,14 +9,17 @@ energy advance on that clock.
 
 :class:`EmulatedDevice` (what :func:`device_model_for` returns for a profile with a model)::
 
-    seconds = model(m, k, n) * noise / s(T)
+    seconds = model(m, k, n) * noise / s(T) * slowdown
     joules  = P_busy(s(T)) * seconds
 
 ``model`` is the profile's exported regression (numpy only, see
 :mod:`testbed.perf_model.features`), ``noise`` a factor drawn from the profile's quantiles of
 measured/predicted, ``s(T)`` the thermal speed factor (:mod:`testbed.emulator.thermal`),
-``P_busy`` the power model (:mod:`testbed.emulator.energy`). Between tiles the device idles
-at ``idle_w`` and cools. :class:`RateDeviceModel` remains for profiles without a model.
+``P_busy`` the power model (:mod:`testbed.emulator.energy`), ``slowdown`` what the caller
+multiplies the device's time by (a churn ``slow``, a straggling tile's factor): the device is
+busy that much longer at the same power, so its energy, busy time and heat in
+``telemetry`` are the ones its results report. Between tiles the device idles at ``idle_w``
+and cools. :class:`RateDeviceModel` remains for profiles without a model.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ class TileCost:
 
 
 class DeviceModel(Protocol):
-    def tile_cost(self, m: int, k: int, n: int, op: str, now_s: float) -> TileCost:
-        """Cost of C[m x n] = A[m x k] @ B[k x n] starting at device time now_s."""
+    def tile_cost(self, m: int, k: int, n: int, op: str, now_s: float,
+                  slowdown: float = 1.0) -> TileCost:
+        """Cost of C[m x n] = A[m x k] @ B[k x n] starting at device time now_s, its time
+        ``slowdown`` times the device's own (a churn ``slow``, a straggler's factor)."""
         ...
 
     def telemetry(self, now_s: float) -> dict[str, float]:
@@ -58,8 +63,10 @@ class RateDeviceModel:
     gflops: float
     overhead_s: float = 0.0
 
-    def tile_cost(self, m: int, k: int, n: int, op: str, now_s: float) -> TileCost:
-        return TileCost(2.0 * m * k * n / (self.gflops * 1e9) + self.overhead_s, 0.0)
+    def tile_cost(self, m: int, k: int, n: int, op: str, now_s: float,
+                  slowdown: float = 1.0) -> TileCost:
+        return TileCost((2.0 * m * k * n / (self.gflops * 1e9) + self.overhead_s) * slowdown,
+                        0.0)
 
     def telemetry(self, now_s: float) -> dict[str, float]:
         return {}
@@ -102,12 +109,14 @@ class EmulatedDevice:
         """The model's mean time for the tile, without noise or throttling."""
         return self.model.predict_one(m, k, n)
 
-    def tile_cost(self, m: int, k: int, n: int, op: str, now_s: float) -> TileCost:
-        """Cost of one tile starting at device time now_s; advances thermal state and energy."""
+    def tile_cost(self, m: int, k: int, n: int, op: str, now_s: float,
+                  slowdown: float = 1.0) -> TileCost:
+        """Cost of one tile starting at device time now_s, ``slowdown`` times its modelled
+        time (busy that long, at the same power); advances thermal state and energy."""
         self._idle_until(now_s)
         speed = self.speed
         factor = self.model.sample_factor(self._rng) if self.noise else 1.0
-        seconds = self.predict_seconds(m, k, n) * factor / speed
+        seconds = self.predict_seconds(m, k, n) * factor / speed * slowdown
         busy_w = self.power.busy_w(speed) if self.power is not None else 0.0
         joules = busy_w * seconds
         if self.thermal is not None:

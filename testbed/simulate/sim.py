@@ -453,11 +453,10 @@ class Simulation(EventLoop):
         start = self.now_s
         m, n = task.box.shape
         k0, k1 = task.k_range
-        cost = dev.model.tile_cost(m, k1 - k0, n, task.job.spec.op, start)
         factor = dev.slow * (dev.straggler.compute_factor() if dev.straggler else 1.0)
-        seconds = cost.seconds * factor
+        cost = dev.model.tile_cost(m, k1 - k0, n, task.job.spec.op, start, slowdown=factor)
+        seconds, joules = cost.seconds, cost.joules
         dev.computing = True
-        joules = cost.joules * factor
 
         def computed() -> None:
             if dev.session == session:

@@ -133,3 +133,25 @@ def test_profiles_without_model_keep_the_rate_model() -> None:
     from dataclasses import replace
     profile = replace(load_profile("snapdragon888"), model=None)
     assert isinstance(device_model_for(profile), RateDeviceModel)
+
+
+def test_a_slowed_tile_is_busy_longer_in_the_telemetry_too() -> None:
+    """A churn `slow` or a straggler's factor makes the tile take that much longer at the
+    same power: the results' seconds and joules, and the device's own account (busy time,
+    compute energy, heat), all say so; the factor was applied after the model once, and
+    devices.jsonl's telemetry then said a fifth of the energy the results did."""
+    profile = load_profile("snapdragon888")
+    plain = device_model_for(profile, seed=1, noise=False)
+    slowed = device_model_for(profile, seed=1, noise=False)
+    now_s = 0.0
+    for _ in range(40):
+        a = plain.tile_cost(*TILE, "forward", now_s)
+        b = slowed.tile_cost(*TILE, "forward", now_s, slowdown=5.0)
+        now_s += b.seconds  # both start each tile at the same device time
+    assert b.seconds > 5 * a.seconds * (1 - 1e-9)  # hotter too, so no faster than 5x
+    late = slowed.telemetry(now_s)
+    early = plain.telemetry(now_s)
+    assert late["busy_s"] == pytest.approx(5 * early["busy_s"], rel=0.05)
+    assert late["compute_energy_j"] == pytest.approx(5 * early["compute_energy_j"], rel=0.05)
+    assert late["temperature_c"] > early["temperature_c"]
+    assert late["busy_s"] + late["idle_s"] == pytest.approx(now_s, rel=1e-9)
