@@ -6,7 +6,8 @@ device to device rather than PS to device:
 * **Devices**: ``device_model_for(profile, seed = topology seed x 1000 + index)`` (the seeds
   ``testbed up`` and ``testbed simulate`` give the same device), so regression times, noise,
   thermal throttling and energy are the tile simulation's. A device runs its work one piece
-  after another; a GEMM is timed by ``tile_cost(m, k, n, op, start)``; memory-bound work
+  after another; a GEMM is timed by ``tile_cost(m, k, n, op, start, slowdown=factor)`` (the
+  factors below, so the device model's account and heat see the longer work); memory-bound work
   (:mod:`testbed.baselines.cost`) takes ``bytes / memory bandwidth`` at busy power. A churn
   ``slow`` multiplies both from its time, the rest of the work under way included
   (:meth:`BaselineWorld.set_slow`), and so does the group's ``behaviour.straggler`` on a share
@@ -15,7 +16,8 @@ device to device rather than PS to device:
   is charged (``compute_s``, ``energy_j``) when it is queued; work stopped part-way (its device
   lost, its step abandoned) is charged only up to the stop, energy pro rata within the GEMM it
   was in (:mod:`testbed.baselines.charge`, the emulated processes' rule too), and so are the
-  counters of the device model's ``telemetry``; its thermal state keeps the whole piece's heat.
+  counters of the device model's ``telemetry`` (which a ``slow`` re-times too); its thermal
+  state keeps the heat it was given when the piece was queued.
 * **Network**: the topology's links in a :class:`~testbed.simulate.network.FlowNetwork`
   (max-min fair flows, loss folded into each device link by Mathis' cap as the emulator does).
   A transfer from device A to device B goes up A's link and the switch links to the lowest
@@ -229,8 +231,8 @@ class BaselineWorld(EventLoop):
         t = start
         parts: list[Part] = []
         for g in gemms:
-            c = dev.model.tile_cost(g.m, g.k, g.n, g.op, t)
-            parts.append(Part(t, t + c.seconds * factor, c.joules * factor, c.seconds, c.joules))
+            c = dev.model.tile_cost(g.m, g.k, g.n, g.op, t, slowdown=factor)
+            parts.append(Part(t, t + c.seconds, c.joules, c.seconds, c.joules))
             t = parts[-1].end_s
         mem_s = memory_bytes / dev.memory_bytes_s * factor
         busy_w = dev.power.busy_w(1.0) if dev.power is not None else 0.0
@@ -278,6 +280,7 @@ class BaselineWorld(EventLoop):
         dev.slow = factor
         queued: list[Part] = []
         shift = 0.0  # how far the parts from here on move
+        model_s = model_j = 0.0  # what the device model's account gains (or loses)
         for p in dev.queued:
             if p.end_s <= self.now_s:
                 continue
@@ -294,6 +297,10 @@ class BaselineWorld(EventLoop):
             dev.compute_s += seconds * (ratio - 1)
             dev.energy_j += p.joules * (ratio - 1)
             p.joules *= ratio
+            model_s += p.model_s * (ratio - 1)
+            model_j += p.model_j * (ratio - 1)
+            p.model_s *= ratio
+            p.model_j *= ratio
             p.start_s += shift
             shift += seconds * (ratio - 1)
             p.end_s = p.start_s + seconds * ratio
@@ -301,6 +308,7 @@ class BaselineWorld(EventLoop):
             if p.then is not None:
                 self._finish(p)
         dev.queued = queued
+        dev.model.unrun(-model_s, -model_j, 0)  # its telemetry follows the re-timed work
         if queued:
             dev.busy_until_s = max(self.now_s, queued[-1].end_s)
 

@@ -350,13 +350,14 @@ class HeldDevice:
         hold ends (``time.monotonic()``; a ``slow`` while it runs moves that)."""
         started = time.monotonic()
         self.slow = self.control.poll().factor
-        costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, self.device_s) for g in gemms]
         factor = self.slow * (self.straggler.compute_factor() if self.straggler is not None
                               else 1.0)
+        costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, self.device_s, slowdown=factor)
+                 for g in gemms]
         parts: list[Part] = []
         t = 0.0
         for c in costs:
-            parts.append((t, t + c.seconds * factor, c.joules * factor))
+            parts.append((t, t + c.seconds, c.joules))
             t = parts[-1][1]
         mem_s = mem_bytes / self.bandwidth * factor
         parts.append((t, t + mem_s, self.busy_w * mem_s))

@@ -52,7 +52,9 @@ class DeviceModel(Protocol):
         ...
 
     def unrun(self, seconds: float, joules: float, tiles: int) -> None:
-        """Take off work :meth:`tile_cost` charged that did not run (stopped part-way)."""
+        """Take off work :meth:`tile_cost` charged that did not run (stopped part-way);
+        negative ``seconds`` and ``joules`` charge work re-timed longer (a churn ``slow``
+        mid-piece) as the more it is."""
         ...
 
 
@@ -132,8 +134,9 @@ class EmulatedDevice:
         """Take off work :meth:`tile_cost` charged that did not run: a baseline's piece stopped
         part-way (its device lost, its step given up). ``seconds`` and ``joules`` of compute
         are taken off, ``tiles`` never started; the device idled those seconds instead (its
-        clock has passed them). The thermal state keeps their heat: it cannot be unwound, and
-        it is at most one piece's."""
+        clock has passed them). Negative ``seconds`` and ``joules``: work re-timed longer
+        (a churn ``slow`` mid-piece), busy where the account had it idle. The thermal state
+        keeps the heat it was given: it cannot be unwound, and it is at most one piece's."""
         idle_w = self.power.idle_w if self.power is not None else 0.0
         self.energy.busy_s -= seconds
         self.energy.compute_j -= joules

@@ -422,6 +422,27 @@ def test_a_slow_shrinks_the_rest_of_a_piece_and_its_energy() -> None:
     assert dev.energy_j == pytest.approx(queued_j * (0.5 + 0.5 / 4), rel=1e-6)
 
 
+def test_a_slowed_piece_is_in_the_device_models_telemetry_as_it_ran() -> None:
+    """The device model's account (the device record's telemetry) follows a churn slow, at a
+    piece's start and re-timed mid-piece: its busy time and compute energy are the GEMMs'
+    share of compute_s and energy_j (the factor was applied after the model: slowed 4 times,
+    the telemetry said a quarter)."""
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    dev = world.devices["phones-0"]
+    world.set_slow(dev, 4.0)
+    gemms, _ = cost.stage_work(t.job.model, 4, True, "F", 6, 8)
+    queued_s = world.compute(dev, gemms, 0.0, lambda: None)  # GEMMs only: all the model's
+    world.pass_time(queued_s * 0.5)
+    world.set_slow(dev, 2.0)
+    world.pass_time(queued_s * 2)
+    tel = dev.model.telemetry(world.now_s)
+    assert dev.compute_s == pytest.approx(queued_s * (0.5 + 0.5 / 2), rel=1e-9)
+    assert tel["busy_s"] == pytest.approx(dev.compute_s, rel=1e-9)
+    assert tel["compute_energy_j"] == pytest.approx(dev.energy_j, rel=1e-9)
+    assert tel["busy_s"] + tel["idle_s"] == pytest.approx(world.now_s, rel=1e-9)
+
+
 def test_a_cancelled_transfer_counts_the_bytes_it_had_sent() -> None:
     t = topo("pipeline", count=2)
     world = BaselineWorld(t, noise=False)
