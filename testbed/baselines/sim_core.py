@@ -99,6 +99,7 @@ class Part:
     model_s: float = 0.0  # what the device model charged for it (its telemetry): seconds
     model_j: float = 0.0  # and joules; 0 for memory-bound work, which the model never sees
     then: Callable[[], None] | None = None  # the piece's callback, on its last part
+    timing: int = 0  # bumped as a slow re-times it: a callback queued before does not run
 
 
 @dataclass
@@ -247,11 +248,12 @@ class BaselineWorld(EventLoop):
         return t - start
 
     def _finish(self, last: Part) -> None:
-        """Run the piece's callback at its last part's end, unless that end has moved since
-        (a ``slow`` re-timed it and queued it again)."""
-        end, then = last.end_s, last.then
+        """Run the piece's callback at its last part's end, unless a ``slow`` has re-timed the
+        part since (and queued its callback again). By timing, not by end: a slow equal to
+        the factor in force moves no end, and the callback ran twice."""
+        timing, then = last.timing, last.then
         assert then is not None
-        self.at(end, lambda: then() if last.end_s == end else None)
+        self.at(last.end_s, lambda: then() if last.timing == timing else None)
 
     def stop_work(self, dev: Device) -> None:
         """The device drops what it was computing (its step was abandoned): the part of its work
@@ -284,6 +286,7 @@ class BaselineWorld(EventLoop):
         for p in dev.queued:
             if p.end_s <= self.now_s:
                 continue
+            p.timing += 1  # its callback, if queued, is queued again below (or moves on)
             if p.start_s < self.now_s:  # under way: split it at now, the rest re-timed
                 share = (p.end_s - self.now_s) / (p.end_s - p.start_s)
                 rest = Part(self.now_s, p.end_s, p.joules * share, p.model_s * share,

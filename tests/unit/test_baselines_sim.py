@@ -422,6 +422,22 @@ def test_a_slow_shrinks_the_rest_of_a_piece_and_its_energy() -> None:
     assert dev.energy_j == pytest.approx(queued_j * (0.5 + 0.5 / 4), rel=1e-6)
 
 
+@pytest.mark.parametrize("factor", [1.0, 3.0])
+def test_a_slow_ends_a_piece_under_way_once(factor: float) -> None:
+    """A slow at the factor already in force (`slow 1` on a device never slowed) moved no
+    end, and the piece's callback ran twice: once as queued, once as queued again."""
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    dev = world.devices["phones-0"]
+    gemms, mem = cost.stage_work(t.job.model, 4, True, "F", 6, 8)
+    ends: list[float] = []
+    queued_s = world.compute(dev, gemms, mem, lambda: ends.append(world.now_s))
+    world.pass_time(queued_s * 0.5)
+    world.set_slow(dev, factor)
+    world.pass_time(queued_s * 4)
+    assert ends == [pytest.approx(queued_s * (0.5 + 0.5 * factor), rel=1e-9)]
+
+
 def test_a_slowed_piece_is_in_the_device_models_telemetry_as_it_ran() -> None:
     """The device model's account (the device record's telemetry) follows a churn slow, at a
     piece's start and re-timed mid-piece: its busy time and compute energy are the GEMMs'
