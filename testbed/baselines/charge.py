@@ -43,7 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-Part = tuple[float, float, float]  # (start_s, end_s, joules): a GEMM or memory-bound part
+# (start_s, end_s, joules, ...): a GEMM or memory-bound part; what follows end_s goes with its
+# time (the ledger's parts have joules; the simulator's add the device model's seconds, joules)
+Part = tuple[float, ...]
 
 
 def unrun_share(start_s: float, end_s: float, stop_s: float) -> float:
@@ -56,26 +58,35 @@ def unrun_share(start_s: float, end_s: float, stop_s: float) -> float:
     return (end_s - stop_s) / (end_s - start_s)
 
 
-def retime(parts: Sequence[Part], at_s: float, ratio: float) -> list[Part]:
+def retimed_parts(parts: Sequence[Part], at_s: float, ratio: float) -> list[list[Part]]:
     """A piece's parts after its device's compute factor changed ``ratio`` times (new / old)
-    at ``at_s`` (device seconds from the piece's start): the parts ended by then stay, the one
-    under way is split at ``at_s``, and everything after takes ``ratio`` times its seconds
-    and joules, moved back (or forward) by what the earlier ones gained."""
-    out: list[Part] = []
+    at ``at_s`` (device seconds, on the parts' clock), each part as what it became: the
+    parts ended by then stay, the one under way is split at ``at_s`` (two parts), and
+    everything after takes ``ratio`` times its seconds and amounts (what follows ``end_s``:
+    joules, and the simulator's model seconds and joules), moved back (or forward) by what
+    the earlier ones gained."""
+    out: list[list[Part]] = []
     shift = 0.0  # how far the parts from here on move
-    for start, end, joules in parts:
+    for start, end, *amounts in parts:
         if end <= at_s:
-            out.append((start, end, joules))
+            out.append([(start, end, *amounts)])
             continue
+        became: list[Part] = []
         if start < at_s:  # under way: the part run keeps its time, the rest is re-timed
             rest = (end - at_s) / (end - start)
-            out.append((start, at_s, joules * (1 - rest)))
-            start, joules = at_s, joules * rest
+            became.append((start, at_s, *(a * (1 - rest) for a in amounts)))
+            start, amounts = at_s, [a * rest for a in amounts]
         seconds = end - start
         start += shift
         shift += seconds * (ratio - 1)
-        out.append((start, start + seconds * ratio, joules * ratio))
+        became.append((start, start + seconds * ratio, *(a * ratio for a in amounts)))
+        out.append(became)
     return out
+
+
+def retime(parts: Sequence[Part], at_s: float, ratio: float) -> list[Part]:
+    """:func:`retimed_parts`, flat: the piece's parts as re-timed."""
+    return [part for became in retimed_parts(parts, at_s, ratio) for part in became]
 
 
 def ran(parts: Iterable[Part], stop_s: float) -> tuple[float, float]:

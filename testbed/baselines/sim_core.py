@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from testbed.agent.behaviour import Behaviour, straggler_for
-from testbed.baselines.charge import unrun_share
+from testbed.baselines.charge import retimed_parts, unrun_share
 from testbed.baselines.cost import Gemm
 from testbed.baselines.placement import DEFAULT_MEMORY_BYTES_S
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
@@ -100,6 +100,12 @@ class Part:
     model_j: float = 0.0  # and joules; 0 for memory-bound work, which the model never sees
     then: Callable[[], None] | None = None  # the piece's callback, on its last part
     timing: int = 0  # bumped as a slow re-times it: a callback queued before does not run
+
+
+def _totals(parts: list[Part]) -> tuple[float, float, float, float]:
+    """Seconds, joules, model seconds and model joules of parts."""
+    return (sum(p.end_s - p.start_s for p in parts), sum(p.joules for p in parts),
+            sum(p.model_s for p in parts), sum(p.model_j for p in parts))
 
 
 @dataclass
@@ -280,38 +286,23 @@ class BaselineWorld(EventLoop):
         sooner). The straggler factor a piece drew stays with it."""
         ratio = factor / dev.slow
         dev.slow = factor
+        live = [p for p in dev.queued if p.end_s > self.now_s]
+        rows = [(p.start_s, p.end_s, p.joules, p.model_s, p.model_j) for p in live]
         queued: list[Part] = []
-        shift = 0.0  # how far the parts from here on move
-        model_s = model_j = 0.0  # what the device model's account gains (or loses)
-        for p in dev.queued:
-            if p.end_s <= self.now_s:
-                continue
-            p.timing += 1  # its callback, if queued, is queued again below (or moves on)
-            if p.start_s < self.now_s:  # under way: split it at now, the rest re-timed
-                share = (p.end_s - self.now_s) / (p.end_s - p.start_s)
-                rest = Part(self.now_s, p.end_s, p.joules * share, p.model_s * share,
-                            p.model_j * share, p.then)
-                p.end_s, p.joules = self.now_s, p.joules - rest.joules
-                p.model_s, p.model_j, p.then = p.model_s - rest.model_s, \
-                    p.model_j - rest.model_j, None
-                queued.append(p)
-                p = rest
-            seconds = p.end_s - p.start_s
-            dev.compute_s += seconds * (ratio - 1)
-            dev.energy_j += p.joules * (ratio - 1)
-            p.joules *= ratio
-            model_s += p.model_s * (ratio - 1)
-            model_j += p.model_j * (ratio - 1)
-            p.model_s *= ratio
-            p.model_j *= ratio
-            p.start_s += shift
-            shift += seconds * (ratio - 1)
-            p.end_s = p.start_s + seconds * ratio
-            queued.append(p)
+        for p, became in zip(live, retimed_parts(rows, self.now_s, ratio)):  # charge's rule
+            p.timing += 1  # a callback queued for it does not run: it is queued again below
+            for i, (start, end, joules, model_s, model_j) in enumerate(became):
+                last = i == len(became) - 1
+                queued.append(Part(start, end, joules, model_s, model_j,
+                                   p.then if last else None))
             if p.then is not None:
-                self._finish(p)
+                self._finish(queued[-1])
+        before, after = _totals(live), _totals(queued)
+        dev.compute_s += after[0] - before[0]
+        dev.energy_j += after[1] - before[1]
+        # the device model's account (its telemetry) follows the re-timed work
+        dev.model.unrun(before[2] - after[2], before[3] - after[3], 0)
         dev.queued = queued
-        dev.model.unrun(-model_s, -model_j, 0)  # its telemetry follows the re-timed work
         if queued:
             dev.busy_until_s = max(self.now_s, queued[-1].end_s)
 
