@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from testbed.agent.hold import hold_until
 from testbed.baselines.charge import Part, ledger_path, retime
 from testbed.baselines.slow import POLL_S, SlowControl, control_path
 from testbed.user_paths import written_whole
@@ -69,7 +70,7 @@ def recv_frame(sock: socket.socket, delay_s: float) -> tuple[int, int, int, byte
     payload = recv_exact(sock, n)
     wait = sent + delay_s - time.time()
     if wait > 0:
-        time.sleep(wait)
+        hold_until(time.monotonic() + wait)  # woken on time on a busy host, as the agents
     return kind, step, micro, payload
 
 
@@ -400,8 +401,8 @@ class HeldDevice:
         self.follow_slow()
         wait = self._until - time.monotonic()
         self.lag_s.append(max(0.0, -wait))  # the real compute ran past the hold's end
-        while wait > 0:
-            time.sleep(min(wait, POLL_S))
+        while wait > 0:  # tile-tp's agents' hold: woken on time on a busy host
+            hold_until(time.monotonic() + min(wait, POLL_S))
             self.follow_slow()
             wait = self._until - time.monotonic()
         self._until, self._parts = None, []
