@@ -233,6 +233,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     try:
         before = {d: net.interface_counters(d) for d in names}
         t0 = time.monotonic()
+        clock_origin = t0  # every stage process's device clock (HeldDevice): one per run
         while True:
             alive = [n for n in names if n not in gone]
             if attempt == 0 and devices is not None and bounds is not None:
@@ -249,6 +250,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
             plan_doc = {"topology": str(Path(topology_path).resolve()), "devices": use,
                         "bounds": [list(b) for b in cuts], "micro_batches": m,
                         "steps": total_steps, "dilation": dilation,
+                        "clock_origin": clock_origin,
                         "ips": [net.host_ip(d) for d in use], "delay_s": delay_s,
                         "start_step": start_step, "resume_files": resume_files,
                         "checkpoint_every": every, "ckpt_dir": str(ckpt_dir),
@@ -551,6 +553,7 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         plan_doc = {"topology": str(Path(topology_path).resolve()), "devices": names,
                     "rows": rows,
                     "steps": total_steps, "dilation": dilation, "dtype": job.dtype,
+                    "clock_origin": time.monotonic(),  # the devices' clocks (HeldDevice)
                     "ps_ip": net.host_ip(None), "delay_s": delay_s, "local_steps": H,
                     "initial": initial, "keep_state": schedule is not None,
                     "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s,

@@ -296,7 +296,7 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
     share = (hi - lo) / job.batch_size
     device = HeldDevice(topo, plan["devices"][r], float(plan.get("dilation", 1.0)),
                         ledger_path(out) if out is not None else None,
-                        _control(plan, plan["devices"][r]))
+                        _control(plan, plan["devices"][r]), plan.get("clock_origin"))
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed)
     if go is not None:  # a standby: warm (model built), waiting for its device to be back
         go.with_suffix(".warm").write_text("warm")

@@ -175,7 +175,7 @@ def run_stage(plan: dict[str, Any], s: int, ledger: Path | None = None) -> dict[
     b = cost.DTYPE_BYTES[job.dtype]
     spec = job.model
     device = HeldDevice(topo, plan["devices"][s], float(plan.get("dilation", 1.0)), ledger,
-                        _control(plan, plan["devices"][s]))
+                        _control(plan, plan["devices"][s]), plan.get("clock_origin"))
     device.skip_draws(*plan.get("draws_used", [[0, 0]] * (s + 1))[s])
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed) \
         if first or last else None
@@ -313,7 +313,8 @@ class HeldDevice:
     """
 
     def __init__(self, topology: Topology, name: str, dilation: float,
-                 ledger: Path | None = None, control: Path | None = None):
+                 ledger: Path | None = None, control: Path | None = None,
+                 clock_origin: float | None = None):
         from testbed.agent.behaviour import straggler_for
         from testbed.emulator.device_model import device_model_for
         from testbed.perf_model.profiles import load_profile
@@ -326,6 +327,12 @@ class HeldDevice:
         self.bandwidth = profile.model.bandwidth_bytes_s if profile.model is not None else 10e9
         self.busy_w = profile.power.busy_w(1.0) if profile.power is not None else 0.0
         self.dilation = dilation
+        # the device's clock, which its model's idle time, cooling and heat follow: device
+        # seconds since clock_origin (time.monotonic(), the run's, shared by the device's
+        # processes), as the simulated device's is the simulation's time. It was the busy
+        # seconds alone, so the model never saw an idle second: a stage busy a third of the
+        # time heated as if busy all of it
+        self.clock_origin = time.monotonic() if clock_origin is None else clock_origin
         self.device_s = 0.0
         self.energy_j = 0.0
         self.lag_s: list[float] = []
@@ -335,6 +342,13 @@ class HeldDevice:
         self._t0 = 0.0  # the piece under way: its start (time.monotonic())
         self._parts: list[Part] = []  # its parts, device seconds from its start
         self._until: float | None = None  # when its hold ends; None: no piece under way
+
+    def device_time_s(self, wall_s: float) -> float:
+        """The device's clock at a ``time.monotonic()`` time: seconds since its origin over D
+        (D 0, no holds: its busy seconds so far)."""
+        if self.dilation <= 0:
+            return self.device_s
+        return max(0.0, (wall_s - self.clock_origin) / self.dilation)
 
     def skip_draws(self, pieces: int, gemms: int) -> None:
         """Use up the straggler draws of ``pieces`` pieces and the noise draws of ``gemms``
@@ -353,7 +367,8 @@ class HeldDevice:
         self.slow = self.control.poll().factor
         factor = self.slow * (self.straggler.compute_factor() if self.straggler is not None
                               else 1.0)
-        costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, self.device_s, slowdown=factor)
+        now_s = self.device_time_s(started)
+        costs = [self.model.tile_cost(g.m, g.k, g.n, g.op, now_s, slowdown=factor)
                  for g in gemms]
         parts: list[Part] = []
         t = 0.0

@@ -86,6 +86,21 @@ def test_a_device_started_again_goes_on_with_its_draws(tmp_path: Path) -> None:
     assert [fresh.straggler.compute_factor() for _ in range(40)] != ahead
 
 
+def test_the_device_model_idles_between_pieces_on_the_runs_clock() -> None:
+    """A held device's model is timed on the run's clock (device seconds since its origin),
+    so the time between pieces is idle: it cools, as the simulated device does. On its busy
+    seconds alone it never idled, and a stage busy part of the time heated as if all of it."""
+    t = topology()
+    gemms, mem = cost.stage_work(t.job.model, 2, True, "F", 1, 8)
+    D = 1e-3  # holds of microseconds
+    idle_s = 600.0  # device seconds since the run's origin before this process's first piece
+    held = HeldDevice(t, "phones-0", D, clock_origin=time.monotonic() - idle_s * D)
+    held.end(held.begin(gemms, mem))
+    tel = held.model.telemetry(held.device_time_s(time.monotonic()))
+    assert tel["idle_s"] >= idle_s * 0.999
+    assert 0 < tel["busy_s"] < 1.0
+
+
 def test_a_stage_process_killed_mid_step_is_charged_what_ran(tmp_path: Path) -> None:
     """A one-stage pipeline's process (on this host's loopback), killed mid-run: its ledger
     charges the pieces that ran and the one under way as far as it got, which the report it
