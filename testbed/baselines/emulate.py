@@ -254,8 +254,9 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                         "ips": [net.host_ip(d) for d in use], "delay_s": delay_s,
                         "start_step": start_step, "resume_files": resume_files,
                         "checkpoint_every": every, "ckpt_dir": str(ckpt_dir),
-                        # the draws each stage's device used in earlier attempts: go on
-                        "draws_used": [_draws(ledgers.get(d, [])) for d in use],
+                        # each stage's device's earlier processes (their ledgers): it goes
+                        # on with their draws and their heat (HeldDevice.resume)
+                        "history": [[str(p) for p in ledgers.get(d, [])] for d in use],
                         "progress": str(progress_path), "ready_dir": str(ready_dir),
                         "control_dir": str(control_dir or ""),  # churn `slow` (slow.py)
                         "report_pattern": str(run_dir / f"stage{{}}-attempt{attempt}.json")}
@@ -345,13 +346,6 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
         return out
     finally:
         _stop(procs, net)
-
-
-def _draws(ledgers: Sequence[Path]) -> list[int]:
-    """The straggler and noise draws a device's processes used, from their ledgers:
-    [pieces, GEMMs]."""
-    used = [charge(read_ledger(p), None) for p in ledgers]
-    return [sum(c.pieces for c in used), sum(c.gemms for c in used)]
 
 
 def _all_ready(ready_dir: Path, n: int) -> bool:
@@ -606,16 +600,16 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
         if schedule is None:
             failed = _wait_all(procs, timeout_s, lambda tag: run_dir / f"{tag}.log", poll)
         else:
-            def draws_of(r: int) -> list[int]:  # those replica r's processes used so far
-                return _draws([ledger_path(run_dir / f"{tag}.json")
-                               for tag, q in replica_of.items() if q == r])
+            def history_of(r: int) -> list[str]:  # the ledgers of replica r's processes
+                return [str(ledger_path(run_dir / f"{tag}.json"))  # before its standby
+                        for tag, q in replica_of.items() if q == r and tag != go_of[r].stem]
             # under churn the row's time is the run's (restarts and waits in it): from
             # training's start to the PS's end, as the pipeline's and the simulator's; from
             # t0 it had the processes' start-up, the standbys' warm-up and the replicas'
             # ends in it (9.6 s against 7.5 s of steps on tests/data/slow.yaml)
             churn, failed, trained = _supervise_replicas(
                 ps, alive, names, start, go_of, actions, dilation, ChurnEvent, run_dir,
-                timeout_s, poll, report, H, stopped_at, draws_of)
+                timeout_s, poll, report, H, stopped_at, history_of)
         wall_s = time.monotonic() - t0 if schedule is None else trained
         after = {n: net.interface_counters(n) for n in nodes}
         poll()  # the lines written before the PS ended
@@ -665,7 +659,7 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                         timeout_s: float, poll: Callable[[], None] = lambda: None,
                         report: Callable[[Progress], None] = lambda _p: None,
                         local_steps: int = 1, stopped_at: dict[int, float] | None = None,
-                        draws_of: Callable[[int], list[int]] = lambda _r: [0, 0]
+                        history_of: Callable[[int], list[str]] = lambda _r: []
                         ) -> tuple[list[dict[str, Any]], list[str], float]:
     """Replay churn on the replicas until the PS ends: kill a departed replica's process, and
     let a returning one's standby connect (``--join --go``). Each replica the trace brings
@@ -674,9 +668,9 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
     start-up. A ``slow`` goes to the device's control file (``run_dir/devices``) with its
     time. Calls ``poll`` meanwhile (the run's progress) and ``report`` with each churn
     event applied; notes in ``stopped_at`` when each process it kills was killed (by
-    ``id``); tells a standby to go with the draws its replica's processes used
-    (``draws_of``). Returns the churn applied, the failures and the seconds from training's
-    start (the churn clock's 0) to the PS's end."""
+    ``id``); tells a standby to go with its replica's earlier processes' ledgers
+    (``history_of``: it goes on with their draws and heat). Returns the churn applied, the
+    failures and the seconds from training's start (the churn clock's 0) to the PS's end."""
     ready = run_dir / "ps.ready"
     deadline = time.monotonic() + timeout_s
     # a warm standby for each replica the trace brings back, before the clock starts (a
@@ -730,7 +724,8 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                                         f"replica {r}'s process killed; the PS goes on "
                                         "without it"))
             elif a.event in (events.JOIN, events.HEAL) and r in standby and r not in alive:
-                write_json_atomic(go[r], draws_of(r))  # it goes on with the device's draws
+                # it goes on with the device's draws and heat (HeldDevice.resume)
+                write_json_atomic(go[r], history_of(r))
                 alive[r] = standby.pop(r)
                 if any(b.device == a.device and b.event in (events.JOIN, events.HEAL)
                        for b in actions):

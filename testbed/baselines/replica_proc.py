@@ -302,8 +302,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         go.with_suffix(".warm").write_text("warm")
         while not go.exists():
             time.sleep(0.01)
-        # the go file says the draws the device's earlier processes used: go on from them
-        device.skip_draws(*json.loads(go.read_text()))
+        # the go file lists the device's earlier processes' ledgers: go on from them
+        device.resume([Path(p) for p in json.loads(go.read_text())])
     ps = _connect(plan["ps_ip"], PORT)
     # killed (its device crashed or left), the kernel must not go on sending what the process
     # had queued: a reset, so the PS sees the replica gone instead of its buffered gradient

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from testbed.agent.hold import hold_until
-from testbed.baselines.charge import Part, ledger_path, retime
+from testbed.baselines.charge import Part, charge, ledger_path, read_ledger, retime
 from testbed.baselines.slow import POLL_S, SlowControl, control_path
 from testbed.user_paths import written_whole
 
@@ -176,7 +176,7 @@ def run_stage(plan: dict[str, Any], s: int, ledger: Path | None = None) -> dict[
     spec = job.model
     device = HeldDevice(topo, plan["devices"][s], float(plan.get("dilation", 1.0)), ledger,
                         _control(plan, plan["devices"][s]), plan.get("clock_origin"))
-    device.skip_draws(*plan.get("draws_used", [[0, 0]] * (s + 1))[s])
+    device.resume([Path(p) for p in plan.get("history", [[]] * (s + 1))[s]])
     sampler = BatchSampler(load_corpus(job.data), job.batch_size, spec.seq_len, topo.seed) \
         if first or last else None
     delays = plan["delay_s"][s]  # one-way delay from each other stage to this one
@@ -349,6 +349,23 @@ class HeldDevice:
         if self.dilation <= 0:
             return self.device_s
         return max(0.0, (wall_s - self.clock_origin) / self.dilation)
+
+    def resume(self, ledgers: list[Path]) -> None:
+        """Go on where the device's earlier processes (a restart's stage, a returning
+        replica's standby) left it, from their ledgers: with their straggler and noise draws
+        used up (:meth:`skip_draws`) and their heat in its thermal state, each piece's GEMMs
+        busy at their start on the run's clock (the device then idles, and cools, until this
+        process's first piece), as the simulated device goes on with its one model."""
+        pieces = [p for path in ledgers for p in read_ledger(path)]
+        used = charge(pieces, None)
+        self.skip_draws(used.pieces, used.gemms)
+        if self.dilation <= 0 or not hasattr(self.model, "warm"):
+            return
+        spans = []  # (device time, seconds) of each GEMM the model timed, as it timed them
+        for p in sorted((p for p in pieces if not p.get("retimed")), key=lambda p: p["t0"]):
+            now_s = self.device_time_s(float(p["t0"]))
+            spans += [(now_s, end - start) for start, end, _ in p["parts"][:int(p["gemms"])]]
+        self.model.warm(spans)
 
     def skip_draws(self, pieces: int, gemms: int) -> None:
         """Use up the straggler draws of ``pieces`` pieces and the noise draws of ``gemms``

@@ -144,6 +144,21 @@ class EmulatedDevice:
         self.energy.idle_s += seconds
         self.energy.idle_j += idle_w * seconds
 
+    def warm(self, tiles: list[tuple[float, float]]) -> None:
+        """Heat the device as earlier tiles on it did, ``(start, seconds)`` on its clock in
+        order (a process started again on a device, whose earlier process timed them): the
+        thermal state and the clock advance as :meth:`tile_cost` advanced them, idle between;
+        the energy account is the earlier process's and is left alone."""
+        if self.thermal is None:
+            return
+        idle_w = self.power.idle_w if self.power is not None else 0.0
+        for start_s, seconds in tiles:
+            if start_s > self._clock_s:
+                self.thermal.advance(start_s - self._clock_s, idle_w)
+            busy_w = self.power.busy_w(self.speed) if self.power is not None else 0.0
+            self.thermal.advance(seconds, busy_w)
+            self._clock_s = max(self._clock_s, start_s) + seconds
+
     def skip_draws(self, tiles: int) -> None:
         """Use up the noise draws of ``tiles`` tiles: a process started again on the device
         goes on with its draws rather than repeating those its earlier processes used."""

@@ -193,8 +193,9 @@ def test_a_lost_stage_restarts_from_its_checkpoint_with_the_same_losses(tmp_path
         first = next(x for x in res["executed"] if x["step"] == e["step"])
         assert abs(first["loss"] - e["loss"]) <= 1e-12 * max(1.0, abs(e["loss"]))
     # the killed attempt's stages are charged what ran up to the kill (their ledgers), at
-    # least the whole steps their last reports had; the restart goes on with phones-1's draws
-    from testbed.baselines.charge import charge, ledger_path, read_ledger
+    # least the whole steps their last reports had; the restart goes on from phones-1's
+    # earlier process (its ledger: its draws and its heat)
+    from testbed.baselines.charge import ledger_path, read_ledger
 
     run = tmp_path / "run"
     killed = [w for w in res["work"] if w["attempt"] == 0]
@@ -204,10 +205,11 @@ def test_a_lost_stage_restarts_from_its_checkpoint_with_the_same_losses(tmp_path
         assert w["device_s"] >= last_report["device_s"] * (1 - 1e-9)
     plan0 = json.loads((run / "pipeline_plan0.json").read_text())
     plan1 = json.loads((run / "pipeline_plan1.json").read_text())
-    for d, draws in zip(plan1["devices"], plan1["draws_used"]):  # [0, 0] on a fresh device
-        before = [charge(read_ledger(ledger_path(run / f"stage{s}-attempt0.json")), None)
+    for d, history in zip(plan1["devices"], plan1["history"]):  # none on a fresh device
+        before = [str(ledger_path(run / f"stage{s}-attempt0.json"))
                   for s, e in enumerate(plan0["devices"]) if e == d]
-        assert draws == [sum(c.pieces for c in before), sum(c.gemms for c in before)]
+        assert history == before
+        assert all(read_ledger(Path(p)) for p in history)
 
 
 @needs_mininet

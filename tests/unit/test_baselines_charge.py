@@ -101,6 +101,31 @@ def test_the_device_model_idles_between_pieces_on_the_runs_clock() -> None:
     assert 0 < tel["busy_s"] < 1.0
 
 
+def test_a_device_started_again_goes_on_with_its_heat(tmp_path: Path) -> None:
+    """A process started again on a device resumes from its earlier process's ledger: the
+    same draws and the same thermal state at the same time on the run's clock, where a new
+    process started cold (its device had been busy for minutes)."""
+    t = topology()
+    big = [cost.Gemm(2048, 2048, 2048, "forward")]  # about a second on the phone
+    D = 1e-4
+    origin = time.monotonic()
+    ledger = tmp_path / "first.work.jsonl"
+    first = HeldDevice(t, "phones-0", D, ledger, clock_origin=origin)
+    for _ in range(150):
+        first.end(first.begin(big, 0.0))
+    resumed = HeldDevice(t, "phones-0", D, clock_origin=origin)
+    resumed.resume([ledger])
+    cold = HeldDevice(t, "phones-0", D, clock_origin=origin)
+    now_s = first.device_time_s(time.monotonic())
+    hot = first.model.telemetry(now_s)
+    assert hot["busy_s"] > 60  # a minute of work or more: the phone has warmed
+    warm = resumed.model.telemetry(now_s)
+    assert warm["temperature_c"] == pytest.approx(hot["temperature_c"], rel=1e-9)
+    assert cold.model.telemetry(now_s)["temperature_c"] < hot["temperature_c"] - 1.0
+    rng = resumed.model._rng  # type: ignore[attr-defined]
+    assert rng.getstate() == first.model._rng.getstate()  # type: ignore[attr-defined]
+
+
 def test_a_stage_process_killed_mid_step_is_charged_what_ran(tmp_path: Path) -> None:
     """A one-stage pipeline's process (on this host's loopback), killed mid-run: its ledger
     charges the pieces that ran and the one under way as far as it got, which the report it
