@@ -240,6 +240,7 @@ class AgentForkServer:
         self._starting: dict[int, tuple[Future, list[str]]] = {}
         self._agents: dict[int, ForkedAgent] = {}
         self._closing = False
+        self._ended = False  # the reader saw the server's end: no request can be answered
         self.died: str | None = None  # why the server ended when close() did not end it
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,),
                                         name="agent-forkserver", daemon=True)
@@ -251,6 +252,10 @@ class AgentForkServer:
         :class:`ForkServerGone` when the server is gone, or goes before it answers."""
         future: Future = Future()
         with self._lock:
+            # a request after the reader saw the end would wait for ever: the write itself
+            # can succeed while a dying agent still holds the server's end of the pipe
+            if self._ended:
+                raise ForkServerGone(self._gone())
             self._next_id += 1
             request_id = self._next_id
             self._starting[request_id] = (future, args)
@@ -302,6 +307,7 @@ class AgentForkServer:
         # the server is gone: its agents died with it (PR_SET_PDEATHSIG, SIGKILL)
         self.proc.wait()
         with self._lock:
+            self._ended = True
             if not self._closing:
                 self.died = self._gone()
             for agent in self._agents.values():
