@@ -22,7 +22,8 @@ the path's one-way delay after its last byte left. Churn
 actions apply at their trace times from the start of training (time 0), as ``testbed up``'s
 replay applies them: join adds a device, leave and crash drop it (its tiles are re-queued), a
 partition stalls its links and its lease expires after ``lease_s``; heal lets it join again. A
-leave of a cut-off device drops it at that lease, or at a heal that comes first (docs/churn.md).
+leave of a cut-off device drops it at that lease, or at a heal that comes first (docs/churn.md). A
+churn action's event comes before the join or departure it causes.
 As the PS's host ticks its core (``PsCore.tick``, every ``min(0.25, lease_s / 4)`` s), the
 simulation pumps at that period while anything is under way, so copies that become overdue
 with no result coming (a partitioned device's) get their backups as time passes.
@@ -84,6 +85,10 @@ from testbed.up import EMULATED_MAX_IN_FLIGHT
 
 def _zero(counter: list[int]) -> bool:
     return counter[0] == 0
+
+
+def _nothing() -> None:
+    pass
 
 
 def _no_event(_kind: str, /, **fields: Any) -> None:
@@ -508,37 +513,53 @@ class Simulation(EventLoop):
 
     # -- churn ---------------------------------------------------------------------------------
     def _apply(self, action: ChurnAction) -> None:
+        """One churn action: its ``churn`` event, then what it does, so that the join or the
+        departure it causes is recorded after it, as ``testbed up`` records it (its replay
+        stamps the action as it begins, before the PS hears of it)."""
         dev = self.devices[action.device]
-        event = action.event
-        effect = "absent"
-        if event is ChurnEvent.JOIN:
-            if dev.gone and dev.present:  # testbed up kills the old agent before the new one
-                self.drop(dev, "disconnect", "stream broken")
-            if not dev.present:
-                effect = "applied"  # its agent starts; it reaches the PS once its link is up
-                if not dev.partitioned:
-                    self.join(dev)
-        elif event is ChurnEvent.LEAVE and dev.present and dev.partitioned:
-            # cut off, the agent cannot say Leave: the PS's lease for it runs out (the
-            # partition's timer), or the heal brings the connection's close first (below)
-            effect, dev.gone = "SIGTERM", True
-        elif event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
-            if dev.present:
-                effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
-                self.drop(dev, "leave" if event is ChurnEvent.LEAVE else "disconnect",
-                          "left" if event is ChurnEvent.LEAVE else "stream broken")
-        elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
-            if event is ChurnEvent.HEAL and dev.gone and dev.present:
-                # the close its agent made while cut off reaches the PS now
-                self.drop(dev, "disconnect", "stream closed by the device")
-            self._partition(dev, event is ChurnEvent.PARTITION)
-            effect = "link down" if event is ChurnEvent.PARTITION else "link up"
-        else:
-            dev.slow = float(action.factor or 1.0)
-            effect = f"compute x{action.factor}"
+        effect, act = self._action(dev, action)
         record = action.to_dict()
         self.emit("churn", **{k: v for k, v in record.items() if k != "event"},
                   action=record["event"], effect=effect)
+        act()
+
+    def _action(self, dev: SimDevice, action: ChurnAction) -> tuple[str, Callable[[], None]]:
+        """What a churn action does to ``dev``: its effect as the ``churn`` event says it, and
+        the doing."""
+        event = action.event
+        if event is ChurnEvent.JOIN:
+            def join() -> None:
+                if dev.gone and dev.present:  # testbed up kills the old agent before the new
+                    self.drop(dev, "disconnect", "stream broken")
+                if not dev.partitioned:  # its agent reaches the PS once its link is up
+                    self.join(dev)
+            return ("applied", join) if dev.gone or not dev.present else ("absent", _nothing)
+        if event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
+            if not dev.present or dev.gone:
+                return "absent", _nothing
+            leave = event is ChurnEvent.LEAVE
+            effect = "SIGTERM" if leave else "SIGKILL"
+            if dev.partitioned and leave:
+                # cut off, the agent cannot say Leave: the PS's lease for it runs out (the
+                # partition's timer), or the heal brings the connection's close first (_heal)
+                def cut_off() -> None:
+                    dev.gone = True
+                return effect, cut_off
+            return effect, functools.partial(self.drop, dev, "leave" if leave else "disconnect",
+                                             "left" if leave else "stream broken")
+        if event is ChurnEvent.PARTITION:
+            return "link down", functools.partial(self._partition, dev, True)
+        if event is ChurnEvent.HEAL:
+            return "link up", functools.partial(self._heal, dev)
+
+        def slow() -> None:
+            dev.slow = float(action.factor or 1.0)
+        return f"compute x{action.factor}", slow
+
+    def _heal(self, dev: SimDevice) -> None:
+        if dev.gone and dev.present:  # the close its agent made while cut off reaches the PS now
+            self.drop(dev, "disconnect", "stream closed by the device")
+        self._partition(dev, False)
 
     def _partition(self, dev: SimDevice, down: bool) -> None:
         session = dev.session

@@ -90,6 +90,27 @@ def test_churn_replays_the_schedule_in_order(tmp_path: Path) -> None:
     assert times == pytest.approx([a.time_s for a in schedule.actions], abs=1e-9)
 
 
+def test_an_actions_churn_event_comes_before_what_it_causes(tmp_path: Path) -> None:
+    """As `testbed up` records them (its replay stamps an action as it begins; the PS hears of
+    it after): the simulator wrote a leave's `leave`, a crash's `disconnect` and a join's (or a
+    heal's) `join` before the action's `churn` event."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE + "0.010,phones-2,partition,\n0.012,phones-2,join,\n"
+                     "0.014,phones-2,heal,\n")
+    topology = load_topology(TINY).with_overrides(steps=2)
+    (tmp_path / "run").mkdir()
+    simulate(topology, tmp_path / "run", load_schedule(trace, topology), report=False)
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    order = [(e["event"], e["device"]) for e in events
+             if e["event"] in ("churn", "join", "leave", "disconnect")][4:]  # the first joins
+    assert order == [("churn", "phones-1"), ("leave", "phones-1"),
+                     ("churn", "phones-2"), ("disconnect", "phones-2"),
+                     ("churn", "phones-1"), ("join", "phones-1"),
+                     ("churn", "laptops-0"),
+                     ("churn", "phones-2"), ("churn", "phones-2"),  # joins cut off: not yet
+                     ("churn", "phones-2"), ("join", "phones-2")]  # at the heal
+
+
 def test_the_run_directory_names_the_trace_of_churn(tmp_path: Path) -> None:
     """`--churn` replaces the topology's trace, and the resolved topology.yaml says which: it
     said ``churn: null``, so a churn run could not be told from its directory."""
