@@ -489,8 +489,9 @@ class Run:
         proc = self.agents.get(name)
         if proc is None or proc.poll() is not None:
             return False
-        if sig in (signal.SIGTERM, signal.SIGKILL):
-            self._exits_told.add(proc.pid)  # its exit is the trace's doing (leave, crash)
+        if sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGQUIT):
+            # its exit is the trace's doing (leave, crash; SIGQUIT: a crash held by the cut)
+            self._exits_told.add(proc.pid)
             self._trace_exits.add(proc.pid)
         proc.send_signal(sig)
         return True

@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
     """Run one agent until the PS ends the run (0), refuses it (3), or a signal stops it
     (SIGINT, SIGTERM, SIGHUP: it leaves, says so in one line, and exits ``stopped_exit``: 0 for
     the agents a run starts, whose SIGTERM is a churn trace's graceful leave; 130 for
-    ``testbed join``, interrupted as every testbed command).
+    ``testbed join``, interrupted as every testbed command). SIGQUIT is a crash: it dies as by
+    SIGKILL, at once, or, cut off by SIGUSR1, once healed or dropped by the PS
+    (:meth:`~testbed.agent.agent.Agent.request_crash`).
 
     ``supervised``: an agent ``testbed up`` started (its fork server). It ignores SIGINT and
     SIGHUP, which a Ctrl-C or a closed terminal sends the whole process group: the run stops it
@@ -232,6 +234,8 @@ def main(argv: list[str] | None = None, *, stopped_exit: int = EXIT_OK,
         signal.signal(sig, signal.SIG_IGN if supervised else
                       lambda s, _f: agent.request_stop(signal.Signals(s).name))
     agent.set_partitioned(args.partitioned)
+    # a crash that a cut of the agent's own (SIGUSR1) holds: testbed up's SIGKILL on loopback
+    signal.signal(signal.SIGQUIT, lambda *_: agent.request_crash())
     signal.signal(signal.SIGUSR1, lambda *_: agent.set_partitioned(True))
     signal.signal(signal.SIGUSR2, lambda *_: agent.set_partitioned(False))
     code = agent.run()

@@ -22,6 +22,9 @@ once healed; nothing is dropped: a dropped tile would stay "in flight" at the PS
 the partition is shorter than the lease. A SIGTERM while partitioned cannot reach the PS either:
 the agent drops its work and stays silent until the PS's lease for it runs out (the PS ends the
 stream) or the cut heals (it closes its channel then), as a device gone behind a down link.
+SIGQUIT is a crash (the run's SIGKILL) that such a cut holds: at once when not partitioned; cut
+off, the agent goes silent in the same way and kills itself (SIGKILL) when the cut heals or the
+PS ends the stream, so the PS hears of it as it would of a device that died behind a down link.
 An optional :class:`~testbed.agent.behaviour.Behaviour` makes it a straggler or byzantine.
 """
 
@@ -35,11 +38,12 @@ import os
 import queue
 import random
 import secrets
+import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, NoReturn
 
 import grpc
 import numpy as np
@@ -191,6 +195,7 @@ class Agent:
         self.slow_factor = 1.0  # compute time multiplier (churn `slow`)
         self._control_mtime = 0.0
         self.stopped_by = ""  # the signal that asked this agent to stop ("": none did)
+        self.crashed = False  # asked to crash while cut off (SIGQUIT): it dies as it ends
         self.left_note = ""  # how it left, said in the one line it ends with
         self.joins = 0  # sessions the PS let in
         # the name the run knows this device by: the one asked for until the PS names it
@@ -235,6 +240,20 @@ class Agent:
         if session is not None:
             session.leave(reason)
 
+    def request_crash(self) -> None:
+        """Die as SIGKILL would (no Leave, no last line): at once, or, cut off, once the cut
+        heals or the PS ends the session (until then silent: :meth:`_Session.go_silent`), as
+        the cut holds a killed process's close. The run sends SIGQUIT for a trace's crash of an
+        agent that blackholes itself (loopback), whose own SIGKILL no cut would hold."""
+        self.crashed = True
+        self.stopping.set()
+        session = self._session
+        if session is None or session.reply is None or not self.partitioned.is_set():
+            _die()
+        log.info("%s: crashed while cut off from the PS: silent, and dead when the cut heals "
+                 "or the PS ends the session", self.name)
+        session.go_silent()
+
     def set_partitioned(self, partitioned: bool) -> None:
         """Cut (True) or restore all traffic, as a pulled cable would."""
         if partitioned:
@@ -244,7 +263,15 @@ class Agent:
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> int:
-        """Join and work until the PS says stop or we are asked to; re-join on failures."""
+        """Join and work until the PS says stop or we are asked to; re-join on failures. An
+        agent that crashed while cut off (:meth:`request_crash`) dies here once its session
+        ended."""
+        code = self._run()
+        if self.crashed:
+            _die()
+        return code
+
+    def _run(self) -> int:
         if self.options.progress_s > 0:
             threading.Thread(target=self._say_progress, args=(self.options.progress_s,),
                              name="progress", daemon=True).start()
@@ -317,6 +344,12 @@ class Agent:
             log.error("%s: session failed; joining again in %.1f s", name, backoff_s,
                       exc_info=exc)
         return None
+
+
+def _die() -> NoReturn:
+    """End this process as a crash: SIGKILL, no cleanup, no last line."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise SystemExit(128 + signal.SIGKILL)  # not reached: the kernel ends us before
 
 
 def _channel(options: AgentOptions, stopping: threading.Event) -> grpc.Channel:
@@ -444,8 +477,7 @@ class _Session:
                                     "this device's tiles when its lease runs out, or when the "
                                     "cut heals before that and the connection's close reaches "
                                     "it")
-            self.gone.set()
-            threading.Thread(target=self._close_once_healed, name="gone", daemon=True).start()
+            self.go_silent()
             return
         if self.reply is not None:
             try:
@@ -464,13 +496,25 @@ class _Session:
         if not self.closed.is_set():
             self.channel.close()
 
-    def _close_once_healed(self) -> None:
-        """A session that left while cut off: close the channel once the cut heals (unless
-        the PS ended the session first)."""
+    def go_silent(self) -> None:
+        """Gone while cut off (a leave, a crash): drop the work, send nothing more, and end the
+        connection once the cut heals, unless the PS ended the session first."""
+        if self.gone.is_set():
+            return
+        self.gone.set()
+        threading.Thread(target=self._end_once_healed, name="gone", daemon=True).start()
+
+    def _end_once_healed(self) -> None:
+        """A session gone while cut off: once the cut heals, close the channel (a leave) or
+        die (a crash: the kernel closes the socket), unless the PS ended the session first
+        (then :meth:`Agent.run` ends the process)."""
         while self.agent.partitioned.is_set() and not self.closed.is_set():
             time.sleep(0.05)
-        if not self.closed.is_set():
-            self.channel.close()
+        if self.closed.is_set():
+            return
+        if self.agent.crashed:
+            _die()
+        self.channel.close()
 
     # -- down: the PS's messages ----------------------------------------------------------------
     def _receive(self, responses: Iterator[pb.ServerMessage]) -> str:

@@ -5,7 +5,9 @@ What each action does to the run (the run supplies the means through :class:`Run
 =========  ==================================================================================
 join       start the device's agent
 leave      SIGTERM to the agent (it says Leave, then exits)
-crash      SIGKILL to the agent
+crash      SIGKILL to the agent; SIGQUIT to one that blackholes itself (loopback, cut off),
+           whose SIGKILL its blackhole could not hold: it dies once healed or once the PS
+           ends its session (a join before either kills it first)
 partition  take the device's link down (Mininet) or blackhole the agent (SIGUSR1, loopback)
 heal       bring the link back up (Mininet) or un-blackhole the agent (SIGUSR2)
 slow       write ``agents/<device>.slow`` (``{"slow": factor}``), which the agent polls
@@ -191,7 +193,10 @@ def apply_action(action: ChurnAction, run: RunControl, agents_dir: Path,
     if event is ChurnEvent.LEAVE:
         return "SIGTERM" if run.signal_agent(name, signal.SIGTERM) else "absent"
     if event is ChurnEvent.CRASH:
-        return "SIGKILL" if run.signal_agent(name, signal.SIGKILL) else "absent"
+        # cut off by its own blackhole, a killed agent's socket would close past the cut: the
+        # agent kills itself once healed (or once the PS gives up on it) instead
+        sig = signal.SIGQUIT if cut_off else signal.SIGKILL
+        return sig.name if run.signal_agent(name, sig) else "absent"
     if event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
         down = event is ChurnEvent.PARTITION
         if run.set_partitioned(name, down):
@@ -231,6 +236,8 @@ class Replay:
         # again after a crash, while its link is down starts cut off; Mininet keeps its port
         # down across its agent's restarts
         self._cut_by_agent: set[str] = set()
+        # of those, devices whose agent crashed (SIGQUIT) and may not be dead yet
+        self._crashed_cut_off: set[str] = set()
 
     def start(self) -> None:
         """Start the replay thread (nothing to do when every action was applied already)."""
@@ -319,11 +326,21 @@ class Replay:
 
     def _apply(self, action: ChurnAction, agents_dir: Path) -> str:
         name = action.device
+        if action.event is ChurnEvent.JOIN and name in self._crashed_cut_off:
+            # crashed while cut off, its agent waits for the heal to die: a crashed device
+            # has nothing to finish, so it dies now (the PS sees its connection end; a real
+            # device's end would wait for the heal or the lease), not after a leave's grace
+            self.run.signal_agent(name, signal.SIGKILL)
         effect = apply_action(action, self.run, agents_dir, name in self._cut_by_agent)
         if action.event is ChurnEvent.PARTITION and effect != "link down":
             self._cut_by_agent.add(name)
         elif action.event is ChurnEvent.HEAL:
             self._cut_by_agent.discard(name)
+            self._crashed_cut_off.discard(name)  # the agent dies of the heal itself
+        elif action.event is ChurnEvent.CRASH and effect == signal.SIGQUIT.name:
+            self._crashed_cut_off.add(name)
+        elif action.event is ChurnEvent.JOIN:
+            self._crashed_cut_off.discard(name)
         return effect
 
     def _wait_for_training(self) -> bool:

@@ -22,8 +22,8 @@ the path's one-way delay after its last byte left. Churn
 actions apply at their trace times from the start of training (time 0), as ``testbed up``'s
 replay applies them: join adds a device, leave and crash drop it (its tiles are re-queued), a
 partition stalls its links and its lease expires after ``lease_s``; heal lets it join again. A
-leave of a cut-off device drops it at that lease, or at a heal that comes first (docs/churn.md). A
-churn action's event comes before the join or departure it causes.
+leave or a crash of a cut-off device drops it at that lease, or at a heal that comes first
+(docs/churn.md). A churn action's event comes before the join or departure it causes.
 As the PS's host ticks its core (``PsCore.tick``, every ``min(0.25, lease_s / 4)`` s), the
 simulation pumps at that period while anything is under way, so copies that become overdue
 with no result coming (a partitioned device's) get their backups as time passes.
@@ -131,9 +131,10 @@ class SimDevice:
     delay_s: float
     present: bool = False
     partitioned: bool = False
-    # its agent left while cut off: nothing told the PS, which keeps the session until the
-    # lease runs out or the heal brings the connection's close (docs/churn.md)
-    gone: bool = False
+    # its agent left or crashed while cut off: nothing told the PS, which keeps the session
+    # until the lease runs out or the heal brings the connection's end, with this reason
+    # ("": none; docs/churn.md)
+    gone: str = ""
     slow: float = 1.0
     straggler: Behaviour | None = None  # the topology's straggler behaviour, as its agent's
     session: int = 0  # bumps on every departure: events of an older session are dropped
@@ -286,7 +287,7 @@ class Simulation(EventLoop):
         slots = []
         for dev in devs:
             dev.present = True
-            dev.gone = False
+            dev.gone = ""
             dev.session += 1
             dev.sessions += 1
             slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
@@ -539,11 +540,12 @@ class Simulation(EventLoop):
                 return "absent", _nothing
             leave = event is ChurnEvent.LEAVE
             effect = "SIGTERM" if leave else "SIGKILL"
-            if dev.partitioned and leave:
-                # cut off, the agent cannot say Leave: the PS's lease for it runs out (the
-                # partition's timer), or the heal brings the connection's close first (_heal)
+            if dev.partitioned:
+                # cut off, neither the Leave nor the end of the connection (a closed channel,
+                # a killed process's socket) crosses the cut: the PS's lease for it runs out
+                # (the partition's timer), or the heal brings the end first (_heal)
                 def cut_off() -> None:
-                    dev.gone = True
+                    dev.gone = "stream closed by the device" if leave else "stream broken"
                 return effect, cut_off
             return effect, functools.partial(self.drop, dev, "leave" if leave else "disconnect",
                                              "left" if leave else "stream broken")
@@ -557,8 +559,8 @@ class Simulation(EventLoop):
         return f"compute x{action.factor}", slow
 
     def _heal(self, dev: SimDevice) -> None:
-        if dev.gone and dev.present:  # the close its agent made while cut off reaches the PS now
-            self.drop(dev, "disconnect", "stream closed by the device")
+        if dev.gone and dev.present:  # the end its agent made while cut off reaches the PS now
+            self.drop(dev, "disconnect", dev.gone)
         self._partition(dev, False)
 
     def _partition(self, dev: SimDevice, down: bool) -> None:

@@ -238,3 +238,48 @@ def test_a_trace_that_takes_every_device_away_for_good_fails_the_run_at_once(
     assert summary["state"] == "failed" and 1 <= summary["steps_done"] < 50, summary
     assert "no device is left: the churn trace took every one away (4 of 4 started) and " \
         "brings none back" in summary["error"], summary["error"]
+
+
+# Cut off, a crashed device tells the PS nothing, as a leaving one cannot: the PS learns at its
+# lease's end, or at a heal that comes first (docs/churn.md, "Crash while cut off"). phones-0
+# stays cut off; phones-1 is healed 1.5 s after its crash, well within the lease (5 s).
+CUT_CRASH_TRACE = """time_s,device,event,arg
+0.5,phones-0,partition,
+0.5,phones-1,partition,
+1.0,phones-0,crash,
+1.0,phones-1,crash,
+2.5,phones-1,heal,
+"""
+STEPS_PAST_THE_LEASE = 10  # training lasts past the cut's lease (0.5 + 5 s)
+
+
+def test_a_crash_while_cut_off_reaches_the_ps_at_the_lease_or_at_the_heal(
+        tmp_path: Path) -> None:
+    """On loopback the replay's SIGKILL closed the agent's socket past its own blackhole: the
+    PS counted both crashes as disconnects at once."""
+    topology = churn_topology(tmp_path, steps=STEPS_PAST_THE_LEASE)
+    (tmp_path / "half-go.csv").write_text(CUT_CRASH_TRACE)
+    proc = start_up(topology, tmp_path / "runs")
+    with killed_at_exit(proc):
+        output, _ = proc.communicate(timeout=300)
+    run_dir = run_dir_of(tmp_path / "runs")
+    assert proc.returncode == 0, output
+    events = read_jsonl(run_dir / "events.jsonl")
+    churn = [e for e in events if e["event"] == "churn"]
+    assert [(e["device"], e["action"], e["effect"]) for e in churn] == [
+        ("phones-0", "partition", "agent blackholed"),
+        ("phones-1", "partition", "agent blackholed"),
+        ("phones-0", "crash", "SIGQUIT"), ("phones-1", "crash", "SIGQUIT"),
+        ("phones-1", "heal", "agent healed")]
+    departures = {e["device"]: e for e in events
+                  if e["event"] in ("leave", "disconnect", "lease_expired")}
+    assert set(departures) == {"phones-0", "phones-1"}, departures
+    cut_t, crash_t, heal_t = churn[0]["t"], churn[2]["t"], churn[4]["t"]
+    lease = departures["phones-0"]
+    # 5 s after the last message the PS heard, at most a heartbeat (1 s) before the cut
+    assert lease["event"] == "lease_expired" and lease["t"] >= cut_t + 4.0, (lease, cut_t)
+    healed = departures["phones-1"]
+    assert healed["event"] == "disconnect" and heal_t <= healed["t"] < cut_t + 4.0, \
+        (healed, heal_t, crash_t)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "done" and summary["agent_deaths"] == [], summary

@@ -123,10 +123,11 @@ def test_simulate_writes_a_departed_sessions_record_when_it_departs(tmp_path: Pa
     assert len(records) == 5  # four present at the end, one session that ended
 
 
-def _cut_off_leave(tmp_path: Path, heal_s: float | None) -> list[tuple[str, float]]:
-    """phones-0 cut off at 0.01 s and left at 0.02 s (healed at ``heal_s``); the PS's
-    records of its departure as (event, virtual time)."""
-    rows = "time_s,device,event,arg\n0.01,phones-0,partition,\n0.02,phones-0,leave,\n"
+def _cut_off_leave(tmp_path: Path, heal_s: float | None,
+                   action: str = "leave") -> list[tuple[str, float]]:
+    """phones-0 cut off at 0.01 s and left (or crashed: ``action``) at 0.02 s (healed at
+    ``heal_s``); the PS's records of its departure as (event, virtual time)."""
+    rows = f"time_s,device,event,arg\n0.01,phones-0,partition,\n0.02,phones-0,{action},\n"
     if heal_s is not None:
         rows += f"{heal_s},phones-0,heal,\n"
     trace = tmp_path / "t.csv"
@@ -157,12 +158,28 @@ def test_a_leave_while_cut_off_then_a_heal_reaches_the_ps_as_a_disconnect(
     assert t == pytest.approx(1.0, abs=1e-9)
 
 
-def _agent_cut_off_then_stopped(tmp_path: Path, heal_after_s: float | None
+def test_a_crash_while_cut_off_reaches_the_ps_as_its_lease_running_out(tmp_path: Path) -> None:
+    """A killed device's socket closes no more across a cut than a leaving one's: the
+    simulation counted a disconnect at the crash."""
+    [(kind, t)] = _cut_off_leave(tmp_path, None, "crash")
+    assert kind == "lease_expired"
+    assert t == pytest.approx(0.01 + LEASE_S, abs=1e-9)
+
+
+def test_a_crash_while_cut_off_then_a_heal_reaches_the_ps_as_a_broken_stream(
+        tmp_path: Path) -> None:
+    [(kind, t)] = _cut_off_leave(tmp_path, 1.0, "crash")
+    assert kind == "disconnect"
+    assert t == pytest.approx(1.0, abs=1e-9)
+
+
+def _agent_cut_off_then_stopped(tmp_path: Path, heal_after_s: float | None, crash: bool = False
                                 ) -> tuple[list[dict[str, Any]], float]:
     """A real PS (in process, lease 1.5 s) and a real agent on loopback: the agent is cut off
     (SIGUSR1, as `testbed up` partitions it), 0.3 s later asked to leave (SIGTERM, as the
-    trace's leave), and with ``heal_after_s`` healed (SIGUSR2) that long after: the PS's
-    departure events, and the Unix time of the heal (inf: none)."""
+    trace's leave; with ``crash``, SIGQUIT, as the trace's crash), and with ``heal_after_s``
+    healed (SIGUSR2) that long after: the PS's departure events, and the Unix time of the
+    heal (inf: none)."""
     import os
     import secrets
     import signal
@@ -200,13 +217,13 @@ def _agent_cut_off_then_stopped(tmp_path: Path, heal_after_s: float | None
                 time.sleep(0.05)
             agent.send_signal(signal.SIGUSR1)
             time.sleep(0.3)
-            agent.send_signal(signal.SIGTERM)
+            agent.send_signal(signal.SIGQUIT if crash else signal.SIGTERM)
             healed_t = math.inf
             if heal_after_s is not None:
                 time.sleep(heal_after_s)
                 healed_t = time.time()
                 agent.send_signal(signal.SIGUSR2)
-            assert agent.wait(10) == 0, agent_log.read_text()
+            assert agent.wait(10) == (-signal.SIGKILL if crash else 0), agent_log.read_text()
             time.sleep(0.3)  # the PS's loop records what the agent's exit brought
     finally:
         server.stop("test done")
@@ -226,5 +243,20 @@ def test_an_agent_asked_to_leave_while_cut_off_lets_its_lease_run_out(tmp_path: 
 def test_an_agent_that_left_while_cut_off_is_gone_for_the_ps_at_the_heal(tmp_path: Path) -> None:
     """Healed within its lease, the close the agent made on leaving reaches the PS then."""
     departures, healed_t = _agent_cut_off_then_stopped(tmp_path, 0.3)  # within the lease
+    assert [e["event"] for e in departures] == ["disconnect"], departures
+    assert departures[0]["t"] >= healed_t, (departures, healed_t)
+
+
+def test_an_agent_that_crashed_while_cut_off_lets_its_lease_run_out(tmp_path: Path) -> None:
+    """`testbed up` on loopback sends a cut-off agent SIGQUIT for the trace's crash (its
+    SIGKILL closed the socket past the agent's blackhole: a disconnect at the crash); the
+    agent stays silent and dies (SIGKILL) once the PS has ended its session."""
+    departures, _ = _agent_cut_off_then_stopped(tmp_path, None, crash=True)
+    assert [e["event"] for e in departures] == ["lease_expired"], departures
+
+
+def test_an_agent_that_crashed_while_cut_off_is_gone_for_the_ps_at_the_heal(
+        tmp_path: Path) -> None:
+    departures, healed_t = _agent_cut_off_then_stopped(tmp_path, 0.3, crash=True)
     assert [e["event"] for e in departures] == ["disconnect"], departures
     assert departures[0]["t"] >= healed_t, (departures, healed_t)

@@ -184,6 +184,38 @@ def test_an_agent_started_while_its_link_is_down_starts_cut_off_on_loopback(
         ("start", "phones-0", None)]  # healed before its last join
 
 
+def test_a_crash_of_an_agent_cut_off_by_itself_is_held_as_the_cut_holds_its_close(
+        tmp_path: Path) -> None:
+    """On loopback SIGKILL closed a cut-off agent's socket past its own blackhole (the PS saw a
+    disconnect at the crash, where a device behind a down link tells it nothing): the agent
+    gets SIGQUIT and dies once healed or once the PS ends its session; a join before either
+    kills it first (a crashed agent has nothing to finish), and after a heal it is dead."""
+    trace = ("time_s,device,event,arg\n0.05,phones-0,partition,\n0.1,phones-0,crash,\n"
+             "0.15,phones-0,join,\n0.2,phones-1,partition,\n0.25,phones-1,crash,\n"
+             "0.3,phones-1,heal,\n0.35,phones-1,join,\n0.4,phones-2,crash,\n")
+    schedule = build_schedule(parse_trace(trace, "t.csv", GROUPS), GROUPS, seed=1)
+    (tmp_path / "status.json").write_text(json.dumps({"state": "training"}))
+    run = LoopbackRun()
+    effects: list[tuple[str, str]] = []
+    replay = Replay(schedule, run, tmp_path, dilation=0.2,
+                    event=lambda kind, **k: effects.append((k["device"], k["effect"]))
+                    if kind == "churn" else None)
+    replay.start()
+    deadline = time.monotonic() + 10
+    while replay.applied < len(schedule.actions) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    replay.stop()
+    assert run.calls == [
+        ("signal", "phones-0", "SIGUSR1"), ("signal", "phones-0", "SIGQUIT"),
+        ("signal", "phones-0", "SIGKILL"), ("start", "phones-0", "cut off"),
+        ("signal", "phones-1", "SIGUSR1"), ("signal", "phones-1", "SIGQUIT"),
+        ("signal", "phones-1", "SIGUSR2"), ("start", "phones-1", None),
+        ("signal", "phones-2", "SIGKILL")]  # not cut off: killed at once
+    assert [e for _, e in effects] == ["agent blackholed", "SIGQUIT", "applied",
+                                       "agent blackholed", "SIGQUIT", "agent healed", "applied",
+                                       "SIGKILL"]
+
+
 class BrokenLink(FakeRun):
     """A run whose partition fails the way a bug would (the replay's own code raising)."""
 
