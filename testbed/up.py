@@ -289,12 +289,17 @@ class Run:
         """Why no step can finish, once every agent this run started has been gone for
         ``AGENTS_GONE_S`` (killed, crashed: an exit the PS did not ask for, not 0; or left as
         the churn trace said), or none was started (a resume with every device away), and
-        nothing can bring a device back: no churn trace still replaying, no phones over adb,
-        no devices joining over the LAN. The PS would wait for its watchdog (minutes) and then
+        nothing can bring a device back: no churn trace still replaying (or the agents' fork
+        server gone, so its joins cannot start an agent), no phones over adb, no devices
+        joining over the LAN. The PS would wait for its watchdog (minutes) and then
         blame the devices; the exit codes say more."""
+        server = self.forkserver
+        # agents start from the fork server: once it is gone, a join of the trace cannot
+        # bring a device back (it would fail the run at its time, or the PS's watchdog first)
+        died = server.died if server is not None else None
         if (self._stopped or not self._started or self.adb is not None
                 or self.topology.network.ps.listen
-                or (self.replay is not None and self.replay.running())):
+                or (self.replay is not None and self.replay.running() and died is None)):
             return None
         with self._lock:
             codes = {name: proc.poll() for name, proc in self.agents.items()}
@@ -309,6 +314,9 @@ class Run:
             self._agents_crashed_since = now
         if now - self._agents_crashed_since < AGENTS_GONE_S:
             return None
+        if died is not None:
+            return (f"{died}: every agent it forked died with it, and no agent can start any "
+                    f"more (the churn trace's joins neither), so no step can finish")
         if not codes:  # a resume: the trace had taken every device away before the stop
             return ("no device is left: the churn trace had taken every one away by the time "
                     "the run stopped, and brings none back, so no step can finish")
