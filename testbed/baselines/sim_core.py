@@ -338,40 +338,51 @@ class BaselineWorld(EventLoop):
                 self.at(action.time_s, lambda a=action: self._apply(a))  # type: ignore[misc]
 
     def _apply(self, action: ChurnAction) -> None:
+        """One churn action: its ``churn`` event, then what it does, so that the departure or
+        restart it causes is recorded after it, as ``testbed up`` and ``testbed simulate``
+        record tile-tp's."""
         dev = self.devices[action.device]
-        event = action.event
-        effect = "absent"
-        if event is ChurnEvent.JOIN:
-            self.wanted.add(dev.name)
-            if not dev.present:
-                dev.present = True
-                effect = "applied"
-                if not dev.partitioned:
-                    self.on_back(dev)
-        elif event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
-            self.wanted.discard(dev.name)
-            if dev.present:
-                effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
-                dev.present = False
-                self.on_lost(dev, "left" if event is ChurnEvent.LEAVE else "stream broken")
-        elif event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
-            down = event is ChurnEvent.PARTITION
-
-            def lost(dev: Device = dev) -> None:  # the lease ended (testbed.simulate.lease)
-                if dev.present:
-                    self.on_lost(dev, f"no message for more than {LEASE_S:g} s")
-            set_partitioned(self, dev, down, LEASE_S, lost if dev.present else None)
-            for link, rate in zip(dev.own, dev.link_Bps):
-                self.net.set_capacity(link, 0.0 if down else rate)
-            effect = "link down" if down else "link up"
-            if not down and dev.present:
-                self.on_back(dev)
-        else:
-            self.set_slow(dev, float(action.factor or 1.0))
-            effect = f"compute x{action.factor}"
+        effect, act = self._action(dev, action)
         record = action.to_dict()
         self.emit("churn", **{k: v for k, v in record.items() if k != "event"},
                   action=record["event"], effect=effect)
+        act()
+
+    def _action(self, dev: Device, action: ChurnAction) -> tuple[str, Callable[[], None]]:
+        """What a churn action does to ``dev``: its effect as the ``churn`` event says it, and
+        the doing."""
+        event = action.event
+        if event is ChurnEvent.JOIN:
+            def join() -> None:
+                self.wanted.add(dev.name)
+                if not dev.present:
+                    dev.present = True
+                    if not dev.partitioned:
+                        self.on_back(dev)
+            return ("absent" if dev.present else "applied"), join
+        if event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
+            def leave() -> None:
+                self.wanted.discard(dev.name)
+                if dev.present:
+                    dev.present = False
+                    self.on_lost(dev, "left" if event is ChurnEvent.LEAVE else "stream broken")
+            effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
+            return (effect if dev.present else "absent"), leave
+        if event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
+            down = event is ChurnEvent.PARTITION
+
+            def cut() -> None:
+                def lost(dev: Device = dev) -> None:  # the lease ended (testbed.simulate.lease)
+                    if dev.present:
+                        self.on_lost(dev, f"no message for more than {LEASE_S:g} s")
+                set_partitioned(self, dev, down, LEASE_S, lost if dev.present else None)
+                for link, rate in zip(dev.own, dev.link_Bps):
+                    self.net.set_capacity(link, 0.0 if down else rate)
+                if not down and dev.present:
+                    self.on_back(dev)
+            return ("link down" if down else "link up"), cut
+        factor = float(action.factor or 1.0)
+        return f"compute x{action.factor}", lambda: self.set_slow(dev, factor)
 
     def device_records(self) -> list[dict[str, Any]]:
         """Final per-device records in the PS's shape (devices.jsonl, summary.json, energy)."""

@@ -116,6 +116,23 @@ def test_a_lost_stage_restarts_from_the_checkpoint_and_counts_redone_steps(
     assert world.now_s > sum(s.device_s for s in steps) + sim.restore_s - 1e-9
 
 
+def test_a_churn_action_is_recorded_before_what_it_causes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The `churn` event of a crash comes before the departure and the restart it causes, as
+    testbed up and testbed simulate record tile-tp's (the departure came first)."""
+    t = topo("pipeline", count=3, steps=4, micro_batches=2, checkpoint_every=1)
+    fixed_plan(monkeypatch, ("phones-0", "phones-1"), ((0, 2), (2, 4)), 2)
+    trace = tmp_path / "crash.csv"
+    trace.write_text("time_s,device,event,arg\n0.5,phones-1,crash,\n")
+    kinds: list[str] = []
+    world = BaselineWorld(t, load_schedule(trace, t), noise=False,
+                          emit=lambda event, /, **_f: kinds.append(event))
+    run(PipelineSim(t, world), 4)
+    churn = kinds.index("churn")
+    assert "restart" in kinds[churn:], kinds
+    assert not {"disconnect", "leave", "restart"} & set(kinds[:churn]), kinds
+
+
 def test_a_restart_after_a_checkpoint_restores_the_weights_and_adam_moments(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Weights alone (P·b) before the first step, as data-parallel's hand-out; weights and both
