@@ -343,9 +343,7 @@ class BaselineWorld(EventLoop):
         record tile-tp's."""
         dev = self.devices[action.device]
         effect, act = self._action(dev, action)
-        record = action.to_dict()
-        self.emit("churn", **{k: v for k, v in record.items() if k != "event"},
-                  action=record["event"], effect=effect)
+        self.emit("churn", **action.churn_event(effect))
         act()
 
     def _action(self, dev: Device, action: ChurnAction) -> tuple[str, Callable[[], None]]:

@@ -318,9 +318,7 @@ class Replay:
             began_t = time.time()  # the PS may log what the action causes before it returns
             effect = self._apply(action, agents_dir)
             self.applied += 1
-            record = action.to_dict()  # its "event" would shadow the record's kind
-            self.event("churn", **{k: v for k, v in record.items() if k != "event"},
-                       action=record["event"], effect=effect, at_t=began_t)
+            self.event("churn", **action.churn_event(effect), at_t=began_t)
             self.note(f"churn t={action.time_s:g}s {action.event.value} {action.device}: "
                       f"{effect}")
 

@@ -66,6 +66,14 @@ class ChurnAction:
             out["factor"] = self.factor
         return out
 
+    def churn_event(self, effect: str) -> dict[str, Any]:
+        """The fields of its ``churn`` event in events.jsonl (the replay's and both
+        simulators'): :meth:`to_dict` with the action under ``action`` (``event`` names the
+        record's kind) and what was done about it."""
+        record = self.to_dict()
+        return {**{k: v for k, v in record.items() if k != "event"},
+                "action": record["event"], "effect": effect}
+
 
 @dataclass
 class _DeviceState:

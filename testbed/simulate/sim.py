@@ -519,9 +519,7 @@ class Simulation(EventLoop):
         stamps the action as it begins, before the PS hears of it)."""
         dev = self.devices[action.device]
         effect, act = self._action(dev, action)
-        record = action.to_dict()
-        self.emit("churn", **{k: v for k, v in record.items() if k != "event"},
-                  action=record["event"], effect=effect)
+        self.emit("churn", **action.churn_event(effect))
         act()
 
     def _action(self, dev: SimDevice, action: ChurnAction) -> tuple[str, Callable[[], None]]:
