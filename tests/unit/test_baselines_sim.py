@@ -59,6 +59,23 @@ def run(sim: Any, steps: int) -> list[StepOutcome]:
     return out
 
 
+def first_piece(t: Topology, device: str) -> tuple[float, float, BaselineWorld]:
+    """When a data-parallel replica's first forward-and-backward piece starts on ``device``
+    and its device seconds, in one step without churn; and that run's world."""
+    probe = BaselineWorld(t, noise=False)
+    started: list[float] = []
+    real_compute = probe.compute
+
+    def spy(dev: Any, gemms: Any, mem: float, then: Any) -> float:
+        seconds = real_compute(dev, gemms, mem, then)
+        if dev.name == device and gemms and not started:
+            started.extend((probe.now_s, seconds))
+        return seconds
+    probe.compute = spy  # type: ignore[method-assign]
+    run(DataParallelSim(t, probe), 1)
+    return started[0], started[1], probe
+
+
 @pytest.mark.usefixtures("one_torch_thread")
 def test_pipeline_moves_what_the_real_pipeline_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     """Device-to-device bytes of the simulated step = bytes the executed pipeline sent."""
@@ -397,22 +414,11 @@ def test_a_slow_applies_from_its_time_to_the_piece_under_way(tmp_path: Path) -> 
     """A churn slow halfway through a replica's forward and backward (one piece) makes the
     rest of it factor times longer; it waited for the replica's next piece (its AdamW)."""
     t = topo("data-parallel", count=2, steps=1)
-    probe = BaselineWorld(t, noise=False)
-    started: list[float] = []
-    real_compute = probe.compute
-
-    def spy(dev: Any, gemms: Any, mem: float, then: Any) -> float:
-        seconds = real_compute(dev, gemms, mem, then)
-        if dev.name == "phones-0" and gemms:
-            started.extend((probe.now_s, seconds))
-        return seconds
-    probe.compute = spy  # type: ignore[method-assign]
-    run(DataParallelSim(t, probe), 1)
-    piece_s = started[1]
+    start_s, piece_s, probe = first_piece(t, "phones-0")
     adamw_s = probe.devices["phones-0"].compute_s - piece_s
     trace = tmp_path / "slow.csv"
     trace.write_text("time_s,device,event,arg\n"
-                     f"{started[0] + 0.5 * piece_s:.12f},phones-0,slow,3\n")
+                     f"{start_s + 0.5 * piece_s:.12f},phones-0,slow,3\n")
     world = BaselineWorld(t, load_schedule(trace, t), noise=False)
     out = run(DataParallelSim(t, world), 1)
     assert world.devices["phones-0"].compute_s == pytest.approx(
@@ -494,18 +500,8 @@ def test_a_replica_crashing_mid_piece_is_charged_no_more_than_it_was_there(
     """The device record, the summary's totals and the energy all stop at the crash: its busy
     and idle seconds add up to its presence (its busy seconds had run past it)."""
     t = topo("data-parallel", count=3, steps=1)
-    probe = BaselineWorld(t, noise=False)
-    started: list[float] = []
-    real_compute = probe.compute
-
-    def spy(dev: Any, gemms: Any, mem: float, then: Any) -> float:
-        seconds = real_compute(dev, gemms, mem, then)
-        if dev.name == "phones-2" and gemms:  # its forward and backward
-            started.extend((probe.now_s, seconds))
-        return seconds
-    probe.compute = spy  # type: ignore[method-assign]
-    run(DataParallelSim(t, probe), 1)
-    crash_s = started[0] + 0.5 * started[1]
+    start_s, piece_s, _ = first_piece(t, "phones-2")  # its forward and backward
+    crash_s = start_s + 0.5 * piece_s
     trace = tmp_path / "crash.csv"
     trace.write_text(f"time_s,device,event,arg\n{crash_s:.9f},phones-2,crash,\n")
     out = tmp_path / "run"
@@ -513,7 +509,7 @@ def test_a_replica_crashing_mid_piece_is_charged_no_more_than_it_was_there(
     summary = simulate_baseline(t, out, load_schedule(trace, t), noise=False, report=False)
     us = 1e-6  # the records' rounding
     record = next(d for d in summary["devices"] if d["device"] == "phones-2")
-    assert record["compute_s"] == pytest.approx(crash_s - started[0], abs=us)
+    assert record["compute_s"] == pytest.approx(crash_s - start_s, abs=us)
     # the device model's account too (it had the whole piece: 0.107 s on the default topology)
     assert record["telemetry"]["busy_s"] <= record["compute_s"] + us
     energy = summary["energy"]["devices"]["phones-2"]
