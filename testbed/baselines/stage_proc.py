@@ -308,8 +308,9 @@ class HeldDevice:
     (read at the latest when the hold would end), a speed-up within :data:`~testbed.baselines.
     slow.POLL_S` of wall time (the hold reads the file that often). With a ``ledger``, each
     piece is written there as it starts, and again as re-timed (:mod:`testbed.baselines.
-    charge`), so that a process killed mid-piece is charged what ran; ``skip_draws`` goes on
-    with the draws of the device's earlier processes.
+    charge`), so that a process killed mid-piece is charged what ran; :meth:`resume` goes on
+    from the device's earlier processes (their draws and heat). Its model runs on the run's
+    clock (:meth:`device_time_s`).
     """
 
     def __init__(self, topology: Topology, name: str, dilation: float,
