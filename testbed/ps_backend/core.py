@@ -55,6 +55,7 @@ from testbed.ps_backend.validation import (
     descriptor_problem,
     result_numbers_problem,
 )
+from testbed.ps_backend.watchdog import ProgressWatchdog
 from testbed.runlog import RunLog
 from testbed.topology import WatchdogSpec
 
@@ -65,7 +66,6 @@ MAX_QUEUED_REJECTS = 1024  # no Reject is queued to an outbox holding this many 
 DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are counted)
 DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
 NO_PROGRESS_S = WatchdogSpec().no_progress_s  # no tile accepted / no device attached
-ALL_QUARANTINED_GRACE_S = 10.0  # every attached device quarantined this long: the run fails
 PAUSE_TICKS = 8  # a gap of this many ticks between two: the PS was not running (PsConfig.pause_s)
 
 
@@ -278,15 +278,9 @@ class PsCore:
         # called on the PS's loop thread with each accepted result (conn, result, arrived_s),
         # after the PS has counted it: what benches and tests watch instead of wrapping methods
         self.accepted_observers: list[Callable[[DeviceConn, ResultIn, float], None]] = []
-        # progress watchdog (docs/fault-tolerance.md): set once, read by the engine's thread
-        now = time.monotonic()
-        self.last_attached_s = now  # last moment some device had a Work stream open
-        self.last_progress_s = now  # last accepted tile, or the moment work became outstanding
-        self.all_quarantined_since: float | None = None
-        self.watchdog_reason: str | None = None
-        # (time.monotonic(), device, kind, reason) of the last departure: the watchdog's reason
-        # says how the last device went once none is left (a network down shows as leases)
-        self.last_departure: tuple[float, str, str, str] | None = None
+        # progress watchdog (docs/fault-tolerance.md): its reason is set once, read by the
+        # engine's thread; a device counts as attached while its Work stream is open
+        self.watchdog = ProgressWatchdog.starting(config.no_progress_s, time.monotonic())
         self.last_tick_s: float | None = None  # the previous tick (a pause shows as a gap)
         self.paused_s = 0.0  # seconds the PS was found not running, in total (ps_paused events)
         self.stats = StepStats()  # the step under way; finished steps are summed in _finished
@@ -401,7 +395,7 @@ class PsCore:
         if self.runlog is not None:  # the session's last devices.jsonl record (no sample follows)
             self.runlog.device(**final)
         self.departed_total += 1
-        self.last_departure = (time.monotonic(), conn.slot.name, kind, reason)
+        self.watchdog.departed(time.monotonic(), conn.slot.name, kind, reason)
         self._event(kind, device=conn.slot.name, device_id=device_id, reason=reason,
                     in_flight=len(held), in_flight_tasks=[t.task_id for t in held],
                     done_elsewhere=len(done_elsewhere), backed_up=len(backed_up),
@@ -512,10 +506,7 @@ class PsCore:
         lost_s = now_s - last - self.config.tick_s
         for conn in self.conns.values():
             conn.last_seen_s = min(conn.last_seen_s + lost_s, now_s)
-        self.last_attached_s = min(self.last_attached_s + lost_s, now_s)
-        self.last_progress_s = min(self.last_progress_s + lost_s, now_s)
-        if self.all_quarantined_since is not None:
-            self.all_quarantined_since = min(self.all_quarantined_since + lost_s, now_s)
+        self.watchdog.paused(lost_s, now_s)
         for r in self.recovering:  # recovery_s counts the PS's time, not its pause
             r.started_s = min(r.started_s + lost_s, now_s)
         self.scheduler.account_pause(lost_s, now_s)  # the copies out, their returns and backups
@@ -525,50 +516,24 @@ class PsCore:
                     "leases and the progress watchdog do not count it", lost_s)
         return lost_s
 
-    def check_progress(self, now_s: float | None = None) -> str | None:
-        """The progress watchdog: set and return why the run cannot go on, else None.
+    @property
+    def watchdog_reason(self) -> str | None:
+        """Why the progress watchdog ended the run, once it has (else None)."""
+        return self.watchdog.reason
 
-        Fails when no device has been attached for ``no_progress_s``, when work is outstanding
-        and no tile was accepted for ``no_progress_s``, or when every attached device has been
-        quarantined for ``ALL_QUARANTINED_GRACE_S`` (while work is outstanding).
-        """
-        limit_s = self.config.no_progress_s
-        if self.watchdog_reason is not None or limit_s <= 0 or self.stopping:
-            return self.watchdog_reason
+    def check_progress(self, now_s: float | None = None) -> str | None:
+        """The progress watchdog (:class:`ProgressWatchdog`): set and return why the run
+        cannot go on, else None. Not while the PS stops."""
+        if self.watchdog.reason is not None or self.stopping:
+            return self.watchdog.reason
         now_s = time.monotonic() if now_s is None else now_s
         attached = [c for c in self.conns.values() if c.outbox is not None]
-        if attached:
-            self.last_attached_s = now_s
-        outstanding = bool(self.scheduler.tasks)
-        if not outstanding:
-            self.last_progress_s = now_s
-        trusted = [c for c in attached if not c.slot.quarantined]
-        if attached and not trusted and outstanding:
-            if self.all_quarantined_since is None:
-                self.all_quarantined_since = now_s
-        else:
-            self.all_quarantined_since = None
-        reason = None
-        if not attached and now_s - self.last_attached_s > limit_s:
-            reason = (f"no device attached for {now_s - self.last_attached_s:.0f} s "
-                      f"(watchdog no_progress_s = {limit_s:g})")
-        elif self.all_quarantined_since is not None and (
-                now_s - self.all_quarantined_since > min(limit_s, ALL_QUARANTINED_GRACE_S)
-                or now_s - self.last_progress_s > limit_s):
-            reason = (f"every attached device is quarantined ({len(attached)}: "
-                      f"{', '.join(sorted({c.slot.name for c in attached})[:5])}); "
-                      f"no device may compute the {len(self.scheduler.tasks)} tiles left")
-        elif outstanding and now_s - self.last_progress_s > limit_s:
-            in_flight = sum(len(c.slot.in_flight) for c in attached)
-            reason = (f"no tile accepted for {now_s - self.last_progress_s:.0f} s with "
-                      f"{len(self.scheduler.tasks)} tiles outstanding ({in_flight} in flight on "
-                      f"{len(attached)} attached devices; watchdog no_progress_s = {limit_s:g})")
-        if reason is not None and not attached and self.last_departure is not None:
-            at_s, device, kind, why = self.last_departure
-            reason += (f"; no device has been attached since {device} left "
-                       f"{max(0.0, now_s - at_s):.0f} s ago ({kind}: {why})")
+        reason = self.watchdog.check(
+            now_s, [c.slot.name for c in attached],
+            quarantined=sum(c.slot.quarantined for c in attached),
+            outstanding=len(self.scheduler.tasks),
+            in_flight=sum(len(c.slot.in_flight) for c in attached))
         if reason is not None:
-            self.watchdog_reason = reason
             self._event("watchdog", reason=reason)
             log.error("watchdog: %s", reason)
         return reason
@@ -762,7 +727,7 @@ class PsCore:
         :class:`DeviceTimeline`; the uplink's signed, summed per GEMM and device as it is)."""
         task = outcome.task
         assert task is not None
-        self.last_progress_s = time.monotonic()
+        self.watchdog.progressed(time.monotonic())
         self.stats.tiles += 1
         self.stats.recomputed += result.attempt > 0
         self.stats.backup_wins += outcome.backup_won

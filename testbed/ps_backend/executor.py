@@ -26,6 +26,7 @@ import torch
 from testbed.ps_backend.ledger import stored_digest, stored_operand
 from testbed.ps_backend.scheduler import GemmJob, GemmSpec
 from testbed.ps_backend.tiler import gemm_flops
+from testbed.ps_backend.watchdog import WatchdogError
 
 if TYPE_CHECKING:
     from testbed.ps_backend.core import PsCore
@@ -62,10 +63,6 @@ class LocalExecutor:
     def submit(self, a: torch.Tensor, b: torch.Tensor, spec: GemmSpec) -> GemmHandle:
         self.calls.append(spec)
         return DoneHandle(a @ b)
-
-
-class WatchdogError(RuntimeError):
-    """The progress watchdog ended the run; the message says which condition."""
 
 
 class DivergedError(RuntimeError):

@@ -50,12 +50,13 @@ from testbed.ps_backend.admission import raise_fd_limit
 from testbed.ps_backend.bound import BoundTotals, efficiency
 from testbed.ps_backend.config import ps_config
 from testbed.ps_backend.core import DEPARTED_SHOWN, NO_PROGRESS_S
-from testbed.ps_backend.executor import DivergedError, TileExecutor, WatchdogError
+from testbed.ps_backend.executor import DivergedError, TileExecutor
 from testbed.ps_backend.host import PsServer
 from testbed.ps_backend.ledger import Ledger
 from testbed.ps_backend.scheduler import GemmSpec
 from testbed.ps_backend.step_plan import planning_workers
 from testbed.ps_backend.tls import host_port, join_hosts, make_identity, saved_identity
+from testbed.ps_backend.watchdog import WatchdogError
 from testbed.runlog import RunLog, read_jsonl, write_json_atomic
 from testbed.summary import run_warnings
 from testbed.topology import JobSpec, Topology, TopologyError, load_topology, steps_problem

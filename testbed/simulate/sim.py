@@ -75,6 +75,7 @@ from testbed.ps_backend.scheduler import (
 )
 from testbed.ps_backend.step_plan import StepPlanner, StepRecord
 from testbed.ps_backend.tiler import TileBox, gemm_flops
+from testbed.ps_backend.watchdog import ProgressWatchdog, WatchdogError
 from testbed.simulate.chain import ChainGemm, linears, step_chain
 from testbed.simulate.events import EventLoop
 from testbed.simulate.lease import set_partitioned
@@ -219,6 +220,8 @@ class Simulation(EventLoop):
         self.planned: Planned | None = None  # set by start() when it plans ahead
         self.tick_s = min(0.25, self.config.lease_s / 4)  # PsServer._watch_leases' period
         self._ticking = False
+        # the PS's progress watchdog, checked at every tick as PsCore.tick checks it
+        self.watchdog = ProgressWatchdog.starting(job.watchdog.no_progress_s, 0.0)
 
     # -- set-up --------------------------------------------------------------------------------
     def _build_devices(self, noise: bool) -> dict[str, SimDevice]:
@@ -333,6 +336,7 @@ class Simulation(EventLoop):
             self.record_device(**final)
         dev.slot = None
         self.by_id.pop(slot.device_id, None)
+        self.watchdog.departed(self.now_s, slot.name, kind, reason)
         self.emit(kind, device=slot.name, device_id=slot.device_id, reason=reason,
                   in_flight=len(held), requeued_tiles=len(requeued))
         self.pump()
@@ -366,10 +370,21 @@ class Simulation(EventLoop):
             self.at(self.now_s + self.tick_s, self._tick)
 
     def _tick(self) -> None:
-        """PsCore.tick's pump ("backups as time passes"; the leases have their own events);
-        it stops while nothing else is under way, so a stalled run still ends."""
+        """PsCore.tick's pump ("backups as time passes"; the leases have their own events) and
+        its progress watchdog. With the watchdog on, it ticks while tiles are outstanding, so a
+        run that cannot go on fails when `testbed up`'s would; with it off (``no_progress_s``
+        0), it stops while nothing else is under way, so a stalled run still ends."""
         self.pump()
-        if self.busy():
+        attached = [d.slot for d in self.by_id.values() if d.slot is not None]
+        reason = self.watchdog.check(
+            self.now_s, [s.name for s in attached],
+            quarantined=sum(s.quarantined for s in attached),
+            outstanding=len(self.scheduler.tasks),
+            in_flight=sum(len(s.in_flight) for s in attached))
+        if reason is not None:
+            self.emit("watchdog", reason=reason)
+            raise WatchdogError(reason)
+        if self.busy() or (self.watchdog.limit_s > 0 and self.scheduler.tasks):
             self.at(self.now_s + self.tick_s, self._tick)
         else:
             self._ticking = False
@@ -496,6 +511,7 @@ class Simulation(EventLoop):
             if outcome.task is not None and outcome.task.done and outcome.checked:
                 self.stats.wasted += 1
         else:
+            self.watchdog.progressed(self.now_s)
             self.stats.tiles += 1
             self.stats.recomputed += attempt > 0
             self.stats.backup_wins += outcome.backup_won

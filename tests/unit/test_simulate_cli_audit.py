@@ -4,6 +4,7 @@ what the options take."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +110,55 @@ def test_help_names_what_each_option_takes(capsys: pytest.CaptureFixture[str]) -
     assert text.count("tile-tp only") == 2
 
 
+def _tiny_job(tmp_path: Path, **job: Any) -> Path:
+    """tests/data/tiny.yaml with job keys set."""
+    raw = yaml.safe_load(TINY.read_text())
+    raw["job"].update(job)
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 @pytest.mark.parametrize("event", ["crash", "partition"])
-def test_a_run_whose_devices_all_go_says_why_it_stalled(tmp_path: Path, capsys: Any,
-                                                       event: str) -> None:
+def test_a_run_whose_devices_all_go_fails_as_the_ps_watchdog_fails_it(
+        tmp_path: Path, capsys: Any, event: str) -> None:
+    """Every device crashed (or was cut off) at 0.005 s. The PS's watchdog fails `testbed up`
+    once no device has been attached for `no_progress_s` (crashed), or no tile was accepted for
+    that long (cut off, within their 5 s lease), and the simulation fails the same way at the
+    same time (at the tick after, as the PS checks at its ticks), saying why. It used to run
+    on until its queue ran dry, and a trace that brought devices back after more than
+    `no_progress_s` ran to its end where `testbed up` failed."""
+    trace = tmp_path / "gone.csv"
+    trace.write_text(f"time_s,device,event,arg\n0.005,phones,{event},\n"
+                     f"0.005,laptops,{event},\n" + ("10,laptops-0,join,\n" if event == "crash"
+                                                    else "10,laptops-0,heal,\n"))
+    topology = _tiny_job(tmp_path, watchdog={"no_progress_s": 3})
+    assert main(["simulate", str(topology), "--churn", str(trace), "--steps", "2",
+                 "--out", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    if event == "crash":
+        assert "error: no device attached for 3 s (watchdog no_progress_s = 3); no device " \
+            "has been attached since " in err and "(disconnect: stream broken)" in err, err
+    else:
+        assert "error: no tile accepted for 3 s with " in err and \
+            " on 4 attached devices; watchdog no_progress_s = 3)" in err, err
+    run = next((tmp_path / "runs").iterdir())
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    fired = [e for e in events if e["event"] == "watchdog"]
+    assert len(fired) == 1 and 3.005 < fired[0]["elapsed_s"] <= 3.005 + 0.25, fired
+    assert json.loads((run / "summary.json").read_text())["state"] == "failed"
+
+
+@pytest.mark.parametrize("event", ["crash", "partition"])
+def test_without_the_watchdog_a_run_whose_devices_all_go_says_why_it_stalled(
+        tmp_path: Path, capsys: Any, event: str) -> None:
     """Every device crashed at 0.005 s, and the run said `simulation stalled at t=0.250000 s:
     ... no device can make progress`: the time of the queue running dry, not the cause."""
     trace = tmp_path / "gone.csv"
     trace.write_text(f"time_s,device,event,arg\n0.005,phones,{event},\n"
                      f"0.005,laptops,{event},\n")
-    assert main(["simulate", str(TINY), "--churn", str(trace), "--steps", "2",
+    topology = _tiny_job(tmp_path, watchdog={"no_progress_s": 0})
+    assert main(["simulate", str(topology), "--churn", str(trace), "--steps", "2",
                  "--out", str(tmp_path / "runs")]) == 1
     err = capsys.readouterr().err
     why = ("no device is present (each has left, crashed or stayed cut off past its lease, and "
