@@ -65,6 +65,10 @@ REJECT_EVENTS_LOGGED = 100  # a device's rejects other than failed checks logged
 MAX_QUEUED_REJECTS = 1024  # no Reject is queued to an outbox holding this many unread
 DEPARTED_SHOWN = 10  # departed devices listed in status.json (the rest are counted)
 DEPARTED_KEPT = 1000  # departed devices remembered for ps_summary.json
+# why a device's Work stream ended when the device closed it without a Leave: a killed agent
+# (its kernel closes the socket) or one gone silent that closes it later; testbed simulate
+# gives its crashes this reason, as both `testbed up` backends record them
+STREAM_CLOSED = "stream closed by the device"
 NO_PROGRESS_S = WatchdogSpec().no_progress_s  # no tile accepted / no device attached
 PAUSE_TICKS = 8  # a gap of this many ticks between two: the PS was not running (PsConfig.pause_s)
 

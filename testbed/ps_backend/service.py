@@ -19,6 +19,7 @@ import numpy as np
 
 from testbed.ps_backend.admission import JOINS_PER_S_PER_PEER
 from testbed.ps_backend.core import (
+    STREAM_CLOSED,
     Descriptor,
     DeviceConn,
     OperandOut,
@@ -172,7 +173,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         try:
             async for message in requests:
                 self._on_message(conn, message)
-            conn.end_reason = "stream closed by the device"
+            conn.end_reason = STREAM_CLOSED
         except asyncio.CancelledError:
             pass
         except ProtocolViolation as exc:

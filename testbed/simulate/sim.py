@@ -62,6 +62,7 @@ from testbed.perf_model.profiles import load_profile
 from testbed.ps_backend.accounting import StepStats
 from testbed.ps_backend.bound import floats, pass_of
 from testbed.ps_backend.config import ps_config
+from testbed.ps_backend.core import STREAM_CLOSED
 from testbed.ps_backend.scheduler import (
     Assignment,
     DeviceSlot,
@@ -545,7 +546,7 @@ class Simulation(EventLoop):
         if event is ChurnEvent.JOIN:
             def join() -> None:
                 if dev.gone and dev.present:  # testbed up kills the old agent before the new
-                    self.drop(dev, "disconnect", "stream broken")
+                    self.drop(dev, "disconnect", STREAM_CLOSED)
                 if not dev.partitioned:  # its agent reaches the PS once its link is up
                     self.join(dev)
             return ("applied", join) if dev.gone or not dev.present else ("absent", _nothing)
@@ -559,10 +560,12 @@ class Simulation(EventLoop):
                 # a killed process's socket) crosses the cut: the PS's lease for it runs out
                 # (the partition's timer), or the heal brings the end first (_heal)
                 def cut_off() -> None:
-                    dev.gone = "stream closed by the device" if leave else "stream broken"
+                    dev.gone = STREAM_CLOSED
                 return effect, cut_off
+            # the reasons `testbed up` records: the agent's Leave names its signal, and a
+            # killed agent's kernel closes its stream
             return effect, functools.partial(self.drop, dev, "leave" if leave else "disconnect",
-                                             "left" if leave else "stream broken")
+                                             effect if leave else STREAM_CLOSED)
         if event is ChurnEvent.PARTITION:
             return "link down", functools.partial(self._partition, dev, True)
         if event is ChurnEvent.HEAL:

@@ -162,3 +162,15 @@ def test_a_device_that_joins_while_cut_off_joins_when_its_link_heals(tmp_path: P
              and e["device"] in ("phones-0", "phones-1")]
     assert [(e["device"], e["t"]) for e in joins] == [("phones-0", pytest.approx(0.5))]
     assert sim.devices["phones-0"].present and not sim.devices["phones-1"].present
+
+
+def test_departures_give_the_reasons_testbed_up_records(tmp_path: Path) -> None:
+    """A leave is the agent's Leave, which names its signal (`SIGTERM`), and a crash the end
+    of a stream the killed agent's kernel closed (`STREAM_CLOSED`), as `testbed up` records
+    them on loopback and Mininet; the simulator said `left` and `stream broken`."""
+    from testbed.ps_backend.core import STREAM_CLOSED
+
+    _sim, events = _run_trace(tmp_path, "0.001,phones-0,leave,\n0.001,phones-1,crash,\n")
+    gone = {e["device"]: (e["event"], e["reason"]) for e in events
+            if e["event"] in ("leave", "disconnect", "lease_expired")}
+    assert gone == {"phones-0": ("leave", "SIGTERM"), "phones-1": ("disconnect", STREAM_CLOSED)}
