@@ -533,10 +533,9 @@ class PsCore:
         now_s = time.monotonic() if now_s is None else now_s
         attached = [c for c in self.conns.values() if c.outbox is not None]
         reason = self.watchdog.check(
-            now_s, [c.slot.name for c in attached],
-            quarantined=sum(c.slot.quarantined for c in attached),
-            outstanding=len(self.scheduler.tasks),
-            in_flight=sum(len(c.slot.in_flight) for c in attached))
+            now_s, len(attached), sum(c.slot.quarantined for c in attached),
+            len(self.scheduler.tasks), lambda: [c.slot.name for c in attached],
+            lambda: sum(len(c.slot.in_flight) for c in attached))
         if reason is not None:
             self._event("watchdog", reason=reason)
             log.error("watchdog: %s", reason)

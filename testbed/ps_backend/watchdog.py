@@ -15,7 +15,7 @@ the caller passes the time and what it sees; ``limit_s`` 0 turns the watchdog of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 ALL_QUARANTINED_GRACE_S = 10.0  # every attached device quarantined this long: the run fails
 
@@ -56,13 +56,14 @@ class ProgressWatchdog:
         if self.all_quarantined_since is not None:
             self.all_quarantined_since = min(self.all_quarantined_since + lost_s, now_s)
 
-    def check(self, now_s: float, attached: Sequence[str], quarantined: int,
-              outstanding: int, in_flight: int) -> str | None:
+    def check(self, now_s: float, attached: int, quarantined: int, outstanding: int,
+              names: Callable[[], Sequence[str]], in_flight: Callable[[], int]) -> str | None:
         """Set and return why the run cannot go on, else None (the reason, once set, stays).
 
-        ``attached``: the names of the devices attached; ``quarantined``: how many of them are
-        quarantined; ``outstanding``: tiles not yet accepted; ``in_flight``: copies out on the
-        attached devices."""
+        ``attached``: how many devices are attached, ``quarantined`` of them; ``outstanding``:
+        tiles not yet accepted; ``names`` and ``in_flight`` (the attached devices' names, the
+        copies out on them) are asked only for a reason's text: a check is one per tick, and
+        a simulation may have thousands of devices."""
         limit_s = self.limit_s
         if self.reason is not None or limit_s <= 0:
             return self.reason
@@ -70,7 +71,7 @@ class ProgressWatchdog:
             self.last_attached_s = now_s
         if not outstanding:
             self.last_progress_s = now_s
-        if attached and quarantined >= len(attached) and outstanding:
+        if attached and quarantined >= attached and outstanding:
             if self.all_quarantined_since is None:
                 self.all_quarantined_since = now_s
         else:
@@ -82,13 +83,13 @@ class ProgressWatchdog:
         elif self.all_quarantined_since is not None and (
                 now_s - self.all_quarantined_since > min(limit_s, ALL_QUARANTINED_GRACE_S)
                 or now_s - self.last_progress_s > limit_s):
-            reason = (f"every attached device is quarantined ({len(attached)}: "
-                      f"{', '.join(sorted(set(attached))[:5])}); "
+            reason = (f"every attached device is quarantined ({attached}: "
+                      f"{', '.join(sorted(set(names()))[:5])}); "
                       f"no device may compute the {outstanding} tiles left")
         elif outstanding and now_s - self.last_progress_s > limit_s:
             reason = (f"no tile accepted for {now_s - self.last_progress_s:.0f} s with "
-                      f"{outstanding} tiles outstanding ({in_flight} in flight on "
-                      f"{len(attached)} attached devices; watchdog no_progress_s = {limit_s:g})")
+                      f"{outstanding} tiles outstanding ({in_flight()} in flight on "
+                      f"{attached} attached devices; watchdog no_progress_s = {limit_s:g})")
         if reason is not None and not attached and self.last_departure is not None:
             at_s, device, kind, why = self.last_departure
             reason += (f"; no device has been attached since {device} left "
