@@ -153,6 +153,17 @@ class ChurnSchedule:
             out.append((replay.present, replay.reachable))
         return out
 
+    def device_states(self, times_s: Sequence[float]) -> list[tuple[tuple[bool, bool], ...]]:
+        """At each time (ascending), every device's (present, partitioned), in topology order
+        (:attr:`devices`)."""
+        replay = _Replay(self)
+        out: list[tuple[tuple[bool, bool], ...]] = []
+        for t in times_s:
+            replay.until(t)
+            out.append(tuple((replay.states[d].present, replay.states[d].partitioned)
+                             for d in self.devices))
+        return out
+
 
 class _Replay:
     """A schedule's devices as its actions apply in order, with how many are present and how

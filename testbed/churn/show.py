@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Sequence
 
 from testbed.churn.schedule import ChurnSchedule
 from testbed.churn.trace import EVENT_NAMES, ChurnEvent, Trace
@@ -61,12 +62,18 @@ def names_used(names: list[str]) -> str:
     return f"{len(names):,} ({'; '.join(parts)})"
 
 
+def _seconds(time_s: float) -> str:
+    """A trace time to its millisecond, as its rows hold it (``:g`` kept six digits: a trace
+    whose last row is at 172299.919 s said ``0 .. 172300 s``)."""
+    return f"{time_s:,.3f}".rstrip("0").rstrip(".")
+
+
 def trace_summary(trace: Trace) -> list[str]:
     """Lines describing a trace on its own (no topology needed)."""
     counts = Counter(e.event.value for e in trace.events)
     return [
         f"trace {trace.source}: {len(trace.events)} event{'' if len(trace.events) == 1 else 's'}, "
-        f"0 .. {trace.duration_s:g} s",
+        f"0 .. {_seconds(trace.duration_s)} s",
         "rows by event: " + ", ".join(f"{name} {counts.get(name, 0)}" for name in EVENT_NAMES),
         "names used: " + names_used(trace.targets()),
     ]
@@ -98,23 +105,36 @@ def schedule_summary(schedule: ChurnSchedule, bins: int = 10) -> list[str]:
             if hit:
                 lines.append(f"  {group:<14} {hit:,} of {len(members):,} devices: " +
                              " ".join(f"{e} {counts[e]:,}" for e in EVENT_NAMES if counts[e]))
-    scale = f"; a bar character is {n / BAR_WIDTH:.3g} devices" if n > BAR_WIDTH else ""
-    lines.append(f"availability over time (present / reachable of {n}{scale}):")
+    if n > BAR_WIDTH:
+        bar_key = f"a bar character is {n / BAR_WIDTH:.3g} devices"
+    else:
+        bar_key = f"bar: {schedule.devices[0]} .. {schedule.devices[-1]}" if n else "bar"
+    lines.append(f"availability over time (present / reachable of {n}; {bar_key}, # present, "
+                 "+ partitioned, . absent):")
     times = _time_grid(schedule.duration_s, bins)
     digits = _time_digits(times)
-    for t, (present, reachable) in zip(times, schedule.availability(times)):
-        lines.append(f"  t={t:>9.{digits}f} s  {present:>3} {reachable:>3}  "
-                     f"{_bar(n, present, reachable)}")
+    if n <= BAR_WIDTH:  # which devices: a character each
+        rows = [(sum(p for p, _ in states), sum(p and not cut for p, cut in states),
+                 _device_bar(states)) for states in schedule.device_states(times)]
+    else:  # how many: a thousand devices' states at a thousand times are ten million tuples
+        rows = [(present, reachable, _share_bar(n, present, reachable))
+                for present, reachable in schedule.availability(times)]
+    for t, (present, reachable, bar) in zip(times, rows):
+        lines.append(f"  t={t:>9.{digits}f} s  {present:>3} {reachable:>3}  {bar}")
     return lines
 
 
-def _bar(n: int, present: int, reachable: int) -> str:
-    """``#`` reachable, ``+`` present but partitioned, ``.`` absent: a character a device, or
-    :data:`BAR_WIDTH` characters in proportion (rounded) when there are more devices."""
-    if n > BAR_WIDTH:
-        reachable, present = (round(x * BAR_WIDTH / n) for x in (reachable, present))
-        n = BAR_WIDTH
-    return "#" * reachable + "+" * (present - reachable) + "." * (n - present)
+def _device_bar(states: Sequence[tuple[bool, bool]]) -> str:
+    """A character per device in topology order: ``#`` present and reachable, ``+`` present but
+    partitioned, ``.`` absent (``......##``: only the last two devices are there)."""
+    return "".join(("+" if cut else "#") if present else "." for present, cut in states)
+
+
+def _share_bar(n: int, present: int, reachable: int) -> str:
+    """Past :data:`BAR_WIDTH` devices, that many characters in proportion (rounded): the
+    reachable share as ``#``, then the partitioned ``+``, then the absent ``.``."""
+    reachable, present = (round(x * BAR_WIDTH / n) for x in (reachable, present))
+    return "#" * reachable + "+" * (present - reachable) + "." * (BAR_WIDTH - present)
 
 
 def plot_timeline(schedule: ChurnSchedule, path: str | Path, title: str = "") -> None:

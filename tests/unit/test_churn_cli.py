@@ -102,6 +102,35 @@ def test_show_prints_a_summary_and_draws_a_timeline(tmp_path: Path,
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+def test_show_availability_bar_has_a_character_per_device_in_topology_order(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # the bar was a count drawn as "##......", which read as phones-0 and phones-1 present where
+    # the overnight trace starts with the phones absent and the two laptops present
+    assert main(["trace", "show", str(ROOT / "traces" / "overnight-charging.csv"), "--topology",
+                 TOPOLOGY, "--bins", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "bar: phones-0 .. laptops-1, # present, + partitioned, . absent" in out, out
+    assert "t=      0.0 s    2   2  ......##" in out, out
+    assert "t=    470.0 s    2   2  ......##" in out, out  # phones-2 and -4 left last
+    assert main(["trace", "show", str(ROOT / "traces" / "flaky-phones.csv"), "--topology",
+                 TOPOLOGY, "--bins", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "starts present: 6 of 8 (absent: phones-1, phones-3)" in out
+    assert "t=      0.0 s    6   6  #.#.####" in out, out
+
+
+def test_show_availability_bar_past_64_devices_is_a_share(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,device,event,arg\n10,phones-a:50%,leave,\n")
+    assert main(["trace", "show", str(trace), "--topology",
+                 str(ROOT / "topologies" / "large.yaml"), "--bins", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "of 240; a bar character is 3.75 devices" in out, out
+    rows = [line.split()[-1] for line in out.splitlines() if line.lstrip().startswith("t=")]
+    assert rows[0] == "#" * 64 and len(rows[1]) == 64 and rows[1].count(".") > 0, rows
+
+
 def test_show_without_topology_summarizes_the_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "show", str(ROOT / "traces" / "mass-departure.csv")]) == 0
     out = capsys.readouterr().out

@@ -122,6 +122,9 @@ def _times(out: str) -> list[str]:
      ["t=0.000", "t=0.001", "t=0.002", "t=0.003", "t=0.004"]),  # all t=0.0
     ("60,phones-0,leave,\n120,phones-0,join,\n", "0 .. 120 s",
      ["t=0.0", "t=24.0", "t=48.0", "t=72.0", "t=96.0", "t=120.0"]),
+    # to the millisecond the rows hold: `:g` said "0 .. 172300 s" above a last row of 172299.9
+    ("100000,phones-0,leave,\n172299.919,phones-0,join,\n", "0 .. 172,299.919 s",
+     ["t=0.0", "t=172299.9"]),
 ])
 def test_the_availability_rows_span_what_the_header_says(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str, span: str,
