@@ -175,6 +175,30 @@ def real_device_models(devices: list[dict[str, Any]], events: list[dict[str, Any
     return out
 
 
+# what a network's description empties once it is torn down (Mininet's prefix and host count)
+BROUGHT_UP_KEYS = ("prefix", "hosts")
+
+
+def network_as_brought_up(run_dir: Path, network: dict[str, Any]) -> dict[str, Any]:
+    """The network's description at the end of a run, with what teardown emptied taken from
+    ``network.json`` (written when the network came up): a Mininet run's summary said
+    ``"prefix": ""`` and ``"hosts": 0`` after its 9 hosts of network tb1ht were gone. A
+    ``network.json`` of another backend, of a bring-up that never finished (``state:
+    starting``) or unreadable changes nothing."""
+    try:
+        recorded = load_user_json(read_user_text(run_dir / "network.json", 1 << 20))
+    except (OSError, ValueError):
+        return network
+    if (not isinstance(recorded, dict) or recorded.get("state") == "starting"
+            or recorded.get("backend") != network.get("backend")):
+        return network
+    out = dict(network)
+    for key in BROUGHT_UP_KEYS:
+        if key in recorded and not out.get(key):
+            out[key] = recorded[key]
+    return out
+
+
 def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilation: float,
                   exit_code: int, extra: dict[str, Any],
                   adb: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -188,7 +212,7 @@ def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilatio
             summary["state"] = "interrupted"  # write its own: not a failure
     summary.update(extra)
     summary["exit_code"] = exit_code
-    summary["network"] = network
+    summary["network"] = network_as_brought_up(run_dir, network)
     events = read_jsonl(run_dir / "events.jsonl")
     summary.update(event_counts(events))
     if adb is not None:
