@@ -494,8 +494,10 @@ def fidelity_line(summary: dict[str, Any]) -> str:
         return "- emulation fidelity: no emulated tiles (a simulation runs in virtual time)"
     if not isinstance(p95, (int, float)) and summary.get("totals_from") == "steps.jsonl":
         # a run still running, or one that died, has no run-wide figures: not "no tiles"
-        return "- emulation fidelity: unknown (no summary of the run; steps.jsonl has each " \
-               "step's tile_error_p95 and lateness_share)"
+        if not summary.get("steps_done"):  # "no summary of the run" beside its summary.json
+            return "- emulation fidelity: unknown (no step finished)"
+        return "- emulation fidelity: unknown (the PS wrote no run-wide figures, " \
+               "ps_summary.json; steps.jsonl has each step's tile_error_p95 and lateness_share)"
     if not isinstance(p95, (int, float)):
         return "- emulation fidelity: no emulated tiles"
     target, ok = summary.get("dilation_target_p95"), summary.get("fidelity_ok")
@@ -685,10 +687,26 @@ def make_report(run_dir: Path) -> list[Path]:
     return [png, md]
 
 
+def _not_a_run_dir(run_dir: Path) -> str:
+    """Why a path is no run directory to report on (a topology given for the run said "no
+    steps.jsonl here", as if it were a directory)."""
+    try:
+        exists, is_dir = run_dir.exists(), run_dir.is_dir()
+    except OSError as exc:  # a name too long for the file system, say
+        return f"cannot read it: {exc.strerror or exc}; expected a run directory"
+    except ValueError:  # a NUL in the name
+        exists = is_dir = False
+    if not exists:
+        return "no such directory; expected a run directory (runs/<time>-<name>/)"
+    if not is_dir:
+        return "not a directory; expected a run directory (runs/<time>-<name>/)"
+    return "no steps.jsonl here; is this a run directory?"
+
+
 def _run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not is_file(run_dir / "steps.jsonl"):  # False for a name no file can have, too
-        print(f"error: {run_dir}: no steps.jsonl here; is this a run directory?", file=sys.stderr)
+        print(f"error: {run_dir}: {_not_a_run_dir(run_dir)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for path in make_report(run_dir):
         print(path)

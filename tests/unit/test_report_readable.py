@@ -44,7 +44,7 @@ def test_a_run_that_is_still_running_is_not_called_failed(tmp_path: Path) -> Non
     assert "0.0 s" not in time_line and "not recorded" in time_line
     assert "time dilation D 12.30" in time_line and "1.00" not in time_line
     assert "- network: mininet (rate: htb, delay: application" in text
-    assert "- emulation fidelity: unknown (no summary of the run" in text  # not "no tiles"
+    assert "- emulation fidelity: unknown (no step finished)" in text  # not "no tiles"
     # once nothing holds it, a run without a summary is one that died: failed
     assert _line(markdown(tmp_path).read_text(), "- state: ") == "- state: failed"
 
@@ -55,6 +55,9 @@ def test_a_failed_runs_summary_counts_its_steps_device_time(tmp_path: Path) -> N
     assert abs(summary["device_time_s"] - 3.6) < 1e-9 and summary["state"] == "failed"
     text = markdown(tmp_path).read_text()
     assert "its steps' device time 3.60 s" in _line(text, "- wall time")
+    # three steps, no PS summary: the per-step figures are there, the run-wide ones are not
+    assert "- emulation fidelity: unknown (the PS wrote no run-wide figures, " \
+        "ps_summary.json; steps.jsonl has each step's" in text, text
 
 
 def test_a_simulated_runs_time_is_device_time_not_wall_time(tmp_path: Path) -> None:
