@@ -50,6 +50,19 @@ COMMAND_MODULES = (
 )
 
 
+def _adb_phones(topology: Any) -> str:
+    """The validate line's words for an enabled ``adb:`` section: which real phones a run adds
+    (the line counted the emulated devices alone and said nothing of the phones)."""
+    adb = topology.extra.get("adb")
+    if adb is None or not getattr(adb, "enabled", False):
+        return ""
+    serials = getattr(adb, "serials", None)
+    server = f"{adb.server_host}:{adb.server_port}"
+    if serials is None:
+        return f", adb: every phone the server at {server} lists in state device"
+    return f", adb: phone{'' if len(serials) == 1 else 's'} {', '.join(serials)} of {server}"
+
+
 def _validate(args: argparse.Namespace) -> int:
     from testbed.up import load_run_inputs  # what a run checks before it starts, churn included
 
@@ -75,7 +88,7 @@ def _validate(args: argparse.Namespace) -> int:
           f"a model of {parameters(topology.job.model.parameters)} parameters, "
           f"backend {topology.network.backend}, "
           f"strategy {topology.job.parallelism.strategy}"
-          + (f", churn {churn.name}" if churn else "") + ")")
+          + (f", churn {churn.name}" if churn else "") + _adb_phones(topology) + ")")
     if topology.network.backend != "auto":  # auto: the machine testbed up runs on decides
         from testbed.up import backend_problems
 

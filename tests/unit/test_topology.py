@@ -88,6 +88,22 @@ def _write(tmp_path: Path, raw: dict) -> Path:
     return path
 
 
+@pytest.mark.parametrize("adb, said", [
+    ({"enabled": True}, ", adb: every phone the server at 127.0.0.1:5037 lists in state device)"),
+    ({"enabled": True, "server": "127.0.0.1:5038", "serials": ["R58M12ABCDE", "PHONE2"]},
+     ", adb: phones R58M12ABCDE, PHONE2 of 127.0.0.1:5038)"),
+    ({"enabled": False}, "strategy tile-tp)"),
+])
+def test_validate_names_the_phones_an_adb_section_adds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], adb: dict, said: str) -> None:
+    # the line counted the emulated devices alone: "ok (2 devices in 1 group, ...)" said nothing
+    # of the phones a run waits for
+    raw = {**minimal(), "network": {"backend": "loopback"}, "adb": adb}
+    assert main(["validate", str(_write(tmp_path, raw))]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(said), out
+
+
 def test_validate_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one = minimal()  # one group
     one["devices"][0]["count"], one["job"]["steps"] = 1, 1
