@@ -937,4 +937,8 @@ def load_topology(path: str | Path) -> Topology:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise TopologyError(str(path), [f"{where}not valid YAML: "
                                         f"{getattr(exc, 'problem', exc)}"]) from exc
+    if raw is None:  # said "<top>: expected a mapping, got null"
+        raise TopologyError(str(path), ["the file holds nothing (empty, comments only or null); "
+                                        "a topology is a mapping with name:, devices: "
+                                        "and job: (topologies/default.yaml)"])
     return parse_topology(raw, str(path), path.resolve().parent)

@@ -312,3 +312,16 @@ def test_a_group_named_as_another_groups_device_is_refused() -> None:
         "phones-0 ...): a churn trace could not tell them apart; rename the group"]
     raw["devices"][1]["group"] = "phones-3"  # no such phone: phones has 0, 1 and 2
     assert parse_topology(raw).devices[-1].name == "phones-3-1"
+
+
+@pytest.mark.parametrize("text", ["", "# a comment, nothing else\n", "---\n~\n"])
+def test_an_empty_topology_file_says_it_is_empty(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    # it said "<top>: expected a mapping, got null"
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: 1 problem(s):\n  - the file holds nothing (empty, comments only or null); " \
+        "a topology is a mapping with name:, devices: and job:" in err, err
+    assert "<top>" not in err
