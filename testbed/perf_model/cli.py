@@ -135,6 +135,16 @@ _GEMM_SOURCES: dict[str, Any] = {}
 _MODEL_SOURCES: dict[str, Any] = {}
 
 
+# the file of ../shared/data each `perf import` source reads (its --help lists them)
+IMPORT_FILES = {
+    "mlx": "mlx-benchmark/linear_matmul_ms.csv", "deepbench": "deepbench/device_gemm.csv",
+    "vfpbench": "vfpbench/log (the directory, or one log)",
+    "mnn": "mnn/mnn_gemm_speed_parsed.csv", "mmperf": "mmperf/mmperf_apple_only.csv",
+    "tf-sd835": "tf-opencl-sd835/opencl-matmul_README.md",
+    "ncnn": "ncnn/ncnn_benchmark_parsed.csv", "paddle-lite": "paddle-lite/benchmark.md",
+    "xnnpack": "xnnpack/README_performance_section.md"}
+
+
 def _import(args: argparse.Namespace) -> int:
     try:  # the source read and checked whole before --out is written
         checked_output(args.out, "--out", _import_inputs(args.source, args.src))
@@ -615,9 +625,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="seed of the --quick/--full shape draw (default 0)")
     p.set_defaults(func=_measure)
 
-    p = sub.add_parser("import", help="convert ../shared/data sources into the CSV format")
-    p.add_argument("source", choices=("mlx", "deepbench", "vfpbench", "mnn", "mmperf",
-                                       "tf-sd835", "ncnn", "paddle-lite", "xnnpack"),
+    p = sub.add_parser(
+        "import", help="convert a published benchmark's file into the measurement CSV",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Convert a published benchmark's file into the measurement CSV that perf\n"
+                    "fit, eval and calibrate read (vfpbench: peak GFLOPS; ncnn, paddle-lite and\n"
+                    "xnnpack: whole-model times), with its attribution. The copies this project\n"
+                    "uses are in ../shared/data (SOURCES.md there); the file each source takes:\n"
+                    + "".join(f"\n  {name:<12} {file}" for name, file in IMPORT_FILES.items()))
+    p.add_argument("source", choices=tuple(IMPORT_FILES),
                    help="mnn/mmperf/tf-sd835 give per-shape GEMM rows; ncnn, paddle-lite and "
                         "xnnpack whole-model times")
     p.add_argument("src", type=path_arg,

@@ -1,0 +1,31 @@
+"""`testbed perf import --help` names the file of ../shared/data each source reads: each one
+imports (the help named none, and the mnn and ncnn folders hold files the importer refuses)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.cli import main
+from testbed.perf_model.cli import IMPORT_FILES
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"no shared data at {SHARED}")
+@pytest.mark.parametrize("source", sorted(IMPORT_FILES))
+def test_each_source_imports_the_file_its_help_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str) -> None:
+    src = SHARED / IMPORT_FILES[source].split(" ")[0]
+    out = tmp_path / f"{source}.csv"
+    assert main(["perf", "import", source, str(src), "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    assert f"rows from {source}" in capsys.readouterr().out and out.stat().st_size > 0
+
+
+def test_the_help_lists_every_source_with_its_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["perf", "import", "--help"]) == 0
+    text = capsys.readouterr().out
+    for source, file in IMPORT_FILES.items():
+        assert f"  {source:<12} {file}" in text, text
