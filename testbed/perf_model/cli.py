@@ -590,7 +590,13 @@ def held_out_lines(held: dict[str, Any]) -> list[str]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``testbed perf ...``."""
-    perf = subparsers.add_parser("perf", help="GEMM measurements, performance models, profiles")
+    perf = subparsers.add_parser(
+        "perf", help="GEMM measurements, performance models, profiles",
+        description="GEMM measurements, performance models and device profiles: time GEMMs "
+                    "here (measure) or import published ones (import), fit and evaluate a time "
+                    "model (fit, eval), make a device's profile from a few measured shapes "
+                    "(calibrate), and ask a profile (predict, show). docs/perf-models.md says "
+                    "more.")
     sub = perf.add_subparsers(dest="perf_command", metavar="PERF_COMMAND", required=True)
 
     p = sub.add_parser("measure", help="time numpy A @ B over training-GEMM tile shapes here")
@@ -705,3 +711,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="list shipped profiles: name, kind, GFLOP/s at a 128x1024x128 tile, "
                         "description")
     p.set_defaults(func=_show)
+    for action in sub._choices_actions:  # `perf measure --help` said no word of what it does
+        parser = sub.choices[action.dest]
+        if parser.description is None and action.help:
+            parser.description = action.help[0].upper() + action.help[1:] + "."

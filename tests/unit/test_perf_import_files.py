@@ -29,3 +29,17 @@ def test_the_help_lists_every_source_with_its_file(capsys: pytest.CaptureFixture
     text = capsys.readouterr().out
     for source, file in IMPORT_FILES.items():
         assert f"  {source:<12} {file}" in text, text
+
+
+@pytest.mark.parametrize("argv", [["perf"], *([["perf", c] for c in (
+    "measure", "import", "fit", "eval", "calibrate", "predict", "show")])])
+def test_every_perf_command_says_what_it_does_in_its_help(
+        capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    # `perf --help` and `perf measure --help` (and five more) printed usage and options alone
+    from testbed.cli import build_parser
+
+    parser = build_parser()
+    for name in argv:
+        parser = next(a for a in parser._actions if a.dest in ("command", "perf_command")
+                      ).choices[name]  # type: ignore[index]
+    assert parser.description, argv
