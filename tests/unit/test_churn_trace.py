@@ -84,6 +84,23 @@ def test_unknown_device_against_a_topology() -> None:
     assert len(problems) == 3  # a group name is a valid target
 
 
+def test_an_unknown_device_of_a_known_group_names_the_devices_the_group_has() -> None:
+    # flaky-phones.csv (six phones) against tiny's three said "groups: phones, laptops" alone
+    groups = {"phones": ["phones-0", "phones-1", "phones-2"], "laptops": ["laptops-0"],
+              "phones-a": ["phones-a-0"]}
+    problems = _problems("time_s,device,event,arg\n1,phones-4,leave,\n2,laptops-1,leave,\n"
+                         "3,phones-a-7,leave,\n4,tablets-0,leave,\n", groups)
+    assert problems == [
+        "line 2: unknown device 'phones-4' (not a device or group of the topology; group "
+        "'phones' has 3: phones-0 .. phones-2)",
+        "line 3: unknown device 'laptops-1' (not a device or group of the topology; group "
+        "'laptops' has 1: laptops-0)",
+        "line 4: unknown device 'phones-a-7' (not a device or group of the topology; group "
+        "'phones-a' has 1: phones-a-0)",
+        "line 5: unknown device 'tablets-0' (not a device or group of the topology; groups: "
+        "phones, laptops, phones-a)"]
+
+
 def test_every_problem_of_a_malformed_file_is_reported_at_once() -> None:
     with pytest.raises(TraceError) as info:
         load_trace(DATA / "malformed.csv", GROUPS)
