@@ -66,7 +66,7 @@ def _range_problem(option: str, value: float, low: float, high: float, why: str)
     """A problem naming ``option`` when ``value`` is not in [low, high] (or is nan)."""
     if low <= value <= high:
         return None
-    return f"{option}: must be from {low:g} to {high:g}{why}, got {value:g}"
+    return f"{option}: must be from {low:,.10g} to {high:,.10g}{why}, got {value:g}"
 
 
 @dataclass(frozen=True)
