@@ -35,6 +35,7 @@ from testbed.summary import (
     is_number,
     lateness_kinds,
     ps_summary_or_steps,
+    steps_summary,
 )
 from testbed.units import format_bytes
 from testbed.user_paths import (
@@ -547,6 +548,7 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
         *_time_lines(summary),
         *_energy_line(summary.get("energy")),
         *_partial_line(summary),
+        *_resumed_line(summary, steps),
         fidelity_line(summary),
         f"- network: {network.get('backend', '?')} (rate: {network.get('rate', '?')}, "
         f"delay: {network.get('delay', '?')}, loss: {network.get('loss', '?')})",
@@ -613,6 +615,22 @@ def _time_lines(summary: dict[str, Any]) -> list[str]:
         if is_number(device) else "device time: not recorded"
     return [f"- {wall_text}; {device_text}; time dilation D "
             f"{dilation if dilation is not None else 'not recorded'}"]
+
+
+def _resumed_line(summary: dict[str, Any], steps: list[dict[str, Any]]) -> list[str]:
+    """For a resumed run, whose summary totals are its last session's (docs/fault-tolerance.md,
+    "Resume"), the whole run's from steps.jsonl: a run of 40 steps of 70 tiles, killed after
+    12 and resumed, said "steps: 40 of 40" over "tiles: 1905" and nothing of why."""
+    resumes = summary.get("resumes")
+    if not is_number(resumes) or resumes < 1 or not steps:
+        return []
+    run = steps_summary(steps)
+    device = f", device time {run['device_time_s']:.2f} s" \
+        if is_number(run.get("device_time_s")) else ""
+    return [f"- resumed {resumes:g} time(s): the tiles, payload, times and energy above are the "
+            f"last session's; the run's {run['steps_done']} step(s) in steps.jsonl: "
+            f"{run['tiles']} tiles, down {format_bytes(run['bytes_down'])}, up "
+            f"{format_bytes(run['bytes_up'])}{device}"]
 
 
 def _partial_line(summary: dict[str, Any]) -> list[str]:

@@ -158,3 +158,23 @@ def test_load_of_a_run_with_summary_json_is_untouched_by_the_lock(tmp_path: Path
         assert _load(tmp_path)[2]["state"] == "done"
     finally:
         lock.release()
+
+
+def test_a_resumed_runs_report_gives_the_whole_runs_totals_beside_the_last_sessions(
+        tmp_path: Path) -> None:
+    """tiny at 40 steps of 70 tiles, killed after 12 and resumed: "steps: 40 of 40" above
+    "tiles: 1905" (the last session's, as summary.json keeps them) and nothing of why."""
+    _steps(tmp_path, 4)
+    write_json_atomic(tmp_path / "summary.json", {
+        "state": "done", "exit_code": 0, "steps_done": 4, "steps": 4, "tiles": 904,
+        "bytes_down": 9e7, "bytes_up": 2.2e7, "resumes": 1, "wall_s": 6.0,
+        "device_time_s": 2.4, "time_dilation": 1.0})
+    text = markdown(tmp_path).read_text()
+    assert _line(text, "- tiles: ").startswith("- tiles: 904,")
+    assert _line(text, "- resumed ") == (
+        "- resumed 1 time(s): the tiles, payload, times and energy above are the last "
+        "session's; the run's 4 step(s) in steps.jsonl: 1808 tiles, down 180.0 MB, up 44.0 MB, "
+        "device time 4.80 s")
+    write_json_atomic(tmp_path / "summary.json", {"state": "done", "exit_code": 0,
+                                                  "steps_done": 4, "tiles": 1808, "resumes": 0})
+    assert "- resumed" not in markdown(tmp_path).read_text()  # a run never resumed: no line
