@@ -204,6 +204,10 @@ def _message(err: Any, loc: tuple[int | str, ...], model: type[BaseModel] | None
         return f"must be {sign} {bound:,}, got {_short(value)}"
     if kind == "too_short" and ctx.get("min_length") == 1:
         return "expected a non-empty list"
+    if kind in ("literal_error", "enum") and "expected" in ctx:
+        # pydantic's "Input should be 'auto', 'loopback' or 'mininet' (got 'loopbak')", beside
+        # the other problems' "expected ..., got ..."
+        return f"expected {ctx['expected']}, got {_short(value)}"
     message = str(err["msg"])
     if message.startswith("Value error, "):
         return message[len("Value error, "):]

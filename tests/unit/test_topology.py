@@ -325,3 +325,18 @@ def test_an_empty_topology_file_says_it_is_empty(
     assert f"{path}: 1 problem(s):\n  - the file holds nothing (empty, comments only or null); " \
         "a topology is a mapping with name:, devices: and job:" in err, err
     assert "<top>" not in err
+
+
+def test_a_value_outside_a_closed_set_reads_expected_then_got(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # pydantic's "Input should be 'auto', 'loopback' or 'mininet' (got 'loopbak')" stood among
+    # problems that all read "expected ..., got ..."
+    raw = minimal()
+    raw["network"] = {"backend": "loopbak"}
+    raw["job"]["parallelism"] = {"strategy": "tensor"}
+    assert main(["validate", str(_write(tmp_path, raw))]) == 2
+    err = capsys.readouterr().err
+    assert "  - network.backend: expected 'auto', 'loopback' or 'mininet', got 'loopbak'\n" in err
+    assert "  - job.parallelism.strategy: expected 'tile-tp', 'pipeline' or 'data-parallel', " \
+        "got 'tensor'\n" in err, err
+    assert "Input should be" not in err
