@@ -556,7 +556,8 @@ def _markdown_text(name: str, steps: list[dict[str, Any]], events: list[dict[str
         *_planning_lines(steps, summary),
         "## Events",
         "",
-        *(f"- {kind}: {n}" for kind, n in sorted(kinds.items(), key=lambda kv: str(kv[0]))),
+        *(f"- {kind}: {n}{_churn_actions(events) if kind == 'churn' else ''}"
+          for kind, n in sorted(kinds.items(), key=lambda kv: str(kv[0]))),
         "",
         "![report](report.png)",
         "",
@@ -615,6 +616,15 @@ def _time_lines(summary: dict[str, Any]) -> list[str]:
         if is_number(device) else "device time: not recorded"
     return [f"- {wall_text}; {device_text}; time dilation D "
             f"{dilation if dilation is not None else 'not recorded'}"]
+
+
+def _churn_actions(events: list[dict[str, Any]]) -> str:
+    """What the ``churn`` events did, by action (`` (crash 1, join 1, slow 2)``): "churn: 6"
+    alone did not say whether devices left, came back or slowed down."""
+    actions = Counter(str(e.get("action")) for e in events
+                      if e.get("event") == "churn" and e.get("action") is not None)
+    return " (" + ", ".join(f"{a} {n}" for a, n in sorted(actions.items())) + ")" \
+        if actions else ""
 
 
 def _resumed_line(summary: dict[str, Any], steps: list[dict[str, Any]]) -> list[str]:

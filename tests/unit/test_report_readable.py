@@ -178,3 +178,17 @@ def test_a_resumed_runs_report_gives_the_whole_runs_totals_beside_the_last_sessi
     write_json_atomic(tmp_path / "summary.json", {"state": "done", "exit_code": 0,
                                                   "steps_done": 4, "tiles": 1808, "resumes": 0})
     assert "- resumed" not in markdown(tmp_path).read_text()  # a run never resumed: no line
+
+
+def test_the_reports_churn_count_says_what_the_actions_were(tmp_path: Path) -> None:
+    """A loopback run of tiny under a trace that crashed, slowed, cut off and brought back
+    devices: its report said "churn: 6" and nothing of what they were."""
+    _steps(tmp_path, 1)
+    log = RunLog(tmp_path)
+    for action in ("crash", "slow", "partition", "join", "heal", "slow"):
+        log.event("churn", device="phones-0", action=action, effect="x")
+    log.event("join", device="phones-0")
+    log.close()
+    text = markdown(tmp_path).read_text()
+    assert "\n- churn: 6 (crash 1, heal 1, join 1, partition 1, slow 2)\n" in text, text
+    assert "\n- join: 1\n" in text
