@@ -35,6 +35,7 @@ from testbed.churn.trace import (
     TraceError,
     TraceEvent,
     data_rows,
+    groups_hint,
     merge_sessions,
     read_trace_text,
     rounded_session,
@@ -82,6 +83,9 @@ def parse_sessions(text: str, devices: Sequence[str],
                    source: str = "<sessions>") -> dict[str, list[tuple[float, float]]]:
     """Parse a session list; return merged [start_s, end_s) sessions per device (inf = open)."""
     known = set(devices)
+    stems: dict[str, list[str]] = {}  # a device's name is <group>-<index>
+    for device in devices:
+        stems.setdefault(device.rpartition("-")[0], []).append(device)
     problems: list[str] = []
     sessions: dict[str, list[tuple[float, float]]] = {}
     unit_s: float | None = None
@@ -102,7 +106,8 @@ def parse_sessions(text: str, devices: Sequence[str],
         device, start_cell, end_cell = cells
         row: list[str] = []
         if device not in known:
-            row.append(f"unknown device {device!r} (not a device of the topology)")
+            row.append(f"unknown device {device!r} (not a device of the topology; "
+                       f"{groups_hint(device, stems)})")
         start, p1 = _time_s(start_cell, "start", unit_s, unit_name)
         # only an empty cell means "open": an end that overflowed is a problem of its own
         end, p2 = (math.inf, None) if end_cell == "" else _time_s(end_cell, "end", unit_s,

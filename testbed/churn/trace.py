@@ -362,11 +362,11 @@ def name_problems(events: Iterable[TraceEvent], groups: Mapping[str, Sequence[st
                                 f"devices but group {group!r} has {len(groups[group])}")
         elif e.target not in devices and e.target not in groups:
             problems.append(f"line {e.line}: unknown device {e.target!r} (not a device or group "
-                            f"of the topology; {_groups_text(e.target, groups)})")
+                            f"of the topology; {groups_hint(e.target, groups)})")
     return problems
 
 
-def _groups_text(name: str, groups: Mapping[str, Sequence[str]]) -> str:
+def groups_hint(name: str, groups: Mapping[str, Sequence[str]]) -> str:
     """The groups, and for a name of a group's form (``phones-4``) the devices that group has:
     a trace made for a larger topology named phones-4 of three phones with no hint of why."""
     stem = name.rpartition("-")[0]

@@ -156,7 +156,10 @@ def test_session_list_import() -> None:
 @pytest.mark.parametrize("text, expected", [
     ("device,start,end\n", "line 1: expected the header 'device,start_s,end_s'"),
     ("device,start_s,end_min\n", "line 1: start and end must use the same unit"),
-    ("device,start_s,end_s\nphones-9,0,1\n", "line 2: unknown device 'phones-9'"),
+    ("device,start_s,end_s\nphones-9,0,1\n", "line 2: unknown device 'phones-9' (not a device "
+     "of the topology; group 'phones' has 1: phones-0)"),
+    ("device,start_s,end_s\ntablets-0,0,1\n", "line 2: unknown device 'tablets-0' (not a device "
+     "of the topology; groups: phones)"),
     ("device,start_s,end_s\nphones-0,5,5\n", "line 2: a session must end after it starts"),
     ("device,start_s,end_s\nphones-0,5ms,9\n", "line 2: start '5ms' is not a number"),
 ])
