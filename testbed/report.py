@@ -146,15 +146,16 @@ def _number_problem(record: dict[str, Any], key: str, kind: str, required: bool 
                     nullable: bool = True) -> str | None:
     """What is wrong with ``record[key]`` as a number of ``kind`` (see BOUNDS), or None.
     Absent is fine unless ``required``; so is null, unless ``required`` or not ``nullable``."""
-    if key not in record and not required:
-        return None
+    if key not in record:  # "got None" named Python's value for a key the line lacks
+        return f"{key}: missing (expected a finite number)" if required else None
     value = record.get(key)
     if value is None and nullable and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) if isinstance(value, float) else
             abs(value) <= sys.float_info.max):  # an int past a float's range has no float
-        return f"{key}: expected a finite number, got {_shown(value)}"
+        return f"{key}: expected a finite number, got " + \
+            ("null" if value is None else _shown(value))
     limit, what = BOUNDS[kind]
     if value < 0 and kind in NOT_NEGATIVE:
         return f"{key}: expected a number at least 0 ({what}), got {_shown(value)}"
@@ -174,8 +175,11 @@ def step_problems(record: Any) -> list[str]:
         return [f"expected a JSON object, got {type(record).__name__}"]
     step = record.get("step")
     problems = []
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
-        problems.append(f"step: expected an integer from 0 to {MAX_STEP:,}, got {_shown(step)}")
+    if "step" not in record:
+        problems.append(f"step: missing (expected an integer from 0 to {MAX_STEP:,})")
+    elif isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        problems.append(f"step: expected an integer from 0 to {MAX_STEP:,}, got "
+                        + ("null" if step is None else _shown(step)))
     problems += [p for key, kind in STEP_NUMBERS.items()
                  if (p := _number_problem(record, key, kind, required=True))]
     problems += [p for key, kind in STEP_OPTIONAL_NUMBERS.items()

@@ -100,7 +100,7 @@ def test_nesting_too_deep_is_refused_in_either_file(
 
 @pytest.mark.parametrize(("device", "needle"), [
     ({"device": "a", "tiles_done": None}, "devices[0].tiles_done: expected a finite number, "
-                                          "got None"),
+                                          "got null"),  # JSON's word, not Python's None
     ({"device": "a", "tiles_done": "7"}, "devices[0].tiles_done: expected a finite number, "
                                          "got '7'"),
     ({"device": "a", "tiles_done": 1e300}, "devices[0].tiles_done: expected a number of "
@@ -190,3 +190,19 @@ def test_a_directory_in_place_of_a_report_file_is_refused_before_any_work(
     other = {"report.png", "report.md"} - {name}
     assert (tmp_path / name).is_dir() and not (tmp_path / other.pop()).exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".report")]
+
+
+def test_a_step_line_missing_keys_says_missing_not_none(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a hand-edited line: "wall_s: expected a finite number, got None" for a key not there
+    _run_files(tmp_path)
+    steps = tmp_path / "steps.jsonl"
+    _replace_line(steps, 2, '{"loss": 1.0, "wall_s": null, "device_time_s": 1.0, '
+                            '"bytes_down": 1, "bytes_up": 1}')
+    _replace_line(steps, 3, '{"step": null, "wall_s": 1.0, "bytes_down": 1, "bytes_up": 1}')
+    err = _refused(tmp_path, capsys, f"{steps}: 4 problem(s)",
+                   "line 2: step: missing (expected an integer from 0 to ",
+                   "line 2: wall_s: expected a finite number, got null",
+                   "line 3: step: expected an integer from 0 to 1,000,000,000,000, got null",
+                   "line 3: device_time_s: missing (expected a finite number)")
+    assert "None" not in err, err
