@@ -89,11 +89,21 @@ def _validate(args: argparse.Namespace) -> int:
           f"backend {topology.network.backend}, "
           f"strategy {topology.job.parallelism.strategy}"
           + (f", churn {churn.name}" if churn else "") + _adb_phones(topology) + ")")
-    if topology.network.backend != "auto":  # auto: the machine testbed up runs on decides
-        from testbed.up import backend_problems
+    from testbed.up import backend_problems
 
-        for problem in backend_problems(topology, topology.network.backend):
-            print(f"note: {args.topology}: testbed up would refuse it: {problem}")
+    backend = topology.network.backend
+    if backend == "auto" and any(backend_problems(topology, b) for b in ("loopback", "mininet")):
+        # auto: the machine decides, so ask this one (a file with network.ps.listen validated
+        # "ok" and nothing more here, where testbed up then refused it on Mininet)
+        from testbed.emulator.network.probe import probe
+
+        backend = "mininet" if probe().mininet_usable else "loopback"
+        where = f"network.backend auto is {backend} on this machine; "
+    else:
+        where = ""
+    if backend != "auto":
+        for problem in backend_problems(topology, backend):
+            print(f"note: {args.topology}: {where}testbed up would refuse it: {problem}")
     return EXIT_OK
 
 
@@ -110,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Prints every problem with its YAML path (a trace's: its "
                                    "line) and exits 2 if there is any. A valid file that "
                                    "`testbed up` would refuse on its declared network backend "
-                                   "(a baseline on loopback, network.ps.listen on Mininet) "
-                                   "gets a note saying why.")
+                                   "(a baseline on loopback, network.ps.listen on Mininet; for "
+                                   "backend auto, the one this machine would choose) gets a "
+                                   "note saying why.")
     p.add_argument("topology", type=path_arg, help="the topology YAML file")
     p.set_defaults(func=_validate)
     for name in COMMAND_MODULES:

@@ -340,3 +340,33 @@ def test_a_value_outside_a_closed_set_reads_expected_then_got(
     assert "  - job.parallelism.strategy: expected 'tile-tp', 'pipeline' or 'data-parallel', " \
         "got 'tensor'\n" in err, err
     assert "Input should be" not in err
+
+
+@pytest.mark.parametrize("usable, backend", [(True, "mininet"), (False, "loopback")])
+def test_validate_of_backend_auto_notes_what_up_would_refuse_on_this_machine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        usable: bool, backend: str) -> None:
+    # network.ps.listen under backend auto validated "ok" and nothing more on a machine where
+    # auto means Mininet, and `testbed up` then refused it; a pipeline likewise where it means
+    # loopback
+    from types import SimpleNamespace
+
+    from testbed.emulator.network import probe
+
+    monkeypatch.setattr(probe, "probe", lambda: SimpleNamespace(mininet_usable=usable))
+    raw = minimal()
+    if usable:
+        raw["network"] = {"ps": {"listen": "127.0.0.1:0"}}
+        refused = "network.ps.listen (devices on other machines) works with the loopback"
+    else:
+        raw["job"]["parallelism"] = {"strategy": "pipeline"}
+        refused = "job.parallelism.strategy: pipeline runs on the Mininet backend only"
+    path = _write(tmp_path, raw)
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {path}: network.backend auto is {backend} on this machine; testbed up " \
+        f"would refuse it: {refused}" in out, out
+    # a file no backend refuses is not probed for
+    monkeypatch.setattr(probe, "probe", lambda: pytest.fail("probed"))
+    assert main(["validate", str(_write(tmp_path, minimal()))]) == 0
+    assert "note:" not in capsys.readouterr().out
