@@ -32,6 +32,7 @@ What this module adds to plain pydantic, so that every file reads the same way:
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 import types
 import typing
@@ -150,8 +151,32 @@ def problem_pairs(exc: ValidationError, root: str = "",
             pairs.append((error_path(locs[i][:-1], root),
                           f"key {_short(key)}: expected a str key, got {_type_name(key)}"))
         else:
-            pairs.append((error_path(locs[i], root), _clipped(_message(errors[i], locs[i], model))))
+            message = _message(errors[i], locs[i], model)
+            loc, message = _field_in_message(locs[i], message, errors[i]["type"], model)
+            pairs.append((error_path(loc, root), _clipped(message)))
     return pairs
+
+
+_NAME = r"[a-z_][a-z0-9_]*(?:\[[0-9]+\])?"
+_FIELD_PREFIX = re.compile(rf"({_NAME}(?:\.{_NAME})*): (.+)", re.DOTALL)
+
+
+def _field_in_message(loc: tuple[int | str, ...], message: str, kind: str,
+                      model: type[BaseModel] | None) -> tuple[tuple[int | str, ...], str]:
+    """A mapping's check that names the field it is about (``data.files: ...`` from ``job``'s
+    validator) has that field put into the path: ``job.data.files: ...``, where it read
+    ``job: data.files: ...``. Only a first part that is a field of the mapping moves."""
+    match = _FIELD_PREFIX.fullmatch(message)
+    parent = _model_at(model, loc) if model is not None and kind == "value_error" else None
+    if match is None or parent is None:
+        return loc, message
+    parts: list[int | str] = []
+    for name in match.group(1).split("."):  # coef[1] -> coef, 1
+        key, _, index = name.partition("[")
+        parts += [key, int(index[:-1])] if index else [key]
+    if parts[0] not in parent.model_fields:
+        return loc, message
+    return (*loc, *parts), match.group(2)
 
 
 def problems_of(exc: ValidationError, root: str = "",

@@ -190,7 +190,7 @@ def test_profile_schema_lists_every_problem_with_its_path(tmp_path: Path,
     with pytest.raises(ProfileError) as info:
         load_profile(str(bad))
     text = "\n".join(info.value.problems)
-    for path in ("sustained_gflops:", "model:", "power.idle_w:", "bogus: unknown key"):
+    for path in ("sustained_gflops:", "model.coef:", "power.idle_w:", "bogus: unknown key"):
         assert path in text, text
 
 

@@ -370,3 +370,25 @@ def test_validate_of_backend_auto_notes_what_up_would_refuse_on_this_machine(
     monkeypatch.setattr(probe, "probe", lambda: pytest.fail("probed"))
     assert main(["validate", str(_write(tmp_path, minimal()))]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_a_check_across_a_sections_keys_names_the_key_in_its_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "job: data.files: 1 file(s) hold 12 bytes ..." and "job: parallelism.micro_batches: ..."
+    (tmp_path / "corpus.txt").write_text("hello world\n")
+    raw = minimal()
+    raw["job"].update(data={"files": ["corpus.txt"]}, batch_size=2,
+                      parallelism={"strategy": "pipeline", "micro_batches": 4})
+    assert main(["validate", str(_write(tmp_path, raw))]) == 2
+    err = capsys.readouterr().err
+    assert "  - job.parallelism.micro_batches: 4 micro-batches need at least as many " \
+        "sequences, batch_size is 2\n" in err, err
+    assert "  - job.data.files: 1 file(s) hold 12 bytes together; a window of " \
+        "model.seq_len + 1 = 9 bytes" not in err  # 12 bytes hold a window of 9: no problem
+    raw["job"]["model"]["seq_len"] = 32
+    raw["job"].update(batch_size=4)
+    assert main(["validate", str(_write(tmp_path, raw))]) == 2
+    err = capsys.readouterr().err
+    assert "  - job.data.files: 1 file(s) hold 12 bytes together; a window of " \
+        "model.seq_len + 1 = 33 bytes is needed" in err, err
+    assert "job: " not in err
