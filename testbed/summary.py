@@ -282,10 +282,20 @@ def fidelity_warning(summary: dict[str, Any]) -> str:
             f"({100 * target:.0f}%): the emulated devices' lateness "
             f"can have moved a step's device time by {moved}{lateness_kinds(summary)}; p95 "
             f"tile-time error {100 * summary['tile_error_p95']:.1f}% (time dilation "
-            f"{summary.get('dilation_min')}..{largest}). A larger "
+            f"{_dilation_span(summary.get('dilation_min'), largest)}). A larger "
             f"time_dilation gives the emulated devices and links more of this host's CPU per "
             f"device second ({fix}; time_dilation: {{target_p95: ...}} raises it "
             f"between steps)")
+
+
+def _dilation_span(smallest: Any, largest: Any) -> str:
+    """The run's time dilation, 1.48, or 1.48..3.2 when it moved ("1.4799..1.4799" said both
+    ends of a D that never moved, to four places)."""
+    if not (is_number(smallest) and is_number(largest)):
+        return f"{smallest}..{largest}"
+    if f"{smallest:.3g}" == f"{largest:.3g}":
+        return f"{largest:.3g}"
+    return f"{smallest:.3g}..{largest:.3g}"
 
 
 def lateness_kinds(summary: dict[str, Any]) -> str:

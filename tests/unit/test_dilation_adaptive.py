@@ -170,7 +170,10 @@ def test_a_missed_fidelity_target_says_by_how_much_and_what_to_change() -> None:
     line = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
                              "dilation_min": 2.2, "dilation_max": 2.2})
     assert "missed its target (10%)" in line and "p95 tile-time error 75.0%" in line
-    assert "(time dilation 2.2..2.2)" in line
+    assert "(time dilation 2.2)" in line  # "2.2..2.2" for a D that never moved
+    moved = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
+                              "dilation_min": 1.4799371097, "dilation_max": 3.2})
+    assert "(time dilation 1.48..3.2)" in moved, moved
     assert "A larger time_dilation" in line and "time_dilation: {target_p95: ...}" in line
     line = fidelity_warning({"tile_error_p95": 0.75, "dilation_target_p95": 0.1,
                              "dilation_min": 2.2, "dilation_max": 2.2,
