@@ -941,4 +941,11 @@ def load_topology(path: str | Path) -> Topology:
         raise TopologyError(str(path), ["the file holds nothing (empty, comments only or null); "
                                         "a topology is a mapping with name:, devices: "
                                         "and job: (topologies/default.yaml)"])
+    if isinstance(raw, dict) and {"groups", "source"} <= raw.keys() and "devices" not in raw:
+        # a run directory's topology.yaml: 15 problems (unknown key 'groups', 'down_bps', ...)
+        # said nothing of what the file was
+        raise TopologyError(str(path), [
+            "this is a run's resolved topology.yaml (testbed's own keys: groups, down_bps, "
+            "delay_s, ...), not a topology file; topology.input.yaml beside it is the file the "
+            "run was given"])
     return parse_topology(raw, str(path), path.resolve().parent)

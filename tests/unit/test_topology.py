@@ -392,3 +392,17 @@ def test_a_check_across_a_sections_keys_names_the_key_in_its_path(
     assert "  - job.data.files: 1 file(s) hold 12 bytes together; a window of " \
         "model.seq_len + 1 = 33 bytes is needed" in err, err
     assert "job: " not in err
+
+
+def test_a_runs_resolved_topology_yaml_is_named_as_such(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `testbed validate RUN_DIR/topology.yaml` listed 15 problems ("groups: unknown key",
+    # "network.ps.link.down_bps: unknown key", ...) and not what the file was
+    resolved = load_topology(REPO / "topologies" / "default.yaml").to_yaml()
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: 1 problem(s):\n  - this is a run's resolved topology.yaml (testbed's own " \
+        "keys: groups, down_bps, delay_s, ...), not a topology file; topology.input.yaml " \
+        "beside it is the file the run was given" in err, err
