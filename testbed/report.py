@@ -732,6 +732,14 @@ def _not_a_run_dir(run_dir: Path) -> str:
         return "no such directory; expected a run directory (runs/<time>-<name>/)"
     if not is_dir:
         return "not a directory; expected a run directory (runs/<time>-<name>/)"
+    try:  # a `testbed compare` directory holds a run directory per strategy
+        runs = sorted(p.name for p in run_dir.iterdir() if is_file(p / "steps.jsonl"))
+    except OSError:
+        runs = []
+    if runs:  # a comparison's runs, or runs/ itself
+        named = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+        return (f"no steps.jsonl here, but in {named} inside it: run directories; report one "
+                f"of them, e.g. {run_dir / runs[0]}")
     return "no steps.jsonl here; is this a run directory?"
 
 

@@ -206,3 +206,21 @@ def test_a_step_line_missing_keys_says_missing_not_none(
                    "line 3: step: expected an integer from 0 to 1,000,000,000,000, got null",
                    "line 3: device_time_s: missing (expected a finite number)")
     assert "None" not in err, err
+
+
+def test_report_of_a_path_that_is_no_run_directory_says_what_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # each said "no steps.jsonl here; is this a run directory?": a path that does not exist, a
+    # file (a topology given by mistake), and a comparison's directory, whose runs are inside
+    cases = {tmp_path / "nope": "no such directory; expected a run directory",
+             tmp_path / "t.yaml": "not a directory; expected a run directory"}
+    (tmp_path / "t.yaml").write_text("name: t\n")
+    compare = tmp_path / "20261201-053321-tiny-compare"
+    for strategy in ("tile-tp", "pipeline"):
+        (compare / strategy).mkdir(parents=True)
+        _run_files(compare / strategy)
+    cases[compare] = (f"no steps.jsonl here, but in pipeline, tile-tp inside it: run "
+                      f"directories; report one of them, e.g. {compare / 'pipeline'}")
+    for path, said in cases.items():
+        assert main(["report", str(path)]) == 2
+        assert f"error: {path}: {said}" in capsys.readouterr().err
