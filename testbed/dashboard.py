@@ -116,9 +116,11 @@ def render_faults(snapshot: dict[str, Any]) -> RenderableType | None:
     goodput = snapshot.get("goodput")
     overhead = snapshot.get("validation_overhead_cpu")
     quarantined = snapshot.get("quarantined") or []
-    parts = [
-        f"recovery p50 {_seconds(snapshot.get('recovery_p50_s'))} "
-        f"p95 {_seconds(snapshot.get('recovery_p95_s'))} ({snapshot.get('recoveries', 0)})",
+    recoveries = snapshot.get("recoveries", 0)
+    parts = [  # "recovery p50 - p95 - (0)" left the count in brackets unnamed
+        f"recoveries {recoveries}" + (
+            f": p50 {_seconds(snapshot.get('recovery_p50_s'))} "
+            f"p95 {_seconds(snapshot.get('recovery_p95_s'))}" if recoveries else ""),
         f"recomputed {snapshot.get('recomputed_tiles', 0)}",
         f"backups {snapshot.get('backup_wins', 0)}/{snapshot.get('backups', 0)} won",
         f"goodput {goodput * 100:.1f}%" if isinstance(goodput, (int, float)) else "goodput -",

@@ -18,7 +18,7 @@ def test_fault_line_and_quarantined_device() -> None:
     console = Console(record=True, width=200, file=open("/dev/null", "w"))
     console.print(render(snapshot, "byz"))
     text = console.export_text()
-    for needle in ("recovery p50 12 ms p95 250 ms (3)", "recomputed 7", "backups 4/10 won",
+    for needle in ("recoveries 3: p50 12 ms p95 250 ms", "recomputed 7", "backups 4/10 won",
                    "goodput 93.0%", "failed 12", "validation 3.10% CPU", "ledger reused 24",
                    "quarantined liars-0", "quarantined"):
         assert needle in text, needle

@@ -26,7 +26,7 @@ AFTER_STEP_0 = {"state": "training", "step": 1, "steps": 2, "loss": 5.523, "loss
                 "validation_overhead_cpu": 0.0245}
 FIGURES = ("steps done 1/2", "loss 5.5230", "tiles 572 (128/s)", "down 59.2 MB", "up 15.5 MB",
            "eff 0.71", "D 2.29", "tile err p50 0.0% p95 253.5%", "late <= 1.9% of the step",
-           "recovery p50 - p95 - (0)", "backups 0/0 won", "goodput 100.0%",
+           "recoveries 0", "backups 0/0 won", "goodput 100.0%",
            "checks 572 failed 0", "validation 2.45% CPU", "ledger reused 0")
 
 
