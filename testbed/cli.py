@@ -149,8 +149,34 @@ def _own_errors(parser: argparse.ArgumentParser) -> None:
                 _own_errors(command)
 
 
+def _commands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def bare_group(parser: argparse.ArgumentParser,
+               argv: list[str]) -> argparse.ArgumentParser | None:
+    """The command group ``argv`` names without one of its commands (``testbed``, ``testbed
+    perf``), or None: such a line printed one line of usage and "the following arguments are
+    required: COMMAND", not what the commands are."""
+    if any(a in ("-h", "--help") for a in argv):
+        return None
+    current = parser
+    for word in (a for a in argv if not a.startswith("-")):
+        commands = _commands(current)
+        if commands is None or word not in commands.choices:
+            return None
+        current = commands.choices[word]
+    return current if _commands(current) is not None else None
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``parser.parse_args``, with an unknown argument reported by its command's parser."""
+    """``parser.parse_args``, with an unknown argument reported by its command's parser, and a
+    group named without a command answered with the group's help (exit 2)."""
+    group = bare_group(parser, sys.argv[1:] if argv is None else argv)
+    if group is not None:
+        group.print_help(sys.stderr)
+        print(f"{group.prog}: error: name one of the commands above", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
