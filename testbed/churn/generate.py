@@ -187,8 +187,8 @@ def generation_problems(device_count: int, model: SessionModel, duration_s: floa
         expected = 2 * device_count * duration_s / cycle_s
         if expected > MAX_GENERATED_EVENTS:
             problems.append(
-                f"--duration: {device_count} device(s) over {duration_s:g} s with a session and "
-                f"an absence every {cycle_s:g} s on average (at the daily peak, if any) "
+                f"--duration: {device_count} device(s) over {duration_s:,.10g} s with a session "
+                f"and an absence every {cycle_s:,.6g} s on average (at the daily peak, if any) "
                 f"make about {expected:,.0f} events; a generated trace holds at most "
                 f"{MAX_GENERATED_EVENTS:,} (shorten --duration or lengthen the means)")
     if duration_problem:
