@@ -732,6 +732,14 @@ def _not_a_run_dir(run_dir: Path) -> str:
         return "no such directory; expected a run directory (runs/<time>-<name>/)"
     if not is_dir:
         return "not a directory; expected a run directory (runs/<time>-<name>/)"
+    try:  # a baseline's `testbed up` writes no steps.jsonl (docs/baselines.md)
+        strategy = load_user_json(read_user_text(run_dir / "summary.json", 1 << 20)).get(
+            "strategy")
+    except (OSError, ValueError, AttributeError):
+        strategy = None
+    if strategy in ("pipeline", "data-parallel"):
+        return (f"a {strategy} run: report.md and report.png are tile-tp's only; its "
+                f"summary.json and {strategy}/ hold its figures (docs/baselines.md)")
     try:  # a `testbed compare` directory holds a run directory per strategy
         runs = sorted(p.name for p in run_dir.iterdir() if is_file(p / "steps.jsonl"))
     except OSError:

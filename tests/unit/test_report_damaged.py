@@ -221,6 +221,11 @@ def test_report_of_a_path_that_is_no_run_directory_says_what_it_is(
         _run_files(compare / strategy)
     cases[compare] = (f"no steps.jsonl here, but in pipeline, tile-tp inside it: run "
                       f"directories; report one of them, e.g. {compare / 'pipeline'}")
+    baseline = tmp_path / "20261201-055056-tiny"  # `testbed up` of a pipeline on Mininet
+    (baseline / "pipeline").mkdir(parents=True)
+    (baseline / "summary.json").write_text('{"strategy": "pipeline", "state": "done"}')
+    cases[baseline] = ("a pipeline run: report.md and report.png are tile-tp's only; its "
+                       "summary.json and pipeline/ hold its figures (docs/baselines.md)")
     for path, said in cases.items():
         assert main(["report", str(path)]) == 2
         assert f"error: {path}: {said}" in capsys.readouterr().err
