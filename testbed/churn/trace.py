@@ -328,7 +328,10 @@ def read_trace_text(path: Path) -> str:
     except OSError as exc:
         raise TraceError(str(path), [f"cannot read the file: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:
-        raise TraceError(str(path), [f"not a text file: {exc.reason}"]) from exc
+        # "not a text file: invalid start byte" for a UTF-16 export, which is text
+        raise TraceError(str(path), [f"not UTF-8 text (byte {exc.start}: {exc.reason}); save "
+                                     f"it as UTF-8 (a trace and a session list are CSV "
+                                     f"text)"]) from exc
 
 
 def load_trace(path: str | Path, groups: Mapping[str, Sequence[str]] | None = None) -> Trace:

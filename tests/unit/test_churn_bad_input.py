@@ -135,6 +135,16 @@ def test_churn_files_may_start_with_a_byte_order_mark(
         load_trace(inside)
 
 
+def test_a_utf16_trace_is_named_as_text_of_another_encoding(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "not a text file: invalid start byte" for a spreadsheet's UTF-16 export, which is text
+    trace = tmp_path / "trace.csv"
+    trace.write_text("time_s,device,event,arg\n1,phones-0,leave,\n", encoding="utf-16")
+    assert main(["trace", "show", str(trace)]) == 2
+    assert f"{trace}: 1 problem(s):\n  - not UTF-8 text (byte 0: invalid start byte); save it " \
+        "as UTF-8 (a trace and a session list are CSV text)" in capsys.readouterr().err
+
+
 # a trace whose group rows expand past what a run can hold ----------------------------------------
 
 def test_rows_that_act_on_too_many_devices_are_refused_before_any_is_expanded(
