@@ -69,7 +69,7 @@ def _validate(args: argparse.Namespace) -> int:
     inputs = load_run_inputs(args.topology)
     if isinstance(inputs, int):
         return inputs
-    topology, churn, _ = inputs
+    topology, churn, schedule = inputs
     def counted(n: int, what: str) -> str:
         return f"{n} {what}" + ("" if n == 1 else "s")
 
@@ -89,6 +89,12 @@ def _validate(args: argparse.Namespace) -> int:
           f"backend {topology.network.backend}, "
           f"strategy {topology.job.parallelism.strategy}"
           + (f", churn {churn.name}" if churn else "") + _adb_phones(topology) + ")")
+    if schedule is not None and churn is not None:
+        from testbed.churn.show import stall_note
+
+        stall = stall_note(schedule)
+        if stall:  # valid, and a run that trains past it stalls there
+            print(f"note: {args.topology}: the churn trace {churn.name}: {stall}")
     from testbed.up import backend_problems
 
     backend = topology.network.backend

@@ -144,6 +144,23 @@ class ChurnSchedule:
             replay.until(replay.next_time_s)
         return True
 
+    def unreachable_for_good_s(self) -> float | None:
+        """The time from which no device is present and reachable and none comes back (every
+        device gone or cut off after the last action), or None. A run still training then
+        cannot finish its step: ``testbed simulate`` stops as stalled, ``testbed up`` when its
+        watchdog fires."""
+        replay = _Replay(self)
+        replay.until(0.0)
+        since: float | None = None if replay.reachable else 0.0
+        while replay.next_time_s is not None:
+            t = replay.next_time_s
+            replay.until(t)
+            if replay.reachable:
+                since = None
+            elif since is None:
+                since = t
+        return since
+
     def availability(self, times_s: Sequence[float]) -> list[tuple[int, int]]:
         """At each time (ascending), (devices present, devices present and reachable)."""
         replay = _Replay(self)

@@ -121,7 +121,21 @@ def schedule_summary(schedule: ChurnSchedule, bins: int = 10) -> list[str]:
                 for present, reachable in schedule.availability(times)]
     for t, (present, reachable, bar) in zip(times, rows):
         lines.append(f"  t={t:>9.{digits}f} s  {present:>3} {reachable:>3}  {bar}")
+    stall = stall_note(schedule)
+    if stall:
+        lines.append(f"note: {stall}")
     return lines
+
+
+def stall_note(schedule: ChurnSchedule) -> str | None:
+    """What a run under the schedule meets if it trains past the time every device is gone or
+    cut off for good, or None: the trace passed every check and the run stalled there."""
+    since = schedule.unreachable_for_good_s()
+    if since is None:
+        return None
+    return (f"from t={_seconds(since)} s on no device is present and reachable and none comes "
+            "back: a run still training then stalls (testbed simulate stops with an error, "
+            "testbed up when its progress watchdog fires)")
 
 
 def _device_bar(states: Sequence[tuple[bool, bool]]) -> str:

@@ -191,3 +191,21 @@ def test_import_refuses_a_pickle_that_carries_code(tmp_path: Path,
     assert code == 2
     assert "refused: the pickle asks for the global" in capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_show_and_validate_note_when_a_trace_leaves_no_device_for_good(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "allgo.csv"
+    trace.write_text("time_s,device,event,arg\n10,phones,leave,\n10,laptops,leave,\n")
+    note = ("from t=10 s on no device is present and reachable and none comes back: a run "
+            "still training then stalls (testbed simulate stops with an error, testbed up "
+            "when its progress watchdog fires)")
+    assert main(["trace", "show", str(trace), "--topology", TOPOLOGY]) == 0
+    assert f"\nnote: {note}\n" in capsys.readouterr().out
+    topology = tmp_path / "t.yaml"
+    topology.write_text(Path(TOPOLOGY).read_text() + f"churn: {trace}\n")
+    assert main(["validate", str(topology)]) == 0
+    assert f"note: {topology}: the churn trace allgo.csv: {note}\n" in capsys.readouterr().out
+    assert main(["trace", "show", str(ROOT / "traces" / "overnight-charging.csv"), "--topology",
+                 TOPOLOGY]) == 0  # the laptops stay: no note
+    assert "note:" not in capsys.readouterr().out

@@ -203,3 +203,17 @@ def test_a_share_of_a_group_is_rounded_half_up(members: int, wanted: int) -> Non
     groups = {"phones": [f"phones-{i}" for i in range(members)]}
     schedule = _schedule("10,phones:50%,leave,\n", groups=groups)
     assert len(schedule.actions) == wanted
+
+
+@pytest.mark.parametrize("rows, since", [
+    ("10,phones,leave,\n10,laptops,crash,\n", 10.0),  # everyone gone at 10 s, none back
+    ("10,phones,leave,\n10,laptops,partition,\n", 10.0),  # the laptops present, cut off
+    ("5,phones,leave,\n10,laptops,leave,\n20,phones-1,join,\n", None),  # one comes back
+    ("5,phones,leave,\n10,laptops,leave,\n20,phones-1,join,\n30,phones-1,crash,\n", 30.0),
+    ("10,laptops,partition,\n20,laptops,heal,\n", None),
+    ("5,phones-0,leave,\n", None),
+])
+def test_when_a_schedule_leaves_no_device_for_good(rows: str, since: float | None) -> None:
+    # allgo.csv (every device leaves at 10 s) passed validate and `testbed simulate` stalled
+    # after its second step
+    assert _schedule(rows).unreachable_for_good_s() == since
