@@ -147,8 +147,8 @@ class ChurnSchedule:
     def unreachable_for_good_s(self) -> float | None:
         """The time from which no device is present and reachable and none comes back (every
         device gone or cut off after the last action), or None. A run still training then
-        cannot finish its step: ``testbed simulate`` stops as stalled, ``testbed up`` when its
-        watchdog fires."""
+        cannot finish its step: ``testbed up`` and ``testbed simulate`` fail when the PS's
+        progress watchdog fires (``simulate`` with the watchdog off: as stalled)."""
         replay = _Replay(self)
         replay.until(0.0)
         since: float | None = None if replay.reachable else 0.0

@@ -134,8 +134,8 @@ def stall_note(schedule: ChurnSchedule) -> str | None:
     if since is None:
         return None
     return (f"from t={_seconds(since)} s on no device is present and reachable and none comes "
-            "back: a run still training then stalls (testbed simulate stops with an error, "
-            "testbed up when its progress watchdog fires)")
+            "back: a run still training then stalls, and testbed up and testbed simulate fail "
+            "when the PS's progress watchdog fires (job.watchdog.no_progress_s after)")
 
 
 def _device_bar(states: Sequence[tuple[bool, bool]]) -> str:

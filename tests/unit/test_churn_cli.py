@@ -198,8 +198,8 @@ def test_show_and_validate_note_when_a_trace_leaves_no_device_for_good(
     trace = tmp_path / "allgo.csv"
     trace.write_text("time_s,device,event,arg\n10,phones,leave,\n10,laptops,leave,\n")
     note = ("from t=10 s on no device is present and reachable and none comes back: a run "
-            "still training then stalls (testbed simulate stops with an error, testbed up "
-            "when its progress watchdog fires)")
+            "still training then stalls, and testbed up and testbed simulate fail when the "
+            "PS's progress watchdog fires (job.watchdog.no_progress_s after)")
     assert main(["trace", "show", str(trace), "--topology", TOPOLOGY]) == 0
     assert f"\nnote: {note}\n" in capsys.readouterr().out
     topology = tmp_path / "t.yaml"
