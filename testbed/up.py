@@ -942,12 +942,7 @@ def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
     from testbed.report import make_report
 
     make_report(run_dir)
-    loss = summary.get("final_loss")
-    done = summary.get("steps_done", 0)
-    console.print(f"{summary.get('state', 'failed')}: {done} step{'' if done == 1 else 's'}, "
-                  f"final loss {loss if loss is None else f'{loss:.4f}'}, "
-                  f"{summary.get('tiles', 0)} tiles{_outcome_figures(summary)}; run directory "
-                  f"{run_dir}")
+    console.print(final_line(summary, run_dir))
     if summary.get("state") == "failed":  # why, here: not only in summary.json and ps.log
         reason = None if failures else summary.get("error") or (
             None if explained or interrupted or (run_dir / "ps_summary.json").exists() else
@@ -958,6 +953,17 @@ def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
     for warning in run_warnings(summary):
         console.print(warning, style="bold red", markup=False)
     return code
+
+
+def final_line(summary: dict[str, Any], run_dir: Path) -> str:
+    """`testbed up`'s last line but the error and warnings: the state, the steps, the final loss
+    (none when no step finished: it said "final loss None"), the tiles and the run directory."""
+    loss = summary.get("final_loss")
+    done = summary.get("steps_done", 0)
+    return (f"{summary.get('state', 'failed')}: {done} step{'' if done == 1 else 's'}, "
+            + (f"final loss {loss:.4f}, " if loss is not None else "")
+            + f"{summary.get('tiles', 0)} tiles{_outcome_figures(summary)}; run directory "
+            f"{run_dir}")
 
 
 def _outcome_figures(summary: dict[str, Any]) -> str:

@@ -178,8 +178,8 @@ def sd888_rows_in_data() -> str:
             + "; vision_transformer: "
             + ", ".join(f"{'GPU' if r.cores == 'gpu' else 'CPU'} {r.avg_ms} ms (min {r.min_ms}, "
                         f"max {r.max_ms})" for r in vit)
-            + ". There is no SD888 row at 1 or 4 threads, so the issue's SD888 1- and 4-thread "
-              "check cannot be made; compared instead: the SD888 8-thread big-core CPU row "
+            + ". There is no SD888 row at 1 or 4 threads, so a check of SD888 at 1 and 4 threads "
+              "cannot be made; compared instead: the SD888 8-thread big-core CPU row "
               "(in-sample: the level is fitted on it) and the 1- and 4-thread CPU rows of the "
               "other phones with a vision_transformer row")
 

@@ -32,3 +32,13 @@ def test_a_command_missing_its_arguments_keeps_argparses_message(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "name one of the commands above" not in err and "error:" in err, err
+
+
+def test_python_dash_m_testbed_is_the_command() -> None:
+    """`python -m testbed` failed ("No module named testbed.__main__")."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "testbed", "validate", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "usage: testbed validate" in done.stdout, done

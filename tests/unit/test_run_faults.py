@@ -555,3 +555,14 @@ def test_a_save_removes_the_temporaries_of_killed_saves_and_nothing_else(tmp_pat
     assert saved.name == "step-000004.pt"
     names = sorted(p.name for p in directory.iterdir())
     assert names == sorted([saved.name] + [p.name for p in kept]), names
+
+
+def test_up_s_last_line_names_no_loss_when_no_step_finished(tmp_path: Path) -> None:
+    """It said "failed: 0 steps, final loss None, 0 tiles"."""
+    from testbed.up import final_line
+
+    line = final_line({"state": "failed", "steps_done": 0, "final_loss": None, "tiles": 0},
+                      tmp_path)
+    assert line.startswith("failed: 0 steps, 0 tiles") and "None" not in line, line
+    line = final_line({"state": "done", "steps_done": 1, "final_loss": 4.5, "tiles": 7}, tmp_path)
+    assert line.startswith("done: 1 step, final loss 4.5000, 7 tiles"), line
