@@ -1050,7 +1050,11 @@ def _resume_target(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any
     problems = []
     if args.topology is not None:
         problems.append("give either a topology or --resume RUN_DIR, not both")
-    for name in ("topology.input.yaml", "up.json"):
+    if not run_dir.is_dir():  # one line, where it said each file it lacks was not found
+        problems.append(f"--resume {run_dir}: " + ("not a directory" if run_dir.exists() else
+                                                    "no such directory")
+                        + "; expected a run directory made by testbed up (runs/<time>-<name>/)")
+    for name in ("topology.input.yaml", "up.json") if run_dir.is_dir() else ():
         if not (run_dir / name).is_file():
             problems.append(f"--resume {run_dir}: {name} not found (not a run directory "
                             f"made by testbed up)")

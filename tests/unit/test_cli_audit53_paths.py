@@ -102,3 +102,19 @@ def test_every_path_argument_is_a_path_arg() -> None:
     assert {("validate", "topology"), ("clean", "target"), ("trace show", "trace"),
             ("trace gen", "--topology"), ("perf show", "profile"),
             ("join", "--token-file")} <= typed
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_resume_of_no_directory_says_so_once(tmp_path: Path, kind: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`up --resume /nonexistent` said that topology.input.yaml and up.json were not found,
+    two lines for a directory that is not there."""
+    target = tmp_path / "run"
+    if kind == "file":
+        target.write_text("not a run\n")
+    assert main(["up", "--resume", str(target)]) == 2
+    err = capsys.readouterr().err
+    what = "no such directory" if kind == "missing" else "not a directory"
+    assert err == (f"error: --resume {target}: {what}; expected a run directory made by "
+                   f"testbed up (runs/<time>-<name>/)\n"), err
+    assert not target.is_dir()
