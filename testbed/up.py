@@ -1208,6 +1208,7 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
             return {"state": "starting"}
 
     printed = 0
+    noted = 0  # run.notes the plain output has printed
     state = "starting"  # the PS's, as the plain output last said it
     with Live(render(snapshot(), run.topology.name), console=console, refresh_per_second=4,
               transient=False) if live else contextlib.nullcontext() as view:
@@ -1229,9 +1230,13 @@ def _watch(run: Run, stop: threading.Event, console: Any, live: bool) -> int:
                 for s in steps[printed:]:
                     console.print(step_line(s))
                 printed = len(steps)
-            for line in run.died_unasked():
-                if view is None:  # (the live view shows it among its notes)
-                    console.print(line, style="red", markup=False, soft_wrap=True)
+            died = run.died_unasked()  # (each also a note, which the live view shows)
+            if view is None:  # the notes the live view shows: churn actions, deaths, phones
+                notes = run.notes[noted:]
+                noted += len(notes)
+                for line in notes:
+                    console.print(line, style="red" if line in died else None, markup=False,
+                                  soft_wrap=True)
             if code is not None:
                 from testbed.summary import ps_summary_or_steps  # (a PS stopped by a signal
                 # of its own says "interrupted": the run was, not failed)

@@ -75,6 +75,10 @@ def test_half_the_devices_go_and_the_result_is_unchanged(tmp_path: Path) -> None
     assert [(e["device"], e["action"], e["time_s"]) for e in churn] == \
         [(a.device, a.event.value, a.time_s) for a in schedule.actions]
     assert [e["effect"] for e in churn] == ["SIGKILL", "SIGTERM"]
+    # the plain output says each action, as the live view's notes do (it said none)
+    for e in churn:
+        assert f"churn t={e['time_s']:g}s {e['action']} {e['device']}: {e['effect']}" \
+            in output, output
     victims = {a.device for a in schedule.actions}
     assert len(victims) == 2 and victims <= {"phones-0", "phones-1", "phones-2"}
 
