@@ -957,13 +957,16 @@ def _run_to_end(args: argparse.Namespace, run: Run, console: Any,
 
 def final_line(summary: dict[str, Any], run_dir: Path) -> str:
     """`testbed up`'s last line but the error and warnings: the state, the steps, the final loss
-    (none when no step finished: it said "final loss None"), the tiles and the run directory."""
+    (none when no step finished: it said "final loss None"), the tiles (a resumed run's: its last
+    session's, said so) and the run directory."""
     loss = summary.get("final_loss")
     done = summary.get("steps_done", 0)
+    # a resumed run's totals are its last session's (docs/fault-tolerance.md, "Resume")
+    session = " (this session's)" if summary.get("resumes") else ""
     return (f"{summary.get('state', 'failed')}: {done} step{'' if done == 1 else 's'}, "
             + (f"final loss {loss:.4f}, " if loss is not None else "")
-            + f"{summary.get('tiles', 0)} tiles{_outcome_figures(summary)}; run directory "
-            f"{run_dir}")
+            + f"{summary.get('tiles', 0)} tiles{session}{_outcome_figures(summary)}; run "
+            f"directory {run_dir}")
 
 
 def _outcome_figures(summary: dict[str, Any]) -> str:

@@ -566,3 +566,6 @@ def test_up_s_last_line_names_no_loss_when_no_step_finished(tmp_path: Path) -> N
     assert line.startswith("failed: 0 steps, 0 tiles") and "None" not in line, line
     line = final_line({"state": "done", "steps_done": 1, "final_loss": 4.5, "tiles": 7}, tmp_path)
     assert line.startswith("done: 1 step, final loss 4.5000, 7 tiles"), line
+    line = final_line({"state": "done", "steps_done": 40, "final_loss": 4.5, "tiles": 1905,
+                       "resumes": 1}, tmp_path)
+    assert line.startswith("done: 40 steps, final loss 4.5000, 1905 tiles (this session's)")
