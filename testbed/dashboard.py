@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from testbed.runlog import device_group
+from testbed.runlog import device_group, name_order
 from testbed.summary import SAT_OUT_PART, SAT_OUT_WHY
 from testbed.units import format_bytes
 
@@ -149,11 +149,6 @@ def _short_bytes(size_bytes: float) -> str:
     return f"{size_bytes:.0f}"
 
 
-def _natural(name: str) -> list[Any]:
-    """A sort key that puts ``phones-2`` before ``phones-10``."""
-    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
-
-
 def _sits_out(d: dict[str, Any], sat_out: dict[str, Any]) -> bool:
     """Whether a device is one the planner left out: idle, of a group that sat out the last
     step, and no tile done (a group that sat out in part has its computing devices too)."""
@@ -184,7 +179,7 @@ def render_devices(devices: list[dict[str, Any]], sat_out: dict[str, Any] | None
     if len(devices) > max_rows:
         return render_groups(devices, sat_out)
     table = _device_table("device")
-    for d in sorted(devices, key=lambda d: _natural(str(d.get("device", "")))):
+    for d in sorted(devices, key=lambda d: name_order(str(d.get("device", "")))):
         state = "sat out" if _sits_out(d, sat_out) else d.get("state", "?")
         telemetry = d.get("telemetry") or {}
         temp = telemetry.get("temperature_c")
@@ -217,7 +212,7 @@ def render_groups(devices: list[dict[str, Any]],
     for d in devices:
         groups.setdefault(device_group(d), []).append(d)
     table = _device_table("group")
-    for group, members in sorted(groups.items(), key=lambda kv: _natural(kv[0])):
+    for group, members in sorted(groups.items(), key=lambda kv: name_order(kv[0])):
         states = Counter("sat out" if _sits_out(d, sat_out) else str(d.get("state", "?"))
                          for d in members)
         temps = [t for d in members

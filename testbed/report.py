@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from testbed.emulator.dilation import LATENESS_KINDS
 from testbed.errors import EXIT_BAD_INPUT, EXIT_OK, InputError
-from testbed.runlog import device_group
+from testbed.runlog import device_group, name_order
 from testbed.summary import (
     DEPARTURES,
     SAT_OUT_PART,
@@ -74,12 +74,12 @@ def tile_bars(devices: list[dict[str, Any]], departed: set[str]
         group_of[name] = device_group(d)
     if len(tiles) <= DEVICE_BARS:
         return [TileBar(n, tiles[n], tiles[n], tiles[n], int(n in departed))
-                for n in sorted(tiles)], False
+                for n in sorted(tiles, key=name_order)], False
     members: dict[str, list[str]] = {}
     for name in tiles:
         members.setdefault(group_of[name], []).append(name)
     bars = []
-    for group, names in sorted(members.items()):
+    for group, names in sorted(members.items(), key=lambda kv: name_order(kv[0])):
         counts = [tiles[n] for n in names]
         bars.append(TileBar(f"{group} ({len(names)})", sum(counts) / len(counts), min(counts),
                             max(counts), sum(n in departed for n in names)))

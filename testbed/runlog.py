@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import threading
 import time
@@ -129,6 +130,11 @@ def device_group(record: dict[str, Any]) -> str:
     """The group of a device record (devices.jsonl, status.json, summary.json's devices):
     every writer names it; a record without one counts as a group of its own."""
     return str(record.get("group") or record.get("device", "?"))
+
+
+def name_order(name: str) -> list[Any]:
+    """A sort key for device names that puts ``phones-2`` before ``phones-10``."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
 
 
 def run_origin_s(run_dir: Path) -> float:

@@ -81,6 +81,9 @@ def test_tiles_panel_has_a_bar_per_device_up_to_a_readable_count_then_per_group(
     assert tile_bars(few, {"phones-1"}) == ([TileBar("phones-0", 0, 0, 0, 0),
                                              TileBar("phones-1", 1, 1, 1, 1),
                                              TileBar("phones-2", 2, 2, 2, 0)], False)
+    # in the devices' order: hotcarbon's 15 phones read phones-0, -1, -10, -11, ..., -2
+    fifteen = [{"device": f"phones-{i}", "group": "phones", "tiles_done": i} for i in range(15)]
+    assert [b.label for b in tile_bars(fifteen, set())[0]] == [d["device"] for d in fifteen]
     # large.yaml has 240 devices: one bar each would be unreadable, so groups with their range
     many = [{"device": f"phones-{i}", "group": "phones", "tiles_done": i}
             for i in range(DEVICE_BARS)]
