@@ -321,3 +321,17 @@ def test_a_done_runs_figures_are_its_steps_and_results_after_the_last_step_are_a
     unfinished = core.summary_figures(done=False)
     assert (unfinished["late"], unfinished["bytes_up"]) == (1, 2 * 128)
     assert "after_last_step" not in unfinished
+
+
+@pytest.mark.parametrize("dilation", [1.0, 4.0])
+def test_a_lease_is_device_time_so_wall_time_stretches_with_the_dilation(
+        dilation: float) -> None:
+    """At D 4 a device silent for 5 s of wall time (1.25 s of device time) was dropped, where
+    `testbed simulate` and the baselines hold it for the lease's 5 s of device time."""
+    core = _core()
+    core.set_dilation(dilation)
+    conn = core.join(_descriptor("dev"))
+    core.attach(conn.device_id, conn.session_key)
+    lease_wall_s = core.config.lease_s * dilation
+    assert core.expire_leases(conn.last_seen_s + lease_wall_s - 0.01) == []
+    assert core.expire_leases(conn.last_seen_s + lease_wall_s + 0.01) == [conn.device_id]
