@@ -70,10 +70,9 @@ class DataParallelSim:
         self.replicas_last_step = 0
         self._recheck: Callable[[], None] = lambda: None
 
-    def _lost(self, dev: Device, reason: str) -> None:
+    def _lost(self, dev: Device, kind: str, reason: str) -> None:
         w = self.world
-        w.retire(dev, "disconnect" if "broken" in reason else
-                 "lease_expired" if "message" in reason else "leave", reason)
+        w.retire(dev, kind, reason)
         self.lives[dev.name] = self.lives.get(dev.name, 0) + 1  # what it had under way is void
         if dev.name in self.live:
             if dev.name not in self.delivered:  # its rows are missing from the step

@@ -136,11 +136,10 @@ class PipelineSim:
         return w.now_s - start
 
     # -- churn ---------------------------------------------------------------------------------
-    def _lost(self, dev: Device, reason: str) -> None:
+    def _lost(self, dev: Device, kind: str, reason: str) -> None:
         w = self.world
         in_plan = self.plan is not None and dev.name in self.plan.devices
-        w.retire(dev, "disconnect" if "broken" in reason else
-                 "lease_expired" if "message" in reason else "leave", reason)
+        w.retire(dev, kind, reason)
         if in_plan and self.failed is None:
             self.failed = f"stage on {dev.name} lost: {reason}"
             self.attempt += 1

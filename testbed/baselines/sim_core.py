@@ -26,22 +26,30 @@ device to device rather than PS to device:
   simulation's. The last byte arrives after the path's one-way delay (sum of its links').
   A transfer's bytes count at both ends when it starts; a cancelled one keeps only those it
   had sent.
-* **Churn**: the schedule's actions at their times from the start of training; ``leave`` and
-  ``crash`` take the device away at once (a broken stream is seen at once, as in the tile
-  simulation), ``partition`` cuts its links and the device is declared lost after the lease
-  (5 s, the PS's, counted from that cut: a heal and a new cut start it again), ``heal``
-  brings it back, ``join`` adds it, ``slow`` scales its compute from then on.
-  The strategy reacts through :meth:`BaselineWorld.on_lost` / :meth:`on_back`.
+* **Churn**: the schedule's actions at their times from the start of training. What they do
+  to the device happens then: ``leave`` and ``crash`` end its process (its work stops there),
+  ``partition`` takes its links down and ``heal`` up, ``join`` starts it, ``slow`` scales its
+  compute from then on. What the strategy's coordinator (the pipeline's scheduler,
+  data-parallel's PS) learns of it follows the rule ``testbed up`` and ``testbed simulate``
+  follow (:mod:`testbed.baselines.heard`, docs/churn.md): a departure of a reachable device
+  at once; a partitioned device at its lease (5 s, the PS's, counted from that cut:
+  :mod:`testbed.simulate.lease`), unless a heal comes first; a leave or crash of a cut-off
+  device at that lease or at a heal that comes first. The strategy reacts through
+  :meth:`BaselineWorld.on_lost` / :meth:`on_back`, and places on the devices the coordinator
+  holds (:meth:`BaselineWorld.present`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from testbed.agent.behaviour import Behaviour, straggler_for
 from testbed.baselines.charge import retimed_parts, unrun_share
 from testbed.baselines.cost import Gemm
+from testbed.baselines.heard import LEASE_S as LEASE_S  # the PS's lease, re-exported
+from testbed.baselines.heard import Heard, Hearing
 from testbed.baselines.placement import DEFAULT_MEMORY_BYTES_S
 from testbed.churn.schedule import ChurnAction, ChurnSchedule
 from testbed.churn.trace import ChurnEvent
@@ -49,11 +57,9 @@ from testbed.emulator.device_model import DeviceModel, device_model_for
 from testbed.emulator.network.base import loss_cap_bps
 from testbed.perf_model.profiles import PowerParams, load_profile
 from testbed.simulate.events import EventLoop
-from testbed.simulate.lease import set_partitioned
 from testbed.simulate.network import FlowNetwork
 from testbed.topology import DeviceSpec, Topology
 
-LEASE_S = 5.0  # the PS's lease (testbed/ps_backend/core.py PsConfig.lease_s)
 MESSAGE_OVERHEAD_BYTES = 64  # per transfer, as the tile simulation adds per message
 PS = "ps"
 
@@ -69,9 +75,9 @@ class Device:
     own: tuple[int, int]  # its down and up links
     link_Bps: tuple[float, float]
     switch: str | None
-    present: bool = False
+    present: bool = False  # its process runs (the coordinator may not know: heard.py)
     partitioned: bool = False
-    cuts: int = 0  # its cuts so far (which one a lease timer is for: testbed.simulate.lease)
+    stops: int = 0  # bumps as its work is stopped: a stopped piece's end does not run
     slow: float = 1.0
     straggler: Behaviour | None = None  # its group's behaviour.straggler, drawn per piece
     busy_until_s: float = 0.0
@@ -127,13 +133,14 @@ class BaselineWorld(EventLoop):
     now_s: float = 0.0
     net: FlowNetwork = field(default_factory=FlowNetwork)
     devices: dict[str, Device] = field(default_factory=dict)
-    on_lost: Callable[[Device, str], None] = lambda _d, _r: None
+    on_lost: Callable[[Device, str, str], None] = lambda _d, _k, _r: None
     on_back: Callable[[Device], None] = lambda _d: None
 
     def __post_init__(self) -> None:
         self._start_events()
         self._build()
         self.wanted: set[str] = set()
+        self.hearing = Hearing(self, (), self._heard)  # start() sets who is there
 
     # -- set-up --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -250,16 +257,18 @@ class BaselineWorld(EventLoop):
         dev.busy_until_s = t
         dev.compute_s += t - start
         dev.energy_j += sum(p.joules for p in parts)
-        self._finish(parts[-1])
+        self._finish(dev, parts[-1])
         return t - start
 
-    def _finish(self, last: Part) -> None:
+    def _finish(self, dev: Device, last: Part) -> None:
         """Run the piece's callback at its last part's end, unless a ``slow`` has re-timed the
-        part since (and queued its callback again). By timing, not by end: a slow equal to
-        the factor in force moves no end, and the callback ran twice."""
-        timing, then = last.timing, last.then
+        part since (and queued its callback again) or its work was stopped (a device that
+        left while cut off stops at once, before its coordinator knows). By timing, not by
+        end: a slow equal to the factor in force moves no end, and the callback ran twice."""
+        timing, stops, then = last.timing, dev.stops, last.then
         assert then is not None
-        self.at(last.end_s, lambda: then() if last.timing == timing else None)
+        self.at(last.end_s,
+                lambda: then() if last.timing == timing and dev.stops == stops else None)
 
     def stop_work(self, dev: Device) -> None:
         """The device drops what it was computing (its step was abandoned): the part of its work
@@ -277,6 +286,7 @@ class BaselineWorld(EventLoop):
                 unstarted += share == 1.0 and p.model_s > 0
         dev.model.unrun(model_s, model_j, unstarted)
         dev.queued.clear()
+        dev.stops += 1
         dev.busy_until_s = min(dev.busy_until_s, self.now_s)
 
     def set_slow(self, dev: Device, factor: float) -> None:
@@ -296,7 +306,7 @@ class BaselineWorld(EventLoop):
                 queued.append(Part(start, end, joules, model_s, model_j,
                                    p.then if last else None))
             if p.then is not None:
-                self._finish(queued[-1])
+                self._finish(dev, queued[-1])
         before, after = _totals(live), _totals(queued)
         dev.compute_s += after[0] - before[0]
         dev.energy_j += after[1] - before[1]
@@ -321,8 +331,9 @@ class BaselineWorld(EventLoop):
             self.emit(kind, device=dev.name, reason=reason)
 
     def present(self) -> list[Device]:
-        """Devices present and reachable now."""
-        return [d for d in self.devices.values() if d.present and not d.partitioned]
+        """Devices the coordinator holds now: present, and reachable as far as it knows (one
+        cut off within its lease, or gone while cut off, is until it hears otherwise)."""
+        return [d for d in self.devices.values() if self.hearing.held(d.name)]
 
     def start(self) -> None:
         """Devices present at the start are there; churn actions are queued at their times."""
@@ -331,6 +342,7 @@ class BaselineWorld(EventLoop):
         for name in names:
             self.devices[name].present = True
             self.wanted.add(name)
+        self.hearing = Hearing(self, names, self._heard)
         if self.schedule is not None:
             self.emit("churn_clock_start", actions=len(self.schedule.actions),
                       already_applied=0, offset_s=0.0)
@@ -350,37 +362,41 @@ class BaselineWorld(EventLoop):
         """What a churn action does to ``dev``: its effect as the ``churn`` event says it, and
         the doing."""
         event = action.event
+        hear = functools.partial(self.hearing.apply, action)
         if event is ChurnEvent.JOIN:
             def join() -> None:
                 self.wanted.add(dev.name)
-                if not dev.present:
-                    dev.present = True
-                    if not dev.partitioned:
-                        self.on_back(dev)
+                dev.present = True
+                hear()
             return ("absent" if dev.present else "applied"), join
         if event in (ChurnEvent.LEAVE, ChurnEvent.CRASH):
             def leave() -> None:
                 self.wanted.discard(dev.name)
-                if dev.present:
+                if dev.present:  # its process ends and drops its work, heard or not
                     dev.present = False
-                    self.on_lost(dev, "left" if event is ChurnEvent.LEAVE else "stream broken")
+                    self.stop_work(dev)
+                hear()
             effect = "SIGTERM" if event is ChurnEvent.LEAVE else "SIGKILL"
             return (effect if dev.present else "absent"), leave
         if event in (ChurnEvent.PARTITION, ChurnEvent.HEAL):
             down = event is ChurnEvent.PARTITION
 
             def cut() -> None:
-                def lost(dev: Device = dev) -> None:  # the lease ended (testbed.simulate.lease)
-                    if dev.present:
-                        self.on_lost(dev, f"no message for more than {LEASE_S:g} s")
-                set_partitioned(self, dev, down, LEASE_S, lost if dev.present else None)
+                hear()  # a heal: the end the cut held is heard before the link is up
+                dev.partitioned = down
                 for link, rate in zip(dev.own, dev.link_Bps):
                     self.net.set_capacity(link, 0.0 if down else rate)
-                if not down and dev.present:
-                    self.on_back(dev)
             return ("link down" if down else "link up"), cut
         factor = float(action.factor or 1.0)
         return f"compute x{action.factor}", lambda: self.set_slow(dev, factor)
+
+    def _heard(self, heard: Heard) -> None:
+        """What the coordinator learns (:mod:`testbed.baselines.heard`), to the strategy."""
+        dev = self.devices[heard.device]
+        if heard.lost:
+            self.on_lost(dev, heard.kind, heard.reason)
+        else:
+            self.on_back(dev)
 
     def device_records(self) -> list[dict[str, Any]]:
         """Final per-device records in the PS's shape (devices.jsonl, summary.json, energy)."""

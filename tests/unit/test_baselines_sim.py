@@ -345,7 +345,7 @@ def test_a_partition_healed_and_cut_again_is_lost_a_lease_after_the_second_cut(
                      "3,phones-1,partition,\n")
     world = BaselineWorld(t, load_schedule(trace, t), noise=False)
     lost: list[tuple[str, float]] = []
-    world.on_lost = lambda dev, _why: lost.append((dev.name, world.now_s))
+    world.on_lost = lambda dev, _kind, _why: lost.append((dev.name, world.now_s))
     world.start()
     world.run_until(lambda: False)
     assert [name for name, _ in lost] == ["phones-1"]
@@ -646,3 +646,90 @@ def test_pipeline_placement_weighs_a_groups_expected_straggling(
     fixed_plan(monkeypatch, ("fast-0",), ((0, t.job.model.layers),), 4)
     on_fast = sum(o.device_s for o in run(PipelineSim(t, BaselineWorld(t, noise=False)), 2))
     assert placed < 0.5 * on_fast  # 0.156 against 0.362 s a step here
+
+
+def _cut_run(tmp_path: Path, strategy: str, rows: str, steps: int = 200
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """tests/data/slow.yaml (no slow) as ``strategy`` under phones-0's churn ``rows``: the
+    summary and the events."""
+    raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "slow.yaml").read_text())
+    raw["job"]["parallelism"]["strategy"] = strategy
+    raw["job"]["steps"] = steps
+    path = tmp_path / f"{strategy}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    t = load_topology(path)
+    trace = tmp_path / "cut.csv"
+    trace.write_text("time_s,device,event,arg\n" + rows)
+    out = tmp_path / f"run-{strategy}"
+    out.mkdir()
+    summary = simulate_baseline(t, out, load_schedule(trace, t), noise=False, report=False)
+    return summary, read_jsonl(out / "events.jsonl")
+
+
+def _heard(events: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """phones-0's departures as the coordinator recorded them: (kind, time)."""
+    return [(e["event"], e["elapsed_s"]) for e in events
+            if e.get("device") == "phones-0" and e["event"] in
+            ("leave", "disconnect", "lease_expired") and "not " not in e.get("reason", "not ")]
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data-parallel"])
+@pytest.mark.parametrize("event", ["leave", "crash"])
+def test_a_departure_while_cut_off_is_heard_at_the_lease(tmp_path: Path, strategy: str,
+                                                         event: str) -> None:
+    """A leave or crash of a cut-off device reaches the coordinator as a network would tell
+    it: at its lease (5 s after the cut), not at the departure (it was counted at 1.5 s)."""
+    summary, events = _cut_run(tmp_path, strategy,
+                               f"1,phones-0,partition,\n1.5,phones-0,{event},\n")
+    assert _heard(events) == [("lease_expired", pytest.approx(1 + LEASE_S, rel=1e-9))]
+    assert summary["steps_done"] == 200
+    if strategy == "pipeline":
+        restart = next(e for e in events if e["event"] == "restart")
+        assert restart["elapsed_s"] >= 1 + LEASE_S
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data-parallel"])
+@pytest.mark.parametrize("event", ["leave", "crash"])
+def test_a_departure_while_cut_off_is_heard_at_a_heal_that_comes_first(
+        tmp_path: Path, strategy: str, event: str) -> None:
+    """The heal brings the connection's end the cut held: a disconnect then, and the device,
+    gone, does not come back with its link."""
+    summary, events = _cut_run(tmp_path, strategy, f"1,phones-0,partition,\n"
+                                                   f"1.5,phones-0,{event},\n3,phones-0,heal,\n")
+    assert _heard(events) == [("disconnect", pytest.approx(3.0, rel=1e-9))]
+    if strategy == "pipeline":
+        assert summary["restarts"] == 1
+        stages = [e["devices"] for e in events if e["event"] == "placement"]
+        assert "phones-0" not in stages[-1]
+    else:
+        assert summary["dropped_replica_steps"] == 197  # out from the step under way on
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data-parallel"])
+def test_a_partition_shorter_than_the_lease_loses_nothing(tmp_path: Path,
+                                                          strategy: str) -> None:
+    summary, events = _cut_run(tmp_path, strategy, "1,phones-0,partition,\n4,phones-0,heal,\n")
+    assert _heard(events) == []
+    assert summary.get("restarts", 0) == 0 and summary.get("dropped_replica_steps", 0) == 0
+
+
+def test_a_replica_that_leaves_while_cut_off_stops_computing_at_its_leave(
+        tmp_path: Path) -> None:
+    """Its process is gone at the leave, whenever the PS hears of it: its work is charged
+    up to the leave, not to the lease (as a crash without a cut is)."""
+    t = topo("data-parallel", count=3, steps=1)
+    start_s, piece_s, _ = first_piece(t, "phones-2")
+    cut_s, leave_s = start_s + 0.2 * piece_s, start_s + 0.5 * piece_s
+    charged = []
+    for rows in (f"{cut_s:.9f},phones-2,partition,\n{leave_s:.9f},phones-2,leave,\n",
+                 f"{leave_s:.9f},phones-2,crash,\n"):
+        trace = tmp_path / "t.csv"
+        trace.write_text("time_s,device,event,arg\n" + rows)
+        out = tmp_path / f"run{len(charged)}"
+        out.mkdir()
+        summary = simulate_baseline(t, out, load_schedule(trace, t), noise=False,
+                                    report=False)
+        charged.append(next(d["compute_s"] for d in summary["devices"]
+                            if d["device"] == "phones-2"))
+    assert charged[0] == pytest.approx(leave_s - start_s, abs=1e-6)
+    assert charged[0] == pytest.approx(charged[1], abs=1e-6)
