@@ -360,7 +360,7 @@ class HeldDevice:
         pieces = [p for path in ledgers for p in read_ledger(path)]
         used = charge(pieces, None)
         self.skip_draws(used.pieces, used.gemms)
-        if self.dilation <= 0 or not hasattr(self.model, "warm"):
+        if self.dilation <= 0:
             return
         spans = []  # (device time, seconds) of each GEMM the model timed, as it timed them
         for p in sorted((p for p in pieces if not p.get("retimed")), key=lambda p: p["t0"]):
@@ -375,7 +375,7 @@ class HeldDevice:
         if self.straggler is not None:
             for _ in range(pieces):
                 self.straggler.compute_factor()
-        if gemms and hasattr(self.model, "skip_draws"):
+        if gemms:
             self.model.skip_draws(gemms)
 
     def begin(self, gemms: list[Gemm], mem_bytes: float) -> float:

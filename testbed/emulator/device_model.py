@@ -57,6 +57,16 @@ class DeviceModel(Protocol):
         mid-piece) as the more it is."""
         ...
 
+    def warm(self, tiles: list[tuple[float, float]]) -> None:
+        """Heat the device as earlier tiles on it did, ``(start, seconds)`` on its clock (a
+        process started again on the device goes on with its earlier processes' heat)."""
+        ...
+
+    def skip_draws(self, tiles: int) -> None:
+        """Use up the noise draws of ``tiles`` tiles (a process started again on the device
+        goes on with its draws)."""
+        ...
+
 
 @dataclass
 class RateDeviceModel:
@@ -75,6 +85,12 @@ class RateDeviceModel:
 
     def unrun(self, seconds: float, joules: float, tiles: int) -> None:
         """Nothing to take off: this model keeps no account."""
+
+    def warm(self, tiles: list[tuple[float, float]]) -> None:
+        """Nothing to heat: this model has no thermal state (its time is the rate alone)."""
+
+    def skip_draws(self, tiles: int) -> None:
+        """Nothing to use up: this model draws no noise."""
 
 
 class EmulatedDevice:

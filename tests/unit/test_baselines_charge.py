@@ -16,6 +16,7 @@ import pytest
 from testbed.baselines import cost
 from testbed.baselines.charge import charge, ledger_path, ran, read_ledger, unrun_share
 from testbed.baselines.stage_proc import HeldDevice
+from testbed.emulator.device_model import RateDeviceModel
 from testbed.topology import Topology, parse_topology
 
 RAW: dict[str, Any] = {
@@ -164,3 +165,23 @@ def test_a_stage_process_killed_mid_step_is_charged_what_ran(tmp_path: Path) -> 
     reported = json.loads(report.read_text())
     assert reported["device_s"] < charged.device_s  # the step under way was left out
     assert charged.device_s < charge(pieces, None).device_s  # the last piece had not ended
+
+
+def test_a_device_with_a_rate_model_resumes_as_any_other(tmp_path: Path) -> None:
+    """A profile without a regression model gets a RateDeviceModel, which has no heat and no
+    draws: its warm and skip_draws are the protocol's, and do nothing (HeldDevice called
+    them behind hasattr checks)."""
+    t = topology()
+    gemms, mem = cost.stage_work(t.job.model, 2, True, "F", 1, 8)
+    ledger = tmp_path / "first.work.jsonl"
+    first = HeldDevice(t, "phones-0", 1e-4, ledger)
+    first.model = RateDeviceModel(10.0)
+    for _ in range(3):
+        first.end(first.begin(gemms, mem))
+    again = HeldDevice(t, "phones-0", 1e-4, clock_origin=first.clock_origin)
+    again.model = RateDeviceModel(10.0)
+    again.resume([ledger])  # skip_draws and warm on the protocol: no AttributeError
+    g = gemms[0]
+    cost_then = first.model.tile_cost(g.m, g.k, g.n, g.op, 0.0)
+    assert again.model.tile_cost(g.m, g.k, g.n, g.op, 0.0) == cost_then
+    assert again.model.telemetry(0.0) == {}
