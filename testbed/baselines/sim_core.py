@@ -17,7 +17,8 @@ device to device rather than PS to device:
   lost, its step abandoned) is charged only up to the stop, energy pro rata within the GEMM it
   was in (:mod:`testbed.baselines.charge`, the emulated processes' rule too), and so are the
   counters of the device model's ``telemetry`` (which a ``slow`` re-times too); its thermal
-  state keeps the heat it was given when the piece was queued.
+  state takes back the heat of what did not run (`EmulatedDevice.rewind`) and, re-timed, heats
+  along the re-timed work.
 * **Network**: the topology's links in a :class:`~testbed.simulate.network.FlowNetwork`
   (max-min fair flows, loss folded into each device link by Mathis' cap as the emulator does).
   A transfer from device A to device B goes up A's link and the switch links to the lowest
@@ -165,7 +166,8 @@ class BaselineWorld(EventLoop):
             bw = p.model.bandwidth_bytes_s if p.model is not None else DEFAULT_MEMORY_BYTES_S
             seed = topo.seed * 1000 + d.index  # as testbed up seeds the device's agent
             self.devices[d.name] = Device(
-                d, device_model_for(p, seed=seed, noise=self.noise), p.power, bw, own,
+                d, device_model_for(p, seed=seed, noise=self.noise, rewindable=True), p.power,
+                bw, own,
                 (down_Bps, up_Bps), d.group.switch, straggler=straggler_for(d, seed))
 
     def _chain(self, switch: str | None) -> list[str | None]:
@@ -285,6 +287,7 @@ class BaselineWorld(EventLoop):
                 model_j += p.model_j * share
                 unstarted += share == 1.0 and p.model_s > 0
         dev.model.unrun(model_s, model_j, unstarted)
+        dev.model.rewind(self.now_s, [])  # and its heat, as far as it ran
         dev.queued.clear()
         dev.stops += 1
         dev.busy_until_s = min(dev.busy_until_s, self.now_s)
@@ -312,6 +315,9 @@ class BaselineWorld(EventLoop):
         dev.energy_j += after[1] - before[1]
         # the device model's account (its telemetry) follows the re-timed work
         dev.model.unrun(before[2] - after[2], before[3] - after[3], 0)
+        dev.model.rewind(self.now_s, [  # and its heat: what is left of each GEMM, re-timed
+            (max(p.start_s, self.now_s), p.end_s - max(p.start_s, self.now_s),
+             p.model_j / p.model_s) for p in queued if p.model_s > 0 and p.end_s > self.now_s])
         dev.queued = queued
         if queued:
             dev.busy_until_s = max(self.now_s, queued[-1].end_s)

@@ -57,6 +57,12 @@ class DeviceModel(Protocol):
         mid-piece) as the more it is."""
         ...
 
+    def rewind(self, at_s: float, tiles: list[tuple[float, float, float]]) -> None:
+        """The tiles :meth:`tile_cost` timed did not run as timed from device time ``at_s``
+        on (stopped there, or re-timed by a churn ``slow``): their heat after ``at_s`` is
+        taken off and ``tiles`` (start, seconds, watts) heat the device instead."""
+        ...
+
     def warm(self, tiles: list[tuple[float, float]]) -> None:
         """Heat the device as earlier tiles on it did, ``(start, seconds)`` on its clock (a
         process started again on the device goes on with its earlier processes' heat)."""
@@ -86,6 +92,9 @@ class RateDeviceModel:
     def unrun(self, seconds: float, joules: float, tiles: int) -> None:
         """Nothing to take off: this model keeps no account."""
 
+    def rewind(self, at_s: float, tiles: list[tuple[float, float, float]]) -> None:
+        """Nothing to unwind: this model has no thermal state."""
+
     def warm(self, tiles: list[tuple[float, float]]) -> None:
         """Nothing to heat: this model has no thermal state (its time is the rate alone)."""
 
@@ -98,14 +107,22 @@ class EmulatedDevice:
 
     def __init__(self, model: ExportedTimeModel, thermal: ThermalParams | None,
                  power: PowerParams | None, seed: int = 0, noise: bool = True,
-                 start_s: float = 0.0) -> None:
+                 start_s: float = 0.0, rewindable: bool = False) -> None:
         self.model = model
         self.thermal = ThermalState(thermal) if thermal is not None else None
         self.power = power
         self.noise = noise
         self.energy = EnergyAccount()
         self._rng = random.Random(seed)  # stdlib: numpy.random would add ~3 MB to every agent
-        self._clock_s = start_s  # device time up to which state has been advanced
+        self._clock_s = start_s  # device time up to which the energy account has been advanced
+        # device time up to which the thermal state has been advanced: the energy account's
+        # clock but after a rewind, which takes heat back and not the account's idle seconds
+        self._heat_clock_s = start_s
+        # the tiles that may still be rewound, each (start, temperature then, seconds, watts):
+        # kept only for a caller that rewinds (a baseline's simulation, which times work
+        # ahead of its clock); tile-tp's time each tile as it starts and never rewind
+        self.rewindable = rewindable
+        self._heat: list[tuple[float, float, float, float]] = []
 
     @property
     def speed(self) -> float:
@@ -113,15 +130,32 @@ class EmulatedDevice:
         return self.thermal.speed if self.thermal is not None else 1.0
 
     def _idle_until(self, now_s: float) -> None:
+        self._cool_until(now_s)
         idle_s = now_s - self._clock_s
         if idle_s <= 0:
             return
         idle_w = self.power.idle_w if self.power is not None else 0.0
-        if self.thermal is not None:
-            self.thermal.advance(idle_s, idle_w)
         self.energy.idle_j += idle_w * idle_s
         self.energy.idle_s += idle_s
         self._clock_s = now_s
+
+    def _cool_until(self, now_s: float) -> None:
+        """The thermal state idles until now_s."""
+        if self.thermal is not None and now_s > self._heat_clock_s:
+            self.thermal.advance(now_s - self._heat_clock_s,
+                                 self.power.idle_w if self.power is not None else 0.0)
+            self._heat_clock_s = now_s
+
+    def _heat_tile(self, start_s: float, seconds: float, watts: float) -> None:
+        """The thermal state busy at ``watts`` for ``seconds`` from start_s (or its clock)."""
+        if self.thermal is None:
+            return
+        self._cool_until(start_s)
+        start_s = max(start_s, self._heat_clock_s)
+        if self.rewindable:
+            self._heat.append((start_s, self.thermal.temperature_c, seconds, watts))
+        self.thermal.advance(seconds, watts)
+        self._heat_clock_s = start_s + seconds
 
     def predict_seconds(self, m: int, k: int, n: int) -> float:
         """The model's mean time for the tile, without noise or throttling."""
@@ -137,8 +171,7 @@ class EmulatedDevice:
         seconds = self.predict_seconds(m, k, n) * factor / speed * slowdown
         busy_w = self.power.busy_w(speed) if self.power is not None else 0.0
         joules = busy_w * seconds
-        if self.thermal is not None:
-            self.thermal.advance(seconds, busy_w)
+        self._heat_tile(now_s, seconds, busy_w)
         self.energy.compute_j += joules
         self.energy.busy_s += seconds
         self.energy.tiles += 1
@@ -151,14 +184,40 @@ class EmulatedDevice:
         part-way (its device lost, its step given up). ``seconds`` and ``joules`` of compute
         are taken off, ``tiles`` never started; the device idled those seconds instead (its
         clock has passed them). Negative ``seconds`` and ``joules``: work re-timed longer
-        (a churn ``slow`` mid-piece), busy where the account had it idle. The thermal state
-        keeps the heat it was given: it cannot be unwound, and it is at most one piece's."""
+        (a churn ``slow`` mid-piece), busy where the account had it idle. The heat is
+        :meth:`rewind`'s."""
         idle_w = self.power.idle_w if self.power is not None else 0.0
         self.energy.busy_s -= seconds
         self.energy.compute_j -= joules
         self.energy.tiles -= tiles
         self.energy.idle_s += seconds
         self.energy.idle_j += idle_w * seconds
+
+    def rewind(self, at_s: float, tiles: list[tuple[float, float, float]]) -> None:
+        """Work :meth:`tile_cost` timed did not run as timed from device time ``at_s`` on: a
+        baseline's piece stopped there (its device lost, its step given up: ``tiles`` empty)
+        or re-timed from there by a churn ``slow`` (``tiles``: what is left of its GEMMs as
+        re-timed, ``(start, seconds, watts)``). The thermal state goes back to what it was
+        at ``at_s`` (the tile under way then keeps the heat of what ran of it), then takes
+        ``tiles``' heat and idles between them: a tile stopped is heated as far as it ran,
+        as tile-tp's, costed as it starts, is. The energy account is :meth:`unrun`'s."""
+        if self.thermal is None:
+            return
+        if not self.rewindable:
+            raise RuntimeError("rewind on a device model made without rewindable=True")
+        # tiles ended by at_s stay as they ran and are forgotten: the caller rewinds no
+        # earlier again
+        first = next((h for h in self._heat if h[0] + h[2] > at_s), None)
+        self._heat = []
+        if first is not None:
+            start_s, temperature_c, _, watts = first
+            self.thermal.temperature_c = temperature_c
+            self._heat_clock_s = start_s
+            if at_s > start_s:  # what ran of the tile under way at at_s
+                self.thermal.advance(at_s - start_s, watts)
+                self._heat_clock_s = at_s
+        for start_s, seconds, watts in tiles:
+            self._heat_tile(start_s, seconds, watts)
 
     def warm(self, tiles: list[tuple[float, float]]) -> None:
         """Heat the device as earlier tiles on it did, ``(start, seconds)`` on its clock in
@@ -174,6 +233,7 @@ class EmulatedDevice:
             busy_w = self.power.busy_w(self.speed) if self.power is not None else 0.0
             self.thermal.advance(seconds, busy_w)
             self._clock_s = max(self._clock_s, start_s) + seconds
+            self._heat_clock_s = self._clock_s
 
     def skip_draws(self, tiles: int) -> None:
         """Use up the noise draws of ``tiles`` tiles: a process started again on the device
@@ -195,9 +255,12 @@ class EmulatedDevice:
         return out
 
 
-def device_model_for(profile: DeviceProfile, seed: int = 0, noise: bool = True) -> DeviceModel:
+def device_model_for(profile: DeviceProfile, seed: int = 0, noise: bool = True,
+                     rewindable: bool = False) -> DeviceModel:
     """The device model a profile asks for: its regression model with thermal and power
-    when it has one, else its sustained rate."""
+    when it has one, else its sustained rate. ``rewindable``: its heat can be rewound
+    (:meth:`EmulatedDevice.rewind`; it keeps its tiles for that)."""
     if profile.model is None:
         return RateDeviceModel(profile.sustained_gflops, profile.tile_overhead_s)
-    return EmulatedDevice(profile.model, profile.thermal, profile.power, seed=seed, noise=noise)
+    return EmulatedDevice(profile.model, profile.thermal, profile.power, seed=seed, noise=noise,
+                          rewindable=rewindable)

@@ -733,3 +733,55 @@ def test_a_replica_that_leaves_while_cut_off_stops_computing_at_its_leave(
                             if d["device"] == "phones-2"))
     assert charged[0] == pytest.approx(leave_s - start_s, abs=1e-6)
     assert charged[0] == pytest.approx(charged[1], abs=1e-6)
+
+
+def _heat(dev: Any, spans: list[tuple[float, float]], watts: float, until_s: float) -> float:
+    """The device's temperature at until_s had it been busy at ``watts`` over ``spans``
+    (start, seconds) alone, idle otherwise, from ambient at 0."""
+    from testbed.emulator.thermal import ThermalState
+
+    state = ThermalState(dev.model.thermal.params)
+    idle_w, clock = dev.power.idle_w, 0.0
+    for start, seconds in spans:
+        state.advance(start - clock, idle_w)
+        state.advance(seconds, watts)
+        clock = start + seconds
+    state.advance(until_s - clock, idle_w)
+    return state.temperature_c
+
+
+def test_a_stopped_piece_heats_its_device_only_as_far_as_it_ran() -> None:
+    """Its thermal state kept the whole piece's heat (and the heat of the pieces queued
+    behind it), as if the device had computed work it dropped."""
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    dev = world.devices["phones-0"]
+    big = [cost.Gemm(2048, 2048, 2048, "forward")]  # about a second on the phone
+    seconds = world.compute(dev, big, 0.0, lambda: None)
+    watts = dev.energy_j / dev.compute_s
+    world.compute(dev, big, 0.0, lambda: None)  # queued behind it
+    world.pass_time(seconds * 0.4)
+    world.stop_work(dev)
+    end_s = 3 * seconds
+    expected = _heat(dev, [(0.0, seconds * 0.4)], watts, end_s)
+    whole = _heat(dev, [(0.0, 2 * seconds)], watts, end_s)
+    got = dev.model.telemetry(end_s)["temperature_c"]
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert got < whole - 0.1 * (whole - expected)  # the difference is no rounding
+
+
+@pytest.mark.parametrize("factor", [3.0, 0.5])
+def test_a_slowed_piece_heats_its_device_along_its_re_timed_work(factor: float) -> None:
+    """A slow mid-piece: the rest of it is busy factor times longer (or shorter), at the same
+    power; the heat followed the piece as first timed."""
+    t = topo("pipeline", count=2)
+    world = BaselineWorld(t, noise=False)
+    dev = world.devices["phones-0"]
+    seconds = world.compute(dev, [cost.Gemm(2048, 2048, 2048, "forward")], 0.0, lambda: None)
+    watts = dev.energy_j / dev.compute_s
+    half = seconds / 2
+    world.pass_time(half)
+    world.set_slow(dev, factor)
+    end_s = 4 * seconds
+    expected = _heat(dev, [(0.0, half), (half, half * factor)], watts, end_s)
+    assert dev.model.telemetry(end_s)["temperature_c"] == pytest.approx(expected, rel=1e-9)
