@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from testbed.baselines.charge import charge, ledger_path, read_ledger
+from testbed.baselines.heard import Heard, heard_timeline
 from testbed.baselines.placement import device_infos, plan_pipeline
 from testbed.baselines.sim_core import BaselineWorld
 from testbed.baselines.slow import CONTROL_DIR, write_slow
@@ -194,9 +195,12 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     """Run the topology's job as a GPipe pipeline on Mininet; return what was measured.
 
     With a churn ``schedule`` (trace time 0 = training start: every stage of the first
-    placement connected; times x dilation): a stage's
-    device that leaves, crashes or is partitioned has its process killed; the runner then ends
-    the other stages, places the model again on the devices left, and restarts every stage from
+    placement connected; times x dilation): a ``partition`` takes the device's switch port
+    down and a ``heal`` up again, a ``leave`` or ``crash`` ends its stage's process; the runner
+    hears of a stage's device as a network tells it (:mod:`testbed.baselines.heard`: a
+    reachable departure at once, a cut-off device at its lease, 5 s x D after the cut, or at a
+    heal that comes first), then ends the other stages, places the model again on the devices
+    it still holds, and restarts every stage from
     the last checkpoint all stages wrote (``job.parallelism.checkpoint_every``). Steps finished
     since that checkpoint and the aborted one are counted as redone. Joins and heals bring a
     device back for the next placement. A ``slow`` is written to the device's control file
@@ -217,7 +221,10 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
     names = [d.name for d in topo.devices]
     gone: set[str] = set(names) - set(schedule.initially_present) if schedule else set()
     actions = sorted(schedule.actions, key=lambda a: a.time_s) if schedule else []
+    # what the runner, DT-FM's scheduler, hears of them, when (the simulator's rule)
+    heard = heard_timeline(actions, schedule.initially_present) if schedule else []
     net = MininetNetwork(topo, dilation=dilation)
+    specs = {d.name: d for d in topo.devices}
     world = BaselineWorld(topo, noise=False)  # for the paths' one-way delays only
     control_dir = run_dir / CONTROL_DIR if schedule is not None else None
     app_delay = not net.caps.netem  # without netem the stages apply the delay themselves
@@ -289,20 +296,22 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
             stopped = _supervise(procs, actions, t0, dilation, gone, ChurnEvent, deadline,
                                  functools.partial(_each, (connected, steps_done)),
                                  functools.partial(_slow_stage, control_dir, t0, dilation,
-                                                   use, report))
+                                                   use, report), heard,
+                                 lambda d, down: net.set_partitioned(specs[d], down))
             killed = stopped[0] if stopped is not None else None
             for s, d in enumerate(use):  # what ran, up to the kill (charge.py)
                 ledger = ledger_path(run_dir / f"stage{s}-attempt{attempt}.json")
                 ledgers.setdefault(d, []).append(ledger)
-                done = charge(read_ledger(ledger), stopped[1] if stopped is not None else None)
+                done = charge(read_ledger(ledger),
+                              stopped[1].get(d) if stopped is not None else None)
                 work.append({"device": d, "attempt": attempt, "stage": s,
                              "device_s": done.device_s, "energy_j": done.energy_j})
             steps_done(final=True)  # the lines written before the stages ended
             this_attempt = steps_done.steps
             if killed is not None:
-                report(ChurnApplied(killed.time_s, killed.device, killed.event.value,
-                                    f"stage {use.index(killed.device)}'s process killed, the "
-                                    "other stages ended"))
+                report(ChurnApplied(killed.time_s, killed.device, killed.kind,
+                                    f"stage {use.index(killed.device)} lost "
+                                    f"({killed.reason}): the stages ended"))
             if killed is None:
                 failed = [f"stage{s} exited {p.returncode} (see {run_dir / f'stage{s}.log'})"
                           for s, (_, p) in enumerate(procs) if p.returncode != 0]
@@ -454,35 +463,60 @@ def _slow_stage(control_dir: Path | None, t0: float, dilation: float, use: Seque
 def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0: float,
                dilation: float, gone: set[str], events: Any, deadline: float,
                poll: Callable[[], None] = lambda: None,
-               slow: Callable[[Any], None] = lambda _a: None) -> tuple[Any, float] | None:
+               slow: Callable[[Any], None] = lambda _a: None,
+               heard: list[Heard] | None = None,
+               partition: Callable[[str, bool], object] = lambda _d, _down: None
+               ) -> tuple[Heard, dict[str, float]] | None:
     """Wait for the stages while replaying churn, calling ``poll`` meanwhile (the run's
-    progress) and ``slow`` with each ``slow`` action as its time comes; the churn action whose
-    device's stage was lost and when the stages were killed (``time.monotonic()``), or None
-    when every stage ended by itself. A lost stage ends the others."""
+    progress) and ``slow`` with each ``slow`` action as its time comes.
+
+    The trace's actions happen to the devices at their times: ``partition`` / ``heal`` take
+    the device's port down / up (``partition``), a ``leave`` or ``crash`` ends its stage's
+    process. What the runner, the pipeline's scheduler, hears of them comes from ``heard``
+    (:func:`~testbed.baselines.heard.heard_timeline`: at once when the device is reachable,
+    at its lease or at a heal when it is cut off), before an action at the same time: a lost
+    device is taken out of the next placement (``gone``), and one of this placement's ends
+    the stages. Returns what was heard and when each stage was killed
+    (``time.monotonic()``), or None when every stage ended by itself."""
     stage_of = {d: p for d, p in procs}
+    heard = heard if heard is not None else []
+    stopped: dict[str, float] = {}
+
+    def due(time_s: float) -> bool:
+        return t0 + time_s * dilation <= time.monotonic()
+
+    def kill(d: str, p: subprocess.Popen) -> None:
+        if p.poll() is None:
+            stopped.setdefault(d, time.monotonic())
+            p.kill()
+        p.wait()
     while True:
         poll()
-        now = time.monotonic()
-        while actions and t0 + actions[0].time_s * dilation <= now:
+        while (heard and due(heard[0].time_s)) or (actions and due(actions[0].time_s)):
+            if heard and due(heard[0].time_s) and (not actions
+                                                  or heard[0].time_s <= actions[0].time_s):
+                h = heard.pop(0)
+                if not h.lost:
+                    gone.discard(h.device)
+                    continue
+                gone.add(h.device)
+                if h.device in stage_of:  # a stage lost: the others would wait on it
+                    for d, q in procs:
+                        kill(d, q)
+                    return h, stopped
+                continue
             a = actions.pop(0)
-            if a.event in (events.LEAVE, events.CRASH, events.PARTITION):
-                gone.add(a.device)
-                p = stage_of.get(a.device)
-                if p is not None and p.poll() is None:
-                    killed_at = time.monotonic()
-                    p.kill()  # a lost stage: its device is gone (crash) or unreachable
-                    for _, q in procs:
-                        if q.poll() is None:
-                            q.kill()
-                        q.wait()
-                    return a, killed_at
-            elif a.event in (events.JOIN, events.HEAL):
-                gone.discard(a.device)
+            if a.event in (events.PARTITION, events.HEAL):
+                partition(a.device, a.event is events.PARTITION)
+            elif a.event in (events.LEAVE, events.CRASH) and a.device in stage_of:
+                kill(a.device, stage_of[a.device])  # its process ends, heard or not
             elif a.event is events.SLOW:
                 slow(a)
-        if all(p.poll() is not None for _, p in procs):
+        ended = [(d, p) for d, p in procs if p.poll() is not None]
+        if len(ended) == len(procs) and not stopped:
             return None
-        if any(p.poll() not in (None, 0) for _, p in procs) or now > deadline:
+        if any(p.returncode != 0 and d not in stopped for d, p in ended) \
+                or time.monotonic() > deadline:
             for _, q in procs:
                 if q.poll() is None:
                     q.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -326,3 +327,37 @@ def test_a_slow_stretches_a_stages_holds_from_its_time_and_its_restart_starts_wi
     wall0 = json.loads((run / "stage0-attempt0.json").read_text())["step_s"]
     wall1 = json.loads((run / "stage0-attempt1.json").read_text())["step_s"]
     assert statistics.median(wall1) >= 3.0 * statistics.median(wall0[:len(before)])
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_cut_off_stage_is_lost_at_its_lease_and_a_short_cut_loses_nothing(
+        tmp_path: Path) -> None:
+    """The rule of docs/churn.md on Mininet: phones-1 (stage 1 of 2) cut off 1-3 s (shorter
+    than the lease: the pipeline stalls and goes on, no restart), then cut off at 5 s and
+    crashed at 5.5 s: the runner hears it at its lease, 10 s, not at the crash (and it
+    killed the stage at the partition itself before)."""
+    from testbed.baselines.emulate import ChurnApplied, Connected, Progress
+    from testbed.churn import load_schedule
+
+    raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "slow.yaml").read_text())
+    raw["job"]["parallelism"]["checkpoint_every"] = 10
+    path = tmp_path / "cut.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    trace = tmp_path / "cut.csv"
+    trace.write_text("time_s,device,event,arg\n1,phones-1,partition,\n3,phones-1,heal,\n"
+                     "5,phones-1,partition,\n5.5,phones-1,crash,\n")
+    seen: list[tuple[float, Progress]] = []
+    res = emulate_pipeline(path, tmp_path / "run", steps=150, devices=["phones-0", "phones-1"],
+                           bounds=[(0, 2), (2, 4)], dilation=1.0,
+                           schedule=load_schedule(trace, load_topology(path)), timeout_s=300,
+                           progress=lambda p: seen.append((time.monotonic(), p)))
+    assert res["restarts"] == 1 and res["devices"] == ["phones-0"]
+    start = next(t for t, p in seen if isinstance(p, Connected))
+    lost = [(t, p) for t, p in seen if isinstance(p, ChurnApplied)]
+    assert [(p.device, p.event, p.trace_s) for _, p in lost] == [
+        ("phones-1", "lease_expired", pytest.approx(10.0, rel=1e-9))]
+    assert abs(lost[0][0] - start - 10.0) <= 0.5  # when it happened, on this host's clock
+    # the short cut stalled the pipeline (TCP's retransmission after the heal) and lost no step
+    first = [e for e in res["executed"] if not e["redo"]]
+    assert max(e["wall_s"] for e in first) >= 2.0
