@@ -535,10 +535,14 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
     rounds (``local_steps: H > 1``).
 
     With a churn ``schedule`` (trace time 0 = every replica present at the start connected to
-    the PS and every standby warm, when the PS starts; times x dilation): a replica's device
-    that leaves, crashes or is partitioned has its process killed, and the PS drops it from the
-    step it was gathering and from the rest of its round; a join or heal of a replica's device
-    lets its warm standby process connect, which the PS
+    the PS and every standby warm, when the PS starts; times x dilation): a ``partition``
+    takes a replica's device's port down and a ``heal`` up again, a ``leave`` or ``crash``
+    kills its process; the PS hears of it as a network tells it (:mod:`testbed.baselines.
+    heard`: a reachable departure at once, a cut-off replica at its lease, 5 s x D after the
+    cut, or at a heal that comes first; the runner writes it to the run's ``lost`` directory)
+    and drops it from the step it was gathering and from the rest of its round; a replica
+    back (a join, or a heal after its lease ran out) lets its warm standby process connect,
+    which the PS
     takes in at the next round's start with the state the others hold (H = 1: parameters and
     AdamW moments; DiLoCo: θ_global, a fresh inner AdamW). A ``slow`` of a replica's device is
     written to its control file with its time (:mod:`testbed.baselines.slow`): the replica
@@ -586,6 +590,8 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
                     "initial": initial, "keep_state": schedule is not None,
                     "ready": str(run_dir / "ps.ready"), "timeout_s": timeout_s,
                     "start": str(run_dir / "ps.start") if schedule is not None else "",
+                    # what the PS hears of a cut-off replica (heard.py): the runner's word
+                    "lost_dir": str(run_dir / LOST_DIR) if schedule is not None else "",
                     # churn `slow`: each replica's device's control file (slow.py)
                     "control_dir": str(run_dir / CONTROL_DIR) if schedule is not None else "",
                     "progress": str(run_dir / "progress.jsonl")}
@@ -641,9 +647,12 @@ def emulate_data_parallel(topology_path: str | Path, run_dir: Path, steps: int |
             # training's start to the PS's end, as the pipeline's and the simulator's; from
             # t0 it had the processes' start-up, the standbys' warm-up and the replicas'
             # ends in it (9.6 s against 7.5 s of steps on tests/data/slow.yaml)
+            specs = {d.name: d for d in topo.devices}
             churn, failed, trained = _supervise_replicas(
                 ps, alive, names, start, go_of, actions, dilation, ChurnEvent, run_dir,
-                timeout_s, poll, report, H, stopped_at, history_of)
+                timeout_s, poll, report, H, stopped_at, history_of,
+                heard_timeline(actions, schedule.initially_present),
+                lambda d, down: net.set_partitioned(specs[d], down))
         wall_s = time.monotonic() - t0 if schedule is None else trained
         after = {n: net.interface_counters(n) for n in nodes}
         poll()  # the lines written before the PS ended
@@ -693,25 +702,37 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                         timeout_s: float, poll: Callable[[], None] = lambda: None,
                         report: Callable[[Progress], None] = lambda _p: None,
                         local_steps: int = 1, stopped_at: dict[int, float] | None = None,
-                        history_of: Callable[[int], list[str]] = lambda _r: []
+                        history_of: Callable[[int], list[str]] = lambda _r: [],
+                        heard: list[Heard] | None = None,
+                        partition: Callable[[str, bool], object] = lambda _d, _down: None
                         ) -> tuple[list[dict[str, Any]], list[str], float]:
-    """Replay churn on the replicas until the PS ends: kill a departed replica's process, and
-    let a returning one's standby connect (``--join --go``). Each replica the trace brings
-    back has a standby, warm before the PS's first step (and a new one after each return the
-    trace repeats), so a join connects at its time, not after this host's Python and torch
-    start-up. A ``slow`` goes to the device's control file (``run_dir/devices``) with its
-    time. Calls ``poll`` meanwhile (the run's progress) and ``report`` with each churn
-    event applied; notes in ``stopped_at`` when each process it kills was killed (by
-    ``id``); tells a standby to go with its replica's earlier processes' ledgers
-    (``history_of``: it goes on with their draws and heat). Returns the churn applied, the
-    failures and the seconds from training's start (the churn clock's 0) to the PS's end."""
+    """Replay churn on the replicas until the PS ends.
+
+    The trace's actions happen to the devices at their times: ``partition`` / ``heal`` take
+    a replica's device's port down / up (``partition``), a ``leave`` or ``crash`` kills its
+    process, a ``slow`` goes to the device's control file (``run_dir/devices``) with its
+    time. What the PS hears of them comes from ``heard`` (:func:`~testbed.baselines.heard.
+    heard_timeline`, the simulator's rule), before an action at the same time: a replica
+    lost (at once when reachable; cut off, at its lease or at a heal that comes first) is
+    written to ``run_dir/lost`` (:func:`write_lost`), which the PS reads while it gathers and
+    drops the replica as it drops one whose connection broke, and its process, cut off and
+    still running, is killed; a replica back lets its standby connect (``--join --go``).
+    Each replica the trace brings back has a standby, warm before the PS's first step (and
+    a new one after each return the trace repeats), so a return connects at its time, not
+    after this host's Python and torch start-up. Calls ``poll`` meanwhile (the run's
+    progress) and ``report`` with each churn event applied; notes in ``stopped_at`` when
+    each process it kills was killed (by ``id``); tells a standby to go with its replica's
+    earlier processes' ledgers (``history_of``: it goes on with their draws and heat).
+    Returns the churn applied, the failures and the seconds from training's start (the
+    churn clock's 0) to the PS's end."""
     ready = run_dir / "ps.ready"
     deadline = time.monotonic() + timeout_s
+    index = {d: r for r, d in enumerate(names)}
+    heard = [h for h in (heard or []) if h.device in index]
     # a warm standby for each replica the trace brings back, before the clock starts (a
     # loaded host takes seconds to start Python and torch: started at the crash, it could
     # miss a short run)
-    returns = {names.index(a.device) for a in actions if a.device in names
-               and a.event in (events.JOIN, events.HEAL)}  # replicas the trace brings back
+    returns = {index[h.device] for h in heard if not h.lost}
     standby: dict[int, subprocess.Popen] = {r: start(r, join=True) for r in sorted(returns)}
     warm = [go[r].with_suffix(".warm") for r in standby]
     while (not ready.exists() or not all(w.exists() for w in warm)) and ps.poll() is None \
@@ -720,55 +741,75 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
         time.sleep(0.02)
     (run_dir / "ps.start").write_text("start")  # the PS's first step and the churn clock
     t0 = time.monotonic()
-    index = {d: r for r, d in enumerate(names)}
     applied: list[dict[str, Any]] = []
     killed: set[int] = set()
     failed: list[str] = []
+    losses: dict[int, int] = {}  # replica -> losses told to the PS
+    departed: dict[int, float] = {}  # replica -> the trace time its last process was killed
     next_round = ("its next step's start" if local_steps == 1
                   else f"its next round's start (every {local_steps} steps)")
+
+    def due(time_s: float) -> bool:
+        return t0 + time_s * dilation <= time.monotonic()
+
+    def kill(r: int) -> bool:
+        proc = alive.pop(r, None)
+        if proc is None or proc.poll() is not None:
+            return False
+        if stopped_at is not None:
+            stopped_at[id(proc)] = time.monotonic()
+        proc.kill()  # its device is gone, or its session over
+        proc.wait()
+        killed.add(id(proc))
+        return True
+
+    def note(time_s: float, device: str, event: str, r: int, effect: str) -> None:
+        applied.append({"time_s": time.monotonic() - t0, "device": device, "event": event,
+                        "replica": r})
+        report(ChurnApplied(time_s, device, event, effect))
     while ps.poll() is None and time.monotonic() < deadline:
         poll()
-        now = time.monotonic()
-        while actions and t0 + actions[0].time_s * dilation <= now:
+        while (heard and due(heard[0].time_s)) or (actions and due(actions[0].time_s)):
+            # an action before what is heard at its time (a departure's kill before the
+            # PS is told; a heal's link up before a standby connects)
+            if heard and due(heard[0].time_s) and (not actions
+                                                  or heard[0].time_s < actions[0].time_s):
+                h = heard.pop(0)
+                r = index[h.device]
+                if h.lost:
+                    losses[r] = losses.get(r, 0) + 1
+                    write_lost(run_dir / LOST_DIR, r, losses[r])
+                    if kill(r) or departed.get(r, h.time_s) < h.time_s:  # heard later
+                        note(h.time_s, h.device, h.kind, r,
+                             f"replica {r} lost ({h.reason}): the PS goes on without it")
+                elif r in standby and r not in alive:
+                    # it goes on with the device's draws and heat (HeldDevice.resume)
+                    write_json_atomic(go[r], history_of(r))
+                    alive[r] = standby.pop(r)
+                    if any(not b.lost and b.device == h.device for b in heard):
+                        standby[r] = start(r, join=True)  # for its next return
+                    note(h.time_s, h.device, h.kind, r,
+                         f"replica {r}'s standby connects; the PS takes it in at {next_round}")
+                continue
             a = actions.pop(0)
-            r = index.get(a.device)
-            if r is None:
+            r2 = index.get(a.device)
+            if r2 is None:
                 continue  # not a replica: nothing runs there
-            proc = alive.get(r)
             if a.event is events.SLOW:
                 factor = float(a.factor or 1.0)
                 write_slow(run_dir / CONTROL_DIR, a.device, factor, t0 + a.time_s * dilation)
-                applied.append({"time_s": now - t0, "device": a.device,
-                                "event": a.event.value, "replica": r, "factor": factor})
+                proc = alive.get(r2)
+                applied.append({"time_s": time.monotonic() - t0, "device": a.device,
+                                "event": a.event.value, "replica": r2, "factor": factor})
                 report(ChurnApplied(a.time_s, a.device, a.event.value,
-                                    f"replica {r} computes x{factor:g} from now"
+                                    f"replica {r2} computes x{factor:g} from now"
                                     + ("" if proc is not None and proc.poll() is None else
                                        " (away now: its process starts with it)")))
-            elif a.event in (events.LEAVE, events.CRASH, events.PARTITION):
-                if proc is not None and proc.poll() is None:
-                    if stopped_at is not None:
-                        stopped_at[id(proc)] = time.monotonic()
-                    proc.kill()  # its device is gone or unreachable
-                    proc.wait()
-                    killed.add(id(proc))
-                    del alive[r]
-                    applied.append({"time_s": now - t0, "device": a.device,
-                                    "event": a.event.value, "replica": r})
-                    report(ChurnApplied(a.time_s, a.device, a.event.value,
-                                        f"replica {r}'s process killed; the PS goes on "
-                                        "without it"))
-            elif a.event in (events.JOIN, events.HEAL) and r in standby and r not in alive:
-                # it goes on with the device's draws and heat (HeldDevice.resume)
-                write_json_atomic(go[r], history_of(r))
-                alive[r] = standby.pop(r)
-                if any(b.device == a.device and b.event in (events.JOIN, events.HEAL)
-                       for b in actions):
-                    standby[r] = start(r, join=True)  # for its next return (warm by then?)
-                applied.append({"time_s": now - t0, "device": a.device,
-                                "event": a.event.value, "replica": r})
-                report(ChurnApplied(a.time_s, a.device, a.event.value,
-                                    f"replica {r}'s standby connects; the PS takes it in at "
-                                    f"{next_round}"))
+            elif a.event in (events.PARTITION, events.HEAL):
+                partition(a.device, a.event is events.PARTITION)
+            elif a.event in (events.LEAVE, events.CRASH) and kill(r2):
+                departed[r2] = a.time_s
+                note(a.time_s, a.device, a.event.value, r2, f"replica {r2}'s process killed")
         for r, proc in [*alive.items(), *standby.items()]:
             if proc.poll() not in (None, 0) and id(proc) not in killed:
                 failed.append(f"replica {r} ({names[r]}) exited {proc.returncode} "
@@ -798,6 +839,24 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
         if proc.returncode != 0 and id(proc) not in killed and not failed:
             failed.append(f"replica {r} ({names[r]}) exited {proc.returncode}")
     return applied, failed, trained_s
+
+
+LOST_DIR = "lost"  # under the run directory: what the PS hears of cut-off replicas
+
+
+def write_lost(lost_dir: Path, replica: int, count: int) -> None:
+    """Tell the PS that replica ``replica`` is lost for the ``count``-th time (whole file,
+    replaced: the PS drops the replica's connection when the count passes the last it read)."""
+    lost_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(lost_dir / f"replica{replica}.json", {"lost": count})
+
+
+def read_lost(lost_dir: Path, replica: int) -> int:
+    """How many times the runner has said replica ``replica`` is lost (0: never)."""
+    try:
+        return int(json.loads((lost_dir / f"replica{replica}.json").read_text())["lost"])
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def _taken_in(proc: subprocess.Popen) -> bool:

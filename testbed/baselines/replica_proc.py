@@ -19,10 +19,13 @@ each piece of work for its device model's time (x dilation).
   every H-th step it sends its parameters, the PS averages ``θ_global - θ_r`` and steps its outer
   Nesterov SGD, and sends ``θ_global`` back.
 
-Churn (``local_steps: 1``): the runner kills a departed replica's process; the PS drops a
-replica whose connection breaks from the step it was gathering. A replica process started again
-(``--join``) connects, and at the start of the PS's next step receives the parameters and AdamW
-moments (the PS keeps a copy, updated as every replica is) and the step to continue from.
+Churn: the runner kills a departed replica's process; the PS drops a replica whose
+connection breaks from the step it was gathering, or one the runner says is lost (its lease
+ran out while it was cut off, or a heal brought the end of a process that left while cut off:
+``plan['lost_dir']``, read every :data:`WATCH_S` while the PS waits on the replica). A
+replica process started again (``--join``) connects, and at the start of the PS's next step
+receives the parameters and AdamW moments (the PS keeps a copy, updated as every replica is)
+and the step to continue from.
 A ``slow`` of a replica's device re-times its holds from the event's time, the piece under
 way included (``HeldDevice``; :mod:`testbed.baselines.slow`).
 Frames as :mod:`testbed.baselines.stage_proc` (kinds: 4 gradient, 5 loss, 6 parameters,
@@ -41,9 +44,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.agent.hold import hold_until
 from testbed.baselines.charge import ledger_path
+from testbed.baselines.emulate import read_lost
 from testbed.baselines.membership import ReplicaMembership, row_weights
 from testbed.baselines.stage_proc import (
+    HEADER,
     HELLO,
     PORT,
     HeldDevice,
@@ -52,6 +58,8 @@ from testbed.baselines.stage_proc import (
     recv_frame,
     send_frame,
 )
+
+WATCH_S = 0.02  # how often the PS, waiting on a replica, reads whether it was heard lost
 
 GRADS, LOSS, PARAMS, STATE = 4, 5, 6, 7
 
@@ -83,6 +91,40 @@ def _send_quietly(sock: socket.socket, kind: int, step: int, payload: bytes) -> 
         send_frame(sock, kind, step, 0, payload)
     except OSError:
         pass
+
+
+class LostReplica(ConnectionError):
+    """The runner says the replica is lost (its lease ran out, or a heal brought its end)."""
+
+
+def recv_watching(sock: socket.socket, delay_s: float,
+                  lost: Any) -> tuple[int, int, int, bytes]:
+    """:func:`~testbed.baselines.stage_proc.recv_frame`, reading ``lost()`` every
+    :data:`WATCH_S` while the bytes do not come: a cut-off replica sends nothing, and the PS
+    learns it is lost only from the runner (:class:`LostReplica`)."""
+    def exact(n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            try:
+                chunk = sock.recv(min(n - len(buf), 1 << 20))
+            except socket.timeout:
+                if lost():
+                    raise LostReplica("heard lost") from None
+                continue
+            if not chunk:
+                raise ConnectionError("peer closed the connection")
+            buf += chunk
+        return bytes(buf)
+    sock.settimeout(WATCH_S)
+    try:
+        kind, step, micro, n, sent = HEADER.unpack(exact(HEADER.size))
+        payload = exact(n)
+    finally:
+        sock.settimeout(None)
+    wait = sent + delay_s - time.time()
+    if wait > 0:
+        hold_until(time.monotonic() + wait)
+    return kind, step, micro, payload
 
 
 def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +166,18 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         return struct.unpack("!I", msg)[0], conn
 
     members: dict[int, socket.socket] = {}  # connected replicas taking part
+    lost_dir = Path(plan["lost_dir"]) if plan.get("lost_dir") else None
+    heard_lost: dict[int, int] = {}  # replica -> the runner's count of its losses, as read
+
+    def newly_lost(r: int) -> bool:
+        """Whether the runner has said replica r is lost since the PS last read it."""
+        if lost_dir is None:
+            return False
+        n = read_lost(lost_dir, r)
+        if n > heard_lost.get(r, 0):
+            heard_lost[r] = n
+            return True
+        return False
     while len(members) < len(initial):
         r, conn = hello(listener.accept()[0])
         members[r] = conn
@@ -163,6 +217,11 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         while True:
             with lock:
                 joiners, pending[:] = list(pending), []
+            # the runner's word on losses, read after the joiners: a loss it wrote before
+            # a replica's new process connected is the old connection's
+            for r in range(len(rows)):
+                if newly_lost(r):
+                    drop(r)
             for r, conn in joiners:  # a replica's process started again
                 drop(r)
                 old = waiting.pop(r, None)
@@ -195,13 +254,15 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
         grads: dict[int, Any] = {}
         ce: dict[int, float] = {}
         for r in sorted(members):  # replica order: the in-process trainer's summation order
+            def lost(r: int = r) -> bool:
+                return newly_lost(r)
             try:
-                kind, st, _, payload = recv_frame(members[r], delays[r])
+                kind, st, _, payload = recv_watching(members[r], delays[r], lost)
                 if (kind, st) != (LOSS, step):
                     raise RuntimeError(f"PS: expected replica {r}'s loss of step {step}")
                 ce[r] = struct.unpack("!d", payload)[0]
                 if sync:
-                    kind, st, _, payload = recv_frame(members[r], delays[r])
+                    kind, st, _, payload = recv_watching(members[r], delays[r], lost)
                     if (kind, st) != (GRADS if H == 1 else PARAMS, step):
                         raise RuntimeError(f"PS: expected replica {r}'s frame of step {step}")
                     grads[r] = np.frombuffer(payload, dtype=npdtype)
@@ -248,8 +309,16 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
                        for r in here if r in members]
             for t in senders:
                 t.start()
-            for t in senders:
-                t.join()
+            lost_now: list[int] = []
+            while any(t.is_alive() for t in senders):  # one cut off blocks its sender
+                for t in senders:
+                    t.join(WATCH_S)
+                for r in [r for r in here if r in members and r not in lost_now]:
+                    if newly_lost(r):  # its sender is woken, the send fails quietly
+                        lost_now.append(r)
+                        members[r].shutdown(socket.SHUT_RDWR)
+            for r in lost_now:  # it took part in this step: out from the next
+                drop(r)
             sent_total += len(out) * len(senders)
         now = time.monotonic()
         step_s.append(now - t_prev)

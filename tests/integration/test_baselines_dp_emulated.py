@@ -282,3 +282,38 @@ def test_a_slow_replica_holds_its_pieces_factor_times_longer_from_its_time(
     want = [r.loss for r in DataParallelTrainer(topo.job, seed=3, replicas=3,
                                                 corpus=load_corpus(topo.job.data)).run(steps)]
     close(res["losses"], want)
+
+
+@needs_mininet
+@pytest.mark.slow
+def test_a_cut_off_replica_is_dropped_at_its_lease_and_a_short_cut_drops_nothing(
+        tmp_path: Path) -> None:
+    """The rule of docs/churn.md on Mininet: phones-1 cut off 1-3 s (shorter than the lease:
+    the PS waits for it, it takes part in every step), phones-2 cut off at 3.5 s and crashed
+    at 4 s: the PS hears of it at its lease, 8.5 s (its process was killed at the partition
+    itself before, and the PS saw the broken connection then); the losses are the engine's
+    with those replicas present."""
+    from testbed.churn import load_schedule
+
+    raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "slow.yaml").read_text())
+    raw["job"]["parallelism"] = {"strategy": "data-parallel"}
+    path = tmp_path / "cut.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    trace = tmp_path / "cut.csv"
+    trace.write_text("time_s,device,event,arg\n1,phones-1,partition,\n3,phones-1,heal,\n"
+                     "3.5,phones-2,partition,\n4,phones-2,crash,\n")
+    topo = load_topology(path)
+    steps = 36
+    res = emulate_data_parallel(path, tmp_path / "run", steps=steps, replicas=REPLICAS,
+                                dilation=1.0, schedule=load_schedule(trace, topo),
+                                timeout_s=300)
+    churn = [(c["event"], c["replica"]) for c in res["churn"]]
+    assert churn == [("crash", 2), ("lease_expired", 2)]
+    assert abs(res["churn"][1]["time_s"] - 8.5) <= 0.5  # on this host's clock, D = 1
+    took = res["took_part"]
+    assert all(1 in t for t in took), took  # the short cut lost nothing
+    out = [i for i, t in enumerate(took) if 2 not in t]
+    assert out and out == list(range(out[0], steps)), took  # out from its cut on
+    torch.set_num_threads(1)
+    dp = DataParallelTrainer(topo.job, seed=3, replicas=3, corpus=load_corpus(topo.job.data))
+    close(res["losses"], [dp.step(present=[r in t for r in range(3)]).loss for t in took])
