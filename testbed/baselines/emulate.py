@@ -297,7 +297,7 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                                  functools.partial(_each, (connected, steps_done)),
                                  functools.partial(_slow_stage, control_dir, t0, dilation,
                                                    use, report), heard,
-                                 lambda d, down: net.set_partitioned(specs[d], down))
+                                 lambda d, down: net.set_partitioned(specs[d], down), report)
             killed = stopped[0] if stopped is not None else None
             for s, d in enumerate(use):  # what ran, up to the kill (charge.py)
                 ledger = ledger_path(run_dir / f"stage{s}-attempt{attempt}.json")
@@ -308,7 +308,12 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
                              "device_s": done.device_s, "energy_j": done.energy_j})
             steps_done(final=True)  # the lines written before the stages ended
             this_attempt = steps_done.steps
-            if killed is not None:
+            if stopped is not None and stopped[2] is not None:  # heard at once
+                report(ChurnApplied(stopped[2].time_s, stopped[2].device,
+                                    stopped[2].event.value,
+                                    f"stage {use.index(stopped[2].device)}'s process killed, "
+                                    "the other stages ended"))
+            elif killed is not None:
                 report(ChurnApplied(killed.time_s, killed.device, killed.kind,
                                     f"stage {use.index(killed.device)} lost "
                                     f"({killed.reason}): the stages ended"))
@@ -465,8 +470,9 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
                poll: Callable[[], None] = lambda: None,
                slow: Callable[[Any], None] = lambda _a: None,
                heard: list[Heard] | None = None,
-               partition: Callable[[str, bool], object] = lambda _d, _down: None
-               ) -> tuple[Heard, dict[str, float]] | None:
+               partition: Callable[[str, bool], object] = lambda _d, _down: None,
+               report: Callable[[Progress], None] = lambda _p: None
+               ) -> tuple[Heard, dict[str, float], Any] | None:
     """Wait for the stages while replaying churn, calling ``poll`` meanwhile (the run's
     progress) and ``slow`` with each ``slow`` action as its time comes.
 
@@ -476,8 +482,9 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
     (:func:`~testbed.baselines.heard.heard_timeline`: at once when the device is reachable,
     at its lease or at a heal when it is cut off), before an action at the same time: a lost
     device is taken out of the next placement (``gone``), and one of this placement's ends
-    the stages. Returns what was heard and when each stage was killed
-    (``time.monotonic()``), or None when every stage ended by itself."""
+    the stages. ``report`` gets each action applied to a stage's device. Returns what was
+    heard, when each stage was killed (``time.monotonic()``) and the trace's departure heard
+    (a reachable one's action, else None), or None when every stage ended by itself."""
     stage_of = {d: p for d, p in procs}
     heard = heard if heard is not None else []
     stopped: dict[str, float] = {}
@@ -501,15 +508,28 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], actions: list[Any], t0
                     continue
                 gone.add(h.device)
                 if h.device in stage_of:  # a stage lost: the others would wait on it
+                    # a reachable departure, heard at its own time: the trace's action
+                    cause = next((a for a in actions if a.time_s == h.time_s
+                                  and a.device == h.device
+                                  and a.event in (events.LEAVE, events.CRASH)), None)
+                    if cause is not None:
+                        actions.remove(cause)
                     for d, q in procs:
                         kill(d, q)
-                    return h, stopped
+                    return h, stopped, cause
                 continue
             a = actions.pop(0)
+            where = f"stage {list(stage_of).index(a.device)}" if a.device in stage_of else ""
             if a.event in (events.PARTITION, events.HEAL):
                 partition(a.device, a.event is events.PARTITION)
-            elif a.event in (events.LEAVE, events.CRASH) and a.device in stage_of:
+                if where:
+                    report(ChurnApplied(a.time_s, a.device, a.event.value, (
+                        f"{where}'s link down: lost at its lease unless a heal comes first"
+                        if a.event is events.PARTITION else f"{where}'s link up")))
+            elif a.event in (events.LEAVE, events.CRASH) and where:
                 kill(a.device, stage_of[a.device])  # its process ends, heard or not
+                report(ChurnApplied(a.time_s, a.device, a.event.value,
+                                    f"{where}'s process ended"))
             elif a.event is events.SLOW:
                 slow(a)
         ended = [(d, p) for d, p in procs if p.poll() is not None]
@@ -807,6 +827,10 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
                                        " (away now: its process starts with it)")))
             elif a.event in (events.PARTITION, events.HEAL):
                 partition(a.device, a.event is events.PARTITION)
+                report(ChurnApplied(a.time_s, a.device, a.event.value, (
+                    f"replica {r2}'s link down: the PS waits for it, and drops it at its "
+                    "lease unless a heal comes first" if a.event is events.PARTITION
+                    else f"replica {r2}'s link up")))
             elif a.event in (events.LEAVE, events.CRASH) and kill(r2):
                 departed[r2] = a.time_s
                 note(a.time_s, a.device, a.event.value, r2, f"replica {r2}'s process killed")

@@ -316,7 +316,10 @@ def run_ps(plan: dict[str, Any]) -> dict[str, Any]:
                 for r in [r for r in here if r in members and r not in lost_now]:
                     if newly_lost(r):  # its sender is woken, the send fails quietly
                         lost_now.append(r)
-                        members[r].shutdown(socket.SHUT_RDWR)
+                        try:
+                            members[r].shutdown(socket.SHUT_RDWR)
+                        except OSError:  # its connection broke already (a reset)
+                            pass
             for r in lost_now:  # it took part in this step: out from the next
                 drop(r)
             sent_total += len(out) * len(senders)
