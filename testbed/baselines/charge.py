@@ -29,10 +29,17 @@ and joules (:func:`retime`; the part under way is split there). The process appe
 piece's parts as re-timed, a line that replaces those of the piece with the same ``t0`` and
 draws nothing::
 
-    {"t0": 1234.5, "dilation": 2.0, "retimed": true, "parts": [[0.0, 0.01, 0.05], ...]}
+    {"t0": 1234.5, "dilation": 2.0, "retimed": true, "parts": [[0.0, 0.01, 0.05], ...],
+     "gemm_parts": 13}
 
-Wall time stays ``t0 + device seconds x dilation`` along the re-timed parts, so a kill is
-charged by the same rule.
+(``gemm_parts``: how many parts, first, are GEMMs: the re-timing splits the part under way,
+which may be one.) Wall time stays ``t0 + device seconds x dilation`` along the re-timed
+parts, so a kill is charged by the same rule.
+
+**A killed process's stop** (``<ledger>.stopped``, :func:`write_stopped`): the runner writes
+when it killed the process (``time.monotonic()``), so that a process started again on the
+device heats its model with the GEMMs that ran, up to the kill (:func:`heat_spans`), as the
+simulated device's thermal state keeps a stopped piece's heat as far as it ran.
 """
 
 from __future__ import annotations
@@ -154,6 +161,41 @@ def _retimed(pieces: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         for i in range(len(out) - 1, -1, -1):
             if out[i]["t0"] == p["t0"]:
-                out[i] = {**out[i], "parts": p["parts"]}
+                out[i] = {**out[i], "parts": p["parts"],
+                          "gemm_parts": p.get("gemm_parts", out[i]["gemms"])}
                 break
     return out
+
+
+def heat_spans(pieces: Sequence[dict[str, Any]], stopped_at: float | None
+               ) -> list[tuple[float, float, float]]:
+    """The GEMMs of a ledger's pieces as they ran (re-timed as last re-timed), up to
+    ``stopped_at`` (``time.monotonic()`` of the kill; None: every piece ran): ``(t0, start_s,
+    seconds)``, the piece's start on the host's clock and the GEMM's device seconds from it
+    (the part under way at the stop cut there)."""
+    out = []
+    for p in _retimed(pieces):
+        t0, dilation = float(p["t0"]), float(p["dilation"])
+        stop = math.inf if stopped_at is None or dilation <= 0 else (stopped_at - t0) / dilation
+        for start, end, *_ in p["parts"][:int(p.get("gemm_parts", p["gemms"]))]:
+            if stop > start:
+                out.append((t0, float(start), min(float(end), stop) - float(start)))
+    return out
+
+
+def stopped_path(ledger: Path) -> Path:
+    """Where the runner writes when it killed the ledger's process."""
+    return ledger.with_suffix(".stopped")
+
+
+def write_stopped(ledger: Path, stopped_at: float) -> None:
+    """Note that the ledger's process was killed at ``stopped_at`` (``time.monotonic()``)."""
+    stopped_path(ledger).write_text(repr(stopped_at))
+
+
+def read_stopped(ledger: Path) -> float | None:
+    """When the ledger's process was killed (None: it was not, or nothing says so)."""
+    try:
+        return float(stopped_path(ledger).read_text())
+    except (OSError, ValueError):
+        return None

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
-from testbed.baselines.charge import charge, ledger_path, read_ledger
+from testbed.baselines.charge import charge, ledger_path, read_ledger, write_stopped
 from testbed.baselines.heard import Heard, heard_timeline
 from testbed.baselines.placement import device_infos, plan_pipeline
 from testbed.baselines.sim_core import BaselineWorld
@@ -302,8 +302,10 @@ def emulate_pipeline(topology_path: str | Path, run_dir: Path, steps: int | None
             for s, d in enumerate(use):  # what ran, up to the kill (charge.py)
                 ledger = ledger_path(run_dir / f"stage{s}-attempt{attempt}.json")
                 ledgers.setdefault(d, []).append(ledger)
-                done = charge(read_ledger(ledger),
-                              stopped[1].get(d) if stopped is not None else None)
+                stop = stopped[1].get(d) if stopped is not None else None
+                if stop is not None:  # a process started again there heats up to it
+                    write_stopped(ledger, stop)
+                done = charge(read_ledger(ledger), stop)
                 work.append({"device": d, "attempt": attempt, "stage": s,
                              "device_s": done.device_s, "energy_j": done.energy_j})
             steps_done(final=True)  # the lines written before the stages ended
@@ -776,10 +778,13 @@ def _supervise_replicas(ps: subprocess.Popen, alive: dict[int, subprocess.Popen]
         proc = alive.pop(r, None)
         if proc is None or proc.poll() is not None:
             return False
+        now = time.monotonic()
         if stopped_at is not None:
-            stopped_at[id(proc)] = time.monotonic()
+            stopped_at[id(proc)] = now
         proc.kill()  # its device is gone, or its session over
         proc.wait()
+        if isinstance(proc.args, list) and "--out" in proc.args:  # its standby heats to it
+            write_stopped(ledger_path(Path(proc.args[proc.args.index("--out") + 1])), now)
         killed.add(id(proc))
         return True
 

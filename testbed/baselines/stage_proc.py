@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from testbed.agent.hold import hold_until
-from testbed.baselines.charge import Part, charge, ledger_path, read_ledger, retime
+from testbed.baselines.charge import (
+    Part,
+    charge,
+    heat_spans,
+    ledger_path,
+    read_ledger,
+    read_stopped,
+    retimed_parts,
+)
 from testbed.baselines.slow import POLL_S, SlowControl, control_path
 from testbed.user_paths import written_whole
 
@@ -342,6 +350,7 @@ class HeldDevice:
         self.slow = self.control.current.factor  # the factor the piece under way is timed at
         self._t0 = 0.0  # the piece under way: its start (time.monotonic())
         self._parts: list[Part] = []  # its parts, device seconds from its start
+        self._gemm_parts = 0  # how many of them, first, are GEMMs (a slow may split one)
         self._until: float | None = None  # when its hold ends; None: no piece under way
 
     def device_time_s(self, wall_s: float) -> float:
@@ -362,11 +371,11 @@ class HeldDevice:
         self.skip_draws(used.pieces, used.gemms)
         if self.dilation <= 0:
             return
-        spans = []  # (device time, seconds) of each GEMM the model timed, as it timed them
-        for p in sorted((p for p in pieces if not p.get("retimed")), key=lambda p: p["t0"]):
-            now_s = self.device_time_s(float(p["t0"]))
-            spans += [(now_s, end - start) for start, end, _ in p["parts"][:int(p["gemms"])]]
-        self.model.warm(spans)
+        spans = []  # (device time, seconds) of each GEMM the model timed, as far as it ran
+        for path in ledgers:  # a killed process's pieces up to its kill (charge.py)
+            for t0, start_s, seconds in heat_spans(read_ledger(path), read_stopped(path)):
+                spans.append((self.device_time_s(t0) + start_s, seconds))
+        self.model.warm(sorted(spans))
 
     def skip_draws(self, pieces: int, gemms: int) -> None:
         """Use up the straggler draws of ``pieces`` pieces and the noise draws of ``gemms``
@@ -401,7 +410,7 @@ class HeldDevice:
                                            "gemms": len(gemms), "parts": parts}) + "\n")
         self.energy_j += sum(p[2] for p in parts)
         self.device_s += seconds
-        self._t0, self._parts = started, parts
+        self._t0, self._parts, self._gemm_parts = started, parts, len(gemms)
         self._until = started + seconds * self.dilation
         return self._until
 
@@ -416,14 +425,17 @@ class HeldDevice:
             return  # between pieces: the next one is timed at it
         at = max(0.0, min(new.at_s, time.monotonic()) - self._t0)
         at = at / self.dilation if self.dilation > 0 else 0.0
-        parts = retime(self._parts, at, new.factor / old)
+        became = retimed_parts(self._parts, at, new.factor / old)
+        self._gemm_parts = sum(len(b) for b in became[:self._gemm_parts])
+        parts = [part for b in became for part in b]
         self.device_s += parts[-1][1] - self._parts[-1][1]
         self.energy_j += sum(p[2] for p in parts) - sum(p[2] for p in self._parts)
         self._parts = parts
         self._until = self._t0 + parts[-1][1] * self.dilation
         if self._ledger is not None:
             self._ledger.write(json.dumps({"t0": self._t0, "dilation": self.dilation,
-                                           "retimed": True, "parts": parts}) + "\n")
+                                           "retimed": True, "parts": parts,
+                                           "gemm_parts": self._gemm_parts}) + "\n")
 
     def end(self, until: float) -> None:
         """Hold until the piece's modelled time x D has passed (its real compute is done),

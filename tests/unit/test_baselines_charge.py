@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 
 from testbed.baselines import cost
-from testbed.baselines.charge import charge, ledger_path, ran, read_ledger, unrun_share
+from testbed.baselines.charge import (
+    charge,
+    heat_spans,
+    ledger_path,
+    ran,
+    read_ledger,
+    retimed_parts,
+    unrun_share,
+    write_stopped,
+)
 from testbed.baselines.stage_proc import HeldDevice
 from testbed.emulator.device_model import RateDeviceModel
 from testbed.topology import Topology, parse_topology
@@ -185,3 +194,55 @@ def test_a_device_with_a_rate_model_resumes_as_any_other(tmp_path: Path) -> None
     cost_then = first.model.tile_cost(g.m, g.k, g.n, g.op, 0.0)
     assert again.model.tile_cost(g.m, g.k, g.n, g.op, 0.0) == cost_then
     assert again.model.telemetry(0.0) == {}
+
+
+def test_a_device_started_again_heats_with_its_killed_process_only_as_far_as_it_ran(
+        tmp_path: Path) -> None:
+    """A process killed mid-run: the one started again on its device warmed its model with
+    every piece of the ledger, the one under way at the kill and those after it whole; with
+    the runner's stop (write_stopped) it heats as the pieces that ran, the one under way cut
+    at the kill."""
+    t = topology()
+    big = [cost.Gemm(2048, 2048, 2048, "forward")] * 2  # a second or two on the phone
+    D = 1e-4
+    origin = time.monotonic()
+    ledger = tmp_path / "first.work.jsonl"
+    first = HeldDevice(t, "phones-0", D, ledger, clock_origin=origin)
+    for _ in range(120):
+        first.end(first.begin(big, 0.0))
+    pieces = read_ledger(ledger)
+    kill = pieces[80]  # killed inside its first GEMM, 40 pieces before the process ended
+    gemm_s = kill["parts"][0][1]
+    stop = kill["t0"] + 0.5 * gemm_s * D
+    write_stopped(ledger, stop)
+    ran_ledger = tmp_path / "ran.work.jsonl"  # what ran, by hand
+    cut = {**kill, "parts": [[0.0, 0.5 * gemm_s, kill["parts"][0][2] / 2]]}
+    ran_ledger.write_text("".join(json.dumps(p) + "\n" for p in [*pieces[:80], cut]))
+    now_s = first.device_time_s(time.monotonic())
+    temperature = {}
+    for name, path in (("stopped", ledger), ("ran", ran_ledger)):
+        again = HeldDevice(t, "phones-0", D, clock_origin=origin)
+        again.resume([path])
+        temperature[name] = again.model.telemetry(now_s)["temperature_c"]
+    whole = first.model.telemetry(now_s)["temperature_c"]
+    assert temperature["stopped"] == pytest.approx(temperature["ran"], rel=1e-9)
+    assert temperature["stopped"] < whole - 0.05  # 40 pieces of heat not run
+
+
+def test_heat_spans_follow_a_re_timed_piece_and_stop_at_the_kill() -> None:
+    """A slow x3 at 0.75 s splits the piece's second GEMM there: its GEMMs ran [0, 0.5),
+    [0.5, 0.75) and [0.75, 1.5) (the memory-bound part after them heats nothing); a kill at
+    1 s cuts the last one."""
+    parts = [(0.0, 0.5, 2.5), (0.5, 1.0, 2.5), (1.0, 1.5, 1.0)]
+    became = retimed_parts(parts, 0.75, 3.0)
+    pieces = [{"t0": 10.0, "dilation": 1.0, "gemms": 2, "parts": [list(p) for p in parts]},
+              {"t0": 10.0, "dilation": 1.0, "retimed": True,
+               "gemm_parts": sum(len(b) for b in became[:2]),
+               "parts": [list(p) for b in became for p in b]}]
+    def flat(spans: list[tuple[float, float, float]]) -> list[float]:
+        return [x for span in spans for x in span]
+    assert flat(heat_spans(pieces, None)) == pytest.approx(
+        [10.0, 0.0, 0.5, 10.0, 0.5, 0.25, 10.0, 0.75, 0.75], rel=1e-12)
+    assert flat(heat_spans(pieces, 11.0)) == pytest.approx(
+        [10.0, 0.0, 0.5, 10.0, 0.5, 0.25, 10.0, 0.75, 0.25], rel=1e-12)
+    assert flat(heat_spans(pieces, 10.25)) == pytest.approx([10.0, 0.0, 0.25], rel=1e-12)
