@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 
 from testbed.churn.schedule import ChurnAction
 from testbed.churn.trace import ChurnEvent
+from testbed.ps_backend.core import STREAM_CLOSED
 from testbed.simulate.events import EventLoop
 from testbed.simulate.lease import set_partitioned
 from testbed.simulate.network import FlowNetwork
@@ -94,7 +95,7 @@ class Hearing:
         dev, event = self._dev(action.device), action.event
         if event is ChurnEvent.JOIN:
             if dev.gone:  # its old process, cut off, is ended before the new one starts
-                self._lose(dev, "disconnect", "stream broken")
+                self._lose(dev, "disconnect", STREAM_CLOSED)
             dev.alive = True
             if not dev.partitioned and not dev.held:
                 self._back(dev, "join", "joined")
@@ -106,11 +107,11 @@ class Hearing:
             if not dev.held:
                 return  # lost already (its lease ran out): nothing more to hear
             if dev.partitioned:  # neither its goodbye nor its socket's close crosses the cut
-                dev.gone = "stream closed by the device" if leave else "stream broken"
+                dev.gone = STREAM_CLOSED
                 dev.gone_kind = "disconnect"
-            else:
+            else:  # the reasons `testbed up` records: its Leave's signal, its kernel's close
                 self._lose(dev, "leave" if leave else "disconnect",
-                           "left" if leave else "stream broken")
+                           "SIGTERM" if leave else STREAM_CLOSED)
         elif event is ChurnEvent.PARTITION:
             def expired(dev: _Device = dev) -> None:
                 if dev.held:

@@ -243,6 +243,7 @@ class BaselineWorld(EventLoop):
 
         Returns the work's device seconds (as queued: a later churn ``slow`` re-times it)."""
         start = max(self.now_s, dev.busy_until_s)
+        dev.model.settle(self.now_s)  # rewinds come at now or later (stop_work, set_slow)
         factor = dev.slow * (dev.straggler.compute_factor() if dev.straggler else 1.0)
         t = start
         parts: list[Part] = []

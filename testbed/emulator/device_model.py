@@ -63,6 +63,11 @@ class DeviceModel(Protocol):
         taken off and ``tiles`` (start, seconds, watts) heat the device instead."""
         ...
 
+    def settle(self, before_s: float) -> None:
+        """No :meth:`rewind` will reach before device time ``before_s``: what ended by then
+        need not be kept for one."""
+        ...
+
     def warm(self, tiles: list[tuple[float, float]]) -> None:
         """Heat the device as earlier tiles on it did, ``(start, seconds)`` on its clock (a
         process started again on the device goes on with its earlier processes' heat)."""
@@ -94,6 +99,9 @@ class RateDeviceModel:
 
     def rewind(self, at_s: float, tiles: list[tuple[float, float, float]]) -> None:
         """Nothing to unwind: this model has no thermal state."""
+
+    def settle(self, before_s: float) -> None:
+        """Nothing kept: this model has no thermal state."""
 
     def warm(self, tiles: list[tuple[float, float]]) -> None:
         """Nothing to heat: this model has no thermal state (its time is the rate alone)."""
@@ -218,6 +226,13 @@ class EmulatedDevice:
                 self._heat_clock_s = at_s
         for start_s, seconds, watts in tiles:
             self._heat_tile(start_s, seconds, watts)
+
+    def settle(self, before_s: float) -> None:
+        """Forget the tiles that ended by ``before_s``, which no rewind will reach: a baseline's
+        simulation of 20 hotcarbon pipeline steps kept 2,160 a device, a list that grew with
+        every step."""
+        if self._heat and self._heat[0][0] + self._heat[0][2] <= before_s:
+            self._heat = [h for h in self._heat if h[0] + h[2] > before_s]
 
     def warm(self, tiles: list[tuple[float, float]]) -> None:
         """Heat the device as earlier tiles on it did, ``(start, seconds)`` on its clock in

@@ -246,3 +246,31 @@ def test_heat_spans_follow_a_re_timed_piece_and_stop_at_the_kill() -> None:
     assert flat(heat_spans(pieces, 11.0)) == pytest.approx(
         [10.0, 0.0, 0.5, 10.0, 0.5, 0.25, 10.0, 0.75, 0.25], rel=1e-12)
     assert flat(heat_spans(pieces, 10.25)) == pytest.approx([10.0, 0.0, 0.25], rel=1e-12)
+
+
+def test_a_rewindable_device_forgets_the_heat_no_rewind_reaches() -> None:
+    """Its list of tiles grew with every step of a baseline's simulation (2,160 a device after
+    20 hotcarbon pipeline steps); settle(t) keeps only what ends after t, and a rewind from t
+    then leaves the temperature a rewind with the whole list left."""
+    from testbed.emulator.device_model import EmulatedDevice, device_model_for
+    from testbed.perf_model.profiles import load_profile
+
+    profile = load_profile("snapdragon888")
+
+    def heated() -> tuple[EmulatedDevice, float]:
+        dev = device_model_for(profile, seed=1, noise=False, rewindable=True)
+        assert isinstance(dev, EmulatedDevice) and dev.thermal is not None
+        t = 0.0
+        for _ in range(50):
+            t += dev.tile_cost(512, 768, 768, "forward", t).seconds
+        return dev, t
+
+    whole, end_s = heated()
+    whole.rewind(end_s / 2, [])
+    settled, _ = heated()
+    settled.settle(end_s / 2)
+    assert 0 < len(settled._heat) < 50
+    settled.rewind(end_s / 2, [])
+    assert whole.thermal is not None and settled.thermal is not None
+    assert settled.thermal.temperature_c == whole.thermal.temperature_c
+    assert settled.thermal.temperature_c < heated()[0].thermal.temperature_c  # type: ignore[union-attr]
