@@ -66,8 +66,13 @@ COLUMNS = ("strategy", "state", "devices_used", "steps_done", "step_s", "bound_s
            "down_bytes_per_device_step", "up_bytes_per_device_step", "energy_j_per_step",
            "carbon_g_per_step", "energy_j", "carbon_g", "steps_redone", "restarts",
            "churn_events", "churn_events_total", "sequences_trained", "sequences_asked",
-           "lost_work", "largest_model", "note")
+           "lost_work", "largest_model", "late_share", "note")
 GPU_STATE = "estimate, not run"  # the GPU row: a datasheet roofline (gpu.py), no run behind it
+# an emulated row whose host lateness (the share of its step time the processes' real compute
+# ran past their device-model holds) is above this is said to be the host's, not the devices':
+# tile-tp's fidelity target (testbed up's `dilation_target_p95`), applied to the baselines
+LATE_SHARE_TARGET = 0.10
+LOSSES_SHOWN = 6  # a row's note shows at most this many of its losses (comparison.json: all)
 
 
 def with_strategy(topology: Topology, strategy: str) -> Topology:
@@ -389,6 +394,38 @@ def _gpu_row(topology: Topology, gpu: GpuProfile, gpu_grid_g_per_kwh: float, pue
                                       f"GPU's {gib(gpu.memory_bytes)}"}
 
 
+def losses_text(losses: list[float]) -> str:
+    """A run's losses for its note: every one up to :data:`LOSSES_SHOWN`, else the first and
+    last few (a 200-step run's note was 200 numbers long; comparison.json keeps them all)."""
+    xs = [f"{x:.6f}" for x in losses]
+    if len(xs) <= LOSSES_SHOWN:
+        return "losses " + ", ".join(xs)
+    return (f"losses {', '.join(xs[:3])}, ..., {', '.join(xs[-2:])} ({len(xs)}; every one in "
+            "comparison.json)")
+
+
+def host_lateness(reports: list[dict[str, Any]], dilation: float,
+                  step_s: list[float]) -> float | None:
+    """The largest share of an emulated baseline's step time that one of its processes' late
+    holds can account for: its holds' lateness in all (``lag_total_s``, wall seconds, over D)
+    over the device seconds of the steps it ran in (``step_s``). A hold ends late when the
+    process's real compute on this host outlasts the device model's time x D; every second of
+    it lengthens a step that waits on that process, so the step is the host's, not the
+    device's. None when the reports do not say (or D is 0: no holds)."""
+    lags = [r["lag_total_s"] for r in reports if isinstance(r.get("lag_total_s"), (int, float))]
+    total = sum(step_s)
+    if not lags or dilation <= 0 or total <= 0:
+        return None
+    return max(lags) / dilation / total
+
+
+def _lateness_note(share: float | None, of: str = "its steps' device time, in all") -> str:
+    """The part of an emulated row's note that gives its host lateness."""
+    if share is None:
+        return ""
+    return f"; the host's lateness up to {share:.1%} of {of}"
+
+
 def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilation: float,
                   grid: float) -> dict[str, Any]:
     """A comparison row from an emulated pipeline or data-parallel run on Mininet."""
@@ -396,7 +433,7 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
     from testbed.perf_model.profiles import load_profile
 
     if strategy == "pipeline":  # every attempt's step runs (restarts redo some steps)
-        reports = res["stages"]
+        reports = res.get("attempt_reports") or res["stages"]
         runs = [e for e in res["executed"] if isinstance(e.get("wall_s"), (int, float))]
         timed = [e for e in runs if not e.get("partial")] or runs  # every stage's time in
         step_s = [e["wall_s"] / dilation for e in timed]
@@ -434,6 +471,7 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
         rows = res.get("rows") or []
         trained = sum(_row_count(rows[i]) for t in res["took_part"] for i in t
                       if i < len(rows))
+    late = host_lateness(reports, dilation, step_s)
     return {"strategy": strategy, "state": "done", "devices_used": n, "steps_done": steps_n,
             "step_s": statistics.median(step_s), "wall_s": end_s,
             # bytes per step run, energy per step done (as the simulated rows, _row)
@@ -446,8 +484,9 @@ def _emulated_row(strategy: str, topology: Topology, res: dict[str, Any], dilati
             "sequences_trained": trained, "sequences_asked": asked,
             "lost_work": (_lost_work(strategy, res, trained, asked)
                           if res.get("churn_events") else "no churn replayed"),
-            "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters; "
-                    f"losses {', '.join(f'{x:.6f}' for x in res['losses'])}"}
+            "late_share": late, "losses": list(res["losses"]),
+            "note": f"Mininet, D = {dilation:g}; bytes from the hosts' interface counters"
+                    f"{_lateness_note(late)}; {losses_text(res['losses'])}"}
 
 
 def compare_emulated(topology_path: Path, topology: Topology, out_dir: Path,
@@ -553,11 +592,19 @@ def _up_row(topology: Topology, topo: Topology, runs: Path, grid: float,
     # own time dilation (auto picks one), from the PS's start
     row["wall_s"] = (summary["wall_s"] / up_d if topology.churn
                      else sum(s["device_time_s"] for s in steps))
-    losses = ", ".join(f"{x:.6f}" for x in summary.get("losses") or [])
+    losses = list(summary.get("losses") or [])
+    # its fidelity verdict (docs/architecture.md): how much of a step the devices' lateness
+    # can account for, the figure the baselines' rows give as their host lateness
+    late = summary.get("lateness_share_max")
+    row["late_share"] = float(late) if isinstance(late, (int, float)) else None
+    row["losses"] = losses
     row["note"] = (f"Mininet via testbed up ({run_dir.name}), D = {up_d:.3g}"
                    + (" (time_dilation: auto)" if topology.time_dilation is None else "")
                    + "; bytes from the PS's payload accounting; energy from its training's "
-                   f"start; losses {losses}")
+                   f"start{_lateness_note(row['late_share'], 'its worst step')}"
+                   + ("; emulation fidelity missed (its summary's fidelity_ok)"
+                      if summary.get("fidelity_ok") is False else "")
+                   + f"; {losses_text(losses)}")
     return row
 
 
@@ -592,7 +639,39 @@ def _fairness_notes(rows: list[dict[str, Any]], steps_n: int) -> list[str]:
             notes.append(f"- {r['strategy']}: trained {trained} of the {asked} sequences its "
                          f"steps held (dropped replicas' rows go untrained), so its time and "
                          f"energy per step bought fewer tokens than a whole batch")
+    for r in ran:
+        late = r.get("late_share")
+        if isinstance(late, (int, float)) and late > LATE_SHARE_TARGET:
+            notes.append(f"- {r['strategy']}: up to {late:.0%} of its step time is this host "
+                         f"running late (its processes' real compute outlasted the device "
+                         f"model's time x D), more than the {LATE_SHARE_TARGET:.0%} emulation "
+                         f"fidelity allows: its times are the host's, not the devices'; a "
+                         f"larger `time_dilation:` in the topology gives the processes the CPU "
+                         f"they need")
+    notes += _loss_notes(ran)
     return notes
+
+
+def _loss_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Whether the emulated rows' losses agree, step for step (rows with as many losses; in
+    float64 the three executors give the same ones, docs/baselines.md): what a reader could
+    see by eye when each note listed every loss."""
+    runs = [r for r in rows if r.get("losses")]
+    if len(runs) < 2:
+        return []
+    first = runs[0]
+    same = [r for r in runs[1:] if len(r["losses"]) == len(first["losses"])]
+    if not same:
+        return []
+    gaps = [(abs(a - b) / max(1.0, abs(a)), i, r["strategy"]) for r in same
+            for i, (a, b) in enumerate(zip(first["losses"], r["losses"]))]
+    names = ", ".join(r["strategy"] for r in [first, *same])
+    worst = max(gaps)
+    if worst[0] <= 1e-6:
+        return [f"- losses: {names} agree within 1e-6 at each of their "
+                f"{len(first['losses'])} steps"]
+    return [f"- losses: {names} differ: at most {worst[0]:.2g} (relative) at step {worst[1]}, "
+            f"{worst[2]} against {first['strategy']}"]
 
 
 def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str, Any]) -> None:
@@ -632,7 +711,12 @@ def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str
               "gCO2e per step done count the devices used only (their compute, idle and "
               "radio energy over the run); churn events met: the trace's device events that "
               "came while the run lasted, of all in the trace; largest model: the largest OPT "
-              "shape that fits these devices' memory (memory only)."]
+              "shape that fits these devices' memory (memory only)."
+              + (" On Mininet each row's note gives its host lateness (the csv's late_share): "
+                 "the share of its step time its processes' real compute on this host ran "
+                 "past the device model's time x D (tile-tp: its worst step's, as its run's "
+                 "fidelity check; the baselines: their most late process's, over the run)."
+                 if inputs["mode"].startswith("emulated") else "")]
     base = next((r for r in rows if r["strategy"] == "tile-tp" and r.get("step_s")), None)
     ref = rows[-1]
     gpu_row = ref if ref.get("state") == GPU_STATE else None

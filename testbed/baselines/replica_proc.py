@@ -388,7 +388,8 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         except (ConnectionError, OSError):  # the run ended before it was taken in
             return {"role": "replica", "replica": r, "device": plan["devices"][r],
                     "first_step": int(plan["steps"]), "sent_bytes": 0, "received_bytes": 0,
-                    "device_s": 0.0, "energy_j": 0.0, "step_s": [], "lag_p95_s": 0.0}
+                    "device_s": 0.0, "energy_j": 0.0, "step_s": [], "lag_p95_s": 0.0,
+                    "lag_max_s": 0.0, "lag_total_s": 0.0}
         if kind != STATE:
             raise RuntimeError(f"replica {r}: expected the state from the PS")
         received += len(payload)
@@ -416,7 +417,7 @@ def run_replica(plan: dict[str, Any], r: int, out: Path | None = None,
         return {"role": "replica", "replica": r, "device": plan["devices"][r],
                 "first_step": first_step, "sent_bytes": sent, "received_bytes": received,
                 "device_s": device.device_s, "energy_j": device.energy_j, "step_s": step_s,
-                "lag_p95_s": device.lag_p95_s()}
+                **device.lag_stats()}
     for step in range(first_step, plan["steps"]):
         t_step = time.monotonic()
         inputs, targets = sampler.batch(step)

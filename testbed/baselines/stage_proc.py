@@ -460,8 +460,15 @@ class HeldDevice:
         self.end(until)
 
     def lag_p95_s(self) -> float:
+        """The 95th percentile of how late its holds ended, wall seconds."""
         lag = sorted(self.lag_s)
         return lag[int(0.95 * (len(lag) - 1))] if lag else 0.0
+
+    def lag_stats(self) -> dict[str, float]:
+        """How late its holds ended, wall seconds: p95, the largest and the sum (the time its
+        real compute added to the device model's, which a step can be longer by)."""
+        return {"lag_p95_s": self.lag_p95_s(), "lag_max_s": max(self.lag_s, default=0.0),
+                "lag_total_s": sum(self.lag_s)}
 
 
 def _control(plan: dict[str, Any], device: str) -> Path | None:
@@ -473,7 +480,7 @@ def _report(s: int, plan: dict[str, Any], losses: list[float], sent: dict[str, i
             step_s: list[float], device: HeldDevice) -> dict[str, Any]:
     return {"stage": s, "device": plan["devices"][s], "losses": losses, "sent_bytes": sent,
             "step_s": step_s, "device_s": device.device_s, "energy_j": device.energy_j,
-            "lag_p95_s": device.lag_p95_s()}
+            **device.lag_stats()}
 
 
 def _write_report(path: Path, report: dict[str, Any]) -> None:

@@ -199,7 +199,7 @@ def test_compare_replays_churn_on_emulated_data_parallel(tmp_path: Path) -> None
     dp = DataParallelTrainer(topo.job, seed=3, replicas=3, corpus=load_corpus(topo.job.data))
     want = [dp.step(present=[r in t for r in range(3)]).loss for t in took]
     close(res["losses"], want)
-    assert row["note"].rsplit("losses ", 1)[1] == ", ".join(f"{x:.6f}" for x in want)
+    close(row["losses"], want)
 
 
 @needs_mininet

@@ -1,0 +1,112 @@
+"""`testbed compare`'s rows say what a reader needs to weigh them: an emulated baseline's host
+lateness and its losses in a note one can read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.baselines import compare as cmp
+from testbed.baselines.gpu import load_gpu
+from testbed.topology import load_topology
+from tests.unit.test_baselines_compare import write_topology
+
+GPU = load_gpu("a5000")
+
+
+def _inputs(mode: str = "simulated", churn: str = "", steps: int = 4) -> dict[str, Any]:
+    return {"topology": "t", "steps": steps, "churn": churn, "grid_g_per_kwh": 475.0,
+            "gpu_grid_g_per_kwh": 475.0, "pue": 1.0, "ps_memory_bytes": 2**36,
+            "gpu": dataclasses.asdict(GPU), "mode": mode}
+
+
+def _summary(steps_done: int, wall_s: float, **extra: Any) -> dict[str, Any]:
+    return {"state": "done", "steps_done": steps_done, "wall_s": wall_s,
+            "energy": {"devices": {"a": {"total_j": 10.0}}},
+            "devices": [{"device": "a", "compute_s": 1.0, "bytes_down": 100, "bytes_up": 100}],
+            **extra}
+
+
+def _pipeline_result(steps: int, step_wall_s: float, lag_total_s: float,
+                     losses: list[float]) -> dict[str, Any]:
+    """What emulate_pipeline returns for one stage on phones-0 that ran ``steps`` steps."""
+    report = {"stage": 0, "device": "phones-0", "device_s": 1.0, "energy_j": 5.0,
+              "lag_p95_s": 0.001, "lag_max_s": 0.01, "lag_total_s": lag_total_s}
+    return {"stages": [report], "attempt_reports": [report],
+            "executed": [{"step": i, "wall_s": step_wall_s} for i in range(steps)],
+            "work": [report], "links": {"phones-0": {"rx_bytes": 1000, "tx_bytes": 1000}},
+            "losses": losses, "wall_s": steps * step_wall_s, "restarts": 0,
+            "steps_redone": 0, "churn_events": 0}
+
+
+def test_a_long_runs_losses_are_summed_up_in_its_note_and_kept_whole_in_the_json(
+        tmp_path: Path) -> None:
+    """A 200-step emulated run's note listed its 200 losses: 2,000 characters in the table's
+    notes and in what `testbed compare` prints at its end."""
+    topo = load_topology(write_topology(tmp_path))
+    losses = [5.0 - 0.01 * i for i in range(200)]
+    row = cmp._emulated_row("pipeline", topo, _pipeline_result(200, 0.1, 0.0, losses), 1.0,
+                            475.0)
+    assert len(row["note"]) < 250, row["note"]
+    assert "losses 5.000000, 4.990000, 4.980000, ..., 3.020000, 3.010000 (200;" in row["note"]
+    assert row["losses"] == pytest.approx(losses, rel=1e-12)
+    gpu = cmp._gpu_row(topo, GPU, 475.0, 1.0, 2**36)
+    cmp.write_comparison(tmp_path, [row, gpu], _inputs("emulated on Mininet, D = 1"))
+    data = json.loads((tmp_path / "comparison.json").read_text())
+    assert data["rows"][0]["losses"] == pytest.approx(losses, rel=1e-12)
+    # a short run's are all there, as before
+    short = cmp._emulated_row("pipeline", topo, _pipeline_result(2, 0.1, 0.0, [5.5, 5.25]),
+                              1.0, 475.0)
+    assert short["note"].endswith("losses 5.500000, 5.250000")
+
+
+def test_an_emulated_baseline_that_ran_late_on_this_host_says_so(tmp_path: Path) -> None:
+    """On the default topology at D = 1 the emulated pipeline ran 0.21-0.24 s a step against
+    0.097 s simulated, its stage's real compute on this host outlasting the laptop model's
+    holds (0.41 s late over 3 steps), and its row said nothing of it; tile-tp's run, at its own
+    automatic D, warned in its own output only."""
+    topo = load_topology(write_topology(tmp_path))
+    late = cmp._emulated_row("pipeline", topo, _pipeline_result(3, 0.2, 0.3, [5.0] * 3), 1.0,
+                             475.0)
+    # 0.3 s of late holds over 3 x 0.2 s of steps
+    assert late["late_share"] == pytest.approx(0.5, rel=1e-9)
+    assert "the host's lateness up to 50.0% of its steps' device time" in late["note"]
+    on_time = cmp._emulated_row("pipeline", topo, _pipeline_result(3, 0.2, 0.006, [5.0] * 3),
+                                1.0, 475.0)
+    assert on_time["late_share"] == pytest.approx(0.01, rel=1e-9)
+    # the holds' lateness is wall seconds, the steps device seconds: at D = 2 half as much
+    dilated = cmp._emulated_row("pipeline", topo, _pipeline_result(3, 0.4, 0.3, [5.0] * 3),
+                                2.0, 475.0)
+    assert dilated["late_share"] == pytest.approx(0.25, rel=1e-9)
+    gpu = cmp._gpu_row(topo, GPU, 475.0, 1.0, 2**36)
+    cmp.write_comparison(tmp_path, [late, gpu], _inputs("emulated on Mininet, D = 1"))
+    md = (tmp_path / "comparison.md").read_text()
+    assert "up to 50% of its step time is this host running late" in md
+    assert "larger `time_dilation:`" in md and "late_share" in md
+    cmp.write_comparison(tmp_path, [on_time, gpu], _inputs("emulated on Mininet, D = 1"))
+    assert "running late" not in (tmp_path / "comparison.md").read_text()
+
+
+def test_the_host_lateness_is_the_most_late_process_over_the_steps() -> None:
+    reports = [{"lag_total_s": 0.1}, {"lag_total_s": 0.4}, {"lag_p95_s": 0.5}]
+    assert cmp.host_lateness(reports, 1.0, [1.0, 1.0]) == pytest.approx(0.2, rel=1e-9)
+    assert cmp.host_lateness([{"lag_p95_s": 0.5}], 1.0, [1.0]) is None  # an older report
+    assert cmp.host_lateness(reports, 0.0, [1.0]) is None  # D 0: no holds
+    assert cmp.host_lateness(reports, 1.0, []) is None
+
+
+def test_the_notes_say_whether_the_runs_losses_agree(tmp_path: Path) -> None:
+    same = [{"strategy": s, "state": "done", "step_s": 1.0, "losses": [5.0, 4.5]}
+            for s in ("tile-tp", "pipeline", "data-parallel")]
+    assert cmp._loss_notes(same) == [
+        "- losses: tile-tp, pipeline, data-parallel agree within 1e-6 at each of their 2 steps"]
+    other = [*same[:2], {**same[2], "losses": [5.0, 4.6]}]
+    (note,) = cmp._loss_notes(other)
+    assert note.startswith("- losses: tile-tp, pipeline, data-parallel differ: at most 0.022")
+    assert "at step 1, data-parallel against tile-tp" in note
+    assert cmp._loss_notes(same[:1]) == []
+    assert cmp._loss_notes([{**r, "losses": []} for r in same]) == []  # simulated: no losses
