@@ -170,7 +170,9 @@ def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
     # the devices the strategy used, and only those (docs/baselines.md, "Energy"): tile-tp's
     # run charges idle power to every device present, its plans' sat-out ones too
     energy = used_energy_j(summary["energy"], names)
-    done = max(int(summary.get("steps_done", 0)), 1)
+    # per step done: a run that finished none has no per-step figure (its total was shown
+    # as one, 0.063 J "a step" for tile-tp's run that failed before its first step)
+    done = int(summary.get("steps_done", 0)) or None
     asked = (batch_size or 0) * int(summary.get("steps_done", 0))
     trained = sequences_trained(summary, steps, batch_size) if batch_size else 0
     return {"strategy": strategy, "state": summary["state"], "devices_used": len(names),
@@ -183,7 +185,8 @@ def _row(strategy: str, summary: dict[str, Any], steps: list[dict[str, Any]],
             "wall_s": summary["wall_s"],
             "down_bytes_per_device_step": down / max(len(names), 1) / executed,
             "up_bytes_per_device_step": up / max(len(names), 1) / executed,
-            "energy_j_per_step": energy / done, "carbon_g_per_step": carbon_g(energy, grid) / done,
+            "energy_j_per_step": energy / done if done else None,
+            "carbon_g_per_step": carbon_g(energy, grid) / done if done else None,
             "energy_j": energy, "carbon_g": carbon_g(energy, grid),
             "steps_redone": summary.get("steps_redone", 0), "restarts": summary.get("restarts", 0),
             # how much of the trace this run lived through: a run that ends early misses the
@@ -674,6 +677,12 @@ def _loss_notes(rows: list[dict[str, Any]]) -> list[str]:
             f"{worst[2]} against {first['strategy']}"]
 
 
+def _wall_per_step(row: dict[str, Any]) -> float | None:
+    """A row's wall time over its steps done (restarts, restores and stalls included)."""
+    done, wall = row.get("steps_done"), row.get("wall_s")
+    return wall / int(done) if isinstance(wall, (int, float)) and done else None
+
+
 def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str, Any]) -> None:
     """comparison.csv, .json, .md and .png in out_dir."""
     with (out_dir / "comparison.csv").open("w", newline="") as fh:
@@ -740,9 +749,15 @@ def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str
             parts.append(f"{r['step_s'] / base['step_s']:.3g}x tile-tp's time per step"
                          + (f" and {r['step_s'] / bound:.3g}x its lower bound;" if bound
                             else ";"))
-        parts.append(f"{r['energy_j_per_step'] / ref['energy_j_per_step']:.3g}x the GPU's energy, "
-                     f"{r['carbon_g_per_step'] / ref['carbon_g_per_step']:.3g}x its carbon")
-        lines.append(" ".join(parts))
+        wall, base_wall = _wall_per_step(r), _wall_per_step(base) if base is not None else None
+        if inputs["churn"] and wall and base_wall:  # restarts and stalls are outside s/step
+            parts[-1] = (parts[-1].rstrip(";") + f", {wall / base_wall:.3g}x tile-tp's wall "
+                         "time per step done;")
+        if r.get("energy_j_per_step") is not None:
+            parts.append(f"{r['energy_j_per_step'] / ref['energy_j_per_step']:.3g}x the GPU's "
+                         f"energy, {r['carbon_g_per_step'] / ref['carbon_g_per_step']:.3g}x "
+                         "its carbon")
+        lines.append(" ".join(parts).rstrip(";"))
     if base is not None and base.get("bound_s"):
         lines += ["", f"tile-tp's lower bound: {base['bound_s']:.4g} s a step (its median "
                   f"`bound_s`: no schedule of its tiles on these devices and links is faster; "
@@ -780,7 +795,7 @@ def _plot(out_dir: Path, rows: list[dict[str, Any]]) -> None:
                         label="tile-tp's lower bound")
         axes[0].legend()
     axes[0].set_ylabel("device seconds per step")
-    axes[1].bar(names, [r["energy_j_per_step"] for r in ran])
+    axes[1].bar(names, [r.get("energy_j_per_step") or 0.0 for r in ran])
     axes[1].set_ylabel("J per step")
     x = range(len(ran))
     axes[2].bar([i - 0.2 for i in x], [r["down_bytes_per_device_step"] / 1e6 for r in ran],

@@ -1,5 +1,6 @@
 """`testbed compare`'s rows say what a reader needs to weigh them: an emulated baseline's host
-lateness and its losses in a note one can read."""
+lateness, its losses in a note one can read, no per-step figure for a run with no step done,
+and under churn each strategy's wall time per step done beside its median step."""
 
 from __future__ import annotations
 
@@ -97,6 +98,42 @@ def test_the_host_lateness_is_the_most_late_process_over_the_steps() -> None:
     assert cmp.host_lateness([{"lag_p95_s": 0.5}], 1.0, [1.0]) is None  # an older report
     assert cmp.host_lateness(reports, 0.0, [1.0]) is None  # D 0: no holds
     assert cmp.host_lateness(reports, 1.0, []) is None
+
+
+def test_a_run_with_no_step_done_has_no_per_step_energy(tmp_path: Path) -> None:
+    """tile-tp's run under a trace that took every device away failed before its first step,
+    and its row gave its whole energy, 0.063 J, as its J/step."""
+    row = cmp._row("tile-tp", {**_summary(0, 120.0), "state": "failed"}, [], 475.0, 4)
+    assert row["energy_j_per_step"] is None and row["carbon_g_per_step"] is None
+    assert row["energy_j"] == pytest.approx(10.0, rel=1e-12)
+    topo = load_topology(write_topology(tmp_path))
+    steps = [{"device_time_s": 1.0}] * 4
+    rows = [row, cmp._row("pipeline", _summary(4, 4.0), steps, 475.0, 4),
+            cmp._gpu_row(topo, GPU, 475.0, 1.0, 2**36)]
+    cmp.write_comparison(tmp_path, rows, _inputs())
+    tile = next(line for line in (tmp_path / "comparison.md").read_text().splitlines()
+                if line.startswith("| tile-tp |"))
+    cells = [c.strip() for c in tile.split("|")[1:-1]]
+    assert cells[1] == "failed" and cells[2] == "0 of 4"
+    assert cells[9] == "" and cells[10] == ""  # J/step, gCO2e/step
+
+
+def test_under_churn_the_ratios_set_wall_time_per_step_done_beside_the_median(
+        tmp_path: Path) -> None:
+    """hotcarbon under flaky-phones: the pipeline's median step was 0.72x tile-tp's, which
+    the ratios gave alone, while its 22 restarts made its run 1.57x as long for the same 6
+    steps."""
+    topo = load_topology(write_topology(tmp_path))
+    gpu = cmp._gpu_row(topo, GPU, 475.0, 1.0, 2**36)
+    steps = [{"device_time_s": 1.0}] * 4
+    rows = [cmp._row("tile-tp", _summary(4, 8.0), [{"device_time_s": 2.0}] * 4, 475.0, 4, 3),
+            cmp._row("pipeline", _summary(4, 20.0, restarts=2), steps, 475.0, 4, 3), gpu]
+    cmp.write_comparison(tmp_path, rows, _inputs(churn="trace.csv"))
+    md = (tmp_path / "comparison.md").read_text()
+    assert "- pipeline: 0.5x tile-tp's time per step, 2.5x tile-tp's wall time per step " \
+           "done;" in md
+    cmp.write_comparison(tmp_path, rows, _inputs())  # no churn: the median says it
+    assert "wall time per step done" not in (tmp_path / "comparison.md").read_text()
 
 
 def test_the_notes_say_whether_the_runs_losses_agree(tmp_path: Path) -> None:
