@@ -147,3 +147,13 @@ def test_the_notes_say_whether_the_runs_losses_agree(tmp_path: Path) -> None:
     assert "at step 1, data-parallel against tile-tp" in note
     assert cmp._loss_notes(same[:1]) == []
     assert cmp._loss_notes([{**r, "losses": []} for r in same]) == []  # simulated: no losses
+
+
+def test_an_emulated_rows_lost_work_is_a_count_as_the_other_rows(tmp_path: Path) -> None:
+    """tests/data/tiny.yaml under a crash at 1 s: tile-tp's row said "0 tiles re-queued, 0
+    recomputed", the simulated rows "0 steps redone after 0 restart(s)", and the emulated
+    pipeline, whose 5 steps ended before the crash, "no churn replayed" under that trace."""
+    topo = load_topology(write_topology(tmp_path))
+    row = cmp._emulated_row("pipeline", topo, _pipeline_result(5, 0.1, 0.0, [5.0] * 5), 1.0,
+                            475.0)
+    assert row["lost_work"] == "0 steps redone after 0 restart(s)"
