@@ -1,7 +1,9 @@
 """`testbed up` for ``job.parallelism.strategy: pipeline | data-parallel``: the emulated
 baselines (:mod:`testbed.baselines.emulate`) on Mininet, into a run directory.
 
-The run directory holds the stage or replica processes' logs and reports, the emulated result
+The run directory holds ``topology.input.yaml`` (the file as given, its paths made absolute:
+``testbed up RUN_DIR/topology.input.yaml`` runs the same job again, as a tile-tp run's), the
+stage or replica processes' logs and reports, the emulated result
 (``pipeline_emulated.json`` / ``data_parallel_emulated.json``) and ``summary.json``: the
 comparison row of ``testbed compare`` (step time, bytes per device from the hosts' interface
 counters, energy, carbon, lost work) with the run's losses. Churn (``--churn`` or the
@@ -74,11 +76,16 @@ def _run(args: argparse.Namespace, topology: Topology, schedule: Any, run_dir: P
         emulate_pipeline,
         progress_line,
     )
+    from testbed.up import portable_input
 
     strategy = topology.job.parallelism.strategy
     dilation = topology.time_dilation or 1.0
     print(f"run directory: {run_dir} ({strategy} on Mininet, D = {dilation:g})", flush=True)
-    summary: dict[str, Any] = {"strategy": strategy, "topology": str(args.topology),
+    # the file as given, so that the run directory says what ran wherever it is read from (its
+    # summary named the file as typed, relative to a directory it did not record)
+    (run_dir / "topology.input.yaml").write_text(portable_input(Path(args.topology)))
+    summary: dict[str, Any] = {"strategy": strategy,
+                               "topology": str(Path(args.topology).resolve()),
                                "steps": topology.job.steps, "dilation": dilation,
                                "churn": str(getattr(args, "churn", None) or topology.churn or "")}
 

@@ -223,6 +223,11 @@ def test_testbed_up_runs_a_pipeline_topology_on_mininet(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["strategy"] == "pipeline" and summary["state"] == "done"
     assert summary["steps_done"] == steps and summary["up_bytes_per_device_step"] >= 0
+    # what ran, readable from the run directory alone (it named the file as typed)
+    assert summary["topology"] == str(path.resolve())
+    again = load_topology(run_dir / "topology.input.yaml")
+    assert again.job.parallelism.strategy == "pipeline"
+    assert [d.name for d in again.devices] == [d.name for d in load_topology(path).devices]
     topo = load_topology(path)
     torch.set_num_threads(1)
     want = [r.loss for r in Trainer(topo.job, seed=3,
