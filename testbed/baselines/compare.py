@@ -699,6 +699,15 @@ def _wall_per_step(row: dict[str, Any]) -> float | None:
     return wall / int(done) if isinstance(wall, (int, float)) and done else None
 
 
+def title(inputs: dict[str, Any]) -> str:
+    """What a comparison ran: topology, mode, steps and churn trace (comparison.md's heading
+    and comparison.png's title)."""
+    steps_n = inputs["steps"]
+    return (f"Comparison: {inputs['topology']} ({inputs['mode']}, {steps_n} "
+            f"step{'s' if steps_n != 1 else ''}"
+            f"{', churn ' + inputs['churn'] if inputs['churn'] else ''})")
+
+
 def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str, Any]) -> None:
     """comparison.csv, .json, .md and .png in out_dir."""
     with (out_dir / "comparison.csv").open("w", newline="") as fh:
@@ -713,9 +722,7 @@ def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str
              "J/step", "gCO2e/step", "steps redone", "churn events met", "lost work",
              "largest model"]
     steps_n = inputs["steps"]
-    lines = [f"# Comparison: {inputs['topology']} ({inputs['mode']}, {steps_n} "
-             f"step{'s' if steps_n != 1 else ''}"
-             f"{', churn ' + inputs['churn'] if inputs['churn'] else ''})", "",
+    lines = [f"# {title(inputs)}", "",
              "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         mb = [(r.get(k) or 0) / 1e6 if r.get("step_s") is not None else None
@@ -792,10 +799,13 @@ def write_comparison(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str
               f"memory {gib(inputs['ps_memory_bytes'])}. Largest model: memory only "
               f"(docs/baselines.md)."]
     (out_dir / "comparison.md").write_text("\n".join(lines) + "\n")
-    _plot(out_dir, rows)
+    _plot(out_dir, rows, inputs)
 
 
-def _plot(out_dir: Path, rows: list[dict[str, Any]]) -> None:
+def _plot(out_dir: Path, rows: list[dict[str, Any]], inputs: dict[str, Any]) -> None:
+    """comparison.png: time, energy and bytes per step, titled with what ran (the picture
+    alone, shared without its page, said neither the mode nor the steps nor the trace); under
+    churn the time panel also marks each run's wall time per step done."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -810,7 +820,13 @@ def _plot(out_dir: Path, rows: list[dict[str, Any]]) -> None:
         axes[0].axhline(bound, color="black", linestyle="--", linewidth=1,
                         label="tile-tp's lower bound")
         axes[0].legend()
-    axes[0].set_ylabel("device seconds per step")
+    axes[0].set_ylabel("median device seconds per step")
+    if inputs.get("churn"):  # restarts, restores and stalls: outside the median
+        walls = [_wall_per_step(r) for r in ran]
+        axes[0].scatter([i for i, w in enumerate(walls) if w], [w for w in walls if w],
+                        marker="x", color="black", zorder=3,
+                        label="wall time per step done")
+        axes[0].legend()
     axes[1].bar(names, [r.get("energy_j_per_step") or 0.0 for r in ran])
     axes[1].set_ylabel("J per step")
     x = range(len(ran))
@@ -823,6 +839,7 @@ def _plot(out_dir: Path, rows: list[dict[str, Any]]) -> None:
     axes[2].legend()
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=20)
+    fig.suptitle(title(inputs), fontsize=10)
     fig.tight_layout()
     fig.savefig(out_dir / "comparison.png", dpi=100)
     plt.close(fig)

@@ -182,3 +182,29 @@ def test_a_churn_event_after_tile_tps_run_ended_is_not_met(tmp_path: Path) -> No
     during = [*events[:1], {**events[2], "elapsed_s": 2.0, "effect": "SIGKILL"}, events[1]]
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in during))
     assert cmp._up_row(topo, topo, tmp_path / "tile-tp", 475.0, 1)["churn_events"] == 1
+
+
+def test_the_picture_says_what_ran_and_under_churn_the_wall_time_per_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """comparison.png had no title (shared alone, it said neither the mode, the steps nor the
+    trace) and showed the median step alone, which leaves a pipeline's restarts out."""
+    from matplotlib.figure import Figure
+
+    seen: dict[str, Any] = {}
+
+    def keep(fig: Figure, *_a: Any, **_k: Any) -> None:
+        seen["title"] = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        seen["labels"] = [t for ax in fig.axes for t in ax.get_legend_handles_labels()[1]]
+        seen["ylabel"] = fig.axes[0].get_ylabel()
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    topo = load_topology(write_topology(tmp_path))
+    gpu = cmp._gpu_row(topo, GPU, 475.0, 1.0, 2**36)
+    rows = [cmp._row("pipeline", _summary(4, 20.0, restarts=2), [{"device_time_s": 1.0}] * 4,
+                     475.0, 4, 3), gpu]
+    cmp.write_comparison(tmp_path, rows, _inputs(churn="trace.csv"))
+    assert seen["title"] == "Comparison: t (simulated, 4 steps, churn trace.csv)"
+    assert seen["ylabel"] == "median device seconds per step"
+    assert "wall time per step done" in seen["labels"]
+    cmp.write_comparison(tmp_path, rows, _inputs())
+    assert "wall time per step done" not in seen["labels"]
