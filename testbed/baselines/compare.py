@@ -689,8 +689,12 @@ def _loss_notes(rows: list[dict[str, Any]]) -> list[str]:
     if worst[0] <= 1e-6:
         return [f"- losses: {names} agree within 1e-6 at each of their "
                 f"{len(first['losses'])} steps"]
+    why = next((f" ({r['strategy']} dropped replicas: its losses average the rows it "
+                f"trained)" for r in [first, *same] if r.get("sequences_trained") is not None
+                and r.get("sequences_asked") and r["sequences_trained"] < r["sequences_asked"]),
+               "")
     return [f"- losses: {names} differ: at most {worst[0]:.2g} (relative) at step {worst[1]}, "
-            f"{worst[2]} against {first['strategy']}"]
+            f"{worst[2]} against {first['strategy']}{why}"]
 
 
 def _wall_per_step(row: dict[str, Any]) -> float | None:

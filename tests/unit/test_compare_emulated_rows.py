@@ -144,7 +144,12 @@ def test_the_notes_say_whether_the_runs_losses_agree(tmp_path: Path) -> None:
     other = [*same[:2], {**same[2], "losses": [5.0, 4.6]}]
     (note,) = cmp._loss_notes(other)
     assert note.startswith("- losses: tile-tp, pipeline, data-parallel differ: at most 0.022")
-    assert "at step 1, data-parallel against tile-tp" in note
+    assert note.endswith("at step 1, data-parallel against tile-tp")
+    # a row that dropped replicas trained other rows: said as the reason
+    dropped = [*same[:2], {**other[2], "sequences_trained": 10, "sequences_asked": 12}]
+    (note,) = cmp._loss_notes(dropped)
+    assert note.endswith("(data-parallel dropped replicas: its losses average the rows it "
+                         "trained)")
     assert cmp._loss_notes(same[:1]) == []
     assert cmp._loss_notes([{**r, "losses": []} for r in same]) == []  # simulated: no losses
 
