@@ -616,9 +616,10 @@ def _up_row(topology: Topology, topo: Topology, runs: Path, grid: float,
 
 def churn_met(events: list[dict[str, Any]], counted: int) -> int:
     """The churn events a `testbed up` run met while it trained: those before its PS stopped.
-    Its replay goes on to the trace's next action after the run's last step and applies it to
-    agents already stopped (effect ``absent``), and its summary counts that event too
-    (``counted``, kept when the events say nothing of the PS's stop)."""
+    Its replay stops once the PS's status says training is over (read every 0.25 s), so an
+    action due in the moment between may still be applied to agents already stopped (effect
+    ``absent``), and its summary counts that event too (``counted``, kept when the events say
+    nothing of the PS's stop)."""
     stop = next((e["elapsed_s"] for e in events if e.get("event") == "ps_stop"
                  and isinstance(e.get("elapsed_s"), (int, float))), None)
     if stop is None:

@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 # simulate counts it (its probe of D and its planning, seconds to minutes, come before; an
 # action of the trace's first second landed in them, on no tile)
 WAITING_STATES = (None, "starting", "waiting for devices", "probing time dilation", "planning")
+# the PS's states once its training is over: an action due then meets no run (its agents were
+# told to stop; a crash after the last step was applied to them as "absent" and counted)
+ENDED_STATES = ("done", "failed", "interrupted")
+STATUS_EVERY_S = 0.25  # how often the replay reads status.json before an action is applied
 
 
 class RunControl(Protocol):
@@ -232,6 +236,8 @@ class Replay:
         self._clock_lock = threading.Lock()
         self._changed = threading.Event()  # D changed: a wait for the next action starts over
         self._thread: threading.Thread | None = None
+        self._status_read_s = -math.inf  # when _training_over last read status.json
+        self._over = False  # what it read: the PS's training is over
         # devices cut off by their agent, not the network (loopback): one that joins, or joins
         # again after a crash, while its link is down starts cut off; Mininet keeps its port
         # down across its agent's restarts
@@ -313,7 +319,7 @@ class Replay:
                 if wait_s <= 0:
                     break
                 self._changed.wait(wait_s)  # wakes early for a new D or a stop
-            if self.stopping.is_set():
+            if self.stopping.is_set() or self._training_over():
                 return
             began_t = time.time()  # the PS may log what the action causes before it returns
             effect = self._apply(action, agents_dir)
@@ -340,6 +346,22 @@ class Replay:
         elif action.event is ChurnEvent.JOIN:
             self._crashed_cut_off.discard(name)
         return effect
+
+    def _training_over(self) -> bool:
+        """Whether the PS has ended its training (or is gone): an action due then is not
+        applied, as no run is there to meet it. status.json is read at most every
+        :data:`STATUS_EVERY_S` (a generated trace has a hundred thousand actions)."""
+        if not self.run.ps_alive():
+            return True
+        now = time.monotonic()
+        if now - self._status_read_s >= STATUS_EVERY_S:
+            self._status_read_s = now
+            try:
+                state = json.loads((self.run_dir / "status.json").read_text()).get("state")
+                self._over = state in ENDED_STATES
+            except (OSError, json.JSONDecodeError, AttributeError):
+                pass  # being rewritten: as it was
+        return self._over
 
     def _wait_for_training(self) -> bool:
         """Block until the PS reports training (True), or the run ends first (False)."""

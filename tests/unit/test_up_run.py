@@ -138,6 +138,29 @@ def test_replay_applies_every_action_in_order_and_records_it(tmp_path: Path) -> 
         ("phones-1", "crash", "SIGKILL")]
 
 
+def test_an_action_due_after_the_training_ended_is_not_applied(tmp_path: Path) -> None:
+    """A crash due after the last step met agents already stopped: it was applied to them
+    ("absent") and counted among the run's churn events."""
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps({"state": "training"}))
+    runlog = RunLog(tmp_path)
+    run = FakeRun()
+    # at D 8 the actions are due 0.8 s of wall time apart, more than the replay's
+    # STATUS_EVERY_S between two reads of status.json, with room for a busy host
+    replay = Replay(_schedule(), run, tmp_path, dilation=8.0, event=runlog.event)
+    replay.start()
+    deadline = time.monotonic() + 10
+    while replay.applied < 2 and time.monotonic() < deadline:  # 0.8 s and 1.6 s applied
+        time.sleep(0.005)
+    status.write_text(json.dumps({"state": "done"}))  # the PS ended at about 1.6 s
+    time.sleep(2.8)  # the three actions left were due by 4 s
+    replay.stop()
+    runlog.close()
+    assert replay.applied == 2 and len(run.calls) == 2, run.calls
+    churn = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "churn"]
+    assert len(churn) == 2
+
+
 class LoopbackRun(FakeRun):
     """A network that cannot take links down (loopback): the agent blackholes itself, and a
     signal reaches only an agent that runs."""
