@@ -221,6 +221,12 @@ def write_summary(run_dir: Path, topology: Any, network: dict[str, Any], dilatio
                               read_jsonl(run_dir / "devices.jsonl"))
     if real:
         summary["real_devices"] = real
+    target = summary.get("dilation_target_p95")
+    if is_number(target):  # which steps' lateness passed the target: the warning names them
+        summary["steps_late"] = [
+            int(r["step"]) for r in read_jsonl(run_dir / "steps.jsonl")
+            if isinstance(r.get("step"), int) and is_number(r.get("lateness_share"))
+            and r["lateness_share"] > target]
     from testbed.emulator.energy import topology_energy
 
     # the D the run started with; events.jsonl has every change from it (an adaptive run's)
@@ -279,13 +285,26 @@ def fidelity_warning(summary: dict[str, Any]) -> str:
                                   target)
         fix = f"try time_dilation: {suggested:.3g}"
     return (f"WARNING: emulation fidelity missed its target "
-            f"({100 * target:.0f}%): the emulated devices' lateness "
+            f"({100 * target:.0f}%){_late_steps(summary)}: the emulated devices' lateness "
             f"can have moved a step's device time by {moved}{lateness_kinds(summary)}; p95 "
             f"tile-time error {100 * summary['tile_error_p95']:.1f}% (time dilation "
             f"{_dilation_span(summary.get('dilation_min'), largest)}). A larger "
             f"time_dilation gives the emulated devices and links more of this host's CPU per "
             f"device second ({fix}; time_dilation: {{target_p95: ...}} raises it "
             f"between steps)")
+
+
+def _late_steps(summary: dict[str, Any]) -> str:
+    """Which steps missed, as ' in step 0 of 20', ' in 3 of 20 steps (0, 4, 7)', or '': a
+    run whose first step alone missed (its start-up) reads apart from one that missed
+    throughout."""
+    late, done = summary.get("steps_late"), summary.get("steps_done")
+    if not isinstance(late, list) or not late or not isinstance(done, int):
+        return ""
+    if len(late) == 1:
+        return f" in step {late[0]} of {done}"
+    shown = ", ".join(str(s) for s in late[:5]) + (", ..." if len(late) > 5 else "")
+    return f" in {len(late)} of {done} steps ({shown})"
 
 
 def _dilation_span(smallest: Any, largest: Any) -> str:
