@@ -296,8 +296,7 @@ def fidelity_warning(summary: dict[str, Any]) -> str:
 
 def _late_steps(summary: dict[str, Any]) -> str:
     """Which steps missed, as ' in step 0 of 20', ' in 3 of 20 steps (0, 4, 7)', or '': a
-    run whose first step alone missed (its start-up) reads apart from one that missed
-    throughout."""
+    run whose first step alone missed reads apart from one that missed throughout."""
     late, done = summary.get("steps_late"), summary.get("steps_done")
     if not isinstance(late, list) or not late or not isinstance(done, int):
         return ""
