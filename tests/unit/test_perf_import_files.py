@@ -9,14 +9,17 @@ import pytest
 
 from testbed.cli import main
 from testbed.perf_model.cli import IMPORT_FILES
+from testbed.perf_model.importers import shared_data_dir
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+SHARED = shared_data_dir()  # the one rule: $TESTBED_SHARED_DATA, else the nearest ancestor's
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason=f"no shared data at {SHARED}")
+@pytest.mark.skipif(SHARED is None, reason="no shared/data above the checkout and "
+                    "TESTBED_SHARED_DATA is not set")
 @pytest.mark.parametrize("source", sorted(IMPORT_FILES))
 def test_each_source_imports_the_file_its_help_names(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str) -> None:
+    assert SHARED is not None
     src = SHARED / IMPORT_FILES[source].split(" ")[0]
     out = tmp_path / f"{source}.csv"
     assert main(["perf", "import", source, str(src), "--out", str(out)]) == 0, \
