@@ -59,8 +59,7 @@ class _Device:
     held: bool  # the coordinator holds it: joined and not lost since
     partitioned: bool = False
     cuts: int = 0
-    gone: str = ""  # it left or crashed while cut off: the reason the coordinator hears later
-    gone_kind: str = ""
+    gone: bool = False  # it left or crashed while cut off: heard at its lease or the heal
 
 
 @dataclass
@@ -107,8 +106,7 @@ class Hearing:
             if not dev.held:
                 return  # lost already (its lease ran out): nothing more to hear
             if dev.partitioned:  # neither its goodbye nor its socket's close crosses the cut
-                dev.gone = STREAM_CLOSED
-                dev.gone_kind = "disconnect"
+                dev.gone = True
             else:  # the reasons `testbed up` records: its Leave's signal, its kernel's close
                 self._lose(dev, "leave" if leave else "disconnect",
                            "SIGTERM" if leave else STREAM_CLOSED)
@@ -121,14 +119,14 @@ class Hearing:
                             expired if dev.held else None)
         elif event is ChurnEvent.HEAL:
             if dev.gone and dev.held:  # the end it made while cut off reaches it now
-                self._lose(dev, dev.gone_kind, dev.gone)
+                self._lose(dev, "disconnect", STREAM_CLOSED)
             set_partitioned(self.loop, dev, False, self.lease_s, None)
             if dev.alive and not dev.held:
                 self._back(dev, "heal", "reachable again")
 
     def _lose(self, dev: _Device, kind: str, reason: str) -> None:
         dev.held = False
-        dev.gone = dev.gone_kind = ""
+        dev.gone = False
         self.on_heard(Heard(self.loop.now_s, dev.name, True, kind, reason))
 
     def _back(self, dev: _Device, kind: str, reason: str) -> None:

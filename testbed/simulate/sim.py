@@ -134,9 +134,8 @@ class SimDevice:
     present: bool = False
     partitioned: bool = False
     # its agent left or crashed while cut off: nothing told the PS, which keeps the session
-    # until the lease runs out or the heal brings the connection's end, with this reason
-    # ("": none; docs/churn.md)
-    gone: str = ""
+    # until the lease runs out or the heal brings the connection's end (docs/churn.md)
+    gone: bool = False
     slow: float = 1.0
     straggler: Behaviour | None = None  # the topology's straggler behaviour, as its agent's
     session: int = 0  # bumps on every departure: events of an older session are dropped
@@ -291,7 +290,7 @@ class Simulation(EventLoop):
         slots = []
         for dev in devs:
             dev.present = True
-            dev.gone = ""
+            dev.gone = False
             dev.session += 1
             dev.sessions += 1
             slot = DeviceSlot(device_id=f"d{next(self._ids)}", name=dev.spec.name,
@@ -560,7 +559,7 @@ class Simulation(EventLoop):
                 # a killed process's socket) crosses the cut: the PS's lease for it runs out
                 # (the partition's timer), or the heal brings the end first (_heal)
                 def cut_off() -> None:
-                    dev.gone = STREAM_CLOSED
+                    dev.gone = True
                 return effect, cut_off
             # the reasons `testbed up` records: the agent's Leave names its signal, and a
             # killed agent's kernel closes its stream
@@ -577,7 +576,7 @@ class Simulation(EventLoop):
 
     def _heal(self, dev: SimDevice) -> None:
         if dev.gone and dev.present:  # the end its agent made while cut off reaches the PS now
-            self.drop(dev, "disconnect", dev.gone)
+            self.drop(dev, "disconnect", STREAM_CLOSED)
         self._partition(dev, False)
 
     def _partition(self, dev: SimDevice, down: bool) -> None:
