@@ -113,12 +113,21 @@ def event_counts(events: list[dict[str, Any]]) -> dict[str, Any]:
     ``departed_devices`` (sessions that ended) is ``departures`` again: the PS's own count in
     ``ps_summary.json`` stops when it writes that file, so a device whose stream broke just
     after (a crash 1 ms before the end) was in ``departures`` and not in it, and it counts one
-    PS process of a resumed run; events.jsonl holds every session's end, from both."""
+    PS process of a resumed run; events.jsonl holds every session's end, from both.
+
+    ``churn_events`` are the actions the run met: none after its PS's last stop. The replay
+    stops once the PS's status says training is over, but reads it every 0.25 s, and an action
+    due in between is applied to agents already stopped (effect ``absent``); it was counted,
+    and `testbed compare` said tile-tp had met a crash that came after its last step."""
     departures = [e for e in events if e.get("event") in (*DEPARTURES, "quarantine")]
     departed = sum(e.get("event") in DEPARTURES for e in events)
+    stops = [e["elapsed_s"] for e in events
+             if e.get("event") == "ps_stop" and is_number(e.get("elapsed_s"))]
     return {
         "departures": departed, "departed_devices": departed,
-        "churn_events": sum(e.get("event") == "churn" for e in events),
+        "churn_events": sum(e.get("event") == "churn" and not (
+            stops and is_number(e.get("elapsed_s")) and e["elapsed_s"] > stops[-1])
+            for e in events),
         "tiles_in_flight_at_departures": sum(int(e.get("in_flight", 0) or 0)
                                              for e in departures),
         "quarantines": sum(e.get("event") == "quarantine" for e in events),

@@ -592,8 +592,6 @@ def _up_row(topology: Topology, topo: Topology, runs: Path, grid: float,
             topo, summary.get("devices") or [], events, up_d, grid,
             from_event="training_start")}
     row = _row("tile-tp", summary, steps, grid, topo.job.batch_size, churn_total)
-    if churn_total is not None:
-        row["churn_events"] = churn_met(events, summary.get("churn_events", 0))
     # in device seconds, as the baselines' rows: testbed up's wall_s is real seconds at its
     # own time dilation (auto picks one), from the PS's start
     row["wall_s"] = (summary["wall_s"] / up_d if topology.churn
@@ -612,20 +610,6 @@ def _up_row(topology: Topology, topo: Topology, runs: Path, grid: float,
                       if summary.get("fidelity_ok") is False else "")
                    + f"; {losses_text(losses)}")
     return row
-
-
-def churn_met(events: list[dict[str, Any]], counted: int) -> int:
-    """The churn events a `testbed up` run met while it trained: those before its PS stopped.
-    Its replay stops once the PS's status says training is over (read every 0.25 s), so an
-    action due in the moment between may still be applied to agents already stopped (effect
-    ``absent``), and its summary counts that event too (``counted``, kept when the events say
-    nothing of the PS's stop)."""
-    stop = next((e["elapsed_s"] for e in events if e.get("event") == "ps_stop"
-                 and isinstance(e.get("elapsed_s"), (int, float))), None)
-    if stop is None:
-        return int(counted)
-    return sum(1 for e in events if e.get("event") == "churn"
-               and isinstance(e.get("elapsed_s"), (int, float)) and e["elapsed_s"] <= stop)
 
 
 def _fmt(value: Any) -> str:

@@ -167,26 +167,36 @@ def test_an_emulated_rows_lost_work_is_a_count_as_the_other_rows(tmp_path: Path)
 def test_a_churn_event_after_tile_tps_run_ended_is_not_met(tmp_path: Path) -> None:
     """tests/data/tiny.yaml on Mininet under a crash at 1 s: tile-tp's 5 steps ended 0.59 s
     after training started, its replay then applied the crash to stopped agents (effect
-    `absent`) and its row said "1 of 1" churn events met, beside the baselines' "0 of 1"."""
-    topo = load_topology(write_topology(tmp_path, steps=2))
-    run_dir = tmp_path / "tile-tp" / "20260101-000000-cmp"
-    run_dir.mkdir(parents=True)
-    steps = [{"step": i, "device_time_s": 0.1, "bound_s": 0.05} for i in range(2)]
+    `absent`) and its row said "1 of 1" churn events met, beside the baselines' "0 of 1". The
+    run's summary counts no action after its PS's last stop (summary.event_counts), which the
+    row gives."""
+    from testbed.summary import event_counts
+
     events = [{"event": "training_start", "elapsed_s": 1.6},
               {"event": "ps_stop", "elapsed_s": 2.19, "state": "done"},
               {"event": "churn", "elapsed_s": 2.68, "device": "phones-0", "action": "crash",
                "effect": "absent"}]
+    assert event_counts(events)["churn_events"] == 0
+    # one that came while it trained is met, and so are a resumed run's later session's
+    during = [*events[:1], {**events[2], "elapsed_s": 2.0, "effect": "SIGKILL"}, events[1]]
+    assert event_counts(during)["churn_events"] == 1
+    resumed = [*during, {"event": "ps_start", "elapsed_s": 9.0},
+               {**events[2], "elapsed_s": 9.5, "effect": "SIGKILL"},
+               {"event": "ps_stop", "elapsed_s": 12.0, "state": "done"}]
+    assert event_counts(resumed)["churn_events"] == 2
+    assert event_counts(events[2:])["churn_events"] == 1  # no stop recorded: every one
+
+    topo = load_topology(write_topology(tmp_path, steps=2))
+    run_dir = tmp_path / "tile-tp" / "20260101-000000-cmp"
+    run_dir.mkdir(parents=True)
+    steps = [{"step": i, "device_time_s": 0.1, "bound_s": 0.05} for i in range(2)]
     (run_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    summary = {**_summary(2, 0.8), "time_dilation": 1.0, "churn_events": 1,
+    summary = {**_summary(2, 0.8), "time_dilation": 1.0, **event_counts(events),
                "losses": [5.0, 4.9]}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     row = cmp._up_row(topo, topo, tmp_path / "tile-tp", 475.0, 1)
     assert (row["churn_events"], row["churn_events_total"]) == (0, 1)
-    # one that came while it trained is met
-    during = [*events[:1], {**events[2], "elapsed_s": 2.0, "effect": "SIGKILL"}, events[1]]
-    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in during))
-    assert cmp._up_row(topo, topo, tmp_path / "tile-tp", 475.0, 1)["churn_events"] == 1
 
 
 def test_the_picture_says_what_ran_and_under_churn_the_wall_time_per_step(
